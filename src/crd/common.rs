@@ -1,0 +1,117 @@
+//! Status parts every Runbook kind shares: the decision record and the
+//! progress of declarative steps.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Schema for a free-form object that the API server keeps as written.
+pub(crate) fn preserve_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema for a cron expression: five or six fields, or an `@hourly`-style macro.
+pub(crate) fn cron_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "pattern": crate::schedule::CRON_PATTERN,
+        "description": "Cron expression (5 fields, or 6 with seconds first; UTC) or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly."
+    })
+}
+
+/// Optional cron expression.
+pub(crate) fn optional_cron_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    cron_schema(g)
+}
+
+/// Schema for standard Kubernetes conditions, kept as a list keyed by type.
+pub(crate) fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status"],
+            "properties": {
+                "type": {"type": "string"},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string"},
+                "message": {"type": "string"},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+                "observedGeneration": {"type": "integer", "format": "int64"}
+            }
+        }
+    })
+}
+
+/// What one reconcile decided and did: the latest lands in the target's
+/// status so `runbook explain` can print it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionRecord {
+    /// Policy that decided.
+    pub policy: String,
+    /// Content hash of the policy version that decided.
+    pub policy_version: String,
+    /// Hash of the inputs the decision saw (target spec and metadata, children).
+    pub inputs_hash: String,
+    /// When the record last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// `enforce` or `shadow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Each action and what became of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<ActionRecord>,
+    /// Alert routes the decision's alerts matched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alert_routes: Vec<String>,
+    /// The error that ended the reconcile, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One action of a decision and its outcome.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionRecord {
+    /// apply, delete, patch, status, condition, rollback, alert, event, requeue.
+    pub action: String,
+    /// `apiVersion Kind namespace/name` of the object acted on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// ok, refused, shadow, limited or failed.
+    pub result: String,
+    /// Why, when the result is not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// State of one declarative step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum StepState {
+    #[default]
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// Progress of one declarative step, kept in the target's status so a
+/// restarted operator resumes where it stopped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepStatus {
+    pub name: String,
+    pub state: StepState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,18 @@
+//! Runbook: a Kubernetes operator whose reconcile behaviour is data.
+//!
+//! Policies (YAML) and scripts (Rhai) say what to do; the executor does it.
+//! The layering is strict: `policy`, `script` and `decide` never touch the
+//! network; `executor` and `controller` are the only writers; `sandbox` knows
+//! nothing of policies.
+#![forbid(unsafe_code)]
+
+pub mod crd;
+pub mod kinds;
+pub mod labels;
+pub mod names;
+pub mod observe;
+pub mod policy;
+pub mod schedule;
+pub mod script;
+pub mod decide;
+pub mod util;

@@ -1,0 +1,148 @@
+//! What a decision can see: objects from the watch caches, each converted to
+//! a Rhai value at most once per resourceVersion.
+//!
+//! Nothing here does I/O. The controller fills the caches from watches; tests
+//! and simulations fill a [`MemoryView`] by hand.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use rhai::Dynamic;
+use serde_json::Value;
+
+use crate::kinds::KindRef;
+
+/// One object as cached, immutable: a new resourceVersion is a new
+/// `CachedObject`.
+#[derive(Debug)]
+pub struct CachedObject {
+    value: Value,
+    dynamic: OnceLock<Dynamic>,
+}
+
+impl CachedObject {
+    pub fn new(value: Value) -> Arc<Self> {
+        Arc::new(Self {
+            value,
+            dynamic: OnceLock::new(),
+        })
+    }
+
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The Rhai form, converted on first use and then reused.
+    pub fn dynamic(&self) -> &Dynamic {
+        self.dynamic
+            .get_or_init(|| crate::script::convert::to_dynamic(&self.value))
+    }
+
+    pub fn name(&self) -> &str {
+        meta_str(&self.value, "name")
+    }
+
+    pub fn namespace(&self) -> &str {
+        meta_str(&self.value, "namespace")
+    }
+
+    pub fn uid(&self) -> &str {
+        meta_str(&self.value, "uid")
+    }
+
+    /// Whether one of the ownerReferences points at `uid`.
+    pub fn is_owned_by(&self, uid: &str) -> bool {
+        owner_uids(&self.value).any(|u| u == uid)
+    }
+}
+
+fn meta_str<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get("metadata")
+        .and_then(|m| m.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// The uids an object's ownerReferences name.
+pub fn owner_uids(v: &Value) -> impl Iterator<Item = &str> {
+    v.get("metadata")
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
+}
+
+/// Read access to cached objects of the kinds a policy declared.
+pub trait ObjectView: Send + Sync {
+    /// Every object of `kind` in `namespace`, sorted by name.
+    fn list(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>>;
+
+    /// One object by name.
+    fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        self.list(kind, namespace)
+            .into_iter()
+            .find(|o| o.name() == name)
+    }
+}
+
+type Key = (KindRef, String);
+
+/// An in-memory view for tests, `runbook test` fixtures and benchmarks.
+#[derive(Default)]
+pub struct MemoryView {
+    objects: RwLock<BTreeMap<Key, BTreeMap<String, Arc<CachedObject>>>>,
+}
+
+impl MemoryView {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Insert or replace an object; its kind comes from `apiVersion`/`kind`.
+    pub fn insert(&self, value: Value) -> Arc<CachedObject> {
+        let kind = KindRef::new(
+            value["apiVersion"].as_str().unwrap_or_default(),
+            value["kind"].as_str().unwrap_or_default(),
+        );
+        let obj = CachedObject::new(value);
+        let key = (kind, obj.namespace().to_string());
+        self.objects
+            .write()
+            .expect("view lock")
+            .entry(key)
+            .or_default()
+            .insert(obj.name().to_string(), obj.clone());
+        obj
+    }
+
+    pub fn remove(&self, kind: &KindRef, namespace: &str, name: &str) {
+        if let Some(m) = self
+            .objects
+            .write()
+            .expect("view lock")
+            .get_mut(&(kind.clone(), namespace.to_string()))
+        {
+            m.remove(name);
+        }
+    }
+}
+
+impl ObjectView for MemoryView {
+    fn list(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
+        self.objects
+            .read()
+            .expect("view lock")
+            .get(&(kind.clone(), namespace.to_string()))
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        self.objects
+            .read()
+            .expect("view lock")
+            .get(&(kind.clone(), namespace.to_string()))
+            .and_then(|m| m.get(name).cloned())
+    }
+}

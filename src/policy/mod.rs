@@ -1,0 +1,2 @@
+//! policy
+pub mod model;

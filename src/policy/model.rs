@@ -1,0 +1,378 @@
+//! The policy documents as written in YAML: `Policy` and `AlertRoutes`.
+//! Unknown fields are errors, so a misspelt key never silently does nothing.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::kinds::KindRef;
+use crate::util::yaml::Node;
+
+pub const API_VERSION: &str = "runbook.dev/v1alpha1";
+
+/// Just enough of a document to tell what it is.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Header {
+    #[serde(default)]
+    pub api_version: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// `kind: Policy`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyDoc {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: DocMeta,
+    pub spec: PolicySpec,
+}
+
+/// What a policy acts on, what it may touch, and how it decides.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicySpec {
+    /// The kind whose objects this policy reconciles.
+    pub target: KindRef,
+    /// Only targets whose labels match all of these.
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+    /// Children: created with an ownerReference to the target, watched.
+    #[serde(default)]
+    pub owns: Vec<KindRef>,
+    /// Kinds read from caches (never written).
+    #[serde(default)]
+    pub reads: Vec<KindRef>,
+    /// Kinds that may be patched or rolled back, but are not owned.
+    #[serde(default)]
+    pub mutates: Vec<KindRef>,
+    #[serde(default)]
+    pub schedule: Option<ScheduleSpec>,
+    /// A `.rhai` script in the same bundle defining `reconcile(ctx)`.
+    #[serde(default)]
+    pub script: Option<String>,
+    /// Declarative, strictly ordered steps (instead of a script).
+    #[serde(default)]
+    pub steps: Vec<StepSpec>,
+    /// Compensation run once when a step fails or times out.
+    #[serde(default)]
+    pub on_failure: Vec<StepSpec>,
+    /// Values the script and templates see as `params`.
+    #[serde(default)]
+    pub params: Option<Node>,
+    /// The `AlertRoutes` document this policy's alerts go through.
+    #[serde(default)]
+    pub alerts: Option<String>,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Order among policies that target the same kind (lower runs first).
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// `enforce` writes; `shadow` decides and records, and writes nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
+/// When a policy's work is due.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// A fixed cron expression.
+    #[serde(default)]
+    pub cron: Option<String>,
+    /// A dotted path in the target (`spec.schedule`) that holds the expression.
+    #[serde(default)]
+    pub from_field: Option<String>,
+    /// The expression when the field is absent.
+    #[serde(default)]
+    pub default: Option<String>,
+}
+
+/// One declarative step.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepSpec {
+    pub name: String,
+    /// Server-side apply an object (a child, owned by the target).
+    #[serde(default)]
+    pub apply: Option<ApplySpec>,
+    /// Merge these fields into the target's status.
+    #[serde(default)]
+    pub status: Option<Node>,
+    /// Delete an owned object.
+    #[serde(default)]
+    pub delete: Option<DeleteSpec>,
+    /// Raise an alert.
+    #[serde(default)]
+    pub alert: Option<Node>,
+    /// Record a Kubernetes Event on the target.
+    #[serde(default)]
+    pub event: Option<EventSpec>,
+    /// Rhai expression over `it`, `resource`, `ctx`, `params`: the step is done.
+    #[serde(default)]
+    pub ready_when: Option<Node>,
+    /// Rhai expression: the step has failed.
+    #[serde(default)]
+    pub failed_when: Option<Node>,
+    /// How long the step may take, such as `10m`.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// The object a step applies: a template file in the bundle or inline.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApplySpec {
+    #[serde(default)]
+    pub template: Option<String>,
+    #[serde(default)]
+    pub object: Option<Node>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteSpec {
+    /// Defaults to the one owned kind with this `kind`.
+    #[serde(default)]
+    pub api_version: Option<String>,
+    pub kind: String,
+    /// A name, or a template string in backticks.
+    pub name: Node,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventSpec {
+    #[serde(default = "default_event_type", rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub message: Node,
+}
+
+fn default_event_type() -> String {
+    "Normal".into()
+}
+
+/// Blast-radius limits, per target object, enforced by the executor.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// For example `1/6h`: at most one rollback per target in six hours.
+    #[serde(default)]
+    pub rollback: Option<String>,
+    #[serde(default)]
+    pub delete: Option<String>,
+    #[serde(default)]
+    pub patch: Option<String>,
+    #[serde(default)]
+    pub apply: Option<String>,
+    /// Suspend the policy's writes when errors spike.
+    #[serde(default)]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CircuitBreakerSpec {
+    /// Fraction of failed reconciles (0..1) that opens the breaker.
+    pub error_rate: f64,
+    /// Window the rate is measured over, such as `5m`.
+    #[serde(default = "default_window")]
+    pub window: String,
+    /// Reconciles in the window before the rate counts.
+    #[serde(default = "default_min_requests")]
+    pub min_requests: u32,
+    /// How long writes stay suspended.
+    #[serde(default = "default_cooldown")]
+    pub cooldown: String,
+}
+
+fn default_window() -> String {
+    "5m".into()
+}
+fn default_min_requests() -> u32 {
+    10
+}
+fn default_cooldown() -> String {
+    "10m".into()
+}
+
+/// `kind: AlertRoutes`: an Alertmanager-style routing tree.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AlertRoutesDoc {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: DocMeta,
+    pub spec: AlertRoutesSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AlertRoutesSpec {
+    pub route: RouteSpec,
+    #[serde(default)]
+    pub receivers: Vec<ReceiverSpec>,
+    #[serde(default)]
+    pub inhibit_rules: Vec<InhibitRuleSpec>,
+    #[serde(default)]
+    pub time_intervals: Vec<TimeIntervalSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteSpec {
+    #[serde(default)]
+    pub receiver: Option<Node>,
+    /// Matchers such as `severity = "critical"` or `team =~ "ml|data"`.
+    #[serde(default)]
+    pub matchers: Vec<Node>,
+    #[serde(default)]
+    pub group_by: Option<Vec<String>>,
+    #[serde(default)]
+    pub group_wait: Option<String>,
+    #[serde(default)]
+    pub group_interval: Option<String>,
+    #[serde(default)]
+    pub repeat_interval: Option<String>,
+    #[serde(default, rename = "continue")]
+    pub continue_: bool,
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    #[serde(default)]
+    pub mute_time_intervals: Vec<String>,
+    #[serde(default)]
+    pub active_time_intervals: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReceiverSpec {
+    pub name: String,
+    #[serde(default)]
+    pub webhook: Option<WebhookSpec>,
+    #[serde(default)]
+    pub slack: Option<SlackSpec>,
+    #[serde(default)]
+    pub event: Option<EventReceiverSpec>,
+    #[serde(default)]
+    pub log: Option<LogReceiverSpec>,
+}
+
+/// A URL given inline (only for `http://127.0.0.1`-style test receivers is
+/// that sensible) or, properly, from a Secret.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretValue {
+    #[serde(default)]
+    pub secret_key_ref: Option<SecretKeyRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+    /// Defaults to the operator's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookSpec {
+    pub url: Node,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub max_alerts: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SlackSpec {
+    pub url: Node,
+    #[serde(default)]
+    pub channel: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventReceiverSpec {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogReceiverSpec {
+    #[serde(default)]
+    pub level: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InhibitRuleSpec {
+    #[serde(default)]
+    pub source_matchers: Vec<Node>,
+    #[serde(default)]
+    pub target_matchers: Vec<Node>,
+    #[serde(default)]
+    pub equal: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TimeIntervalSpec {
+    pub name: String,
+    #[serde(default)]
+    pub time_intervals: Vec<TimeRangeSpec>,
+}
+
+/// A simplified Alertmanager time interval: weekdays and UTC hour ranges.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TimeRangeSpec {
+    #[serde(default)]
+    pub weekdays: Vec<String>,
+    #[serde(default)]
+    pub times: Vec<TimeOfDaySpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TimeOfDaySpec {
+    pub start_time: String,
+    pub end_time: String,
+}

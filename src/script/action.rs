@@ -1,0 +1,274 @@
+//! Actions: what a decision asks the executor to do. Scripts build them with
+//! `apply(obj)`, `status(map)`, `rollback(name)` and friends; declarative
+//! steps build the same values. Each remembers where in the script it was
+//! made, so a refusal can point at the line.
+
+use std::collections::BTreeMap;
+
+use rhai::{Dynamic, Engine, EvalAltResult, INT, Map, NativeCallContext};
+use serde_json::Value;
+
+use super::convert::to_json;
+pub use crate::kinds::KindName;
+use crate::util::yaml::Pos;
+
+/// One thing a decision wants done.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Server-side apply a child object (ownerReference added by the executor).
+    Apply { object: Value },
+    /// Delete an object.
+    Delete { kind: KindName, name: String },
+    /// JSON merge patch a declared object.
+    Patch {
+        kind: KindName,
+        name: String,
+        patch: Value,
+    },
+    /// Merge fields into the target's status.
+    Status { fields: serde_json::Map<String, Value> },
+    /// Set one standard condition on the target.
+    Condition {
+        type_: String,
+        status: String,
+        reason: String,
+        message: String,
+    },
+    /// `kubectl rollout undo` a Deployment, to a revision or the previous one.
+    Rollback {
+        deployment: String,
+        revision: Option<i64>,
+    },
+    /// Raise an alert (routed by the policy's AlertRoutes).
+    Alert {
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    },
+    /// Record a Kubernetes Event on the target.
+    Event {
+        type_: String,
+        reason: String,
+        message: String,
+    },
+    /// Reconcile again after this long.
+    Requeue { after_ms: i64 },
+}
+
+impl Action {
+    /// The verb, as decision records and metrics name it.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Action::Apply { .. } => "apply",
+            Action::Delete { .. } => "delete",
+            Action::Patch { .. } => "patch",
+            Action::Status { .. } => "status",
+            Action::Condition { .. } => "condition",
+            Action::Rollback { .. } => "rollback",
+            Action::Alert { .. } => "alert",
+            Action::Event { .. } => "event",
+            Action::Requeue { .. } => "requeue",
+        }
+    }
+
+    /// Whether the action writes to the API server.
+    pub fn is_write(&self) -> bool {
+        !matches!(self, Action::Alert { .. } | Action::Requeue { .. })
+    }
+}
+
+/// An action as a Rhai value, with the place it was made.
+#[derive(Clone, Debug)]
+pub struct ActionValue {
+    pub action: Action,
+    pub pos: Option<Pos>,
+}
+
+type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
+
+fn here(ctx: &NativeCallContext) -> Option<Pos> {
+    let p = ctx.call_position();
+    Some(Pos {
+        line: p.line()? as u32,
+        col: p.position().unwrap_or(1) as u32,
+    })
+}
+
+fn make(ctx: &NativeCallContext, action: Action) -> ActionValue {
+    ActionValue {
+        action,
+        pos: here(ctx),
+    }
+}
+
+fn fail<T>(ctx: &NativeCallContext, message: String) -> RhaiResult<T> {
+    Err(Box::new(EvalAltResult::ErrorRuntime(
+        message.into(),
+        ctx.call_position(),
+    )))
+}
+
+fn map_json(ctx: &NativeCallContext, what: &str, m: Map) -> RhaiResult<Value> {
+    match to_json(&Dynamic::from_map(m), what) {
+        Ok(v) => Ok(v),
+        Err(e) => fail(ctx, e),
+    }
+}
+
+fn name_of(obj: &Value) -> Option<String> {
+    obj.get("metadata")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn string_map(ctx: &NativeCallContext, what: &str, v: Option<&Value>) -> RhaiResult<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    match v {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                let text = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => continue,
+                    other => other.to_string(),
+                };
+                out.insert(k.clone(), text);
+            }
+        }
+        Some(other) => return fail(ctx, format!("{what} must be a map, not {other}")),
+    }
+    Ok(out)
+}
+
+fn duration_ms(ctx: &NativeCallContext, d: &Dynamic) -> RhaiResult<i64> {
+    if let Ok(secs) = d.as_int() {
+        return Ok(secs.saturating_mul(1000));
+    }
+    if let Ok(secs) = d.as_float() {
+        return Ok((secs * 1000.0) as i64);
+    }
+    if d.is_string() {
+        let text = d.clone().into_string().unwrap_or_default();
+        return match crate::util::time::parse_duration_ms(&text) {
+            Ok(ms) => Ok(ms),
+            Err(e) => fail(ctx, e),
+        };
+    }
+    fail(ctx, format!("a duration must be seconds or a string like \"5m\", not {}", d.type_name()))
+}
+
+/// Register the action builders.
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<ActionValue>("Action");
+    engine.register_fn("to_string", |a: &mut ActionValue| format!("{:?}", a.action));
+    engine.register_get("verb", |a: &mut ActionValue| a.action.verb().to_string());
+
+    engine.register_fn("apply", |ctx: NativeCallContext, obj: Map| -> RhaiResult<ActionValue> {
+        let object = map_json(&ctx, "apply(obj)", obj)?;
+        if KindName::of(&object).is_none_or(|k| k.api_version.is_none()) {
+            return fail(&ctx, "apply: the object needs apiVersion and kind".into());
+        }
+        if name_of(&object).is_none_or(|n| n.is_empty()) {
+            return fail(&ctx, "apply: the object needs metadata.name (names must be deterministic)".into());
+        }
+        Ok(make(&ctx, Action::Apply { object }))
+    });
+
+    engine.register_fn("delete", |ctx: NativeCallContext, obj: Map| -> RhaiResult<ActionValue> {
+        let object = map_json(&ctx, "delete(obj)", obj)?;
+        let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+            return fail(&ctx, "delete: the object needs kind and metadata.name".into());
+        };
+        Ok(make(&ctx, Action::Delete { kind, name }))
+    });
+    engine.register_fn("delete", |ctx: NativeCallContext, kind: &str, name: &str| -> RhaiResult<ActionValue> {
+        Ok(make(&ctx, Action::Delete { kind: KindName::parse(kind), name: name.to_string() }))
+    });
+
+    engine.register_fn("patch", |ctx: NativeCallContext, obj: Map, patch: Map| -> RhaiResult<ActionValue> {
+        let object = map_json(&ctx, "patch(obj)", obj)?;
+        let patch = map_json(&ctx, "patch(_, merge_patch)", patch)?;
+        let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+            return fail(&ctx, "patch: the object needs kind and metadata.name".into());
+        };
+        Ok(make(&ctx, Action::Patch { kind, name, patch }))
+    });
+    engine.register_fn("patch", |ctx: NativeCallContext, kind: &str, name: &str, patch: Map| -> RhaiResult<ActionValue> {
+        let patch = map_json(&ctx, "patch(_, _, merge_patch)", patch)?;
+        Ok(make(&ctx, Action::Patch { kind: KindName::parse(kind), name: name.to_string(), patch }))
+    });
+
+    engine.register_fn("status", |ctx: NativeCallContext, fields: Map| -> RhaiResult<ActionValue> {
+        match map_json(&ctx, "status(map)", fields)? {
+            Value::Object(fields) => Ok(make(&ctx, Action::Status { fields })),
+            _ => unreachable!("a map converts to an object"),
+        }
+    });
+
+    engine.register_fn(
+        "condition",
+        |ctx: NativeCallContext, type_: &str, status: Dynamic, reason: &str, message: &str| -> RhaiResult<ActionValue> {
+            let status = if let Ok(b) = status.as_bool() {
+                if b { "True" } else { "False" }.to_string()
+            } else {
+                let s = status.to_string();
+                match s.as_str() {
+                    "True" | "False" | "Unknown" => s,
+                    _ => return fail(&ctx, format!("condition status must be true, false, \"True\", \"False\" or \"Unknown\", not {s:?}")),
+                }
+            };
+            Ok(make(&ctx, Action::Condition {
+                type_: type_.to_string(),
+                status,
+                reason: reason.to_string(),
+                message: message.to_string(),
+            }))
+        },
+    );
+
+    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str| -> RhaiResult<ActionValue> {
+        Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: None }))
+    });
+    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str, revision: INT| -> RhaiResult<ActionValue> {
+        if revision <= 0 {
+            return fail(&ctx, format!("rollback: revision must be positive, not {revision}"));
+        }
+        Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: Some(revision) }))
+    });
+    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str, revision: ()| -> RhaiResult<ActionValue> {
+        let _ = revision;
+        Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: None }))
+    });
+
+    engine.register_fn("alert", |ctx: NativeCallContext, spec: Map| -> RhaiResult<ActionValue> {
+        let spec = map_json(&ctx, "alert(map)", spec)?;
+        for key in spec.as_object().into_iter().flat_map(|m| m.keys()) {
+            if key != "labels" && key != "annotations" {
+                return fail(&ctx, format!("alert: unknown key {key:?} (use labels and annotations)"));
+            }
+        }
+        let labels = string_map(&ctx, "alert labels", spec.get("labels"))?;
+        let annotations = string_map(&ctx, "alert annotations", spec.get("annotations"))?;
+        Ok(make(&ctx, Action::Alert { labels, annotations }))
+    });
+    engine.register_fn("alert", |ctx: NativeCallContext, severity: &str, summary: &str| -> RhaiResult<ActionValue> {
+        let labels = BTreeMap::from([("severity".to_string(), severity.to_string())]);
+        let annotations = BTreeMap::from([("summary".to_string(), summary.to_string())]);
+        Ok(make(&ctx, Action::Alert { labels, annotations }))
+    });
+
+    engine.register_fn("event", |ctx: NativeCallContext, type_: &str, reason: &str, message: &str| -> RhaiResult<ActionValue> {
+        if type_ != "Normal" && type_ != "Warning" {
+            return fail(&ctx, format!("event type must be \"Normal\" or \"Warning\", not {type_:?}"));
+        }
+        Ok(make(&ctx, Action::Event { type_: type_.into(), reason: reason.into(), message: message.into() }))
+    });
+
+    engine.register_fn("requeue", |ctx: NativeCallContext, after: Dynamic| -> RhaiResult<ActionValue> {
+        let after_ms = duration_ms(&ctx, &after)?;
+        if after_ms <= 0 {
+            return fail(&ctx, "requeue: the delay must be positive".into());
+        }
+        Ok(make(&ctx, Action::Requeue { after_ms }))
+    });
+}

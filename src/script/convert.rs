@@ -1,0 +1,95 @@
+//! JSON <-> Rhai values. Objects enter scripts as object maps and leave as
+//! JSON; anything that has no JSON form (a function pointer, an action, a
+//! NaN) is an error rather than a silent `null`.
+
+use rhai::{Array, Dynamic, ImmutableString, Map};
+use serde_json::{Number, Value};
+
+/// Convert a JSON value into a Rhai value.
+pub fn to_dynamic(v: &Value) -> Dynamic {
+    match v {
+        Value::Null => Dynamic::UNIT,
+        Value::Bool(b) => Dynamic::from_bool(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Dynamic::from_int(i),
+            None => Dynamic::from_float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => Dynamic::from(ImmutableString::from(s.as_str())),
+        Value::Array(items) => {
+            let arr: Array = items.iter().map(to_dynamic).collect();
+            Dynamic::from_array(arr)
+        }
+        Value::Object(map) => {
+            let mut m = Map::new();
+            for (k, v) in map {
+                m.insert(k.as_str().into(), to_dynamic(v));
+            }
+            Dynamic::from_map(m)
+        }
+    }
+}
+
+/// Convert a Rhai value into JSON. `path` names the value in errors.
+pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
+    if v.is_unit() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = v.as_bool() {
+        return Ok(Value::Bool(b));
+    }
+    if let Ok(i) = v.as_int() {
+        return Ok(Value::from(i));
+    }
+    if let Ok(f) = v.as_float() {
+        return Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| format!("{path} is {f}, which JSON cannot hold"));
+    }
+    if let Ok(c) = v.as_char() {
+        return Ok(Value::String(c.to_string()));
+    }
+    if v.is_string() {
+        return Ok(Value::String(v.clone().into_string().unwrap_or_default()));
+    }
+    if v.is_array() {
+        let arr = v.read_lock::<Array>().expect("checked is_array");
+        let mut out = Vec::with_capacity(arr.len());
+        for (i, item) in arr.iter().enumerate() {
+            out.push(to_json(item, &format!("{path}[{i}]"))?);
+        }
+        return Ok(Value::Array(out));
+    }
+    if v.is_map() {
+        let map = v.read_lock::<Map>().expect("checked is_map");
+        let mut out = serde_json::Map::new();
+        for (k, item) in map.iter() {
+            out.insert(k.to_string(), to_json(item, &format!("{path}.{k}"))?);
+        }
+        return Ok(Value::Object(out));
+    }
+    Err(format!(
+        "{path} is a {}, which has no JSON form",
+        v.type_name()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_survives_a_round_trip_through_rhai() {
+        let v = json!({"a": 1, "b": [true, null, 2.5, "x"], "c": {"d": -3}});
+        let d = to_dynamic(&v);
+        assert_eq!(to_json(&d, "v").unwrap(), v);
+    }
+
+    #[test]
+    fn values_without_json_form_are_errors_naming_the_path() {
+        let mut m = Map::new();
+        m.insert("bad".into(), Dynamic::from_float(f64::NAN));
+        let err = to_json(&Dynamic::from_map(m), "obj").unwrap_err();
+        assert!(err.starts_with("obj.bad"), "{err}");
+    }
+}

@@ -1,0 +1,188 @@
+//! `ctx`: the read-only view a script gets of the world.
+//!
+//! Everything comes from watch caches through an [`ObjectView`]; a reconcile
+//! makes no reads against the API server. Only kinds the policy declared can
+//! be looked up: the operator watches nothing else.
+
+use std::sync::Arc;
+
+use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, Map, NativeCallContext};
+
+use crate::kinds::{DeclaredKinds, KindName, KindRef};
+use crate::labels::Selector;
+use crate::observe::{CachedObject, ObjectView};
+
+/// The data behind `ctx`.
+pub struct CtxData {
+    pub resource: Dynamic,
+    pub params: Dynamic,
+    /// Unix seconds.
+    pub now: i64,
+    pub due: bool,
+    pub next_run: Option<i64>,
+    pub last_run: Option<i64>,
+    /// Identifies the current scheduled run (the fire time), or "once".
+    pub run: String,
+    pub policy_name: String,
+    pub policy_version: String,
+    pub namespace: String,
+    pub target_uid: String,
+    pub view: Arc<dyn ObjectView>,
+    pub kinds: Arc<DeclaredKinds>,
+}
+
+/// `ctx` as a Rhai value: cheap to clone.
+#[derive(Clone)]
+pub struct Ctx(pub Arc<CtxData>);
+
+type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
+
+fn fail<T>(call: &NativeCallContext, message: String) -> RhaiResult<T> {
+    Err(Box::new(EvalAltResult::ErrorRuntime(message.into(), call.call_position())))
+}
+
+impl Ctx {
+    fn kind(&self, call: &NativeCallContext, name: &str) -> RhaiResult<KindRef> {
+        match self.0.kinds.resolve(&KindName::parse(name)) {
+            Ok(k) => Ok(k),
+            Err(e) => fail(call, e),
+        }
+    }
+
+    fn objects(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
+        self.0.view.list(kind, &self.0.namespace)
+    }
+
+    fn array(objs: impl IntoIterator<Item = Arc<CachedObject>>) -> Array {
+        objs.into_iter().map(|o| o.dynamic().clone()).collect()
+    }
+
+    /// Children of the target of one kind, sorted by name.
+    pub fn owned(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
+        let uid = &self.0.target_uid;
+        self.objects(kind)
+            .into_iter()
+            .filter(|o| o.is_owned_by(uid))
+            .collect()
+    }
+}
+
+fn selector_of(call: &NativeCallContext, sel: &Dynamic) -> RhaiResult<Selector> {
+    if sel.is_unit() {
+        return Ok(Selector::default());
+    }
+    if let Some(map) = sel.read_lock::<Map>() {
+        let mut reqs = Vec::new();
+        for (k, v) in map.iter() {
+            reqs.push(crate::labels::Requirement::Eq(k.to_string(), v.to_string()));
+        }
+        return Ok(Selector(reqs));
+    }
+    if sel.is_string() {
+        return match Selector::parse(&sel.to_string()) {
+            Ok(s) => Ok(s),
+            Err(e) => fail(call, e),
+        };
+    }
+    fail(call, format!("a selector is a map of labels or a string, not {}", sel.type_name()))
+}
+
+/// The label selector of a workload: `spec.selector.matchLabels` (and
+/// `matchExpressions` with In/NotIn/Exists/DoesNotExist), or a Service's
+/// `spec.selector`.
+pub fn workload_selector(obj: &serde_json::Value) -> Option<Selector> {
+    use crate::labels::Requirement;
+    let sel = obj.get("spec")?.get("selector")?;
+    let mut reqs = Vec::new();
+    let labels = sel.get("matchLabels").or_else(|| {
+        // A Service's selector is a plain map.
+        if sel.get("matchExpressions").is_none() { Some(sel) } else { None }
+    });
+    if let Some(m) = labels.and_then(|l| l.as_object()) {
+        for (k, v) in m {
+            reqs.push(Requirement::Eq(k.clone(), v.as_str()?.to_string()));
+        }
+    }
+    for e in sel.get("matchExpressions").and_then(|m| m.as_array()).into_iter().flatten() {
+        let key = e.get("key")?.as_str()?.to_string();
+        let values: Vec<String> = e
+            .get("values")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        reqs.push(match e.get("operator")?.as_str()? {
+            "In" => Requirement::In(key, values),
+            "NotIn" => Requirement::NotIn(key, values),
+            "Exists" => Requirement::Exists(key),
+            "DoesNotExist" => Requirement::NotExists(key),
+            _ => return None,
+        });
+    }
+    if reqs.is_empty() { None } else { Some(Selector(reqs)) }
+}
+
+/// Register `ctx`'s properties and methods.
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<Ctx>("Ctx");
+    engine.register_get("resource", |c: &mut Ctx| c.0.resource.clone());
+    engine.register_get("params", |c: &mut Ctx| c.0.params.clone());
+    engine.register_get("now", |c: &mut Ctx| c.0.now as INT);
+    engine.register_get("due", |c: &mut Ctx| c.0.due);
+    engine.register_get("next_run", |c: &mut Ctx| {
+        c.0.next_run.map(Dynamic::from_int).unwrap_or(Dynamic::UNIT)
+    });
+    engine.register_get("last_run", |c: &mut Ctx| {
+        c.0.last_run.map(Dynamic::from_int).unwrap_or(Dynamic::UNIT)
+    });
+    engine.register_get("run", |c: &mut Ctx| c.0.run.clone());
+    engine.register_get("namespace", |c: &mut Ctx| c.0.namespace.clone());
+    engine.register_get("policy", |c: &mut Ctx| {
+        let mut m = Map::new();
+        m.insert("name".into(), c.0.policy_name.clone().into());
+        m.insert("version".into(), c.0.policy_version.clone().into());
+        m
+    });
+
+    engine.register_fn("owned", |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
+        let k = c.kind(&call, kind)?;
+        Ok(Ctx::array(c.owned(&k)))
+    });
+    engine.register_fn("get", |call: NativeCallContext, c: &mut Ctx, kind: &str, name: &str| -> RhaiResult<Dynamic> {
+        let k = c.kind(&call, kind)?;
+        Ok(c.0
+            .view
+            .get(&k, &c.0.namespace, name)
+            .map(|o| o.dynamic().clone())
+            .unwrap_or(Dynamic::UNIT))
+    });
+    engine.register_fn("list", |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
+        let k = c.kind(&call, kind)?;
+        Ok(Ctx::array(c.objects(&k)))
+    });
+    engine.register_fn("list", |call: NativeCallContext, c: &mut Ctx, kind: &str, selector: Dynamic| -> RhaiResult<Array> {
+        let k = c.kind(&call, kind)?;
+        let sel = selector_of(&call, &selector)?;
+        Ok(Ctx::array(c.objects(&k).into_iter().filter(|o| sel.matches_object(o.value()))))
+    });
+    engine.register_fn("pods_of", |call: NativeCallContext, c: &mut Ctx, obj: Dynamic| -> RhaiResult<Array> {
+        if obj.is_unit() {
+            return Ok(Array::new());
+        }
+        let pod = c.kind(&call, "v1 Pod").map_err(|_| {
+            Box::new(EvalAltResult::ErrorRuntime(
+                "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
+                call.call_position(),
+            ))
+        })?;
+        let json = match crate::script::convert::to_json(&obj, "pods_of(obj)") {
+            Ok(j) => j,
+            Err(e) => return fail(&call, e),
+        };
+        let Some(sel) = workload_selector(&json) else {
+            return fail(&call, "pods_of: the object has no spec.selector".into());
+        };
+        Ok(Ctx::array(c.objects(&pod).into_iter().filter(|p| sel.matches_object(p.value()))))
+    });
+}

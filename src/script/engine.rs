@@ -1,0 +1,237 @@
+//! The one shared, hardened Rhai engine.
+//!
+//! Built once per process (building one costs as much as ~50 decisions),
+//! hardened in one place, and shared behind an `Arc`. Every call runs under
+//! a wall-clock budget enforced through `on_progress`, on top of operation,
+//! call-depth, expression-depth and size limits, so a runaway script fails
+//! its own reconcile and nothing else.
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use rhai::{AST, CallFnOptions, Dynamic, Engine, FuncArgs, OptimizationLevel, Scope};
+
+use super::error::{FILE_START, ScriptError, ScriptErrorKind};
+use crate::util::yaml::Pos;
+
+/// The limits every script call runs under.
+#[derive(Clone, Debug)]
+pub struct ScriptLimits {
+    /// Wall-clock budget per call.
+    pub wall_time: Duration,
+    /// Operations per call (a backstop under the wall-clock budget).
+    pub max_operations: u64,
+    pub max_call_levels: usize,
+    pub max_expr_depth: usize,
+    pub max_fn_expr_depth: usize,
+    /// Bytes.
+    pub max_string_size: usize,
+    pub max_array_size: usize,
+    pub max_map_size: usize,
+    pub max_variables: usize,
+}
+
+impl Default for ScriptLimits {
+    fn default() -> Self {
+        Self {
+            wall_time: Duration::from_millis(20),
+            max_operations: 5_000_000,
+            max_call_levels: 48,
+            max_expr_depth: 64,
+            max_fn_expr_depth: 48,
+            max_string_size: 1 << 20,
+            max_array_size: 100_000,
+            max_map_size: 20_000,
+            max_variables: 1_000,
+        }
+    }
+}
+
+thread_local! {
+    /// When the call running on this thread must stop. Set around each call.
+    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// How often (in operations) the deadline is checked: often enough to stop
+/// within tens of microseconds, rarely enough to cost nothing measurable.
+const DEADLINE_CHECK_EVERY: u64 = 512;
+
+/// A compiled script: one per policy version.
+#[derive(Clone, Debug)]
+pub struct Script {
+    pub file: String,
+    pub ast: AST,
+    functions: BTreeSet<String>,
+    origin: Pos,
+}
+
+impl Script {
+    /// Whether the script defines a function of that name.
+    pub fn has_fn(&self, name: &str) -> bool {
+        self.functions.contains(name)
+    }
+
+    /// Where a function is defined, for errors about what it returned.
+    pub fn fn_pos(&self, source: &str, name: &str) -> Option<Pos> {
+        let needle = format!("fn {name}");
+        source.lines().enumerate().find_map(|(i, line)| {
+            line.find(&needle).map(|c| Pos {
+                line: i as u32 + self.origin.line,
+                col: c as u32 + 1,
+            })
+        })
+    }
+}
+
+/// A compiled expression (`readyWhen`, a template interpolation).
+#[derive(Clone, Debug)]
+pub struct Expr {
+    pub file: String,
+    pub ast: AST,
+    origin: Pos,
+}
+
+/// The shared engine.
+pub struct ScriptEngine {
+    engine: Engine,
+    limits: ScriptLimits,
+}
+
+impl std::fmt::Debug for ScriptEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptEngine").field("limits", &self.limits).finish()
+    }
+}
+
+/// Names every expression may use; declared up front so strict-variable
+/// checking catches typos when a policy loads, not when it runs.
+pub const EXPR_VARIABLES: &[&str] = &["it", "resource", "ctx", "params", "run"];
+
+impl ScriptEngine {
+    pub fn new(limits: ScriptLimits) -> Self {
+        let mut engine = Engine::new();
+        engine
+            .set_optimization_level(OptimizationLevel::Simple)
+            .set_strict_variables(true)
+            .set_max_operations(limits.max_operations)
+            .set_max_call_levels(limits.max_call_levels)
+            .set_max_expr_depths(limits.max_expr_depth, limits.max_fn_expr_depth)
+            .set_max_string_size(limits.max_string_size)
+            .set_max_array_size(limits.max_array_size)
+            .set_max_map_size(limits.max_map_size)
+            .set_max_variables(limits.max_variables);
+        engine.disable_symbol("eval");
+        engine.on_progress(|ops| {
+            if ops % DEADLINE_CHECK_EVERY == 0
+                && let Some(deadline) = DEADLINE.get()
+                && Instant::now() >= deadline
+            {
+                return Some(Dynamic::from("deadline"));
+            }
+            None
+        });
+        engine.on_print(|text| tracing::info!(target: "runbook::script", "{text}"));
+        engine.on_debug(|text, source, pos| {
+            tracing::debug!(
+                target: "runbook::script",
+                script = source.unwrap_or("?"),
+                line = pos.line().unwrap_or(0),
+                "{text}"
+            )
+        });
+        super::helpers::register(&mut engine);
+        super::ctx::register(&mut engine);
+        super::action::register(&mut engine);
+        Self { engine, limits }
+    }
+
+    pub fn limits(&self) -> &ScriptLimits {
+        &self.limits
+    }
+
+    pub fn rhai(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compile a script file.
+    pub fn compile(&self, file: &str, text: &str) -> Result<Script, ScriptError> {
+        let mut ast = self
+            .engine
+            .compile(text)
+            .map_err(|e| ScriptError::from_parse(file, &e, FILE_START))?;
+        ast.set_source(file);
+        let functions = ast.iter_functions().map(|f| f.name.to_string()).collect();
+        Ok(Script {
+            file: file.to_string(),
+            ast,
+            functions,
+            origin: FILE_START,
+        })
+    }
+
+    /// Compile an expression found at `origin` in `file`.
+    pub fn compile_expr(&self, file: &str, text: &str, origin: Pos) -> Result<Expr, ScriptError> {
+        let mut scope = Scope::new();
+        for name in EXPR_VARIABLES {
+            scope.push_dynamic(*name, Dynamic::UNIT);
+        }
+        let mut ast = self
+            .engine
+            .compile_expression_with_scope(&scope, text)
+            .map_err(|e| ScriptError::from_parse(file, &e, origin))?;
+        ast.set_source(file);
+        Ok(Expr {
+            file: file.to_string(),
+            ast,
+            origin,
+        })
+    }
+
+    /// Call a script function under the budget.
+    pub fn call(
+        &self,
+        script: &Script,
+        name: &str,
+        args: impl FuncArgs,
+    ) -> Result<Dynamic, ScriptError> {
+        let mut scope = Scope::new();
+        let options = CallFnOptions::new().eval_ast(false).rewind_scope(true);
+        self.with_budget(|| {
+            self.engine
+                .call_fn_with_options::<Dynamic>(options, &mut scope, &script.ast, name, args)
+        })
+        .map_err(|e| {
+            ScriptError::from_eval(&script.file, &e, script.origin, self.limits.wall_time.as_millis())
+        })
+    }
+
+    /// Evaluate an expression with the given variables.
+    pub fn eval(&self, expr: &Expr, scope: &mut Scope) -> Result<Dynamic, ScriptError> {
+        self.with_budget(|| self.engine.eval_ast_with_scope::<Dynamic>(scope, &expr.ast))
+            .map_err(|e| {
+                ScriptError::from_eval(&expr.file, &e, expr.origin, self.limits.wall_time.as_millis())
+            })
+    }
+
+    fn with_budget<T>(&self, f: impl FnOnce() -> T) -> T {
+        let previous = DEADLINE.get();
+        let deadline = Instant::now() + self.limits.wall_time;
+        // A nested call keeps the earlier (outer) deadline.
+        DEADLINE.set(Some(previous.map_or(deadline, |p| p.min(deadline))));
+        let out = f();
+        DEADLINE.set(previous);
+        out
+    }
+}
+
+impl Default for ScriptEngine {
+    fn default() -> Self {
+        Self::new(ScriptLimits::default())
+    }
+}
+
+/// Whether an error is a limit or timeout (the script is at fault, not the data).
+pub fn is_containment(err: &ScriptError) -> bool {
+    matches!(err.kind, ScriptErrorKind::Timeout | ScriptErrorKind::Limit)
+}

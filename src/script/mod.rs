@@ -1,0 +1,19 @@
+//! Rhai: one hardened engine, compiled scripts and expressions, the `ctx`
+//! object, helpers, action builders and templates.
+//!
+//! Nothing here touches the network or the clock: a script sees only what
+//! `ctx` gives it.
+
+pub mod action;
+pub mod convert;
+pub mod ctx;
+pub mod engine;
+pub mod error;
+pub mod helpers;
+pub mod template;
+
+pub use action::{Action, ActionValue};
+pub use ctx::{Ctx, CtxData};
+pub use engine::{Expr, Script, ScriptEngine, ScriptLimits};
+pub use error::{ScriptError, ScriptErrorKind};
+pub use template::Template;
