@@ -6,6 +6,8 @@
 //! nothing of policies.
 #![forbid(unsafe_code)]
 
+pub mod alert;
+pub mod cli;
 pub mod crd;
 pub mod kinds;
 pub mod labels;
@@ -15,4 +17,5 @@ pub mod policy;
 pub mod schedule;
 pub mod script;
 pub mod decide;
+pub mod fixtures;
 pub mod util;

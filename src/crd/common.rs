@@ -70,6 +70,11 @@ pub struct DecisionRecord {
     /// Alert routes the decision's alerts matched.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alert_routes: Vec<String>,
+    /// When rate-limited actions (rollback, delete, patch, apply) were last
+    /// taken, by verb, within their limit's window: kept here so limits hold
+    /// across operator restarts.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub recent_actions: std::collections::BTreeMap<String, Vec<String>>,
     /// The error that ended the reconcile, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -5,6 +5,8 @@
 //! cluster needs and `crds/` holds exactly that output. Validation that a real
 //! API server can enforce (ranges, required fields, enums, patterns) lives in
 //! the schemas, so a bad CR is refused at `kubectl apply`.
+#![allow(clippy::duplicated_attributes)] // printcolumn(...) attributes share `type_`
+
 
 mod aimodel;
 mod backup;

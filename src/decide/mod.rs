@@ -1,1 +1,421 @@
-//! decide
+//! `decide`: from what is observed to what should be done. Pure and
+//! synchronous: no I/O, no clock but the `now` it is given, so every policy
+//! can be tested offline and the same inputs always give the same decision.
+
+mod steps;
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use rhai::{Array, Dynamic};
+use serde_json::{Value, json};
+
+use crate::kinds::{KindRef, Role};
+use crate::observe::{CachedObject, ObjectView};
+use crate::policy::compile::{Body, CompiledPolicy, ScheduleSource};
+use crate::policy::model::Mode;
+use crate::schedule::Schedule;
+use crate::script::action::{Action, ActionValue};
+use crate::script::ctx::{Ctx, CtxData};
+use crate::script::engine::ScriptEngine;
+use crate::script::error::ScriptError;
+use crate::util::hash::json_hash;
+use crate::util::time;
+
+/// Everything a decision may look at.
+#[derive(Clone)]
+pub struct Observed {
+    pub target: Arc<CachedObject>,
+    pub view: Arc<dyn ObjectView>,
+    pub now: Timestamp,
+}
+
+/// One planned action and, when it may not be carried out, why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    pub action: Action,
+    /// `file:line:col` of the call that made it, for scripts.
+    pub origin: Option<String>,
+    /// Set when the policy may not do this (undeclared kind, other namespace).
+    pub refusal: Option<String>,
+}
+
+/// What a policy decided for one target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub policy: String,
+    pub policy_version: String,
+    pub mode: Mode,
+    pub actions: Vec<Planned>,
+    /// Reconcile again after this long at the latest.
+    pub requeue_after_ms: Option<i64>,
+    /// Hash of the target's spec and metadata, its children and the schedule.
+    pub inputs_hash: String,
+    /// Whether the schedule fired for this reconcile.
+    pub due: bool,
+}
+
+impl Decision {
+    /// Actions that were not refused.
+    pub fn allowed(&self) -> impl Iterator<Item = &Planned> {
+        self.actions.iter().filter(|p| p.refusal.is_none())
+    }
+
+    pub fn refused(&self) -> impl Iterator<Item = &Planned> {
+        self.actions.iter().filter(|p| p.refusal.is_some())
+    }
+}
+
+/// Why a decision could not be made.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum DecideError {
+    #[error("{0}")]
+    Script(#[from] ScriptError),
+    #[error("{policy}: schedule: {message}")]
+    Schedule { policy: String, message: String },
+}
+
+impl DecideError {
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            DecideError::Script(e) => e.kind.as_str(),
+            DecideError::Schedule { .. } => "schedule",
+        }
+    }
+}
+
+/// Where the schedule stands for one target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleState {
+    pub due: bool,
+    /// The fire time this reconcile runs for (when due).
+    pub fire: Option<Timestamp>,
+    pub last: Option<Timestamp>,
+    pub next: Option<Timestamp>,
+}
+
+/// An identifier for a run, from its fire time, usable in object names.
+pub fn run_id(t: Timestamp) -> String {
+    t.strftime("%Y%m%d-%H%M%S").to_string()
+}
+
+fn field<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, k| v.get(k.as_str()))
+}
+
+fn status_time(target: &Value, key: &str) -> Option<Timestamp> {
+    target
+        .get("status")
+        .and_then(|s| s.get(key))
+        .and_then(Value::as_str)
+        .and_then(time::parse)
+}
+
+/// Compute the schedule state: due when a fire time passed since the last
+/// run (or there was never a run). However many fire times were missed,
+/// the run happens once.
+pub fn schedule_state(policy: &CompiledPolicy, target: &Value, now: Timestamp) -> Result<Option<ScheduleState>, DecideError> {
+    let Some(source) = &policy.schedule else {
+        return Ok(None);
+    };
+    let parsed;
+    let schedule: &Schedule = match source {
+        ScheduleSource::Fixed(s) => s,
+        ScheduleSource::FromField { path, default } => match field(target, path).and_then(Value::as_str) {
+            Some(expr) => {
+                parsed = Schedule::parse(expr).map_err(|message| DecideError::Schedule {
+                    policy: policy.name.clone(),
+                    message: format!("{}: {message}", path.join(".")),
+                })?;
+                &parsed
+            }
+            // No expression and no default: this target is not scheduled.
+            None => match default {
+                Some(d) => d,
+                None => return Ok(None),
+            },
+        },
+    };
+    let suspended = target
+        .get("spec")
+        .and_then(|s| s.get("suspend"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let last = status_time(target, "lastRunTime");
+    // The first run belongs to the target's creation, not to "now": a
+    // reconcile that sees a stale cache then names the same run.
+    let created = target
+        .pointer("/metadata/creationTimestamp")
+        .and_then(Value::as_str)
+        .and_then(time::parse)
+        .filter(|c| *c <= now)
+        .unwrap_or(now);
+    let (due, fire) = match last {
+        _ if suspended => (false, None),
+        None => (true, Some(created)),
+        Some(last) => match schedule.last_at_or_before(last, now) {
+            Some(f) => (true, Some(f)),
+            None => (false, None),
+        },
+    };
+    let next = schedule.next_after(fire.unwrap_or(now).max(now));
+    Ok(Some(ScheduleState { due, fire, last, next }))
+}
+
+/// The hash of what a decision depends on, so a record says whether two
+/// decisions saw the same world. The target's status is left out: it is the
+/// decision's own memory, and including it would make every status write
+/// look like a new input.
+pub fn inputs_hash(policy: &CompiledPolicy, observed: &Observed, sched: Option<&ScheduleState>) -> String {
+    let t = observed.target.value();
+    let meta = t.get("metadata").cloned().unwrap_or(Value::Null);
+    let mut children = Vec::new();
+    for kind in policy.owns() {
+        for o in observed.view.list(kind, observed.target.namespace()) {
+            if o.is_owned_by(observed.target.uid()) {
+                children.push(json!([kind.api_version, kind.kind, o.name(), o.value()["metadata"]["resourceVersion"]]));
+            }
+        }
+    }
+    let input = json!({
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "generation": meta.get("generation"),
+            "labels": meta.get("labels"),
+            "annotations": meta.get("annotations"),
+            "deleting": meta.get("deletionTimestamp").is_some(),
+        },
+        "spec": t.get("spec"),
+        "children": children,
+        "due": sched.map(|s| s.due),
+        "fire": sched.and_then(|s| s.fire).map(time::format),
+    });
+    json_hash(&input, 16)
+}
+
+/// Why an action may not be taken by this policy on this target, if so.
+pub fn check_permission(policy: &CompiledPolicy, target_ns: &str, action: &Action) -> Option<String> {
+    let kinds = &policy.kinds;
+    let refuse_kind = |k: &KindRef, verb: &str, roles: &str| {
+        Some(format!("{verb} of {k} refused: the policy does not declare it in {roles}"))
+    };
+    let check_ns = |obj_ns: Option<&str>, k: &KindRef| -> Option<String> {
+        if !k.namespaced() {
+            return Some(format!("{k} is cluster-scoped; a policy acts only in its target's namespace"));
+        }
+        match obj_ns {
+            Some(ns) if !ns.is_empty() && ns != target_ns => Some(format!(
+                "{k} in namespace {ns:?} refused: a policy acts only in its target's namespace ({target_ns:?})"
+            )),
+            _ => None,
+        }
+    };
+    match action {
+        Action::Apply { object } => {
+            let k = KindRef::new(
+                object["apiVersion"].as_str().unwrap_or_default(),
+                object["kind"].as_str().unwrap_or_default(),
+            );
+            if !kinds.has(&k, Role::Owns) {
+                return refuse_kind(&k, "apply", "owns");
+            }
+            check_ns(object["metadata"]["namespace"].as_str(), &k)
+        }
+        Action::Delete { kind, .. } => match kinds.resolve(kind) {
+            Ok(k) if kinds.has(&k, Role::Owns) => check_ns(None, &k),
+            Ok(k) => refuse_kind(&k, "delete", "owns"),
+            Err(e) => Some(format!("delete refused: {e}")),
+        },
+        Action::Patch { kind, .. } => match kinds.resolve(kind) {
+            Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Mutates) => check_ns(None, &k),
+            Ok(k) => refuse_kind(&k, "patch", "owns or mutates"),
+            Err(e) => Some(format!("patch refused: {e}")),
+        },
+        Action::Rollback { .. } => {
+            let k = KindRef::new("apps/v1", "Deployment");
+            if kinds.has(&k, Role::Mutates) {
+                None
+            } else {
+                refuse_kind(&k, "rollback", "mutates")
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Times of recent rate-limited actions of one verb, from the decision
+/// record in the target's status.
+pub fn recent_actions(target: &Value, verb: &str) -> Vec<Timestamp> {
+    target
+        .pointer(&format!("/status/decision/recentActions/{verb}"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.as_str().and_then(time::parse))
+        .collect()
+}
+
+/// Whether the policy's limit for `verb` allows one more action now.
+pub fn limit_allows(policy: &CompiledPolicy, target: &Value, verb: &str, now: Timestamp) -> bool {
+    let Some(limit) = policy.limits.for_verb(verb) else {
+        return true;
+    };
+    let since = now.as_millisecond() - limit.per_ms;
+    let used = recent_actions(target, verb)
+        .into_iter()
+        .filter(|t| t.as_millisecond() > since)
+        .count();
+    used < limit.count as usize
+}
+
+fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&ScheduleState>) -> Ctx {
+    let run = match sched {
+        Some(s) => s.fire.or(s.last).map(run_id).unwrap_or_else(|| "once".into()),
+        None => "once".into(),
+    };
+    Ctx(Arc::new(CtxData {
+        resource: observed.target.dynamic().clone(),
+        params: policy.params_dyn.clone(),
+        now: observed.now.as_second(),
+        due: sched.is_some_and(|s| s.due),
+        next_run: sched.and_then(|s| s.next).map(|t| t.as_second()),
+        last_run: sched.and_then(|s| s.last).map(|t| t.as_second()),
+        run,
+        policy_name: policy.name.clone(),
+        policy_version: policy.version.clone(),
+        namespace: observed.target.namespace().to_string(),
+        target_uid: observed.target.uid().to_string(),
+        view: observed.view.clone(),
+        kinds: policy.kinds.clone(),
+        limited: ["rollback", "delete", "patch", "apply"]
+            .into_iter()
+            .filter(|v| !limit_allows(policy, observed.target.value(), v, observed.now))
+            .map(str::to_string)
+            .collect(),
+    }))
+}
+
+/// Flatten what a script returned into actions.
+fn collect(file: &str, fn_pos: Option<crate::util::yaml::Pos>, name: &str, result: Dynamic) -> Result<Vec<ActionValue>, ScriptError> {
+    fn walk(v: Dynamic, out: &mut Vec<ActionValue>, index: &mut usize, file: &str, fn_pos: Option<crate::util::yaml::Pos>, name: &str) -> Result<(), ScriptError> {
+        if v.is_unit() {
+            return Ok(());
+        }
+        if v.is_array() {
+            for item in v.cast::<Array>() {
+                walk(item, out, index, file, fn_pos, name)?;
+            }
+            return Ok(());
+        }
+        let type_name = v.type_name().to_string();
+        match v.try_cast::<ActionValue>() {
+            Some(a) => {
+                out.push(a);
+                *index += 1;
+                Ok(())
+            }
+            None => Err(ScriptError::bad_result(
+                file,
+                fn_pos,
+                format!(
+                    "{name} returned a {type_name} at position {index}; want an array of actions such as apply(obj), status(map) or alert(map)"
+                ),
+            )),
+        }
+    }
+    let mut out = Vec::new();
+    let mut index = 0;
+    walk(result, &mut out, &mut index, file, fn_pos, name)?;
+    Ok(out)
+}
+
+fn plan(policy: &CompiledPolicy, target_ns: &str, file: Option<&str>, values: Vec<ActionValue>) -> Vec<Planned> {
+    values
+        .into_iter()
+        .map(|a| {
+            let origin = match (file, a.pos) {
+                (Some(f), Some(p)) => Some(format!("{f}:{}:{}", p.line, p.col)),
+                (Some(f), None) => Some(f.to_string()),
+                _ => None,
+            };
+            let refusal = check_permission(policy, target_ns, &a.action).map(|r| match &origin {
+                Some(o) => format!("{o}: {r}"),
+                None => r,
+            });
+            Planned { action: a.action, origin, refusal }
+        })
+        .collect()
+}
+
+fn finish(policy: &CompiledPolicy, observed: &Observed, sched: Option<ScheduleState>, mut actions: Vec<Planned>, mut requeue: Option<i64>) -> Decision {
+    let now = observed.now;
+    if let Some(s) = &sched {
+        let mut fields = serde_json::Map::new();
+        if s.due
+            && let Some(f) = s.fire
+        {
+            fields.insert("lastRunTime".into(), Value::String(time::format(f)));
+        }
+        if let Some(n) = s.next {
+            fields.insert("nextRunTime".into(), Value::String(time::format(n)));
+            let wait = (n.as_millisecond() - now.as_millisecond()).max(1);
+            requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
+        }
+        if !fields.is_empty() {
+            actions.push(Planned { action: Action::Status { fields }, origin: None, refusal: None });
+        }
+    }
+    for p in &actions {
+        if let (Action::Requeue { after_ms }, None) = (&p.action, &p.refusal) {
+            requeue = Some(requeue.map_or(*after_ms, |r| r.min(*after_ms)));
+        }
+    }
+    Decision {
+        policy: policy.name.clone(),
+        policy_version: policy.version.clone(),
+        mode: policy.mode,
+        inputs_hash: inputs_hash(policy, observed, sched.as_ref()),
+        due: sched.as_ref().is_some_and(|s| s.due),
+        actions,
+        requeue_after_ms: requeue,
+    }
+}
+
+/// Decide what to do for one target.
+pub fn decide(engine: &ScriptEngine, policy: &CompiledPolicy, observed: &Observed) -> Result<Decision, DecideError> {
+    let sched = schedule_state(policy, observed.target.value(), observed.now)?;
+    let ctx = build_ctx(policy, observed, sched.as_ref());
+    let ns = observed.target.namespace().to_string();
+    match &policy.body {
+        Body::Script { script, source, .. } => {
+            let result = engine.call(script, "reconcile", (ctx,))?;
+            let values = collect(&script.file, script.fn_pos(source, "reconcile"), "reconcile", result)?;
+            let actions = plan(policy, &ns, Some(&script.file), values);
+            Ok(finish(policy, observed, sched, actions, None))
+        }
+        Body::Steps { steps: list, on_failure } => {
+            let out = steps::decide(engine, policy, list, on_failure, observed, &ctx, sched.as_ref())?;
+            let actions = plan(policy, &ns, None, out.actions);
+            Ok(finish(policy, observed, sched, actions, out.requeue_after_ms))
+        }
+    }
+}
+
+/// Decide the clean-up for a target being deleted. An empty decision means
+/// the clean-up is done and the finalizer can go.
+pub fn finalize(engine: &ScriptEngine, policy: &CompiledPolicy, observed: &Observed) -> Result<Decision, DecideError> {
+    let ctx = build_ctx(policy, observed, None);
+    let ns = observed.target.namespace().to_string();
+    match &policy.body {
+        Body::Script { script, source, has_finalize: true } => {
+            let result = engine.call(script, "finalize", (ctx,))?;
+            let values = collect(&script.file, script.fn_pos(source, "finalize"), "finalize", result)?;
+            let actions = plan(policy, &ns, Some(&script.file), values);
+            Ok(finish(policy, observed, None, actions, None))
+        }
+        _ => Ok(finish(policy, observed, None, Vec::new(), None)),
+    }
+}

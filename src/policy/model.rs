@@ -66,6 +66,10 @@ pub struct PolicySpec {
     /// Declarative, strictly ordered steps (instead of a script).
     #[serde(default)]
     pub steps: Vec<StepSpec>,
+    /// With steps: a `.rhai` file whose functions step expressions and
+    /// templates may call.
+    #[serde(default)]
+    pub functions: Option<String>,
     /// Compensation run once when a step fails or times out.
     #[serde(default)]
     pub on_failure: Vec<StepSpec>,
@@ -146,6 +150,9 @@ pub struct StepSpec {
     /// How long the step may take, such as `10m`.
     #[serde(default)]
     pub timeout: Option<String>,
+    /// What to report when `failedWhen` holds (a template string).
+    #[serde(default)]
+    pub message: Option<Node>,
 }
 
 /// The object a step applies: a template file in the bundle or inline.

@@ -235,8 +235,7 @@ pub fn register(engine: &mut Engine) {
         }
         Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: Some(revision) }))
     });
-    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str, revision: ()| -> RhaiResult<ActionValue> {
-        let _ = revision;
+    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str, _revision: ()| -> RhaiResult<ActionValue> {
         Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: None }))
     });
 

@@ -29,6 +29,8 @@ pub struct CtxData {
     pub target_uid: String,
     pub view: Arc<dyn ObjectView>,
     pub kinds: Arc<DeclaredKinds>,
+    /// Verbs whose blast-radius limit would refuse one more action now.
+    pub limited: Vec<String>,
 }
 
 /// `ctx` as a Rhai value: cheap to clone.
@@ -145,6 +147,7 @@ pub fn register(engine: &mut Engine) {
         m
     });
 
+    engine.register_fn("allowed", |c: &mut Ctx, verb: &str| !c.0.limited.iter().any(|v| v == verb));
     engine.register_fn("owned", |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
         let k = c.kind(&call, kind)?;
         Ok(Ctx::array(c.owned(&k)))

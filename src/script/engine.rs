@@ -170,8 +170,9 @@ impl ScriptEngine {
         })
     }
 
-    /// Compile an expression found at `origin` in `file`.
-    pub fn compile_expr(&self, file: &str, text: &str, origin: Pos) -> Result<Expr, ScriptError> {
+    /// Compile an expression found at `origin` in `file`. `functions`, when
+    /// given, is a script whose functions the expression may call.
+    pub fn compile_expr(&self, file: &str, text: &str, origin: Pos, functions: Option<&AST>) -> Result<Expr, ScriptError> {
         let mut scope = Scope::new();
         for name in EXPR_VARIABLES {
             scope.push_dynamic(*name, Dynamic::UNIT);
@@ -180,6 +181,9 @@ impl ScriptEngine {
             .engine
             .compile_expression_with_scope(&scope, text)
             .map_err(|e| ScriptError::from_parse(file, &e, origin))?;
+        if let Some(f) = functions {
+            ast = f.merge(&ast);
+        }
         ast.set_source(file);
         Ok(Expr {
             file: file.to_string(),

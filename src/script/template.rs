@@ -30,7 +30,14 @@ pub enum Template {
 #[derive(Clone, Debug)]
 pub enum Part {
     Lit(String),
-    Expr { expr: Box<Expr>, text: String, pos: Pos },
+    Expr {
+        expr: Box<Expr>,
+        text: String,
+        pos: Pos,
+        /// The expression says a value may be missing (`??`, `?.`, `?[`):
+        /// as a whole value it then renders as null and its key is dropped.
+        optional: bool,
+    },
 }
 
 /// Column offset of a scalar's content: 1 when the scalar is quoted.
@@ -45,7 +52,7 @@ fn quote_offset(source: &str, pos: Pos) -> u32 {
 impl Template {
     /// Compile a positioned YAML tree. `source` is the file's text, used to
     /// place errors exactly.
-    pub fn compile(engine: &ScriptEngine, file: &str, source: &str, node: &Node) -> Result<Self, ScriptError> {
+    pub fn compile(engine: &ScriptEngine, file: &str, source: &str, node: &Node, functions: Option<&rhai::AST>) -> Result<Self, ScriptError> {
         Ok(match &node.value {
             NodeValue::Null => Template::Lit(Value::Null),
             NodeValue::Bool(b) => Template::Lit(Value::Bool(*b)),
@@ -55,7 +62,7 @@ impl Template {
                 if trimmed.len() >= 2 && trimmed.starts_with('`') && trimmed.ends_with('`') {
                     let content_col = node.pos.col + quote_offset(source, node.pos) + 1;
                     let origin = Pos { line: node.pos.line, col: content_col };
-                    compile_interp(engine, file, &trimmed[1..trimmed.len() - 1], origin)?
+                    compile_interp(engine, file, &trimmed[1..trimmed.len() - 1], origin, functions)?
                 } else {
                     Template::Lit(Value::String(s.clone()))
                 }
@@ -63,13 +70,13 @@ impl Template {
             NodeValue::Seq(items) => Template::Seq(
                 items
                     .iter()
-                    .map(|n| Template::compile(engine, file, source, n))
+                    .map(|n| Template::compile(engine, file, source, n, functions))
                     .collect::<Result<_, _>>()?,
             ),
             NodeValue::Map(entries) => Template::Map(
                 entries
                     .iter()
-                    .map(|(k, n)| Ok((k.clone(), Template::compile(engine, file, source, n)?)))
+                    .map(|(k, n)| Ok((k.clone(), Template::compile(engine, file, source, n, functions)?)))
                     .collect::<Result<_, ScriptError>>()?,
             ),
         })
@@ -112,13 +119,22 @@ impl Template {
             Template::Map(entries) => {
                 let mut out = serde_json::Map::new();
                 for (k, t) in entries {
-                    out.insert(k.clone(), t.render(engine, scope)?);
+                    let v = t.render(engine, scope)?;
+                    // An optional value that is missing leaves its key out.
+                    if v.is_null() && !matches!(t, Template::Lit(_)) {
+                        continue;
+                    }
+                    out.insert(k.clone(), v);
                 }
                 Value::Object(out)
             }
             Template::Interp { parts, typed, .. } => {
-                if *typed && let [Part::Expr { expr, text, pos }] = parts.as_slice() {
-                    let v = eval_part(engine, scope, expr, text, *pos)?;
+                if *typed && let [Part::Expr { expr, text, pos, optional }] = parts.as_slice() {
+                    let v = engine.eval(expr, scope)?;
+                    if v.is_unit() && *optional {
+                        return Ok(Value::Null);
+                    }
+                    let v = check_present(v, expr, text, *pos)?;
                     return to_json(&v, &format!("`${{{text}}}`")).map_err(|m| ScriptError {
                         file: expr.file.clone(),
                         pos: Some(*pos),
@@ -130,8 +146,8 @@ impl Template {
                 for part in parts {
                     match part {
                         Part::Lit(s) => out.push_str(s),
-                        Part::Expr { expr, text, pos } => {
-                            let v = eval_part(engine, scope, expr, text, *pos)?;
+                        Part::Expr { expr, text, pos, .. } => {
+                            let v = check_present(engine.eval(expr, scope)?, expr, text, *pos)?;
                             out.push_str(&display(&v));
                         }
                     }
@@ -142,14 +158,13 @@ impl Template {
     }
 }
 
-fn eval_part(engine: &ScriptEngine, scope: &mut Scope, expr: &Expr, text: &str, pos: Pos) -> Result<Dynamic, ScriptError> {
-    let v = engine.eval(expr, scope)?;
+fn check_present(v: Dynamic, expr: &Expr, text: &str, pos: Pos) -> Result<Dynamic, ScriptError> {
     if v.is_unit() {
         return Err(ScriptError {
             file: expr.file.clone(),
             pos: Some(pos),
             kind: ScriptErrorKind::Runtime,
-            message: format!("`${{{text}}}` has no value (a missing field?)"),
+            message: format!("`${{{text}}}` has no value: a missing field? (write `?? default` where a value may be absent)"),
         });
     }
     Ok(v)
@@ -167,7 +182,7 @@ fn display(v: &Dynamic) -> String {
 
 /// Split `text` (the inside of the backticks) into literal parts and
 /// `${...}` expressions, compiling each expression at its own position.
-fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos) -> Result<Template, ScriptError> {
+fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos, functions: Option<&rhai::AST>) -> Result<Template, ScriptError> {
     let mut parts = Vec::new();
     let mut lit = String::new();
     let chars: Vec<char> = text.chars().collect();
@@ -218,8 +233,9 @@ fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos) ->
             if !lit.is_empty() {
                 parts.push(Part::Lit(std::mem::take(&mut lit)));
             }
-            let expr = engine.compile_expr(file, &expr_text, pos)?;
-            parts.push(Part::Expr { expr: Box::new(expr), text: expr_text.trim().to_string(), pos });
+            let expr = engine.compile_expr(file, &expr_text, pos, functions)?;
+            let optional = expr_text.contains("??") || expr_text.contains("?.") || expr_text.contains("?[");
+            parts.push(Part::Expr { expr: Box::new(expr), text: expr_text.trim().to_string(), pos, optional });
             i = j + 1;
         } else {
             lit.push(chars[i]);

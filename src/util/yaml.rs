@@ -331,3 +331,79 @@ mod tests {
         assert_eq!(json["a"]["c"], serde_json::json!([1, 2.5, true, null]));
     }
 }
+
+/// Split a multi-document stream on `---` lines. Each part comes with the
+/// number of lines before it, so positions can be made absolute again.
+pub fn split_documents(text: &str) -> Vec<(u32, &str)> {
+    let mut out = Vec::new();
+    let mut start = 0usize;
+    let mut start_line = 0u32;
+    let mut offset = 0usize;
+    for (line_no, line) in text.split_inclusive('\n').enumerate() {
+        let trimmed = line.trim_end();
+        if trimmed == "---" || trimmed.starts_with("--- ") || trimmed == "..." {
+            if offset > start {
+                out.push((start_line, &text[start..offset]));
+            }
+            start = offset + line.len();
+            start_line = line_no as u32 + 1;
+        }
+        offset += line.len();
+    }
+    if start < text.len() {
+        out.push((start_line, &text[start..]));
+    }
+    out.retain(|(_, doc)| {
+        doc.lines()
+            .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+    });
+    out
+}
+
+impl YamlError {
+    /// Shift the position by the lines before this document.
+    pub fn offset(mut self, lines: u32) -> Self {
+        if self.pos.line > 0 {
+            self.pos.line += lines;
+        }
+        self
+    }
+}
+
+impl Node {
+    /// Shift every position by the lines before this document.
+    pub fn offset(&mut self, lines: u32) {
+        self.pos.line += lines;
+        match &mut self.value {
+            NodeValue::Seq(items) => items.iter_mut().for_each(|n| n.offset(lines)),
+            NodeValue::Map(entries) => entries.iter_mut().for_each(|(_, n)| n.offset(lines)),
+            _ => {}
+        }
+    }
+
+    /// The node at a path of map keys.
+    pub fn at(&self, path: &[&str]) -> Option<&Node> {
+        path.iter().try_fold(self, |n, k| n.get(k))
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.value {
+            NodeValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::*;
+
+    #[test]
+    fn documents_split_on_separator_lines_with_their_offsets() {
+        let text = "a: 1\n---\n# comment only\n---\nb: 2\nc: 3\n";
+        let docs = split_documents(text);
+        assert_eq!(docs, vec![(0, "a: 1\n"), (4, "b: 2\nc: 3\n")]);
+        let err = parse::<std::collections::BTreeMap<String, String>>("b: [1\n").unwrap_err().offset(4);
+        assert_eq!(err.pos.line, 5);
+    }
+}

@@ -1,0 +1,77 @@
+//! `runbook check PATH...`: load and compile everything, print one line per
+//! policy, or every error as `file:line:col: message` and exit 1.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use crate::policy::{self, Body, Bundle};
+use crate::script::{ScriptEngine, ScriptLimits};
+
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// Directories (searched recursively) or single policy files.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let engine = ScriptEngine::new(ScriptLimits::default());
+    let mut loaded = Vec::new();
+    for path in &args.paths {
+        if path.is_dir() {
+            for bundle in Bundle::discover(path).with_context(|| format!("reading {}", path.display()))? {
+                loaded.push(policy::load_bundle(&engine, &bundle, None));
+            }
+        } else {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            let file = path
+                .file_name()
+                .with_context(|| format!("{} is not a file", path.display()))?
+                .to_string_lossy()
+                .to_string();
+            let bundle = Bundle::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+            if !bundle.files.contains_key(&file) {
+                anyhow::bail!("{}: no such policy or script file", path.display());
+            }
+            loaded.push(policy::load_bundle(&engine, &bundle, Some(&file)));
+        }
+    }
+    let scripts: usize = loaded.iter().map(|l| l.scripts.len()).sum();
+    let (set, mut errors) = policy::PolicySet::build(loaded);
+    errors.sort();
+    errors.dedup();
+    for p in set.policies.values() {
+        let how = match &p.body {
+            Body::Script { script, has_finalize, .. } => format!(
+                "script {}{}",
+                script.file.rsplit('/').next().unwrap_or(&script.file),
+                if *has_finalize { " (with finalize)" } else { "" }
+            ),
+            Body::Steps { steps, on_failure } => format!("{} steps, {} on failure", steps.len(), on_failure.len()),
+        };
+        println!(
+            "ok  policy {} ({}) targets {} [{}] mode {} version {}",
+            p.name,
+            p.file,
+            p.target,
+            how,
+            p.mode.as_str(),
+            p.version
+        );
+    }
+    for r in set.routes.values() {
+        println!("ok  alert routes {} ({} receivers) version {}", r.name, r.receivers.len(), r.version);
+    }
+    if errors.is_empty() {
+        println!("{} policies, {} alert routes, {} scripts: no errors", set.policies.len(), set.routes.len(), scripts);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for e in &errors {
+            eprintln!("{e}");
+        }
+        eprintln!("{} error{}", errors.len(), if errors.len() == 1 { "" } else { "s" });
+        Ok(ExitCode::FAILURE)
+    }
+}

@@ -1,0 +1,62 @@
+//! The command line: parsing and dispatch. Errors at this edge are `anyhow`;
+//! everything below is typed.
+
+mod check;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Runbook: a Kubernetes operator whose reconcile behaviour is data.
+#[derive(Parser, Debug)]
+#[command(name = "runbook", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Load and compile every policy and script below the paths.
+    Check(check::CheckArgs),
+    /// Print the CustomResourceDefinitions Runbook ships, as YAML.
+    Crds(CrdsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CrdsArgs {
+    /// Write one file per CRD into this directory instead of printing.
+    #[arg(long, env = "RUNBOOK_CRDS_OUT_DIR")]
+    pub out_dir: Option<std::path::PathBuf>,
+}
+
+fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    match args.out_dir {
+        None => print!("{}", crate::crd::all_yaml()),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for crd in crate::crd::all() {
+                let path = dir.join(crate::crd::file_name(&crd));
+                std::fs::write(&path, crate::crd::to_yaml(&crd)).with_context(|| format!("writing {}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check(args) => check::run(args),
+        Command::Crds(args) => crds(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

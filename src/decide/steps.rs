@@ -1,0 +1,280 @@
+//! Declarative steps: strictly in order, each starting only when the one
+//! before it is ready. Progress lives in the target's status (`run`,
+//! `phase`, `currentStep`, `steps`), so a restarted operator resumes at the
+//! step it was on and never repeats a finished one.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use rhai::Dynamic;
+use serde_json::{Value, json};
+
+use super::{Observed, ScheduleState, run_id};
+use crate::crd::{StepState, StepStatus};
+use crate::kinds::KindRef;
+use crate::policy::compile::{CompiledPolicy, CompiledStep};
+use crate::script::action::{Action, ActionValue};
+use crate::script::ctx::Ctx;
+use crate::script::engine::{Expr, ScriptEngine};
+use crate::script::error::{ScriptError, ScriptErrorKind};
+use crate::script::template::{Template, scope_with};
+use crate::util::time;
+
+pub struct StepsOutcome {
+    pub actions: Vec<ActionValue>,
+    pub requeue_after_ms: Option<i64>,
+}
+
+fn act(action: Action) -> ActionValue {
+    ActionValue { action, pos: None }
+}
+
+struct Run<'a> {
+    engine: &'a ScriptEngine,
+    observed: &'a Observed,
+    vars: Vec<(&'static str, Dynamic)>,
+    actions: Vec<ActionValue>,
+}
+
+impl Run<'_> {
+    fn render(&self, t: &Template, it: &Dynamic) -> Result<Value, ScriptError> {
+        let mut vars = self.vars.clone();
+        vars.push(("it", it.clone()));
+        let mut scope = scope_with(&vars);
+        t.render(self.engine, &mut scope)
+    }
+
+    fn truth(&self, e: &Expr, it: &Dynamic, what: &str) -> Result<bool, ScriptError> {
+        let mut vars = self.vars.clone();
+        vars.push(("it", it.clone()));
+        let mut scope = scope_with(&vars);
+        let v = self.engine.eval(e, &mut scope)?;
+        if v.is_unit() {
+            return Ok(false);
+        }
+        v.as_bool().map_err(|t| ScriptError {
+            file: e.file.clone(),
+            pos: None,
+            kind: ScriptErrorKind::Runtime,
+            message: format!("{what} must be true or false, not a {t}"),
+        })
+    }
+
+    fn lookup(&self, kind: &KindRef, name: &str) -> Dynamic {
+        self.observed
+            .view
+            .get(kind, self.observed.target.namespace(), name)
+            .map(|o| o.dynamic().clone())
+            .unwrap_or(Dynamic::UNIT)
+    }
+
+    /// Emit a step's actions; returns `it`, the object the step is about.
+    fn emit(&mut self, step: &CompiledStep, starting: bool) -> Result<Dynamic, ScriptError> {
+        let mut it = Dynamic::UNIT;
+        if let Some((kind, t)) = &step.apply {
+            let object = self.render(t, &Dynamic::UNIT)?;
+            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            it = self.lookup(kind, &name);
+            self.actions.push(act(Action::Apply { object }));
+        }
+        if let Some(t) = &step.status {
+            if let Value::Object(fields) = self.render(t, &Dynamic::UNIT)? {
+                self.actions.push(act(Action::Status { fields }));
+            }
+        }
+        if let Some((kind, t)) = &step.delete {
+            let name = match self.render(t, &Dynamic::UNIT)? {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            it = self.lookup(kind, &name);
+            self.actions.push(act(Action::Delete {
+                kind: crate::kinds::KindName { api_version: Some(kind.api_version.clone()), kind: kind.kind.clone() },
+                name,
+            }));
+        }
+        if let Some(t) = &step.alert {
+            let spec = self.render(t, &it)?;
+            let strings = |key: &str| -> BTreeMap<String, String> {
+                spec.get(key)
+                    .and_then(Value::as_object)
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            self.actions.push(act(Action::Alert { labels: strings("labels"), annotations: strings("annotations") }));
+        }
+        if let Some((type_, reason, t)) = &step.event
+            && starting
+        {
+            let message = match self.render(t, &it)? {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            self.actions.push(act(Action::Event { type_: type_.clone(), reason: reason.clone(), message }));
+        }
+        Ok(it)
+    }
+}
+
+fn read_progress(status: &Value) -> Vec<StepStatus> {
+    status
+        .get("steps")
+        .cloned()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default()
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: &str) -> ActionValue {
+    act(Action::Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+    })
+}
+
+pub fn decide(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    steps: &[CompiledStep],
+    on_failure: &[CompiledStep],
+    observed: &Observed,
+    ctx: &Ctx,
+    sched: Option<&ScheduleState>,
+) -> Result<StepsOutcome, ScriptError> {
+    let now: Timestamp = observed.now;
+    let target = observed.target.value();
+    let status = target.get("status").cloned().unwrap_or(Value::Null);
+    let phase = status.get("phase").and_then(Value::as_str).unwrap_or("");
+    let current_run = status.get("run").and_then(Value::as_str).map(str::to_string);
+    let running = phase == "Running";
+
+    // Which run this reconcile works on. A fire time while a run is still in
+    // progress is skipped, like a CronJob with concurrencyPolicy: Forbid.
+    let (run, fresh) = match (sched, &current_run) {
+        (Some(s), _) if s.due && !running => (s.fire.map(run_id).unwrap_or_else(|| "once".into()), true),
+        (_, Some(r)) => (r.clone(), false),
+        (None, None) => ("once".to_string(), true),
+        (Some(s), None) => (s.last.map(run_id).unwrap_or_else(|| "once".into()), true),
+    };
+    let mut progress = if fresh { Vec::new() } else { read_progress(&status) };
+    // Keep progress aligned with the policy's steps by name.
+    let mut aligned: Vec<StepStatus> = steps
+        .iter()
+        .map(|s| {
+            progress
+                .iter()
+                .find(|p| p.name == s.name)
+                .cloned()
+                .unwrap_or(StepStatus { name: s.name.clone(), ..Default::default() })
+        })
+        .collect();
+    progress.clear();
+
+    let mut r = Run {
+        engine,
+        observed,
+        vars: vec![
+            ("resource", observed.target.dynamic().clone()),
+            ("ctx", Dynamic::from(ctx.clone())),
+            ("params", policy.params_dyn.clone()),
+            ("run", Dynamic::from(run.clone())),
+        ],
+        actions: Vec::new(),
+    };
+
+    let finished = !fresh && (phase == "Completed" || phase == "Failed");
+    if finished {
+        return Ok(StepsOutcome { actions: Vec::new(), requeue_after_ms: None });
+    }
+
+    let mut requeue = None;
+    let mut failure: Option<(usize, String)> = None;
+    let mut waiting_on: Option<usize> = None;
+    for (i, step) in steps.iter().enumerate() {
+        if aligned[i].state == StepState::Succeeded {
+            continue;
+        }
+        let starting = aligned[i].state == StepState::Pending;
+        if starting {
+            aligned[i].state = StepState::Running;
+            aligned[i].start_time = Some(time::format(now));
+            aligned[i].end_time = None;
+            aligned[i].message = None;
+        }
+        let it = r.emit(step, starting)?;
+        if let Some(e) = &step.failed_when
+            && r.truth(e, &it, "failedWhen")?
+        {
+            let message = match &step.message {
+                Some(t) => match r.render(t, &it)? {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                },
+                None => format!("step {} failed", step.name),
+            };
+            failure = Some((i, message));
+            break;
+        }
+        let ready = match (&step.ready_when, &step.apply, &step.delete) {
+            (Some(e), _, _) => r.truth(e, &it, "readyWhen")?,
+            (None, Some(_), _) => !it.is_unit(),
+            (None, None, Some(_)) => it.is_unit(),
+            (None, None, None) => true,
+        };
+        if ready {
+            aligned[i].state = StepState::Succeeded;
+            aligned[i].end_time = Some(time::format(now));
+            continue;
+        }
+        if let Some(limit) = step.timeout_ms {
+            let started = aligned[i].start_time.as_deref().and_then(time::parse).unwrap_or(now);
+            let deadline = started.as_millisecond() + limit;
+            if now.as_millisecond() >= deadline {
+                failure = Some((i, format!("step {} timed out after {}", step.name, time::render_duration_ms(limit))));
+                break;
+            }
+            requeue = Some(deadline - now.as_millisecond());
+        }
+        waiting_on = Some(i);
+        break;
+    }
+
+    let mut fields = serde_json::Map::new();
+    fields.insert("run".into(), json!(run));
+    match (&failure, waiting_on) {
+        (Some((i, message)), _) => {
+            aligned[*i].state = StepState::Failed;
+            aligned[*i].end_time = Some(time::format(now));
+            aligned[*i].message = Some(message.clone());
+            for comp in on_failure {
+                let _ = r.emit(comp, true)?;
+            }
+            fields.insert("phase".into(), json!("Failed"));
+            fields.insert("currentStep".into(), json!(steps[*i].name));
+            r.actions.push(condition("Ready", false, "StepFailed", message));
+            r.actions.push(condition("Progressing", false, "StepFailed", message));
+            r.actions.push(act(Action::Event { type_: "Warning".into(), reason: "StepFailed".into(), message: message.clone() }));
+        }
+        (None, Some(i)) => {
+            fields.insert("phase".into(), json!("Running"));
+            fields.insert("currentStep".into(), json!(steps[i].name));
+            let message = format!("step {} of {}: {}", i + 1, steps.len(), steps[i].name);
+            r.actions.push(condition("Progressing", true, "StepRunning", &message));
+            r.actions.push(condition("Ready", false, "StepRunning", &message));
+        }
+        (None, None) => {
+            fields.insert("phase".into(), json!("Completed"));
+            fields.insert("currentStep".into(), Value::Null);
+            r.actions.push(condition("Ready", true, "Completed", "all steps succeeded"));
+            r.actions.push(condition("Progressing", false, "Completed", "all steps succeeded"));
+        }
+    }
+    fields.insert("steps".into(), serde_json::to_value(&aligned).unwrap_or(Value::Null));
+    r.actions.push(act(Action::Status { fields }));
+    Ok(StepsOutcome { actions: r.actions, requeue_after_ms: requeue })
+}

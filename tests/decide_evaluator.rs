@@ -1,0 +1,242 @@
+//! The shipped evaluator-drift policy, decision by decision: given these
+//! objects at this time, expect these actions.
+
+mod common;
+
+use common::*;
+use runbook::fixtures::{self, JobState, deployment, evaluator, job, job_pod, replicaset, with};
+use serde_json::json;
+
+const JOB: &str = "chatbot-eval-5a2b";
+
+fn world_at_revision(rev: i64) -> World {
+    let w = World::shipped();
+    w.add(deployment("chatbot", rev));
+    for r in 1..=rev {
+        w.add(replicaset("chatbot", r));
+    }
+    w
+}
+
+fn first_job_name(w: &World, ev: &serde_json::Value) -> String {
+    let d = w.decide("evaluator-drift", ev);
+    applied(&d)[0]["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+/// An evaluator whose run `job_name` is in progress.
+fn running(job_name: &str) -> serde_json::Value {
+    with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"status": {"phase": "Running", "currentRun": job_name, "lastRunTime": fixtures::CREATED}}),
+    )
+}
+
+#[test]
+fn a_new_evaluator_starts_a_benchmark_job_at_once() {
+    let w = world_at_revision(3);
+    let ev = evaluator("chatbot", "chatbot", 0.85);
+    let d = w.decide("evaluator-drift", &ev);
+    let jobs = applied(&d);
+    assert_eq!(jobs.len(), 1);
+    let j = jobs[0];
+    assert_eq!(j["kind"], "Job");
+    assert!(j["metadata"]["name"].as_str().unwrap().starts_with("chatbot-eval-"));
+    assert_eq!(j["metadata"]["annotations"]["runbook.dev/revision"], "3");
+    let c = &j["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "registry.example.com/ml/bench:1.4");
+    assert_eq!(c["env"][0], json!({"name": "TARGET_DEPLOYMENT", "value": "chatbot"}));
+    let st = status_of(&d);
+    assert_eq!(st["phase"], "Running");
+    assert_eq!(st["currentRun"], j["metadata"]["name"]);
+    assert_eq!(st["lastRunTime"], fixtures::CREATED);
+    assert_eq!(st["nextRunTime"], "2026-11-29T11:00:00Z");
+    assert!(d.due);
+}
+
+#[test]
+fn the_job_name_is_the_same_on_every_retry() {
+    let w = world_at_revision(3);
+    let ev = evaluator("chatbot", "chatbot", 0.85);
+    let a = first_job_name(&w, &ev);
+    let later = World::shipped().at("2026-11-29T10:07:00Z");
+    later.add(deployment("chatbot", 3));
+    assert_eq!(a, first_job_name(&later, &ev), "a stale cache must name the same run");
+}
+
+#[test]
+fn a_passing_score_marks_the_evaluator_healthy_and_remembers_the_revision() {
+    let w = world_at_revision(3);
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 3, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.91}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    let st = status_of(&d);
+    assert_eq!(st["phase"], "Healthy");
+    assert_eq!(st["lastScore"], 0.91);
+    assert_eq!(st["lastGoodRevision"], 3);
+    assert_eq!(st["currentRun"], serde_json::Value::Null, "the run is over");
+    assert_eq!(st["scoreHistory"][0]["score"], 0.91);
+    assert!(rollbacks(&d).is_empty());
+    assert!(alerts(&d).is_empty());
+    assert_eq!(condition(&d, "Ready").unwrap().0, "True");
+}
+
+#[test]
+fn a_plain_number_is_a_score_too() {
+    let w = world_at_revision(3);
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 3, JobState::Succeeded));
+    w.add(job_pod(JOB, "0.93\n"));
+    assert_eq!(status_of(&w.decide("evaluator-drift", &ev))["lastScore"], 0.93);
+}
+
+#[test]
+fn a_low_score_rolls_back_to_the_last_good_revision_and_pages_the_team() {
+    let w = world_at_revision(5);
+    let ev = with(running(JOB), json!({"status": {"lastGoodRevision": 3}}));
+    w.add(job(&ev, JOB, 5, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.72}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    assert_eq!(rollbacks(&d), vec![("chatbot".to_string(), Some(3))]);
+    let st = status_of(&d);
+    assert_eq!(st["phase"], "RolledBack");
+    assert_eq!(st["lastRollback"]["fromRevision"], 5);
+    assert_eq!(st["lastRollback"]["toRevision"], 3);
+    let a = alerts(&d);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0]["severity"], "critical");
+    assert_eq!(a[0]["team"], "ml");
+    assert!(d.refused().next().is_none(), "rollback is declared in mutates");
+}
+
+#[test]
+fn without_a_known_good_revision_the_previous_one_is_used() {
+    let w = world_at_revision(4);
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 4, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.5}"#));
+    assert_eq!(rollbacks(&w.decide("evaluator-drift", &ev)), vec![("chatbot".to_string(), Some(3))]);
+}
+
+#[test]
+fn the_same_bad_revision_is_never_rolled_back_twice() {
+    let w = world_at_revision(5);
+    let ev = with(
+        running(JOB),
+        json!({"status": {"lastRollback": {"fromRevision": 5, "toRevision": 4, "time": fixtures::CREATED}}}),
+    );
+    w.add(job(&ev, JOB, 5, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.6}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(rollbacks(&d).is_empty());
+    assert_eq!(status_of(&d)["phase"], "RolledBack");
+}
+
+#[test]
+fn a_breach_with_no_earlier_revision_alerts_without_rolling_back() {
+    let w = world_at_revision(1);
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 1, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.2}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(rollbacks(&d).is_empty());
+    assert_eq!(condition(&d, "Ready").unwrap().1, "NoRollbackTarget");
+    assert_eq!(alerts(&d)[0]["severity"], "warning");
+}
+
+#[test]
+fn a_failed_benchmark_is_not_a_low_score() {
+    let w = world_at_revision(3);
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 3, JobState::Failed));
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(rollbacks(&d).is_empty());
+    assert_eq!(status_of(&d)["phase"], "Degraded");
+    assert_eq!(alerts(&d)[0]["severity"], "warning");
+    assert_eq!(condition(&d, "Ready").unwrap().1, "BenchmarkFailed");
+}
+
+#[test]
+fn a_message_that_is_not_json_degrades_without_rolling_back() {
+    let w = world_at_revision(3);
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 3, JobState::Succeeded));
+    w.add(job_pod(JOB, "score: excellent"));
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(rollbacks(&d).is_empty());
+    let (status, reason, message) = condition(&d, "Ready").unwrap();
+    assert_eq!((status, reason), ("False", "NoScore"));
+    assert!(message.contains("not JSON"), "{message}");
+}
+
+#[test]
+fn the_rollback_limit_withholds_a_second_rollback_within_its_window() {
+    let w = world_at_revision(5).at("2026-11-29T12:00:30Z");
+    let ev = with(
+        running(JOB),
+        json!({"status": {"decision": {"policy": "evaluator-drift", "policyVersion": "x", "inputsHash": "y",
+               "recentActions": {"rollback": ["2026-11-29T09:00:00Z"]}}}}),
+    );
+    w.add(job(&ev, JOB, 5, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.6}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(rollbacks(&d).is_empty());
+    assert_eq!(condition(&d, "Ready").unwrap().1, "RollbackLimited");
+}
+
+#[test]
+fn a_missing_target_deployment_is_reported_on_the_evaluator() {
+    let w = World::shipped();
+    let ev = evaluator("chatbot", "nope", 0.85);
+    let d = w.decide("evaluator-drift", &ev);
+    let (status, reason, message) = condition(&d, "Ready").unwrap();
+    assert_eq!((status, reason), ("False", "TargetNotFound"));
+    assert!(message.contains("nope"));
+    assert!(applied(&d).is_empty(), "no benchmark against nothing");
+    assert!(verbs(&d).contains(&"event"));
+}
+
+#[test]
+fn no_second_run_starts_while_one_is_in_progress() {
+    let w = world_at_revision(3).at("2026-11-29T11:00:05Z");
+    let ev = running(JOB);
+    let mut j = job(&ev, JOB, 3, JobState::Running);
+    j["metadata"]["creationTimestamp"] = json!("2026-11-29T10:50:00Z");
+    w.add(j);
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(d.due, "the hourly schedule fired");
+    assert!(applied(&d).is_empty(), "{:?}", d.actions);
+}
+
+#[test]
+fn a_run_past_its_deadline_is_failed_and_alerted() {
+    let w = world_at_revision(3).at("2026-11-29T10:40:00Z");
+    let ev = running(JOB);
+    w.add(job(&ev, JOB, 3, JobState::Running));
+    let d = w.decide("evaluator-drift", &ev);
+    assert_eq!(condition(&d, "Ready").unwrap().1, "BenchmarkOverran");
+    assert!(verbs(&d).contains(&"delete"));
+    assert_eq!(alerts(&d)[0]["severity"], "warning");
+    assert!(rollbacks(&d).is_empty());
+}
+
+#[test]
+fn old_finished_jobs_are_cleaned_up() {
+    let w = world_at_revision(3).at("2026-11-29T10:20:00Z");
+    let ev = with(evaluator("chatbot", "chatbot", 0.85), json!({"status": {"phase": "Healthy", "lastRunTime": "2026-11-29T10:00:00Z"}}));
+    for i in 0..5 {
+        let mut j = job(&ev, &format!("chatbot-eval-{i}"), 3, JobState::Succeeded);
+        j["metadata"]["creationTimestamp"] = json!(format!("2026-11-29T0{i}:00:00Z"));
+        w.add(j);
+    }
+    let d = w.decide("evaluator-drift", &ev);
+    let deleted: Vec<String> = d
+        .actions
+        .iter()
+        .filter_map(|p| match &p.action {
+            runbook::script::Action::Delete { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["chatbot-eval-0", "chatbot-eval-1"]);
+}
