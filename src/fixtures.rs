@@ -15,7 +15,18 @@ pub fn evaluator(name: &str, deployment: &str, threshold: f64) -> Value {
         "metadata": {
             "name": name, "namespace": NS, "uid": format!("uid-{name}"),
             "generation": 1, "resourceVersion": "10", "creationTimestamp": CREATED,
-            "labels": {"app": "chatbot"}
+            "labels": {
+                "app": "chatbot",
+                "app.kubernetes.io/name": name,
+                "app.kubernetes.io/part-of": "assistant",
+                "app.kubernetes.io/managed-by": "platform-gitops",
+                "environment": "production"
+            },
+            "annotations": {
+                "runbook.dev/owner": "ml-platform@example.com",
+                "runbook.dev/runbook-url": "https://runbooks.example.com/ml/chatbot-regression",
+                "description": "Hourly regression benchmark of the chatbot model against the held-out suite"
+            }
         },
         "spec": {
             "targetRef": {"name": deployment},
@@ -84,8 +95,12 @@ pub fn replicaset(deployment: &str, revision: i64) -> Value {
 pub fn job(owner: &Value, name: &str, revision: i64, state: JobState) -> Value {
     let status = match state {
         JobState::Running => json!({"active": 1}),
-        JobState::Succeeded => json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}),
-        JobState::Failed => json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}),
+        JobState::Succeeded => {
+            json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+        }
+        JobState::Failed => {
+            json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+        }
     };
     json!({
         "apiVersion": "batch/v1",
@@ -137,4 +152,68 @@ pub fn job_pod(job_name: &str, message: &str) -> Value {
 pub fn with(mut obj: Value, patch: Value) -> Value {
     json_patch::merge(&mut obj, &patch);
     obj
+}
+
+/// A DatabaseBackup of StatefulSet `db` and PVC `data-db-0`.
+pub fn backup(name: &str) -> Value {
+    json!({
+        "apiVersion": "runbook.dev/v1alpha1",
+        "kind": "DatabaseBackup",
+        "metadata": {
+            "name": name, "namespace": NS, "uid": format!("uid-{name}"),
+            "generation": 1, "resourceVersion": "10", "creationTimestamp": CREATED
+        },
+        "spec": {
+            "database": {"statefulSet": "db"},
+            "dump": {"image": "postgres:16", "command": ["sh", "-c", "pg_dumpall | gzip > /var/lib/db/backup.sql.gz"]},
+            "pvc": "data-db-0",
+            "volumeSnapshotClassName": "csi-snapclass",
+            "destination": "s3://backups/prod"
+        }
+    })
+}
+
+/// A StatefulSet with `ready` of `replicas` ready, and its pods.
+pub fn statefulset(name: &str, replicas: i64, ready: i64) -> Vec<Value> {
+    let mut out = vec![json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1,
+                      "resourceVersion": "3", "creationTimestamp": CREATED},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "serviceName": name,
+                  "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "db", "image": "postgres:16"}]}}},
+        "status": {"observedGeneration": 1, "replicas": replicas, "readyReplicas": ready}
+    })];
+    for i in 0..replicas {
+        let is_ready = if i < ready { "True" } else { "False" };
+        out.push(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": format!("{name}-{i}"), "namespace": NS, "uid": format!("uid-{name}-{i}"),
+                          "resourceVersion": "4", "creationTimestamp": CREATED, "labels": {"app": name}},
+            "spec": {"containers": [{"name": "db", "image": "postgres:16"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": is_ready}]}
+        }));
+    }
+    out
+}
+
+/// A bound PersistentVolumeClaim.
+pub fn pvc(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "resourceVersion": "2", "creationTimestamp": CREATED},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}},
+        "status": {"phase": "Bound"}
+    })
+}
+
+/// Mark `child` as owned by `owner`.
+pub fn owned_by(mut child: Value, owner: &Value) -> Value {
+    child["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true
+    }]);
+    child
 }

@@ -7,7 +7,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A kind as a policy names it: `{apiVersion: batch/v1, kind: Job}`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KindRef {
     pub api_version: String,
@@ -105,8 +107,14 @@ impl KindName {
 
     pub fn of(obj: &serde_json::Value) -> Option<Self> {
         Some(Self {
-            api_version: obj.get("apiVersion").and_then(serde_json::Value::as_str).map(str::to_string),
-            kind: obj.get("kind").and_then(serde_json::Value::as_str)?.to_string(),
+            api_version: obj
+                .get("apiVersion")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
+            kind: obj
+                .get("kind")
+                .and_then(serde_json::Value::as_str)?
+                .to_string(),
         })
     }
 }
@@ -119,7 +127,6 @@ impl std::fmt::Display for KindName {
         }
     }
 }
-
 
 /// The part a kind plays in a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -172,7 +179,10 @@ impl DeclaredKinds {
     }
 
     pub fn with_role(&self, role: Role) -> impl Iterator<Item = &KindRef> {
-        self.entries.iter().filter(move |(_, r)| *r == role).map(|(k, _)| k)
+        self.entries
+            .iter()
+            .filter(move |(_, r)| *r == role)
+            .map(|(k, _)| k)
     }
 
     /// Resolve a kind name against the declared kinds: `Job` must match
@@ -183,7 +193,10 @@ impl DeclaredKinds {
             .into_iter()
             .filter(|k| {
                 k.kind == name.kind
-                    && name.api_version.as_deref().is_none_or(|av| av == k.api_version)
+                    && name
+                        .api_version
+                        .as_deref()
+                        .is_none_or(|av| av == k.api_version)
             })
             .collect();
         found.dedup();
@@ -228,23 +241,73 @@ const WELL_KNOWN: &[WellKnown] = &[
     wk("batch", "CronJob", "cronjobs", true),
     wk("coordination.k8s.io", "Lease", "leases", true),
     wk("events.k8s.io", "Event", "events", true),
-    wk("apiextensions.k8s.io", "CustomResourceDefinition", "customresourcedefinitions", false),
-    wk("snapshot.storage.k8s.io", "VolumeSnapshot", "volumesnapshots", true),
-    wk("snapshot.storage.k8s.io", "VolumeSnapshotClass", "volumesnapshotclasses", false),
+    wk(
+        "apiextensions.k8s.io",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        false,
+    ),
+    wk(
+        "snapshot.storage.k8s.io",
+        "VolumeSnapshot",
+        "volumesnapshots",
+        true,
+    ),
+    wk(
+        "snapshot.storage.k8s.io",
+        "VolumeSnapshotClass",
+        "volumesnapshotclasses",
+        false,
+    ),
     wk("networking.k8s.io", "Ingress", "ingresses", true),
-    wk("networking.k8s.io", "NetworkPolicy", "networkpolicies", true),
-    wk("policy", "PodDisruptionBudget", "poddisruptionbudgets", true),
-    wk("autoscaling", "HorizontalPodAutoscaler", "horizontalpodautoscalers", true),
+    wk(
+        "networking.k8s.io",
+        "NetworkPolicy",
+        "networkpolicies",
+        true,
+    ),
+    wk(
+        "policy",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+        true,
+    ),
+    wk(
+        "autoscaling",
+        "HorizontalPodAutoscaler",
+        "horizontalpodautoscalers",
+        true,
+    ),
     wk("rbac.authorization.k8s.io", "Role", "roles", true),
-    wk("rbac.authorization.k8s.io", "RoleBinding", "rolebindings", true),
-    wk("rbac.authorization.k8s.io", "ClusterRole", "clusterroles", false),
-    wk("rbac.authorization.k8s.io", "ClusterRoleBinding", "clusterrolebindings", false),
+    wk(
+        "rbac.authorization.k8s.io",
+        "RoleBinding",
+        "rolebindings",
+        true,
+    ),
+    wk(
+        "rbac.authorization.k8s.io",
+        "ClusterRole",
+        "clusterroles",
+        false,
+    ),
+    wk(
+        "rbac.authorization.k8s.io",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        false,
+    ),
     wk("runbook.dev", "Evaluator", "evaluators", true),
     wk("runbook.dev", "DatabaseBackup", "databasebackups", true),
     wk("runbook.dev", "AIModel", "aimodels", true),
 ];
 
-const fn wk(group: &'static str, kind: &'static str, plural: &'static str, namespaced: bool) -> WellKnown {
+const fn wk(
+    group: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+) -> WellKnown {
     WellKnown {
         group,
         kind,
@@ -255,14 +318,21 @@ const fn wk(group: &'static str, kind: &'static str, plural: &'static str, names
 
 /// Look a kind up in the table of well-known kinds.
 pub fn well_known(group: &str, kind: &str) -> Option<&'static WellKnown> {
-    WELL_KNOWN.iter().find(|w| w.group == group && w.kind == kind)
+    WELL_KNOWN
+        .iter()
+        .find(|w| w.group == group && w.kind == kind)
 }
 
 /// The plural the API server derives for a kind without an explicit one:
 /// lowercase, then English plural rules.
 pub fn default_plural(kind: &str) -> String {
     let lower = kind.to_ascii_lowercase();
-    if lower.ends_with('s') || lower.ends_with("sh") || lower.ends_with("ch") || lower.ends_with('x') || lower.ends_with('z') {
+    if lower.ends_with('s')
+        || lower.ends_with("sh")
+        || lower.ends_with("ch")
+        || lower.ends_with('x')
+        || lower.ends_with('z')
+    {
         format!("{lower}es")
     } else if let Some(stem) = lower.strip_suffix('y')
         && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
@@ -279,25 +349,52 @@ mod tests {
 
     #[test]
     fn plurals_follow_the_table_then_the_default_rule() {
-        assert_eq!(KindRef::new("apps/v1", "Deployment").plural(), "deployments");
-        assert_eq!(KindRef::new("networking.k8s.io/v1", "Ingress").plural(), "ingresses");
-        assert_eq!(KindRef::new("example.com/v1", "DatabaseCluster").plural(), "databaseclusters");
-        assert_eq!(KindRef::new("example.com/v1", "Policy").plural(), "policies");
-        assert_eq!(KindRef::new("example.com/v1", "Gateway").plural(), "gateways");
+        assert_eq!(
+            KindRef::new("apps/v1", "Deployment").plural(),
+            "deployments"
+        );
+        assert_eq!(
+            KindRef::new("networking.k8s.io/v1", "Ingress").plural(),
+            "ingresses"
+        );
+        assert_eq!(
+            KindRef::new("example.com/v1", "DatabaseCluster").plural(),
+            "databaseclusters"
+        );
+        assert_eq!(
+            KindRef::new("example.com/v1", "Policy").plural(),
+            "policies"
+        );
+        assert_eq!(
+            KindRef::new("example.com/v1", "Gateway").plural(),
+            "gateways"
+        );
     }
 
     #[test]
     fn kind_names_parse_in_every_form() {
-        assert_eq!(KindName::parse("Job"), KindName { api_version: None, kind: "Job".into() });
+        assert_eq!(
+            KindName::parse("Job"),
+            KindName {
+                api_version: None,
+                kind: "Job".into()
+            }
+        );
         for text in ["batch/v1/Job", "batch/v1 Job"] {
             assert_eq!(
                 KindName::parse(text),
-                KindName { api_version: Some("batch/v1".into()), kind: "Job".into() }
+                KindName {
+                    api_version: Some("batch/v1".into()),
+                    kind: "Job".into()
+                }
             );
         }
         assert_eq!(
             KindName::parse("v1/Pod"),
-            KindName { api_version: Some("v1".into()), kind: "Pod".into() }
+            KindName {
+                api_version: Some("v1".into()),
+                kind: "Pod".into()
+            }
         );
     }
 
@@ -309,8 +406,15 @@ mod tests {
             &[KindRef::new("v1", "Pod")],
             &[KindRef::new("apps/v1", "Deployment")],
         );
-        assert_eq!(d.resolve(&KindName::parse("Job")).unwrap(), KindRef::new("batch/v1", "Job"));
-        assert!(d.resolve(&KindName::parse("Secret")).unwrap_err().contains("not declared"));
+        assert_eq!(
+            d.resolve(&KindName::parse("Job")).unwrap(),
+            KindRef::new("batch/v1", "Job")
+        );
+        assert!(
+            d.resolve(&KindName::parse("Secret"))
+                .unwrap_err()
+                .contains("not declared")
+        );
         assert!(d.resolve(&KindName::parse("batch/v2 Job")).is_err());
         assert!(d.has(&KindRef::new("apps/v1", "Deployment"), Role::Mutates));
     }

@@ -58,8 +58,12 @@ impl Selector {
             Requirement::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
             Requirement::Exists(k) => get(k).is_some(),
             Requirement::NotExists(k) => get(k).is_none(),
-            Requirement::Gt(k, n) => get(k).and_then(|x| x.parse::<i64>().ok()).is_some_and(|x| x > *n),
-            Requirement::Lt(k, n) => get(k).and_then(|x| x.parse::<i64>().ok()).is_some_and(|x| x < *n),
+            Requirement::Gt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x > *n),
+            Requirement::Lt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x < *n),
         })
     }
 
@@ -128,10 +132,7 @@ fn parse_requirement(p: &str) -> Result<Requirement, String> {
         check_key(key)?;
         return Ok(Requirement::NotExists(key.to_string()));
     }
-    for (op, ctor) in [
-        (" notin ", true),
-        (" in ", false),
-    ] {
+    for (op, ctor) in [(" notin ", true), (" in ", false)] {
         if let Some(i) = p.find(op) {
             let key = p[..i].trim();
             check_key(key)?;
@@ -200,7 +201,9 @@ pub fn check_key(key: &str) -> Result<(), String> {
     if let Some(p) = prefix
         && (p.is_empty() || p.len() > 253 || !crate::names::is_dns_subdomain(p))
     {
-        return Err(format!("invalid label key {key:?}: the prefix must be a DNS subdomain"));
+        return Err(format!(
+            "invalid label key {key:?}: the prefix must be a DNS subdomain"
+        ));
     }
     if !is_label_name(name) {
         return Err(format!(
@@ -224,7 +227,8 @@ pub fn check_value(value: &str) -> Result<(), String> {
 fn is_label_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
@@ -234,7 +238,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]

@@ -7,8 +7,11 @@
 #![forbid(unsafe_code)]
 
 pub mod alert;
+pub mod bench;
 pub mod cli;
 pub mod crd;
+pub mod decide;
+pub mod fixtures;
 pub mod kinds;
 pub mod labels;
 pub mod names;
@@ -16,6 +19,4 @@ pub mod observe;
 pub mod policy;
 pub mod schedule;
 pub mod script;
-pub mod decide;
-pub mod fixtures;
 pub mod util;

@@ -5,7 +5,7 @@
 //! and simulations fill a [`MemoryView`] by hand.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 use rhai::Dynamic;
 use serde_json::Value;
@@ -13,18 +13,17 @@ use serde_json::Value;
 use crate::kinds::KindRef;
 
 /// One object as cached, immutable: a new resourceVersion is a new
-/// `CachedObject`.
+/// `CachedObject`. Scripts see it through a read-only view that shares the
+/// JSON, so it is never converted or copied for them.
 #[derive(Debug)]
 pub struct CachedObject {
-    value: Value,
-    dynamic: OnceLock<Dynamic>,
+    value: Arc<Value>,
 }
 
 impl CachedObject {
     pub fn new(value: Value) -> Arc<Self> {
         Arc::new(Self {
-            value,
-            dynamic: OnceLock::new(),
+            value: Arc::new(value),
         })
     }
 
@@ -32,10 +31,9 @@ impl CachedObject {
         &self.value
     }
 
-    /// The Rhai form, converted on first use and then reused.
-    pub fn dynamic(&self) -> &Dynamic {
-        self.dynamic
-            .get_or_init(|| crate::script::convert::to_dynamic(&self.value))
+    /// The object as a Rhai value: a read-only view, no copy.
+    pub fn dynamic(&self) -> Dynamic {
+        crate::script::obj::view(self.value.clone())
     }
 
     pub fn name(&self) -> &str {

@@ -9,7 +9,8 @@ use jiff::Timestamp;
 
 /// A pattern the CRD schemas use so the API server refuses an expression
 /// with the wrong number of fields or an unknown macro.
-pub const CRON_PATTERN: &str = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4,5}\S+)$";
+pub const CRON_PATTERN: &str =
+    r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4,5}\S+)$";
 
 /// A parsed schedule.
 #[derive(Clone, Debug)]
@@ -53,8 +54,8 @@ impl Schedule {
                 )
             }
         };
-        let inner = cron::Schedule::from_str(&native)
-            .map_err(|e| format!("schedule {trimmed:?}: {e}"))?;
+        let inner =
+            cron::Schedule::from_str(&native).map_err(|e| format!("schedule {trimmed:?}: {e}"))?;
         Ok(Self {
             source: trimmed.to_string(),
             inner,
@@ -67,7 +68,8 @@ impl Schedule {
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
-        let dt = DateTime::<Utc>::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32)?;
+        let dt =
+            DateTime::<Utc>::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32)?;
         let next = self.inner.after(&dt).next()?;
         Timestamp::from_second(next.timestamp()).ok()
     }
@@ -148,33 +150,58 @@ mod tests {
     #[test]
     fn hourly_fires_on_the_hour() {
         let s = Schedule::parse("@hourly").unwrap();
-        assert_eq!(s.next_after(ts("2026-11-29T10:15:00Z")), Some(ts("2026-11-29T11:00:00Z")));
-        assert_eq!(s.next_after(ts("2026-11-29T11:00:00Z")), Some(ts("2026-11-29T12:00:00Z")));
+        assert_eq!(
+            s.next_after(ts("2026-11-29T10:15:00Z")),
+            Some(ts("2026-11-29T11:00:00Z"))
+        );
+        assert_eq!(
+            s.next_after(ts("2026-11-29T11:00:00Z")),
+            Some(ts("2026-11-29T12:00:00Z"))
+        );
     }
 
     #[test]
     fn five_fields_are_crontab_with_sunday_zero() {
         // 2026-11-29 is a Sunday.
         let s = Schedule::parse("30 9 * * 1-5").unwrap();
-        assert_eq!(s.next_after(ts("2026-11-29T00:00:00Z")), Some(ts("2026-11-30T09:30:00Z")));
+        assert_eq!(
+            s.next_after(ts("2026-11-29T00:00:00Z")),
+            Some(ts("2026-11-30T09:30:00Z"))
+        );
         let sunday = Schedule::parse("0 6 * * 0").unwrap();
-        assert_eq!(sunday.next_after(ts("2026-11-28T00:00:00Z")), Some(ts("2026-11-29T06:00:00Z")));
+        assert_eq!(
+            sunday.next_after(ts("2026-11-28T00:00:00Z")),
+            Some(ts("2026-11-29T06:00:00Z"))
+        );
         let weekend = Schedule::parse("0 6 * * 6-7").unwrap();
-        assert_eq!(weekend.next_after(ts("2026-11-28T07:00:00Z")), Some(ts("2026-11-29T06:00:00Z")));
+        assert_eq!(
+            weekend.next_after(ts("2026-11-28T07:00:00Z")),
+            Some(ts("2026-11-29T06:00:00Z"))
+        );
         let sunday7 = Schedule::parse("0 6 * * 7").unwrap();
-        assert_eq!(sunday7.next_after(ts("2026-11-28T00:00:00Z")), Some(ts("2026-11-29T06:00:00Z")));
+        assert_eq!(
+            sunday7.next_after(ts("2026-11-28T00:00:00Z")),
+            Some(ts("2026-11-29T06:00:00Z"))
+        );
     }
 
     #[test]
     fn six_fields_put_seconds_first() {
         let s = Schedule::parse("*/30 * * * * *").unwrap();
-        assert_eq!(s.next_after(ts("2026-11-29T10:00:00Z")), Some(ts("2026-11-29T10:00:30Z")));
+        assert_eq!(
+            s.next_after(ts("2026-11-29T10:00:00Z")),
+            Some(ts("2026-11-29T10:00:30Z"))
+        );
     }
 
     #[test]
     fn bad_expressions_say_what_is_wrong() {
         assert!(Schedule::parse("* * *").unwrap_err().contains("3 fields"));
-        assert!(Schedule::parse("@every 5m").unwrap_err().contains("unknown schedule macro"));
+        assert!(
+            Schedule::parse("@every 5m")
+                .unwrap_err()
+                .contains("unknown schedule macro")
+        );
         assert!(Schedule::parse("61 * * * *").is_err());
     }
 

@@ -10,8 +10,9 @@ fn committed_crds_match_the_generated_ones() {
     for crd in runbook::crd::all() {
         let name = runbook::crd::file_name(&crd);
         let path = dir.join(&name);
-        let committed = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; run `runbook crds --out-dir crds`", path.display()));
+        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e}; run `runbook crds --out-dir crds`", path.display())
+        });
         assert_eq!(
             committed,
             runbook::crd::to_yaml(&crd),
@@ -24,7 +25,10 @@ fn committed_crds_match_the_generated_ones() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
-    assert_eq!(present, expected, "crds/ holds files `runbook crds` does not generate");
+    assert_eq!(
+        present, expected,
+        "crds/ holds files `runbook crds` does not generate"
+    );
 }
 
 #[test]
@@ -36,11 +40,29 @@ fn the_printed_stream_holds_every_crd() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let docs = runbook::util::yaml::parse_documents(&text).unwrap();
-    let names: Vec<&str> = docs.iter().map(|d| d["metadata"]["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["evaluators.runbook.dev", "databasebackups.runbook.dev", "aimodels.runbook.dev"]);
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "evaluators.runbook.dev",
+            "databasebackups.runbook.dev",
+            "aimodels.runbook.dev"
+        ]
+    );
     for d in &docs {
         let version = &d["spec"]["versions"][0];
-        assert_eq!(version["subresources"]["status"], serde_json::json!({}), "status subresource");
-        assert!(d["spec"]["names"]["shortNames"].as_array().is_some_and(|s| !s.is_empty()));
+        assert_eq!(
+            version["subresources"]["status"],
+            serde_json::json!({}),
+            "status subresource"
+        );
+        assert!(
+            d["spec"]["names"]["shortNames"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty())
+        );
     }
 }

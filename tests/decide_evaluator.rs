@@ -20,7 +20,10 @@ fn world_at_revision(rev: i64) -> World {
 
 fn first_job_name(w: &World, ev: &serde_json::Value) -> String {
     let d = w.decide("evaluator-drift", ev);
-    applied(&d)[0]["metadata"]["name"].as_str().unwrap().to_string()
+    applied(&d)[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// An evaluator whose run `job_name` is in progress.
@@ -40,11 +43,19 @@ fn a_new_evaluator_starts_a_benchmark_job_at_once() {
     assert_eq!(jobs.len(), 1);
     let j = jobs[0];
     assert_eq!(j["kind"], "Job");
-    assert!(j["metadata"]["name"].as_str().unwrap().starts_with("chatbot-eval-"));
+    assert!(
+        j["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("chatbot-eval-")
+    );
     assert_eq!(j["metadata"]["annotations"]["runbook.dev/revision"], "3");
     let c = &j["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["image"], "registry.example.com/ml/bench:1.4");
-    assert_eq!(c["env"][0], json!({"name": "TARGET_DEPLOYMENT", "value": "chatbot"}));
+    assert_eq!(
+        c["env"][0],
+        json!({"name": "TARGET_DEPLOYMENT", "value": "chatbot"})
+    );
     let st = status_of(&d);
     assert_eq!(st["phase"], "Running");
     assert_eq!(st["currentRun"], j["metadata"]["name"]);
@@ -60,7 +71,11 @@ fn the_job_name_is_the_same_on_every_retry() {
     let a = first_job_name(&w, &ev);
     let later = World::shipped().at("2026-11-29T10:07:00Z");
     later.add(deployment("chatbot", 3));
-    assert_eq!(a, first_job_name(&later, &ev), "a stale cache must name the same run");
+    assert_eq!(
+        a,
+        first_job_name(&later, &ev),
+        "a stale cache must name the same run"
+    );
 }
 
 #[test]
@@ -87,7 +102,10 @@ fn a_plain_number_is_a_score_too() {
     let ev = running(JOB);
     w.add(job(&ev, JOB, 3, JobState::Succeeded));
     w.add(job_pod(JOB, "0.93\n"));
-    assert_eq!(status_of(&w.decide("evaluator-drift", &ev))["lastScore"], 0.93);
+    assert_eq!(
+        status_of(&w.decide("evaluator-drift", &ev))["lastScore"],
+        0.93
+    );
 }
 
 #[test]
@@ -106,7 +124,10 @@ fn a_low_score_rolls_back_to_the_last_good_revision_and_pages_the_team() {
     assert_eq!(a.len(), 1);
     assert_eq!(a[0]["severity"], "critical");
     assert_eq!(a[0]["team"], "ml");
-    assert!(d.refused().next().is_none(), "rollback is declared in mutates");
+    assert!(
+        d.refused().next().is_none(),
+        "rollback is declared in mutates"
+    );
 }
 
 #[test]
@@ -115,7 +136,10 @@ fn without_a_known_good_revision_the_previous_one_is_used() {
     let ev = running(JOB);
     w.add(job(&ev, JOB, 4, JobState::Succeeded));
     w.add(job_pod(JOB, r#"{"score": 0.5}"#));
-    assert_eq!(rollbacks(&w.decide("evaluator-drift", &ev)), vec![("chatbot".to_string(), Some(3))]);
+    assert_eq!(
+        rollbacks(&w.decide("evaluator-drift", &ev)),
+        vec![("chatbot".to_string(), Some(3))]
+    );
 }
 
 #[test]
@@ -223,7 +247,10 @@ fn a_run_past_its_deadline_is_failed_and_alerted() {
 #[test]
 fn old_finished_jobs_are_cleaned_up() {
     let w = world_at_revision(3).at("2026-11-29T10:20:00Z");
-    let ev = with(evaluator("chatbot", "chatbot", 0.85), json!({"status": {"phase": "Healthy", "lastRunTime": "2026-11-29T10:00:00Z"}}));
+    let ev = with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"status": {"phase": "Healthy", "lastRunTime": "2026-11-29T10:00:00Z"}}),
+    );
     for i in 0..5 {
         let mut j = job(&ev, &format!("chatbot-eval-{i}"), 3, JobState::Succeeded);
         j["metadata"]["creationTimestamp"] = json!(format!("2026-11-29T0{i}:00:00Z"));

@@ -52,15 +52,19 @@ impl Matcher {
             || !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             || label.starts_with(|c: char| c.is_ascii_digit())
         {
-            return Err(format!("matcher {t:?}: {label:?} is not a valid label name"));
+            return Err(format!(
+                "matcher {t:?}: {label:?} is not a valid label name"
+            ));
         }
         let raw = t[idx + len..].trim();
         let value = unquote(raw).ok_or_else(|| format!("matcher {t:?}: unterminated quote"))?;
         let regex = match op {
-            Op::Re | Op::NotRe => Some(
-                Regex::new(&format!("^(?:{value})$"))
-                    .map_err(|e| format!("matcher {t:?}: invalid regex: {}", first_line(&e.to_string())))?,
-            ),
+            Op::Re | Op::NotRe => Some(Regex::new(&format!("^(?:{value})$")).map_err(|e| {
+                format!(
+                    "matcher {t:?}: invalid regex: {}",
+                    first_line(&e.to_string())
+                )
+            })?),
             _ => None,
         };
         Ok(Self {
@@ -83,7 +87,11 @@ impl Matcher {
 }
 
 fn first_line(s: &str) -> String {
-    s.lines().rfind(|l| !l.trim().is_empty()).unwrap_or(s).trim().to_string()
+    s.lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or(s)
+        .trim()
+        .to_string()
 }
 
 fn unquote(raw: &str) -> Option<String> {
@@ -125,13 +133,20 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn matchers_follow_alertmanager_semantics() {
         let l = labels(&[("severity", "critical"), ("team", "ml")]);
-        assert!(Matcher::parse(r#"severity = "critical""#).unwrap().matches(&l));
+        assert!(
+            Matcher::parse(r#"severity = "critical""#)
+                .unwrap()
+                .matches(&l)
+        );
         assert!(Matcher::parse("severity=critical").unwrap().matches(&l));
         assert!(Matcher::parse(r#"team =~ "ml|data""#).unwrap().matches(&l));
         // Anchored: "m" alone does not match "ml".
@@ -144,8 +159,16 @@ mod tests {
 
     #[test]
     fn bad_matchers_are_errors() {
-        assert!(Matcher::parse("severity critical").unwrap_err().contains("no operator"));
-        assert!(Matcher::parse(r#"team =~ "ml(""#).unwrap_err().contains("invalid regex"));
+        assert!(
+            Matcher::parse("severity critical")
+                .unwrap_err()
+                .contains("no operator")
+        );
+        assert!(
+            Matcher::parse(r#"team =~ "ml(""#)
+                .unwrap_err()
+                .contains("invalid regex")
+        );
         assert!(Matcher::parse(r#"1x = "a""#).is_err());
         assert!(Matcher::parse(r#"a = "open"#).is_err());
     }

@@ -43,10 +43,22 @@ pub enum Target {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ReceiverKind {
-    Webhook { url: Target, timeout_ms: i64, max_alerts: u32 },
-    Slack { url: Target, channel: Option<String>, timeout_ms: i64 },
-    Event { reason: String },
-    Log { level: String },
+    Webhook {
+        url: Target,
+        timeout_ms: i64,
+        max_alerts: u32,
+    },
+    Slack {
+        url: Target,
+        channel: Option<String>,
+        timeout_ms: i64,
+    },
+    Event {
+        reason: String,
+    },
+    Log {
+        level: String,
+    },
     /// A receiver with no integration: alerts routed to it are dropped
     /// (Alertmanager's "null" receiver).
     Null,
@@ -83,10 +95,19 @@ const DEFAULT_REPEAT_INTERVAL_MS: i64 = 4 * 3_600_000;
 const DEFAULT_TIMEOUT_MS: i64 = 10_000;
 
 fn err(pos: Option<Pos>, message: impl Into<String>) -> RouteError {
-    RouteError { pos, message: message.into() }
+    RouteError {
+        pos,
+        message: message.into(),
+    }
 }
 
-fn duration(text: &Option<String>, inherited: i64, what: &str, pos: Option<Pos>, errors: &mut Vec<RouteError>) -> i64 {
+fn duration(
+    text: &Option<String>,
+    inherited: i64,
+    what: &str,
+    pos: Option<Pos>,
+    errors: &mut Vec<RouteError>,
+) -> i64 {
     match text {
         None => inherited,
         Some(t) => match parse_duration_ms(t) {
@@ -107,38 +128,60 @@ fn target_of(node: &Node, what: &str, errors: &mut Vec<RouteError>) -> Option<Ta
     match &node.value {
         NodeValue::Str(url) => {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                errors.push(err(Some(node.pos), format!("{what}: {url:?} is not an http(s) URL")));
+                errors.push(err(
+                    Some(node.pos),
+                    format!("{what}: {url:?} is not an http(s) URL"),
+                ));
                 return None;
             }
             Some(Target::Inline(url.clone()))
         }
         NodeValue::Map(_) => {
             let Some(r) = node.get("secretKeyRef") else {
-                errors.push(err(Some(node.pos), format!("{what}: expected a URL or {{secretKeyRef: {{name, key}}}}")));
+                errors.push(err(
+                    Some(node.pos),
+                    format!("{what}: expected a URL or {{secretKeyRef: {{name, key}}}}"),
+                ));
                 return None;
             };
             let name = r.get("name").and_then(Node::as_str);
             let key = r.get("key").and_then(Node::as_str);
             match (name, key) {
-                (Some(name), Some(key)) if !name.is_empty() && !key.is_empty() => Some(Target::Secret(SecretKeyRef {
-                    name: name.to_string(),
-                    key: key.to_string(),
-                    namespace: r.get("namespace").and_then(Node::as_str).map(str::to_string),
-                })),
+                (Some(name), Some(key)) if !name.is_empty() && !key.is_empty() => {
+                    Some(Target::Secret(SecretKeyRef {
+                        name: name.to_string(),
+                        key: key.to_string(),
+                        namespace: r
+                            .get("namespace")
+                            .and_then(Node::as_str)
+                            .map(str::to_string),
+                    }))
+                }
                 _ => {
-                    errors.push(err(Some(r.pos), format!("{what}.secretKeyRef needs name and key")));
+                    errors.push(err(
+                        Some(r.pos),
+                        format!("{what}.secretKeyRef needs name and key"),
+                    ));
                     None
                 }
             }
         }
         _ => {
-            errors.push(err(Some(node.pos), format!("{what}: expected a URL or {{secretKeyRef: {{name, key}}}}")));
+            errors.push(err(
+                Some(node.pos),
+                format!("{what}: expected a URL or {{secretKeyRef: {{name, key}}}}"),
+            ));
             None
         }
     }
 }
 
-fn receiver(spec: &ReceiverSpec, doc: &Node, index: usize, errors: &mut Vec<RouteError>) -> Receiver {
+fn receiver(
+    spec: &ReceiverSpec,
+    doc: &Node,
+    index: usize,
+    errors: &mut Vec<RouteError>,
+) -> Receiver {
     let pos = doc.at(&["spec", "receivers"]).and_then(|r| match &r.value {
         NodeValue::Seq(items) => items.get(index).map(|n| n.pos),
         _ => None,
@@ -149,7 +192,13 @@ fn receiver(spec: &ReceiverSpec, doc: &Node, index: usize, errors: &mut Vec<Rout
     {
         kinds.push(ReceiverKind::Webhook {
             url,
-            timeout_ms: duration(&w.timeout, DEFAULT_TIMEOUT_MS, "webhook timeout", pos, errors),
+            timeout_ms: duration(
+                &w.timeout,
+                DEFAULT_TIMEOUT_MS,
+                "webhook timeout",
+                pos,
+                errors,
+            ),
             max_alerts: w.max_alerts.unwrap_or(0),
         });
     }
@@ -170,14 +219,20 @@ fn receiver(spec: &ReceiverSpec, doc: &Node, index: usize, errors: &mut Vec<Rout
     if let Some(l) = &spec.log {
         let level = l.level.clone().unwrap_or_else(|| "warn".into());
         if !["error", "warn", "info"].contains(&level.as_str()) {
-            errors.push(err(pos, format!("receivers[{index}].log.level must be error, warn or info, not {level:?}")));
+            errors.push(err(
+                pos,
+                format!("receivers[{index}].log.level must be error, warn or info, not {level:?}"),
+            ));
         }
         kinds.push(ReceiverKind::Log { level });
     }
     if kinds.is_empty() {
         kinds.push(ReceiverKind::Null);
     }
-    Receiver { name: spec.name.clone(), kinds }
+    Receiver {
+        name: spec.name.clone(),
+        kinds,
+    }
 }
 
 fn matchers(nodes: &[Node], what: &str, errors: &mut Vec<RouteError>) -> Vec<Matcher> {
@@ -192,7 +247,10 @@ fn matchers(nodes: &[Node], what: &str, errors: &mut Vec<RouteError>) -> Vec<Mat
                 }
             },
             None => {
-                errors.push(err(Some(n.pos), format!("{what}: a matcher is a string such as 'severity = \"critical\"'")));
+                errors.push(err(
+                    Some(n.pos),
+                    format!("{what}: a matcher is a string such as 'severity = \"critical\"'"),
+                ));
                 None
             }
         })
@@ -213,7 +271,10 @@ fn route(
         Some(n) => {
             let name = n.as_str().unwrap_or_default().to_string();
             if !receivers.contains_key(&name) {
-                errors.push(err(Some(n.pos), format!("{id}: receiver {name:?} is not defined in receivers")));
+                errors.push(err(
+                    Some(n.pos),
+                    format!("{id}: receiver {name:?} is not defined in receivers"),
+                ));
             }
             name
         }
@@ -226,11 +287,21 @@ fn route(
         },
     };
     if parent.is_none() && !spec.matchers.is_empty() {
-        errors.push(err(pos, "the root route matches every alert; it cannot have matchers"));
+        errors.push(err(
+            pos,
+            "the root route matches every alert; it cannot have matchers",
+        ));
     }
-    for name in spec.mute_time_intervals.iter().chain(&spec.active_time_intervals) {
+    for name in spec
+        .mute_time_intervals
+        .iter()
+        .chain(&spec.active_time_intervals)
+    {
         if !intervals.contains_key(name) {
-            errors.push(err(pos, format!("{id}: time interval {name:?} is not defined in timeIntervals")));
+            errors.push(err(
+                pos,
+                format!("{id}: time interval {name:?} is not defined in timeIntervals"),
+            ));
         }
     }
     let mut r = Route {
@@ -242,9 +313,27 @@ fn route(
             .clone()
             .or_else(|| parent.map(|p| p.group_by.clone()))
             .unwrap_or_default(),
-        group_wait_ms: duration(&spec.group_wait, parent.map_or(DEFAULT_GROUP_WAIT_MS, |p| p.group_wait_ms), "groupWait", pos, errors),
-        group_interval_ms: duration(&spec.group_interval, parent.map_or(DEFAULT_GROUP_INTERVAL_MS, |p| p.group_interval_ms), "groupInterval", pos, errors),
-        repeat_interval_ms: duration(&spec.repeat_interval, parent.map_or(DEFAULT_REPEAT_INTERVAL_MS, |p| p.repeat_interval_ms), "repeatInterval", pos, errors),
+        group_wait_ms: duration(
+            &spec.group_wait,
+            parent.map_or(DEFAULT_GROUP_WAIT_MS, |p| p.group_wait_ms),
+            "groupWait",
+            pos,
+            errors,
+        ),
+        group_interval_ms: duration(
+            &spec.group_interval,
+            parent.map_or(DEFAULT_GROUP_INTERVAL_MS, |p| p.group_interval_ms),
+            "groupInterval",
+            pos,
+            errors,
+        ),
+        repeat_interval_ms: duration(
+            &spec.repeat_interval,
+            parent.map_or(DEFAULT_REPEAT_INTERVAL_MS, |p| p.repeat_interval_ms),
+            "repeatInterval",
+            pos,
+            errors,
+        ),
         continue_: spec.continue_,
         routes: Vec::new(),
         mute_time_intervals: spec.mute_time_intervals.clone(),
@@ -256,7 +345,15 @@ fn route(
         .enumerate()
         .map(|(i, child)| {
             let child_pos = child.receiver.as_ref().map(|n| n.pos).or(pos);
-            route(child, format!("{id}.routes[{i}]"), Some(&r), receivers, intervals, child_pos, errors)
+            route(
+                child,
+                format!("{id}.routes[{i}]"),
+                Some(&r),
+                receivers,
+                intervals,
+                child_pos,
+                errors,
+            )
         })
         .collect();
     r.routes = children;
@@ -270,7 +367,10 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
     for (i, spec) in doc.spec.receivers.iter().enumerate() {
         let r = receiver(spec, node, i, &mut errors);
         if receivers.insert(spec.name.clone(), r).is_some() {
-            errors.push(err(node.at(&["spec", "receivers"]).map(|n| n.pos), format!("receiver {:?} is defined twice", spec.name)));
+            errors.push(err(
+                node.at(&["spec", "receivers"]).map(|n| n.pos),
+                format!("receiver {:?} is defined twice", spec.name),
+            ));
         }
     }
     let intervals: BTreeMap<_, _> = doc
@@ -280,15 +380,31 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
         .map(|t| (t.name.clone(), t.time_intervals.clone()))
         .collect();
     let root_pos = node.at(&["spec", "route"]).map(|n| n.pos);
-    let root = route(&doc.spec.route, "route".into(), None, &receivers, &intervals, root_pos, &mut errors);
+    let root = route(
+        &doc.spec.route,
+        "route".into(),
+        None,
+        &receivers,
+        &intervals,
+        root_pos,
+        &mut errors,
+    );
     let inhibit_rules = doc
         .spec
         .inhibit_rules
         .iter()
         .enumerate()
         .map(|(i, r)| InhibitRule {
-            source: matchers(&r.source_matchers, &format!("inhibitRules[{i}].sourceMatchers"), &mut errors),
-            target: matchers(&r.target_matchers, &format!("inhibitRules[{i}].targetMatchers"), &mut errors),
+            source: matchers(
+                &r.source_matchers,
+                &format!("inhibitRules[{i}].sourceMatchers"),
+                &mut errors,
+            ),
+            target: matchers(
+                &r.target_matchers,
+                &format!("inhibitRules[{i}].targetMatchers"),
+                &mut errors,
+            ),
             equal: r.equal.clone(),
         })
         .collect();

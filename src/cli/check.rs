@@ -20,18 +20,27 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let engine = ScriptEngine::new(ScriptLimits::default());
     let mut loaded = Vec::new();
     for path in &args.paths {
+        if !path.exists() {
+            anyhow::bail!("{}: no such file or directory", path.display());
+        }
         if path.is_dir() {
-            for bundle in Bundle::discover(path).with_context(|| format!("reading {}", path.display()))? {
+            for bundle in
+                Bundle::discover(path).with_context(|| format!("reading {}", path.display()))?
+            {
                 loaded.push(policy::load_bundle(&engine, &bundle, None));
             }
         } else {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
             let file = path
                 .file_name()
                 .with_context(|| format!("{} is not a file", path.display()))?
                 .to_string_lossy()
                 .to_string();
-            let bundle = Bundle::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+            let bundle =
+                Bundle::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
             if !bundle.files.contains_key(&file) {
                 anyhow::bail!("{}: no such policy or script file", path.display());
             }
@@ -44,12 +53,22 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     errors.dedup();
     for p in set.policies.values() {
         let how = match &p.body {
-            Body::Script { script, has_finalize, .. } => format!(
+            Body::Script {
+                script,
+                has_finalize,
+                ..
+            } => format!(
                 "script {}{}",
                 script.file.rsplit('/').next().unwrap_or(&script.file),
-                if *has_finalize { " (with finalize)" } else { "" }
+                if *has_finalize {
+                    " (with finalize)"
+                } else {
+                    ""
+                }
             ),
-            Body::Steps { steps, on_failure } => format!("{} steps, {} on failure", steps.len(), on_failure.len()),
+            Body::Steps { steps, on_failure } => {
+                format!("{} steps, {} on failure", steps.len(), on_failure.len())
+            }
         };
         println!(
             "ok  policy {} ({}) targets {} [{}] mode {} version {}",
@@ -62,16 +81,30 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         );
     }
     for r in set.routes.values() {
-        println!("ok  alert routes {} ({} receivers) version {}", r.name, r.receivers.len(), r.version);
+        println!(
+            "ok  alert routes {} ({} receivers) version {}",
+            r.name,
+            r.receivers.len(),
+            r.version
+        );
     }
     if errors.is_empty() {
-        println!("{} policies, {} alert routes, {} scripts: no errors", set.policies.len(), set.routes.len(), scripts);
+        println!(
+            "{} policies, {} alert routes, {} scripts: no errors",
+            set.policies.len(),
+            set.routes.len(),
+            scripts
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         for e in &errors {
             eprintln!("{e}");
         }
-        eprintln!("{} error{}", errors.len(), if errors.len() == 1 { "" } else { "s" });
+        eprintln!(
+            "{} error{}",
+            errors.len(),
+            if errors.len() == 1 { "" } else { "s" }
+        );
         Ok(ExitCode::FAILURE)
     }
 }

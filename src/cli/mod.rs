@@ -38,7 +38,8 @@ fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for crd in crate::crd::all() {
                 let path = dir.join(crate::crd::file_name(&crd));
-                std::fs::write(&path, crate::crd::to_yaml(&crd)).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, crate::crd::to_yaml(&crd))
+                    .with_context(|| format!("writing {}", path.display()))?;
                 println!("wrote {}", path.display());
             }
         }

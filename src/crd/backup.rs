@@ -8,9 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{
-    DecisionRecord, StepStatus, conditions_schema, optional_cron_schema,
-};
+use super::common::{DecisionRecord, StepStatus, conditions_schema, optional_cron_schema};
 
 /// An ordered, resumable database backup.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -23,12 +21,25 @@ use super::common::{
     shortname = "dbb",
     category = "runbook",
     derive = "PartialEq",
-    printcolumn(name = "Database", type_ = "string", json_path = ".spec.database.statefulSet"),
+    printcolumn(
+        name = "Database",
+        type_ = "string",
+        json_path = ".spec.database.statefulSet"
+    ),
     printcolumn(name = "PVC", type_ = "string", json_path = ".spec.pvc"),
     printcolumn(name = "Step", type_ = "string", json_path = ".status.currentStep"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "URL", type_ = "string", json_path = ".status.backupURL", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "URL",
+        type_ = "string",
+        json_path = ".status.backupURL",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseBackupSpec {

@@ -37,7 +37,11 @@ fn default_deadline() -> i64 {
     printcolumn(name = "Threshold", type_ = "number", json_path = ".spec.threshold"),
     printcolumn(name = "Last-Score", type_ = "number", json_path = ".status.lastScore"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EvaluatorSpec {

@@ -7,16 +7,13 @@
 //! the schemas, so a bad CR is refused at `kubectl apply`.
 #![allow(clippy::duplicated_attributes)] // printcolumn(...) attributes share `type_`
 
-
 mod aimodel;
 mod backup;
 mod common;
 mod evaluator;
 
 pub use aimodel::{AIModel, AIModelSpec, AIModelStatus, WeightsVolume};
-pub use backup::{
-    DatabaseBackup, DatabaseBackupSpec, DatabaseBackupStatus, DatabaseRef, DumpSpec,
-};
+pub use backup::{DatabaseBackup, DatabaseBackupSpec, DatabaseBackupStatus, DatabaseRef, DumpSpec};
 pub use common::{ActionRecord, DecisionRecord, StepState, StepStatus};
 pub use evaluator::{
     Benchmark, Evaluator, EvaluatorAlert, EvaluatorSpec, EvaluatorStatus, RollbackRecord,
@@ -44,9 +41,5 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> String {
 
 /// All CRDs as one multi-document YAML stream, as `runbook crds` prints it.
 pub fn all_yaml() -> String {
-    all()
-        .iter()
-        .map(to_yaml)
-        .collect::<Vec<_>>()
-        .join("---\n")
+    all().iter().map(to_yaml).collect::<Vec<_>>().join("---\n")
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use rhai::{Array, Dynamic};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::kinds::{KindRef, Role};
 use crate::observe::{CachedObject, ObjectView};
@@ -19,7 +19,6 @@ use crate::script::action::{Action, ActionValue};
 use crate::script::ctx::{Ctx, CtxData};
 use crate::script::engine::ScriptEngine;
 use crate::script::error::ScriptError;
-use crate::util::hash::json_hash;
 use crate::util::time;
 
 /// Everything a decision may look at.
@@ -115,27 +114,33 @@ fn status_time(target: &Value, key: &str) -> Option<Timestamp> {
 /// Compute the schedule state: due when a fire time passed since the last
 /// run (or there was never a run). However many fire times were missed,
 /// the run happens once.
-pub fn schedule_state(policy: &CompiledPolicy, target: &Value, now: Timestamp) -> Result<Option<ScheduleState>, DecideError> {
+pub fn schedule_state(
+    policy: &CompiledPolicy,
+    target: &Value,
+    now: Timestamp,
+) -> Result<Option<ScheduleState>, DecideError> {
     let Some(source) = &policy.schedule else {
         return Ok(None);
     };
     let parsed;
     let schedule: &Schedule = match source {
         ScheduleSource::Fixed(s) => s,
-        ScheduleSource::FromField { path, default } => match field(target, path).and_then(Value::as_str) {
-            Some(expr) => {
-                parsed = Schedule::parse(expr).map_err(|message| DecideError::Schedule {
-                    policy: policy.name.clone(),
-                    message: format!("{}: {message}", path.join(".")),
-                })?;
-                &parsed
+        ScheduleSource::FromField { path, default } => {
+            match field(target, path).and_then(Value::as_str) {
+                Some(expr) => {
+                    parsed = Schedule::parse(expr).map_err(|message| DecideError::Schedule {
+                        policy: policy.name.clone(),
+                        message: format!("{}: {message}", path.join(".")),
+                    })?;
+                    &parsed
+                }
+                // No expression and no default: this target is not scheduled.
+                None => match default {
+                    Some(d) => d,
+                    None => return Ok(None),
+                },
             }
-            // No expression and no default: this target is not scheduled.
-            None => match default {
-                Some(d) => d,
-                None => return Ok(None),
-            },
-        },
+        }
     };
     let suspended = target
         .get("spec")
@@ -160,51 +165,74 @@ pub fn schedule_state(policy: &CompiledPolicy, target: &Value, now: Timestamp) -
         },
     };
     let next = schedule.next_after(fire.unwrap_or(now).max(now));
-    Ok(Some(ScheduleState { due, fire, last, next }))
+    Ok(Some(ScheduleState {
+        due,
+        fire,
+        last,
+        next,
+    }))
 }
 
 /// The hash of what a decision depends on, so a record says whether two
 /// decisions saw the same world. The target's status is left out: it is the
 /// decision's own memory, and including it would make every status write
 /// look like a new input.
-pub fn inputs_hash(policy: &CompiledPolicy, observed: &Observed, sched: Option<&ScheduleState>) -> String {
+pub fn inputs_hash(
+    policy: &CompiledPolicy,
+    observed: &Observed,
+    sched: Option<&ScheduleState>,
+) -> String {
+    use crate::util::hash::{Fnv64, hash_value};
+    use std::hash::Hasher;
     let t = observed.target.value();
-    let meta = t.get("metadata").cloned().unwrap_or(Value::Null);
-    let mut children = Vec::new();
+    let mut h = Fnv64::default();
+    let meta = &t["metadata"];
+    for key in [
+        "name",
+        "namespace",
+        "uid",
+        "generation",
+        "labels",
+        "annotations",
+    ] {
+        h.write(key.as_bytes());
+        hash_value(&meta[key], &mut h);
+    }
+    h.write_u8(meta.get("deletionTimestamp").is_some() as u8);
+    hash_value(&t["spec"], &mut h);
     for kind in policy.owns() {
         for o in observed.view.list(kind, observed.target.namespace()) {
             if o.is_owned_by(observed.target.uid()) {
-                children.push(json!([kind.api_version, kind.kind, o.name(), o.value()["metadata"]["resourceVersion"]]));
+                h.write(kind.kind.as_bytes());
+                h.write(o.name().as_bytes());
+                hash_value(&o.value()["metadata"]["resourceVersion"], &mut h);
             }
         }
     }
-    let input = json!({
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "generation": meta.get("generation"),
-            "labels": meta.get("labels"),
-            "annotations": meta.get("annotations"),
-            "deleting": meta.get("deletionTimestamp").is_some(),
-        },
-        "spec": t.get("spec"),
-        "children": children,
-        "due": sched.map(|s| s.due),
-        "fire": sched.and_then(|s| s.fire).map(time::format),
-    });
-    json_hash(&input, 16)
+    if let Some(s) = sched {
+        h.write_u8(s.due as u8);
+        h.write_i64(s.fire.map_or(0, |f| f.as_second()));
+    }
+    format!("{:016x}", h.finish())
 }
 
 /// Why an action may not be taken by this policy on this target, if so.
-pub fn check_permission(policy: &CompiledPolicy, target_ns: &str, action: &Action) -> Option<String> {
+pub fn check_permission(
+    policy: &CompiledPolicy,
+    target_ns: &str,
+    action: &Action,
+) -> Option<String> {
     let kinds = &policy.kinds;
     let refuse_kind = |k: &KindRef, verb: &str, roles: &str| {
-        Some(format!("{verb} of {k} refused: the policy does not declare it in {roles}"))
+        Some(format!(
+            "{verb} of {k} refused: the policy does not declare it in {roles}"
+        ))
     };
     let check_ns = |obj_ns: Option<&str>, k: &KindRef| -> Option<String> {
         if !k.namespaced() {
-            return Some(format!("{k} is cluster-scoped; a policy acts only in its target's namespace"));
+            return Some(format!(
+                "{k} is cluster-scoped; a policy acts only in its target's namespace"
+            ));
         }
         match obj_ns {
             Some(ns) if !ns.is_empty() && ns != target_ns => Some(format!(
@@ -230,7 +258,9 @@ pub fn check_permission(policy: &CompiledPolicy, target_ns: &str, action: &Actio
             Err(e) => Some(format!("delete refused: {e}")),
         },
         Action::Patch { kind, .. } => match kinds.resolve(kind) {
-            Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Mutates) => check_ns(None, &k),
+            Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Mutates) => {
+                check_ns(None, &k)
+            }
             Ok(k) => refuse_kind(&k, "patch", "owns or mutates"),
             Err(e) => Some(format!("patch refused: {e}")),
         },
@@ -273,11 +303,15 @@ pub fn limit_allows(policy: &CompiledPolicy, target: &Value, verb: &str, now: Ti
 
 fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&ScheduleState>) -> Ctx {
     let run = match sched {
-        Some(s) => s.fire.or(s.last).map(run_id).unwrap_or_else(|| "once".into()),
+        Some(s) => s
+            .fire
+            .or(s.last)
+            .map(run_id)
+            .unwrap_or_else(|| "once".into()),
         None => "once".into(),
     };
     Ctx(Arc::new(CtxData {
-        resource: observed.target.dynamic().clone(),
+        resource: observed.target.dynamic(),
         params: policy.params_dyn.clone(),
         now: observed.now.as_second(),
         due: sched.is_some_and(|s| s.due),
@@ -299,8 +333,20 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
 }
 
 /// Flatten what a script returned into actions.
-fn collect(file: &str, fn_pos: Option<crate::util::yaml::Pos>, name: &str, result: Dynamic) -> Result<Vec<ActionValue>, ScriptError> {
-    fn walk(v: Dynamic, out: &mut Vec<ActionValue>, index: &mut usize, file: &str, fn_pos: Option<crate::util::yaml::Pos>, name: &str) -> Result<(), ScriptError> {
+fn collect(
+    file: &str,
+    fn_pos: Option<crate::util::yaml::Pos>,
+    name: &str,
+    result: Dynamic,
+) -> Result<Vec<ActionValue>, ScriptError> {
+    fn walk(
+        v: Dynamic,
+        out: &mut Vec<ActionValue>,
+        index: &mut usize,
+        file: &str,
+        fn_pos: Option<crate::util::yaml::Pos>,
+        name: &str,
+    ) -> Result<(), ScriptError> {
         if v.is_unit() {
             return Ok(());
         }
@@ -332,7 +378,12 @@ fn collect(file: &str, fn_pos: Option<crate::util::yaml::Pos>, name: &str, resul
     Ok(out)
 }
 
-fn plan(policy: &CompiledPolicy, target_ns: &str, file: Option<&str>, values: Vec<ActionValue>) -> Vec<Planned> {
+fn plan(
+    policy: &CompiledPolicy,
+    target_ns: &str,
+    file: Option<&str>,
+    values: Vec<ActionValue>,
+) -> Vec<Planned> {
     values
         .into_iter()
         .map(|a| {
@@ -345,12 +396,22 @@ fn plan(policy: &CompiledPolicy, target_ns: &str, file: Option<&str>, values: Ve
                 Some(o) => format!("{o}: {r}"),
                 None => r,
             });
-            Planned { action: a.action, origin, refusal }
+            Planned {
+                action: a.action,
+                origin,
+                refusal,
+            }
         })
         .collect()
 }
 
-fn finish(policy: &CompiledPolicy, observed: &Observed, sched: Option<ScheduleState>, mut actions: Vec<Planned>, mut requeue: Option<i64>) -> Decision {
+fn finish(
+    policy: &CompiledPolicy,
+    observed: &Observed,
+    sched: Option<ScheduleState>,
+    mut actions: Vec<Planned>,
+    mut requeue: Option<i64>,
+) -> Decision {
     let now = observed.now;
     if let Some(s) = &sched {
         let mut fields = serde_json::Map::new();
@@ -365,7 +426,11 @@ fn finish(policy: &CompiledPolicy, observed: &Observed, sched: Option<ScheduleSt
             requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
         }
         if !fields.is_empty() {
-            actions.push(Planned { action: Action::Status { fields }, origin: None, refusal: None });
+            actions.push(Planned {
+                action: Action::Status { fields },
+                origin: None,
+                refusal: None,
+            });
         }
     }
     for p in &actions {
@@ -385,34 +450,68 @@ fn finish(policy: &CompiledPolicy, observed: &Observed, sched: Option<ScheduleSt
 }
 
 /// Decide what to do for one target.
-pub fn decide(engine: &ScriptEngine, policy: &CompiledPolicy, observed: &Observed) -> Result<Decision, DecideError> {
+pub fn decide(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    observed: &Observed,
+) -> Result<Decision, DecideError> {
     let sched = schedule_state(policy, observed.target.value(), observed.now)?;
     let ctx = build_ctx(policy, observed, sched.as_ref());
     let ns = observed.target.namespace().to_string();
     match &policy.body {
-        Body::Script { script, source, .. } => {
+        Body::Script { script, .. } => {
             let result = engine.call(script, "reconcile", (ctx,))?;
-            let values = collect(&script.file, script.fn_pos(source, "reconcile"), "reconcile", result)?;
+            let values = collect(
+                &script.file,
+                script.fn_pos("reconcile"),
+                "reconcile",
+                result,
+            )?;
             let actions = plan(policy, &ns, Some(&script.file), values);
             Ok(finish(policy, observed, sched, actions, None))
         }
-        Body::Steps { steps: list, on_failure } => {
-            let out = steps::decide(engine, policy, list, on_failure, observed, &ctx, sched.as_ref())?;
+        Body::Steps {
+            steps: list,
+            on_failure,
+        } => {
+            let out = steps::decide(
+                engine,
+                policy,
+                list,
+                on_failure,
+                observed,
+                &ctx,
+                sched.as_ref(),
+            )?;
             let actions = plan(policy, &ns, None, out.actions);
-            Ok(finish(policy, observed, sched, actions, out.requeue_after_ms))
+            Ok(finish(
+                policy,
+                observed,
+                sched,
+                actions,
+                out.requeue_after_ms,
+            ))
         }
     }
 }
 
 /// Decide the clean-up for a target being deleted. An empty decision means
 /// the clean-up is done and the finalizer can go.
-pub fn finalize(engine: &ScriptEngine, policy: &CompiledPolicy, observed: &Observed) -> Result<Decision, DecideError> {
+pub fn finalize(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    observed: &Observed,
+) -> Result<Decision, DecideError> {
     let ctx = build_ctx(policy, observed, None);
     let ns = observed.target.namespace().to_string();
     match &policy.body {
-        Body::Script { script, source, has_finalize: true } => {
+        Body::Script {
+            script,
+            has_finalize: true,
+            ..
+        } => {
             let result = engine.call(script, "finalize", (ctx,))?;
-            let values = collect(&script.file, script.fn_pos(source, "finalize"), "finalize", result)?;
+            let values = collect(&script.file, script.fn_pos("finalize"), "finalize", result)?;
             let actions = plan(policy, &ns, Some(&script.file), values);
             Ok(finish(policy, observed, None, actions, None))
         }

@@ -64,23 +64,32 @@ impl Run<'_> {
         self.observed
             .view
             .get(kind, self.observed.target.namespace(), name)
-            .map(|o| o.dynamic().clone())
+            .map(|o| o.dynamic())
             .unwrap_or(Dynamic::UNIT)
     }
 
-    /// Emit a step's actions; returns `it`, the object the step is about.
-    fn emit(&mut self, step: &CompiledStep, starting: bool) -> Result<Dynamic, ScriptError> {
+    /// Emit a step's actions; returns `it`, the object the step is about,
+    /// and the apply, which is only worth sending while the step waits.
+    fn emit(
+        &mut self,
+        step: &CompiledStep,
+        starting: bool,
+    ) -> Result<(Dynamic, Option<ActionValue>), ScriptError> {
         let mut it = Dynamic::UNIT;
+        let mut apply = None;
         if let Some((kind, t)) = &step.apply {
             let object = self.render(t, &Dynamic::UNIT)?;
-            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             it = self.lookup(kind, &name);
-            self.actions.push(act(Action::Apply { object }));
+            apply = Some(act(Action::Apply { object }));
         }
-        if let Some(t) = &step.status {
-            if let Value::Object(fields) = self.render(t, &Dynamic::UNIT)? {
-                self.actions.push(act(Action::Status { fields }));
-            }
+        if let Some(t) = &step.status
+            && let Value::Object(fields) = self.render(t, &Dynamic::UNIT)?
+        {
+            self.actions.push(act(Action::Status { fields }));
         }
         if let Some((kind, t)) = &step.delete {
             let name = match self.render(t, &Dynamic::UNIT)? {
@@ -89,7 +98,10 @@ impl Run<'_> {
             };
             it = self.lookup(kind, &name);
             self.actions.push(act(Action::Delete {
-                kind: crate::kinds::KindName { api_version: Some(kind.api_version.clone()), kind: kind.kind.clone() },
+                kind: crate::kinds::KindName {
+                    api_version: Some(kind.api_version.clone()),
+                    kind: kind.kind.clone(),
+                },
                 name,
             }));
         }
@@ -100,12 +112,22 @@ impl Run<'_> {
                     .and_then(Value::as_object)
                     .map(|m| {
                         m.iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+                            .map(|(k, v)| {
+                                (
+                                    k.clone(),
+                                    v.as_str()
+                                        .map(str::to_string)
+                                        .unwrap_or_else(|| v.to_string()),
+                                )
+                            })
                             .collect()
                     })
                     .unwrap_or_default()
             };
-            self.actions.push(act(Action::Alert { labels: strings("labels"), annotations: strings("annotations") }));
+            self.actions.push(act(Action::Alert {
+                labels: strings("labels"),
+                annotations: strings("annotations"),
+            }));
         }
         if let Some((type_, reason, t)) = &step.event
             && starting
@@ -114,9 +136,13 @@ impl Run<'_> {
                 Value::String(s) => s,
                 other => other.to_string(),
             };
-            self.actions.push(act(Action::Event { type_: type_.clone(), reason: reason.clone(), message }));
+            self.actions.push(act(Action::Event {
+                type_: type_.clone(),
+                reason: reason.clone(),
+                message,
+            }));
         }
-        Ok(it)
+        Ok((it, apply))
     }
 }
 
@@ -150,18 +176,27 @@ pub fn decide(
     let target = observed.target.value();
     let status = target.get("status").cloned().unwrap_or(Value::Null);
     let phase = status.get("phase").and_then(Value::as_str).unwrap_or("");
-    let current_run = status.get("run").and_then(Value::as_str).map(str::to_string);
+    let current_run = status
+        .get("run")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     let running = phase == "Running";
 
     // Which run this reconcile works on. A fire time while a run is still in
     // progress is skipped, like a CronJob with concurrencyPolicy: Forbid.
     let (run, fresh) = match (sched, &current_run) {
-        (Some(s), _) if s.due && !running => (s.fire.map(run_id).unwrap_or_else(|| "once".into()), true),
+        (Some(s), _) if s.due && !running => {
+            (s.fire.map(run_id).unwrap_or_else(|| "once".into()), true)
+        }
         (_, Some(r)) => (r.clone(), false),
         (None, None) => ("once".to_string(), true),
         (Some(s), None) => (s.last.map(run_id).unwrap_or_else(|| "once".into()), true),
     };
-    let mut progress = if fresh { Vec::new() } else { read_progress(&status) };
+    let mut progress = if fresh {
+        Vec::new()
+    } else {
+        read_progress(&status)
+    };
     // Keep progress aligned with the policy's steps by name.
     let mut aligned: Vec<StepStatus> = steps
         .iter()
@@ -170,7 +205,10 @@ pub fn decide(
                 .iter()
                 .find(|p| p.name == s.name)
                 .cloned()
-                .unwrap_or(StepStatus { name: s.name.clone(), ..Default::default() })
+                .unwrap_or(StepStatus {
+                    name: s.name.clone(),
+                    ..Default::default()
+                })
         })
         .collect();
     progress.clear();
@@ -179,7 +217,7 @@ pub fn decide(
         engine,
         observed,
         vars: vec![
-            ("resource", observed.target.dynamic().clone()),
+            ("resource", observed.target.dynamic()),
             ("ctx", Dynamic::from(ctx.clone())),
             ("params", policy.params_dyn.clone()),
             ("run", Dynamic::from(run.clone())),
@@ -189,7 +227,10 @@ pub fn decide(
 
     let finished = !fresh && (phase == "Completed" || phase == "Failed");
     if finished {
-        return Ok(StepsOutcome { actions: Vec::new(), requeue_after_ms: None });
+        return Ok(StepsOutcome {
+            actions: Vec::new(),
+            requeue_after_ms: None,
+        });
     }
 
     let mut requeue = None;
@@ -206,7 +247,7 @@ pub fn decide(
             aligned[i].end_time = None;
             aligned[i].message = None;
         }
-        let it = r.emit(step, starting)?;
+        let (it, apply) = r.emit(step, starting)?;
         if let Some(e) = &step.failed_when
             && r.truth(e, &it, "failedWhen")?
         {
@@ -226,16 +267,34 @@ pub fn decide(
             (None, None, Some(_)) => it.is_unit(),
             (None, None, None) => true,
         };
+        // A finished step's object is left alone; one still awaited is
+        // applied again, which changes nothing unless it drifted.
+        if let Some(a) = apply
+            && (!ready || it.is_unit())
+        {
+            r.actions.push(a);
+        }
         if ready {
             aligned[i].state = StepState::Succeeded;
             aligned[i].end_time = Some(time::format(now));
             continue;
         }
         if let Some(limit) = step.timeout_ms {
-            let started = aligned[i].start_time.as_deref().and_then(time::parse).unwrap_or(now);
+            let started = aligned[i]
+                .start_time
+                .as_deref()
+                .and_then(time::parse)
+                .unwrap_or(now);
             let deadline = started.as_millisecond() + limit;
             if now.as_millisecond() >= deadline {
-                failure = Some((i, format!("step {} timed out after {}", step.name, time::render_duration_ms(limit))));
+                failure = Some((
+                    i,
+                    format!(
+                        "step {} timed out after {}",
+                        step.name,
+                        time::render_duration_ms(limit)
+                    ),
+                ));
                 break;
             }
             requeue = Some(deadline - now.as_millisecond());
@@ -252,29 +311,51 @@ pub fn decide(
             aligned[*i].end_time = Some(time::format(now));
             aligned[*i].message = Some(message.clone());
             for comp in on_failure {
-                let _ = r.emit(comp, true)?;
+                if let (_, Some(a)) = r.emit(comp, true)? {
+                    r.actions.push(a);
+                }
             }
             fields.insert("phase".into(), json!("Failed"));
             fields.insert("currentStep".into(), json!(steps[*i].name));
-            r.actions.push(condition("Ready", false, "StepFailed", message));
-            r.actions.push(condition("Progressing", false, "StepFailed", message));
-            r.actions.push(act(Action::Event { type_: "Warning".into(), reason: "StepFailed".into(), message: message.clone() }));
+            r.actions
+                .push(condition("Ready", false, "StepFailed", message));
+            r.actions
+                .push(condition("Progressing", false, "StepFailed", message));
+            r.actions.push(act(Action::Event {
+                type_: "Warning".into(),
+                reason: "StepFailed".into(),
+                message: message.clone(),
+            }));
         }
         (None, Some(i)) => {
             fields.insert("phase".into(), json!("Running"));
             fields.insert("currentStep".into(), json!(steps[i].name));
             let message = format!("step {} of {}: {}", i + 1, steps.len(), steps[i].name);
-            r.actions.push(condition("Progressing", true, "StepRunning", &message));
-            r.actions.push(condition("Ready", false, "StepRunning", &message));
+            r.actions
+                .push(condition("Progressing", true, "StepRunning", &message));
+            r.actions
+                .push(condition("Ready", false, "StepRunning", &message));
         }
         (None, None) => {
             fields.insert("phase".into(), json!("Completed"));
             fields.insert("currentStep".into(), Value::Null);
-            r.actions.push(condition("Ready", true, "Completed", "all steps succeeded"));
-            r.actions.push(condition("Progressing", false, "Completed", "all steps succeeded"));
+            r.actions
+                .push(condition("Ready", true, "Completed", "all steps succeeded"));
+            r.actions.push(condition(
+                "Progressing",
+                false,
+                "Completed",
+                "all steps succeeded",
+            ));
         }
     }
-    fields.insert("steps".into(), serde_json::to_value(&aligned).unwrap_or(Value::Null));
+    fields.insert(
+        "steps".into(),
+        serde_json::to_value(&aligned).unwrap_or(Value::Null),
+    );
     r.actions.push(act(Action::Status { fields }));
-    Ok(StepsOutcome { actions: r.actions, requeue_after_ms: requeue })
+    Ok(StepsOutcome {
+        actions: r.actions,
+        requeue_after_ms: requeue,
+    })
 }

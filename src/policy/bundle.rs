@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Origin {
     Dir(PathBuf),
-    ConfigMap { namespace: String, name: String },
+    ConfigMap {
+        namespace: String,
+        name: String,
+    },
     /// Text given directly (tests, scenarios).
     Inline(String),
 }

@@ -72,15 +72,20 @@ pub struct RateLimit {
 
 impl fmt::Display for RateLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.count, crate::util::time::render_duration_ms(self.per_ms))
+        write!(
+            f,
+            "{}/{}",
+            self.count,
+            crate::util::time::render_duration_ms(self.per_ms)
+        )
     }
 }
 
 impl RateLimit {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (n, d) = text
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?}: a limit is written count/window, such as \"1/6h\""))?;
+        let (n, d) = text.split_once('/').ok_or_else(|| {
+            format!("{text:?}: a limit is written count/window, such as \"1/6h\"")
+        })?;
         let count: u32 = n
             .trim()
             .parse()
@@ -178,7 +183,13 @@ pub struct CompiledPolicy {
 
 impl CompiledPolicy {
     pub fn has_finalizer(&self) -> bool {
-        matches!(self.body, Body::Script { has_finalize: true, .. })
+        matches!(
+            self.body,
+            Body::Script {
+                has_finalize: true,
+                ..
+            }
+        )
     }
 
     pub fn owns(&self) -> impl Iterator<Item = &KindRef> {
@@ -266,14 +277,31 @@ pub fn load_bundle(engine: &ScriptEngine, bundle: &Bundle, focus: Option<&str>) 
                 Ok(h) => h,
                 Err(e) => {
                     let e = e.offset(offset);
-                    cx.error(file, Some(e.pos), e.to_string().split_once(": ").map(|(_, m)| m.to_string()).unwrap_or(e.message));
+                    cx.error(
+                        file,
+                        Some(e.pos),
+                        e.to_string()
+                            .split_once(": ")
+                            .map(|(_, m)| m.to_string())
+                            .unwrap_or(e.message),
+                    );
                     continue;
                 }
             };
-            let runbook_doc = header.api_version.as_deref().is_some_and(|v| v.starts_with("runbook.dev/"));
+            let runbook_doc = header
+                .api_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with("runbook.dev/"));
             match header.kind.as_deref() {
                 Some("Policy") | Some("AlertRoutes") if !runbook_doc => {
-                    cx.error(file, Some(Pos { line: offset + 1, col: 1 }), format!("apiVersion: want {API_VERSION}"));
+                    cx.error(
+                        file,
+                        Some(Pos {
+                            line: offset + 1,
+                            col: 1,
+                        }),
+                        format!("apiVersion: want {API_VERSION}"),
+                    );
                 }
                 Some("Policy") => {
                     if let Some(p) = load_policy(&mut cx, file, doc_text, offset) {
@@ -287,7 +315,14 @@ pub fn load_bundle(engine: &ScriptEngine, bundle: &Bundle, focus: Option<&str>) 
                 }
                 Some("Scenario") => {}
                 Some(other) if runbook_doc && !is_runbook_resource(other) => {
-                    cx.error(file, Some(Pos { line: offset + 1, col: 1 }), format!("unknown kind {other:?}: want Policy, AlertRoutes or Scenario"));
+                    cx.error(
+                        file,
+                        Some(Pos {
+                            line: offset + 1,
+                            col: 1,
+                        }),
+                        format!("unknown kind {other:?}: want Policy, AlertRoutes or Scenario"),
+                    );
                 }
                 // Templates, example objects and anything else: not ours to load.
                 _ => {}
@@ -302,12 +337,21 @@ fn is_runbook_resource(kind: &str) -> bool {
     matches!(kind, "Evaluator" | "DatabaseBackup" | "AIModel")
 }
 
-fn parse_doc<T: serde::de::DeserializeOwned>(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<(T, Node)> {
+fn parse_doc<T: serde::de::DeserializeOwned>(
+    cx: &mut Ctx,
+    file: &str,
+    text: &str,
+    offset: u32,
+) -> Option<(T, Node)> {
     let typed = match yaml::parse::<T>(text) {
         Ok(t) => t,
         Err(e) => {
             let e = e.offset(offset);
-            let msg = if e.path.is_empty() { e.message } else { format!("{}: {}", e.path, e.message) };
+            let msg = if e.path.is_empty() {
+                e.message
+            } else {
+                format!("{}: {}", e.path, e.message)
+            };
             cx.error(file, Some(e.pos), msg);
             return None;
         }
@@ -320,7 +364,11 @@ fn parse_doc<T: serde::de::DeserializeOwned>(cx: &mut Ctx, file: &str, text: &st
 fn load_routes(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<CompiledRoutes> {
     let (doc, node) = parse_doc::<AlertRoutesDoc>(cx, file, text, offset)?;
     if doc.api_version != API_VERSION {
-        cx.error(file, pos_at(&node, &["apiVersion"]), format!("apiVersion: want {API_VERSION}"));
+        cx.error(
+            file,
+            pos_at(&node, &["apiVersion"]),
+            format!("apiVersion: want {API_VERSION}"),
+        );
         return None;
     }
     match routes::compile(&doc, &node) {
@@ -337,7 +385,12 @@ fn load_routes(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
     }
 }
 
-fn compile_schedule(cx: &mut Ctx, file: &str, node: &Node, spec: &ScheduleSpec) -> Option<ScheduleSource> {
+fn compile_schedule(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &ScheduleSpec,
+) -> Option<ScheduleSource> {
     let pos = pos_at(node, &["spec", "schedule"]);
     let parse = |cx: &mut Ctx, text: &str| match Schedule::parse(text) {
         Ok(s) => Some(s),
@@ -382,16 +435,27 @@ fn compile_limits(cx: &mut Ctx, file: &str, node: &Node, limits: &Limits) -> Com
         if let Some(t) = text {
             match RateLimit::parse(t) {
                 Ok(l) => *slot = Some(l),
-                Err(e) => cx.error(file, pos_at(node, &["spec", "limits", key]), format!("spec.limits.{key}: {e}")),
+                Err(e) => cx.error(
+                    file,
+                    pos_at(node, &["spec", "limits", key]),
+                    format!("spec.limits.{key}: {e}"),
+                ),
             }
         }
     }
     if let Some(cb) = &limits.circuit_breaker {
         let pos = pos_at(node, &["spec", "limits", "circuitBreaker"]);
         if !(cb.error_rate > 0.0 && cb.error_rate <= 1.0) {
-            cx.error(file, pos, "spec.limits.circuitBreaker.errorRate must be in (0, 1]");
+            cx.error(
+                file,
+                pos,
+                "spec.limits.circuitBreaker.errorRate must be in (0, 1]",
+            );
         }
-        match (parse_duration_ms(&cb.window), parse_duration_ms(&cb.cooldown)) {
+        match (
+            parse_duration_ms(&cb.window),
+            parse_duration_ms(&cb.cooldown),
+        ) {
             (Ok(window_ms), Ok(cooldown_ms)) => {
                 out.circuit_breaker = Some(CircuitBreaker {
                     error_rate: cb.error_rate,
@@ -400,22 +464,38 @@ fn compile_limits(cx: &mut Ctx, file: &str, node: &Node, limits: &Limits) -> Com
                     cooldown_ms,
                 })
             }
-            (Err(e), _) | (_, Err(e)) => cx.error(file, pos, format!("spec.limits.circuitBreaker: {e}")),
+            (Err(e), _) | (_, Err(e)) => {
+                cx.error(file, pos, format!("spec.limits.circuitBreaker: {e}"))
+            }
         }
     }
     out
 }
 
-fn expr(cx: &mut Ctx, file: &str, source: &str, node: &Node, what: &str, functions: Option<&rhai::AST>) -> Option<Expr> {
+fn expr(
+    cx: &mut Ctx,
+    file: &str,
+    source: &str,
+    node: &Node,
+    what: &str,
+    functions: Option<&rhai::AST>,
+) -> Option<Expr> {
     let Some(text) = node.as_str() else {
-        cx.error(file, Some(node.pos), format!("{what} must be a Rhai expression in a string"));
+        cx.error(
+            file,
+            Some(node.pos),
+            format!("{what} must be a Rhai expression in a string"),
+        );
         return None;
     };
     let origin = Pos {
         line: node.pos.line,
         col: node.pos.col + quote_offset(source, node.pos),
     };
-    match cx.engine.compile_expr(&cx.bundle.display_path(file), text, origin, functions) {
+    match cx
+        .engine
+        .compile_expr(&cx.bundle.display_path(file), text, origin, functions)
+    {
         Ok(e) => Some(e),
         Err(e) => {
             cx.errors.push(e.into());
@@ -425,15 +505,30 @@ fn expr(cx: &mut Ctx, file: &str, source: &str, node: &Node, what: &str, functio
 }
 
 fn quote_offset(source: &str, pos: Pos) -> u32 {
-    let line = source.lines().nth(pos.line.saturating_sub(1) as usize).unwrap_or("");
+    let line = source
+        .lines()
+        .nth(pos.line.saturating_sub(1) as usize)
+        .unwrap_or("");
     match line.chars().nth(pos.col.saturating_sub(1) as usize) {
         Some('\'') | Some('"') => 1,
         _ => 0,
     }
 }
 
-fn template(cx: &mut Ctx, file: &str, source: &str, node: &Node, functions: Option<&rhai::AST>) -> Option<Template> {
-    match Template::compile(cx.engine, &cx.bundle.display_path(file), source, node, functions) {
+fn template(
+    cx: &mut Ctx,
+    file: &str,
+    source: &str,
+    node: &Node,
+    functions: Option<&rhai::AST>,
+) -> Option<Template> {
+    match Template::compile(
+        cx.engine,
+        &cx.bundle.display_path(file),
+        source,
+        node,
+        functions,
+    ) {
         Ok(t) => Some(t),
         Err(e) => {
             cx.errors.push(e.into());
@@ -463,18 +558,36 @@ fn compile_step(
     let here = Some(node.pos);
     let name = &step.name;
     if !crate::names::is_dns_label(name) {
-        cx.error(file, pos_at(node, &["name"]), format!("step name {name:?} must be a DNS label (lowercase letters, digits, '-')"));
+        cx.error(
+            file,
+            pos_at(node, &["name"]),
+            format!("step name {name:?} must be a DNS label (lowercase letters, digits, '-')"),
+        );
     }
-    let actions = [step.apply.is_some(), step.status.is_some(), step.delete.is_some()]
-        .iter()
-        .filter(|b| **b)
-        .count();
+    let actions = [
+        step.apply.is_some(),
+        step.status.is_some(),
+        step.delete.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
     if actions > 1 {
-        cx.error(file, here, format!("step {name}: give one of apply, status or delete"));
+        cx.error(
+            file,
+            here,
+            format!("step {name}: give one of apply, status or delete"),
+        );
         return None;
     }
     if actions == 0 && step.ready_when.is_none() && step.alert.is_none() && step.event.is_none() {
-        cx.error(file, here, format!("step {name} does nothing: give apply, status, delete, alert, event or readyWhen"));
+        cx.error(
+            file,
+            here,
+            format!(
+                "step {name} does nothing: give apply, status, delete, alert, event or readyWhen"
+            ),
+        );
         return None;
     }
     let mut ok = true;
@@ -485,12 +598,20 @@ fn compile_step(
                 (Some(t), None) => {
                     used.insert(t.clone());
                     let Some(text) = cx.bundle.files.get(t).cloned() else {
-                        cx.error(file, pos_at(node, &["apply", "template"]), format!("step {name}: template {t:?} is not in this bundle"));
+                        cx.error(
+                            file,
+                            pos_at(node, &["apply", "template"]),
+                            format!("step {name}: template {t:?} is not in this bundle"),
+                        );
                         return None;
                     };
                     let docs = yaml::split_documents(&text);
                     if docs.len() != 1 {
-                        cx.error(t, Some(Pos { line: 1, col: 1 }), format!("a template holds exactly one document, not {}", docs.len()));
+                        cx.error(
+                            t,
+                            Some(Pos { line: 1, col: 1 }),
+                            format!("a template holds exactly one document, not {}", docs.len()),
+                        );
                         return None;
                     }
                     let mut n = match yaml::parse_node(docs[0].1) {
@@ -506,25 +627,43 @@ fn compile_step(
                 }
                 (None, Some(obj)) => (file.to_string(), source.to_string(), obj.clone()),
                 _ => {
-                    cx.error(file, pos_at(node, &["apply"]), format!("step {name}: apply needs template or object, not both"));
+                    cx.error(
+                        file,
+                        pos_at(node, &["apply"]),
+                        format!("step {name}: apply needs template or object, not both"),
+                    );
                     return None;
                 }
             };
             let t = template(cx, &t_file, &t_source, &t_node, functions)?;
             match template_kind(&t) {
                 None => {
-                    cx.error(&t_file, Some(t_node.pos), "a template must give apiVersion and kind literally");
+                    cx.error(
+                        &t_file,
+                        Some(t_node.pos),
+                        "a template must give apiVersion and kind literally",
+                    );
                     ok = false;
                     None
                 }
                 Some(k) if !kinds.has(&k, Role::Owns) => {
-                    cx.error(&t_file, pos_at(&t_node, &["kind"]), format!("step {name} applies {k}, which the policy does not declare in owns"));
+                    cx.error(
+                        &t_file,
+                        pos_at(&t_node, &["kind"]),
+                        format!(
+                            "step {name} applies {k}, which the policy does not declare in owns"
+                        ),
+                    );
                     ok = false;
                     None
                 }
                 Some(k) => {
                     if t_node.at(&["metadata", "name"]).is_none() {
-                        cx.error(&t_file, Some(t_node.pos), "a template needs metadata.name (names must be deterministic)");
+                        cx.error(
+                            &t_file,
+                            Some(t_node.pos),
+                            "a template needs metadata.name (names must be deterministic)",
+                        );
                         ok = false;
                     }
                     Some((k, t))
@@ -539,16 +678,31 @@ fn compile_step(
     let delete = match &step.delete {
         None => None,
         Some(d) => {
-            let kn = KindName { api_version: d.api_version.clone(), kind: d.kind.clone() };
+            let kn = KindName {
+                api_version: d.api_version.clone(),
+                kind: d.kind.clone(),
+            };
             match kinds.resolve(&kn) {
-                Ok(k) if kinds.has(&k, Role::Owns) => Some((k, template(cx, file, source, &d.name, functions)?)),
+                Ok(k) if kinds.has(&k, Role::Owns) => {
+                    Some((k, template(cx, file, source, &d.name, functions)?))
+                }
                 Ok(k) => {
-                    cx.error(file, pos_at(node, &["delete", "kind"]), format!("step {name} deletes {k}, which the policy does not declare in owns"));
+                    cx.error(
+                        file,
+                        pos_at(node, &["delete", "kind"]),
+                        format!(
+                            "step {name} deletes {k}, which the policy does not declare in owns"
+                        ),
+                    );
                     ok = false;
                     None
                 }
                 Err(e) => {
-                    cx.error(file, pos_at(node, &["delete", "kind"]), format!("step {name}: {e}"));
+                    cx.error(
+                        file,
+                        pos_at(node, &["delete", "kind"]),
+                        format!("step {name}: {e}"),
+                    );
                     ok = false;
                     None
                 }
@@ -562,10 +716,18 @@ fn compile_step(
     let event = match &step.event {
         Some(e) => {
             if e.type_ != "Normal" && e.type_ != "Warning" {
-                cx.error(file, pos_at(node, &["event", "type"]), "event type must be Normal or Warning");
+                cx.error(
+                    file,
+                    pos_at(node, &["event", "type"]),
+                    "event type must be Normal or Warning",
+                );
                 ok = false;
             }
-            Some((e.type_.clone(), e.reason.clone(), template(cx, file, source, &e.message, functions)?))
+            Some((
+                e.type_.clone(),
+                e.reason.clone(),
+                template(cx, file, source, &e.message, functions)?,
+            ))
         }
         None => None,
     };
@@ -581,11 +743,19 @@ fn compile_step(
         Some(t) => match parse_duration_ms(t) {
             Ok(ms) if ms > 0 => Some(ms),
             Ok(_) => {
-                cx.error(file, pos_at(node, &["timeout"]), format!("step {name}: timeout must be positive"));
+                cx.error(
+                    file,
+                    pos_at(node, &["timeout"]),
+                    format!("step {name}: timeout must be positive"),
+                );
                 return None;
             }
             Err(e) => {
-                cx.error(file, pos_at(node, &["timeout"]), format!("step {name}: timeout: {e}"));
+                cx.error(
+                    file,
+                    pos_at(node, &["timeout"]),
+                    format!("step {name}: timeout: {e}"),
+                );
                 return None;
             }
         },
@@ -621,7 +791,11 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
     let errors_before = cx.errors.len();
     let source = cx.bundle.files.get(file).cloned().unwrap_or_default();
     if doc.api_version != API_VERSION {
-        cx.error(file, pos_at(&node, &["apiVersion"]), format!("apiVersion: want {API_VERSION}"));
+        cx.error(
+            file,
+            pos_at(&node, &["apiVersion"]),
+            format!("apiVersion: want {API_VERSION}"),
+        );
     }
     let name = doc.metadata.name.clone();
     if !crate::names::is_dns_subdomain(&name) {
@@ -634,11 +808,19 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
         .chain(spec.mutates.iter().map(|k| ("mutates", k)))
     {
         if k.kind.is_empty() || k.api_version.is_empty() {
-            cx.error(file, pos_at(&node, &["spec", key]), format!("spec.{key}: apiVersion and kind must not be empty"));
+            cx.error(
+                file,
+                pos_at(&node, &["spec", key]),
+                format!("spec.{key}: apiVersion and kind must not be empty"),
+            );
         }
     }
     if spec.owns.contains(&spec.target) {
-        cx.error(file, pos_at(&node, &["spec", "owns"]), "spec.owns: a policy cannot own its own target kind");
+        cx.error(
+            file,
+            pos_at(&node, &["spec", "owns"]),
+            "spec.owns: a policy cannot own its own target kind",
+        );
     }
     let kinds = DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates);
     let mut used_files: BTreeSet<String> = BTreeSet::new();
@@ -646,29 +828,53 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
 
     let body = match (&spec.script, spec.steps.is_empty()) {
         (Some(_), false) => {
-            cx.error(file, pos_at(&node, &["spec", "script"]), "spec: give script or steps, not both");
+            cx.error(
+                file,
+                pos_at(&node, &["spec", "script"]),
+                "spec: give script or steps, not both",
+            );
             None
         }
         (None, true) => {
-            cx.error(file, pos_at(&node, &["spec"]), "spec: give a script or steps");
+            cx.error(
+                file,
+                pos_at(&node, &["spec"]),
+                "spec: give a script or steps",
+            );
             None
         }
         (Some(script_name), true) => {
             used_files.insert(script_name.clone());
             if !spec.on_failure.is_empty() {
-                cx.error(file, pos_at(&node, &["spec", "onFailure"]), "spec.onFailure goes with steps; a script handles its own failures");
+                cx.error(
+                    file,
+                    pos_at(&node, &["spec", "onFailure"]),
+                    "spec.onFailure goes with steps; a script handles its own failures",
+                );
             }
             if spec.functions.is_some() {
-                cx.error(file, pos_at(&node, &["spec", "functions"]), "spec.functions goes with steps; a script defines its own functions");
+                cx.error(
+                    file,
+                    pos_at(&node, &["spec", "functions"]),
+                    "spec.functions goes with steps; a script defines its own functions",
+                );
             }
             if !cx.bundle.files.contains_key(script_name) {
-                cx.error(file, pos_at(&node, &["spec", "script"]), format!("spec.script: {script_name:?} is not in this bundle"));
+                cx.error(
+                    file,
+                    pos_at(&node, &["spec", "script"]),
+                    format!("spec.script: {script_name:?} is not in this bundle"),
+                );
                 None
             } else {
                 let script = cx.script(script_name);
                 match script {
                     Some(s) if !s.has_fn("reconcile") => {
-                        cx.error(script_name, Some(Pos { line: 1, col: 1 }), "the script defines no fn reconcile(ctx)");
+                        cx.error(
+                            script_name,
+                            Some(Pos { line: 1, col: 1 }),
+                            "the script defines no fn reconcile(ctx)",
+                        );
                         None
                     }
                     Some(s) => Some(Body::Script {
@@ -684,7 +890,11 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
             let functions: Option<Arc<Script>> = match &spec.functions {
                 None => None,
                 Some(f) if !cx.bundle.files.contains_key(f) => {
-                    cx.error(file, pos_at(&node, &["spec", "functions"]), format!("spec.functions: {f:?} is not in this bundle"));
+                    cx.error(
+                        file,
+                        pos_at(&node, &["spec", "functions"]),
+                        format!("spec.functions: {f:?} is not in this bundle"),
+                    );
                     None
                 }
                 Some(f) => {
@@ -701,10 +911,23 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
             for (i, step) in spec.steps.iter().enumerate() {
                 let n = step_nodes_main.get(i).copied().unwrap_or(&node);
                 if !names.insert(step.name.clone()) {
-                    cx.error(file, Some(n.pos), format!("step name {:?} is used twice", step.name));
+                    cx.error(
+                        file,
+                        Some(n.pos),
+                        format!("step name {:?} is used twice", step.name),
+                    );
                     all_ok = false;
                 }
-                match compile_step(cx, file, &source, n, step, &kinds, &mut used_files, functions_ast) {
+                match compile_step(
+                    cx,
+                    file,
+                    &source,
+                    n,
+                    step,
+                    &kinds,
+                    &mut used_files,
+                    functions_ast,
+                ) {
                     Some(s) => steps.push(s),
                     None => all_ok = false,
                 }
@@ -712,11 +935,21 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
             let mut on_failure = Vec::new();
             for (i, step) in spec.on_failure.iter().enumerate() {
                 let n = step_nodes_fail.get(i).copied().unwrap_or(&node);
-                if step.ready_when.is_some() || step.failed_when.is_some() || step.timeout.is_some() {
+                if step.ready_when.is_some() || step.failed_when.is_some() || step.timeout.is_some()
+                {
                     cx.error(file, Some(n.pos), format!("onFailure step {}: compensation runs once and does not wait; drop readyWhen, failedWhen and timeout", step.name));
                     all_ok = false;
                 }
-                match compile_step(cx, file, &source, n, step, &kinds, &mut used_files, functions_ast) {
+                match compile_step(
+                    cx,
+                    file,
+                    &source,
+                    n,
+                    step,
+                    &kinds,
+                    &mut used_files,
+                    functions_ast,
+                ) {
                     Some(s) => on_failure.push(s),
                     None => all_ok = false,
                 }
@@ -729,14 +962,26 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
         None => None,
     };
     let limits = compile_limits(cx, file, &node, &spec.limits);
-    let params = spec.params.as_ref().map(Node::to_json).unwrap_or(Value::Object(Default::default()));
+    let params = spec
+        .params
+        .as_ref()
+        .map(Node::to_json)
+        .unwrap_or(Value::Object(Default::default()));
     if !params.is_object() {
-        cx.error(file, pos_at(&node, &["spec", "params"]), "spec.params must be a map");
+        cx.error(
+            file,
+            pos_at(&node, &["spec", "params"]),
+            "spec.params must be a map",
+        );
     }
     let mut selector_pairs = Vec::new();
     for (k, v) in &spec.selector {
         if let Err(e) = crate::labels::check_key(k).and_then(|_| crate::labels::check_value(v)) {
-            cx.error(file, pos_at(&node, &["spec", "selector"]), format!("spec.selector: {e}"));
+            cx.error(
+                file,
+                pos_at(&node, &["spec", "selector"]),
+                format!("spec.selector: {e}"),
+            );
         }
         selector_pairs.push((k, v));
     }
@@ -766,7 +1011,7 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
         kinds: Arc::new(kinds),
         schedule,
         body,
-        params_dyn: crate::script::convert::to_dynamic(&params),
+        params_dyn: crate::script::obj::view(Arc::new(params.clone())),
         params,
         alerts: spec.alerts.clone(),
         mode: spec.mode,

@@ -8,7 +8,9 @@ pub mod model;
 pub mod set;
 
 pub use bundle::{Bundle, Origin};
-pub use compile::{Body, CompiledPolicy, CompiledStep, LoadError, Loaded, RateLimit, ScheduleSource, load_bundle};
+pub use compile::{
+    Body, CompiledPolicy, CompiledStep, LoadError, Loaded, RateLimit, ScheduleSource, load_bundle,
+};
 pub use model::Mode;
 pub use set::PolicySet;
 
@@ -16,5 +18,10 @@ use crate::script::ScriptEngine;
 
 /// Load bundles into a set; errors from every bundle are returned together.
 pub fn load(engine: &ScriptEngine, bundles: &[Bundle]) -> (PolicySet, Vec<LoadError>) {
-    PolicySet::build(bundles.iter().map(|b| load_bundle(engine, b, None)).collect())
+    PolicySet::build(
+        bundles
+            .iter()
+            .map(|b| load_bundle(engine, b, None))
+            .collect(),
+    )
 }

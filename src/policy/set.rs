@@ -58,7 +58,10 @@ impl PolicySet {
                 errors.push(LoadError {
                     file: p.file.clone(),
                     pos: None,
-                    message: format!("policy {:?} is already defined in {}", p.name, existing.file),
+                    message: format!(
+                        "policy {:?} is already defined in {}",
+                        p.name, existing.file
+                    ),
                 });
                 continue;
             }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use rhai::{Dynamic, Engine, EvalAltResult, INT, Map, NativeCallContext};
+use rhai::{Dynamic, Engine, EvalAltResult, INT, NativeCallContext};
 use serde_json::Value;
 
 use super::convert::to_json;
@@ -26,7 +26,9 @@ pub enum Action {
         patch: Value,
     },
     /// Merge fields into the target's status.
-    Status { fields: serde_json::Map<String, Value> },
+    Status {
+        fields: serde_json::Map<String, Value>,
+    },
     /// Set one standard condition on the target.
     Condition {
         type_: String,
@@ -107,9 +109,14 @@ fn fail<T>(ctx: &NativeCallContext, message: String) -> RhaiResult<T> {
     )))
 }
 
-fn map_json(ctx: &NativeCallContext, what: &str, m: Map) -> RhaiResult<Value> {
-    match to_json(&Dynamic::from_map(m), what) {
-        Ok(v) => Ok(v),
+/// The JSON of a map or object argument; anything else is an error.
+fn map_json(ctx: &NativeCallContext, what: &str, m: Dynamic) -> RhaiResult<Value> {
+    match to_json(&m, what) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => fail(
+            ctx,
+            format!("{what}: expected a map, not a {}", m.type_name()),
+        ),
         Err(e) => fail(ctx, e),
     }
 }
@@ -121,7 +128,11 @@ fn name_of(obj: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-fn string_map(ctx: &NativeCallContext, what: &str, v: Option<&Value>) -> RhaiResult<BTreeMap<String, String>> {
+fn string_map(
+    ctx: &NativeCallContext,
+    what: &str,
+    v: Option<&Value>,
+) -> RhaiResult<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     match v {
         None | Some(Value::Null) => {}
@@ -154,7 +165,13 @@ fn duration_ms(ctx: &NativeCallContext, d: &Dynamic) -> RhaiResult<i64> {
             Err(e) => fail(ctx, e),
         };
     }
-    fail(ctx, format!("a duration must be seconds or a string like \"5m\", not {}", d.type_name()))
+    fail(
+        ctx,
+        format!(
+            "a duration must be seconds or a string like \"5m\", not {}",
+            d.type_name()
+        ),
+    )
 }
 
 /// Register the action builders.
@@ -163,47 +180,91 @@ pub fn register(engine: &mut Engine) {
     engine.register_fn("to_string", |a: &mut ActionValue| format!("{:?}", a.action));
     engine.register_get("verb", |a: &mut ActionValue| a.action.verb().to_string());
 
-    engine.register_fn("apply", |ctx: NativeCallContext, obj: Map| -> RhaiResult<ActionValue> {
-        let object = map_json(&ctx, "apply(obj)", obj)?;
-        if KindName::of(&object).is_none_or(|k| k.api_version.is_none()) {
-            return fail(&ctx, "apply: the object needs apiVersion and kind".into());
-        }
-        if name_of(&object).is_none_or(|n| n.is_empty()) {
-            return fail(&ctx, "apply: the object needs metadata.name (names must be deterministic)".into());
-        }
-        Ok(make(&ctx, Action::Apply { object }))
-    });
+    engine.register_fn(
+        "apply",
+        |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
+            let object = map_json(&ctx, "apply(obj)", obj)?;
+            if KindName::of(&object).is_none_or(|k| k.api_version.is_none()) {
+                return fail(&ctx, "apply: the object needs apiVersion and kind".into());
+            }
+            if name_of(&object).is_none_or(|n| n.is_empty()) {
+                return fail(
+                    &ctx,
+                    "apply: the object needs metadata.name (names must be deterministic)".into(),
+                );
+            }
+            Ok(make(&ctx, Action::Apply { object }))
+        },
+    );
 
-    engine.register_fn("delete", |ctx: NativeCallContext, obj: Map| -> RhaiResult<ActionValue> {
-        let object = map_json(&ctx, "delete(obj)", obj)?;
-        let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
-            return fail(&ctx, "delete: the object needs kind and metadata.name".into());
-        };
-        Ok(make(&ctx, Action::Delete { kind, name }))
-    });
-    engine.register_fn("delete", |ctx: NativeCallContext, kind: &str, name: &str| -> RhaiResult<ActionValue> {
-        Ok(make(&ctx, Action::Delete { kind: KindName::parse(kind), name: name.to_string() }))
-    });
+    engine.register_fn(
+        "delete",
+        |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
+            let object = map_json(&ctx, "delete(obj)", obj)?;
+            let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+                return fail(
+                    &ctx,
+                    "delete: the object needs kind and metadata.name".into(),
+                );
+            };
+            Ok(make(&ctx, Action::Delete { kind, name }))
+        },
+    );
+    engine.register_fn(
+        "delete",
+        |ctx: NativeCallContext, kind: &str, name: &str| -> RhaiResult<ActionValue> {
+            Ok(make(
+                &ctx,
+                Action::Delete {
+                    kind: KindName::parse(kind),
+                    name: name.to_string(),
+                },
+            ))
+        },
+    );
 
-    engine.register_fn("patch", |ctx: NativeCallContext, obj: Map, patch: Map| -> RhaiResult<ActionValue> {
-        let object = map_json(&ctx, "patch(obj)", obj)?;
-        let patch = map_json(&ctx, "patch(_, merge_patch)", patch)?;
-        let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
-            return fail(&ctx, "patch: the object needs kind and metadata.name".into());
-        };
-        Ok(make(&ctx, Action::Patch { kind, name, patch }))
-    });
-    engine.register_fn("patch", |ctx: NativeCallContext, kind: &str, name: &str, patch: Map| -> RhaiResult<ActionValue> {
-        let patch = map_json(&ctx, "patch(_, _, merge_patch)", patch)?;
-        Ok(make(&ctx, Action::Patch { kind: KindName::parse(kind), name: name.to_string(), patch }))
-    });
+    engine.register_fn(
+        "patch",
+        |ctx: NativeCallContext, obj: Dynamic, patch: Dynamic| -> RhaiResult<ActionValue> {
+            let object = map_json(&ctx, "patch(obj)", obj)?;
+            let patch = map_json(&ctx, "patch(_, merge_patch)", patch)?;
+            let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+                return fail(
+                    &ctx,
+                    "patch: the object needs kind and metadata.name".into(),
+                );
+            };
+            Ok(make(&ctx, Action::Patch { kind, name, patch }))
+        },
+    );
+    engine.register_fn(
+        "patch",
+        |ctx: NativeCallContext,
+         kind: &str,
+         name: &str,
+         patch: Dynamic|
+         -> RhaiResult<ActionValue> {
+            let patch = map_json(&ctx, "patch(_, _, merge_patch)", patch)?;
+            Ok(make(
+                &ctx,
+                Action::Patch {
+                    kind: KindName::parse(kind),
+                    name: name.to_string(),
+                    patch,
+                },
+            ))
+        },
+    );
 
-    engine.register_fn("status", |ctx: NativeCallContext, fields: Map| -> RhaiResult<ActionValue> {
-        match map_json(&ctx, "status(map)", fields)? {
-            Value::Object(fields) => Ok(make(&ctx, Action::Status { fields })),
-            _ => unreachable!("a map converts to an object"),
-        }
-    });
+    engine.register_fn(
+        "status",
+        |ctx: NativeCallContext, fields: Dynamic| -> RhaiResult<ActionValue> {
+            match map_json(&ctx, "status(map)", fields)? {
+                Value::Object(fields) => Ok(make(&ctx, Action::Status { fields })),
+                _ => unreachable!("a map converts to an object"),
+            }
+        },
+    );
 
     engine.register_fn(
         "condition",
@@ -226,48 +287,119 @@ pub fn register(engine: &mut Engine) {
         },
     );
 
-    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str| -> RhaiResult<ActionValue> {
-        Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: None }))
-    });
-    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str, revision: INT| -> RhaiResult<ActionValue> {
-        if revision <= 0 {
-            return fail(&ctx, format!("rollback: revision must be positive, not {revision}"));
-        }
-        Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: Some(revision) }))
-    });
-    engine.register_fn("rollback", |ctx: NativeCallContext, name: &str, _revision: ()| -> RhaiResult<ActionValue> {
-        Ok(make(&ctx, Action::Rollback { deployment: name.to_string(), revision: None }))
-    });
-
-    engine.register_fn("alert", |ctx: NativeCallContext, spec: Map| -> RhaiResult<ActionValue> {
-        let spec = map_json(&ctx, "alert(map)", spec)?;
-        for key in spec.as_object().into_iter().flat_map(|m| m.keys()) {
-            if key != "labels" && key != "annotations" {
-                return fail(&ctx, format!("alert: unknown key {key:?} (use labels and annotations)"));
+    engine.register_fn(
+        "rollback",
+        |ctx: NativeCallContext, name: &str| -> RhaiResult<ActionValue> {
+            Ok(make(
+                &ctx,
+                Action::Rollback {
+                    deployment: name.to_string(),
+                    revision: None,
+                },
+            ))
+        },
+    );
+    engine.register_fn(
+        "rollback",
+        |ctx: NativeCallContext, name: &str, revision: INT| -> RhaiResult<ActionValue> {
+            if revision <= 0 {
+                return fail(
+                    &ctx,
+                    format!("rollback: revision must be positive, not {revision}"),
+                );
             }
-        }
-        let labels = string_map(&ctx, "alert labels", spec.get("labels"))?;
-        let annotations = string_map(&ctx, "alert annotations", spec.get("annotations"))?;
-        Ok(make(&ctx, Action::Alert { labels, annotations }))
-    });
-    engine.register_fn("alert", |ctx: NativeCallContext, severity: &str, summary: &str| -> RhaiResult<ActionValue> {
-        let labels = BTreeMap::from([("severity".to_string(), severity.to_string())]);
-        let annotations = BTreeMap::from([("summary".to_string(), summary.to_string())]);
-        Ok(make(&ctx, Action::Alert { labels, annotations }))
-    });
+            Ok(make(
+                &ctx,
+                Action::Rollback {
+                    deployment: name.to_string(),
+                    revision: Some(revision),
+                },
+            ))
+        },
+    );
+    engine.register_fn(
+        "rollback",
+        |ctx: NativeCallContext, name: &str, _revision: ()| -> RhaiResult<ActionValue> {
+            Ok(make(
+                &ctx,
+                Action::Rollback {
+                    deployment: name.to_string(),
+                    revision: None,
+                },
+            ))
+        },
+    );
 
-    engine.register_fn("event", |ctx: NativeCallContext, type_: &str, reason: &str, message: &str| -> RhaiResult<ActionValue> {
-        if type_ != "Normal" && type_ != "Warning" {
-            return fail(&ctx, format!("event type must be \"Normal\" or \"Warning\", not {type_:?}"));
-        }
-        Ok(make(&ctx, Action::Event { type_: type_.into(), reason: reason.into(), message: message.into() }))
-    });
+    engine.register_fn(
+        "alert",
+        |ctx: NativeCallContext, spec: Dynamic| -> RhaiResult<ActionValue> {
+            let spec = map_json(&ctx, "alert(map)", spec)?;
+            for key in spec.as_object().into_iter().flat_map(|m| m.keys()) {
+                if key != "labels" && key != "annotations" {
+                    return fail(
+                        &ctx,
+                        format!("alert: unknown key {key:?} (use labels and annotations)"),
+                    );
+                }
+            }
+            let labels = string_map(&ctx, "alert labels", spec.get("labels"))?;
+            let annotations = string_map(&ctx, "alert annotations", spec.get("annotations"))?;
+            Ok(make(
+                &ctx,
+                Action::Alert {
+                    labels,
+                    annotations,
+                },
+            ))
+        },
+    );
+    engine.register_fn(
+        "alert",
+        |ctx: NativeCallContext, severity: &str, summary: &str| -> RhaiResult<ActionValue> {
+            let labels = BTreeMap::from([("severity".to_string(), severity.to_string())]);
+            let annotations = BTreeMap::from([("summary".to_string(), summary.to_string())]);
+            Ok(make(
+                &ctx,
+                Action::Alert {
+                    labels,
+                    annotations,
+                },
+            ))
+        },
+    );
 
-    engine.register_fn("requeue", |ctx: NativeCallContext, after: Dynamic| -> RhaiResult<ActionValue> {
-        let after_ms = duration_ms(&ctx, &after)?;
-        if after_ms <= 0 {
-            return fail(&ctx, "requeue: the delay must be positive".into());
-        }
-        Ok(make(&ctx, Action::Requeue { after_ms }))
-    });
+    engine.register_fn(
+        "event",
+        |ctx: NativeCallContext,
+         type_: &str,
+         reason: &str,
+         message: &str|
+         -> RhaiResult<ActionValue> {
+            if type_ != "Normal" && type_ != "Warning" {
+                return fail(
+                    &ctx,
+                    format!("event type must be \"Normal\" or \"Warning\", not {type_:?}"),
+                );
+            }
+            Ok(make(
+                &ctx,
+                Action::Event {
+                    type_: type_.into(),
+                    reason: reason.into(),
+                    message: message.into(),
+                },
+            ))
+        },
+    );
+
+    engine.register_fn(
+        "requeue",
+        |ctx: NativeCallContext, after: Dynamic| -> RhaiResult<ActionValue> {
+            let after_ms = duration_ms(&ctx, &after)?;
+            if after_ms <= 0 {
+                return fail(&ctx, "requeue: the delay must be positive".into());
+            }
+            Ok(make(&ctx, Action::Requeue { after_ms }))
+        },
+    );
 }

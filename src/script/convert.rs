@@ -59,6 +59,9 @@ pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
         }
         return Ok(Value::Array(out));
     }
+    if let Some(o) = v.read_lock::<super::obj::Obj>() {
+        return Ok(o.value().clone());
+    }
     if v.is_map() {
         let map = v.read_lock::<Map>().expect("checked is_map");
         let mut out = serde_json::Map::new();

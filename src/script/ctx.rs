@@ -40,7 +40,10 @@ pub struct Ctx(pub Arc<CtxData>);
 type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
 
 fn fail<T>(call: &NativeCallContext, message: String) -> RhaiResult<T> {
-    Err(Box::new(EvalAltResult::ErrorRuntime(message.into(), call.call_position())))
+    Err(Box::new(EvalAltResult::ErrorRuntime(
+        message.into(),
+        call.call_position(),
+    )))
 }
 
 impl Ctx {
@@ -56,7 +59,7 @@ impl Ctx {
     }
 
     fn array(objs: impl IntoIterator<Item = Arc<CachedObject>>) -> Array {
-        objs.into_iter().map(|o| o.dynamic().clone()).collect()
+        objs.into_iter().map(|o| o.dynamic()).collect()
     }
 
     /// Children of the target of one kind, sorted by name.
@@ -86,7 +89,13 @@ fn selector_of(call: &NativeCallContext, sel: &Dynamic) -> RhaiResult<Selector> 
             Err(e) => fail(call, e),
         };
     }
-    fail(call, format!("a selector is a map of labels or a string, not {}", sel.type_name()))
+    fail(
+        call,
+        format!(
+            "a selector is a map of labels or a string, not {}",
+            sel.type_name()
+        ),
+    )
 }
 
 /// The label selector of a workload: `spec.selector.matchLabels` (and
@@ -98,14 +107,23 @@ pub fn workload_selector(obj: &serde_json::Value) -> Option<Selector> {
     let mut reqs = Vec::new();
     let labels = sel.get("matchLabels").or_else(|| {
         // A Service's selector is a plain map.
-        if sel.get("matchExpressions").is_none() { Some(sel) } else { None }
+        if sel.get("matchExpressions").is_none() {
+            Some(sel)
+        } else {
+            None
+        }
     });
     if let Some(m) = labels.and_then(|l| l.as_object()) {
         for (k, v) in m {
             reqs.push(Requirement::Eq(k.clone(), v.as_str()?.to_string()));
         }
     }
-    for e in sel.get("matchExpressions").and_then(|m| m.as_array()).into_iter().flatten() {
+    for e in sel
+        .get("matchExpressions")
+        .and_then(|m| m.as_array())
+        .into_iter()
+        .flatten()
+    {
         let key = e.get("key")?.as_str()?.to_string();
         let values: Vec<String> = e
             .get("values")
@@ -122,7 +140,11 @@ pub fn workload_selector(obj: &serde_json::Value) -> Option<Selector> {
             _ => return None,
         });
     }
-    if reqs.is_empty() { None } else { Some(Selector(reqs)) }
+    if reqs.is_empty() {
+        None
+    } else {
+        Some(Selector(reqs))
+    }
 }
 
 /// Register `ctx`'s properties and methods.
@@ -147,45 +169,102 @@ pub fn register(engine: &mut Engine) {
         m
     });
 
-    engine.register_fn("allowed", |c: &mut Ctx, verb: &str| !c.0.limited.iter().any(|v| v == verb));
-    engine.register_fn("owned", |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
-        let k = c.kind(&call, kind)?;
-        Ok(Ctx::array(c.owned(&k)))
+    engine.register_fn("allowed", |c: &mut Ctx, verb: &str| {
+        !c.0.limited.iter().any(|v| v == verb)
     });
-    engine.register_fn("get", |call: NativeCallContext, c: &mut Ctx, kind: &str, name: &str| -> RhaiResult<Dynamic> {
-        let k = c.kind(&call, kind)?;
-        Ok(c.0
-            .view
-            .get(&k, &c.0.namespace, name)
-            .map(|o| o.dynamic().clone())
-            .unwrap_or(Dynamic::UNIT))
-    });
-    engine.register_fn("list", |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
-        let k = c.kind(&call, kind)?;
-        Ok(Ctx::array(c.objects(&k)))
-    });
-    engine.register_fn("list", |call: NativeCallContext, c: &mut Ctx, kind: &str, selector: Dynamic| -> RhaiResult<Array> {
-        let k = c.kind(&call, kind)?;
-        let sel = selector_of(&call, &selector)?;
-        Ok(Ctx::array(c.objects(&k).into_iter().filter(|o| sel.matches_object(o.value()))))
-    });
-    engine.register_fn("pods_of", |call: NativeCallContext, c: &mut Ctx, obj: Dynamic| -> RhaiResult<Array> {
-        if obj.is_unit() {
-            return Ok(Array::new());
-        }
-        let pod = c.kind(&call, "v1 Pod").map_err(|_| {
-            Box::new(EvalAltResult::ErrorRuntime(
-                "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
-                call.call_position(),
+    engine.register_fn(
+        "owned",
+        |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
+            let k = c.kind(&call, kind)?;
+            Ok(Ctx::array(c.owned(&k)))
+        },
+    );
+    engine.register_fn(
+        "get",
+        |call: NativeCallContext, c: &mut Ctx, kind: &str, name: &str| -> RhaiResult<Dynamic> {
+            let k = c.kind(&call, kind)?;
+            Ok(c.0
+                .view
+                .get(&k, &c.0.namespace, name)
+                .map(|o| o.dynamic())
+                .unwrap_or(Dynamic::UNIT))
+        },
+    );
+    engine.register_fn(
+        "list",
+        |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
+            let k = c.kind(&call, kind)?;
+            Ok(Ctx::array(c.objects(&k)))
+        },
+    );
+    engine.register_fn(
+        "list",
+        |call: NativeCallContext,
+         c: &mut Ctx,
+         kind: &str,
+         selector: Dynamic|
+         -> RhaiResult<Array> {
+            let k = c.kind(&call, kind)?;
+            let sel = selector_of(&call, &selector)?;
+            Ok(Ctx::array(
+                c.objects(&k)
+                    .into_iter()
+                    .filter(|o| sel.matches_object(o.value())),
             ))
-        })?;
-        let json = match crate::script::convert::to_json(&obj, "pods_of(obj)") {
-            Ok(j) => j,
-            Err(e) => return fail(&call, e),
-        };
-        let Some(sel) = workload_selector(&json) else {
-            return fail(&call, "pods_of: the object has no spec.selector".into());
-        };
-        Ok(Ctx::array(c.objects(&pod).into_iter().filter(|p| sel.matches_object(p.value()))))
-    });
+        },
+    );
+    engine.register_fn(
+        "owned_by",
+        |call: NativeCallContext, c: &mut Ctx, kind: &str, owner: Dynamic| -> RhaiResult<Array> {
+            let k = c.kind(&call, kind)?;
+            let uid = match crate::script::obj::with_json(&owner, |j| {
+                j.pointer("/metadata/uid")
+                    .and_then(|u| u.as_str())
+                    .map(str::to_string)
+            }) {
+                Ok(Some(uid)) => uid,
+                Ok(None) => return fail(&call, "owned_by: the owner has no metadata.uid".into()),
+                Err(e) => return fail(&call, format!("owned_by: {e}")),
+            };
+            Ok(Ctx::array(
+                c.objects(&k).into_iter().filter(|o| o.is_owned_by(&uid)),
+            ))
+        },
+    );
+    engine.register_fn(
+        "pods_of",
+        |call: NativeCallContext, c: &mut Ctx, obj: Dynamic| -> RhaiResult<Array> {
+            if obj.is_unit() {
+                return Ok(Array::new());
+            }
+            let pod = c.kind(&call, "v1 Pod").map_err(|_| {
+                Box::new(EvalAltResult::ErrorRuntime(
+                    "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
+                    call.call_position(),
+                ))
+            })?;
+            let found = crate::script::obj::with_json(&obj, |j| {
+                (
+                    workload_selector(j),
+                    j.pointer("/metadata/uid")
+                        .and_then(|u| u.as_str())
+                        .map(str::to_string),
+                )
+            });
+            let (sel, uid) = match found {
+                Ok(f) => f,
+                Err(e) => return fail(&call, format!("pods_of: {e}")),
+            };
+            let pods = c.objects(&pod).into_iter();
+            match (sel, uid) {
+                (Some(sel), _) => Ok(Ctx::array(pods.filter(|p| sel.matches_object(p.value())))),
+                // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.
+                (None, Some(uid)) => Ok(Ctx::array(pods.filter(|p| p.is_owned_by(&uid)))),
+                (None, None) => fail(
+                    &call,
+                    "pods_of: the object has neither spec.selector nor a uid".into(),
+                ),
+            }
+        },
+    );
 }

@@ -63,6 +63,8 @@ pub struct Script {
     pub file: String,
     pub ast: AST,
     functions: BTreeSet<String>,
+    /// Where each function is defined.
+    fn_positions: std::collections::BTreeMap<String, Pos>,
     origin: Pos,
 }
 
@@ -73,14 +75,8 @@ impl Script {
     }
 
     /// Where a function is defined, for errors about what it returned.
-    pub fn fn_pos(&self, source: &str, name: &str) -> Option<Pos> {
-        let needle = format!("fn {name}");
-        source.lines().enumerate().find_map(|(i, line)| {
-            line.find(&needle).map(|c| Pos {
-                line: i as u32 + self.origin.line,
-                col: c as u32 + 1,
-            })
-        })
+    pub fn fn_pos(&self, name: &str) -> Option<Pos> {
+        self.fn_positions.get(name).copied()
     }
 }
 
@@ -100,7 +96,9 @@ pub struct ScriptEngine {
 
 impl std::fmt::Debug for ScriptEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScriptEngine").field("limits", &self.limits).finish()
+        f.debug_struct("ScriptEngine")
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
@@ -140,6 +138,7 @@ impl ScriptEngine {
                 "{text}"
             )
         });
+        super::obj::register(&mut engine);
         super::helpers::register(&mut engine);
         super::ctx::register(&mut engine);
         super::action::register(&mut engine);
@@ -161,18 +160,44 @@ impl ScriptEngine {
             .compile(text)
             .map_err(|e| ScriptError::from_parse(file, &e, FILE_START))?;
         ast.set_source(file);
-        let functions = ast.iter_functions().map(|f| f.name.to_string()).collect();
+        let functions: BTreeSet<String> =
+            ast.iter_functions().map(|f| f.name.to_string()).collect();
+        let mut fn_positions = std::collections::BTreeMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let trimmed = line.trim_start();
+            if let Some(rest) = trimmed
+                .strip_prefix("fn ")
+                .or_else(|| trimmed.strip_prefix("private fn "))
+            {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let col = (line.len() - trimmed.len()) as u32 + 1;
+                fn_positions.entry(name).or_insert(Pos {
+                    line: i as u32 + 1,
+                    col,
+                });
+            }
+        }
         Ok(Script {
             file: file.to_string(),
             ast,
             functions,
+            fn_positions,
             origin: FILE_START,
         })
     }
 
     /// Compile an expression found at `origin` in `file`. `functions`, when
     /// given, is a script whose functions the expression may call.
-    pub fn compile_expr(&self, file: &str, text: &str, origin: Pos, functions: Option<&AST>) -> Result<Expr, ScriptError> {
+    pub fn compile_expr(
+        &self,
+        file: &str,
+        text: &str,
+        origin: Pos,
+        functions: Option<&AST>,
+    ) -> Result<Expr, ScriptError> {
         let mut scope = Scope::new();
         for name in EXPR_VARIABLES {
             scope.push_dynamic(*name, Dynamic::UNIT);
@@ -202,11 +227,27 @@ impl ScriptEngine {
         let mut scope = Scope::new();
         let options = CallFnOptions::new().eval_ast(false).rewind_scope(true);
         self.with_budget(|| {
-            self.engine
-                .call_fn_with_options::<Dynamic>(options, &mut scope, &script.ast, name, args)
+            self.engine.call_fn_with_options::<Dynamic>(
+                options,
+                &mut scope,
+                &script.ast,
+                name,
+                args,
+            )
         })
         .map_err(|e| {
-            ScriptError::from_eval(&script.file, &e, script.origin, self.limits.wall_time.as_millis())
+            let mut err = ScriptError::from_eval(
+                &script.file,
+                &e,
+                script.origin,
+                self.limits.wall_time.as_millis(),
+            );
+            // Limits can trip where Rhai keeps no position: name the function.
+            if err.pos.is_none() {
+                err.pos = script.fn_pos(name);
+                err.message = format!("{} (in fn {name})", err.message);
+            }
+            err
         })
     }
 
@@ -214,7 +255,12 @@ impl ScriptEngine {
     pub fn eval(&self, expr: &Expr, scope: &mut Scope) -> Result<Dynamic, ScriptError> {
         self.with_budget(|| self.engine.eval_ast_with_scope::<Dynamic>(scope, &expr.ast))
             .map_err(|e| {
-                ScriptError::from_eval(&expr.file, &e, expr.origin, self.limits.wall_time.as_millis())
+                ScriptError::from_eval(
+                    &expr.file,
+                    &e,
+                    expr.origin,
+                    self.limits.wall_time.as_millis(),
+                )
             })
     }
 

@@ -1,168 +1,240 @@
 //! Helpers every script and expression can call: readiness of common kinds,
 //! Job outcomes, termination messages, JSON, durations, revisions, hashes.
+//! They read JSON directly, so a cached object is never copied for them.
 
-use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, Map, NativeCallContext};
+use rhai::{Dynamic, Engine, EvalAltResult, INT, Map, NativeCallContext};
+use serde_json::Value;
 
 use super::convert::{to_dynamic, to_json};
+use super::obj::with_json;
 
 type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
 
-/// Follow a path of map keys.
-pub fn path(d: &Dynamic, keys: &[&str]) -> Option<Dynamic> {
-    let mut cur = d.clone();
-    for key in keys {
-        let next = {
-            let map = cur.read_lock::<Map>()?;
-            map.get(*key)?.clone()
-        };
-        cur = next;
-    }
-    if cur.is_unit() { None } else { Some(cur) }
+/// Follow a path of keys (cheaper than `Value::pointer`, which allocates).
+fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, k| v.get(*k))
 }
 
-fn path_str(d: &Dynamic, keys: &[&str]) -> Option<String> {
-    path(d, keys).and_then(|v| v.into_string().ok())
+fn int(v: &Value, path: &[&str]) -> Option<i64> {
+    let x = at(v, path)?;
+    x.as_i64().or_else(|| x.as_f64().map(|f| f as i64))
 }
 
-fn path_int(d: &Dynamic, keys: &[&str]) -> Option<INT> {
-    let v = path(d, keys)?;
-    v.as_int().ok().or_else(|| v.as_float().ok().map(|f| f as INT))
-}
-
-fn conditions(d: &Dynamic) -> Vec<Dynamic> {
-    path(d, &["status", "conditions"])
-        .and_then(|c| c.try_cast::<Array>())
-        .unwrap_or_default()
+fn conditions(v: &Value) -> impl Iterator<Item = &Value> {
+    at(v, &["status", "conditions"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
 }
 
 /// Whether a condition of this type has this status.
-pub fn condition_is(d: &Dynamic, type_: &str, status: &str) -> bool {
-    conditions(d).iter().any(|c| {
-        path_str(c, &["type"]).as_deref() == Some(type_)
-            && path_str(c, &["status"]).as_deref() == Some(status)
-    })
+pub fn condition_is(v: &Value, type_: &str, status: &str) -> bool {
+    conditions(v).any(|c| c["type"] == type_ && c["status"] == status)
 }
 
-pub fn job_succeeded(job: &Dynamic) -> bool {
+pub fn job_failed(job: &Value) -> bool {
+    condition_is(job, "Failed", "True") || condition_is(job, "FailureTarget", "True")
+}
+
+pub fn job_succeeded(job: &Value) -> bool {
     if condition_is(job, "Complete", "True") || condition_is(job, "SuccessCriteriaMet", "True") {
         return true;
     }
-    let completions = path_int(job, &["spec", "completions"]).unwrap_or(1);
-    path_int(job, &["status", "succeeded"]).unwrap_or(0) >= completions.max(1)
-        && !job_failed(job)
-}
-
-pub fn job_failed(job: &Dynamic) -> bool {
-    condition_is(job, "Failed", "True") || condition_is(job, "FailureTarget", "True")
+    let completions = int(job, &["spec", "completions"]).unwrap_or(1).max(1);
+    int(job, &["status", "succeeded"]).unwrap_or(0) >= completions && !job_failed(job)
 }
 
 /// Readiness by kind: Pods by their Ready condition, Deployments and
 /// StatefulSets by available/ready replicas at the current generation, Jobs
-/// by completion, VolumeSnapshots by readyToUse, anything else by a Ready
-/// condition.
-pub fn is_ready(obj: &Dynamic) -> bool {
-    if obj.is_unit() {
+/// by completion, VolumeSnapshots by readyToUse, PVCs by Bound, anything
+/// else by a Ready condition.
+pub fn is_ready(obj: &Value) -> bool {
+    if !obj.is_object() {
         return false;
     }
-    let kind = path_str(obj, &["kind"]).unwrap_or_default();
     let generation_seen = || {
-        let generation = path_int(obj, &["metadata", "generation"]).unwrap_or(0);
-        path_int(obj, &["status", "observedGeneration"]).unwrap_or(0) >= generation
+        int(obj, &["status", "observedGeneration"]).unwrap_or(0)
+            >= int(obj, &["metadata", "generation"]).unwrap_or(0)
     };
-    match kind.as_str() {
+    let want = || int(obj, &["spec", "replicas"]).unwrap_or(1);
+    match obj["kind"].as_str().unwrap_or("") {
         "Pod" => condition_is(obj, "Ready", "True"),
         "Deployment" => {
-            let want = path_int(obj, &["spec", "replicas"]).unwrap_or(1);
             generation_seen()
-                && path_int(obj, &["status", "updatedReplicas"]).unwrap_or(0) >= want
-                && path_int(obj, &["status", "availableReplicas"]).unwrap_or(0) >= want
+                && int(obj, &["status", "updatedReplicas"]).unwrap_or(0) >= want()
+                && int(obj, &["status", "availableReplicas"]).unwrap_or(0) >= want()
         }
         "StatefulSet" | "ReplicaSet" => {
-            let want = path_int(obj, &["spec", "replicas"]).unwrap_or(1);
-            generation_seen() && path_int(obj, &["status", "readyReplicas"]).unwrap_or(0) >= want
+            generation_seen() && int(obj, &["status", "readyReplicas"]).unwrap_or(0) >= want()
         }
         "Job" => job_succeeded(obj),
-        "VolumeSnapshot" => path(obj, &["status", "readyToUse"])
-            .and_then(|v| v.as_bool().ok())
+        "VolumeSnapshot" => at(obj, &["status", "readyToUse"])
+            .and_then(Value::as_bool)
             .unwrap_or(false),
-        "PersistentVolumeClaim" => path_str(obj, &["status", "phase"]).as_deref() == Some("Bound"),
+        "PersistentVolumeClaim" => {
+            at(obj, &["status", "phase"]).and_then(Value::as_str) == Some("Bound")
+        }
         _ => condition_is(obj, "Ready", "True"),
     }
 }
 
 /// The first non-empty termination message of a pod's containers.
-pub fn termination_message(pod: &Dynamic) -> Option<String> {
-    let statuses = path(pod, &["status", "containerStatuses"])?.try_cast::<Array>()?;
+pub fn termination_message(pod: &Value) -> Option<String> {
+    let statuses = at(pod, &["status", "containerStatuses"]).and_then(Value::as_array)?;
     for state in ["state", "lastState"] {
-        for cs in &statuses {
-            if let Some(msg) = path_str(cs, &[state, "terminated", "message"])
+        for cs in statuses {
+            if let Some(msg) = at(cs, &[state, "terminated", "message"]).and_then(Value::as_str)
                 && !msg.trim().is_empty()
             {
-                return Some(msg);
+                return Some(msg.to_string());
             }
         }
     }
     None
 }
 
+pub fn revision_of(obj: &Value) -> Option<i64> {
+    at(
+        obj,
+        &[
+            "metadata",
+            "annotations",
+            "deployment.kubernetes.io/revision",
+        ],
+    )
+    .and_then(Value::as_str)
+    .and_then(|r| r.parse().ok())
+}
+
 fn runtime<T>(ctx: &NativeCallContext, message: String) -> RhaiResult<T> {
-    Err(Box::new(EvalAltResult::ErrorRuntime(message.into(), ctx.call_position())))
+    Err(Box::new(EvalAltResult::ErrorRuntime(
+        message.into(),
+        ctx.call_position(),
+    )))
+}
+
+/// Apply `f` to the JSON of an object argument; `()` gives `default`.
+fn on<R>(
+    ctx: &NativeCallContext,
+    d: &Dynamic,
+    default: R,
+    f: impl FnOnce(&Value) -> R,
+) -> RhaiResult<R> {
+    if d.is_unit() {
+        return Ok(default);
+    }
+    match with_json(d, f) {
+        Ok(r) => Ok(r),
+        Err(e) => runtime(ctx, format!("{}: {e}", ctx.fn_name())),
+    }
 }
 
 /// Register the helpers.
 pub fn register(engine: &mut Engine) {
-    engine.register_fn("is_ready", |obj: Dynamic| is_ready(&obj));
-    engine.register_fn("job_succeeded", |obj: Dynamic| job_succeeded(&obj));
-    engine.register_fn("job_failed", |obj: Dynamic| job_failed(&obj));
-    engine.register_fn("condition_is", |obj: Dynamic, t: &str, s: &str| condition_is(&obj, t, s));
-    engine.register_fn("termination_message", |pod: Dynamic| -> Dynamic {
-        termination_message(&pod).map(Dynamic::from).unwrap_or(Dynamic::UNIT)
+    engine.register_fn("is_ready", |c: NativeCallContext, obj: Dynamic| {
+        on(&c, &obj, false, is_ready)
     });
-    engine.register_fn("parse_json", |ctx: NativeCallContext, text: &str| -> RhaiResult<Dynamic> {
-        match serde_json::from_str::<serde_json::Value>(text) {
-            Ok(v) => Ok(to_dynamic(&v)),
-            Err(e) => runtime(&ctx, format!("parse_json: not JSON ({e}): {:?}", truncate(text, 80))),
-        }
+    engine.register_fn("job_succeeded", |c: NativeCallContext, obj: Dynamic| {
+        on(&c, &obj, false, job_succeeded)
     });
-    engine.register_fn("to_json", |ctx: NativeCallContext, v: Dynamic| -> RhaiResult<String> {
-        match to_json(&v, "value") {
-            Ok(j) => Ok(j.to_string()),
-            Err(e) => runtime(&ctx, format!("to_json: {e}")),
-        }
+    engine.register_fn("job_failed", |c: NativeCallContext, obj: Dynamic| {
+        on(&c, &obj, false, job_failed)
     });
-    engine.register_fn("duration", |ctx: NativeCallContext, text: &str| -> RhaiResult<INT> {
-        match crate::util::time::parse_duration_ms(text) {
-            Ok(ms) => Ok(ms / 1000),
-            Err(e) => runtime(&ctx, e),
-        }
+    engine.register_fn(
+        "condition_is",
+        |c: NativeCallContext, obj: Dynamic, t: &str, s: &str| {
+            on(&c, &obj, false, |v| condition_is(v, t, s))
+        },
+    );
+    engine.register_fn(
+        "all_ready",
+        |c: NativeCallContext, objs: rhai::Array| -> RhaiResult<bool> {
+            if objs.is_empty() {
+                return Ok(false);
+            }
+            for o in &objs {
+                if !on(&c, o, false, is_ready)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    );
+    engine.register_fn(
+        "termination_message",
+        |c: NativeCallContext, pod: Dynamic| -> RhaiResult<Dynamic> {
+            Ok(on(&c, &pod, None, termination_message)?
+                .map(Dynamic::from)
+                .unwrap_or(Dynamic::UNIT))
+        },
+    );
+    engine.register_fn(
+        "revision_of",
+        |c: NativeCallContext, obj: Dynamic| -> RhaiResult<Dynamic> {
+            Ok(on(&c, &obj, None, revision_of)?
+                .map(Dynamic::from_int)
+                .unwrap_or(Dynamic::UNIT))
+        },
+    );
+    engine.register_fn(
+        "parse_json",
+        |ctx: NativeCallContext, text: &str| -> RhaiResult<Dynamic> {
+            match serde_json::from_str::<Value>(text) {
+                Ok(v) => Ok(to_dynamic(&v)),
+                Err(e) => runtime(
+                    &ctx,
+                    format!("parse_json: not JSON ({e}): {:?}", truncate(text, 80)),
+                ),
+            }
+        },
+    );
+    engine.register_fn(
+        "to_json",
+        |ctx: NativeCallContext, v: Dynamic| -> RhaiResult<String> {
+            match to_json(&v, "value") {
+                Ok(j) => Ok(j.to_string()),
+                Err(e) => runtime(&ctx, format!("to_json: {e}")),
+            }
+        },
+    );
+    engine.register_fn(
+        "duration",
+        |ctx: NativeCallContext, text: &str| -> RhaiResult<INT> {
+            match crate::util::time::parse_duration_ms(text) {
+                Ok(ms) => Ok(ms / 1000),
+                Err(e) => runtime(&ctx, e),
+            }
+        },
+    );
+    engine.register_fn(
+        "hash",
+        |ctx: NativeCallContext, v: Dynamic| -> RhaiResult<String> {
+            match to_json(&v, "value") {
+                Ok(j) => Ok(crate::util::hash::json_hash(&j, 10)),
+                Err(e) => runtime(&ctx, format!("hash: {e}")),
+            }
+        },
+    );
+    engine.register_fn("format_time", |secs: INT| {
+        crate::util::time::format_secs(secs)
     });
-    engine.register_fn("revision_of", |obj: Dynamic| -> Dynamic {
-        path_str(&obj, &["metadata", "annotations", "deployment.kubernetes.io/revision"])
-            .and_then(|r| r.parse::<INT>().ok())
-            .map(Dynamic::from_int)
-            .unwrap_or(Dynamic::UNIT)
-    });
-    engine.register_fn("hash", |ctx: NativeCallContext, v: Dynamic| -> RhaiResult<String> {
-        match to_json(&v, "value") {
-            Ok(j) => Ok(crate::util::hash::json_hash(&j, 10)),
-            Err(e) => runtime(&ctx, format!("hash: {e}")),
-        }
-    });
-    engine.register_fn("format_time", |secs: INT| crate::util::time::format_secs(secs));
     engine.register_fn("parse_time", |text: &str| -> Dynamic {
         crate::util::time::parse(text)
             .map(|t| Dynamic::from_int(t.as_second()))
             .unwrap_or(Dynamic::UNIT)
     });
-    engine.register_fn("labels_match", |obj: Dynamic, selector: Map| -> bool {
-        let labels = path(&obj, &["metadata", "labels"]);
-        selector.iter().all(|(k, v)| {
-            labels
-                .as_ref()
-                .and_then(|l| path_str(l, &[k.as_str()]))
-                .is_some_and(|have| have == v.to_string())
-        })
-    });
+    engine.register_fn("parse_time", |_: ()| Dynamic::UNIT);
+    engine.register_fn(
+        "labels_match",
+        |c: NativeCallContext, obj: Dynamic, selector: Map| {
+            on(&c, &obj, false, |v| {
+                selector.iter().all(|(k, want)| {
+                    at(v, &["metadata", "labels", k.as_str()]).and_then(Value::as_str)
+                        == Some(want.to_string().as_str())
+                })
+            })
+        },
+    );
 }
 
 fn truncate(text: &str, max: usize) -> String {

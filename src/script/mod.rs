@@ -10,10 +10,12 @@ pub mod ctx;
 pub mod engine;
 pub mod error;
 pub mod helpers;
+pub mod obj;
 pub mod template;
 
 pub use action::{Action, ActionValue};
 pub use ctx::{Ctx, CtxData};
 pub use engine::{Expr, Script, ScriptEngine, ScriptLimits};
 pub use error::{ScriptError, ScriptErrorKind};
+pub use obj::Obj;
 pub use template::Template;

@@ -42,7 +42,10 @@ pub enum Part {
 
 /// Column offset of a scalar's content: 1 when the scalar is quoted.
 fn quote_offset(source: &str, pos: Pos) -> u32 {
-    let line = source.lines().nth(pos.line.saturating_sub(1) as usize).unwrap_or("");
+    let line = source
+        .lines()
+        .nth(pos.line.saturating_sub(1) as usize)
+        .unwrap_or("");
     match line.chars().nth(pos.col.saturating_sub(1) as usize) {
         Some('\'') | Some('"') => 1,
         _ => 0,
@@ -52,7 +55,13 @@ fn quote_offset(source: &str, pos: Pos) -> u32 {
 impl Template {
     /// Compile a positioned YAML tree. `source` is the file's text, used to
     /// place errors exactly.
-    pub fn compile(engine: &ScriptEngine, file: &str, source: &str, node: &Node, functions: Option<&rhai::AST>) -> Result<Self, ScriptError> {
+    pub fn compile(
+        engine: &ScriptEngine,
+        file: &str,
+        source: &str,
+        node: &Node,
+        functions: Option<&rhai::AST>,
+    ) -> Result<Self, ScriptError> {
         Ok(match &node.value {
             NodeValue::Null => Template::Lit(Value::Null),
             NodeValue::Bool(b) => Template::Lit(Value::Bool(*b)),
@@ -61,8 +70,17 @@ impl Template {
                 let trimmed = s.trim();
                 if trimmed.len() >= 2 && trimmed.starts_with('`') && trimmed.ends_with('`') {
                     let content_col = node.pos.col + quote_offset(source, node.pos) + 1;
-                    let origin = Pos { line: node.pos.line, col: content_col };
-                    compile_interp(engine, file, &trimmed[1..trimmed.len() - 1], origin, functions)?
+                    let origin = Pos {
+                        line: node.pos.line,
+                        col: content_col,
+                    };
+                    compile_interp(
+                        engine,
+                        file,
+                        &trimmed[1..trimmed.len() - 1],
+                        origin,
+                        functions,
+                    )?
                 } else {
                     Template::Lit(Value::String(s.clone()))
                 }
@@ -76,7 +94,12 @@ impl Template {
             NodeValue::Map(entries) => Template::Map(
                 entries
                     .iter()
-                    .map(|(k, n)| Ok((k.clone(), Template::compile(engine, file, source, n, functions)?)))
+                    .map(|(k, n)| {
+                        Ok((
+                            k.clone(),
+                            Template::compile(engine, file, source, n, functions)?,
+                        ))
+                    })
                     .collect::<Result<_, ScriptError>>()?,
             ),
         })
@@ -129,7 +152,16 @@ impl Template {
                 Value::Object(out)
             }
             Template::Interp { parts, typed, .. } => {
-                if *typed && let [Part::Expr { expr, text, pos, optional }] = parts.as_slice() {
+                if *typed
+                    && let [
+                        Part::Expr {
+                            expr,
+                            text,
+                            pos,
+                            optional,
+                        },
+                    ] = parts.as_slice()
+                {
                     let v = engine.eval(expr, scope)?;
                     if v.is_unit() && *optional {
                         return Ok(Value::Null);
@@ -146,7 +178,9 @@ impl Template {
                 for part in parts {
                     match part {
                         Part::Lit(s) => out.push_str(s),
-                        Part::Expr { expr, text, pos, .. } => {
+                        Part::Expr {
+                            expr, text, pos, ..
+                        } => {
                             let v = check_present(engine.eval(expr, scope)?, expr, text, *pos)?;
                             out.push_str(&display(&v));
                         }
@@ -164,7 +198,9 @@ fn check_present(v: Dynamic, expr: &Expr, text: &str, pos: Pos) -> Result<Dynami
             file: expr.file.clone(),
             pos: Some(pos),
             kind: ScriptErrorKind::Runtime,
-            message: format!("`${{{text}}}` has no value: a missing field? (write `?? default` where a value may be absent)"),
+            message: format!(
+                "`${{{text}}}` has no value: a missing field? (write `?? default` where a value may be absent)"
+            ),
         });
     }
     Ok(v)
@@ -175,14 +211,22 @@ fn display(v: &Dynamic) -> String {
         return v.clone().into_string().unwrap_or_default();
     }
     if v.is_map() || v.is_array() {
-        return to_json(v, "value").map(|j| j.to_string()).unwrap_or_else(|_| v.to_string());
+        return to_json(v, "value")
+            .map(|j| j.to_string())
+            .unwrap_or_else(|_| v.to_string());
     }
     v.to_string()
 }
 
 /// Split `text` (the inside of the backticks) into literal parts and
 /// `${...}` expressions, compiling each expression at its own position.
-fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos, functions: Option<&rhai::AST>) -> Result<Template, ScriptError> {
+fn compile_interp(
+    engine: &ScriptEngine,
+    file: &str,
+    text: &str,
+    origin: Pos,
+    functions: Option<&rhai::AST>,
+) -> Result<Template, ScriptError> {
     let mut parts = Vec::new();
     let mut lit = String::new();
     let chars: Vec<char> = text.chars().collect();
@@ -212,11 +256,17 @@ fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos, fu
                 }
                 j += 1;
             }
-            let pos = Pos { line: origin.line, col: origin.col + start as u32 };
+            let pos = Pos {
+                line: origin.line,
+                col: origin.col + start as u32,
+            };
             if depth != 0 {
                 return Err(ScriptError {
                     file: file.to_string(),
-                    pos: Some(Pos { line: origin.line, col: origin.col + i as u32 }),
+                    pos: Some(Pos {
+                        line: origin.line,
+                        col: origin.col + i as u32,
+                    }),
                     kind: ScriptErrorKind::Syntax,
                     message: "unclosed `${` in template string".into(),
                 });
@@ -234,8 +284,14 @@ fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos, fu
                 parts.push(Part::Lit(std::mem::take(&mut lit)));
             }
             let expr = engine.compile_expr(file, &expr_text, pos, functions)?;
-            let optional = expr_text.contains("??") || expr_text.contains("?.") || expr_text.contains("?[");
-            parts.push(Part::Expr { expr: Box::new(expr), text: expr_text.trim().to_string(), pos, optional });
+            let optional =
+                expr_text.contains("??") || expr_text.contains("?.") || expr_text.contains("?[");
+            parts.push(Part::Expr {
+                expr: Box::new(expr),
+                text: expr_text.trim().to_string(),
+                pos,
+                optional,
+            });
             i = j + 1;
         } else {
             lit.push(chars[i]);
@@ -246,7 +302,11 @@ fn compile_interp(engine: &ScriptEngine, file: &str, text: &str, origin: Pos, fu
         parts.push(Part::Lit(lit));
     }
     let typed = matches!(parts.as_slice(), [Part::Expr { .. }]);
-    Ok(Template::Interp { parts, typed, pos: origin })
+    Ok(Template::Interp {
+        parts,
+        typed,
+        pos: origin,
+    })
 }
 
 /// A scope with the variables templates and expressions may use.

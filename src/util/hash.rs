@@ -20,6 +20,65 @@ pub fn json_hash(value: &serde_json::Value, len: usize) -> String {
     short_hex(&text, len)
 }
 
+/// FNV-1a as a `Hasher`: stable across releases and platforms, so hashes
+/// written into status stay comparable after an upgrade.
+pub struct Fnv64(u64);
+
+impl Default for Fnv64 {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv64 {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Feed a JSON value into a hasher without serialising it. Object keys come
+/// in sorted order (serde_json's map is ordered), so equal values hash equal.
+pub fn hash_value(v: &serde_json::Value, h: &mut impl std::hash::Hasher) {
+    use serde_json::Value;
+    match v {
+        Value::Null => h.write_u8(0),
+        Value::Bool(b) => h.write_u8(if *b { 2 } else { 1 }),
+        Value::Number(n) => {
+            h.write_u8(3);
+            match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => h.write_i64(i),
+                (None, Some(f)) => h.write_u64(f.to_bits()),
+                (None, None) => h.write(n.to_string().as_bytes()),
+            }
+        }
+        Value::String(s) => {
+            h.write_u8(4);
+            h.write_usize(s.len());
+            h.write(s.as_bytes());
+        }
+        Value::Array(items) => {
+            h.write_u8(5);
+            h.write_usize(items.len());
+            items.iter().for_each(|i| hash_value(i, h));
+        }
+        Value::Object(map) => {
+            h.write_u8(6);
+            h.write_usize(map.len());
+            for (k, v) in map {
+                h.write_usize(k.len());
+                h.write(k.as_bytes());
+                hash_value(v, h);
+            }
+        }
+    }
+}
+
 /// A 64-bit FNV-1a hash, for cheap non-cryptographic uses (jitter, shards).
 pub fn fnv64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

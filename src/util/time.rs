@@ -28,7 +28,9 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
         return Err("empty duration".into());
     }
     if let Ok(n) = t.parse::<i64>() {
-        return n.checked_mul(1000).ok_or_else(|| format!("duration {t:?} is too large"));
+        return n
+            .checked_mul(1000)
+            .ok_or_else(|| format!("duration {t:?} is too large"));
     }
     let mut total: i64 = 0;
     let mut num = String::new();
@@ -49,7 +51,11 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
             'h' => 3_600_000,
             'd' => 86_400_000,
             'w' => 7 * 86_400_000,
-            _ => return Err(format!("duration {t:?}: unknown unit {c:?} (use ms, s, m, h, d, w)")),
+            _ => {
+                return Err(format!(
+                    "duration {t:?}: unknown unit {c:?} (use ms, s, m, h, d, w)"
+                ));
+            }
         };
         if num.is_empty() {
             return Err(format!("duration {t:?}: a unit needs a number before it"));

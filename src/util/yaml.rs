@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// Where something is in a source text (1-based).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,7 +60,9 @@ fn convert(err: &serde_saphyr::Error, path: String) -> YamlError {
     let message = match rendered.find(": ") {
         Some(i) if rendered.starts_with("error: line ") => {
             let rest = &rendered[i + 2..];
-            rest.strip_prefix(|_: char| false).unwrap_or(rest).to_string()
+            rest.strip_prefix(|_: char| false)
+                .unwrap_or(rest)
+                .to_string()
         }
         _ => rendered.clone(),
     };
@@ -76,6 +78,11 @@ fn convert(err: &serde_saphyr::Error, path: String) -> YamlError {
 }
 
 fn strip_line_column(message: &str) -> String {
+    // serde appends " at line L, column C" to some messages; the position is ours to print.
+    let message = match message.rfind(" at line ") {
+        Some(i) if message[i..].contains(", column ") => &message[..i],
+        _ => message,
+    };
     // "line 4 column 5: missing field `kind`" -> "missing field `kind`"
     if let Some(rest) = message.strip_prefix("line ")
         && let Some(i) = rest.find(": ")
@@ -403,7 +410,9 @@ mod split_tests {
         let text = "a: 1\n---\n# comment only\n---\nb: 2\nc: 3\n";
         let docs = split_documents(text);
         assert_eq!(docs, vec![(0, "a: 1\n"), (4, "b: 2\nc: 3\n")]);
-        let err = parse::<std::collections::BTreeMap<String, String>>("b: [1\n").unwrap_err().offset(4);
+        let err = parse::<std::collections::BTreeMap<String, String>>("b: [1\n")
+            .unwrap_err()
+            .offset(4);
         assert_eq!(err.pos.line, 5);
     }
 }

@@ -38,7 +38,10 @@ impl World {
         let engine = ScriptEngine::default();
         let bundle = Bundle::new(
             policy::Origin::Inline("test".into()),
-            files.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            files
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         );
         let (set, errors) = policy::load(&engine, &[bundle]);
         assert!(errors.is_empty(), "test policies must load: {errors:?}");
@@ -63,8 +66,16 @@ impl World {
         self.view.insert(v)
     }
 
-    pub fn try_decide(&self, policy: &str, target: &Value) -> Result<Decision, decide::DecideError> {
-        let p = self.set.policies.get(policy).unwrap_or_else(|| panic!("no policy {policy}"));
+    pub fn try_decide(
+        &self,
+        policy: &str,
+        target: &Value,
+    ) -> Result<Decision, decide::DecideError> {
+        let p = self
+            .set
+            .policies
+            .get(policy)
+            .unwrap_or_else(|| panic!("no policy {policy}"));
         let observed = Observed {
             target: CachedObject::new(target.clone()),
             view: self.view.clone(),
@@ -74,7 +85,8 @@ impl World {
     }
 
     pub fn decide(&self, policy: &str, target: &Value) -> Decision {
-        self.try_decide(policy, target).unwrap_or_else(|e| panic!("decide failed: {e}"))
+        self.try_decide(policy, target)
+            .unwrap_or_else(|e| panic!("decide failed: {e}"))
     }
 }
 
@@ -119,7 +131,10 @@ pub fn rollbacks(d: &Decision) -> Vec<(String, Option<i64>)> {
     d.actions
         .iter()
         .filter_map(|p| match &p.action {
-            Action::Rollback { deployment, revision } => Some((deployment.clone(), *revision)),
+            Action::Rollback {
+                deployment,
+                revision,
+            } => Some((deployment.clone(), *revision)),
             _ => None,
         })
         .collect()
@@ -127,9 +142,12 @@ pub fn rollbacks(d: &Decision) -> Vec<(String, Option<i64>)> {
 
 pub fn condition<'a>(d: &'a Decision, type_: &str) -> Option<(&'a str, &'a str, &'a str)> {
     d.actions.iter().rev().find_map(|p| match &p.action {
-        Action::Condition { type_: t, status, reason, message } if t == type_ => {
-            Some((status.as_str(), reason.as_str(), message.as_str()))
-        }
+        Action::Condition {
+            type_: t,
+            status,
+            reason,
+            message,
+        } if t == type_ => Some((status.as_str(), reason.as_str(), message.as_str())),
         _ => None,
     })
 }

@@ -1,0 +1,50 @@
+//! Benchmarks shared by `cargo bench` and `runbook bench`: each returns
+//! measured figures; nothing here is typed in by hand.
+
+pub mod decision;
+pub mod native;
+
+use std::time::{Duration, Instant};
+
+/// Summary of repeated timings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    pub samples: usize,
+    pub median: Duration,
+    pub p99: Duration,
+    pub mean: Duration,
+}
+
+impl Stats {
+    pub fn from_samples(mut samples: Vec<Duration>) -> Self {
+        assert!(!samples.is_empty(), "no samples");
+        samples.sort();
+        let n = samples.len();
+        let total: Duration = samples.iter().sum();
+        Self {
+            samples: n,
+            median: samples[n / 2],
+            p99: samples[((n * 99) / 100).min(n - 1)],
+            mean: total / n as u32,
+        }
+    }
+}
+
+/// Time `f` `iters` times after `warmup` untimed calls.
+pub fn measure<T>(warmup: usize, iters: usize, mut f: impl FnMut() -> T) -> Stats {
+    for _ in 0..warmup {
+        std::hint::black_box(f());
+    }
+    let mut samples = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = Instant::now();
+        std::hint::black_box(f());
+        samples.push(start.elapsed());
+    }
+    Stats::from_samples(samples)
+}
+
+/// Microseconds with two decimals.
+pub fn us(d: Duration) -> f64 {
+    (d.as_nanos() as f64 / 10.0).round() / 100.0
+}

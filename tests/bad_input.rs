@@ -1,0 +1,281 @@
+//! Bad input ends in a clear error naming the file and position: never a
+//! panic, never a hang.
+
+mod common;
+
+use common::*;
+use runbook::fixtures::{deployment, evaluator};
+use runbook::policy::{self, Bundle, Origin};
+use runbook::script::{ScriptEngine, ScriptErrorKind};
+
+fn load_errors(files: &[(&str, &str)]) -> Vec<String> {
+    let engine = ScriptEngine::default();
+    let bundle = Bundle::new(
+        Origin::Dir("pol".into()),
+        files
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    let (_, errors) = policy::load(&engine, &[bundle]);
+    errors.iter().map(|e| e.to_string()).collect()
+}
+
+const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\n";
+
+fn script_policy(extra: &str) -> String {
+    format!(
+        "{HEAD}spec:\n  target: {{apiVersion: runbook.dev/v1alpha1, kind: Evaluator}}\n  owns: [{{apiVersion: batch/v1, kind: Job}}]\n  script: p.rhai\n{extra}"
+    )
+}
+
+#[test]
+fn malformed_yaml_names_file_line_and_column() {
+    let errs = load_errors(&[(
+        "p.yaml",
+        &format!("{HEAD}spec:\n  target: {{apiVersion: v1, kind: X\n  script: p.rhai\n"),
+    )]);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("pol/p.yaml:6:"), "{}", errs[0]);
+}
+
+#[test]
+fn a_missing_field_names_its_path() {
+    let errs = load_errors(&[(
+        "p.yaml",
+        &format!("{HEAD}spec:\n  target:\n    apiVersion: v1\n  script: p.rhai\n"),
+    )]);
+    assert_eq!(errs, ["pol/p.yaml:6:5: spec.target: missing field `kind`"]);
+}
+
+#[test]
+fn a_wrong_type_names_the_field() {
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("  priority: high\n")),
+        ("p.rhai", "fn reconcile(ctx) { [] }"),
+    ]);
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].starts_with("pol/p.yaml:8:13: spec.priority:"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[test]
+fn an_unknown_field_is_an_error_not_silence() {
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("  shedule: {cron: '@hourly'}\n")),
+        ("p.rhai", "fn reconcile(ctx) { [] }"),
+    ]);
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].starts_with("pol/p.yaml:8:3:") && errs[0].contains("unknown field `shedule`"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[test]
+fn a_missing_script_points_at_the_reference() {
+    let errs = load_errors(&[("p.yaml", &script_policy(""))]);
+    assert_eq!(
+        errs,
+        ["pol/p.yaml:7:11: spec.script: \"p.rhai\" is not in this bundle"]
+    );
+}
+
+#[test]
+fn a_script_syntax_error_names_script_line_and_column() {
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("")),
+        ("p.rhai", "fn reconcile(ctx) {\n  let x = ;\n}\n"),
+    ]);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("pol/p.rhai:2:11:"), "{}", errs[0]);
+}
+
+#[test]
+fn an_undefined_variable_is_caught_when_the_policy_loads() {
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("")),
+        (
+            "p.rhai",
+            "fn reconcile(ctx) {\n  [status(#{ phase: phsae })]\n}\n",
+        ),
+    ]);
+    assert!(
+        errs[0].starts_with("pol/p.rhai:2:21:") && errs[0].contains("phsae"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn a_bad_schedule_and_a_bad_limit_are_load_errors() {
+    let errs = load_errors(&[
+        (
+            "p.yaml",
+            &script_policy("  schedule: {cron: '61 * * * *'}\n  limits: {rollback: 'once/6h'}\n"),
+        ),
+        ("p.rhai", "fn reconcile(ctx) { [] }"),
+    ]);
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("pol/p.yaml:8:") && e.contains("spec.schedule"))
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("pol/p.yaml:9:") && e.contains("spec.limits.rollback"))
+    );
+}
+
+#[test]
+fn a_step_template_of_an_undeclared_kind_is_refused_at_load() {
+    let policy = format!(
+        "{HEAD}spec:\n  target: {{apiVersion: runbook.dev/v1alpha1, kind: DatabaseBackup}}\n  owns: [{{apiVersion: batch/v1, kind: Job}}]\n  steps:\n    - name: leak\n      apply: {{template: secret.yaml}}\n"
+    );
+    let errs = load_errors(&[
+        ("p.yaml", &policy),
+        (
+            "secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: '`${resource.metadata.name}`'\n",
+        ),
+    ]);
+    assert_eq!(
+        errs,
+        [
+            "pol/secret.yaml:2:7: step leak applies v1 Secret, which the policy does not declare in owns"
+        ]
+    );
+}
+
+#[test]
+fn a_template_syntax_error_points_into_the_template() {
+    let policy = format!(
+        "{HEAD}spec:\n  target: {{apiVersion: runbook.dev/v1alpha1, kind: DatabaseBackup}}\n  owns: [{{apiVersion: batch/v1, kind: Job}}]\n  steps:\n    - name: dump\n      apply: {{template: job.yaml}}\n"
+    );
+    let errs = load_errors(&[
+        ("p.yaml", &policy),
+        (
+            "job.yaml",
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: '`${resource.metadata.name + }-dump`'\n",
+        ),
+    ]);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("pol/job.yaml:4:"), "{}", errs[0]);
+}
+
+// Runtime failures: the policy loads, the decision fails with a position.
+
+fn runtime_world(script: &str) -> World {
+    let yaml = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  owns: [{apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  script: p.rhai\n";
+    World::from_files(&[("p.yaml", yaml), ("p.rhai", script)])
+}
+
+fn runtime_error(script: &str) -> runbook::script::ScriptError {
+    let w = runtime_world(script);
+    w.add(deployment("chatbot", 1));
+    match w.try_decide("p", &evaluator("chatbot", "chatbot", 0.9)) {
+        Err(runbook::decide::DecideError::Script(e)) => e,
+        other => panic!("expected a script error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_script_that_loops_forever_is_stopped_by_its_wall_clock_budget() {
+    let e = runtime_error("fn reconcile(ctx) {\n  let n = 0;\n  loop { n += 1; }\n}\n");
+    assert_eq!(e.kind, ScriptErrorKind::Timeout, "{e}");
+    assert!(e.to_string().starts_with("test/p.rhai:1:1:"), "{e}");
+    assert!(e.message.contains("wall-clock budget of 20ms"), "{e}");
+}
+
+#[test]
+fn a_recursion_bomb_hits_the_call_depth_limit() {
+    let e = runtime_error("fn boom(n) { boom(n + 1) }\nfn reconcile(ctx) {\n  boom(0)\n}\n");
+    assert_eq!(e.kind, ScriptErrorKind::Limit, "{e}");
+    assert!(e.message.contains("nested deeper"), "{e}");
+}
+
+#[test]
+fn a_hundred_megabyte_string_hits_the_size_limit() {
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let s = \"x\";\n  while s.len() < 100000000 { s += s; }\n  []\n}\n",
+    );
+    assert_eq!(e.kind, ScriptErrorKind::Limit, "{e}");
+    assert!(e.message.contains("string"), "{e}");
+    assert!(e.to_string().starts_with("test/p.rhai:1:1:"), "{e}");
+}
+
+#[test]
+fn returning_a_number_instead_of_actions_is_an_error_at_the_function() {
+    let e = runtime_error("// header\nfn reconcile(ctx) {\n  42\n}\n");
+    assert_eq!(e.kind, ScriptErrorKind::BadResult);
+    assert_eq!(
+        e.to_string(),
+        "test/p.rhai:2:1: reconcile returned a i64 at position 0; want an array of actions such as apply(obj), status(map) or alert(map)"
+    );
+}
+
+#[test]
+fn an_unknown_action_is_an_error_naming_it_and_its_place() {
+    let e = runtime_error("fn reconcile(ctx) {\n  [frobnicate(ctx.resource)]\n}\n");
+    assert_eq!(e.kind, ScriptErrorKind::Runtime);
+    assert!(
+        e.to_string().starts_with("test/p.rhai:2:4:") && e.message.contains("frobnicate"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_action_on_an_undeclared_kind_is_refused_with_its_place() {
+    let w = runtime_world(
+        "fn reconcile(ctx) {\n  [apply(#{ apiVersion: \"v1\", kind: \"Secret\", metadata: #{ name: \"x\" } }),\n   status(#{ phase: \"ok\" })]\n}\n",
+    );
+    let d = w.decide("p", &evaluator("chatbot", "chatbot", 0.9));
+    let refused: Vec<&String> = d.refused().filter_map(|p| p.refusal.as_ref()).collect();
+    assert_eq!(
+        refused,
+        ["test/p.rhai:2:4: apply of v1 Secret refused: the policy does not declare it in owns"]
+    );
+    assert_eq!(d.allowed().count(), 1, "the status is still allowed");
+}
+
+#[test]
+fn an_action_in_another_namespace_is_refused() {
+    let w = runtime_world(
+        "fn reconcile(ctx) {\n  [apply(#{ apiVersion: \"batch/v1\", kind: \"Job\", metadata: #{ name: \"x\", namespace: \"kube-system\" } })]\n}\n",
+    );
+    let d = w.decide("p", &evaluator("chatbot", "chatbot", 0.9));
+    let r = d.refused().next().unwrap().refusal.clone().unwrap();
+    assert!(r.contains("only in its target's namespace"), "{r}");
+}
+
+#[test]
+fn reading_an_undeclared_kind_is_an_error() {
+    let e = runtime_error("fn reconcile(ctx) {\n  ctx.list(\"Secret\");\n  []\n}\n");
+    assert!(e.message.contains("kind Secret is not declared"), "{e}");
+}
+
+#[test]
+fn a_template_that_interpolates_a_missing_field_names_its_place() {
+    let policy = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  steps:\n    - name: publish\n      status:\n        url: '`s3://${resource.spec.bucket}/x`'\n";
+    let w = World::from_files(&[("p.yaml", policy)]);
+    let err = w
+        .try_decide("p", &evaluator("chatbot", "chatbot", 0.9))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "test/p.yaml:9:23: `${resource.spec.bucket}` has no value: a missing field? (write `?? default` where a value may be absent)"
+    );
+}
+
+#[test]
+fn a_runaway_script_leaves_the_engine_usable_for_the_next_call() {
+    let w = runtime_world(
+        "fn reconcile(ctx) {\n  if ctx.resource.spec.threshold > 0.5 { loop {} }\n  [status(#{ phase: \"ok\" })]\n}\n",
+    );
+    assert!(w.try_decide("p", &evaluator("a", "chatbot", 0.9)).is_err());
+    let d = w.decide("p", &evaluator("b", "chatbot", 0.1));
+    assert_eq!(status_of(&d)["phase"], "ok");
+}

@@ -1,0 +1,124 @@
+//! `runbook check`: exit 0 with a line per policy, or exit 1 with every
+//! error as file:line:col.
+
+use std::path::Path;
+use std::process::Command;
+
+fn runbook() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_runbook"))
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("runbook-check-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn the_shipped_policies_check_clean() {
+    let out = runbook()
+        .args(["check", "policies/"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in ["evaluator-drift", "backup-ordering", "aimodel-serving"] {
+        assert!(stdout.contains(&format!("ok  policy {p} ")), "{stdout}");
+    }
+    assert!(stdout.contains("ok  alert routes default"), "{stdout}");
+}
+
+#[test]
+fn a_broken_copy_fails_with_every_error_positioned() {
+    let dir = temp_dir("broken");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+        &dir,
+    );
+    // A typo in the script and a misspelt key in another policy.
+    let script = dir.join("evaluator-drift.rhai");
+    let text = std::fs::read_to_string(&script).unwrap().replacen(
+        "let revision = revision_of(dep);",
+        "let revision = revison_of(dep) +;",
+        1,
+    );
+    std::fs::write(&script, text).unwrap();
+    let policy = dir.join("aimodel-serving.yaml");
+    let text = std::fs::read_to_string(&policy).unwrap().replacen(
+        "  script: aimodel-serving.rhai",
+        "  scirpt: aimodel-serving.rhai",
+        1,
+    );
+    std::fs::write(&policy, text).unwrap();
+
+    let out = runbook().arg("check").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let rhai = format!("{}/evaluator-drift.rhai:", dir.display());
+    let yaml = format!("{}/aimodel-serving.yaml:", dir.display());
+    let positioned = |prefix: &str| {
+        lines.iter().any(|l| {
+            l.strip_prefix(prefix).is_some_and(|rest| {
+                let mut parts = rest.splitn(3, ':');
+                parts.next().unwrap().parse::<u32>().is_ok()
+                    && parts.next().unwrap().parse::<u32>().is_ok()
+            })
+        })
+    };
+    assert!(positioned(&rhai), "{stderr}");
+    assert!(
+        positioned(&yaml) && stderr.contains("unknown field `scirpt`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("errors"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_single_file_checks_only_that_file() {
+    let out = runbook()
+        .args(["check", "policies/evaluator-drift.yaml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    // evaluator-drift names the "default" routes, which live in another file.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no AlertRoutes named \"default\""),
+        "{stderr}"
+    );
+    let out = runbook()
+        .args(["check", "policies/backup-ordering.rhai"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_missing_path_is_an_error() {
+    let out = runbook().args(["check", "no/such/dir"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/dir"));
+}
