@@ -9,6 +9,7 @@
 pub mod alert;
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod crd;
 pub mod decide;
 pub mod fixtures;
@@ -17,6 +18,7 @@ pub mod labels;
 pub mod names;
 pub mod observe;
 pub mod policy;
+pub mod sandbox;
 pub mod schedule;
 pub mod script;
 pub mod util;

@@ -1,0 +1,65 @@
+//! The clock decisions and the sandbox read: the real one, or a simulated
+//! one that tests and `runbook simulate` move by hand.
+
+use std::sync::{Arc, Mutex};
+
+use jiff::{SignedDuration, Timestamp};
+
+/// A clock that is real until it is set, then manual.
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    manual: Arc<Mutex<Option<Timestamp>>>,
+}
+
+impl Clock {
+    /// The real clock.
+    pub fn real() -> Self {
+        Self::default()
+    }
+
+    /// A manual clock starting at `t`.
+    pub fn manual(t: Timestamp) -> Self {
+        Self {
+            manual: Arc::new(Mutex::new(Some(t))),
+        }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.manual
+            .lock()
+            .expect("clock lock")
+            .unwrap_or_else(Timestamp::now)
+    }
+
+    pub fn is_manual(&self) -> bool {
+        self.manual.lock().expect("clock lock").is_some()
+    }
+
+    /// Set the time (making the clock manual).
+    pub fn set(&self, t: Timestamp) {
+        *self.manual.lock().expect("clock lock") = Some(t);
+    }
+
+    /// Move a manual clock forward; a real clock becomes manual at now + d.
+    pub fn advance(&self, d: std::time::Duration) {
+        let mut m = self.manual.lock().expect("clock lock");
+        let base = m.unwrap_or_else(Timestamp::now);
+        let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+        *m = Some(base.saturating_add(d).unwrap_or(base));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told() {
+        let c = Clock::manual("2026-11-29T10:00:00Z".parse().unwrap());
+        assert_eq!(c.now().to_string(), "2026-11-29T10:00:00Z");
+        c.advance(std::time::Duration::from_secs(90));
+        assert_eq!(c.now().to_string(), "2026-11-29T10:01:30Z");
+        assert!(c.is_manual());
+        assert!(!Clock::real().is_manual());
+    }
+}

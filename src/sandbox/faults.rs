@@ -1,0 +1,103 @@
+//! Faults a test injects: fail the next requests that match, slow every
+//! request down, cut every open watch.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The verbs of the Kubernetes API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+
+    pub fn is_write(self) -> bool {
+        !matches!(self, Verb::Get | Verb::List | Verb::Watch)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    verb: Option<Verb>,
+    resource: Option<String>,
+    remaining: u32,
+    code: u16,
+}
+
+/// The fault plan, shared by every request.
+#[derive(Debug, Default)]
+pub struct Faults {
+    rules: Mutex<Vec<Rule>>,
+    latency: Mutex<Duration>,
+    failed: Mutex<u64>,
+}
+
+impl Faults {
+    /// Fail the next `n` requests of `verb` (any, if None) on `resource`
+    /// (a plural such as "deployments"; any, if None) with `code`.
+    pub fn fail_next(&self, n: u32, verb: Option<Verb>, resource: Option<&str>, code: u16) {
+        self.rules.lock().expect("faults lock").push(Rule {
+            verb,
+            resource: resource.map(str::to_string),
+            remaining: n,
+            code,
+        });
+    }
+
+    /// Delay every request by this much.
+    pub fn set_latency(&self, d: Duration) {
+        *self.latency.lock().expect("faults lock") = d;
+    }
+
+    pub fn latency(&self) -> Duration {
+        *self.latency.lock().expect("faults lock")
+    }
+
+    /// Clear every rule and the latency.
+    pub fn clear(&self) {
+        self.rules.lock().expect("faults lock").clear();
+        self.set_latency(Duration::ZERO);
+    }
+
+    /// Requests failed on purpose so far.
+    pub fn failed(&self) -> u64 {
+        *self.failed.lock().expect("faults lock")
+    }
+
+    /// The code to fail this request with, if a rule matches (and uses it up).
+    pub fn take(&self, verb: Verb, resource: &str) -> Option<u16> {
+        let mut rules = self.rules.lock().expect("faults lock");
+        let idx = rules.iter().position(|r| {
+            r.remaining > 0
+                && r.verb.is_none_or(|v| v == verb)
+                && r.resource.as_deref().is_none_or(|res| res == resource)
+        })?;
+        rules[idx].remaining -= 1;
+        let code = rules[idx].code;
+        if rules[idx].remaining == 0 {
+            rules.remove(idx);
+        }
+        *self.failed.lock().expect("faults lock") += 1;
+        Some(code)
+    }
+}

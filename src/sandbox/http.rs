@@ -1,0 +1,842 @@
+//! The REST protocol: paths, verbs, query parameters, content types,
+//! discovery, tables and watch streams, mapped onto the store.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Frame;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::faults::{Faults, Verb};
+use super::registry::ResourceDef;
+use super::status::ApiError;
+use super::store::{
+    DeleteOpts, Deleted, EventRenderer, FieldSelector, FieldValidation, Filter, Part, PatchKind,
+    Propagation, Store, WriteOpts,
+};
+use super::table;
+use crate::labels::Selector;
+
+/// A response body: whole, or a stream of watch lines.
+pub enum SandboxBody {
+    Full(Option<Bytes>),
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+impl http_body::Body for SandboxBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            SandboxBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            SandboxBody::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, SandboxBody::Full(None))
+    }
+}
+
+/// Everything a request needs.
+pub struct Api {
+    pub store: Arc<Store>,
+    pub faults: Arc<Faults>,
+    pub bookmark_interval: Duration,
+}
+
+type Resp = Response<SandboxBody>;
+
+fn json_response(code: StatusCode, body: Bytes) -> Resp {
+    let mut r = Response::new(SandboxBody::Full(Some(body)));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn value_response(code: StatusCode, v: &Value) -> Resp {
+    json_response(code, Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+}
+
+pub fn error_response(e: &ApiError) -> Resp {
+    let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    value_response(code, &e.to_status())
+}
+
+fn with_warnings(mut r: Resp, warnings: &[String]) -> Resp {
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
+}
+
+/// Decode `%XX` escapes and `+`.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(v) = hex {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b == b'+' { b' ' } else { b });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query_params(q: Option<&str>) -> BTreeMap<String, String> {
+    q.unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// Where a request points.
+#[derive(Debug)]
+struct Target {
+    def: Arc<ResourceDef>,
+    version: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+impl Api {
+    /// Handle one request.
+    pub async fn handle(&self, req: Request<Bytes>) -> Resp {
+        let latency = self.faults.latency();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_string();
+        let query = query_params(parts.uri.query());
+        match self
+            .route(&parts.method, &path, &query, &parts.headers, body)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        }
+    }
+
+    async fn route(
+        &self,
+        method: &Method,
+        path: &str,
+        q: &BTreeMap<String, String>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Result<Resp, ApiError> {
+        let segs: Vec<&str> = path
+            .trim_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect();
+        let get_only = || {
+            if method == Method::GET {
+                Ok(())
+            } else {
+                Err(ApiError::method_not_allowed())
+            }
+        };
+        match segs.as_slice() {
+            ["version"] => {
+                get_only()?;
+                return Ok(value_response(StatusCode::OK, &super::discovery::version()));
+            }
+            ["healthz"] | ["readyz"] | ["livez"] => {
+                get_only()?;
+                let mut r = Response::new(SandboxBody::Full(Some(Bytes::from_static(b"ok"))));
+                r.headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                return Ok(r);
+            }
+            ["api"] => {
+                get_only()?;
+                return Ok(value_response(
+                    StatusCode::OK,
+                    &super::discovery::core_versions(),
+                ));
+            }
+            ["apis"] => {
+                get_only()?;
+                return Ok(value_response(
+                    StatusCode::OK,
+                    &super::discovery::groups(&self.store.defs()),
+                ));
+            }
+            ["apis", group] => {
+                get_only()?;
+                return super::discovery::group(&self.store.defs(), group)
+                    .map(|v| value_response(StatusCode::OK, &v))
+                    .ok_or_else(ApiError::no_resource);
+            }
+            ["api", "v1"] => {
+                get_only()?;
+                return super::discovery::resources(&self.store.defs(), "", "v1")
+                    .map(|v| value_response(StatusCode::OK, &v))
+                    .ok_or_else(ApiError::no_resource);
+            }
+            ["apis", group, version] => {
+                get_only()?;
+                return super::discovery::resources(&self.store.defs(), group, version)
+                    .map(|v| value_response(StatusCode::OK, &v))
+                    .ok_or_else(ApiError::no_resource);
+            }
+            ["openapi", "v3"] => {
+                get_only()?;
+                return Ok(value_response(StatusCode::OK, &json!({"paths": {}})));
+            }
+            _ => {}
+        }
+        let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
+            ["api", v, rest @ ..] => ("", v, rest),
+            ["apis", g, v, rest @ ..] => (g, v, rest),
+            _ => return Err(ApiError::no_resource()),
+        };
+        let target = self.target(group, version, rest)?;
+        self.resource(method, target, q, headers, body).await
+    }
+
+    fn lookup(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Result<Arc<ResourceDef>, ApiError> {
+        match self.store.def(group, plural) {
+            Some(d) if d.serves(version) => Ok(d),
+            _ => Err(ApiError::no_resource()),
+        }
+    }
+
+    fn target(&self, group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
+        let namespaced_resource = |plural: &str| {
+            self.store
+                .def(group, plural)
+                .is_some_and(|d| d.namespaced && d.serves(version))
+        };
+        let t = |def: Arc<ResourceDef>, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
+            Target {
+                def,
+                version: version.to_string(),
+                namespace: ns.map(str::to_string),
+                name: name.map(str::to_string),
+                sub: sub.map(str::to_string),
+            }
+        };
+        let target = match rest {
+            // /api/v1/namespaces/{ns}/{plural}[/{name}[/{sub}]]
+            ["namespaces", ns, plural, tail @ ..]
+                if group.is_empty() && namespaced_resource(plural)
+                    || !group.is_empty() && namespaced_resource(plural) =>
+            {
+                let def = self.lookup(group, version, plural)?;
+                match tail {
+                    [] => t(def, Some(ns), None, None),
+                    [name] => t(def, Some(ns), Some(name), None),
+                    [name, sub] => t(def, Some(ns), Some(name), Some(sub)),
+                    _ => return Err(ApiError::no_resource()),
+                }
+            }
+            [plural] => t(self.lookup(group, version, plural)?, None, None, None),
+            [plural, name] => t(self.lookup(group, version, plural)?, None, Some(name), None),
+            [plural, name, sub] => t(
+                self.lookup(group, version, plural)?,
+                None,
+                Some(name),
+                Some(sub),
+            ),
+            _ => return Err(ApiError::no_resource()),
+        };
+        if target.def.namespaced && target.namespace.is_none() && target.name.is_some() {
+            return Err(ApiError::no_resource());
+        }
+        if !target.def.namespaced && target.namespace.is_some() {
+            return Err(ApiError::no_resource());
+        }
+        match target.sub.as_deref() {
+            None => {}
+            Some("status") if target.def.status_subresource => {}
+            Some("finalize")
+                if target.def.plural == "namespaces" && target.def.group.is_empty() => {}
+            Some(_) => return Err(ApiError::no_resource()),
+        }
+        Ok(target)
+    }
+
+    fn verb(method: &Method, t: &Target, q: &BTreeMap<String, String>) -> Result<Verb, ApiError> {
+        let collection = t.name.is_none();
+        Ok(match (method.as_str(), collection) {
+            ("GET", true) if is_true(q.get("watch")) => Verb::Watch,
+            ("GET", true) => Verb::List,
+            ("GET", false) => Verb::Get,
+            ("POST", true) => Verb::Create,
+            ("PUT", false) => Verb::Update,
+            ("PATCH", false) => Verb::Patch,
+            ("DELETE", false) => Verb::Delete,
+            ("DELETE", true) => Verb::DeleteCollection,
+            _ => return Err(ApiError::method_not_allowed()),
+        })
+    }
+
+    async fn resource(
+        &self,
+        method: &Method,
+        t: Target,
+        q: &BTreeMap<String, String>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Result<Resp, ApiError> {
+        let verb = Self::verb(method, &t, q)?;
+        if let Some(code) = self.faults.take(verb, &t.def.plural) {
+            let reason = match code {
+                429 => "TooManyRequests",
+                500 => "InternalError",
+                503 => "ServiceUnavailable",
+                504 => "Timeout",
+                409 => "Conflict",
+                _ => "InternalError",
+            };
+            let mut r = error_response(&ApiError::new(
+                code,
+                reason,
+                format!("injected fault: {} {} failed", verb.as_str(), t.def.plural),
+            ));
+            if code == 429 {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            return Ok(r);
+        }
+        let ns = t.namespace.clone().unwrap_or_default();
+        let part = if t.sub.as_deref() == Some("status") {
+            Part::Status
+        } else {
+            Part::Main
+        };
+        let opts = write_opts(q, headers)?;
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let table = accept.contains("as=Table");
+        if t.def.kind == "SelfSubjectAccessReview" {
+            if verb != Verb::Create {
+                return Err(ApiError::method_not_allowed());
+            }
+            let mut review = parse_body(headers, &body)?;
+            review["status"] =
+                json!({"allowed": true, "reason": "the sandbox allows every request"});
+            return Ok(value_response(StatusCode::CREATED, &review));
+        }
+        match verb {
+            Verb::Get => {
+                let bytes = self
+                    .store
+                    .get(&t.def, &ns, t.name.as_deref().unwrap_or_default())?;
+                let bytes = table::at_version(&t.def, &t.version, bytes);
+                if table {
+                    let now = self.store.clock().now();
+                    let v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                    return Ok(value_response(
+                        StatusCode::OK,
+                        &table::table(
+                            &t.def,
+                            &t.version,
+                            std::slice::from_ref(&v),
+                            self.store.current_rv(),
+                            now,
+                            include_object(q),
+                        ),
+                    ));
+                }
+                Ok(json_response(StatusCode::OK, bytes))
+            }
+            Verb::List => {
+                let filter = filter(&t, q)?;
+                let limit = q
+                    .get("limit")
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .filter(|l| *l > 0);
+                let listed = self.store.list(
+                    &t.def,
+                    &filter,
+                    limit,
+                    q.get("continue")
+                        .map(String::as_str)
+                        .filter(|c| !c.is_empty()),
+                )?;
+                if table {
+                    let now = self.store.clock().now();
+                    let items: Vec<Value> = listed
+                        .items
+                        .iter()
+                        .map(|b| serde_json::from_slice(b).unwrap_or_default())
+                        .collect();
+                    let mut tv = table::table(
+                        &t.def,
+                        &t.version,
+                        &items,
+                        listed.rv,
+                        now,
+                        include_object(q),
+                    );
+                    if let Some(c) = &listed.continue_token {
+                        tv["metadata"]["continue"] = json!(c);
+                    }
+                    return Ok(value_response(StatusCode::OK, &tv));
+                }
+                let mut out =
+                    Vec::with_capacity(listed.items.iter().map(Bytes::len).sum::<usize>() + 256);
+                let mut meta = json!({"resourceVersion": listed.rv.to_string()});
+                if let Some(c) = &listed.continue_token {
+                    meta["continue"] = json!(c);
+                }
+                if let Some(r) = listed.remaining {
+                    meta["remainingItemCount"] = json!(r);
+                }
+                out.extend_from_slice(
+                    format!(
+                        "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
+                        t.def.list_kind,
+                        t.def.api_version(&t.version),
+                        meta
+                    )
+                    .as_bytes(),
+                );
+                for (i, item) in listed.items.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(&table::at_version(&t.def, &t.version, item));
+                }
+                out.extend_from_slice(b"]}");
+                Ok(json_response(StatusCode::OK, Bytes::from(out)))
+            }
+            Verb::Watch => self.watch(&t, q, table),
+            Verb::Create => {
+                if t.sub.is_some() {
+                    return Err(ApiError::method_not_allowed());
+                }
+                let obj = parse_body(headers, &body)?;
+                let w = self.store.create(&t.def, &ns, obj, &opts)?;
+                Ok(with_warnings(
+                    json_response(
+                        StatusCode::CREATED,
+                        table::at_version(&t.def, &t.version, w.bytes),
+                    ),
+                    &w.warnings,
+                ))
+            }
+            Verb::Update => {
+                let obj = parse_body(headers, &body)?;
+                let w = self.store.update(
+                    &t.def,
+                    &ns,
+                    t.name.as_deref().unwrap_or_default(),
+                    obj,
+                    part,
+                    &opts,
+                )?;
+                Ok(with_warnings(
+                    json_response(
+                        StatusCode::OK,
+                        table::at_version(&t.def, &t.version, w.bytes),
+                    ),
+                    &w.warnings,
+                ))
+            }
+            Verb::Patch => {
+                let ct = headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let media = ct.split(';').next().unwrap_or("").trim();
+                let kind = match media {
+                    "application/merge-patch+json" => PatchKind::Merge,
+                    "application/json-patch+json" => PatchKind::Json,
+                    "application/strategic-merge-patch+json" => PatchKind::Strategic,
+                    "application/apply-patch+yaml" | "application/apply-patch+json" => {
+                        PatchKind::Apply
+                    }
+                    other => {
+                        return Err(ApiError::unsupported_media(format!(
+                            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
+                        )));
+                    }
+                };
+                let patch_body = match kind {
+                    PatchKind::Apply => parse_yaml_or_json(&body)?,
+                    _ => parse_json(&body)?,
+                };
+                match kind {
+                    PatchKind::Json if !patch_body.is_array() => {
+                        return Err(ApiError::bad_request(
+                            "a JSON patch must be an array of operations",
+                        ));
+                    }
+                    PatchKind::Merge | PatchKind::Strategic | PatchKind::Apply
+                        if !patch_body.is_object() =>
+                    {
+                        return Err(ApiError::bad_request("the patch must be a JSON object"));
+                    }
+                    _ => {}
+                }
+                let w = self.store.patch(
+                    &t.def,
+                    &ns,
+                    t.name.as_deref().unwrap_or_default(),
+                    kind,
+                    patch_body,
+                    part,
+                    &opts,
+                )?;
+                let code = if w.created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                };
+                Ok(with_warnings(
+                    json_response(code, table::at_version(&t.def, &t.version, w.bytes)),
+                    &w.warnings,
+                ))
+            }
+            Verb::Delete => {
+                if t.sub.is_some() {
+                    return Err(ApiError::method_not_allowed());
+                }
+                let d = delete_opts(q, &body)?;
+                let name = t.name.clone().unwrap_or_default();
+                match self.store.delete(&t.def, &ns, &name, &d)? {
+                    Deleted::Pending(b) => Ok(json_response(
+                        StatusCode::OK,
+                        table::at_version(&t.def, &t.version, b),
+                    )),
+                    Deleted::Gone(b) => {
+                        let v: Value = serde_json::from_slice(&b).unwrap_or_default();
+                        let mut details = json!({"name": name, "kind": t.def.plural, "uid": v["metadata"]["uid"]});
+                        if !t.def.group.is_empty() {
+                            details["group"] = json!(t.def.group);
+                        }
+                        Ok(value_response(
+                            StatusCode::OK,
+                            &json!({
+                                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details
+                            }),
+                        ))
+                    }
+                }
+            }
+            Verb::DeleteCollection => {
+                let d = delete_opts(q, &body)?;
+                let f = filter(&t, q)?;
+                let items = self.store.delete_collection(&t.def, &f, &d)?;
+                let mut out = Vec::new();
+                out.extend_from_slice(format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{}\"}},\"items\":[", t.def.list_kind, t.def.api_version(&t.version), self.store.current_rv()).as_bytes());
+                for (i, item) in items.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(&item);
+                }
+                out.extend_from_slice(b"]}");
+                Ok(json_response(StatusCode::OK, Bytes::from(out)))
+            }
+        }
+    }
+
+    fn watch(
+        &self,
+        t: &Target,
+        q: &BTreeMap<String, String>,
+        table_mode: bool,
+    ) -> Result<Resp, ApiError> {
+        let filter = filter(t, q)?;
+        let rv = match q.get("resourceVersion").map(String::as_str) {
+            None | Some("") => None,
+            Some(s) => Some(s.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "resourceVersion: Invalid value: {s:?}: must be a non-negative integer"
+                ))
+            })?),
+        };
+        let send_initial = is_true(q.get("sendInitialEvents"));
+        if send_initial && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan")
+        {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        let bookmarks = is_true(q.get("allowWatchBookmarks"));
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::from_secs(1800));
+        let renderer: Arc<dyn EventRenderer> = if table_mode {
+            Arc::new(table::TableRenderer {
+                def: t.def.clone(),
+                version: t.version.clone(),
+                clock: self.store.clock().clone(),
+            })
+        } else {
+            Arc::new(table::JsonRenderer {
+                def: t.def.clone(),
+                version: t.version.clone(),
+            })
+        };
+        let api_version = t.def.api_version(&t.version);
+        let kind = t.def.kind.clone();
+        let bookmark = {
+            let (api_version, kind) = (api_version.clone(), kind.clone());
+            move |rv: u64, initial_end: bool| -> Bytes {
+                let mut meta = json!({"resourceVersion": rv.to_string()});
+                if initial_end {
+                    meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+                }
+                Bytes::from(format!(
+                    "{}\n",
+                    json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version, "metadata": meta}})
+                ))
+            }
+        };
+        let initial: Option<Box<dyn Fn(u64) -> Bytes + Send>> = if send_initial {
+            let b = bookmark.clone();
+            Some(Box::new(move |rv| b(rv, true)))
+        } else {
+            None
+        };
+        let mut stream = self
+            .store
+            .watch(&t.def, filter, rv, send_initial, renderer, initial)?;
+        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let store = self.store.clone();
+        let def = t.def.clone();
+        let interval = self.bookmark_interval;
+        tokio::spawn(async move {
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    biased;
+                    line = stream.rx.recv() => match line {
+                        Some(l) => {
+                            stream.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                            if tx.send(l).await.is_err() { break; }
+                        }
+                        None => break,
+                    },
+                    _ = &mut deadline => break,
+                    _ = tick.tick(), if bookmarks && !table_mode => {
+                        if !store.send_to_watch(&def, stream.id, |rv| bookmark(rv, false)) { break; }
+                    }
+                    _ = tx.closed() => break,
+                }
+            }
+            store.stop_watch(&def, stream.id);
+        });
+        let mut r = Response::new(SandboxBody::Stream(rx));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r.headers_mut().insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        Ok(r)
+    }
+}
+
+fn is_true(v: Option<&String>) -> bool {
+    matches!(v.map(String::as_str), Some("true") | Some("1"))
+}
+
+fn include_object(q: &BTreeMap<String, String>) -> &str {
+    q.get("includeObject")
+        .map(String::as_str)
+        .unwrap_or("Metadata")
+}
+
+fn filter(t: &Target, q: &BTreeMap<String, String>) -> Result<Filter, ApiError> {
+    let labels = match q.get("labelSelector") {
+        Some(s) if !s.is_empty() => Selector::parse(s)
+            .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
+        _ => Selector::default(),
+    };
+    let fields = match q.get("fieldSelector") {
+        Some(s) if !s.is_empty() => FieldSelector::parse(s)?,
+        _ => FieldSelector::default(),
+    };
+    Ok(Filter {
+        namespace: t.namespace.clone(),
+        labels,
+        fields,
+    })
+}
+
+fn write_opts(
+    q: &BTreeMap<String, String>,
+    headers: &http::HeaderMap,
+) -> Result<WriteOpts, ApiError> {
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    let field_validation = match q.get("fieldValidation").map(String::as_str) {
+        None | Some("") | Some("Warn") => FieldValidation::Warn,
+        Some("Strict") => FieldValidation::Strict,
+        Some("Ignore") => FieldValidation::Ignore,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
+            )));
+        }
+    };
+    // As the API server does, an update without a field manager is
+    // attributed to the client's user agent.
+    let field_manager = q
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .cloned()
+        .or_else(|| {
+            headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+                .filter(|m| !m.is_empty())
+        });
+    Ok(WriteOpts {
+        dry_run,
+        field_validation,
+        field_manager,
+        force: is_true(q.get("force")),
+    })
+}
+
+fn delete_opts(q: &BTreeMap<String, String>, body: &Bytes) -> Result<DeleteOpts, ApiError> {
+    let mut d = DeleteOpts::default();
+    let parse_prop = |s: &str| match s {
+        "Background" => Ok(Propagation::Background),
+        "Foreground" => Ok(Propagation::Foreground),
+        "Orphan" => Ok(Propagation::Orphan),
+        other => Err(ApiError::bad_request(format!(
+            "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+        ))),
+    };
+    if let Some(p) = q.get("propagationPolicy").filter(|p| !p.is_empty()) {
+        d.propagation = Some(parse_prop(p)?);
+    }
+    if q.get("dryRun").map(String::as_str) == Some("All") {
+        d.dry_run = true;
+    }
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v = parse_json(body)?;
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            d.propagation = Some(parse_prop(p)?);
+        }
+        if v.get("orphanDependents") == Some(&Value::Bool(true)) {
+            d.propagation = Some(Propagation::Orphan);
+        }
+        if v.get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == "All"))
+        {
+            d.dry_run = true;
+        }
+        d.precondition_uid = v
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        d.precondition_rv = v
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    Ok(d)
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("json parse error: {e}")))
+}
+
+fn parse_yaml_or_json(body: &Bytes) -> Result<Value, ApiError> {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        return Ok(v);
+    }
+    let text =
+        std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
+    crate::util::yaml::parse::<Value>(text)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+}
+
+fn parse_body(headers: &http::HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let media = ct.split(';').next().unwrap_or("").trim();
+    match media {
+        "application/json" | "" | "*/*" => parse_json(body),
+        "application/yaml" | "application/x-yaml" => parse_yaml_or_json(body),
+        other => Err(ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json, application/yaml"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_are_decoded() {
+        let q = query_params(Some("labelSelector=app%3Dweb%2Ctier+in+%28a%29&watch=1&x"));
+        assert_eq!(q["labelSelector"], "app=web,tier in (a)");
+        assert_eq!(q["watch"], "1");
+        assert_eq!(q["x"], "");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+}

@@ -1,0 +1,356 @@
+//! The resource types the sandbox serves: the built-in kinds, and whatever
+//! CustomResourceDefinitions are created at run time.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// One served resource type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceDef {
+    pub group: String,
+    /// Served versions; the first is the storage version.
+    pub versions: Vec<String>,
+    pub kind: String,
+    pub list_kind: String,
+    pub plural: String,
+    pub singular: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub status_subresource: bool,
+    /// Whether writes maintain `metadata.generation`.
+    pub has_generation: bool,
+    /// Object names must be DNS labels (not just subdomains).
+    pub dns_label_names: bool,
+    /// OpenAPI v3 schemas by version (CRDs only).
+    pub schemas: BTreeMap<String, Value>,
+    /// Printer columns by version (CRDs only).
+    pub columns: BTreeMap<String, Vec<Value>>,
+    /// Set for kinds that come from a CRD.
+    pub crd: Option<String>,
+}
+
+/// How a resource type is keyed in the store: group and plural.
+pub type ResKey = (String, String);
+
+impl ResourceDef {
+    pub fn key(&self) -> ResKey {
+        (self.group.clone(), self.plural.clone())
+    }
+
+    pub fn api_version(&self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{}", self.group, version)
+        }
+    }
+
+    pub fn storage_version(&self) -> &str {
+        &self.versions[0]
+    }
+
+    /// `deployments.apps`, as error messages name a resource.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn serves(&self, version: &str) -> bool {
+        self.versions.iter().any(|v| v == version)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn builtin(
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    namespaced: bool,
+    short: &[&str],
+    status: bool,
+    generation: bool,
+) -> ResourceDef {
+    ResourceDef {
+        group: group.into(),
+        versions: vec![version.into()],
+        kind: kind.into(),
+        list_kind: format!("{kind}List"),
+        plural: plural.into(),
+        singular: kind.to_ascii_lowercase(),
+        namespaced,
+        short_names: short.iter().map(|s| s.to_string()).collect(),
+        categories: if matches!(
+            kind,
+            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "StatefulSet" | "Job" | "CronJob"
+        ) {
+            vec!["all".into()]
+        } else {
+            vec![]
+        },
+        status_subresource: status,
+        has_generation: generation,
+        dns_label_names: matches!(kind, "Namespace" | "Service"),
+        schemas: BTreeMap::new(),
+        columns: BTreeMap::new(),
+        crd: None,
+    }
+}
+
+/// The kinds every sandbox serves from the start.
+pub fn builtins() -> Vec<ResourceDef> {
+    vec![
+        builtin(
+            "",
+            "v1",
+            "Namespace",
+            "namespaces",
+            false,
+            &["ns"],
+            true,
+            false,
+        ),
+        builtin("", "v1", "Pod", "pods", true, &["po"], true, false),
+        builtin(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            &["cm"],
+            false,
+            false,
+        ),
+        builtin("", "v1", "Secret", "secrets", true, &[], false, false),
+        builtin("", "v1", "Service", "services", true, &["svc"], true, false),
+        builtin(
+            "",
+            "v1",
+            "ServiceAccount",
+            "serviceaccounts",
+            true,
+            &["sa"],
+            false,
+            false,
+        ),
+        builtin("", "v1", "Event", "events", true, &["ev"], false, false),
+        builtin(
+            "",
+            "v1",
+            "PersistentVolumeClaim",
+            "persistentvolumeclaims",
+            true,
+            &["pvc"],
+            true,
+            false,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+            true,
+            &["deploy"],
+            true,
+            true,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "ReplicaSet",
+            "replicasets",
+            true,
+            &["rs"],
+            true,
+            true,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "StatefulSet",
+            "statefulsets",
+            true,
+            &["sts"],
+            true,
+            true,
+        ),
+        builtin("batch", "v1", "Job", "jobs", true, &[], true, true),
+        builtin(
+            "batch",
+            "v1",
+            "CronJob",
+            "cronjobs",
+            true,
+            &["cj"],
+            true,
+            true,
+        ),
+        builtin(
+            "coordination.k8s.io",
+            "v1",
+            "Lease",
+            "leases",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "events.k8s.io",
+            "v1",
+            "Event",
+            "events",
+            true,
+            &["ev"],
+            false,
+            false,
+        ),
+        builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+            &["crd", "crds"],
+            true,
+            true,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "v1",
+            "SelfSubjectAccessReview",
+            "selfsubjectaccessreviews",
+            false,
+            &[],
+            false,
+            false,
+        ),
+    ]
+}
+
+/// Build a resource type from a CustomResourceDefinition, or say why it is
+/// not a valid one.
+pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
+    let mut errors: Vec<(String, String)> = Vec::new();
+    let spec = &crd["spec"];
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let group = s(&spec["group"]);
+    let names = &spec["names"];
+    let plural = s(&names["plural"]);
+    let kind = s(&names["kind"]);
+    let name = s(&crd["metadata"]["name"]);
+    if group.is_empty() || !crate::names::is_dns_subdomain(&group) || !group.contains('.') {
+        errors.push((
+            "spec.group".into(),
+            format!("Invalid value: {group:?}: should be a domain with at least one dot"),
+        ));
+    }
+    if plural.is_empty() || !crate::names::is_dns_label(&plural) {
+        errors.push((
+            "spec.names.plural".into(),
+            format!("Invalid value: {plural:?}: a lowercase RFC 1123 label is required"),
+        ));
+    }
+    if kind.is_empty() {
+        errors.push(("spec.names.kind".into(), "Required value".into()));
+    }
+    if name != format!("{plural}.{group}") {
+        errors.push((
+            "metadata.name".into(),
+            format!("Invalid value: {name:?}: must be spec.names.plural+\".\"+spec.group"),
+        ));
+    }
+    let scope = s(&spec["scope"]);
+    if scope != "Namespaced" && scope != "Cluster" {
+        errors.push((
+            "spec.scope".into(),
+            format!("Unsupported value: {scope:?}: supported values: \"Cluster\", \"Namespaced\""),
+        ));
+    }
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    if versions.is_empty() {
+        errors.push((
+            "spec.versions".into(),
+            "Invalid value: must have exactly one version marked as storage version".into(),
+        ));
+    }
+    let storage: Vec<&Value> = versions.iter().filter(|v| v["storage"] == true).collect();
+    if !versions.is_empty() && storage.len() != 1 {
+        errors.push((
+            "spec.versions".into(),
+            "Invalid value: must have exactly one version marked as storage version".into(),
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut served: Vec<String> = Vec::new();
+    let storage_name = s(&storage[0]["name"]);
+    served.push(storage_name.clone());
+    let mut schemas = BTreeMap::new();
+    let mut columns = BTreeMap::new();
+    let mut status = false;
+    for v in &versions {
+        let vn = s(&v["name"]);
+        if v["served"] != false && vn != storage_name {
+            served.push(vn.clone());
+        }
+        if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
+            schemas.insert(vn.clone(), schema.clone());
+        }
+        if let Some(cols) = v["additionalPrinterColumns"].as_array() {
+            columns.insert(vn.clone(), cols.clone());
+        }
+        if v.pointer("/subresources/status").is_some() {
+            status = true;
+        }
+    }
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect()
+    };
+    Ok(ResourceDef {
+        group,
+        versions: served,
+        list_kind: names["listKind"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{kind}List")),
+        singular: names["singular"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| kind.to_ascii_lowercase()),
+        kind,
+        plural,
+        namespaced: scope == "Namespaced",
+        short_names: strings(&names["shortNames"]),
+        categories: strings(&names["categories"]),
+        status_subresource: status,
+        has_generation: true,
+        dns_label_names: false,
+        schemas,
+        columns,
+        crd: Some(name),
+    })
+}
+
+/// The status a CRD gets once its kind is served.
+pub fn crd_status(crd: &Value, now: &str) -> Value {
+    json!({
+        "acceptedNames": crd["spec"]["names"],
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now}
+        ],
+        "storedVersions": crd["spec"]["versions"].as_array().into_iter().flatten()
+            .filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect::<Vec<_>>()
+    })
+}

@@ -1,0 +1,1014 @@
+//! The sandbox speaks the Kubernetes API: every behaviour here is what a
+//! real kube-apiserver does. Runs against the sandbox by default and
+//! against a real cluster when RUNBOOK_TEST_KUBECONFIG names a kubeconfig
+//! (fault-injection and clock tests are sandbox-only and skip there).
+
+#[path = "support/cluster.rs"]
+mod cluster;
+
+use std::collections::BTreeMap;
+
+use cluster::{Cluster, code, eventually, reason};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::core::DynamicObject;
+use kube::discovery::{ApiResource, Discovery};
+use serde_json::{Value, json};
+
+fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+        "data": data.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()
+    }))
+    .unwrap()
+}
+
+fn deployment(name: &str, image: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "app", "image": image}]}}}
+    }))
+    .unwrap()
+}
+
+fn rv<K: kube::Resource>(k: &K) -> String {
+    k.meta().resource_version.clone().unwrap()
+}
+
+#[tokio::test]
+async fn discovery_lists_the_built_in_kinds() {
+    let c = Cluster::new("discovery").await;
+    let d = Discovery::new(c.client.clone()).run().await.unwrap();
+    let mut kinds = Vec::new();
+    for g in d.groups() {
+        for (ar, _) in g.recommended_resources() {
+            kinds.push(format!("{}/{}", ar.api_version, ar.kind));
+        }
+    }
+    for want in [
+        "v1/Pod",
+        "v1/ConfigMap",
+        "v1/Secret",
+        "v1/Service",
+        "v1/Namespace",
+        "apps/v1/Deployment",
+        "apps/v1/ReplicaSet",
+        "apps/v1/StatefulSet",
+        "batch/v1/Job",
+        "batch/v1/CronJob",
+        "coordination.k8s.io/v1/Lease",
+        "events.k8s.io/v1/Event",
+        "apiextensions.k8s.io/v1/CustomResourceDefinition",
+    ] {
+        assert!(
+            kinds.contains(&want.to_string()),
+            "{want} missing from {kinds:?}"
+        );
+    }
+    let v = c.client.apiserver_version().await.unwrap();
+    assert_eq!(v.major, "1");
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn create_get_list_and_delete() {
+    let c = Cluster::new("crud").await;
+    let api: Api<ConfigMap> = c.api();
+    let created = api
+        .create(&PostParams::default(), &cm("one", &[("a", "1")]))
+        .await
+        .unwrap();
+    assert!(created.metadata.uid.is_some());
+    assert!(created.metadata.creation_timestamp.is_some());
+    let got = api.get("one").await.unwrap();
+    assert_eq!(got.data.as_ref().unwrap()["a"], "1");
+    assert_eq!(rv(&got), rv(&created));
+    assert_eq!(
+        code(api.create(&PostParams::default(), &cm("one", &[])).await),
+        409
+    );
+    assert_eq!(reason(api.get("nope").await), (404, "NotFound".into()));
+    let list = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert!(list.metadata.resource_version.is_some());
+    api.delete("one", &DeleteParams::default()).await.unwrap();
+    assert_eq!(code(api.get("one").await), 404);
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn generate_name_makes_unique_names() {
+    let c = Cluster::new("generatename").await;
+    let api: Api<ConfigMap> = c.api();
+    let mut o = cm("", &[]);
+    o.metadata.name = None;
+    o.metadata.generate_name = Some("gen-".into());
+    let a = api.create(&PostParams::default(), &o).await.unwrap();
+    let b = api.create(&PostParams::default(), &o).await.unwrap();
+    let (na, nb) = (a.metadata.name.unwrap(), b.metadata.name.unwrap());
+    assert!(na.starts_with("gen-") && na.len() == 9, "{na}");
+    assert_ne!(na, nb);
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn resource_versions_only_grow_and_stale_replaces_conflict() {
+    let c = Cluster::new("conflict").await;
+    let api: Api<ConfigMap> = c.api();
+    let v1 = api
+        .create(&PostParams::default(), &cm("c", &[("a", "1")]))
+        .await
+        .unwrap();
+    let mut v2 = v1.clone();
+    v2.data = Some(BTreeMap::from([("a".into(), "2".into())]));
+    let v2 = api.replace("c", &PostParams::default(), &v2).await.unwrap();
+    assert!(rv(&v2).parse::<u64>().unwrap() > rv(&v1).parse::<u64>().unwrap());
+    let mut stale = v1.clone();
+    stale.data = Some(BTreeMap::from([("a".into(), "3".into())]));
+    assert_eq!(
+        reason(api.replace("c", &PostParams::default(), &stale).await),
+        (409, "Conflict".into())
+    );
+    // A replace that changes nothing does not bump the resourceVersion.
+    let same = api.replace("c", &PostParams::default(), &v2).await.unwrap();
+    assert_eq!(rv(&same), rv(&v2));
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn generation_counts_spec_changes_only() {
+    let c = Cluster::new("generation").await;
+    let api: Api<Deployment> = c.api();
+    let d = api
+        .create(&PostParams::default(), &deployment("web", "nginx:1"))
+        .await
+        .unwrap();
+    assert_eq!(d.metadata.generation, Some(1));
+    let pp = PatchParams::default();
+    let labelled = api
+        .patch(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        labelled.metadata.generation,
+        Some(1),
+        "metadata changes keep the generation"
+    );
+    let scaled = api
+        .patch("web", &pp, &Patch::Merge(json!({"spec": {"replicas": 3}})))
+        .await
+        .unwrap();
+    assert_eq!(scaled.metadata.generation, Some(2));
+    let status = api
+        .patch_status(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"status": {"readyReplicas": 3, "observedGeneration": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        status.metadata.generation,
+        Some(2),
+        "status writes keep the generation"
+    );
+    assert_eq!(status.status.unwrap().ready_replicas, Some(3));
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn status_goes_through_its_subresource_only() {
+    let c = Cluster::new("status").await;
+    let api: Api<Deployment> = c.api();
+    api.create(&PostParams::default(), &deployment("web", "nginx:1"))
+        .await
+        .unwrap();
+    let pp = PatchParams::default();
+    // Status in a main-resource write is ignored.
+    let main = api
+        .patch(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"spec": {"replicas": 2}, "status": {"readyReplicas": 7}})),
+        )
+        .await
+        .unwrap();
+    assert_ne!(main.status.and_then(|s| s.ready_replicas), Some(7));
+    // Spec in a status write is ignored.
+    let st = api
+        .patch_status(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"spec": {"replicas": 9}, "status": {"readyReplicas": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.spec.replicas, Some(2));
+    assert_eq!(st.status.unwrap().ready_replicas, Some(2));
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn merge_json_and_strategic_patches() {
+    let c = Cluster::new("patches").await;
+    let api: Api<Deployment> = c.api();
+    api.create(&PostParams::default(), &deployment("web", "nginx:1"))
+        .await
+        .unwrap();
+    let pp = PatchParams::default();
+    // Strategic merge: containers merge by name.
+    let d = api
+        .patch("web", &pp, &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [{"name": "sidecar", "image": "envoy:1"}]}}}})))
+        .await
+        .unwrap();
+    let names: Vec<String> = d
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(names, ["app", "sidecar"]);
+    // JSON merge patch replaces lists.
+    let d = api
+        .patch("web", &pp, &Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [{"name": "only", "image": "x:1"}]}}}})))
+        .await
+        .unwrap();
+    assert_eq!(d.spec.template.spec.unwrap().containers.len(), 1);
+    // JSON patch.
+    let ops: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "replace", "path": "/spec/replicas", "value": 4}]))
+            .unwrap();
+    let d = api
+        .patch("web", &pp, &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    assert_eq!(d.spec.replicas, Some(4));
+    let failing: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "test", "path": "/spec/replicas", "value": 99}]))
+            .unwrap();
+    assert_eq!(
+        code(api.patch("web", &pp, &Patch::<()>::Json(failing)).await),
+        422
+    );
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn server_side_apply_is_idempotent_and_tracks_owners() {
+    let c = Cluster::new("apply").await;
+    let api: Api<ConfigMap> = c.api();
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "v"}});
+    let runbook = PatchParams::apply("runbook").force();
+    let first = api
+        .patch("a", &runbook, &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    let second = api
+        .patch("a", &runbook, &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(
+        rv(&first),
+        rv(&second),
+        "applying the same object twice writes nothing"
+    );
+    let managers: Vec<String> = second
+        .metadata
+        .managed_fields
+        .unwrap()
+        .iter()
+        .map(|m| m.manager.clone().unwrap())
+        .collect();
+    assert_eq!(managers, ["runbook"]);
+    // Another manager changing the field conflicts unless it forces.
+    let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "mine"}});
+    assert_eq!(
+        reason(
+            api.patch("a", &PatchParams::apply("other"), &Patch::Apply(&other))
+                .await
+        ),
+        (409, "Conflict".into())
+    );
+    let forced = api
+        .patch(
+            "a",
+            &PatchParams::apply("other").force(),
+            &Patch::Apply(&other),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.data.unwrap()["k"], "mine");
+    // A field the applier stops sending is removed.
+    let fewer = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"x": "1", "y": "2"}});
+    api.patch("b", &runbook, &Patch::Apply(&fewer))
+        .await
+        .unwrap();
+    let fewer = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"x": "1"}});
+    let b = api
+        .patch("b", &runbook, &Patch::Apply(&fewer))
+        .await
+        .unwrap();
+    assert_eq!(b.data.unwrap().len(), 1);
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn label_and_field_selectors_and_paging() {
+    let c = Cluster::new("selectors").await;
+    let api: Api<ConfigMap> = c.api();
+    for (name, tier) in [("a", "web"), ("b", "db"), ("c", "web"), ("d", "cache")] {
+        let mut o = cm(name, &[]);
+        o.metadata.labels = Some(BTreeMap::from([
+            ("tier".into(), tier.into()),
+            ("app".into(), "shop".into()),
+        ]));
+        api.create(&PostParams::default(), &o).await.unwrap();
+    }
+    let names = |l: kube::core::ObjectList<ConfigMap>| -> Vec<String> {
+        l.items
+            .into_iter()
+            .map(|o| o.metadata.name.unwrap())
+            .collect()
+    };
+    let q = |s: &str| ListParams::default().labels(s);
+    assert_eq!(names(api.list(&q("tier=web")).await.unwrap()), ["a", "c"]);
+    assert_eq!(
+        names(api.list(&q("tier!=web,app=shop")).await.unwrap()),
+        ["b", "d"]
+    );
+    assert_eq!(
+        names(api.list(&q("tier in (db,cache)")).await.unwrap()),
+        ["b", "d"]
+    );
+    assert_eq!(
+        names(api.list(&q("tier notin (web,db)")).await.unwrap()),
+        ["d"]
+    );
+    assert_eq!(names(api.list(&q("app")).await.unwrap()).len(), 4);
+    assert!(names(api.list(&q("!app")).await.unwrap()).is_empty());
+    assert_eq!(
+        names(
+            api.list(&ListParams::default().fields("metadata.name=b"))
+                .await
+                .unwrap()
+        ),
+        ["b"]
+    );
+    let page1 = api.list(&ListParams::default().limit(3)).await.unwrap();
+    assert_eq!(page1.items.len(), 3);
+    let token = page1.metadata.continue_.clone().expect("a continue token");
+    let page2 = api
+        .list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(page2), ["d"]);
+    assert_eq!(
+        code(
+            api.list(&ListParams::default().fields("spec.nodeName=x"))
+                .await
+        ),
+        400
+    );
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_watch_sees_changes_after_its_resource_version() {
+    let c = Cluster::new("watch").await;
+    let api: Api<ConfigMap> = c.api();
+    let first = api
+        .create(&PostParams::default(), &cm("w", &[("a", "1")]))
+        .await
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(10), &rv(&first))
+        .await
+        .unwrap()
+        .boxed();
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"a": "2"}})),
+    )
+    .await
+    .unwrap();
+    api.delete("w", &DeleteParams::default()).await.unwrap();
+    let mut seen = Vec::new();
+    while let Some(ev) = stream.try_next().await.unwrap() {
+        match ev {
+            WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.data.unwrap()["a"])),
+            WatchEvent::Deleted(o) => {
+                seen.push(format!("DELETED {}", o.metadata.name.unwrap()));
+                break;
+            }
+            WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.metadata.name.unwrap())),
+            _ => {}
+        }
+    }
+    assert_eq!(seen, ["MODIFIED 2", "DELETED w"]);
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_watch_with_bookmarks_gets_them() {
+    let c = Cluster::new("bookmarks").await;
+    let api: Api<ConfigMap> = c.api();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    let start = list.metadata.resource_version.unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(70), &start)
+        .await
+        .unwrap()
+        .boxed();
+    // A real API server sends bookmarks about once a minute; the sandbox every second.
+    let got = tokio::time::timeout(std::time::Duration::from_secs(75), async {
+        while let Some(ev) = stream.try_next().await.unwrap() {
+            if let WatchEvent::Bookmark(b) = ev {
+                return b.metadata.resource_version;
+            }
+        }
+        String::new()
+    })
+    .await
+    .expect("a bookmark");
+    assert!(!got.is_empty());
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_watch_ends_at_its_timeout() {
+    let c = Cluster::new("watchtimeout").await;
+    let api: Api<ConfigMap> = c.api();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    let mut stream = api
+        .watch(
+            &WatchParams::default().timeout(1),
+            &list.metadata.resource_version.unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while stream.try_next().await.unwrap().is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch should end by itself");
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_expired_resource_version_is_gone() {
+    let mut config = runbook::sandbox::SandboxConfig::default();
+    config.store.history_limit = 5;
+    let c = Cluster::with_config("expired", config).await;
+    let api: Api<ConfigMap> = c.api();
+    let first = api
+        .create(&PostParams::default(), &cm("e", &[]))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        api.patch(
+            "e",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
+        )
+        .await
+        .unwrap();
+    }
+    // On a real cluster, resourceVersion 1 is long compacted.
+    let old = if cluster::real_cluster().is_some() {
+        "1".to_string()
+    } else {
+        rv(&first)
+    };
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(10), &old)
+        .await
+        .unwrap()
+        .boxed();
+    match stream.next().await {
+        Some(Err(kube::Error::Api(s))) => assert_eq!(s.code, 410),
+        Some(Ok(WatchEvent::Error(e))) => assert_eq!(e.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn finalizers_hold_an_object_until_they_are_removed() {
+    let c = Cluster::new("finalizers").await;
+    let api: Api<ConfigMap> = c.api();
+    let mut o = cm("f", &[]);
+    o.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    api.create(&PostParams::default(), &o).await.unwrap();
+    let r = api.delete("f", &DeleteParams::default()).await.unwrap();
+    let held = r.left().expect("the object, still there");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(
+        api.get("f")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    // No new finalizers on an object being deleted.
+    let add = api
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}),
+            ),
+        )
+        .await;
+    assert_eq!(code(add), 422);
+    api.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually("the object to go", 30, || async {
+        api.get("f").await.is_err()
+    })
+    .await;
+    c.cleanup().await;
+}
+
+fn owned(name: &str, owner: &ConfigMap) -> ConfigMap {
+    let mut o = cm(name, &[]);
+    o.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: owner.metadata.name.clone().unwrap(),
+            uid: owner.metadata.uid.clone().unwrap(),
+            block_owner_deletion: Some(true),
+            controller: Some(true),
+        },
+    ]);
+    o
+}
+
+#[tokio::test]
+async fn deleting_an_owner_collects_its_dependents() {
+    let c = Cluster::new("gcbackground").await;
+    let api: Api<ConfigMap> = c.api();
+    let owner = api
+        .create(&PostParams::default(), &cm("owner", &[]))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &owned("child", &owner))
+        .await
+        .unwrap();
+    api.delete("owner", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually("the child to be collected", 60, || async {
+        api.get("child").await.is_err()
+    })
+    .await;
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn orphan_deletion_leaves_dependents_without_the_reference() {
+    let c = Cluster::new("gcorphan").await;
+    let api: Api<ConfigMap> = c.api();
+    let owner = api
+        .create(&PostParams::default(), &cm("owner", &[]))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &owned("child", &owner))
+        .await
+        .unwrap();
+    api.delete("owner", &DeleteParams::orphan()).await.unwrap();
+    eventually("the owner to go", 30, || async {
+        api.get("owner").await.is_err()
+    })
+    .await;
+    eventually("the child to lose its owner", 30, || async {
+        api.get("child")
+            .await
+            .is_ok_and(|c| c.metadata.owner_references.unwrap_or_default().is_empty())
+    })
+    .await;
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn foreground_deletion_waits_for_dependents() {
+    let c = Cluster::new("gcforeground").await;
+    let api: Api<ConfigMap> = c.api();
+    let owner = api
+        .create(&PostParams::default(), &cm("owner", &[]))
+        .await
+        .unwrap();
+    let mut child = owned("child", &owner);
+    child.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    api.create(&PostParams::default(), &child).await.unwrap();
+    api.delete("owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    // The child cannot go yet (its own finalizer), so neither can the owner.
+    eventually("the child to be deleting", 30, || async {
+        api.get("child")
+            .await
+            .is_ok_and(|c| c.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let o = api.get("owner").await.unwrap();
+    assert!(o.metadata.deletion_timestamp.is_some());
+    assert!(
+        o.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"foregroundDeletion".to_string())
+    );
+    api.patch(
+        "child",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually("the owner to go after its child", 60, || async {
+        api.get("owner").await.is_err()
+    })
+    .await;
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn delete_collection_takes_what_the_selector_matches() {
+    let c = Cluster::new("deletecollection").await;
+    let api: Api<ConfigMap> = c.api();
+    for (n, l) in [("a", "x"), ("b", "x"), ("c", "y")] {
+        let mut o = cm(n, &[]);
+        o.metadata.labels = Some(BTreeMap::from([("g".into(), l.into())]));
+        api.create(&PostParams::default(), &o).await.unwrap();
+    }
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("g=x"),
+    )
+    .await
+    .unwrap();
+    eventually("a and b to go", 30, || async {
+        let l = api.list(&ListParams::default().labels("g")).await.unwrap();
+        l.items
+            .iter()
+            .map(|o| o.metadata.name.clone().unwrap())
+            .collect::<Vec<_>>()
+            == ["c"]
+    })
+    .await;
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing() {
+    let c = Cluster::new("dryrun").await;
+    let api: Api<ConfigMap> = c.api();
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let would = api.create(&pp, &cm("d", &[("a", "1")])).await.unwrap();
+    assert_eq!(would.metadata.name.as_deref(), Some("d"));
+    assert_eq!(code(api.get("d").await), 404);
+    let real = api
+        .create(&PostParams::default(), &cm("d", &[("a", "1")]))
+        .await
+        .unwrap();
+    let patched = api
+        .patch(
+            "d",
+            &PatchParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"data": {"a": "2"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap()["a"], "2");
+    let now = api.get("d").await.unwrap();
+    assert_eq!(now.data.as_ref().unwrap()["a"], "1");
+    assert_eq!(rv(&now), rv(&real));
+    api.delete(
+        "d",
+        &DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(api.get("d").await.is_ok());
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn namespaced_objects_need_their_namespace() {
+    let c = Cluster::new("nsmissing").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), "rbt-no-such-namespace");
+    assert_eq!(
+        reason(api.create(&PostParams::default(), &cm("x", &[])).await),
+        (404, "NotFound".into())
+    );
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn invalid_objects_are_refused() {
+    let c = Cluster::new("invalid").await;
+    let api: Api<ConfigMap> = c.api();
+    assert_eq!(
+        reason(
+            api.create(&PostParams::default(), &cm("Not_A_Name", &[]))
+                .await
+        ),
+        (422, "Invalid".into())
+    );
+    let pods: Api<Pod> = c.api();
+    let p: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}})).unwrap();
+    assert_eq!(code(pods.create(&PostParams::default(), &p).await), 422);
+    let deps: Api<Deployment> = c.api();
+    let mut d = deployment("mismatch", "nginx");
+    d.spec.template.metadata.as_mut().unwrap().labels =
+        Some(BTreeMap::from([("app".into(), "other".into())]));
+    assert_eq!(code(deps.create(&PostParams::default(), &d).await), 422);
+    c.cleanup().await;
+}
+
+fn widget_crd(group: &str) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "shortNames": ["wd"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}],
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "required": ["size"], "properties": {
+                        "size": {"type": "integer", "minimum": 1, "maximum": 10},
+                        "color": {"type": "string", "default": "blue", "enum": ["blue", "red"]}
+                    }},
+                    "status": {"type": "object", "properties": {"phase": {"type": "string"}}}
+                }}}
+            }]
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_crd_serves_its_kind_with_validation_defaults_and_pruning() {
+    let c = Cluster::new("crd").await;
+    let group = format!("{}.conformance.runbook.dev", c.ns);
+    let crds: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &ApiResource {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+        },
+    );
+    let crd: DynamicObject = serde_json::from_value(widget_crd(&group)).unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let ar = ApiResource {
+        group: group.clone(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &ar);
+    let w = |spec: Value| -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": format!("{group}/v1"), "kind": "Widget", "metadata": {"name": "w"}, "spec": spec})).unwrap()
+    };
+    eventually("the kind to be served", 30, || async {
+        widgets.list(&ListParams::default()).await.is_ok()
+    })
+    .await;
+    assert_eq!(
+        code(
+            widgets
+                .create(&PostParams::default(), &w(json!({"size": 11})))
+                .await
+        ),
+        422
+    );
+    assert_eq!(
+        code(
+            widgets
+                .create(&PostParams::default(), &w(json!({"color": "blue"})))
+                .await
+        ),
+        422
+    );
+    assert_eq!(
+        code(
+            widgets
+                .create(
+                    &PostParams::default(),
+                    &w(json!({"size": 2, "color": "green"}))
+                )
+                .await
+        ),
+        422
+    );
+    let made = widgets
+        .create(
+            &PostParams::default(),
+            &w(json!({"size": 2, "unknown": true})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.data["spec"]["color"], "blue", "defaulted");
+    assert!(made.data["spec"].get("unknown").is_none(), "pruned");
+    let st = widgets
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Ready"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.data["status"]["phase"], "Ready");
+    // Printer columns come back as a Table.
+    let req = http::Request::get(format!("/apis/{group}/v1/namespaces/{}/widgets", c.ns))
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let table: Value = c.client.request(req).await.unwrap();
+    assert_eq!(table["kind"], "Table");
+    let cols: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(cols.contains(&"Size"), "{cols:?}");
+    assert_eq!(table["rows"][0]["cells"][0], "w");
+    crds.delete(&format!("widgets.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+    c.cleanup().await;
+}
+
+async fn raw(
+    c: &Cluster,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> (u16, Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("Content-Type", content_type)
+        .body(body.as_bytes().to_vec())
+        .unwrap();
+    match c.client.request_text(req).await {
+        Ok(t) => (200, serde_json::from_str(&t).unwrap_or(Value::Null)),
+        Err(kube::Error::Api(s)) => (s.code, json!({"reason": s.reason, "message": s.message})),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_api_servers_status_codes() {
+    let c = Cluster::new("badrequests").await;
+    let base = format!("/api/v1/namespaces/{}/configmaps", c.ns);
+    let (code, s) = raw(&c, "POST", &base, "application/json", "{not json").await;
+    assert_eq!((code, s["reason"].as_str()), (400, Some("BadRequest")));
+    let (code, _) = raw(&c, "POST", &base, "text/plain", "x").await;
+    assert_eq!(code, 415);
+    let (code, _) = raw(
+        &c,
+        "POST",
+        &base,
+        "application/json",
+        r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x"}}"#,
+    )
+    .await;
+    assert_eq!(code, 400, "a body whose kind does not match the URL");
+    let (code, _) = raw(
+        &c,
+        "GET",
+        &format!("/api/v1/namespaces/{}/nosuchthings", c.ns),
+        "application/json",
+        "",
+    )
+    .await;
+    assert_eq!(code, 404);
+    let (code, _) = raw(
+        &c,
+        "GET",
+        &format!("{base}?watch=true&resourceVersion=abc"),
+        "application/json",
+        "",
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(&c, "PATCH", &format!("{base}/x"), "application/json", "{}").await;
+    assert_eq!(code, 415);
+    let (code, _) = raw(&c, "POST", &format!("{base}/x"), "application/json", "{}").await;
+    assert_eq!(code, 405);
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn injected_faults_fail_requests_then_clear() {
+    let c = Cluster::new("faults").await;
+    let Some(sandbox) = c.sandbox.clone() else {
+        eprintln!("skipped: fault injection needs the sandbox");
+        return;
+    };
+    let api: Api<ConfigMap> = c.api();
+    sandbox.faults().fail_next(
+        2,
+        Some(runbook::sandbox::Verb::Create),
+        Some("configmaps"),
+        500,
+    );
+    assert_eq!(
+        code(api.create(&PostParams::default(), &cm("f", &[])).await),
+        500
+    );
+    assert_eq!(
+        code(api.create(&PostParams::default(), &cm("f", &[])).await),
+        500
+    );
+    api.create(&PostParams::default(), &cm("f", &[]))
+        .await
+        .unwrap();
+    // Cut watches end their streams.
+    let list = api.list(&ListParams::default()).await.unwrap();
+    let mut stream = api
+        .watch(
+            &WatchParams::default().timeout(60),
+            &list.metadata.resource_version.unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    sandbox.store().cut_watches();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while stream.try_next().await.unwrap().is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok());
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_sandbox_clock_stamps_objects() {
+    let clock = runbook::clock::Clock::manual("2030-01-02T03:04:05Z".parse().unwrap());
+    let c = Cluster::with_config(
+        "clock",
+        runbook::sandbox::SandboxConfig {
+            clock: clock.clone(),
+            ..Default::default()
+        },
+    )
+    .await;
+    if c.sandbox.is_none() {
+        eprintln!("skipped: the clock belongs to the sandbox");
+        return;
+    }
+    let api: Api<ConfigMap> = c.api();
+    let o = api
+        .create(&PostParams::default(), &cm("t", &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        o.metadata.creation_timestamp.unwrap().0.to_string(),
+        "2030-01-02T03:04:05Z"
+    );
+    c.cleanup().await;
+}
