@@ -2,6 +2,7 @@
 //! everything below is typed.
 
 mod check;
+mod sandbox;
 
 use std::process::ExitCode;
 
@@ -21,6 +22,8 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Print the CustomResourceDefinitions Runbook ships, as YAML.
     Crds(CrdsArgs),
+    /// Serve an in-memory Kubernetes API on 127.0.0.1 (for kubectl and tests).
+    Sandbox(sandbox::SandboxArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -47,11 +50,39 @@ fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(args) => check::run(args),
         Command::Crds(args) => crds(args),
+        Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),
     };
     match result {
         Ok(code) => code,

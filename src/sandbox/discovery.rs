@@ -28,16 +28,24 @@ pub fn core_versions() -> Value {
     json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
 }
 
-fn group_versions(defs: &[Arc<ResourceDef>]) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+/// Built-in groups in the API server's priority order; groups from CRDs
+/// follow, sorted. kubectl resolves an ambiguous short name (`ev` is both
+/// core Events and Runbook's Evaluators) to the higher priority group.
+const GROUP_ORDER: &[&str] = &["apps", "events.k8s.io", "authorization.k8s.io", "batch", "coordination.k8s.io", "apiextensions.k8s.io"];
+
+fn group_versions(defs: &[Arc<ResourceDef>]) -> Vec<(String, Vec<String>)> {
+    let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for d in defs.iter().filter(|d| !d.group.is_empty()) {
-        let vs = out.entry(d.group.clone()).or_default();
+        let vs = by_group.entry(d.group.clone()).or_default();
         for v in &d.versions {
             if !vs.contains(v) {
                 vs.push(v.clone());
             }
         }
     }
+    let rank = |g: &str| GROUP_ORDER.iter().position(|x| *x == g).unwrap_or(GROUP_ORDER.len());
+    let mut out: Vec<(String, Vec<String>)> = by_group.into_iter().collect();
+    out.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
     out
 }
 
@@ -59,7 +67,7 @@ pub fn groups(defs: &[Arc<ResourceDef>]) -> Value {
 
 pub fn group(defs: &[Arc<ResourceDef>], group: &str) -> Option<Value> {
     let gv = group_versions(defs);
-    let vs = gv.get(group)?;
+    let (_, vs) = gv.iter().find(|(g, _)| g == group)?;
     let mut doc = group_doc(group, vs);
     doc["kind"] = json!("APIGroup");
     doc["apiVersion"] = json!("v1");
@@ -121,4 +129,63 @@ pub fn resources(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Optio
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
     )
+}
+
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
+}
+
+/// The OpenAPI v3 index: one document per group version.
+pub fn openapi_root(defs: &[Arc<ResourceDef>]) -> Value {
+    let mut paths = serde_json::Map::new();
+    for d in defs {
+        for v in &d.versions {
+            let p = gv_path(&d.group, v);
+            paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}")}));
+        }
+    }
+    json!({"paths": paths})
+}
+
+/// The OpenAPI v3 document of a group version: enough for kubectl to see
+/// that every kind supports server-side field validation, which it then
+/// leaves to the server instead of validating client-side.
+pub fn openapi_gv(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Option<Value> {
+    let mut paths = serde_json::Map::new();
+    let params = json!([
+        {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
+        {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+        {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+        {"name": "force", "in": "query", "schema": {"type": "boolean"}}
+    ]);
+    for d in defs.iter().filter(|d| d.group == group && d.serves(version)) {
+        let base = format!("/{}", gv_path(group, version));
+        let path = if d.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
+        } else {
+            format!("{base}/{}/{{name}}", d.plural)
+        };
+        let gvk = json!({"group": group, "version": version, "kind": d.kind});
+        paths.insert(
+            path,
+            json!({
+                "get": {"x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "get"},
+                "put": {"x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "put", "parameters": params},
+                "patch": {"x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "patch", "parameters": params},
+            }),
+        );
+    }
+    if paths.is_empty() {
+        return None;
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": version_string()},
+        "paths": paths,
+        "components": {"schemas": {}}
+    }))
+}
+
+fn version_string() -> String {
+    format!("v1.{KUBE_MINOR}.0")
 }

@@ -216,7 +216,19 @@ impl Api {
             }
             ["openapi", "v3"] => {
                 get_only()?;
-                return Ok(value_response(StatusCode::OK, &json!({"paths": {}})));
+                return Ok(value_response(StatusCode::OK, &super::discovery::openapi_root(&self.store.defs())));
+            }
+            ["openapi", "v3", "api", version] => {
+                get_only()?;
+                return super::discovery::openapi_gv(&self.store.defs(), "", version)
+                    .map(|v| value_response(StatusCode::OK, &v))
+                    .ok_or_else(ApiError::no_resource);
+            }
+            ["openapi", "v3", "apis", group, version] => {
+                get_only()?;
+                return super::discovery::openapi_gv(&self.store.defs(), group, version)
+                    .map(|v| value_response(StatusCode::OK, &v))
+                    .ok_or_else(ApiError::no_resource);
             }
             _ => {}
         }

@@ -1,0 +1,140 @@
+//! kubectl against `runbook sandbox` (or the real cluster RUNBOOK_TEST_KUBECONFIG
+//! names): server-side apply of the CRDs, apply of an example, get -o yaml,
+//! get -w seeing an update, delete. Skipped when kubectl is not on PATH.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Option<Child>,
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+    namespace: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("runbook-kubectl-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+fn start() -> Server {
+    let dir = tmp("server");
+    let cache = dir.join("cache");
+    if let Some(k) = std::env::var("RUNBOOK_TEST_KUBECONFIG").ok().filter(|k| !k.is_empty()) {
+        let ns = format!("rbt-kubectl-{}", std::process::id());
+        let s = Server { child: None, kubeconfig: k.into(), cache, namespace: ns.clone() };
+        kubectl(&s, &["create", "namespace", &ns]);
+        return s;
+    }
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["sandbox", "--port", "0", "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting runbook sandbox");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        let line = lines.next().expect("runbook sandbox exited").unwrap();
+        if line.starts_with("kubeconfig written") {
+            break;
+        }
+    }
+    Server { child: Some(child), kubeconfig, cache, namespace: "default".into() }
+}
+
+fn kubectl_output(s: &Server, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .env("KUBECONFIG", &s.kubeconfig)
+        .arg("--cache-dir")
+        .arg(&s.cache)
+        .args(args)
+        .output()
+        .expect("running kubectl")
+}
+
+fn kubectl(s: &Server, args: &[&str]) -> String {
+    let out = kubectl_output(s, args);
+    assert!(out.status.success(), "kubectl {args:?} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn have_kubectl() -> bool {
+    Command::new("kubectl").arg("version").arg("--client").output().is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn kubectl_drives_the_sandbox() {
+    if !have_kubectl() {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let s = start();
+    let ns = s.namespace.clone();
+    let out = kubectl(&s, &["apply", "--server-side", "-f", root.join("crds").to_str().unwrap()]);
+    assert_eq!(out.matches("serverside-applied").count(), 3, "{out}");
+    // The kinds are served once the CRDs are established.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !kubectl_output(&s, &["get", "evaluators", "-n", &ns]).status.success() {
+        assert!(Instant::now() < deadline, "evaluators never became available");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let example = root.join("examples/evaluator-drift/evaluator.yaml");
+    let out = kubectl(&s, &["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
+    assert!(out.contains("evaluator.runbook.dev/chatbot created"), "{out}");
+    let yaml = kubectl(&s, &["get", "evaluator", "chatbot", "-n", &ns, "-o", "yaml"]);
+    assert!(yaml.contains("threshold: 0.85"), "{yaml}");
+    assert!(yaml.contains("historyLimit: 24"), "{yaml}");
+    let table = kubectl(&s, &["get", "evaluators", "-n", &ns]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "TARGET", "THRESHOLD", "LAST-SCORE", "PHASE", "AGE"]);
+
+    // A watch sees an update.
+    let mut watch = Command::new("kubectl")
+        .env("KUBECONFIG", &s.kubeconfig)
+        .arg("--cache-dir")
+        .arg(&s.cache)
+        .args(["get", "evaluators", "-n", &ns, "-w", "--request-timeout=30s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("NAME"), "{first}");
+    let row = lines.next().unwrap().unwrap();
+    assert!(row.contains("0.85"), "{row}");
+    kubectl(&s, &["patch", "evaluator", "chatbot", "-n", &ns, "--type", "merge", "-p", r#"{"spec":{"threshold":0.9}}"#]);
+    let updated = lines.next().unwrap().unwrap();
+    assert!(updated.starts_with("chatbot") && updated.contains("0.9"), "{updated}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // A bad CR is refused by the schema, with the field named.
+    let bad = kubectl_output(&s, &["patch", "evaluator", "chatbot", "-n", &ns, "--type", "merge", "-p", r#"{"spec":{"threshold":1.5}}"#]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("spec.threshold"), "{err}");
+
+    let out = kubectl(&s, &["delete", "evaluator", "chatbot", "-n", &ns]);
+    assert!(out.contains("deleted"), "{out}");
+    let gone = kubectl_output(&s, &["get", "evaluator", "chatbot", "-n", &ns]);
+    assert!(!gone.status.success());
+    if s.child.is_none() {
+        kubectl(&s, &["delete", "namespace", &ns, "--wait=false"]);
+    }
+}
