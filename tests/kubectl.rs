@@ -33,9 +33,17 @@ fn tmp(name: &str) -> PathBuf {
 fn start() -> Server {
     let dir = tmp("server");
     let cache = dir.join("cache");
-    if let Some(k) = std::env::var("RUNBOOK_TEST_KUBECONFIG").ok().filter(|k| !k.is_empty()) {
+    if let Some(k) = std::env::var("RUNBOOK_TEST_KUBECONFIG")
+        .ok()
+        .filter(|k| !k.is_empty())
+    {
         let ns = format!("rbt-kubectl-{}", std::process::id());
-        let s = Server { child: None, kubeconfig: k.into(), cache, namespace: ns.clone() };
+        let s = Server {
+            child: None,
+            kubeconfig: k.into(),
+            cache,
+            namespace: ns.clone(),
+        };
         kubectl(&s, &["create", "namespace", &ns]);
         return s;
     }
@@ -54,7 +62,12 @@ fn start() -> Server {
             break;
         }
     }
-    Server { child: Some(child), kubeconfig, cache, namespace: "default".into() }
+    Server {
+        child: Some(child),
+        kubeconfig,
+        cache,
+        namespace: "default".into(),
+    }
 }
 
 fn kubectl_output(s: &Server, args: &[&str]) -> Output {
@@ -69,12 +82,21 @@ fn kubectl_output(s: &Server, args: &[&str]) -> Output {
 
 fn kubectl(s: &Server, args: &[&str]) -> String {
     let out = kubectl_output(s, args);
-    assert!(out.status.success(), "kubectl {args:?} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn have_kubectl() -> bool {
-    Command::new("kubectl").arg("version").arg("--client").output().is_ok_and(|o| o.status.success())
+    Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 #[test]
@@ -86,30 +108,60 @@ fn kubectl_drives_the_sandbox() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let s = start();
     let ns = s.namespace.clone();
-    let out = kubectl(&s, &["apply", "--server-side", "-f", root.join("crds").to_str().unwrap()]);
+    let out = kubectl(
+        &s,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            root.join("crds").to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.matches("serverside-applied").count(), 3, "{out}");
     // The kinds are served once the CRDs are established.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !kubectl_output(&s, &["get", "evaluators", "-n", &ns]).status.success() {
-        assert!(Instant::now() < deadline, "evaluators never became available");
+    while !kubectl_output(&s, &["get", "evaluators", "-n", &ns])
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "evaluators never became available"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let example = root.join("examples/evaluator-drift/evaluator.yaml");
     let out = kubectl(&s, &["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
-    assert!(out.contains("evaluator.runbook.dev/chatbot created"), "{out}");
-    let yaml = kubectl(&s, &["get", "evaluator", "chatbot", "-n", &ns, "-o", "yaml"]);
+    assert!(
+        out.contains("evaluator.runbook.dev/chatbot created"),
+        "{out}"
+    );
+    let yaml = kubectl(
+        &s,
+        &["get", "evaluator", "chatbot", "-n", &ns, "-o", "yaml"],
+    );
     assert!(yaml.contains("threshold: 0.85"), "{yaml}");
     assert!(yaml.contains("historyLimit: 24"), "{yaml}");
     let table = kubectl(&s, &["get", "evaluators", "-n", &ns]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "TARGET", "THRESHOLD", "LAST-SCORE", "PHASE", "AGE"]);
+    assert_eq!(
+        header,
+        ["NAME", "TARGET", "THRESHOLD", "LAST-SCORE", "PHASE", "AGE"]
+    );
 
     // A watch sees an update.
     let mut watch = Command::new("kubectl")
         .env("KUBECONFIG", &s.kubeconfig)
         .arg("--cache-dir")
         .arg(&s.cache)
-        .args(["get", "evaluators", "-n", &ns, "-w", "--request-timeout=30s"])
+        .args([
+            "get",
+            "evaluators",
+            "-n",
+            &ns,
+            "-w",
+            "--request-timeout=30s",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -118,14 +170,43 @@ fn kubectl_drives_the_sandbox() {
     assert!(first.starts_with("NAME"), "{first}");
     let row = lines.next().unwrap().unwrap();
     assert!(row.contains("0.85"), "{row}");
-    kubectl(&s, &["patch", "evaluator", "chatbot", "-n", &ns, "--type", "merge", "-p", r#"{"spec":{"threshold":0.9}}"#]);
+    kubectl(
+        &s,
+        &[
+            "patch",
+            "evaluator",
+            "chatbot",
+            "-n",
+            &ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"threshold":0.9}}"#,
+        ],
+    );
     let updated = lines.next().unwrap().unwrap();
-    assert!(updated.starts_with("chatbot") && updated.contains("0.9"), "{updated}");
+    assert!(
+        updated.starts_with("chatbot") && updated.contains("0.9"),
+        "{updated}"
+    );
     let _ = watch.kill();
     let _ = watch.wait();
 
     // A bad CR is refused by the schema, with the field named.
-    let bad = kubectl_output(&s, &["patch", "evaluator", "chatbot", "-n", &ns, "--type", "merge", "-p", r#"{"spec":{"threshold":1.5}}"#]);
+    let bad = kubectl_output(
+        &s,
+        &[
+            "patch",
+            "evaluator",
+            "chatbot",
+            "-n",
+            &ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"threshold":1.5}}"#,
+        ],
+    );
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("spec.threshold"), "{err}");

@@ -3,6 +3,7 @@
 
 pub mod decision;
 pub mod native;
+pub mod sandbox;
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,24 @@ pub fn measure<T>(warmup: usize, iters: usize, mut f: impl FnMut() -> T) -> Stat
     for _ in 0..iters {
         let start = Instant::now();
         std::hint::black_box(f());
+        samples.push(start.elapsed());
+    }
+    Stats::from_samples(samples)
+}
+
+/// Time an async operation `iters` times after `warmup` untimed runs.
+pub async fn measure_async<T, F, Fut>(warmup: usize, iters: usize, mut f: F) -> Stats
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    for _ in 0..warmup {
+        std::hint::black_box(f().await);
+    }
+    let mut samples = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = Instant::now();
+        std::hint::black_box(f().await);
         samples.push(start.elapsed());
     }
     Stats::from_samples(samples)

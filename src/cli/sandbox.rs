@@ -24,19 +24,32 @@ pub struct SandboxArgs {
 pub async fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     let sandbox = Sandbox::default();
     if args.crds {
-        let def = sandbox.store().def("apiextensions.k8s.io", "customresourcedefinitions").context("CRDs are served")?;
+        let def = sandbox
+            .store()
+            .def("apiextensions.k8s.io", "customresourcedefinitions")
+            .context("CRDs are served")?;
         for crd in crate::crd::all() {
             let v = serde_json::to_value(&crd)?;
             sandbox
                 .store()
                 .create(&def, "", v, &Default::default())
-                .map_err(|e| anyhow::anyhow!("installing {}: {}", crd.metadata.name.unwrap_or_default(), e.message))?;
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "installing {}: {}",
+                        crd.metadata.name.unwrap_or_default(),
+                        e.message
+                    )
+                })?;
         }
     }
-    let served = sandbox.serve(args.port).await.context("binding 127.0.0.1")?;
+    let served = sandbox
+        .serve(args.port)
+        .await
+        .context("binding 127.0.0.1")?;
     println!("sandbox serving at http://{}", served.addr);
     if let Some(path) = &args.kubeconfig_out {
-        std::fs::write(path, served.kubeconfig("default")).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, served.kubeconfig("default"))
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("kubeconfig written to {}", path.display());
     }
     super::shutdown_signal().await;

@@ -31,7 +31,14 @@ pub fn core_versions() -> Value {
 /// Built-in groups in the API server's priority order; groups from CRDs
 /// follow, sorted. kubectl resolves an ambiguous short name (`ev` is both
 /// core Events and Runbook's Evaluators) to the higher priority group.
-const GROUP_ORDER: &[&str] = &["apps", "events.k8s.io", "authorization.k8s.io", "batch", "coordination.k8s.io", "apiextensions.k8s.io"];
+const GROUP_ORDER: &[&str] = &[
+    "apps",
+    "events.k8s.io",
+    "authorization.k8s.io",
+    "batch",
+    "coordination.k8s.io",
+    "apiextensions.k8s.io",
+];
 
 fn group_versions(defs: &[Arc<ResourceDef>]) -> Vec<(String, Vec<String>)> {
     let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -43,7 +50,12 @@ fn group_versions(defs: &[Arc<ResourceDef>]) -> Vec<(String, Vec<String>)> {
             }
         }
     }
-    let rank = |g: &str| GROUP_ORDER.iter().position(|x| *x == g).unwrap_or(GROUP_ORDER.len());
+    let rank = |g: &str| {
+        GROUP_ORDER
+            .iter()
+            .position(|x| *x == g)
+            .unwrap_or(GROUP_ORDER.len())
+    };
     let mut out: Vec<(String, Vec<String>)> = by_group.into_iter().collect();
     out.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
     out
@@ -132,7 +144,11 @@ pub fn resources(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Optio
 }
 
 fn gv_path(group: &str, version: &str) -> String {
-    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
 }
 
 /// The OpenAPI v3 index: one document per group version.
@@ -141,7 +157,10 @@ pub fn openapi_root(defs: &[Arc<ResourceDef>]) -> Value {
     for d in defs {
         for v in &d.versions {
             let p = gv_path(&d.group, v);
-            paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}")}));
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}")}),
+            );
         }
     }
     json!({"paths": paths})
@@ -158,7 +177,10 @@ pub fn openapi_gv(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Opti
         {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
         {"name": "force", "in": "query", "schema": {"type": "boolean"}}
     ]);
-    for d in defs.iter().filter(|d| d.group == group && d.serves(version)) {
+    for d in defs
+        .iter()
+        .filter(|d| d.group == group && d.serves(version))
+    {
         let base = format!("/{}", gv_path(group, version));
         let path = if d.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}/{{name}}", d.plural)

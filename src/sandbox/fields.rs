@@ -269,24 +269,144 @@ fn merge_field(field: &str, live: &mut Value, applied: &Value) {
     }
 }
 
-/// Paths whose values differ between two objects (added or changed leaves,
-/// as a field set over the new object, and removed ones over the old).
+/// Paths whose values differ between two objects: added or changed leaves
+/// (over the new object) and removed ones (over the old), found in one walk.
 pub fn changed(old: &Value, new: &Value) -> (FieldSet, FieldSet) {
-    let old_set = FieldSet::of(old);
-    let new_set = FieldSet::of(new);
     let mut changed = FieldSet::default();
-    for path in new_set.leaves() {
-        if resolve(old, &path) != resolve(new, &path) || !old_set.touches(&path) {
-            changed.insert(&path);
-        }
-    }
     let mut removed = FieldSet::default();
-    for path in old_set.leaves() {
-        if resolve(new, &path).is_none() {
-            removed.insert(&path);
+    let empty = Map::new();
+    diff_maps(
+        old.as_object().unwrap_or(&empty),
+        new.as_object().unwrap_or(&empty),
+        &mut Vec::new(),
+        &mut changed,
+        &mut removed,
+        true,
+    );
+    (changed, removed)
+}
+
+fn diff_maps(
+    old: &Map<String, Value>,
+    new: &Map<String, Value>,
+    path: &mut Vec<String>,
+    changed: &mut FieldSet,
+    removed: &mut FieldSet,
+    root: bool,
+) {
+    for (k, nv) in new {
+        if root && matches!(k.as_str(), "apiVersion" | "kind") {
+            continue;
+        }
+        if path.len() == 1
+            && path[0] == "f:metadata"
+            && matches!(
+                k.as_str(),
+                "name"
+                    | "namespace"
+                    | "managedFields"
+                    | "resourceVersion"
+                    | "uid"
+                    | "creationTimestamp"
+                    | "generation"
+            )
+        {
+            continue;
+        }
+        path.push(format!("f:{k}"));
+        match old.get(k) {
+            Some(ov) if ov == nv => {}
+            Some(ov) => diff_values(k, ov, nv, path, changed, removed),
+            None => {
+                let sub = FieldSet::of_value(k, nv);
+                insert_all(changed, path, &sub);
+            }
+        }
+        path.pop();
+    }
+    for (k, ov) in old {
+        let identity = root && matches!(k.as_str(), "apiVersion" | "kind");
+        if !new.contains_key(k) && !identity {
+            path.push(format!("f:{k}"));
+            let sub = FieldSet::of_value(k, ov);
+            insert_all(removed, path, &sub);
+            path.pop();
         }
     }
-    (changed, removed)
+}
+
+fn diff_values(
+    field: &str,
+    old: &Value,
+    new: &Value,
+    path: &mut Vec<String>,
+    changed: &mut FieldSet,
+    removed: &mut FieldSet,
+) {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) if !o.is_empty() && !n.is_empty() => {
+            diff_maps(o, n, path, changed, removed, false)
+        }
+        (Value::Array(o), Value::Array(n)) => match merge_key(field, n.first().or(o.first())) {
+            Some(key) if o.iter().chain(n).all(|i| i.get(key).is_some()) => {
+                for item in n {
+                    let Some(k) = item_key(key, item) else {
+                        continue;
+                    };
+                    path.push(k);
+                    match o.iter().find(|x| x.get(key) == item.get(key)) {
+                        Some(prev) if prev == item => {}
+                        Some(prev) => diff_maps(
+                            prev.as_object().unwrap_or(&Map::new()),
+                            item.as_object().unwrap_or(&Map::new()),
+                            path,
+                            changed,
+                            removed,
+                            false,
+                        ),
+                        None => {
+                            let mut sub =
+                                item.as_object().map(FieldSet::of_map).unwrap_or_default();
+                            sub.0.insert(".".into(), FieldSet::default());
+                            insert_all(changed, path, &sub);
+                        }
+                    }
+                    path.pop();
+                }
+                for item in o {
+                    if !n.iter().any(|x| x.get(key) == item.get(key))
+                        && let Some(k) = item_key(key, item)
+                    {
+                        path.push(k);
+                        removed.insert(path);
+                        path.pop();
+                    }
+                }
+            }
+            _ => changed.insert(path),
+        },
+        _ => changed.insert(path),
+    }
+}
+
+/// Insert `prefix` followed by every leaf of `sub` (or `prefix` itself when
+/// `sub` is a leaf).
+fn insert_all(set: &mut FieldSet, prefix: &[String], sub: &FieldSet) {
+    if sub.is_empty() {
+        set.insert(prefix);
+        return;
+    }
+    let mut node = set;
+    for step in prefix {
+        node = node.0.entry(step.clone()).or_default();
+    }
+    merge_into(node, sub);
+}
+
+fn merge_into(dst: &mut FieldSet, src: &FieldSet) {
+    for (k, v) in &src.0 {
+        merge_into(dst.0.entry(k.clone()).or_default(), v);
+    }
 }
 
 /// One `managedFields` entry.

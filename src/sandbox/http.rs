@@ -216,7 +216,10 @@ impl Api {
             }
             ["openapi", "v3"] => {
                 get_only()?;
-                return Ok(value_response(StatusCode::OK, &super::discovery::openapi_root(&self.store.defs())));
+                return Ok(value_response(
+                    StatusCode::OK,
+                    &super::discovery::openapi_root(&self.store.defs()),
+                ));
             }
             ["openapi", "v3", "api", version] => {
                 get_only()?;

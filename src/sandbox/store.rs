@@ -46,13 +46,31 @@ impl Default for StoreConfig {
     }
 }
 
+/// An object's labels, sorted by key: compact, since every stored object
+/// and every remembered event keeps a copy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(Box<[(Box<str>, Box<str>)]>);
+
+impl Labels {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+            .ok()
+            .map(|i| self.0[i].1.as_ref())
+    }
+
+    fn matched_by(&self, sel: &Selector) -> bool {
+        sel.is_empty() || sel.matches_with(|k| self.get(k))
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Stored {
     bytes: Bytes,
     rv: u64,
-    uid: String,
-    labels: BTreeMap<String, String>,
-    owners: Vec<String>,
+    uid: Box<str>,
+    labels: Labels,
+    owners: Box<[Box<str>]>,
 }
 
 /// ADDED, MODIFIED or DELETED.
@@ -80,8 +98,8 @@ struct HistEvent {
     key: ObjKey,
     ty: EventType,
     bytes: Bytes,
-    old_labels: Option<BTreeMap<String, String>>,
-    new_labels: BTreeMap<String, String>,
+    old_labels: Option<Labels>,
+    new_labels: Labels,
 }
 
 /// A field selector the sandbox supports: `metadata.name` and
@@ -132,10 +150,10 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, key: &ObjKey, labels: &BTreeMap<String, String>) -> bool {
+    fn matches(&self, key: &ObjKey, labels: &Labels) -> bool {
         self.namespace.as_ref().is_none_or(|ns| ns == &key.0)
             && self.fields.matches(key)
-            && self.labels.matches(labels)
+            && labels.matched_by(&self.labels)
     }
 }
 
@@ -260,25 +278,37 @@ pub struct Store {
     config: StoreConfig,
 }
 
+/// Serialise for keeping: the buffer is trimmed to its length, since a
+/// stored object would otherwise hold the serialiser's spare capacity.
+fn to_bytes(v: &Value) -> Bytes {
+    let mut buf = serde_json::to_vec(v).unwrap_or_default();
+    buf.shrink_to_fit();
+    Bytes::from(buf)
+}
+
 fn meta_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get("metadata")
         .and_then(|m| m.get(key))
         .and_then(Value::as_str)
 }
 
-fn labels_of(v: &Value) -> BTreeMap<String, String> {
-    v.pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
-                .collect()
-        })
-        .unwrap_or_default()
+fn labels_of(v: &Value) -> Labels {
+    // serde_json's map is ordered, so the pairs come sorted.
+    Labels(
+        v.get("metadata")
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_str().map(|s| (k.as_str().into(), s.into())))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
 }
 
-fn owners_of(v: &Value) -> Vec<String> {
-    crate::observe::owner_uids(v).map(str::to_string).collect()
+fn owners_of(v: &Value) -> Box<[Box<str>]> {
+    crate::observe::owner_uids(v).map(Into::into).collect()
 }
 
 fn finalizers_of(v: &Value) -> Vec<String> {
@@ -311,23 +341,49 @@ fn without(v: &Value, keys: &[&str]) -> Value {
     }
 }
 
-/// Two objects equal but for `managedFields` times and the resourceVersion.
+/// Two objects equal but for `managedFields` times and the resourceVersion,
+/// compared without copying either.
 fn same_content(a: &Value, b: &Value) -> bool {
-    fn strip(v: &Value) -> Value {
-        let mut v = v.clone();
-        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("resourceVersion");
-            if let Some(Value::Array(mf)) = m.get_mut("managedFields") {
-                for e in mf {
-                    if let Some(e) = e.as_object_mut() {
-                        e.remove("time");
-                    }
-                }
-            }
-        }
-        v
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    if a.len() != b.len() {
+        return false;
     }
-    strip(a) == strip(b)
+    a.iter().all(|(k, av)| {
+        let Some(bv) = b.get(k) else { return false };
+        if k != "metadata" {
+            return av == bv;
+        }
+        let (Some(am), Some(bm)) = (av.as_object(), bv.as_object()) else {
+            return av == bv;
+        };
+        let keys = |m: &Map<String, Value>| m.keys().filter(|k| *k != "resourceVersion").count();
+        keys(am) == keys(bm)
+            && am
+                .iter()
+                .filter(|(k, _)| *k != "resourceVersion")
+                .all(|(k, x)| match (k.as_str(), bm.get(k)) {
+                    (_, None) => false,
+                    ("managedFields", Some(y)) => same_managed(x, y),
+                    (_, Some(y)) => x == y,
+                })
+    })
+}
+
+fn same_managed(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_array(), b.as_array()) else {
+        return a == b;
+    };
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| match (x.as_object(), y.as_object()) {
+                (Some(x), Some(y)) => {
+                    x.len() == y.len() && x.iter().all(|(k, v)| k == "time" || y.get(k) == Some(v))
+                }
+                _ => x == y,
+            })
 }
 
 const GENERATE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -1129,8 +1185,8 @@ fn visible(filter: &Filter, e: &HistEvent) -> Option<&'static str> {
     if !ns_ok {
         return None;
     }
-    let now = filter.labels.matches(&e.new_labels);
-    let before = e.old_labels.as_ref().map(|l| filter.labels.matches(l));
+    let now = e.new_labels.matched_by(&filter.labels);
+    let before = e.old_labels.as_ref().map(|l| l.matched_by(&filter.labels));
     match (e.ty, before, now) {
         (EventType::Added, _, true) => Some("ADDED"),
         (EventType::Deleted, _, true) => Some("DELETED"),
@@ -1611,7 +1667,7 @@ impl Inner {
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
-        let bytes = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        let bytes = to_bytes(&obj);
         let uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
         let labels = labels_of(&obj);
         let owners = owners_of(&obj);
@@ -1621,21 +1677,21 @@ impl Inner {
             Stored {
                 bytes: bytes.clone(),
                 rv,
-                uid: uid.clone(),
+                uid: uid.as_str().into(),
                 labels: labels.clone(),
                 owners: owners.clone(),
             },
         );
         if let Some(o) = &old {
-            for owner in &o.owners {
-                if let Some(d) = self.dependents.get_mut(owner) {
+            for owner in o.owners.iter() {
+                if let Some(d) = self.dependents.get_mut(owner.as_ref()) {
                     d.remove(&(res.clone(), key.clone()));
                 }
             }
         }
-        for owner in &owners {
+        for owner in owners.iter() {
             self.dependents
-                .entry(owner.clone())
+                .entry(owner.to_string())
                 .or_default()
                 .insert((res.clone(), key.clone()));
         }
@@ -1698,11 +1754,11 @@ impl Inner {
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let bytes = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
         for owner in &stored.owners {
-            if let Some(d) = self.dependents.get_mut(owner) {
+            if let Some(d) = self.dependents.get_mut(owner.as_ref()) {
                 d.remove(&(res.clone(), key.clone()));
             }
         }
-        self.by_uid.remove(&stored.uid);
+        self.by_uid.remove(stored.uid.as_ref());
         self.record(
             HistEvent {
                 rv: self.rv,
@@ -1769,7 +1825,7 @@ impl Inner {
             let live_owners = stored
                 .owners
                 .iter()
-                .any(|u| u != owner_uid && self.by_uid.contains_key(u));
+                .any(|u| u.as_ref() != owner_uid && self.by_uid.contains_key(u.as_ref()));
             if live_owners {
                 let mut v: Value = serde_json::from_slice(&stored.bytes).unwrap_or_default();
                 if let Some(refs) = v
@@ -1797,7 +1853,12 @@ impl Inner {
         let Some(stored) = self.objects.get(&def.key()).and_then(|m| m.get(key)) else {
             return;
         };
-        if !stored.owners.is_empty() && stored.owners.iter().all(|u| !self.by_uid.contains_key(u)) {
+        if !stored.owners.is_empty()
+            && stored
+                .owners
+                .iter()
+                .all(|u| !self.by_uid.contains_key(u.as_ref()))
+        {
             let _ = self.delete_one(def, &key.0, &key.1, &DeleteOpts::default(), config, now);
         }
     }
@@ -1821,7 +1882,7 @@ impl Inner {
         let mut obj: Value =
             serde_json::from_slice(&stored.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
         if let Some(uid) = &opts.precondition_uid
-            && uid != &stored.uid
+            && uid.as_str() != stored.uid.as_ref()
         {
             return Err(ApiError::conflict_msg(
                 def,
@@ -1856,7 +1917,7 @@ impl Inner {
         if propagation == Propagation::Orphan {
             let deps: Vec<(ResKey, ObjKey)> = self
                 .dependents
-                .remove(&stored.uid)
+                .remove(stored.uid.as_ref())
                 .map(|d| d.into_iter().collect())
                 .unwrap_or_default();
             for (res, k) in deps {
@@ -1871,7 +1932,7 @@ impl Inner {
                     .pointer_mut("/metadata/ownerReferences")
                     .and_then(Value::as_array_mut)
                 {
-                    refs.retain(|r| r["uid"] != stored.uid.as_str());
+                    refs.retain(|r| r["uid"] != stored.uid.as_ref());
                 }
                 self.commit(&ddef, k, v, EventType::Modified, config);
             }
@@ -1879,7 +1940,7 @@ impl Inner {
         let mut finalizers = finalizers_of(&obj);
         let has_dependents = self
             .dependents
-            .get(&stored.uid)
+            .get(stored.uid.as_ref())
             .is_some_and(|d| !d.is_empty());
         if propagation == Propagation::Foreground
             && has_dependents
@@ -1911,7 +1972,7 @@ impl Inner {
         if propagation == Propagation::Foreground {
             let deps: Vec<(ResKey, ObjKey)> = self
                 .dependents
-                .get(&stored.uid)
+                .get(stored.uid.as_ref())
                 .map(|d| d.iter().cloned().collect())
                 .unwrap_or_default();
             for (res, k) in deps {
@@ -1967,7 +2028,11 @@ impl Inner {
                 self.objects
                     .get(res)
                     .and_then(|m| m.get(k))
-                    .is_none_or(|s| self.dependents.get(&s.uid).is_none_or(|d| d.is_empty()))
+                    .is_none_or(|s| {
+                        self.dependents
+                            .get(s.uid.as_ref())
+                            .is_none_or(|d| d.is_empty())
+                    })
             });
             let Some((res, k)) = ready.cloned() else {
                 return;
