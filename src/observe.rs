@@ -27,6 +27,11 @@ impl CachedObject {
         })
     }
 
+    /// Wrap JSON already behind an `Arc` (a cache's copy), without copying it.
+    pub fn from_arc(value: Arc<Value>) -> Arc<Self> {
+        Arc::new(Self { value })
+    }
+
     pub fn value(&self) -> &Value {
         &self.value
     }
@@ -81,6 +86,15 @@ pub trait ObjectView: Send + Sync {
         self.list(kind, namespace)
             .into_iter()
             .find(|o| o.name() == name)
+    }
+
+    /// Objects of `kind` in `namespace` with an ownerReference to `uid`,
+    /// sorted by name. Caches answer this from an index.
+    fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
+        self.list(kind, namespace)
+            .into_iter()
+            .filter(|o| o.is_owned_by(uid))
+            .collect()
     }
 }
 

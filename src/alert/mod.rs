@@ -1,6 +1,9 @@
-//! Alerts: Alertmanager-style routing from an `AlertRoutes` document.
+//! Alerts: Alertmanager-style routing from an `AlertRoutes` document, and
+//! the sinks raised alerts go to.
 
 pub mod matcher;
 pub mod routes;
+pub mod sink;
 
 pub use routes::CompiledRoutes;
+pub use sink::{Alert, AlertSink, AlertSource, LogSink};

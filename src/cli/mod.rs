@@ -2,6 +2,7 @@
 //! everything below is typed.
 
 mod check;
+mod run;
 mod sandbox;
 
 use std::process::ExitCode;
@@ -18,6 +19,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the operator.
+    Run(run::RunArgs),
     /// Load and compile every policy and script below the paths.
     Check(check::CheckArgs),
     /// Print the CustomResourceDefinitions Runbook ships, as YAML.
@@ -83,6 +86,7 @@ pub async fn shutdown_signal() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
         Command::Check(args) => check::run(args),
         Command::Crds(args) => crds(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),

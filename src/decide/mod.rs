@@ -201,12 +201,13 @@ pub fn inputs_hash(
     h.write_u8(meta.get("deletionTimestamp").is_some() as u8);
     hash_value(&t["spec"], &mut h);
     for kind in policy.owns() {
-        for o in observed.view.list(kind, observed.target.namespace()) {
-            if o.is_owned_by(observed.target.uid()) {
-                h.write(kind.kind.as_bytes());
-                h.write(o.name().as_bytes());
-                hash_value(&o.value()["metadata"]["resourceVersion"], &mut h);
-            }
+        for o in observed
+            .view
+            .owned_by(kind, observed.target.namespace(), observed.target.uid())
+        {
+            h.write(kind.kind.as_bytes());
+            h.write(o.name().as_bytes());
+            hash_value(&o.value()["metadata"]["resourceVersion"], &mut h);
         }
     }
     if let Some(s) = sched {

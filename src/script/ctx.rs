@@ -64,11 +64,9 @@ impl Ctx {
 
     /// Children of the target of one kind, sorted by name.
     pub fn owned(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
-        let uid = &self.0.target_uid;
-        self.objects(kind)
-            .into_iter()
-            .filter(|o| o.is_owned_by(uid))
-            .collect()
+        self.0
+            .view
+            .owned_by(kind, &self.0.namespace, &self.0.target_uid)
     }
 }
 

@@ -1,0 +1,76 @@
+//! Where raised alerts go. Every reconcile reports the complete set of
+//! alerts a (policy, target) raises now: an alert that was raised before
+//! and is missing now has resolved.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use jiff::Timestamp;
+
+use super::routes::CompiledRoutes;
+
+/// One alert as a policy raised it (labels include policy, kind,
+/// namespace and name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alert {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub starts_at: Timestamp,
+}
+
+impl Alert {
+    /// A stable identity: the hash of the labels.
+    pub fn fingerprint(&self) -> String {
+        let mut text = String::new();
+        for (k, v) in &self.labels {
+            text.push_str(k);
+            text.push('\u{0}');
+            text.push_str(v);
+            text.push('\u{0}');
+        }
+        format!("{:016x}", crate::util::hash::fnv64(text.as_bytes()))
+    }
+}
+
+/// The (policy, object) an alert comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AlertSource {
+    pub policy: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Takes the alerts each reconcile raises. Must not block.
+pub trait AlertSink: Send + Sync {
+    fn report(&self, source: &AlertSource, routes: Option<&CompiledRoutes>, alerts: Vec<Alert>);
+}
+
+/// Logs each alert when it starts firing and when it resolves.
+#[derive(Default)]
+pub struct LogSink {
+    active: Mutex<HashMap<AlertSource, BTreeMap<String, Alert>>>,
+}
+
+impl AlertSink for LogSink {
+    fn report(&self, source: &AlertSource, _routes: Option<&CompiledRoutes>, alerts: Vec<Alert>) {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let before = active.remove(source).unwrap_or_default();
+        let mut now = BTreeMap::new();
+        for a in alerts {
+            let fp = a.fingerprint();
+            if !before.contains_key(&fp) {
+                tracing::warn!(alert = a.labels.get("alertname").map(String::as_str).unwrap_or(""), labels = ?a.labels, summary = a.annotations.get("summary").map(String::as_str).unwrap_or(""), "alert firing");
+            }
+            now.insert(fp, a);
+        }
+        for (fp, a) in &before {
+            if !now.contains_key(fp) {
+                tracing::info!(alert = a.labels.get("alertname").map(String::as_str).unwrap_or(""), labels = ?a.labels, "alert resolved");
+            }
+        }
+        if !now.is_empty() {
+            active.insert(source.clone(), now);
+        }
+    }
+}

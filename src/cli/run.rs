@@ -1,0 +1,199 @@
+//! `runbook run`: the operator.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::alert::LogSink;
+use crate::clock::Clock;
+use crate::controller::leader::LeaseConfig;
+use crate::controller::metrics::{self, Metrics};
+use crate::controller::{Operator, OperatorConfig};
+use crate::policy::{self, Bundle};
+use crate::script::{ScriptEngine, ScriptLimits};
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "RUNBOOK_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Directories of policy files.
+    #[arg(long = "policy-dir", env = "RUNBOOK_POLICY_DIR", value_delimiter = ',')]
+    pub policy_dirs: Vec<PathBuf>,
+    /// Read policy bundles from ConfigMaps labelled runbook.dev/policy=true.
+    #[arg(long, env = "RUNBOOK_POLICY_CONFIGMAPS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub policy_configmaps: bool,
+    /// Namespace of the policy ConfigMaps and the leader Lease.
+    #[arg(
+        long,
+        env = "RUNBOOK_OPERATOR_NAMESPACE",
+        default_value = "runbook-system"
+    )]
+    pub operator_namespace: String,
+    /// Watch and reconcile only this namespace.
+    #[arg(
+        long,
+        short = 'n',
+        env = "RUNBOOK_NAMESPACE",
+        conflicts_with = "all_namespaces"
+    )]
+    pub namespace: Option<String>,
+    /// Watch and reconcile every namespace (the default).
+    #[arg(long, short = 'A', env = "RUNBOOK_ALL_NAMESPACES")]
+    pub all_namespaces: bool,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "RUNBOOK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    #[arg(long, env = "RUNBOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Reconciles running at once.
+    #[arg(long, env = "RUNBOOK_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+    /// Take a Lease so that only one instance writes.
+    #[arg(long, env = "RUNBOOK_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, env = "RUNBOOK_LEASE_NAME", default_value = "runbook-leader")]
+    pub lease_name: String,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, env = "RUNBOOK_LEASE_DURATION", default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This instance's name (default: $POD_NAME or the host name).
+    #[arg(long, env = "RUNBOOK_IDENTITY")]
+    pub identity: Option<String>,
+    /// Wall-clock budget of one script call, in milliseconds.
+    #[arg(long, env = "RUNBOOK_SCRIPT_TIMEOUT_MS", default_value_t = 20)]
+    pub script_timeout_ms: u64,
+    /// Seconds to let reconciles in flight finish on SIGTERM.
+    #[arg(long, env = "RUNBOOK_SHUTDOWN_GRACE", default_value_t = 20)]
+    pub shutdown_grace: u64,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUNBOOK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn identity(args: &RunArgs) -> String {
+    args.identity
+        .clone()
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("runbook-{}", std::process::id()))
+}
+
+pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or in-cluster config")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let engine = Arc::new(ScriptEngine::new(ScriptLimits {
+        wall_time: Duration::from_millis(args.script_timeout_ms),
+        ..Default::default()
+    }));
+    let mut bundles = Vec::new();
+    for dir in &args.policy_dirs {
+        bundles
+            .extend(Bundle::discover(dir).with_context(|| format!("reading {}", dir.display()))?);
+    }
+    if args.policy_configmaps {
+        bundles.extend(
+            crate::controller::sources::configmap_bundles(&client, &args.operator_namespace)
+                .await?,
+        );
+    }
+    let (set, errors) = policy::load(&engine, &bundles);
+    for e in &errors {
+        tracing::error!("{e}");
+    }
+    if set.policies.is_empty() {
+        anyhow::bail!(
+            "no policy loaded ({} errors); give --policy-dir or create policy ConfigMaps in {}",
+            errors.len(),
+            args.operator_namespace
+        );
+    }
+    let metrics = Arc::new(Metrics::new());
+    let config = OperatorConfig {
+        namespace: if args.all_namespaces {
+            None
+        } else {
+            args.namespace.clone()
+        },
+        concurrency: args.concurrency,
+        identity: identity(&args),
+        lease: args.leader_elect.then(|| LeaseConfig {
+            namespace: args.operator_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: identity(&args),
+            duration: Duration::from_secs(args.lease_duration),
+            renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
+        }),
+        ..Default::default()
+    };
+    let op = Arc::new(Operator::new(
+        client,
+        engine,
+        set,
+        Clock::real(),
+        Arc::new(LogSink::default()),
+        metrics.clone(),
+        config,
+    ));
+    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, op.ctx.ready.clone())
+        .await
+        .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    let start = op.start();
+    tokio::select! {
+        r = start => r.map_err(|e| anyhow::anyhow!("{e}"))?,
+        _ = super::shutdown_signal() => {
+            op.shutdown(Duration::from_secs(args.shutdown_grace)).await;
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    tracing::info!("reconciling");
+    let code = tokio::select! {
+        _ = super::shutdown_signal() => ExitCode::SUCCESS,
+        _ = op.lost_leadership() => {
+            tracing::error!("lost the leader lease; exiting so a fresh instance can stand by");
+            ExitCode::FAILURE
+        }
+    };
+    op.shutdown(Duration::from_secs(args.shutdown_grace)).await;
+    tracing::info!("stopped");
+    Ok(code)
+}

@@ -1,0 +1,403 @@
+//! Watch caches: one per kind, shared by every policy that declares the
+//! kind. Each is filled by a kube-runtime watcher (which lists, watches,
+//! resumes from resourceVersions, relists after 410 and backs off on
+//! errors), indexed by namespace and by owner, and reports every change so
+//! that the targets it concerns can be reconciled.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use kube::Api;
+use kube::core::ApiResource;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::Value;
+use tokio::sync::{Notify, mpsc};
+
+use super::object::RawObject;
+use crate::kinds::KindRef;
+use crate::observe::CachedObject;
+
+/// (namespace, name).
+pub type ObjKey = (String, String);
+
+/// An owner an object points at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRef {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// One object that was added, changed or removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub kind: KindRef,
+    pub namespace: String,
+    pub name: String,
+    pub owners: Vec<OwnerRef>,
+}
+
+fn owners_of(v: &Value) -> Vec<OwnerRef> {
+    v.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            Some(OwnerRef {
+                api_version: r.get("apiVersion")?.as_str()?.to_string(),
+                kind: r.get("kind")?.as_str()?.to_string(),
+                name: r.get("name")?.as_str()?.to_string(),
+                uid: r.get("uid")?.as_str()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct State {
+    objects: HashMap<ObjKey, Arc<CachedObject>>,
+    by_ns: BTreeMap<String, BTreeSet<String>>,
+    by_owner: HashMap<String, BTreeSet<ObjKey>>,
+}
+
+impl State {
+    fn index(&mut self, key: &ObjKey, obj: &CachedObject, add: bool) {
+        if add {
+            self.by_ns
+                .entry(key.0.clone())
+                .or_default()
+                .insert(key.1.clone());
+        } else if let Some(names) = self.by_ns.get_mut(&key.0) {
+            names.remove(&key.1);
+            if names.is_empty() {
+                self.by_ns.remove(&key.0);
+            }
+        }
+        for uid in crate::observe::owner_uids(obj.value()) {
+            if add {
+                self.by_owner
+                    .entry(uid.to_string())
+                    .or_default()
+                    .insert(key.clone());
+            } else if let Some(set) = self.by_owner.get_mut(uid) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_owner.remove(uid);
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, key: ObjKey, obj: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
+        let old = self.objects.insert(key.clone(), obj.clone());
+        if let Some(o) = &old {
+            self.index(&key, o, false);
+        }
+        self.index(&key, &obj, true);
+        old
+    }
+
+    fn remove(&mut self, key: &ObjKey) -> Option<Arc<CachedObject>> {
+        let old = self.objects.remove(key)?;
+        self.index(key, &old, false);
+        Some(old)
+    }
+}
+
+/// The cached objects of one kind.
+pub struct KindCache {
+    pub kind: KindRef,
+    state: RwLock<State>,
+    synced: AtomicBool,
+    synced_notify: Notify,
+}
+
+fn rv(o: &CachedObject) -> &str {
+    o.value()
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+impl KindCache {
+    pub fn new(kind: KindRef) -> Self {
+        Self {
+            kind,
+            state: RwLock::new(State::default()),
+            synced: AtomicBool::new(false),
+            synced_notify: Notify::new(),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn change(&self, o: &CachedObject) -> Change {
+        Change {
+            kind: self.kind.clone(),
+            namespace: o.namespace().to_string(),
+            name: o.name().to_string(),
+            owners: owners_of(o.value()),
+        }
+    }
+
+    /// Add or replace an object; a change unless the resourceVersion is the same.
+    pub fn apply(&self, obj: Arc<CachedObject>) -> Option<Change> {
+        let key = (obj.namespace().to_string(), obj.name().to_string());
+        let old = self.write().insert(key, obj.clone());
+        match old {
+            Some(o) if rv(&o) == rv(&obj) && !rv(&obj).is_empty() => None,
+            Some(o) => {
+                // Owners that were dropped hear about it too.
+                let mut c = self.change(&obj);
+                for owner in owners_of(o.value()) {
+                    if !c.owners.contains(&owner) {
+                        c.owners.push(owner);
+                    }
+                }
+                Some(c)
+            }
+            None => Some(self.change(&obj)),
+        }
+    }
+
+    pub fn delete(&self, namespace: &str, name: &str) -> Option<Change> {
+        let old = self
+            .write()
+            .remove(&(namespace.to_string(), name.to_string()))?;
+        Some(self.change(&old))
+    }
+
+    /// Replace everything after a (re)list; the changes are what differs.
+    pub fn replace_all(&self, objs: Vec<Arc<CachedObject>>) -> Vec<Change> {
+        let mut changes = Vec::new();
+        let mut fresh: HashMap<ObjKey, Arc<CachedObject>> = HashMap::new();
+        for o in objs {
+            fresh.insert((o.namespace().to_string(), o.name().to_string()), o);
+        }
+        let mut st = self.write();
+        let gone: Vec<ObjKey> = st
+            .objects
+            .keys()
+            .filter(|k| !fresh.contains_key(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(o) = st.remove(&k) {
+                changes.push(self.change(&o));
+            }
+        }
+        for (k, o) in fresh {
+            let same = st.objects.get(&k).is_some_and(|old| rv(old) == rv(&o));
+            if !same {
+                changes.push(self.change(&o));
+                st.insert(k, o);
+            }
+        }
+        changes
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        self.read()
+            .objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Objects in a namespace (every namespace if empty), sorted by name.
+    pub fn list(&self, namespace: &str) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        let pick = |ns: &str, names: &BTreeSet<String>| -> Vec<Arc<CachedObject>> {
+            names
+                .iter()
+                .filter_map(|n| st.objects.get(&(ns.to_string(), n.clone())).cloned())
+                .collect()
+        };
+        if namespace.is_empty() && !self.kind.namespaced() {
+            return st.by_ns.get("").map(|n| pick("", n)).unwrap_or_default();
+        }
+        st.by_ns
+            .get(namespace)
+            .map(|n| pick(namespace, n))
+            .unwrap_or_default()
+    }
+
+    pub fn owned_by(&self, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        let mut out: Vec<Arc<CachedObject>> = st
+            .by_owner
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter(|k| k.0 == namespace)
+            .filter_map(|k| st.objects.get(k).cloned())
+            .collect();
+        out.sort_by(|a, b| a.name().cmp(b.name()));
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+        self.synced_notify.notify_waiters();
+    }
+
+    /// Wait until the first list has filled the cache.
+    pub async fn wait_synced(&self) {
+        loop {
+            let notified = self.synced_notify.notified();
+            if self.is_synced() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A running informer: its cache and the task that fills it.
+pub struct Informer {
+    pub cache: Arc<KindCache>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Informer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watch one kind into a cache, sending every change to `changes`.
+pub fn spawn_informer(
+    client: kube::Client,
+    resource: ApiResource,
+    kind: KindRef,
+    namespace: Option<String>,
+    changes: mpsc::UnboundedSender<Change>,
+) -> Informer {
+    let cache = Arc::new(KindCache::new(kind.clone()));
+    let api: Api<RawObject> = match (&namespace, kind.namespaced()) {
+        (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
+        _ => Api::all_with(client, &resource),
+    };
+    let config = watcher::Config::default().page_size(500);
+    let c = cache.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut buffer: Vec<Arc<CachedObject>> = Vec::new();
+        while let Some(event) = stream.next().await {
+            let usable = |o: &RawObject| match &o.undecodable {
+                Some(why) => {
+                    tracing::warn!(kind = %c.kind, name = o.meta.name.as_deref().unwrap_or("?"), "skipping an object: {why}");
+                    false
+                }
+                None => true,
+            };
+            match event {
+                Ok(Event::Apply(o)) if usable(&o) => {
+                    if let Some(ch) = c.apply(o.cached()) {
+                        let _ = changes.send(ch);
+                    }
+                }
+                Ok(Event::Delete(o)) => {
+                    let (ns, name) = (
+                        o.meta.namespace.clone().unwrap_or_default(),
+                        o.meta.name.clone().unwrap_or_default(),
+                    );
+                    if let Some(ch) = c.delete(&ns, &name) {
+                        let _ = changes.send(ch);
+                    }
+                }
+                Ok(Event::Init) => buffer.clear(),
+                Ok(Event::InitApply(o)) if usable(&o) => buffer.push(o.cached()),
+                Ok(Event::InitDone) => {
+                    for ch in c.replace_all(std::mem::take(&mut buffer)) {
+                        let _ = changes.send(ch);
+                    }
+                    c.mark_synced();
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(kind = %c.kind, "watch failed, retrying with backoff: {e}")
+                }
+            }
+        }
+    });
+    Informer { cache, task }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<CachedObject> {
+        let mut v = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "d", "resourceVersion": rv}});
+        if let Some(o) = owner {
+            v["metadata"]["ownerReferences"] =
+                json!([{"apiVersion": "x/v1", "kind": "X", "name": "owner", "uid": o}]);
+        }
+        CachedObject::new(v)
+    }
+
+    #[test]
+    fn changes_are_reported_once_per_resource_version() {
+        let c = KindCache::new(KindRef::new("batch/v1", "Job"));
+        assert!(c.apply(obj("a", "1", Some("u1"))).is_some());
+        assert!(
+            c.apply(obj("a", "1", Some("u1"))).is_none(),
+            "same resourceVersion, no change"
+        );
+        let ch = c.apply(obj("a", "2", None)).unwrap();
+        assert_eq!(ch.owners.len(), 1, "the former owner hears of the change");
+        assert!(c.owned_by("d", "u1").is_empty());
+    }
+
+    #[test]
+    fn owners_and_namespaces_are_indexed() {
+        let c = KindCache::new(KindRef::new("batch/v1", "Job"));
+        c.apply(obj("b", "1", Some("u1")));
+        c.apply(obj("a", "1", Some("u1")));
+        c.apply(obj("c", "1", Some("u2")));
+        let names: Vec<String> = c
+            .owned_by("d", "u1")
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(c.list("d").len(), 3);
+        assert!(c.list("other").is_empty());
+        c.delete("d", "a");
+        assert_eq!(c.owned_by("d", "u1").len(), 1);
+    }
+
+    #[test]
+    fn a_relist_reports_what_differs() {
+        let c = KindCache::new(KindRef::new("batch/v1", "Job"));
+        c.apply(obj("a", "1", None));
+        c.apply(obj("b", "1", None));
+        let changes = c.replace_all(vec![obj("a", "1", None), obj("c", "1", None)]);
+        let mut names: Vec<String> = changes.iter().map(|c| c.name.clone()).collect();
+        names.sort();
+        assert_eq!(names, ["b", "c"]);
+    }
+}

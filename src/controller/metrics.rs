@@ -1,0 +1,207 @@
+//! Prometheus metrics, and the HTTP endpoint that serves them with
+//! `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+type Labels = Vec<(String, String)>;
+
+fn histogram() -> Histogram {
+    // 50 µs to about 26 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 20))
+}
+
+/// Every metric Runbook exports.
+pub struct Metrics {
+    registry: Registry,
+    pub reconciles: Family<Labels, Counter>,
+    pub reconcile_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    pub script_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    pub actions: Family<Labels, Counter>,
+    pub refusals: Family<Labels, Counter>,
+    pub writes: Counter,
+    pub queue_depth: Gauge,
+    pub leader: Gauge,
+    pub circuit_open: Family<Labels, Gauge>,
+    pub policy_reloads: Family<Labels, Counter>,
+    pub policy_info: Family<Labels, Gauge>,
+    pub alerts: Family<Labels, Counter>,
+    pub alert_queue: Family<Labels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("runbook");
+        let m = Self {
+            reconciles: Family::default(),
+            reconcile_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
+            script_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
+            actions: Family::default(),
+            refusals: Family::default(),
+            writes: Counter::default(),
+            queue_depth: Gauge::default(),
+            leader: Gauge::default(),
+            circuit_open: Family::default(),
+            policy_reloads: Family::default(),
+            policy_info: Family::default(),
+            alerts: Family::default(),
+            alert_queue: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "reconciles",
+            "Reconciles by policy and result",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time per reconcile, by policy",
+            m.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "script_duration_seconds",
+            "Time in the decision (script or steps), by policy",
+            m.script_seconds.clone(),
+        );
+        registry.register(
+            "actions",
+            "Actions by policy, type and result",
+            m.actions.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Actions refused by the permission check, by policy and type",
+            m.refusals.clone(),
+        );
+        registry.register(
+            "api_writes",
+            "Write requests made to the API server",
+            m.writes.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Targets waiting to be reconciled after a change",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this instance holds the leader lease",
+            m.leader.clone(),
+        );
+        registry.register(
+            "circuit_open",
+            "1 while a policy's writes are suspended by its circuit breaker",
+            m.circuit_open.clone(),
+        );
+        registry.register(
+            "policy_reload",
+            "Policy loads by result",
+            m.policy_reloads.clone(),
+        );
+        registry.register(
+            "policy_info",
+            "The policy versions in force",
+            m.policy_info.clone(),
+        );
+        registry.register(
+            "alerts",
+            "Alert notifications by receiver and result",
+            m.alerts.clone(),
+        );
+        registry.register(
+            "alert_queue_depth",
+            "Notifications waiting, by receiver",
+            m.alert_queue.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` until the task is dropped.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (metrics, ready) = (metrics.clone(), ready.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let (metrics, ready) = (metrics.clone(), ready.clone());
+                    async move {
+                        let (code, ctype, body) = match req.uri().path() {
+                            "/metrics" => (
+                                StatusCode::OK,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                metrics.render(),
+                            ),
+                            "/healthz" | "/livez" => {
+                                (StatusCode::OK, "text/plain", "ok".to_string())
+                            }
+                            "/readyz" if ready.load(Ordering::Acquire) => {
+                                (StatusCode::OK, "text/plain", "ok".to_string())
+                            }
+                            "/readyz" => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "text/plain",
+                                "caches not synced yet".to_string(),
+                            ),
+                            _ => (StatusCode::NOT_FOUND, "text/plain", "not found".to_string()),
+                        };
+                        let mut r = Response::new(Full::new(Bytes::from(body)));
+                        *r.status_mut() = code;
+                        r.headers_mut().insert(
+                            hyper::header::CONTENT_TYPE,
+                            hyper::header::HeaderValue::from_static(ctype),
+                        );
+                        Ok::<_, std::convert::Infallible>(r)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((local, task))
+}

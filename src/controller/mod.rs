@@ -1,0 +1,8 @@
+pub mod cache;
+pub mod leader;
+pub mod metrics;
+pub mod object;
+pub mod runtime;
+pub mod view;
+pub use runtime::{Context, Operator, OperatorConfig, StartError};
+pub mod sources;

@@ -1,0 +1,132 @@
+//! `RawObject`: any Kubernetes object as JSON, the type every watch and
+//! cache of the runtime holds.
+//!
+//! It decodes leniently: whatever the API server sends becomes a
+//! `RawObject`, and one whose metadata Runbook cannot use is marked
+//! undecodable (logged and skipped) instead of failing a whole list or
+//! watch. `managedFields` are dropped while decoding, before an object
+//! enters any cache.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::core::{ApiResource, DynamicResourceScope, Resource};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use crate::observe::CachedObject;
+
+#[derive(Clone, Debug)]
+pub struct RawObject {
+    /// Just what the runtime needs: name, namespace, uid, resourceVersion,
+    /// generation, deletionTimestamp.
+    pub meta: ObjectMeta,
+    pub value: Arc<Value>,
+    /// Why the object cannot be used, if it cannot.
+    pub undecodable: Option<String>,
+}
+
+impl RawObject {
+    pub fn from_value(mut value: Value) -> Self {
+        let mut undecodable = None;
+        if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        let m = &value["metadata"];
+        let s = |k: &str| m.get(k).and_then(Value::as_str).map(str::to_string);
+        let meta = ObjectMeta {
+            name: s("name"),
+            namespace: s("namespace"),
+            uid: s("uid"),
+            resource_version: s("resourceVersion"),
+            generation: m.get("generation").and_then(Value::as_i64),
+            deletion_timestamp: s("deletionTimestamp")
+                .and_then(|t| t.parse().ok())
+                .map(Time),
+            ..Default::default()
+        };
+        if !m.is_object() {
+            undecodable = Some("the object has no metadata".to_string());
+        } else if meta.name.as_deref().is_none_or(str::is_empty) {
+            undecodable = Some("the object has no metadata.name".to_string());
+        } else if let Some(labels) = m.get("labels")
+            && !labels.is_null()
+            && !labels
+                .as_object()
+                .is_some_and(|l| l.values().all(Value::is_string))
+        {
+            undecodable = Some("metadata.labels is not a map of strings".to_string());
+        }
+        Self {
+            meta,
+            value: Arc::new(value),
+            undecodable,
+        }
+    }
+
+    /// The object as decisions see it (shares the JSON).
+    pub fn cached(&self) -> Arc<CachedObject> {
+        CachedObject::from_arc(self.value.clone())
+    }
+}
+
+impl<'de> Deserialize<'de> for RawObject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(RawObject::from_value)
+    }
+}
+
+impl Resource for RawObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn managed_fields_are_dropped_on_the_way_in() {
+        let o: RawObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "d", "resourceVersion": "5", "managedFields": [{"manager": "x"}]}
+        }))
+        .unwrap();
+        assert!(o.undecodable.is_none());
+        assert_eq!(o.meta.resource_version.as_deref(), Some("5"));
+        assert!(o.value["metadata"].get("managedFields").is_none());
+    }
+
+    #[test]
+    fn odd_objects_decode_but_are_marked() {
+        let o: RawObject =
+            serde_json::from_value(json!({"metadata": {"name": "a", "labels": {"x": 1}}})).unwrap();
+        assert!(o.undecodable.unwrap().contains("labels"));
+        let o: RawObject = serde_json::from_value(json!({"kind": "X"})).unwrap();
+        assert!(o.undecodable.is_some());
+    }
+}

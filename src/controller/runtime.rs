@@ -1,0 +1,1038 @@
+//! The operator: a kube-runtime Controller per target kind, shared watch
+//! caches for every other declared kind, the reconcile that runs each
+//! policy's decision through the executor, per-object backoff, circuit
+//! breakers, leader election and metrics.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use futures::{Stream, StreamExt};
+use jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use super::cache::{Change, Informer, spawn_informer};
+use super::leader::{Elector, LeaseConfig};
+use super::metrics::Metrics;
+use super::object::RawObject;
+use super::view::{Dependencies, Source, Sources, TargetKey, Tracking};
+use crate::alert::AlertSink;
+use crate::clock::Clock;
+use crate::crd::DecisionRecord;
+use crate::decide::{self, Observed};
+use crate::executor::resources::{Resolved, Resources};
+use crate::executor::{self, Exec, Mode};
+use crate::kinds::KindRef;
+use crate::policy::compile::{CircuitBreaker, CompiledPolicy};
+use crate::policy::{self, PolicySet};
+use crate::script::ScriptEngine;
+
+/// How the operator runs.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    /// Watch and reconcile only this namespace (None: every namespace).
+    pub namespace: Option<String>,
+    pub concurrency: u16,
+    /// Names this instance in the Lease and in Events.
+    pub identity: String,
+    /// Leader election; None runs as the only instance.
+    pub lease: Option<LeaseConfig>,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            concurrency: 16,
+            identity: "runbook".into(),
+            lease: None,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why the operator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    MissingKinds(String),
+    #[error("discovery failed: {0}")]
+    Discovery(kube::Error),
+}
+
+/// Why a reconcile failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ReconcileError {
+    pub message: String,
+    pub label: &'static str,
+}
+
+/// A decision of a shadow policy, kept for inspection.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ShadowRecord {
+    pub time: String,
+    pub target: String,
+    pub record: DecisionRecord,
+}
+
+#[derive(Default)]
+struct Breaker {
+    window: VecDeque<(i64, bool)>,
+    open_until: Option<i64>,
+}
+
+impl Breaker {
+    fn open(&mut self, cfg: &CircuitBreaker, now_ms: i64) -> Option<String> {
+        match self.open_until {
+            Some(t) if now_ms < t => Some(format!(
+                "writes suspended by the circuit breaker for {} more (error rate above {:.0}%)",
+                crate::util::time::render_duration_ms(t - now_ms),
+                cfg.error_rate * 100.0
+            )),
+            Some(_) => {
+                self.open_until = None;
+                self.window.clear();
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn record(&mut self, cfg: &CircuitBreaker, now_ms: i64, failed: bool) {
+        self.window.push_back((now_ms, failed));
+        while self
+            .window
+            .front()
+            .is_some_and(|(t, _)| *t < now_ms - cfg.window_ms)
+        {
+            self.window.pop_front();
+        }
+        let n = self.window.len();
+        let failures = self.window.iter().filter(|(_, f)| *f).count();
+        if n >= cfg.min_requests as usize && failures as f64 / n as f64 >= cfg.error_rate {
+            self.open_until = Some(now_ms + cfg.cooldown_ms);
+        }
+    }
+}
+
+struct TargetController {
+    store: Store<RawObject>,
+    trigger: mpsc::UnboundedSender<ObjectRef<RawObject>>,
+    resync: mpsc::UnboundedSender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Everything a reconcile shares: no globals.
+pub struct Context {
+    pub client: Client,
+    pub engine: Arc<ScriptEngine>,
+    pub policies: ArcSwap<PolicySet>,
+    pub clock: Clock,
+    pub resources: Resources,
+    pub metrics: Arc<Metrics>,
+    pub alerts: Arc<dyn AlertSink>,
+    pub recorder: Recorder,
+    pub config: OperatorConfig,
+    pub ready: Arc<AtomicBool>,
+    pub leading: Arc<AtomicBool>,
+    informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
+    targets: Mutex<HashMap<KindRef, TargetController>>,
+    deps: Mutex<Dependencies>,
+    failures: Mutex<HashMap<TargetKey, u32>>,
+    breakers: Mutex<HashMap<String, Breaker>>,
+    pending: Mutex<HashSet<TargetKey>>,
+    shadow: Mutex<VecDeque<ShadowRecord>>,
+    in_flight: AtomicUsize,
+    activity: AtomicU64,
+    changes: mpsc::UnboundedSender<Change>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Context {
+    /// The caches a reconcile reads, by kind.
+    pub fn sources(&self) -> Sources {
+        let mut map = HashMap::new();
+        for (k, i) in self
+            .informers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            map.insert(k.clone(), Source::Informer(i.cache.clone()));
+        }
+        for (k, t) in self
+            .targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            map.insert(k.clone(), Source::Targets(t.store.clone()));
+        }
+        Sources(map)
+    }
+
+    /// Shadow decisions, newest last.
+    pub fn shadow_records(&self) -> Vec<ShadowRecord> {
+        self.shadow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn trigger(&self, key: TargetKey) {
+        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = targets.get(&key.kind) {
+            let r = ObjectRef::new_with(&key.name, key.kind.api_resource()).within(&key.namespace);
+            if t.trigger.send(r).is_ok() {
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                pending.insert(key);
+                self.metrics.queue_depth.set(pending.len() as i64);
+            }
+        }
+    }
+
+    /// Reconcile every target of these kinds (all kinds if empty) again.
+    pub fn resync(&self, kinds: &[KindRef]) {
+        for (k, t) in self
+            .targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if kinds.is_empty() || kinds.contains(k) {
+                let _ = t.resync.send(());
+            }
+        }
+    }
+
+    /// Reconcile these targets again.
+    pub fn requeue(&self, keys: impl IntoIterator<Item = TargetKey>) {
+        for k in keys {
+            self.trigger(k);
+        }
+    }
+
+    /// Every target currently cached, of the given kinds.
+    pub fn target_keys(&self, kinds: &[KindRef]) -> Vec<TargetKey> {
+        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (k, t) in targets.iter().filter(|(k, _)| kinds.contains(k)) {
+            for o in t.store.state() {
+                out.push(TargetKey {
+                    kind: k.clone(),
+                    namespace: o.meta.namespace.clone().unwrap_or_default(),
+                    name: o.meta.name.clone().unwrap_or_default(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Reconciles running right now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// A counter that moves whenever a reconcile finishes.
+    pub fn activity(&self) -> u64 {
+        self.activity.load(Ordering::Acquire)
+    }
+
+    /// Targets waiting after a change.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+fn finalizer_name(policy: &str) -> String {
+    let name = if policy.len() <= 63 {
+        policy.to_string()
+    } else {
+        crate::names::child_name(
+            &policy[..50],
+            &crate::util::hash::short_hex(policy.as_bytes(), 8),
+        )
+    };
+    format!("runbook.dev/{name}")
+}
+
+fn finalizers(v: &Value) -> Vec<String> {
+    v.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str().map(str::to_string))
+        .collect()
+}
+
+async fn patch_finalizers(
+    ctx: &Context,
+    r: &Resolved,
+    target: &Value,
+    add: Option<&str>,
+    remove: Option<&str>,
+) -> Result<(), ReconcileError> {
+    let ns = target["metadata"]["namespace"].as_str().unwrap_or_default();
+    let name = target["metadata"]["name"].as_str().unwrap_or_default();
+    let current = finalizers(target);
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": target["metadata"]["resourceVersion"]}),
+    ];
+    if let Some(f) = add {
+        if target.pointer("/metadata/finalizers").is_some() {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": f}));
+        } else {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [f]}));
+        }
+    }
+    if let Some(f) = remove
+        && let Some(i) = current.iter().position(|x| x == f)
+    {
+        ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")}));
+    }
+    let ops: json_patch::Patch =
+        serde_json::from_value(Value::Array(ops)).map_err(|e| ReconcileError {
+            message: e.to_string(),
+            label: "internal",
+        })?;
+    let api: Api<RawObject> = if r.namespaced {
+        Api::namespaced_with(ctx.client.clone(), ns, &r.resource)
+    } else {
+        Api::all_with(ctx.client.clone(), &r.resource)
+    };
+    ctx.metrics.writes.inc();
+    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .map(|_| ())
+        .map_err(|e| ReconcileError {
+            message: format!("updating the finalizers of {ns}/{name}: {e}"),
+            label: "finalizer",
+        })
+}
+
+async fn run_policy(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    set: &PolicySet,
+    target: &Arc<crate::observe::CachedObject>,
+    resolved: &Resolved,
+    key: &TargetKey,
+    finalizing: bool,
+) -> executor::Outcome {
+    let now: Timestamp = ctx.clock.now();
+    let tracking = Arc::new(Tracking::new(ctx.sources()));
+    let observed = Observed {
+        target: target.clone(),
+        view: tracking.clone(),
+        now,
+    };
+    let started = Instant::now();
+    let decision = if finalizing {
+        decide::finalize(&ctx.engine, p, &observed)
+    } else {
+        decide::decide(&ctx.engine, p, &observed)
+    };
+    let policy_label = Metrics::labels(&[("policy", &p.name)]);
+    ctx.metrics
+        .script_seconds
+        .get_or_create(&policy_label)
+        .observe(started.elapsed().as_secs_f64());
+    ctx.deps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .set(key, tracking.take());
+    let now_ms = now.as_millisecond();
+    let mode = match p.mode {
+        policy::Mode::Shadow => Mode::Shadow,
+        policy::Mode::Enforce => {
+            let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
+                ctx.breakers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(p.name.clone())
+                    .or_default()
+                    .open(cb, now_ms)
+            });
+            match open {
+                Some(why) => Mode::Suspended(why),
+                None => Mode::Enforce,
+            }
+        }
+    };
+    ctx.metrics
+        .circuit_open
+        .get_or_create(&policy_label)
+        .set(matches!(mode, Mode::Suspended(_)) as i64);
+    let routes = set.routes_for(p);
+    let exec = Exec {
+        client: &ctx.client,
+        resources: &ctx.resources,
+        view: &tracking.sources,
+        recorder: Some(&ctx.recorder),
+        alerts: ctx.alerts.as_ref(),
+        now,
+    };
+    let outcome = executor::execute(
+        &exec,
+        p,
+        routes.as_deref(),
+        target,
+        resolved,
+        decision.as_ref(),
+        mode.clone(),
+    )
+    .await;
+    if let Err(e) = &decision {
+        tracing::warn!(policy = %p.name, "{e}");
+    }
+    for (verb, result) in &outcome.results {
+        ctx.metrics
+            .actions
+            .get_or_create(&Metrics::labels(&[
+                ("policy", &p.name),
+                ("action", verb),
+                ("result", result),
+            ]))
+            .inc();
+    }
+    for (verb, _) in &outcome.refused {
+        ctx.metrics
+            .refusals
+            .get_or_create(&Metrics::labels(&[("policy", &p.name), ("action", verb)]))
+            .inc();
+    }
+    ctx.metrics.writes.inc_by(u64::from(outcome.writes));
+    if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
+        ctx.breakers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(p.name.clone())
+            .or_default()
+            .record(cb, now_ms, outcome.error.is_some());
+    }
+    if mode == Mode::Shadow {
+        tracing::info!(policy = %p.name, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
+        let mut log = ctx.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        log.push_back(ShadowRecord {
+            time: crate::util::time::format(now),
+            target: format!("{} {}/{}", key.kind, key.namespace, key.name),
+            record: outcome.record.clone(),
+        });
+        while log.len() > 1000 {
+            log.pop_front();
+        }
+    }
+    let mut outcome = outcome;
+    if let Ok(d) = &decision {
+        outcome.requeue_ms = d.requeue_after_ms;
+    }
+    outcome
+}
+
+async fn reconcile(
+    obj: Arc<RawObject>,
+    ctx: Arc<Context>,
+    kind: KindRef,
+) -> Result<Action, ReconcileError> {
+    let key = TargetKey {
+        kind: kind.clone(),
+        namespace: obj.meta.namespace.clone().unwrap_or_default(),
+        name: obj.meta.name.clone().unwrap_or_default(),
+    };
+    {
+        let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.remove(&key);
+        ctx.metrics.queue_depth.set(pending.len() as i64);
+    }
+    tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
+    if let Some(why) = &obj.undecodable {
+        tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");
+        return Ok(Action::await_change());
+    }
+    ctx.in_flight.fetch_add(1, Ordering::AcqRel);
+    let result = reconcile_target(&obj, &ctx, &kind, &key).await;
+    ctx.in_flight.fetch_sub(1, Ordering::AcqRel);
+    ctx.activity.fetch_add(1, Ordering::AcqRel);
+    result
+}
+
+async fn reconcile_target(
+    obj: &RawObject,
+    ctx: &Arc<Context>,
+    kind: &KindRef,
+    key: &TargetKey,
+) -> Result<Action, ReconcileError> {
+    let set = ctx.policies.load_full();
+    let target = obj.cached();
+    let t = target.value();
+    let policies: Vec<Arc<CompiledPolicy>> = set
+        .for_target(kind)
+        .into_iter()
+        .filter(|p| p.selector.is_empty() || p.selector.matches_object(t))
+        .collect();
+    if policies.is_empty() {
+        ctx.deps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(key);
+        return Ok(Action::await_change());
+    }
+    let resolved = ctx
+        .resources
+        .resolve(kind)
+        .await
+        .map_err(|e| ReconcileError {
+            message: format!("discovering {kind}: {e}"),
+            label: "discovery",
+        })?;
+    let started = Instant::now();
+    let deleting = t.pointer("/metadata/deletionTimestamp").is_some();
+    let present = finalizers(t);
+    let mut requeue: Option<i64> = None;
+    let mut error: Option<(String, &'static str)> = None;
+    for p in &policies {
+        let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %kind.kind, namespace = %key.namespace, name = %key.name);
+        let _enter = span.enter();
+        let fin = finalizer_name(&p.name);
+        let writes_allowed = p.mode == policy::Mode::Enforce;
+        if deleting {
+            if !present.contains(&fin) {
+                continue;
+            }
+            let outcome = run_policy(ctx, p, &set, &target, &resolved, key, true).await;
+            let work_left = outcome.record.actions.iter().any(|a| {
+                !matches!(
+                    a.action.as_str(),
+                    "status" | "condition" | "event" | "alert"
+                )
+            });
+            if let Some(e) = outcome.error {
+                error = Some((e, outcome.error_label.unwrap_or("finalize")));
+            } else if !work_left && writes_allowed {
+                patch_finalizers(ctx, &resolved, t, None, Some(&fin)).await?;
+            } else {
+                requeue = Some(requeue.map_or(5_000, |r| r.min(5_000)));
+            }
+            continue;
+        }
+        if p.has_finalizer() && writes_allowed && !present.contains(&fin) {
+            // The watch event of this write reconciles again.
+            patch_finalizers(ctx, &resolved, t, Some(&fin), None).await?;
+            return Ok(Action::await_change());
+        }
+        let outcome = run_policy(ctx, p, &set, &target, &resolved, key, false).await;
+        let result = if outcome.error.is_some() {
+            "error"
+        } else {
+            "ok"
+        };
+        ctx.metrics
+            .reconciles
+            .get_or_create(&Metrics::labels(&[("policy", &p.name), ("result", result)]))
+            .inc();
+        ctx.metrics
+            .reconcile_seconds
+            .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+            .observe(started.elapsed().as_secs_f64());
+        if let Some(ms) = outcome.requeue_ms {
+            requeue = Some(requeue.map_or(ms, |r| r.min(ms)));
+        }
+        if let Some(e) = outcome.error {
+            tracing::warn!("{e}");
+            error = Some((e, outcome.error_label.unwrap_or("error")));
+        }
+    }
+    if let Some((message, label)) = error {
+        return Err(ReconcileError { message, label });
+    }
+    ctx.failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(key);
+    Ok(match requeue {
+        Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
+        None => Action::await_change(),
+    })
+}
+
+fn error_policy(
+    obj: Arc<RawObject>,
+    err: &ReconcileError,
+    ctx: Arc<Context>,
+    kind: &KindRef,
+) -> Action {
+    let key = TargetKey {
+        kind: kind.clone(),
+        namespace: obj.meta.namespace.clone().unwrap_or_default(),
+        name: obj.meta.name.clone().unwrap_or_default(),
+    };
+    let n = {
+        let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = f.entry(key.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(
+        ctx.config.backoff_base,
+        ctx.config.backoff_max,
+        n,
+        &format!("{}/{}/{}", kind, key.namespace, key.name),
+    );
+    tracing::debug!(error = %err, label = err.label, attempt = n, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+/// Exponential backoff, capped, with ±20% jitter derived from the object
+/// (so retries of many objects spread out, and a given object's are
+/// reproducible).
+pub fn backoff(base: Duration, max: Duration, attempt: u32, seed: &str) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+    let capped = exp.min(max);
+    let h = crate::util::hash::fnv64(format!("{seed}#{attempt}").as_bytes());
+    let jitter = 0.8 + (h % 4001) as f64 / 10_000.0;
+    capped.mul_f64(jitter)
+}
+
+fn channel_stream<T: Send + 'static>(
+    rx: mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+/// The operator.
+pub struct Operator {
+    pub ctx: Arc<Context>,
+    stop: watch::Sender<bool>,
+    changes_rx: Mutex<Option<mpsc::UnboundedReceiver<Change>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    leading_rx: watch::Receiver<bool>,
+    leading_tx: Mutex<Option<watch::Sender<bool>>>,
+}
+
+impl Operator {
+    pub fn new(
+        client: Client,
+        engine: Arc<ScriptEngine>,
+        policies: PolicySet,
+        clock: Clock,
+        alerts: Arc<dyn AlertSink>,
+        metrics: Arc<Metrics>,
+        config: OperatorConfig,
+    ) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let (changes, changes_rx) = mpsc::unbounded_channel();
+        let (leading_tx, leading_rx) = watch::channel(false);
+        let reporter = Reporter {
+            controller: "runbook".into(),
+            instance: Some(config.identity.clone()),
+        };
+        let ctx = Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            resources: Resources::new(client.clone()),
+            client,
+            engine,
+            policies: ArcSwap::from_pointee(policies),
+            clock,
+            metrics,
+            alerts,
+            config,
+            ready: Arc::new(AtomicBool::new(false)),
+            leading: Arc::new(AtomicBool::new(false)),
+            informers: Mutex::new(HashMap::new()),
+            targets: Mutex::new(HashMap::new()),
+            deps: Mutex::new(Dependencies::default()),
+            failures: Mutex::new(HashMap::new()),
+            breakers: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashSet::new()),
+            shadow: Mutex::new(VecDeque::new()),
+            in_flight: AtomicUsize::new(0),
+            activity: AtomicU64::new(0),
+            changes,
+            stop: stop_rx,
+        });
+        Self {
+            ctx,
+            stop,
+            changes_rx: Mutex::new(Some(changes_rx)),
+            tasks: Mutex::new(Vec::new()),
+            leading_rx,
+            leading_tx: Mutex::new(Some(leading_tx)),
+        }
+    }
+
+    /// Check that every kind the policies name is served; say how to fix it if not.
+    pub async fn check_kinds(&self, set: &PolicySet) -> Result<(), StartError> {
+        let mut missing = Vec::new();
+        let mut kinds: Vec<KindRef> = Vec::new();
+        for p in set.policies.values() {
+            for k in p.kinds.kinds() {
+                if !kinds.contains(k) {
+                    kinds.push(k.clone());
+                }
+            }
+        }
+        for k in &kinds {
+            match self.ctx.resources.resolve(k).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => missing.push(k.clone()),
+                Err(kube::Error::Discovery(_)) => missing.push(k.clone()),
+                Err(e) => return Err(StartError::Discovery(e)),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = missing.iter().map(|k| k.to_string()).collect();
+        let ours = missing.iter().any(|k| k.group() == "runbook.dev");
+        let fix = if ours {
+            "install Runbook's CRDs with: runbook crds | kubectl apply --server-side -f -"
+                .to_string()
+        } else {
+            "install the CustomResourceDefinitions that define them, then start again".to_string()
+        };
+        Err(StartError::MissingKinds(format!(
+            "the API server does not serve {}; {fix}",
+            names.join(", ")
+        )))
+    }
+
+    fn ensure_informers(&self, set: &PolicySet) {
+        let targets: Vec<KindRef> = set.target_kinds();
+        let mut wanted: Vec<KindRef> = Vec::new();
+        for p in set.policies.values() {
+            for k in p.kinds.kinds() {
+                if !targets.contains(k) && !wanted.contains(k) {
+                    wanted.push(k.clone());
+                }
+            }
+        }
+        let mut informers = self.ctx.informers.lock().unwrap_or_else(|e| e.into_inner());
+        informers.retain(|k, _| wanted.contains(k));
+        for k in wanted {
+            informers.entry(k.clone()).or_insert_with(|| {
+                Arc::new(spawn_informer(
+                    self.ctx.client.clone(),
+                    k.api_resource(),
+                    k.clone(),
+                    self.ctx.config.namespace.clone(),
+                    self.ctx.changes.clone(),
+                ))
+            });
+        }
+    }
+
+    async fn wait_informers(&self) {
+        let caches: Vec<Arc<super::cache::KindCache>> = self
+            .ctx
+            .informers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|i| i.cache.clone())
+            .collect();
+        for c in caches {
+            c.wait_synced().await;
+        }
+    }
+
+    async fn ensure_controllers(&self, set: &PolicySet) {
+        let wanted = set.target_kinds();
+        let mut new_stores = Vec::new();
+        {
+            let mut targets = self.ctx.targets.lock().unwrap_or_else(|e| e.into_inner());
+            let stale: Vec<KindRef> = targets
+                .keys()
+                .filter(|k| !wanted.contains(k))
+                .cloned()
+                .collect();
+            for k in stale {
+                if let Some(t) = targets.remove(&k) {
+                    t.task.abort();
+                }
+            }
+            for k in wanted {
+                if targets.contains_key(&k) {
+                    continue;
+                }
+                let ar = k.api_resource();
+                let api: Api<RawObject> = match (&self.ctx.config.namespace, k.namespaced()) {
+                    (Some(ns), true) => Api::namespaced_with(self.ctx.client.clone(), ns, &ar),
+                    _ => Api::all_with(self.ctx.client.clone(), &ar),
+                };
+                let (trigger, trigger_rx) = mpsc::unbounded_channel();
+                let (resync, resync_rx) = mpsc::unbounded_channel();
+                let mut stop = self.ctx.stop.clone();
+                let controller =
+                    Controller::new_with(api, watcher::Config::default().page_size(500), ar)
+                        .with_config(
+                            ControllerConfig::default().concurrency(self.ctx.config.concurrency),
+                        )
+                        .reconcile_on(channel_stream(trigger_rx))
+                        .reconcile_all_on(channel_stream(resync_rx))
+                        .graceful_shutdown_on(async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                        });
+                let store = controller.store();
+                let ctx = self.ctx.clone();
+                let kind = k.clone();
+                let kind2 = k.clone();
+                let task = tokio::spawn(async move {
+                    controller
+                        .run(
+                            move |obj, ctx| reconcile(obj, ctx, kind.clone()),
+                            move |obj, err, ctx| error_policy(obj, err, ctx, &kind2),
+                            ctx,
+                        )
+                        .for_each(|r| async move {
+                            if let Err(e) = r {
+                                tracing::debug!("controller: {e}");
+                            }
+                        })
+                        .await;
+                });
+                new_stores.push(store.clone());
+                targets.insert(
+                    k,
+                    TargetController {
+                        store,
+                        trigger,
+                        resync,
+                        task,
+                    },
+                );
+            }
+        }
+        for s in new_stores {
+            // A waiter that arrives while the store is being marked ready
+            // can miss the wake-up; polling again finds it ready.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(100), s.wait_until_ready()).await {
+                    Ok(_) => break,
+                    Err(_) => continue,
+                }
+            }
+        }
+    }
+
+    /// Start: check kinds, fill caches, then (once leading) reconcile.
+    pub async fn start(&self) -> Result<(), StartError> {
+        let set = self.ctx.policies.load_full();
+        self.check_kinds(&set).await?;
+        self.ensure_informers(&set);
+        if let Some(rx) = self
+            .changes_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            self.tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
+        }
+        self.wait_informers().await;
+        let leading_tx = self
+            .leading_tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .expect("start runs once");
+        match self.ctx.config.lease.clone() {
+            None => {
+                self.ctx.leading.store(true, Ordering::Release);
+                let _ = leading_tx.send(true);
+            }
+            Some(lease) => {
+                let elector = Elector::new(self.ctx.client.clone(), lease, Clock::real());
+                let task = tokio::spawn(elector.run(
+                    self.ctx.leading.clone(),
+                    leading_tx,
+                    self.ctx.stop.clone(),
+                ));
+                self.tasks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(task);
+            }
+        }
+        let mut leading = self.leading_rx.clone();
+        let mut stop = self.ctx.stop.clone();
+        tokio::select! {
+            _ = leading.wait_for(|l| *l) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        self.ctx.metrics.leader.set(1);
+        self.ensure_controllers(&set).await;
+        self.ctx.ready.store(true, Ordering::Release);
+        for p in set.policies.values() {
+            self.ctx
+                .metrics
+                .policy_info
+                .get_or_create(&Metrics::labels(&[
+                    ("policy", &p.name),
+                    ("version", &p.version),
+                ]))
+                .set(1);
+        }
+        Ok(())
+    }
+
+    /// Resolves when this instance stops leading (after having led).
+    pub async fn lost_leadership(&self) {
+        let mut rx = self.leading_rx.clone();
+        let _ = rx.wait_for(|l| *l).await;
+        let _ = rx.wait_for(|l| !*l).await;
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.ctx.leading.load(Ordering::Acquire)
+    }
+
+    /// Swap in a new policy set: start what it needs, stop what it no
+    /// longer needs, and reconcile every target of a changed policy once.
+    pub async fn swap_policies(&self, set: PolicySet) -> Vec<KindRef> {
+        let old = self.ctx.policies.load_full();
+        let mut changed: Vec<KindRef> = Vec::new();
+        for p in set.policies.values() {
+            let same = old
+                .policies
+                .get(&p.name)
+                .is_some_and(|q| q.version == p.version);
+            if !same && !changed.contains(&p.target) {
+                changed.push(p.target.clone());
+            }
+        }
+        for (name, q) in &old.policies {
+            if !set.policies.contains_key(name) && !changed.contains(&q.target) {
+                changed.push(q.target.clone());
+            }
+        }
+        self.ctx.policies.store(Arc::new(set.clone()));
+        self.ensure_informers(&set);
+        self.wait_informers().await;
+        if self.is_leading() {
+            self.ensure_controllers(&set).await;
+        }
+        self.ctx.metrics.policy_info.clear();
+        for p in set.policies.values() {
+            self.ctx
+                .metrics
+                .policy_info
+                .get_or_create(&Metrics::labels(&[
+                    ("policy", &p.name),
+                    ("version", &p.version),
+                ]))
+                .set(1);
+        }
+        let still: Vec<KindRef> = changed
+            .into_iter()
+            .filter(|k| set.target_kinds().contains(k))
+            .collect();
+        self.ctx.resync(&still);
+        still
+    }
+
+    /// Stop taking work, let reconciles in flight finish (up to `grace`),
+    /// release the Lease.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = self.stop.send(true);
+        let deadline = Instant::now() + grace;
+        while self.ctx.in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let tasks: Vec<tokio::task::JoinHandle<()>> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            let _ = tokio::time::timeout(
+                deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1),
+                t,
+            )
+            .await;
+        }
+        let controllers: Vec<TargetController> = self
+            .ctx
+            .targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, t)| t)
+            .collect();
+        for t in controllers {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t.task).await;
+        }
+        self.ctx
+            .informers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.ctx.ready.store(false, Ordering::Release);
+        self.ctx.metrics.leader.set(0);
+    }
+
+    /// Wait until nothing is in flight or pending and no reconcile has
+    /// finished for `quiet` (tests and simulations use this to settle).
+    pub async fn settle(&self, quiet: Duration, max: Duration) {
+        let deadline = Instant::now() + max;
+        let mut last = self.ctx.activity();
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let now = self.ctx.activity();
+            if now != last || self.ctx.in_flight() > 0 || self.ctx.pending() > 0 {
+                last = now;
+                since = Instant::now();
+            } else if since.elapsed() >= quiet {
+                return;
+            }
+            if Instant::now() > deadline {
+                return;
+            }
+        }
+    }
+}
+
+/// Route cache changes to the targets they concern: owners by their
+/// ownerReferences, readers by what their last decision looked up.
+async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
+    while let Some(ch) = rx.recv().await {
+        let set = ctx.policies.load_full();
+        let targets = set.target_kinds();
+        let mut keys: Vec<TargetKey> = Vec::new();
+        for o in &ch.owners {
+            let k = KindRef::new(&o.api_version, &o.kind);
+            if targets.contains(&k) {
+                keys.push(TargetKey {
+                    kind: k,
+                    namespace: ch.namespace.clone(),
+                    name: o.name.clone(),
+                });
+            }
+        }
+        keys.extend(
+            ctx.deps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .readers_of(&ch.kind, &ch.namespace, &ch.name),
+        );
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            ctx.trigger(k);
+        }
+    }
+}

@@ -1,0 +1,708 @@
+//! The executor: the only part of Runbook that writes. It turns a
+//! `Decision` into API calls (server-side apply of children with owner
+//! references, deletes, merge patches, rollbacks, status through the status
+//! subresource, Events) and alerts, and leaves a decision record.
+//!
+//! It refuses what the policy may not do, holds rate-limited actions to
+//! their limits (persisted in the decision record, so they survive a
+//! restart), writes nothing in shadow mode or while a circuit breaker is
+//! open, and makes no request at all for an action that would change
+//! nothing, so a no-op reconcile costs zero writes.
+
+pub mod resources;
+pub mod rollback;
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use serde_json::{Map, Value, json};
+
+use self::resources::{Resolved, Resources};
+use crate::alert::routes::CompiledRoutes;
+use crate::alert::{Alert, AlertSink, AlertSource};
+use crate::controller::object::RawObject;
+use crate::crd::{ActionRecord, DecisionRecord};
+use crate::decide::{DecideError, Decision};
+use crate::kinds::KindRef;
+use crate::observe::{CachedObject, ObjectView};
+use crate::policy::compile::CompiledPolicy;
+use crate::script::action::Action;
+use crate::util::time;
+
+/// The field manager of every write.
+pub const MANAGER: &str = "runbook";
+/// Annotation holding the hash of what Runbook last applied to a child.
+pub const APPLIED_HASH: &str = "runbook.dev/applied-hash";
+/// Reasons of conditions the executor sets, so it knows which it may clear.
+const OWN_REASONS: &[&str] = &[
+    "ScriptError",
+    "ActionRefused",
+    "ActionFailed",
+    "ActionLimited",
+    "ScheduleError",
+];
+
+/// Why an action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Rollback(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ExecError {
+    pub fn api(what: &str, source: kube::Error) -> Self {
+        Self::Api {
+            what: what.to_string(),
+            source,
+        }
+    }
+
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ExecError::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => match s.code {
+                409 => "conflict",
+                422 => "invalid",
+                403 => "forbidden",
+                404 => "not_found",
+                c if c >= 500 => "server",
+                _ => "api",
+            },
+            ExecError::Api { .. } => "transport",
+            ExecError::Rollback(_) => "rollback",
+            ExecError::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// How a decision may act.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    /// Decide and record, write nothing.
+    Shadow,
+    /// Writes suspended (circuit breaker open): record why.
+    Suspended(String),
+}
+
+impl Mode {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::Suspended(_) => "suspended",
+        }
+    }
+}
+
+/// What the executor needs.
+pub struct Exec<'a> {
+    pub client: &'a kube::Client,
+    pub resources: &'a Resources,
+    pub view: &'a dyn ObjectView,
+    pub recorder: Option<&'a Recorder>,
+    pub alerts: &'a dyn AlertSink,
+    pub now: Timestamp,
+}
+
+/// What executing a decision did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub record: DecisionRecord,
+    /// API write requests made (0 for a no-op reconcile).
+    pub writes: u32,
+    /// The error that ended the reconcile: a decide error or a failed action.
+    pub error: Option<String>,
+    pub error_label: Option<&'static str>,
+    pub refused: Vec<(String, String)>,
+    pub limited: Vec<String>,
+    /// (verb, result) of each action, for metrics.
+    pub results: Vec<(&'static str, &'static str)>,
+    /// When the decision wants to run again.
+    pub requeue_ms: Option<i64>,
+}
+
+fn target_string(kind: &KindRef, ns: &str, name: &str) -> String {
+    if ns.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {ns}/{name}")
+    }
+}
+
+fn action_target(a: &Action, ns: &str, target_kind: &KindRef, target_name: &str) -> Option<String> {
+    match a {
+        Action::Apply { object } => Some(target_string(
+            &KindRef::new(
+                object["apiVersion"].as_str().unwrap_or(""),
+                object["kind"].as_str().unwrap_or(""),
+            ),
+            ns,
+            object["metadata"]["name"].as_str().unwrap_or(""),
+        )),
+        Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
+            Some(format!("{kind} {ns}/{name}"))
+        }
+        Action::Rollback { deployment, .. } => {
+            Some(format!("apps/v1 Deployment {ns}/{deployment}"))
+        }
+        Action::Status { .. } | Action::Condition { .. } | Action::Event { .. } => {
+            Some(target_string(target_kind, ns, target_name))
+        }
+        Action::Alert { .. } | Action::Requeue { .. } => None,
+    }
+}
+
+fn record(
+    a: &Action,
+    target: Option<String>,
+    result: &str,
+    message: Option<String>,
+) -> ActionRecord {
+    ActionRecord {
+        action: a.verb().to_string(),
+        target,
+        result: result.to_string(),
+        message,
+    }
+}
+
+/// The `ObjectReference` Events point at.
+pub fn object_ref(target: &Value) -> ObjectReference {
+    let m = &target["metadata"];
+    let s = |v: &Value| v.as_str().map(str::to_string);
+    ObjectReference {
+        api_version: s(&target["apiVersion"]),
+        kind: s(&target["kind"]),
+        name: s(&m["name"]),
+        namespace: s(&m["namespace"]),
+        uid: s(&m["uid"]),
+        resource_version: s(&m["resourceVersion"]),
+        field_path: None,
+    }
+}
+
+fn hash_of(v: &Value) -> String {
+    crate::util::hash::json_hash(v, 16)
+}
+
+/// Fill in what every child gets: namespace, owner reference, the
+/// managed-by label, the applied-hash annotation.
+pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value {
+    let mut o = object.clone();
+    let meta = o["metadata"].as_object_mut().cloned().unwrap_or_default();
+    let mut meta = meta;
+    if namespaced {
+        meta.insert("namespace".into(), target["metadata"]["namespace"].clone());
+    }
+    let owner = json!({
+        "apiVersion": target["apiVersion"], "kind": target["kind"], "name": target["metadata"]["name"],
+        "uid": target["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true
+    });
+    let mut refs: Vec<Value> = meta
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["uid"] != owner["uid"] && r["controller"] != true)
+        .collect();
+    refs.push(owner);
+    meta.insert("ownerReferences".into(), Value::Array(refs));
+    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+    if labels.get("app.kubernetes.io/managed-by").is_none() {
+        labels["app.kubernetes.io/managed-by"] = json!("runbook");
+    }
+    let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+    if let Some(a) = annotations.as_object_mut() {
+        a.remove(APPLIED_HASH);
+    }
+    o["metadata"] = Value::Object(meta);
+    let h = hash_of(&o);
+    o["metadata"]["annotations"][APPLIED_HASH] = json!(h);
+    o
+}
+
+/// Whether applying `desired` to the cached child would change nothing.
+pub fn apply_is_noop(desired: &Value, live: Option<&CachedObject>) -> bool {
+    let Some(live) = live else { return false };
+    let same_hash = live
+        .value()
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(APPLIED_HASH))
+        == desired
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(APPLIED_HASH));
+    same_hash && status::is_subset(desired, live.value())
+}
+
+fn recent_from(
+    target: &Value,
+    policy: &CompiledPolicy,
+    now: Timestamp,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for verb in ["rollback", "delete", "patch", "apply"] {
+        if let Some(limit) = policy.limits.for_verb(verb) {
+            let since = now.as_millisecond() - limit.per_ms;
+            let kept: Vec<String> = crate::decide::recent_actions(target, verb)
+                .into_iter()
+                .filter(|t| t.as_millisecond() > since)
+                .map(time::format)
+                .collect();
+            if !kept.is_empty() {
+                out.insert(verb.to_string(), kept);
+            }
+        }
+    }
+    out
+}
+
+async fn api_for(
+    x: &Exec<'_>,
+    kind: &KindRef,
+    ns: &str,
+) -> Result<(Api<RawObject>, Resolved), ExecError> {
+    let r = x
+        .resources
+        .resolve(kind)
+        .await
+        .map_err(|e| ExecError::api(&format!("discovering {kind}"), e))?;
+    let api = if r.namespaced {
+        Api::namespaced_with(x.client.clone(), ns, &r.resource)
+    } else {
+        Api::all_with(x.client.clone(), &r.resource)
+    };
+    Ok((api, r))
+}
+
+/// Carry out one write action. `Ok(false)` means nothing needed doing.
+async fn write(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    target: &Value,
+    ns: &str,
+    a: &Action,
+) -> Result<bool, ExecError> {
+    let pp = PatchParams::apply(MANAGER).force();
+    match a {
+        Action::Apply { object } => {
+            let kind = KindRef::new(
+                object["apiVersion"].as_str().unwrap_or(""),
+                object["kind"].as_str().unwrap_or(""),
+            );
+            let (api, r) = api_for(x, &kind, ns).await?;
+            let desired = prepare_child(object, target, r.namespaced);
+            let name = desired["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if apply_is_noop(&desired, x.view.get(&kind, ns, &name).as_deref()) {
+                return Ok(false);
+            }
+            api.patch(&name, &pp, &Patch::Apply(&desired))
+                .await
+                .map_err(|e| {
+                    ExecError::api(&format!("apply {}", target_string(&kind, ns, &name)), e)
+                })?;
+            Ok(true)
+        }
+        Action::Delete { kind, name } => {
+            let k = policy.kinds.resolve(kind).map_err(ExecError::Invalid)?;
+            if x.view.get(&k, ns, name).is_none() {
+                return Ok(false);
+            }
+            let (api, _) = api_for(x, &k, ns).await?;
+            match api.delete(name, &DeleteParams::background()).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                Err(e) => Err(ExecError::api(
+                    &format!("delete {}", target_string(&k, ns, name)),
+                    e,
+                )),
+            }
+        }
+        Action::Patch { kind, name, patch } => {
+            let k = policy.kinds.resolve(kind).map_err(ExecError::Invalid)?;
+            if let Some(live) = x.view.get(&k, ns, name) {
+                let mut after = live.value().clone();
+                json_patch::merge(&mut after, patch);
+                if &after == live.value() {
+                    return Ok(false);
+                }
+            }
+            let (api, _) = api_for(x, &k, ns).await?;
+            api.patch(
+                name,
+                &PatchParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                },
+                &Patch::Merge(patch),
+            )
+            .await
+            .map_err(|e| ExecError::api(&format!("patch {}", target_string(&k, ns, name)), e))?;
+            Ok(true)
+        }
+        Action::Rollback {
+            deployment,
+            revision,
+        } => match rollback::rollback(x.client, ns, deployment, *revision, MANAGER).await? {
+            rollback::RolledBack::To { .. } => Ok(true),
+            rollback::RolledBack::AlreadyAt(_) => Ok(false),
+        },
+        _ => Ok(false),
+    }
+}
+
+async fn publish(x: &Exec<'_>, target: &Value, warning: bool, reason: &str, message: &str) {
+    let Some(rec) = x.recorder else { return };
+    let ev = KubeEvent {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        note: Some(message.chars().take(1024).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = rec.publish(&ev, &object_ref(target)).await {
+        tracing::warn!("recording an Event failed: {e}");
+    }
+}
+
+/// Carry out a decision (or report why none could be made).
+#[allow(clippy::too_many_arguments)]
+pub async fn execute(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    routes: Option<&CompiledRoutes>,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    decision: Result<&Decision, &DecideError>,
+    mode: Mode,
+) -> Outcome {
+    let t = target.value();
+    let ns = target.namespace().to_string();
+    let name = target.name().to_string();
+    let tkind = KindRef::new(
+        t["apiVersion"].as_str().unwrap_or(""),
+        t["kind"].as_str().unwrap_or(""),
+    );
+    let now = time::format(x.now);
+    let generation = t.pointer("/metadata/generation").and_then(Value::as_i64);
+    let current = t.get("status").cloned().unwrap_or(json!({}));
+    let previous = current
+        .get("decision")
+        .cloned()
+        .and_then(|d| serde_json::from_value::<DecisionRecord>(d).ok())
+        .unwrap_or_default();
+    let mut out = Outcome::default();
+    let mut recent = recent_from(t, policy, x.now);
+    let mut fields = Map::new();
+    let mut conditions: Vec<(String, String, String, String)> = Vec::new();
+    let mut events: Vec<(bool, String, String)> = Vec::new();
+    let mut alerts: Vec<Alert> = Vec::new();
+    let mut route_names: BTreeSet<String> = BTreeSet::new();
+    let source = AlertSource {
+        policy: policy.name.clone(),
+        kind: tkind.kind.clone(),
+        namespace: ns.clone(),
+        name: name.clone(),
+    };
+
+    let (inputs_hash, decide_error) = match decision {
+        Ok(d) => (d.inputs_hash.clone(), None),
+        Err(e) => (previous.inputs_hash.clone(), Some(e)),
+    };
+    if let Ok(d) = decision {
+        for p in &d.actions {
+            let a = &p.action;
+            let tgt = action_target(a, &ns, &tkind, &name);
+            if let Some(r) = &p.refusal {
+                out.refused.push((a.verb().to_string(), r.clone()));
+                out.record
+                    .actions
+                    .push(record(a, tgt, "refused", Some(r.clone())));
+                out.results.push((a.verb(), "refused"));
+                continue;
+            }
+            match a {
+                Action::Status { fields: f } => {
+                    let mut merged = Value::Object(std::mem::take(&mut fields));
+                    json_patch::merge(&mut merged, &Value::Object(f.clone()));
+                    fields = merged.as_object().cloned().unwrap_or_default();
+                    out.record.actions.push(record(a, tgt, "ok", None));
+                }
+                Action::Condition {
+                    type_,
+                    status,
+                    reason,
+                    message,
+                } => {
+                    conditions.push((
+                        type_.clone(),
+                        status.clone(),
+                        reason.clone(),
+                        message.clone(),
+                    ));
+                    out.record.actions.push(record(a, tgt, "ok", None));
+                }
+                Action::Event {
+                    type_,
+                    reason,
+                    message,
+                } => {
+                    events.push((type_ == "Warning", reason.clone(), message.clone()));
+                    out.record.actions.push(record(
+                        a,
+                        tgt,
+                        if mode == Mode::Enforce {
+                            "ok"
+                        } else {
+                            "shadow"
+                        },
+                        None,
+                    ));
+                }
+                Action::Alert {
+                    labels,
+                    annotations,
+                } => {
+                    let mut labels = labels.clone();
+                    labels
+                        .entry("alertname".into())
+                        .or_insert_with(|| "RunbookAlert".into());
+                    labels.insert("policy".into(), policy.name.clone());
+                    labels.insert("kind".into(), tkind.kind.clone());
+                    labels.insert("namespace".into(), ns.clone());
+                    labels.insert("name".into(), name.clone());
+                    if let Some(r) = routes {
+                        for rcv in r.receivers_for(&labels) {
+                            route_names.insert(format!("{}/{rcv}", r.name));
+                        }
+                    }
+                    alerts.push(Alert {
+                        labels,
+                        annotations: annotations.clone(),
+                        starts_at: x.now,
+                    });
+                    out.record.actions.push(record(
+                        a,
+                        None,
+                        if mode == Mode::Shadow { "shadow" } else { "ok" },
+                        None,
+                    ));
+                }
+                Action::Requeue { .. } => {}
+                Action::Apply { .. }
+                | Action::Delete { .. }
+                | Action::Patch { .. }
+                | Action::Rollback { .. } => {
+                    let verb = a.verb();
+                    if out.error.is_some() {
+                        out.record.actions.push(record(
+                            a,
+                            tgt,
+                            "skipped",
+                            Some("an earlier action failed".into()),
+                        ));
+                        out.results.push((verb, "skipped"));
+                        continue;
+                    }
+                    match &mode {
+                        Mode::Shadow => {
+                            out.record.actions.push(record(a, tgt, "shadow", None));
+                            out.results.push((verb, "shadow"));
+                            continue;
+                        }
+                        Mode::Suspended(why) => {
+                            out.record
+                                .actions
+                                .push(record(a, tgt, "suspended", Some(why.clone())));
+                            out.results.push((verb, "suspended"));
+                            continue;
+                        }
+                        Mode::Enforce => {}
+                    }
+                    if let Some(limit) = policy.limits.for_verb(verb) {
+                        let used = recent.get(verb).map_or(0, Vec::len);
+                        if used >= limit.count as usize {
+                            let m = format!("{verb} limit {limit} reached for this object");
+                            out.limited.push(m.clone());
+                            out.record.actions.push(record(a, tgt, "limited", Some(m)));
+                            out.results.push((verb, "limited"));
+                            continue;
+                        }
+                    }
+                    match write(x, policy, t, &ns, a).await {
+                        Ok(wrote) => {
+                            if wrote {
+                                out.writes += 1;
+                                if policy.limits.for_verb(verb).is_some() {
+                                    recent
+                                        .entry(verb.to_string())
+                                        .or_default()
+                                        .push(now.clone());
+                                }
+                            }
+                            out.record.actions.push(record(a, tgt, "ok", None));
+                            out.results.push((verb, "ok"));
+                        }
+                        Err(e) => {
+                            let m = e.to_string();
+                            out.error_label = Some(e.metric_label());
+                            out.record
+                                .actions
+                                .push(record(a, tgt, "failed", Some(m.clone())));
+                            out.results.push((verb, "failed"));
+                            out.error = Some(m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(e) = decide_error {
+        out.error = Some(e.to_string());
+        out.error_label = Some(e.metric_label());
+    }
+
+    // The status the decision leaves.
+    let mut new_status = current.clone();
+    if out.error.is_none() {
+        status::merge_fields(&mut new_status, &fields);
+    }
+    for (ty, st, reason, message) in &conditions {
+        status::set_condition(&mut new_status, ty, st, reason, message, generation, &now);
+    }
+    let problem = match (
+        &decide_error,
+        &out.error,
+        out.refused.first(),
+        out.limited.first(),
+    ) {
+        (Some(e), _, _, _) => Some((
+            match e {
+                DecideError::Schedule { .. } => "ScheduleError",
+                _ => "ScriptError",
+            },
+            e.to_string(),
+        )),
+        (None, Some(e), _, _) => Some(("ActionFailed", e.clone())),
+        (None, None, Some((_, r)), _) => Some(("ActionRefused", r.clone())),
+        (None, None, None, Some(l)) => Some(("ActionLimited", l.clone())),
+        _ => None,
+    };
+    match &problem {
+        Some((reason, message)) => status::set_condition(
+            &mut new_status,
+            "Degraded",
+            "True",
+            reason,
+            message,
+            generation,
+            &now,
+        ),
+        None => {
+            let ours = status::condition(&new_status, "Degraded").is_some_and(|c| {
+                c["status"] == "True" && OWN_REASONS.contains(&c["reason"].as_str().unwrap_or(""))
+            });
+            if ours {
+                status::set_condition(
+                    &mut new_status,
+                    "Degraded",
+                    "False",
+                    "Reconciled",
+                    "the last decision was carried out",
+                    generation,
+                    &now,
+                );
+            }
+        }
+    }
+    if let Some(g) = generation {
+        new_status["observedGeneration"] = json!(g);
+    }
+    out.record.policy = policy.name.clone();
+    out.record.policy_version = policy.version.clone();
+    out.record.inputs_hash = inputs_hash;
+    out.record.mode = Some(mode.as_str().to_string());
+    out.record.alert_routes = route_names.into_iter().collect();
+    out.record.error = out.error.clone();
+    out.record.recent_actions = recent;
+    let mut compare = out.record.clone();
+    compare.time = previous.time.clone();
+    out.record.time = if compare == previous && previous.time.is_some() {
+        previous.time.clone()
+    } else {
+        Some(now.clone())
+    };
+    new_status["decision"] = serde_json::to_value(&out.record).unwrap_or(Value::Null);
+
+    if mode == Mode::Shadow {
+        return out;
+    }
+    // Events: those the decision asked for, and a warning for each new problem.
+    for (warning, reason, message) in &events {
+        publish(x, t, *warning, reason, message).await;
+    }
+    if let Some((reason, message)) = &problem
+        && previous.error.as_deref() != Some(message.as_str())
+        && !previous
+            .actions
+            .iter()
+            .any(|a| a.message.as_deref() == Some(message.as_str()))
+    {
+        publish(x, t, true, reason, message).await;
+    }
+    x.alerts.report(&source, routes, alerts);
+
+    if let Some(patch) = status::merge_diff(&current, &new_status) {
+        let api: Api<RawObject> = if target_kind.namespaced {
+            Api::namespaced_with(x.client.clone(), &ns, &target_kind.resource)
+        } else {
+            Api::all_with(x.client.clone(), &target_kind.resource)
+        };
+        let body = json!({"status": patch});
+        let pp = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let result = if target_kind.status_subresource {
+            api.patch_status(&name, &pp, &Patch::Merge(&body)).await
+        } else {
+            api.patch(&name, &pp, &Patch::Merge(&body)).await
+        };
+        match result {
+            Ok(_) => out.writes += 1,
+            Err(e) => {
+                let m = format!(
+                    "writing the status of {}: {e}",
+                    target_string(&tkind, &ns, &name)
+                );
+                out.error_label.get_or_insert("status");
+                out.error.get_or_insert(m);
+            }
+        }
+    }
+    out
+}

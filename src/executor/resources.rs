@@ -1,0 +1,65 @@
+//! What the API server calls each kind: plural, scope, status subresource,
+//! found by discovery once and remembered.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::discovery::Scope;
+
+use crate::kinds::KindRef;
+
+/// A kind as the API server serves it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    pub resource: ApiResource,
+    pub namespaced: bool,
+    pub status_subresource: bool,
+}
+
+/// Discovery results, by kind.
+pub struct Resources {
+    client: kube::Client,
+    known: Mutex<HashMap<KindRef, Resolved>>,
+}
+
+impl Resources {
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Resolve a kind, asking the API server the first time.
+    pub async fn resolve(&self, kind: &KindRef) -> Result<Resolved, kube::Error> {
+        if let Some(r) = self
+            .known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(kind)
+        {
+            return Ok(r.clone());
+        }
+        let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind);
+        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk).await?;
+        let r = Resolved {
+            resource,
+            namespaced: caps.scope == Scope::Namespaced,
+            status_subresource: caps.subresources.iter().any(|(s, _)| s.plural == "status"),
+        };
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind.clone(), r.clone());
+        Ok(r)
+    }
+
+    /// Forget what discovery said (a CRD may have changed).
+    pub fn forget(&self, kind: &KindRef) {
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(kind);
+    }
+}

@@ -1,0 +1,157 @@
+//! Status writing: merging what a decision set, standard conditions with
+//! honest transition times, `observedGeneration`, and the decision record;
+//! and the smallest merge patch that gets the status there.
+
+use serde_json::{Map, Value, json};
+
+/// Merge `fields` into `status` with JSON merge patch semantics (null removes).
+pub fn merge_fields(status: &mut Value, fields: &Map<String, Value>) {
+    if !status.is_object() {
+        *status = json!({});
+    }
+    json_patch::merge(status, &Value::Object(fields.clone()));
+}
+
+/// Set one condition: `lastTransitionTime` changes only when the status
+/// does; `observedGeneration` is the target's generation.
+pub fn set_condition(
+    status: &mut Value,
+    type_: &str,
+    cond_status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &str,
+) {
+    if !status.is_object() {
+        *status = json!({});
+    }
+    if !status["conditions"].is_array() {
+        status["conditions"] = json!([]);
+    }
+    let list = status["conditions"].as_array_mut().expect("an array");
+    let mut c = json!({"type": type_, "status": cond_status, "reason": reason, "message": message});
+    if let Some(g) = generation {
+        c["observedGeneration"] = json!(g);
+    }
+    match list.iter_mut().find(|c| c["type"] == type_) {
+        Some(existing) => {
+            let transition = if existing["status"] == cond_status {
+                existing
+                    .get("lastTransitionTime")
+                    .cloned()
+                    .unwrap_or(json!(now))
+            } else {
+                json!(now)
+            };
+            c["lastTransitionTime"] = transition;
+            *existing = c;
+        }
+        None => {
+            c["lastTransitionTime"] = json!(now);
+            list.push(c);
+        }
+    }
+}
+
+pub fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    status
+        .get("conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+/// The JSON merge patch that turns `old` into `new` (None when equal).
+pub fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
+    if old == new {
+        return None;
+    }
+    match (old.as_object(), new.as_object()) {
+        (Some(o), Some(n)) => {
+            let mut patch = Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) => {
+                        if let Some(d) = merge_diff(ov, nv) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys() {
+                if !n.contains_key(k) {
+                    patch.insert(k.clone(), Value::Null);
+                }
+            }
+            if patch.is_empty() {
+                None
+            } else {
+                Some(Value::Object(patch))
+            }
+        }
+        // Nulls inside a merge patch mean "remove", so a new null must be
+        // sent as the whole parent; it never occurs in status we write.
+        _ => Some(new.clone()),
+    }
+}
+
+/// Whether every field `desired` sets has the same value in `live`
+/// (arrays element by element, since the server may default fields inside
+/// list items).
+pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => d
+            .iter()
+            .all(|(k, v)| l.get(k).is_some_and(|lv| is_subset(v, lv))),
+        (Value::Array(d), Value::Array(l)) => {
+            d.len() == l.len() && d.iter().zip(l).all(|(a, b)| is_subset(a, b))
+        }
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (Value::Null, _) => true,
+        (a, b) => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_while_its_status_holds() {
+        let mut s = json!({});
+        set_condition(&mut s, "Ready", "True", "Ok", "fine", Some(1), "t1");
+        set_condition(&mut s, "Ready", "True", "Ok", "still fine", Some(2), "t2");
+        assert_eq!(condition(&s, "Ready").unwrap()["lastTransitionTime"], "t1");
+        assert_eq!(condition(&s, "Ready").unwrap()["observedGeneration"], 2);
+        set_condition(&mut s, "Ready", "False", "Bad", "broke", Some(2), "t3");
+        assert_eq!(condition(&s, "Ready").unwrap()["lastTransitionTime"], "t3");
+    }
+
+    #[test]
+    fn the_merge_diff_patches_old_into_new() {
+        let old = json!({"a": 1, "b": {"c": 2, "d": 3}, "e": [1]});
+        let new = json!({"a": 1, "b": {"c": 5}, "e": [1, 2], "f": "x"});
+        let d = merge_diff(&old, &new).unwrap();
+        assert_eq!(d, json!({"b": {"c": 5, "d": null}, "e": [1, 2], "f": "x"}));
+        let mut patched = old.clone();
+        json_patch::merge(&mut patched, &d);
+        assert_eq!(patched, new);
+        assert!(merge_diff(&new, &new).is_none());
+    }
+
+    #[test]
+    fn subsets_allow_server_defaults() {
+        let desired = json!({"spec": {"containers": [{"name": "a", "image": "x"}]}});
+        let live = json!({"spec": {"containers": [{"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}], "restartPolicy": "Always"}});
+        assert!(is_subset(&desired, &live));
+        assert!(!is_subset(
+            &json!({"spec": {"containers": [{"name": "a", "image": "y"}]}}),
+            &live
+        ));
+        assert!(is_subset(&json!({"n": 1}), &json!({"n": 1.0})));
+    }
+}

@@ -1,0 +1,143 @@
+//! An operator running in-process against the test's cluster, with a
+//! policy bound to a CRD that only the test defines.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::{ApiResource, PostParams};
+use kube::core::DynamicObject;
+use runbook::alert::LogSink;
+use runbook::clock::Clock;
+use runbook::controller::metrics::Metrics;
+use runbook::controller::{Operator, OperatorConfig};
+use runbook::policy::{self, Bundle, Origin};
+use runbook::script::ScriptEngine;
+use serde_json::{Value, json};
+
+use super::cluster::{Cluster, eventually};
+
+/// The test's own kind: `Widget` in a group named after the namespace, so
+/// tests (and runs against a real cluster) never share a CRD.
+pub fn widget_group(c: &Cluster) -> String {
+    format!("{}.e2e.runbook.dev", c.ns)
+}
+
+pub fn widget_resource(c: &Cluster) -> ApiResource {
+    let g = widget_group(c);
+    ApiResource {
+        group: g.clone(),
+        version: "v1".into(),
+        api_version: format!("{g}/v1"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    }
+}
+
+pub fn crd_resource() -> ApiResource {
+    ApiResource {
+        group: "apiextensions.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.k8s.io/v1".into(),
+        kind: "CustomResourceDefinition".into(),
+        plural: "customresourcedefinitions".into(),
+    }
+}
+
+pub async fn install_widget_crd(c: &Cluster) {
+    let g = widget_group(c);
+    let crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{g}")},
+        "spec": {
+            "group": g,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                }}}
+            }]
+        }
+    }))
+    .unwrap();
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(c));
+    eventually("the Widget kind to be served", 60, || async {
+        widgets.list(&Default::default()).await.is_ok()
+    })
+    .await;
+}
+
+pub async fn remove_widget_crd(c: &Cluster) {
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
+    let _ = crds
+        .delete(&format!("widgets.{}", widget_group(c)), &Default::default())
+        .await;
+}
+
+pub fn widget(c: &Cluster, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": format!("{}/v1", widget_group(c)), "kind": "Widget",
+        "metadata": {"name": name, "namespace": c.ns}, "spec": spec
+    }))
+    .unwrap()
+}
+
+/// Policies from text; `GROUP` in the YAML is replaced with the widget group.
+pub fn policies(c: &Cluster, files: &[(&str, &str)]) -> runbook::policy::PolicySet {
+    let engine = ScriptEngine::default();
+    let g = widget_group(c);
+    let bundle = Bundle::new(
+        Origin::Inline("test".into()),
+        files
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.replace("GROUP", &g)))
+            .collect(),
+    );
+    let (set, errors) = policy::load(&engine, &[bundle]);
+    assert!(errors.is_empty(), "{errors:?}");
+    set
+}
+
+pub fn operator(
+    c: &Cluster,
+    set: runbook::policy::PolicySet,
+    config: OperatorConfig,
+) -> Arc<Operator> {
+    if std::env::var("RUNBOOK_TEST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                std::env::var("RUNBOOK_TEST_LOG").unwrap(),
+            ))
+            .with_test_writer()
+            .try_init();
+    }
+    let config = OperatorConfig {
+        namespace: Some(c.ns.clone()),
+        backoff_base: Duration::from_millis(50),
+        backoff_max: Duration::from_secs(2),
+        ..config
+    };
+    Arc::new(Operator::new(
+        c.client.clone(),
+        Arc::new(ScriptEngine::default()),
+        set,
+        Clock::real(),
+        Arc::new(LogSink::default()),
+        Arc::new(Metrics::new()),
+        config,
+    ))
+}
+
+pub async fn settle(op: &Operator) {
+    op.settle(Duration::from_millis(150), Duration::from_secs(20))
+        .await;
+}
