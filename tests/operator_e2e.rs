@@ -418,3 +418,174 @@ async fn one_leads_and_the_other_takes_over() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const ROLLBACK_POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: roller}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  mutates: [{apiVersion: apps/v1, kind: Deployment}]
+  script: roller.rhai
+"#;
+
+const ROLLBACK_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let w = ctx.resource;
+    if w.spec.rollback == true {
+        [rollback(w.spec.deployment, w.spec?.toRevision), status(#{ phase: "RolledBack" })]
+    } else {
+        [status(#{ phase: "Idle" })]
+    }
+}
+"#;
+
+fn template(rev: i64) -> Value {
+    json!({"metadata": {"labels": {"app": "web"}},
+           "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9", "env": [{"name": "REV", "value": rev.to_string()}]}]}})
+}
+
+/// A Deployment with three revisions: rolled out by the real controller on
+/// a cluster; written by hand on the sandbox, which runs no controllers.
+async fn deployment_with_revisions(c: &Cluster) -> Api<k8s_openapi::api::apps::v1::Deployment> {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    let deps: Api<Deployment> = Api::namespaced(c.client.clone(), &c.ns);
+    let rsets: Api<ReplicaSet> = Api::namespaced(c.client.clone(), &c.ns);
+    let dep: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}}, "template": template(1)}
+    }))
+    .unwrap();
+    let created = deps.create(&PostParams::default(), &dep).await.unwrap();
+    if c.sandbox.is_some() {
+        for rev in 1..=3 {
+            let mut t = template(rev);
+            t["metadata"]["labels"]["pod-template-hash"] = json!(format!("h{rev}"));
+            let rs: ReplicaSet = serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": format!("web-h{rev}"), "labels": {"app": "web", "pod-template-hash": format!("h{rev}")},
+                             "annotations": {"deployment.kubernetes.io/revision": rev.to_string()},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": created.metadata.uid, "controller": true}]},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web", "pod-template-hash": format!("h{rev}")}}, "template": t}
+            }))
+            .unwrap();
+            rsets.create(&PostParams::default(), &rs).await.unwrap();
+        }
+        deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({
+            "metadata": {"annotations": {"deployment.kubernetes.io/revision": "3"}},
+            "spec": {"template": template(3)}
+        })))
+        .await
+        .unwrap();
+    } else {
+        for rev in 2..=3 {
+            deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"template": template(rev)}}))).await.unwrap();
+            eventually("the rollout to record the revision", 120, || async {
+                deps.get("web").await.unwrap().metadata.annotations.unwrap_or_default().get("deployment.kubernetes.io/revision") == Some(&rev.to_string())
+            })
+            .await;
+        }
+    }
+    deps
+}
+
+fn rev_of(d: &k8s_openapi::api::apps::v1::Deployment) -> String {
+    let env = d.spec.template.spec.as_ref().unwrap().containers[0].env.clone().unwrap();
+    env[0].value.clone().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_writes_back_the_previous_revisions_template() {
+    let c = Cluster::new("rollback").await;
+    install_widget_crd(&c).await;
+    let deps = deployment_with_revisions(&c).await;
+    assert_eq!(rev_of(&deps.get("web").await.unwrap()), "3");
+    let op = operator(&c, policies(&c, &[("roller.yaml", ROLLBACK_POLICY), ("roller.rhai", ROLLBACK_SCRIPT)]), OperatorConfig::default());
+    op.start().await.unwrap();
+    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets.create(&PostParams::default(), &widget(&c, "undo", json!({"rollback": true, "deployment": "web"}))).await.unwrap();
+    eventually("the rollback to revision 2", 60, || async { rev_of(&deps.get("web").await.unwrap()) == "2" }).await;
+    eventually("the status", 30, || async { widgets.get("undo").await.unwrap().data["status"]["phase"] == "RolledBack" }).await;
+    // An explicit revision.
+    widgets.create(&PostParams::default(), &widget(&c, "to-one", json!({"rollback": true, "deployment": "web", "toRevision": 1}))).await.unwrap();
+    eventually("the rollback to revision 1", 60, || async { rev_of(&deps.get("web").await.unwrap()) == "1" }).await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+const FRAGILE_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let w = ctx.resource;
+    if w.spec.size == 13 { throw "thirteen is unlucky"; }
+    let data = if w.spec?.badKey == true { #{ "not a key!": "x" } } else { #{ size: `${w.spec.size}` } };
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${w.metadata.name}-config` }, data: data }),
+     status(#{ phase: "Ready" })]
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failing_object_is_reported_and_the_others_carry_on() {
+    let c = Cluster::new("isolation").await;
+    install_widget_crd(&c).await;
+    let op = operator(&c, policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", FRAGILE_SCRIPT)]), OperatorConfig::default());
+    op.start().await.unwrap();
+    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    widgets.create(&PostParams::default(), &widget(&c, "unlucky", json!({"size": 13}))).await.unwrap();
+    widgets.create(&PostParams::default(), &widget(&c, "invalid", json!({"size": 1, "badKey": true}))).await.unwrap();
+    widgets.create(&PostParams::default(), &widget(&c, "fine", json!({"size": 2}))).await.unwrap();
+    eventually("the healthy one", 30, || async { widgets.get("fine").await.unwrap().data["status"]["phase"] == "Ready" }).await;
+    let degraded = |name: &'static str, reason: &'static str, text: &'static str| {
+        let widgets = widgets.clone();
+        async move {
+            eventually(&format!("{name} degraded with {reason}"), 30, || async {
+                let w = widgets.get(name).await.unwrap();
+                w.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| c["type"] == "Degraded" && c["reason"] == reason && c["message"].as_str().unwrap_or("").contains(text))
+                })
+            })
+            .await;
+        }
+    };
+    degraded("unlucky", "ScriptError", "thirteen is unlucky").await;
+    degraded("invalid", "ActionFailed", "422").await;
+    assert!(cms.get("invalid-config").await.is_err());
+    assert_ne!(widgets.get("invalid").await.unwrap().data["status"]["phase"], "Ready", "no status claims what did not happen");
+    assert_eq!(cms.get("fine-config").await.unwrap().data.unwrap()["size"], "2");
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
+    let c = Cluster::new("outage").await;
+    let Some(sandbox) = c.sandbox.clone() else {
+        eprintln!("skipped: the outage is injected into the sandbox");
+        return;
+    };
+    install_widget_crd(&c).await;
+    let op = operator(&c, policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]), OperatorConfig::default());
+    op.start().await.unwrap();
+    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    widgets.create(&PostParams::default(), &widget(&c, "before", json!({"size": 1}))).await.unwrap();
+    eventually("the first widget", 30, || async { cms.get("before-config").await.is_ok() }).await;
+    // The API server goes away: every request fails and every watch drops.
+    sandbox.faults().fail_next(u32::MAX, None, None, 503);
+    sandbox.store().cut_watches();
+    // Meanwhile a widget is created (straight into the store, as if by
+    // another client before the outage was visible to Runbook).
+    let def = sandbox.store().def(&widget_group(&c), "widgets").unwrap();
+    sandbox.store().create(&def, &c.ns, serde_json::to_value(widget(&c, "during", json!({"size": 2}))).unwrap(), &Default::default()).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sandbox.faults().clear();
+    eventually("recovery", 60, || async { cms.get("during-config").await.is_ok() }).await;
+    eventually("both reconciled", 30, || async { widgets.get("during").await.unwrap().data["status"]["phase"] == "Ready" }).await;
+    let names: Vec<String> = cms.list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|c| c.metadata.name).filter(|n| n.ends_with("-config")).collect();
+    assert_eq!(names, ["before-config", "during-config"], "one child each, nothing twice");
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
