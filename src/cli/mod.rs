@@ -2,6 +2,7 @@
 //! everything below is typed.
 
 mod check;
+mod explain;
 mod run;
 mod sandbox;
 
@@ -21,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator.
     Run(run::RunArgs),
+    /// Print the decision record of an object (KIND/NAME).
+    Explain(explain::ExplainArgs),
     /// Load and compile every policy and script below the paths.
     Check(check::CheckArgs),
     /// Print the CustomResourceDefinitions Runbook ships, as YAML.
@@ -88,6 +91,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
         Command::Check(args) => check::run(args),
+        Command::Explain(args) => runtime().and_then(|rt| rt.block_on(explain::run(args))),
         Command::Crds(args) => crds(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),
     };

@@ -675,9 +675,12 @@ impl Operator {
         }
     }
 
-    /// Check that every kind the policies name is served; say how to fix it if not.
-    pub async fn check_kinds(&self, set: &PolicySet) -> Result<(), StartError> {
-        let mut missing = Vec::new();
+    /// Check that every kind the policies name is served. A missing target
+    /// kind stops the start with the command that fixes it; a policy that
+    /// only owns or reads a missing kind is set aside (and said so), and
+    /// the others run.
+    pub async fn check_kinds(&self, set: &PolicySet) -> Result<PolicySet, StartError> {
+        let mut missing: Vec<KindRef> = Vec::new();
         let mut kinds: Vec<KindRef> = Vec::new();
         for p in set.policies.values() {
             for k in p.kinds.kinds() {
@@ -694,21 +697,26 @@ impl Operator {
                 Err(e) => return Err(StartError::Discovery(e)),
             }
         }
-        if missing.is_empty() {
-            return Ok(());
+        let targets: Vec<KindRef> = missing.iter().filter(|k| set.target_kinds().contains(k)).cloned().collect();
+        if !targets.is_empty() {
+            let names: Vec<String> = targets.iter().map(|k| k.to_string()).collect();
+            let fix = if targets.iter().any(|k| k.group() == "runbook.dev") {
+                "install Runbook's CRDs with: runbook crds | kubectl apply --server-side -f -"
+            } else {
+                "install the CustomResourceDefinitions that define them (kubectl apply -f <crd.yaml>), then start again"
+            };
+            return Err(StartError::MissingKinds(format!("the policies target {}, which the API server does not serve; {fix}", names.join(", "))));
         }
-        let names: Vec<String> = missing.iter().map(|k| k.to_string()).collect();
-        let ours = missing.iter().any(|k| k.group() == "runbook.dev");
-        let fix = if ours {
-            "install Runbook's CRDs with: runbook crds | kubectl apply --server-side -f -"
-                .to_string()
-        } else {
-            "install the CustomResourceDefinitions that define them, then start again".to_string()
-        };
-        Err(StartError::MissingKinds(format!(
-            "the API server does not serve {}; {fix}",
-            names.join(", ")
-        )))
+        let mut kept = set.clone();
+        for (name, p) in &set.policies {
+            let absent: Vec<String> = p.kinds.kinds().into_iter().filter(|k| missing.contains(k)).map(|k| k.to_string()).collect();
+            if !absent.is_empty() {
+                tracing::error!(policy = %name, "set aside: the API server does not serve {}; install the CRDs that define them", absent.join(", "));
+                self.ctx.metrics.policy_reloads.get_or_create(&Metrics::labels(&[("result", "missing_kinds")])).inc();
+                kept.policies.remove(name);
+            }
+        }
+        Ok(kept)
     }
 
     fn ensure_informers(&self, set: &PolicySet) {
@@ -831,8 +839,8 @@ impl Operator {
 
     /// Start: check kinds, fill caches, then (once leading) reconcile.
     pub async fn start(&self) -> Result<(), StartError> {
-        let set = self.ctx.policies.load_full();
-        self.check_kinds(&set).await?;
+        let set = Arc::new(self.check_kinds(&self.ctx.policies.load_full()).await?);
+        self.ctx.policies.store(set.clone());
         self.ensure_informers(&set);
         if let Some(rx) = self
             .changes_rx
@@ -892,11 +900,14 @@ impl Operator {
         Ok(())
     }
 
-    /// Resolves when this instance stops leading (after having led).
+    /// Resolves when this instance stops leading (after having led);
+    /// never, without leader election.
     pub async fn lost_leadership(&self) {
         let mut rx = self.leading_rx.clone();
-        let _ = rx.wait_for(|l| *l).await;
-        let _ = rx.wait_for(|l| !*l).await;
+        if rx.wait_for(|l| *l).await.is_err() || rx.wait_for(|l| !*l).await.is_err() {
+            // No elector: the leadership cannot be lost.
+            std::future::pending::<()>().await;
+        }
     }
 
     pub fn is_leading(&self) -> bool {

@@ -1,0 +1,133 @@
+//! `runbook explain KIND/NAME`: print the decision record of an object,
+//! read from the cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use kube::Api;
+use kube::discovery::{Discovery, Scope};
+use serde_json::Value;
+
+use crate::controller::object::RawObject;
+use crate::crd::DecisionRecord;
+
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// The object: KIND/NAME, where KIND is a kind, plural, singular or short name.
+    pub object: String,
+    #[arg(long, short = 'n', env = "RUNBOOK_EXPLAIN_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    #[arg(long, env = "RUNBOOK_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// text or json.
+    #[arg(long, short = 'o', env = "RUNBOOK_EXPLAIN_OUTPUT", default_value = "text")]
+    pub output: String,
+}
+
+/// Render a decision record and conditions as text.
+pub fn render(kind: &str, obj: &Value) -> String {
+    let ns = obj["metadata"]["namespace"].as_str().unwrap_or("");
+    let name = obj["metadata"]["name"].as_str().unwrap_or("");
+    let mut out = format!("{kind} {}{name}\n", if ns.is_empty() { String::new() } else { format!("{ns}/") });
+    let status = &obj["status"];
+    match status.get("decision").cloned().and_then(|d| serde_json::from_value::<DecisionRecord>(d).ok()) {
+        None => out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n"),
+        Some(d) => {
+            out.push_str(&format!(
+                "  policy:       {} (version {}, {})\n",
+                d.policy,
+                d.policy_version,
+                d.mode.as_deref().unwrap_or("enforce")
+            ));
+            out.push_str(&format!("  decided:      {}\n", d.time.as_deref().unwrap_or("-")));
+            out.push_str(&format!("  inputs hash:  {}\n", d.inputs_hash));
+            if d.actions.is_empty() {
+                out.push_str("  actions:      none\n");
+            } else {
+                out.push_str("  actions:\n");
+                for a in &d.actions {
+                    out.push_str(&format!("    {:<9} {:<9} {}", a.result, a.action, a.target.as_deref().unwrap_or("")));
+                    if let Some(m) = &a.message {
+                        out.push_str(&format!("\n              {m}"));
+                    }
+                    out.push('\n');
+                }
+            }
+            if !d.alert_routes.is_empty() {
+                out.push_str(&format!("  alerts to:    {}\n", d.alert_routes.join(", ")));
+            }
+            for (verb, times) in &d.recent_actions {
+                out.push_str(&format!("  recent {verb}s (limited): {}\n", times.join(", ")));
+            }
+            out.push_str(&format!("  error:        {}\n", d.error.as_deref().unwrap_or("-")));
+        }
+    }
+    if let Some(conds) = status.get("conditions").and_then(Value::as_array) {
+        out.push_str("  conditions:\n");
+        for c in conds {
+            out.push_str(&format!(
+                "    {}={} ({}) {}\n",
+                c["type"].as_str().unwrap_or(""),
+                c["status"].as_str().unwrap_or(""),
+                c["reason"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    out
+}
+
+pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let (kind, name) = args.object.split_once('/').context("give the object as KIND/NAME")?;
+    let client = super::run::client(args.kubeconfig.as_ref()).await?;
+    let discovery = Discovery::new(client.clone()).run().await.context("discovering the API")?;
+    let wanted = kind.to_ascii_lowercase();
+    let mut found = None;
+    for group in discovery.groups() {
+        for (ar, caps) in group.recommended_resources() {
+            let matches = ar.kind.to_ascii_lowercase() == wanted
+                || ar.plural == wanted
+                || ar.kind.to_ascii_lowercase() + "s" == wanted
+                || format!("{}.{}", ar.plural, ar.group) == wanted;
+            if matches && found.is_none() {
+                found = Some((ar, caps));
+            }
+        }
+    }
+    let (ar, caps) = found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
+    let api: Api<RawObject> = if caps.scope == Scope::Namespaced {
+        Api::namespaced_with(client, &args.namespace, &ar)
+    } else {
+        Api::all_with(client, &ar)
+    };
+    let obj = api.get(name).await.with_context(|| format!("reading {}/{name}", ar.kind))?;
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&obj.value["status"]["decision"])?);
+    } else {
+        print!("{}", render(&ar.kind, &obj.value));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_record_renders_with_each_action_and_its_result() {
+        let obj = json!({"metadata": {"name": "chatbot", "namespace": "ml"}, "status": {
+            "decision": {"policy": "evaluator-drift", "policyVersion": "abc", "inputsHash": "h", "time": "t", "mode": "enforce",
+                "actions": [{"action": "rollback", "target": "apps/v1 Deployment ml/chatbot", "result": "ok"},
+                            {"action": "apply", "target": "v1 Secret ml/x", "result": "refused", "message": "not declared"}],
+                "alertRoutes": ["default/events"]},
+            "conditions": [{"type": "Ready", "status": "False", "reason": "RolledBack", "message": "score low"}]}});
+        let text = render("Evaluator", &obj);
+        assert!(text.starts_with("Evaluator ml/chatbot\n"));
+        assert!(text.contains("evaluator-drift (version abc, enforce)"));
+        assert!(text.contains("refused   apply"));
+        assert!(text.contains("not declared"));
+        assert!(text.contains("Ready=False (RolledBack) score low"));
+    }
+}
