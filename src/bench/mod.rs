@@ -3,6 +3,7 @@
 
 pub mod decision;
 pub mod native;
+pub mod operator;
 pub mod sandbox;
 
 use std::time::{Duration, Instant};

@@ -148,6 +148,7 @@ pub struct Context {
     pub config: OperatorConfig,
     pub ready: Arc<AtomicBool>,
     pub leading: Arc<AtomicBool>,
+    pub applied: executor::Applied,
     informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
     targets: Mutex<HashMap<KindRef, TargetController>>,
     deps: Mutex<Dependencies>,
@@ -386,6 +387,7 @@ async fn run_policy(
         recorder: Some(&ctx.recorder),
         alerts: ctx.alerts.as_ref(),
         now,
+        applied: Some(&ctx.applied),
     };
     let outcome = executor::execute(
         &exec,
@@ -653,6 +655,7 @@ impl Operator {
             config,
             ready: Arc::new(AtomicBool::new(false)),
             leading: Arc::new(AtomicBool::new(false)),
+            applied: executor::Applied::default(),
             informers: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
             deps: Mutex::new(Dependencies::default()),

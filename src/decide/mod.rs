@@ -173,10 +173,11 @@ pub fn schedule_state(
     }))
 }
 
-/// The hash of what a decision depends on, so a record says whether two
-/// decisions saw the same world. The target's status is left out: it is the
-/// decision's own memory, and including it would make every status write
-/// look like a new input.
+/// The hash of what a decision depends on that is the target's own: its
+/// spec and identifying metadata, and the schedule. The status is left out
+/// (it is the decision's own memory) and so are children and read objects,
+/// whose every change (a Job's progress, a Pod's readiness) would otherwise
+/// turn into a status write on the target.
 pub fn inputs_hash(
     policy: &CompiledPolicy,
     observed: &Observed,
@@ -200,16 +201,7 @@ pub fn inputs_hash(
     }
     h.write_u8(meta.get("deletionTimestamp").is_some() as u8);
     hash_value(&t["spec"], &mut h);
-    for kind in policy.owns() {
-        for o in observed
-            .view
-            .owned_by(kind, observed.target.namespace(), observed.target.uid())
-        {
-            h.write(kind.kind.as_bytes());
-            h.write(o.name().as_bytes());
-            hash_value(&o.value()["metadata"]["resourceVersion"], &mut h);
-        }
-    }
+    h.write(policy.version.as_bytes());
     if let Some(s) = sched {
         h.write_u8(s.due as u8);
         h.write_i64(s.fire.map_or(0, |f| f.as_second()));

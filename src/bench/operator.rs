@@ -1,0 +1,284 @@
+//! End-to-end: many targets, each needing one child and one status write,
+//! reconciled by Runbook (a Rhai policy) and by a minimal hand-written
+//! kube-rs controller doing the same writes, on the same in-process
+//! sandbox; then the writes of a no-op resync, and the memory of the
+//! operator's caches with the API server in another process.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::alert::LogSink;
+use crate::clock::Clock;
+use crate::controller::metrics::Metrics;
+use crate::controller::{Operator, OperatorConfig};
+use crate::kinds::KindRef;
+use crate::policy::{self, Bundle, Origin};
+use crate::sandbox::Sandbox;
+use crate::script::ScriptEngine;
+
+pub const GROUP: &str = "bench.runbook.dev";
+
+const POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: bench-item}
+spec:
+  target: {apiVersion: bench.runbook.dev/v1, kind: Item}
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  script: item.rhai
+"#;
+
+const SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let item = ctx.resource;
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${item.metadata.name}-child` }, data: #{ size: `${item.spec.size}` } }),
+     status(#{ phase: "Done" })]
+}
+"#;
+
+pub fn item_resource() -> ApiResource {
+    ApiResource { group: GROUP.into(), version: "v1".into(), api_version: format!("{GROUP}/v1"), kind: "Item".into(), plural: "items".into() }
+}
+
+pub fn item_kind() -> KindRef {
+    KindRef::new(format!("{GROUP}/v1"), "Item")
+}
+
+/// Install the Item CRD and `n` Items in `namespace`, straight into the store.
+pub fn populate(sandbox: &Sandbox, namespace: &str, n: usize) {
+    let store = sandbox.store();
+    let crd_def = store.def("apiextensions.k8s.io", "customresourcedefinitions").expect("CRDs");
+    if store.def(GROUP, "items").is_none() {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("items.{GROUP}")},
+            "spec": {"group": GROUP, "scope": "Namespaced", "names": {"kind": "Item", "plural": "items"},
+                     "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                                   "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                       "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                                       "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+        });
+        store.create(&crd_def, "", crd, &Default::default()).expect("the Item CRD");
+    }
+    let ns_def = store.def("", "namespaces").expect("namespaces");
+    let _ = store.create(&ns_def, "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}), &Default::default());
+    let def = store.def(GROUP, "items").expect("items");
+    for i in 0..n {
+        let item = json!({
+            "apiVersion": format!("{GROUP}/v1"), "kind": "Item",
+            "metadata": {"name": format!("item-{i:05}"), "namespace": namespace, "labels": {"app": "bench"}},
+            "spec": {"size": i % 100, "owner": "team-a", "tier": "standard"}
+        });
+        store.create(&def, namespace, item, &Default::default()).expect("an Item");
+    }
+}
+
+/// Items in `namespace` whose status says Done.
+pub fn done(sandbox: &Sandbox, namespace: &str) -> usize {
+    let store = sandbox.store();
+    let Some(def) = store.def(GROUP, "items") else { return 0 };
+    let filter = crate::sandbox::store::Filter { namespace: Some(namespace.into()), ..Default::default() };
+    store
+        .list(&def, &filter, None, None)
+        .map(|l| {
+            let pattern = br#""phase":"Done""#;
+            l.items.iter().filter(|b| b.windows(pattern.len()).any(|w| w == pattern)).count()
+        })
+        .unwrap_or(0)
+}
+
+async fn wait_done(sandbox: &Sandbox, namespace: &str, n: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while done(sandbox, namespace) < n {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+pub fn runbook_operator(client: kube::Client, namespace: &str, concurrency: u16) -> Operator {
+    let engine = ScriptEngine::default();
+    let bundle = Bundle::new(Origin::Inline("bench".into()), [("item.yaml".to_string(), POLICY.to_string()), ("item.rhai".to_string(), SCRIPT.to_string())].into());
+    let (set, errors) = policy::load(&engine, &[bundle]);
+    assert!(errors.is_empty(), "{errors:?}");
+    Operator::new(
+        client,
+        Arc::new(engine),
+        set,
+        Clock::real(),
+        Arc::new(LogSink::default()),
+        Arc::new(Metrics::new()),
+        OperatorConfig { namespace: Some(namespace.into()), concurrency, ..Default::default() },
+    )
+}
+
+struct Hand {
+    client: kube::Client,
+}
+
+async fn hand_reconcile(item: Arc<DynamicObject>, ctx: Arc<Hand>) -> Result<Action, kube::Error> {
+    if item.data["status"]["phase"] == "Done" {
+        return Ok(Action::await_change());
+    }
+    let ns = item.namespace().unwrap_or_default();
+    let name = item.name_any();
+    let child = format!("{name}-child");
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": child, "namespace": ns, "ownerReferences": [{
+            "apiVersion": format!("{GROUP}/v1"), "kind": "Item", "name": name, "uid": item.uid(), "controller": true, "blockOwnerDeletion": true}]},
+        "data": {"size": item.data["spec"]["size"].to_string()}
+    });
+    let cms: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+    cms.patch(&child, &PatchParams::apply("hand").force(), &Patch::Apply(&cm)).await?;
+    let items: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &item_resource());
+    items.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Done"}}))).await?;
+    Ok(Action::await_change())
+}
+
+/// The hand-written controller: reconcile until every Item in `namespace`
+/// is done; the time it took.
+pub async fn run_hand(sandbox: &Sandbox, namespace: &str, n: usize, concurrency: u16) -> Duration {
+    let client = sandbox.client();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &item_resource());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let controller = Controller::new_with(api, watcher::Config::default().page_size(500), item_resource())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        });
+    let task = tokio::spawn(
+        controller
+            .run(hand_reconcile, |_, _: &kube::Error, _| Action::requeue(Duration::from_millis(100)), Arc::new(Hand { client }))
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!("hand-written controller: {e}");
+                }
+            }),
+    );
+    assert!(wait_done(sandbox, namespace, n, Duration::from_secs(600)).await, "the hand-written controller did not finish");
+    let took = started.elapsed();
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    took
+}
+
+/// Runbook: reconcile until every Item is done; the time it took, and the
+/// API writes ten resyncs of the finished state made.
+pub async fn run_runbook(sandbox: &Sandbox, namespace: &str, n: usize, concurrency: u16) -> (Duration, u64) {
+    let op = runbook_operator(sandbox.client(), namespace, concurrency);
+    let started = Instant::now();
+    op.start().await.expect("the operator starts");
+    assert!(wait_done(sandbox, namespace, n, Duration::from_secs(600)).await, "Runbook did not finish");
+    let took = started.elapsed();
+    op.settle(Duration::from_millis(300), Duration::from_secs(60)).await;
+    if std::env::var("RUNBOOK_BENCH_VERBOSE").is_ok() {
+        eprintln!("{}", op.ctx.metrics.render().lines().filter(|l| l.starts_with("runbook_reconciles_total") || l.starts_with("runbook_api_writes") || l.starts_with("runbook_actions_total")).collect::<Vec<_>>().join("\n"));
+    }
+    let before = op.ctx.metrics.writes.get();
+    op.ctx.resync(&[item_kind()]);
+    op.settle(Duration::from_millis(300), Duration::from_secs(120)).await;
+    let noop_writes = op.ctx.metrics.writes.get() - before;
+    op.shutdown(Duration::from_secs(10)).await;
+    (took, noop_writes)
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct OperatorFigures {
+    pub targets: usize,
+    pub runbook: Duration,
+    pub hand: Duration,
+    pub noop_writes: u64,
+}
+
+impl OperatorFigures {
+    pub fn ratio(&self) -> f64 {
+        self.runbook.as_secs_f64() / self.hand.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Both controllers on one sandbox, each on its own namespace of `n` Items.
+pub async fn run(n: usize) -> OperatorFigures {
+    let sandbox = Sandbox::default();
+    populate(&sandbox, "hand", n);
+    populate(&sandbox, "runbook", n);
+    let only = std::env::var("RUNBOOK_BENCH_ONLY").unwrap_or_default();
+    let hand = if only == "runbook" { Duration::from_secs(1) } else { run_hand(&sandbox, "hand", n, 16).await };
+    if only == "hand" {
+        return OperatorFigures { targets: n, runbook: hand, hand, noop_writes: 0 };
+    }
+    let (runbook, noop_writes) = run_runbook(&sandbox, "runbook", n, 16).await;
+    OperatorFigures { targets: n, runbook, hand, noop_writes }
+}
+
+/// The API server for the memory figure, run in a child process: `n`
+/// Items in namespace `memory`; prints the kubeconfig path, then serves
+/// until killed.
+pub async fn child_sandbox(n: usize) {
+    let sandbox = Sandbox::default();
+    populate(&sandbox, "memory", n);
+    let served = sandbox.serve(0).await.expect("serving the sandbox");
+    let path = std::env::temp_dir().join(format!("runbook-bench-{}.kubeconfig", std::process::id()));
+    std::fs::write(&path, served.kubeconfig("default")).expect("writing the kubeconfig");
+    println!("KUBECONFIG {}", path.display());
+    std::future::pending::<()>().await;
+}
+
+/// Start `exe` (this benchmark) as the API server child; its kubeconfig.
+pub fn spawn_child(exe: &std::path::Path, n: usize) -> (std::process::Child, std::path::PathBuf) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(exe)
+        .env("RUNBOOK_BENCH_SANDBOX_CHILD", n.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the sandbox child");
+    let out = child.stdout.take().expect("stdout");
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.expect("reading the child");
+        if let Some(p) = line.strip_prefix("KUBECONFIG ") {
+            return (child, p.into());
+        }
+    }
+    panic!("the sandbox child exited");
+}
+
+/// The operator's resident memory once it has reconciled `n` Items and
+/// caches them and their `n` children, with the API server in another
+/// process so that only the operator is counted.
+pub async fn memory(kubeconfig: &std::path::Path, n: usize) -> u64 {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let op = runbook_operator(client, "memory", 16);
+    op.start().await.expect("the operator starts");
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let kind = item_kind();
+    loop {
+        let sources = op.ctx.sources();
+        let finished = match sources.0.get(&kind) {
+            Some(crate::controller::view::Source::Targets(store)) => {
+                store.state().iter().filter(|o| o.value.pointer("/status/phase").and_then(Value::as_str) == Some("Done")).count()
+            }
+            _ => 0,
+        };
+        if finished >= n || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    op.settle(Duration::from_millis(500), Duration::from_secs(60)).await;
+    let rss = super::sandbox::rss_bytes();
+    op.shutdown(Duration::from_secs(5)).await;
+    rss
+}
