@@ -271,17 +271,34 @@ fn old_finished_jobs_are_cleaned_up() {
 #[test]
 fn fire_times_missed_while_down_run_once_not_as_a_burst() {
     let w = world_at_revision(3).at("2026-11-29T10:30:00Z");
-    let ev = with(evaluator("chatbot", "chatbot", 0.85), json!({"status": {"phase": "Healthy", "lastRunTime": "2026-11-29T07:00:00Z"}}));
+    let ev = with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"status": {"phase": "Healthy", "lastRunTime": "2026-11-29T07:00:00Z"}}),
+    );
     let d = w.decide("evaluator-drift", &ev);
     assert!(d.due);
-    assert_eq!(applied(&d).len(), 1, "one run for the three missed fire times");
+    assert_eq!(
+        applied(&d).len(),
+        1,
+        "one run for the three missed fire times"
+    );
     let st = status_of(&d);
-    assert_eq!(st["lastRunTime"], "2026-11-29T10:00:00Z", "the run belongs to the latest fire time");
+    assert_eq!(
+        st["lastRunTime"], "2026-11-29T10:00:00Z",
+        "the run belongs to the latest fire time"
+    );
     assert_eq!(st["nextRunTime"], "2026-11-29T11:00:00Z");
     // After that run is recorded, nothing is due until 11:00.
-    let after = with(ev.clone(), json!({"status": {"lastRunTime": "2026-11-29T10:00:00Z", "currentRun": null}}));
+    let after = with(
+        ev.clone(),
+        json!({"status": {"lastRunTime": "2026-11-29T10:00:00Z", "currentRun": null}}),
+    );
     let d = w.decide("evaluator-drift", &after);
     assert!(!d.due);
     assert!(applied(&d).is_empty());
-    assert_eq!(d.requeue_after_ms, Some(30 * 60 * 1000), "requeued for the next fire time");
+    assert_eq!(
+        d.requeue_after_ms,
+        Some(30 * 60 * 1000),
+        "requeued for the next fire time"
+    );
 }

@@ -471,17 +471,34 @@ async fn deployment_with_revisions(c: &Cluster) -> Api<k8s_openapi::api::apps::v
             .unwrap();
             rsets.create(&PostParams::default(), &rs).await.unwrap();
         }
-        deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({
-            "metadata": {"annotations": {"deployment.kubernetes.io/revision": "3"}},
-            "spec": {"template": template(3)}
-        })))
+        deps.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {"deployment.kubernetes.io/revision": "3"}},
+                "spec": {"template": template(3)}
+            })),
+        )
         .await
         .unwrap();
     } else {
         for rev in 2..=3 {
-            deps.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"template": template(rev)}}))).await.unwrap();
+            deps.patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"template": template(rev)}})),
+            )
+            .await
+            .unwrap();
             eventually("the rollout to record the revision", 120, || async {
-                deps.get("web").await.unwrap().metadata.annotations.unwrap_or_default().get("deployment.kubernetes.io/revision") == Some(&rev.to_string())
+                deps.get("web")
+                    .await
+                    .unwrap()
+                    .metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .get("deployment.kubernetes.io/revision")
+                    == Some(&rev.to_string())
             })
             .await;
         }
@@ -490,7 +507,10 @@ async fn deployment_with_revisions(c: &Cluster) -> Api<k8s_openapi::api::apps::v
 }
 
 fn rev_of(d: &k8s_openapi::api::apps::v1::Deployment) -> String {
-    let env = d.spec.template.spec.as_ref().unwrap().containers[0].env.clone().unwrap();
+    let env = d.spec.template.spec.as_ref().unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
     env[0].value.clone().unwrap()
 }
 
@@ -500,15 +520,51 @@ async fn a_rollback_writes_back_the_previous_revisions_template() {
     install_widget_crd(&c).await;
     let deps = deployment_with_revisions(&c).await;
     assert_eq!(rev_of(&deps.get("web").await.unwrap()), "3");
-    let op = operator(&c, policies(&c, &[("roller.yaml", ROLLBACK_POLICY), ("roller.rhai", ROLLBACK_SCRIPT)]), OperatorConfig::default());
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[
+                ("roller.yaml", ROLLBACK_POLICY),
+                ("roller.rhai", ROLLBACK_SCRIPT),
+            ],
+        ),
+        OperatorConfig::default(),
+    );
     op.start().await.unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
-    widgets.create(&PostParams::default(), &widget(&c, "undo", json!({"rollback": true, "deployment": "web"}))).await.unwrap();
-    eventually("the rollback to revision 2", 60, || async { rev_of(&deps.get("web").await.unwrap()) == "2" }).await;
-    eventually("the status", 30, || async { widgets.get("undo").await.unwrap().data["status"]["phase"] == "RolledBack" }).await;
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "undo", json!({"rollback": true, "deployment": "web"})),
+        )
+        .await
+        .unwrap();
+    eventually("the rollback to revision 2", 60, || async {
+        rev_of(&deps.get("web").await.unwrap()) == "2"
+    })
+    .await;
+    eventually("the status", 30, || async {
+        widgets.get("undo").await.unwrap().data["status"]["phase"] == "RolledBack"
+    })
+    .await;
     // An explicit revision.
-    widgets.create(&PostParams::default(), &widget(&c, "to-one", json!({"rollback": true, "deployment": "web", "toRevision": 1}))).await.unwrap();
-    eventually("the rollback to revision 1", 60, || async { rev_of(&deps.get("web").await.unwrap()) == "1" }).await;
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(
+                &c,
+                "to-one",
+                json!({"rollback": true, "deployment": "web", "toRevision": 1}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("the rollback to revision 1", 60, || async {
+        rev_of(&deps.get("web").await.unwrap()) == "1"
+    })
+    .await;
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;
@@ -528,21 +584,54 @@ fn reconcile(ctx) {
 async fn one_failing_object_is_reported_and_the_others_carry_on() {
     let c = Cluster::new("isolation").await;
     install_widget_crd(&c).await;
-    let op = operator(&c, policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", FRAGILE_SCRIPT)]), OperatorConfig::default());
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[("widget.yaml", POLICY), ("widget.rhai", FRAGILE_SCRIPT)],
+        ),
+        OperatorConfig::default(),
+    );
     op.start().await.unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets.create(&PostParams::default(), &widget(&c, "unlucky", json!({"size": 13}))).await.unwrap();
-    widgets.create(&PostParams::default(), &widget(&c, "invalid", json!({"size": 1, "badKey": true}))).await.unwrap();
-    widgets.create(&PostParams::default(), &widget(&c, "fine", json!({"size": 2}))).await.unwrap();
-    eventually("the healthy one", 30, || async { widgets.get("fine").await.unwrap().data["status"]["phase"] == "Ready" }).await;
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "unlucky", json!({"size": 13})),
+        )
+        .await
+        .unwrap();
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "invalid", json!({"size": 1, "badKey": true})),
+        )
+        .await
+        .unwrap();
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "fine", json!({"size": 2})),
+        )
+        .await
+        .unwrap();
+    eventually("the healthy one", 30, || async {
+        widgets.get("fine").await.unwrap().data["status"]["phase"] == "Ready"
+    })
+    .await;
     let degraded = |name: &'static str, reason: &'static str, text: &'static str| {
         let widgets = widgets.clone();
         async move {
             eventually(&format!("{name} degraded with {reason}"), 30, || async {
                 let w = widgets.get(name).await.unwrap();
                 w.data["status"]["conditions"].as_array().is_some_and(|cs| {
-                    cs.iter().any(|c| c["type"] == "Degraded" && c["reason"] == reason && c["message"].as_str().unwrap_or("").contains(text))
+                    cs.iter().any(|c| {
+                        c["type"] == "Degraded"
+                            && c["reason"] == reason
+                            && c["message"].as_str().unwrap_or("").contains(text)
+                    })
                 })
             })
             .await;
@@ -551,8 +640,15 @@ async fn one_failing_object_is_reported_and_the_others_carry_on() {
     degraded("unlucky", "ScriptError", "thirteen is unlucky").await;
     degraded("invalid", "ActionFailed", "422").await;
     assert!(cms.get("invalid-config").await.is_err());
-    assert_ne!(widgets.get("invalid").await.unwrap().data["status"]["phase"], "Ready", "no status claims what did not happen");
-    assert_eq!(cms.get("fine-config").await.unwrap().data.unwrap()["size"], "2");
+    assert_ne!(
+        widgets.get("invalid").await.unwrap().data["status"]["phase"],
+        "Ready",
+        "no status claims what did not happen"
+    );
+    assert_eq!(
+        cms.get("fine-config").await.unwrap().data.unwrap()["size"],
+        "2"
+    );
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;
@@ -566,25 +662,65 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
         return;
     };
     install_widget_crd(&c).await;
-    let op = operator(&c, policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]), OperatorConfig::default());
+    let op = operator(
+        &c,
+        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
+        OperatorConfig::default(),
+    );
     op.start().await.unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets.create(&PostParams::default(), &widget(&c, "before", json!({"size": 1}))).await.unwrap();
-    eventually("the first widget", 30, || async { cms.get("before-config").await.is_ok() }).await;
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "before", json!({"size": 1})),
+        )
+        .await
+        .unwrap();
+    eventually("the first widget", 30, || async {
+        cms.get("before-config").await.is_ok()
+    })
+    .await;
     // The API server goes away: every request fails and every watch drops.
     sandbox.faults().fail_next(u32::MAX, None, None, 503);
     sandbox.store().cut_watches();
     // Meanwhile a widget is created (straight into the store, as if by
     // another client before the outage was visible to Runbook).
     let def = sandbox.store().def(&widget_group(&c), "widgets").unwrap();
-    sandbox.store().create(&def, &c.ns, serde_json::to_value(widget(&c, "during", json!({"size": 2}))).unwrap(), &Default::default()).unwrap();
+    sandbox
+        .store()
+        .create(
+            &def,
+            &c.ns,
+            serde_json::to_value(widget(&c, "during", json!({"size": 2}))).unwrap(),
+            &Default::default(),
+        )
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     sandbox.faults().clear();
-    eventually("recovery", 60, || async { cms.get("during-config").await.is_ok() }).await;
-    eventually("both reconciled", 30, || async { widgets.get("during").await.unwrap().data["status"]["phase"] == "Ready" }).await;
-    let names: Vec<String> = cms.list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|c| c.metadata.name).filter(|n| n.ends_with("-config")).collect();
-    assert_eq!(names, ["before-config", "during-config"], "one child each, nothing twice");
+    eventually("recovery", 60, || async {
+        cms.get("during-config").await.is_ok()
+    })
+    .await;
+    eventually("both reconciled", 30, || async {
+        widgets.get("during").await.unwrap().data["status"]["phase"] == "Ready"
+    })
+    .await;
+    let names: Vec<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n.ends_with("-config"))
+        .collect();
+    assert_eq!(
+        names,
+        ["before-config", "during-config"],
+        "one child each, nothing twice"
+    );
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;

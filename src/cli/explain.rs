@@ -16,12 +16,22 @@ use crate::crd::DecisionRecord;
 pub struct ExplainArgs {
     /// The object: KIND/NAME, where KIND is a kind, plural, singular or short name.
     pub object: String,
-    #[arg(long, short = 'n', env = "RUNBOOK_EXPLAIN_NAMESPACE", default_value = "default")]
+    #[arg(
+        long,
+        short = 'n',
+        env = "RUNBOOK_EXPLAIN_NAMESPACE",
+        default_value = "default"
+    )]
     pub namespace: String,
     #[arg(long, env = "RUNBOOK_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// text or json.
-    #[arg(long, short = 'o', env = "RUNBOOK_EXPLAIN_OUTPUT", default_value = "text")]
+    #[arg(
+        long,
+        short = 'o',
+        env = "RUNBOOK_EXPLAIN_OUTPUT",
+        default_value = "text"
+    )]
     pub output: String,
 }
 
@@ -29,7 +39,14 @@ pub struct ExplainArgs {
 pub fn render(kind: &str, obj: &Value) -> String {
     let ns = obj["metadata"]["namespace"].as_str().unwrap_or("");
     let name = obj["metadata"]["name"].as_str().unwrap_or("");
-    let mut out = format!("{kind} {}{name}\n", if ns.is_empty() { String::new() } else { format!("{ns}/") });
+    let mut out = format!(
+        "{kind} {}{name}\n",
+        if ns.is_empty() {
+            String::new()
+        } else {
+            format!("{ns}/")
+        }
+    );
     let status = &obj["status"];
     match status.get("decision").cloned().and_then(|d| serde_json::from_value::<DecisionRecord>(d).ok()) {
         None => out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n"),
@@ -79,9 +96,15 @@ pub fn render(kind: &str, obj: &Value) -> String {
 }
 
 pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let (kind, name) = args.object.split_once('/').context("give the object as KIND/NAME")?;
+    let (kind, name) = args
+        .object
+        .split_once('/')
+        .context("give the object as KIND/NAME")?;
     let client = super::run::client(args.kubeconfig.as_ref()).await?;
-    let discovery = Discovery::new(client.clone()).run().await.context("discovering the API")?;
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .context("discovering the API")?;
     let wanted = kind.to_ascii_lowercase();
     let mut found = None;
     for group in discovery.groups() {
@@ -95,17 +118,25 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let (ar, caps) = found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
+    let (ar, caps) =
+        found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
     let api: Api<RawObject> = if caps.scope == Scope::Namespaced {
         Api::namespaced_with(client, &args.namespace, &ar)
     } else {
         Api::all_with(client, &ar)
     };
-    let obj = api.get(name).await.with_context(|| format!("reading {}/{name}", ar.kind))?;
+    let obj = api
+        .get(name)
+        .await
+        .with_context(|| format!("reading {}/{name}", ar.kind))?;
+    let value = obj.value();
     if args.output == "json" {
-        println!("{}", serde_json::to_string_pretty(&obj.value["status"]["decision"])?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value["status"]["decision"])?
+        );
     } else {
-        print!("{}", render(&ar.kind, &obj.value));
+        print!("{}", render(&ar.kind, &value));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -13,7 +13,6 @@ use kube::Api;
 use kube::core::ApiResource;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
 
 use super::object::RawObject;
@@ -41,31 +40,29 @@ pub struct Change {
     pub owners: Vec<OwnerRef>,
 }
 
-fn owners_of(v: &Value) -> Vec<OwnerRef> {
-    v.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
+fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
+    o.meta
+        .owner_references
+        .iter()
         .flatten()
-        .filter_map(|r| {
-            Some(OwnerRef {
-                api_version: r.get("apiVersion")?.as_str()?.to_string(),
-                kind: r.get("kind")?.as_str()?.to_string(),
-                name: r.get("name")?.as_str()?.to_string(),
-                uid: r.get("uid")?.as_str()?.to_string(),
-            })
+        .map(|r| OwnerRef {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
         })
         .collect()
 }
 
 #[derive(Default)]
 struct State {
-    objects: HashMap<ObjKey, Arc<CachedObject>>,
+    objects: HashMap<ObjKey, Arc<RawObject>>,
     by_ns: BTreeMap<String, BTreeSet<String>>,
     by_owner: HashMap<String, BTreeSet<ObjKey>>,
 }
 
 impl State {
-    fn index(&mut self, key: &ObjKey, obj: &CachedObject, add: bool) {
+    fn index(&mut self, key: &ObjKey, obj: &RawObject, add: bool) {
         if add {
             self.by_ns
                 .entry(key.0.clone())
@@ -77,7 +74,7 @@ impl State {
                 self.by_ns.remove(&key.0);
             }
         }
-        for uid in crate::observe::owner_uids(obj.value()) {
+        for uid in obj.owner_uids() {
             if add {
                 self.by_owner
                     .entry(uid.to_string())
@@ -92,7 +89,7 @@ impl State {
         }
     }
 
-    fn insert(&mut self, key: ObjKey, obj: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
+    fn insert(&mut self, key: ObjKey, obj: Arc<RawObject>) -> Option<Arc<RawObject>> {
         let old = self.objects.insert(key.clone(), obj.clone());
         if let Some(o) = &old {
             self.index(&key, o, false);
@@ -101,7 +98,7 @@ impl State {
         old
     }
 
-    fn remove(&mut self, key: &ObjKey) -> Option<Arc<CachedObject>> {
+    fn remove(&mut self, key: &ObjKey) -> Option<Arc<RawObject>> {
         let old = self.objects.remove(key)?;
         self.index(key, &old, false);
         Some(old)
@@ -116,11 +113,8 @@ pub struct KindCache {
     synced_notify: Notify,
 }
 
-fn rv(o: &CachedObject) -> &str {
-    o.value()
-        .pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
+fn rv(o: &RawObject) -> &str {
+    o.resource_version()
 }
 
 impl KindCache {
@@ -141,17 +135,17 @@ impl KindCache {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn change(&self, o: &CachedObject) -> Change {
+    fn change(&self, o: &RawObject) -> Change {
         Change {
             kind: self.kind.clone(),
             namespace: o.namespace().to_string(),
             name: o.name().to_string(),
-            owners: owners_of(o.value()),
+            owners: owners_of(o),
         }
     }
 
     /// Add or replace an object; a change unless the resourceVersion is the same.
-    pub fn apply(&self, obj: Arc<CachedObject>) -> Option<Change> {
+    pub fn apply(&self, obj: Arc<RawObject>) -> Option<Change> {
         let key = (obj.namespace().to_string(), obj.name().to_string());
         let old = self.write().insert(key, obj.clone());
         match old {
@@ -159,7 +153,7 @@ impl KindCache {
             Some(o) => {
                 // Owners that were dropped hear about it too.
                 let mut c = self.change(&obj);
-                for owner in owners_of(o.value()) {
+                for owner in owners_of(&o) {
                     if !c.owners.contains(&owner) {
                         c.owners.push(owner);
                     }
@@ -178,9 +172,9 @@ impl KindCache {
     }
 
     /// Replace everything after a (re)list; the changes are what differs.
-    pub fn replace_all(&self, objs: Vec<Arc<CachedObject>>) -> Vec<Change> {
+    pub fn replace_all(&self, objs: Vec<Arc<RawObject>>) -> Vec<Change> {
         let mut changes = Vec::new();
-        let mut fresh: HashMap<ObjKey, Arc<CachedObject>> = HashMap::new();
+        let mut fresh: HashMap<ObjKey, Arc<RawObject>> = HashMap::new();
         for o in objs {
             fresh.insert((o.namespace().to_string(), o.name().to_string()), o);
         }
@@ -207,10 +201,12 @@ impl KindCache {
     }
 
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
-        self.read()
+        let raw = self
+            .read()
             .objects
             .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
+            .cloned();
+        raw.map(|o| o.cached())
     }
 
     /// Objects in a namespace (every namespace if empty), sorted by name.
@@ -219,7 +215,11 @@ impl KindCache {
         let pick = |ns: &str, names: &BTreeSet<String>| -> Vec<Arc<CachedObject>> {
             names
                 .iter()
-                .filter_map(|n| st.objects.get(&(ns.to_string(), n.clone())).cloned())
+                .filter_map(|n| {
+                    st.objects
+                        .get(&(ns.to_string(), n.clone()))
+                        .map(|o| o.cached())
+                })
                 .collect()
         };
         if namespace.is_empty() && !self.kind.namespaced() {
@@ -239,7 +239,7 @@ impl KindCache {
             .into_iter()
             .flatten()
             .filter(|k| k.0 == namespace)
-            .filter_map(|k| st.objects.get(k).cloned())
+            .filter_map(|k| st.objects.get(k).map(|o| o.cached()))
             .collect();
         out.sort_by(|a, b| a.name().cmp(b.name()));
         out
@@ -303,7 +303,7 @@ pub fn spawn_informer(
     let c = cache.clone();
     let task = tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut buffer: Vec<Arc<CachedObject>> = Vec::new();
+        let mut buffer: Vec<Arc<RawObject>> = Vec::new();
         while let Some(event) = stream.next().await {
             let usable = |o: &RawObject| match &o.undecodable {
                 Some(why) => {
@@ -314,7 +314,7 @@ pub fn spawn_informer(
             };
             match event {
                 Ok(Event::Apply(o)) if usable(&o) => {
-                    if let Some(ch) = c.apply(o.cached()) {
+                    if let Some(ch) = c.apply(Arc::new(o)) {
                         let _ = changes.send(ch);
                     }
                 }
@@ -328,7 +328,7 @@ pub fn spawn_informer(
                     }
                 }
                 Ok(Event::Init) => buffer.clear(),
-                Ok(Event::InitApply(o)) if usable(&o) => buffer.push(o.cached()),
+                Ok(Event::InitApply(o)) if usable(&o) => buffer.push(Arc::new(o)),
                 Ok(Event::InitDone) => {
                     for ch in c.replace_all(std::mem::take(&mut buffer)) {
                         let _ = changes.send(ch);
@@ -350,13 +350,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<CachedObject> {
+    fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<RawObject> {
         let mut v = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "d", "resourceVersion": rv}});
         if let Some(o) = owner {
             v["metadata"]["ownerReferences"] =
                 json!([{"apiVersion": "x/v1", "kind": "X", "name": "owner", "uid": o}]);
         }
-        CachedObject::new(v)
+        Arc::new(RawObject::from_value(v))
     }
 
     #[test]

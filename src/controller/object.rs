@@ -1,16 +1,18 @@
-//! `RawObject`: any Kubernetes object as JSON, the type every watch and
-//! cache of the runtime holds.
+//! `RawObject`: any Kubernetes object, kept compact, as every watch and
+//! cache of the runtime holds it.
 //!
 //! It decodes leniently: whatever the API server sends becomes a
 //! `RawObject`, and one whose metadata Runbook cannot use is marked
 //! undecodable (logged and skipped) instead of failing a whole list or
 //! watch. `managedFields` are dropped while decoding, before an object
-//! enters any cache.
+//! enters any cache. The object is kept as compact JSON text (a parsed JSON
+//! tree costs several times its text in memory) with the metadata the
+//! runtime indexes by; a decision parses it when it reads it.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{ApiResource, DynamicResourceScope, Resource};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -20,9 +22,10 @@ use crate::observe::CachedObject;
 #[derive(Clone, Debug)]
 pub struct RawObject {
     /// Just what the runtime needs: name, namespace, uid, resourceVersion,
-    /// generation, deletionTimestamp.
+    /// generation, deletionTimestamp, ownerReferences.
     pub meta: ObjectMeta,
-    pub value: Arc<Value>,
+    /// The whole object as compact JSON, without managedFields.
+    pub json: Arc<str>,
     /// Why the object cannot be used, if it cannot.
     pub undecodable: Option<String>,
 }
@@ -35,6 +38,22 @@ impl RawObject {
         }
         let m = &value["metadata"];
         let s = |k: &str| m.get(k).and_then(Value::as_str).map(str::to_string);
+        let owners: Vec<OwnerReference> = m
+            .get("ownerReferences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                Some(OwnerReference {
+                    api_version: r.get("apiVersion")?.as_str()?.to_string(),
+                    kind: r.get("kind")?.as_str()?.to_string(),
+                    name: r.get("name")?.as_str()?.to_string(),
+                    uid: r.get("uid")?.as_str()?.to_string(),
+                    controller: r.get("controller").and_then(Value::as_bool),
+                    block_owner_deletion: None,
+                })
+            })
+            .collect();
         let meta = ObjectMeta {
             name: s("name"),
             namespace: s("namespace"),
@@ -44,6 +63,7 @@ impl RawObject {
             deletion_timestamp: s("deletionTimestamp")
                 .and_then(|t| t.parse().ok())
                 .map(Time),
+            owner_references: (!owners.is_empty()).then_some(owners),
             ..Default::default()
         };
         if !m.is_object() {
@@ -58,16 +78,42 @@ impl RawObject {
         {
             undecodable = Some("metadata.labels is not a map of strings".to_string());
         }
+        let json: Arc<str> = serde_json::to_string(&value).unwrap_or_default().into();
         Self {
             meta,
-            value: Arc::new(value),
+            json,
             undecodable,
         }
     }
 
-    /// The object as decisions see it (shares the JSON).
+    /// The object parsed, as decisions read it.
+    pub fn value(&self) -> Value {
+        serde_json::from_str(&self.json).unwrap_or(Value::Null)
+    }
+
+    /// The object as decisions see it: parsed now, for this reader.
     pub fn cached(&self) -> Arc<CachedObject> {
-        CachedObject::from_arc(self.value.clone())
+        CachedObject::new(self.value())
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or("")
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.meta.namespace.as_deref().unwrap_or("")
+    }
+
+    pub fn resource_version(&self) -> &str {
+        self.meta.resource_version.as_deref().unwrap_or("")
+    }
+
+    pub fn owner_uids(&self) -> impl Iterator<Item = &str> {
+        self.meta
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.as_str())
     }
 }
 
@@ -113,12 +159,14 @@ mod tests {
     fn managed_fields_are_dropped_on_the_way_in() {
         let o: RawObject = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "a", "namespace": "d", "resourceVersion": "5", "managedFields": [{"manager": "x"}]}
+            "metadata": {"name": "a", "namespace": "d", "resourceVersion": "5", "managedFields": [{"manager": "x"}],
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "u1"}]}
         }))
         .unwrap();
         assert!(o.undecodable.is_none());
-        assert_eq!(o.meta.resource_version.as_deref(), Some("5"));
-        assert!(o.value["metadata"].get("managedFields").is_none());
+        assert_eq!(o.resource_version(), "5");
+        assert!(o.value()["metadata"].get("managedFields").is_none());
+        assert_eq!(o.owner_uids().collect::<Vec<_>>(), ["u1"]);
     }
 
     #[test]

@@ -700,7 +700,11 @@ impl Operator {
                 Err(e) => return Err(StartError::Discovery(e)),
             }
         }
-        let targets: Vec<KindRef> = missing.iter().filter(|k| set.target_kinds().contains(k)).cloned().collect();
+        let targets: Vec<KindRef> = missing
+            .iter()
+            .filter(|k| set.target_kinds().contains(k))
+            .cloned()
+            .collect();
         if !targets.is_empty() {
             let names: Vec<String> = targets.iter().map(|k| k.to_string()).collect();
             let fix = if targets.iter().any(|k| k.group() == "runbook.dev") {
@@ -708,14 +712,27 @@ impl Operator {
             } else {
                 "install the CustomResourceDefinitions that define them (kubectl apply -f <crd.yaml>), then start again"
             };
-            return Err(StartError::MissingKinds(format!("the policies target {}, which the API server does not serve; {fix}", names.join(", "))));
+            return Err(StartError::MissingKinds(format!(
+                "the policies target {}, which the API server does not serve; {fix}",
+                names.join(", ")
+            )));
         }
         let mut kept = set.clone();
         for (name, p) in &set.policies {
-            let absent: Vec<String> = p.kinds.kinds().into_iter().filter(|k| missing.contains(k)).map(|k| k.to_string()).collect();
+            let absent: Vec<String> = p
+                .kinds
+                .kinds()
+                .into_iter()
+                .filter(|k| missing.contains(k))
+                .map(|k| k.to_string())
+                .collect();
             if !absent.is_empty() {
                 tracing::error!(policy = %name, "set aside: the API server does not serve {}; install the CRDs that define them", absent.join(", "));
-                self.ctx.metrics.policy_reloads.get_or_create(&Metrics::labels(&[("result", "missing_kinds")])).inc();
+                self.ctx
+                    .metrics
+                    .policy_reloads
+                    .get_or_create(&Metrics::labels(&[("result", "missing_kinds")]))
+                    .inc();
                 kept.policies.remove(name);
             }
         }

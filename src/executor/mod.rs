@@ -132,16 +132,27 @@ pub struct Applied(std::sync::Mutex<std::collections::HashMap<(KindRef, String, 
 
 impl Applied {
     fn remember(&self, kind: &KindRef, ns: &str, name: &str, hash: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert((kind.clone(), ns.to_string(), name.to_string()), hash.to_string());
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            (kind.clone(), ns.to_string(), name.to_string()),
+            hash.to_string(),
+        );
     }
 
     fn just_applied(&self, kind: &KindRef, ns: &str, name: &str, hash: &str) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&(kind.clone(), ns.to_string(), name.to_string())).is_some_and(|h| h == hash)
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(kind.clone(), ns.to_string(), name.to_string()))
+            .is_some_and(|h| h == hash)
     }
 
     /// The cache shows the object now (or it is gone): stop remembering it.
     fn settled(&self, kind: &KindRef, ns: &str, name: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&(kind.clone(), ns.to_string(), name.to_string()));
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&(
+            kind.clone(),
+            ns.to_string(),
+            name.to_string(),
+        ));
     }
 
     pub fn len(&self) -> usize {
@@ -345,7 +356,10 @@ async fn write(
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let hash = desired["metadata"]["annotations"][APPLIED_HASH].as_str().unwrap_or_default().to_string();
+            let hash = desired["metadata"]["annotations"][APPLIED_HASH]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let live = x.view.get(&kind, ns, &name);
             if apply_is_noop(&desired, live.as_deref()) {
                 if let Some(a) = x.applied {
@@ -353,14 +367,25 @@ async fn write(
                 }
                 return Ok(false);
             }
-            let live_hash = live.as_ref().and_then(|l| l.value().pointer("/metadata/annotations").and_then(|a| a.get(APPLIED_HASH)).and_then(Value::as_str).map(str::to_string));
+            let live_hash = live.as_ref().and_then(|l| {
+                l.value()
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(APPLIED_HASH))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            });
             let cache_lags = live_hash.as_deref() != Some(hash.as_str());
-            if cache_lags && x.applied.is_some_and(|a| a.just_applied(&kind, ns, &name, &hash)) {
+            if cache_lags
+                && x.applied
+                    .is_some_and(|a| a.just_applied(&kind, ns, &name, &hash))
+            {
                 return Ok(false);
             }
             api.patch(&name, &pp, &Patch::Apply(&desired))
                 .await
-                .map_err(|e| ExecError::api(&format!("apply {}", target_string(&kind, ns, &name)), e))?;
+                .map_err(|e| {
+                    ExecError::api(&format!("apply {}", target_string(&kind, ns, &name)), e)
+                })?;
             if let Some(a) = x.applied {
                 a.remember(&kind, ns, &name, &hash);
             }

@@ -85,7 +85,7 @@ pub async fn rollback(
         .await
         .map_err(|e| ExecError::api(&what, e))?;
     let selector = dep
-        .value
+        .value()
         .pointer("/spec/selector/matchLabels")
         .and_then(Value::as_object)
         .map(|m| {
@@ -102,15 +102,16 @@ pub async fn rollback(
         .list(&lp)
         .await
         .map_err(|e| ExecError::api(&what, e))?;
-    let all: Vec<Value> = list.items.iter().map(|o| (*o.value).clone()).collect();
-    let rs = pick(&dep.value, &all, revision)
+    let all: Vec<Value> = list.items.iter().map(|o| o.value()).collect();
+    let dep_value = dep.value();
+    let rs = pick(&dep_value, &all, revision)
         .map_err(|m| ExecError::Rollback(format!("{what}: {m}")))?;
     let to = revision_of(rs).unwrap_or_default();
     let template = without_hash(&rs["spec"]["template"]);
-    if without_hash(&dep.value["spec"]["template"]) == template {
+    if without_hash(&dep_value["spec"]["template"]) == template {
         return Ok(RolledBack::AlreadyAt(to));
     }
-    let from = revision_of(&dep.value);
+    let from = revision_of(&dep_value);
     let patch = json!([
         {"op": "test", "path": "/metadata/resourceVersion", "value": dep.meta.resource_version},
         {"op": "replace", "path": "/spec/template", "value": template},
