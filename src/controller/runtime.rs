@@ -1067,3 +1067,38 @@ async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cb() -> CircuitBreaker {
+        CircuitBreaker { error_rate: 0.5, window_ms: 60_000, min_requests: 4, cooldown_ms: 30_000 }
+    }
+
+    #[test]
+    fn the_breaker_opens_when_errors_spike_and_closes_after_its_cooldown() {
+        let mut b = Breaker::default();
+        let cfg = cb();
+        for (t, failed) in [(0, true), (1, false), (2, true)] {
+            b.record(&cfg, t, failed);
+        }
+        assert!(b.open(&cfg, 3).is_none(), "too few reconciles to judge");
+        b.record(&cfg, 3, true);
+        let why = b.open(&cfg, 4).expect("3 of 4 failed");
+        assert!(why.contains("suspended"), "{why}");
+        assert!(b.open(&cfg, 30_004).is_none(), "closed after the cooldown");
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_jitters() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(10);
+        let d1 = backoff(base, max, 1, "a");
+        let d4 = backoff(base, max, 4, "a");
+        assert!(d1 >= Duration::from_millis(80) && d1 <= Duration::from_millis(120), "{d1:?}");
+        assert!(d4 >= Duration::from_millis(640) && d4 <= Duration::from_millis(960), "{d4:?}");
+        assert!(backoff(base, max, 30, "a") <= Duration::from_secs(12));
+        assert_ne!(backoff(base, max, 3, "a"), backoff(base, max, 3, "b"), "objects spread out");
+    }
+}
