@@ -741,21 +741,54 @@ spec:
 async fn a_shadow_policy_decides_and_records_but_writes_nothing() {
     let c = Cluster::new("shadow").await;
     install_widget_crd(&c).await;
-    let op = operator(&c, policies(&c, &[("next.yaml", SHADOW_POLICY), ("widget.rhai", SCRIPT)]), OperatorConfig::default());
+    let op = operator(
+        &c,
+        policies(&c, &[("next.yaml", SHADOW_POLICY), ("widget.rhai", SCRIPT)]),
+        OperatorConfig::default(),
+    );
     op.start().await.unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets.create(&PostParams::default(), &widget(&c, "w1", json!({"size": 1}))).await.unwrap();
-    eventually("a shadow record", 30, || async { !op.ctx.shadow_records().is_empty() }).await;
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "w1", json!({"size": 1})),
+        )
+        .await
+        .unwrap();
+    eventually("a shadow record", 30, || async {
+        !op.ctx.shadow_records().is_empty()
+    })
+    .await;
     settle(&op).await;
     let rec = op.ctx.shadow_records().pop().unwrap();
     assert_eq!(rec.record.policy, "widget-next");
     assert_eq!(rec.record.mode.as_deref(), Some("shadow"));
-    assert!(rec.record.actions.iter().any(|a| a.action == "apply" && a.result == "shadow"), "{:?}", rec.record.actions);
-    assert!(cms.get("w1-config").await.is_err(), "a shadow policy applies nothing");
+    assert!(
+        rec.record
+            .actions
+            .iter()
+            .any(|a| a.action == "apply" && a.result == "shadow"),
+        "{:?}",
+        rec.record.actions
+    );
+    assert!(
+        cms.get("w1-config").await.is_err(),
+        "a shadow policy applies nothing"
+    );
     let w = widgets.get("w1").await.unwrap();
-    assert!(w.data.get("status").is_none_or(|s| s.is_null() || s.get("decision").is_none()), "nor writes status: {:?}", w.data);
-    assert!(w.metadata.finalizers.unwrap_or_default().is_empty(), "nor adds finalizers");
+    assert!(
+        w.data
+            .get("status")
+            .is_none_or(|s| s.is_null() || s.get("decision").is_none()),
+        "nor writes status: {:?}",
+        w.data
+    );
+    assert!(
+        w.metadata.finalizers.unwrap_or_default().is_empty(),
+        "nor adds finalizers"
+    );
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;
@@ -784,21 +817,47 @@ fn reconcile(ctx) {
 async fn a_blast_radius_limit_holds_actions_past_it() {
     let c = Cluster::new("limits").await;
     install_widget_crd(&c).await;
-    let op = operator(&c, policies(&c, &[("limited.yaml", LIMITED_POLICY), ("limited.rhai", LIMITED_SCRIPT)]), OperatorConfig::default());
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[
+                ("limited.yaml", LIMITED_POLICY),
+                ("limited.rhai", LIMITED_SCRIPT),
+            ],
+        ),
+        OperatorConfig::default(),
+    );
     op.start().await.unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets.create(&PostParams::default(), &widget(&c, "w1", json!({}))).await.unwrap();
+    widgets
+        .create(&PostParams::default(), &widget(&c, "w1", json!({})))
+        .await
+        .unwrap();
     eventually("the limit on the status", 30, || async {
         let w = widgets.get("w1").await.unwrap();
-        w.data["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["reason"] == "ActionLimited"))
+        w.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["reason"] == "ActionLimited"))
     })
     .await;
     settle(&op).await;
     assert!(cms.get("w1-a").await.is_ok());
-    assert!(cms.get("w1-b").await.is_err(), "the second apply is over the 1/1h limit");
+    assert!(
+        cms.get("w1-b").await.is_err(),
+        "the second apply is over the 1/1h limit"
+    );
     let w = widgets.get("w1").await.unwrap();
-    assert_eq!(w.data["status"]["decision"]["recentActions"]["apply"].as_array().unwrap().len(), 1, "the limit's memory is in status");
+    assert_eq!(
+        w.data["status"]["decision"]["recentActions"]["apply"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "the limit's memory is in status"
+    );
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;

@@ -12,8 +12,8 @@ use crate::alert::LogSink;
 use crate::clock::Clock;
 use crate::controller::leader::LeaseConfig;
 use crate::controller::metrics::{self, Metrics};
+use crate::controller::reload::{self, Reloader, SourceConfig};
 use crate::controller::{Operator, OperatorConfig};
-use crate::policy::{self, Bundle};
 use crate::script::{ScriptEngine, ScriptLimits};
 
 #[derive(clap::Args, Debug)]
@@ -34,6 +34,9 @@ pub struct RunArgs {
         default_value = "runbook-system"
     )]
     pub operator_namespace: String,
+    /// Namespaces whose policy ConfigMaps are read (default: the operator's).
+    #[arg(long, env = "RUNBOOK_POLICY_NAMESPACES", value_delimiter = ',')]
+    pub policy_namespaces: Vec<String>,
     /// Watch and reconcile only this namespace.
     #[arg(
         long,
@@ -124,29 +127,47 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         wall_time: Duration::from_millis(args.script_timeout_ms),
         ..Default::default()
     }));
-    let mut bundles = Vec::new();
     for dir in &args.policy_dirs {
-        bundles
-            .extend(Bundle::discover(dir).with_context(|| format!("reading {}", dir.display()))?);
-    }
-    if args.policy_configmaps {
-        bundles.extend(
-            crate::controller::sources::configmap_bundles(&client, &args.operator_namespace)
-                .await?,
-        );
-    }
-    let (set, errors) = policy::load(&engine, &bundles);
-    for e in &errors {
-        tracing::error!("{e}");
-    }
-    if set.policies.is_empty() {
-        anyhow::bail!(
-            "no policy loaded ({} errors); give --policy-dir or create policy ConfigMaps in {}",
-            errors.len(),
-            args.operator_namespace
+        anyhow::ensure!(
+            dir.is_dir(),
+            "--policy-dir {}: not a directory",
+            dir.display()
         );
     }
     let metrics = Arc::new(Metrics::new());
+    let policy_namespaces = if args.policy_namespaces.is_empty() {
+        vec![args.operator_namespace.clone()]
+    } else {
+        args.policy_namespaces.clone()
+    };
+    let sources = SourceConfig {
+        dirs: args.policy_dirs.clone(),
+        configmap_namespaces: if args.policy_configmaps {
+            policy_namespaces
+        } else {
+            Vec::new()
+        },
+    };
+    let reloader = Arc::new(Reloader::new(
+        engine.clone(),
+        Some(client.clone()),
+        metrics.clone(),
+        &identity(&args),
+    ));
+    let mut bundles = Reloader::read_dirs(&sources.dirs);
+    for ns in &sources.configmap_namespaces {
+        bundles.extend(crate::controller::sources::configmap_bundles(&client, ns).await?);
+    }
+    let (set, errors) = reloader.initial(bundles).await;
+    if set.policies.is_empty() {
+        tracing::warn!(
+            errors = errors.len(),
+            "no policy loaded yet; waiting for policy ConfigMaps in {:?} or files in {:?}",
+            sources.configmap_namespaces,
+            sources.dirs
+        );
+    }
+
     let config = OperatorConfig {
         namespace: if args.all_namespaces {
             None
@@ -185,6 +206,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     }
+    let _watchers = reload::spawn(reloader, op.clone(), sources);
     tracing::info!("reconciling");
     let code = tokio::select! {
         _ = super::shutdown_signal() => ExitCode::SUCCESS,

@@ -5,4 +5,5 @@ pub mod object;
 pub mod runtime;
 pub mod view;
 pub use runtime::{Context, Operator, OperatorConfig, StartError};
+pub mod reload;
 pub mod sources;

@@ -1073,7 +1073,12 @@ mod tests {
     use super::*;
 
     fn cb() -> CircuitBreaker {
-        CircuitBreaker { error_rate: 0.5, window_ms: 60_000, min_requests: 4, cooldown_ms: 30_000 }
+        CircuitBreaker {
+            error_rate: 0.5,
+            window_ms: 60_000,
+            min_requests: 4,
+            cooldown_ms: 30_000,
+        }
     }
 
     #[test]
@@ -1096,9 +1101,19 @@ mod tests {
         let max = Duration::from_secs(10);
         let d1 = backoff(base, max, 1, "a");
         let d4 = backoff(base, max, 4, "a");
-        assert!(d1 >= Duration::from_millis(80) && d1 <= Duration::from_millis(120), "{d1:?}");
-        assert!(d4 >= Duration::from_millis(640) && d4 <= Duration::from_millis(960), "{d4:?}");
+        assert!(
+            d1 >= Duration::from_millis(80) && d1 <= Duration::from_millis(120),
+            "{d1:?}"
+        );
+        assert!(
+            d4 >= Duration::from_millis(640) && d4 <= Duration::from_millis(960),
+            "{d4:?}"
+        );
         assert!(backoff(base, max, 30, "a") <= Duration::from_secs(12));
-        assert_ne!(backoff(base, max, 3, "a"), backoff(base, max, 3, "b"), "objects spread out");
+        assert_ne!(
+            backoff(base, max, 3, "a"),
+            backoff(base, max, 3, "b"),
+            "objects spread out"
+        );
     }
 }

@@ -112,6 +112,15 @@ pub fn operator(
     set: runbook::policy::PolicySet,
     config: OperatorConfig,
 ) -> Arc<Operator> {
+    operator_with_metrics(c, set, config, Arc::new(Metrics::new()))
+}
+
+pub fn operator_with_metrics(
+    c: &Cluster,
+    set: runbook::policy::PolicySet,
+    config: OperatorConfig,
+    metrics: Arc<Metrics>,
+) -> Arc<Operator> {
     if std::env::var("RUNBOOK_TEST_LOG").is_ok() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
@@ -132,7 +141,7 @@ pub fn operator(
         set,
         Clock::real(),
         Arc::new(LogSink::default()),
-        Arc::new(Metrics::new()),
+        metrics,
         config,
     ))
 }

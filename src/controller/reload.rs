@@ -1,0 +1,452 @@
+//! Hot reload: policy bundles from ConfigMaps (watched through the API) and
+//! from directories (watched with notify), each compiled off the hot path
+//! into a new immutable PolicySet that is swapped in whole.
+//!
+//! Every bundle keeps its last good version. A broken edit (bad YAML, a
+//! script that does not compile, an undeclared kind, a missing script, a
+//! kind the API server does not serve) leaves that version serving; the
+//! error, with `file:line:col`, goes to the log, to an Event on the
+//! ConfigMap, and to `runbook_policy_reload_total{result="error"}`. Fixing
+//! the edit brings the new version in. Deleting a bundle removes its
+//! policies (their controllers stop) and touches none of their objects.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::mpsc;
+
+use super::metrics::Metrics;
+use super::runtime::Operator;
+use super::sources::POLICY_LABEL;
+use crate::policy::compile::{LoadError, Loaded, load_bundle};
+use crate::policy::{Bundle, Origin, PolicySet};
+use crate::script::ScriptEngine;
+
+/// Where bundles come from.
+#[derive(Clone, Debug, Default)]
+pub struct SourceConfig {
+    pub dirs: Vec<PathBuf>,
+    /// Namespaces whose `runbook.dev/policy=true` ConfigMaps are bundles.
+    pub configmap_namespaces: Vec<String>,
+}
+
+struct BundleState {
+    bundle: Bundle,
+    good: Option<Arc<Loaded>>,
+}
+
+/// The outcome of one reload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reloaded {
+    /// A new set is in force.
+    Swapped { version: String },
+    /// The bundle's edit was refused; the last good version stays.
+    Refused { errors: Vec<String> },
+    /// Nothing changed.
+    Unchanged,
+}
+
+/// Keeps every bundle's last good version and builds the set from them.
+pub struct Reloader {
+    engine: Arc<ScriptEngine>,
+    client: Option<kube::Client>,
+    metrics: Arc<Metrics>,
+    recorder: Option<Recorder>,
+    bundles: Mutex<BTreeMap<Origin, BundleState>>,
+    /// Serialises reloads: one set is built at a time.
+    gate: tokio::sync::Mutex<()>,
+}
+
+fn clone_loaded(l: &Loaded) -> Loaded {
+    Loaded {
+        policies: l.policies.clone(),
+        routes: l.routes.clone(),
+        scripts: l.scripts.clone(),
+        errors: Vec::new(),
+    }
+}
+
+impl Reloader {
+    pub fn new(
+        engine: Arc<ScriptEngine>,
+        client: Option<kube::Client>,
+        metrics: Arc<Metrics>,
+        identity: &str,
+    ) -> Self {
+        let recorder = client.clone().map(|c| {
+            Recorder::new(
+                c,
+                Reporter {
+                    controller: "runbook".into(),
+                    instance: Some(identity.to_string()),
+                },
+            )
+        });
+        Self {
+            engine,
+            client,
+            metrics,
+            recorder,
+            bundles: Mutex::new(BTreeMap::new()),
+            gate: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn count(&self, result: &str) {
+        self.metrics
+            .policy_reloads
+            .get_or_create(&Metrics::labels(&[("result", result)]))
+            .inc();
+    }
+
+    /// The set built from every bundle's last good version.
+    pub fn current_set(&self) -> (PolicySet, Vec<LoadError>) {
+        let bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+        let loaded: Vec<Loaded> = bundles
+            .values()
+            .filter_map(|b| b.good.as_deref().map(clone_loaded))
+            .collect();
+        PolicySet::build(loaded)
+    }
+
+    /// Compile a bundle and decide whether it may replace its last good
+    /// version. Returns the errors that refuse it.
+    async fn try_bundle(
+        &self,
+        bundle: Bundle,
+        serve_check: Option<&Operator>,
+    ) -> Result<(), Vec<String>> {
+        let engine = self.engine.clone();
+        let b = bundle.clone();
+        // Compiling (scripts, templates) happens off the async workers.
+        let loaded = tokio::task::spawn_blocking(move || load_bundle(&engine, &b, None))
+            .await
+            .map_err(|e| vec![format!("compiling {}: {e}", bundle.origin)])?;
+        if !loaded.errors.is_empty() {
+            return Err(loaded.errors.iter().map(|e| e.to_string()).collect());
+        }
+        // Cross-bundle checks: build the whole set with this version in.
+        let candidate = Arc::new(loaded);
+        let (set, errors) = {
+            let bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+            let mut loaded: Vec<Loaded> = bundles
+                .iter()
+                .filter(|(o, _)| **o != bundle.origin)
+                .filter_map(|(_, b)| b.good.as_deref().map(clone_loaded))
+                .collect();
+            loaded.push(clone_loaded(&candidate));
+            PolicySet::build(loaded)
+        };
+        let ours: Vec<String> = candidate.policies.iter().map(|p| p.file.clone()).collect();
+        let mine: Vec<String> = errors
+            .iter()
+            .filter(|e| e.file.is_empty() || ours.contains(&e.file))
+            .map(|e| e.to_string())
+            .collect();
+        if !mine.is_empty() {
+            return Err(mine);
+        }
+        if let Some(op) = serve_check {
+            let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
+            let kept = op
+                .check_kinds(&set)
+                .await
+                .map_err(|e| vec![e.to_string()])?;
+            let dropped: Vec<&String> = names
+                .iter()
+                .filter(|n| !kept.policies.contains_key(*n))
+                .collect();
+            if !dropped.is_empty() {
+                return Err(dropped
+                    .iter()
+                    .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
+                    .collect());
+            }
+        }
+        let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+        bundles.insert(
+            bundle.origin.clone(),
+            BundleState {
+                bundle,
+                good: Some(candidate),
+            },
+        );
+        Ok(())
+    }
+
+    /// Load bundles at start-up, before the operator exists.
+    pub async fn initial(&self, bundles: Vec<Bundle>) -> (PolicySet, Vec<String>) {
+        let mut all_errors = Vec::new();
+        for b in bundles {
+            let origin = b.origin.clone();
+            if let Err(errors) = self.try_bundle(b.clone(), None).await {
+                self.count("error");
+                for e in &errors {
+                    tracing::error!(bundle = %origin, "{e}");
+                }
+                self.event(&origin, true, "PolicyInvalid", &errors.join("\n"))
+                    .await;
+                all_errors.extend(errors);
+                let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+                bundles.entry(origin).or_insert(BundleState {
+                    bundle: b,
+                    good: None,
+                });
+            } else {
+                self.count("ok");
+            }
+        }
+        let (set, _) = self.current_set();
+        (set, all_errors)
+    }
+
+    /// A bundle changed (`Some`) or went away (`None`): rebuild and swap.
+    pub async fn update(&self, op: &Operator, origin: Origin, bundle: Option<Bundle>) -> Reloaded {
+        let _gate = self.gate.lock().await;
+        match bundle {
+            None => {
+                let removed = self
+                    .bundles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&origin)
+                    .is_some();
+                if !removed {
+                    return Reloaded::Unchanged;
+                }
+                tracing::info!(bundle = %origin, "policy bundle removed");
+            }
+            Some(b) => {
+                let same = self
+                    .bundles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&origin)
+                    .is_some_and(|s| s.bundle == b && s.good.is_some());
+                if same {
+                    return Reloaded::Unchanged;
+                }
+                if let Err(errors) = self.try_bundle(b.clone(), Some(op)).await {
+                    self.count("error");
+                    for e in &errors {
+                        tracing::error!(bundle = %origin, "policy edit refused, the last good version keeps serving: {e}");
+                    }
+                    self.event(&origin, true, "PolicyInvalid", &errors.join("\n"))
+                        .await;
+                    let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+                    let state = bundles.entry(origin).or_insert(BundleState {
+                        bundle: b.clone(),
+                        good: None,
+                    });
+                    state.bundle = b;
+                    return Reloaded::Refused { errors };
+                }
+            }
+        }
+        let (set, _) = self.current_set();
+        let version = set.version.clone();
+        let requeued = op.swap_policies(set.clone()).await;
+        self.count("ok");
+        tracing::info!(
+            version = %version,
+            policies = ?set.policies.values().map(|p| format!("{}@{}", p.name, p.version)).collect::<Vec<_>>(),
+            requeued = ?requeued.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            "policy set swapped in"
+        );
+        self.event(
+            &origin,
+            false,
+            "PolicyLoaded",
+            &format!("policy set version {version} in force"),
+        )
+        .await;
+        Reloaded::Swapped { version }
+    }
+
+    async fn event(&self, origin: &Origin, warning: bool, reason: &str, message: &str) {
+        let (Some(rec), Origin::ConfigMap { namespace, name }) = (&self.recorder, origin) else {
+            return;
+        };
+        let Some(client) = &self.client else { return };
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let uid = api
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.metadata.uid);
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            uid,
+            ..Default::default()
+        };
+        let ev = KubeEvent {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(message.chars().take(1024).collect()),
+            action: "Reload".into(),
+            secondary: None,
+        };
+        if let Err(e) = rec.publish(&ev, &reference).await {
+            tracing::warn!("recording an Event on {origin}: {e}");
+        }
+    }
+
+    /// The directory bundles as they are on disk now.
+    pub fn read_dirs(dirs: &[PathBuf]) -> Vec<Bundle> {
+        let mut out = Vec::new();
+        for d in dirs {
+            match Bundle::discover(d) {
+                Ok(b) => out.extend(b),
+                Err(e) => tracing::error!(dir = %d.display(), "reading policies: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Re-read the directories; apply what changed and what went away.
+    pub async fn rescan_dirs(&self, op: &Operator, dirs: &[PathBuf]) -> Vec<Reloaded> {
+        let fresh = Self::read_dirs(dirs);
+        let mut out = Vec::new();
+        let known: Vec<Origin> = self
+            .bundles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .filter(|o| matches!(o, Origin::Dir(p) if dirs.iter().any(|d| p.starts_with(d))))
+            .cloned()
+            .collect();
+        for o in known {
+            if !fresh.iter().any(|b| b.origin == o) {
+                out.push(self.update(op, o, None).await);
+            }
+        }
+        for b in fresh {
+            let origin = b.origin.clone();
+            out.push(self.update(op, origin, Some(b)).await);
+        }
+        out
+    }
+}
+
+/// Watch the sources and reload on every change until the operator stops.
+pub fn spawn(
+    reloader: Arc<Reloader>,
+    op: Arc<Operator>,
+    sources: SourceConfig,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let Some(client) = reloader.client.clone() {
+        for ns in sources.configmap_namespaces.clone() {
+            let (r, op) = (reloader.clone(), op.clone());
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                watch_configmaps(r, op, client, ns).await
+            }));
+        }
+    }
+    if !sources.dirs.is_empty() {
+        let (r, op) = (reloader.clone(), op.clone());
+        tasks.push(tokio::spawn(async move {
+            watch_dirs(r, op, sources.dirs).await
+        }));
+    }
+    tasks
+}
+
+async fn watch_configmaps(
+    reloader: Arc<Reloader>,
+    op: Arc<Operator>,
+    client: kube::Client,
+    namespace: String,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}=true"));
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut listed: Vec<Origin> = Vec::new();
+    let bundle_of = |cm: &ConfigMap| {
+        Bundle::from_configmap(
+            &namespace,
+            cm.metadata.name.as_deref().unwrap_or(""),
+            &cm.data.clone().unwrap_or_default(),
+        )
+    };
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Apply(cm)) | Ok(Event::InitApply(cm)) => {
+                let b = bundle_of(&cm);
+                listed.push(b.origin.clone());
+                reloader.update(&op, b.origin.clone(), Some(b)).await;
+            }
+            Ok(Event::Delete(cm)) => {
+                let b = bundle_of(&cm);
+                reloader.update(&op, b.origin, None).await;
+            }
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitDone) => {
+                // ConfigMaps deleted while the watch was down.
+                let known: Vec<Origin> = reloader
+                    .bundles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .keys()
+                    .filter(|o| matches!(o, Origin::ConfigMap { namespace: ns, .. } if *ns == namespace))
+                    .cloned()
+                    .collect();
+                for o in known {
+                    if !listed.contains(&o) {
+                        reloader.update(&op, o, None).await;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(%namespace, "watching policy ConfigMaps: {e}"),
+        }
+    }
+}
+
+/// How long file events are gathered before the directories are re-read:
+/// editors and ConfigMap volume updates write in several steps.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBuf>) {
+    use notify::{RecursiveMode, Watcher};
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher =
+        match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if res.is_ok() {
+                let _ = tx.send(());
+            }
+        }) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!("watching policy directories is not possible: {e}");
+                return;
+            }
+        };
+    for d in &dirs {
+        if let Err(e) = watcher.watch(d, RecursiveMode::Recursive) {
+            tracing::error!(dir = %d.display(), "watching: {e}");
+        }
+    }
+    while rx.recv().await.is_some() {
+        // Gather the burst, then read once.
+        tokio::time::sleep(DEBOUNCE).await;
+        while rx.try_recv().is_ok() {}
+        reloader.rescan_dirs(&op, &dirs).await;
+    }
+}

@@ -1,0 +1,385 @@
+//! Hot reload: a policy ConfigMap or directory edit changes behaviour within
+//! a second, a broken edit never breaks the running operator, and removing
+//! a bundle touches nothing it made. Sandbox by default; a real cluster
+//! with RUNBOOK_TEST_KUBECONFIG.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/operator.rs"]
+mod operator;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster::{Cluster, eventually};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use operator::*;
+use runbook::controller::OperatorConfig;
+use runbook::controller::metrics::Metrics;
+use runbook::controller::reload::{self, Reloader, SourceConfig};
+use runbook::script::ScriptEngine;
+use serde_json::json;
+
+fn policy_yaml(c: &Cluster, threshold: &str) -> String {
+    format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: tuned}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  owns: [{{apiVersion: v1, kind: ConfigMap}}]\n  script: tuned.rhai\n  params:\n    threshold: {threshold}\n",
+        widget_group(c)
+    )
+}
+
+const SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let n = ctx.resource.metadata.name;
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${n}-out` }, data: #{ threshold: `${ctx.params.threshold}` } }),
+     status(#{ threshold: ctx.params.threshold })]
+}
+"#;
+
+async fn status_threshold(widgets: &Api<DynamicObject>, name: &str) -> serde_json::Value {
+    widgets
+        .get(name)
+        .await
+        .map(|w| w.data["status"]["threshold"].clone())
+        .unwrap_or_default()
+}
+
+async fn start(
+    c: &Cluster,
+    sources: SourceConfig,
+) -> (Arc<runbook::controller::Operator>, Arc<Reloader>) {
+    let engine = Arc::new(ScriptEngine::default());
+    let metrics = Arc::new(Metrics::new());
+    let reloader = Arc::new(Reloader::new(
+        engine,
+        Some(c.client.clone()),
+        metrics.clone(),
+        "test",
+    ));
+    let mut bundles = Reloader::read_dirs(&sources.dirs);
+    for ns in &sources.configmap_namespaces {
+        bundles.extend(
+            runbook::controller::sources::configmap_bundles(&c.client, ns)
+                .await
+                .unwrap(),
+        );
+    }
+    let (set, errors) = reloader.initial(bundles).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    let op = operator_with_metrics(c, set, OperatorConfig::default(), metrics);
+    op.start().await.unwrap();
+    reload::spawn(reloader.clone(), op.clone(), sources);
+    (op, reloader)
+}
+
+/// Whether `text` holds `prefix` followed by `LINE:COL:`.
+fn positioned(text: &str, prefix: &str) -> bool {
+    text.match_indices(prefix).any(|(i, _)| {
+        let rest = &text[i + prefix.len()..];
+        let mut parts = rest.splitn(3, ':');
+        parts.next().is_some_and(|l| l.parse::<u32>().is_ok())
+            && parts.next().is_some_and(|c| c.parse::<u32>().is_ok())
+    })
+}
+
+fn bundle_cm(c: &Cluster, yaml: &str) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "tuned-policy", "labels": {"runbook.dev/policy": "true"}},
+        "data": {"tuned.yaml": yaml, "tuned.rhai": SCRIPT}
+    }))
+    .unwrap_or_else(|e| panic!("{e}: {c:?}", c = c.ns))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything() {
+    let c = Cluster::new("reloadcm").await;
+    install_widget_crd(&c).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    cms.create(
+        &PostParams::default(),
+        &bundle_cm(&c, &policy_yaml(&c, "1")),
+    )
+    .await
+    .unwrap();
+    let (op, _reloader) = start(
+        &c,
+        SourceConfig {
+            dirs: vec![],
+            configmap_namespaces: vec![c.ns.clone()],
+        },
+    )
+    .await;
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets
+        .create(&PostParams::default(), &widget(&c, "a", json!({})))
+        .await
+        .unwrap();
+    eventually("threshold 1", 30, || async {
+        status_threshold(&widgets, "a").await == 1
+    })
+    .await;
+    let v1 = widgets.get("a").await.unwrap().data["status"]["decision"]["policyVersion"].clone();
+
+    // Edit the threshold: the next reconcile uses it.
+    let patch = |yaml: String| json!({"data": {"tuned.yaml": yaml}});
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(patch(policy_yaml(&c, "2"))),
+    )
+    .await
+    .unwrap();
+    eventually("threshold 2", 30, || async {
+        status_threshold(&widgets, "a").await == 2
+    })
+    .await;
+    let v2 = widgets.get("a").await.unwrap().data["status"]["decision"]["policyVersion"].clone();
+    assert_ne!(v1, v2, "the decision record names the new version");
+    assert_eq!(
+        cms.get("a-out").await.unwrap().data.unwrap()["threshold"],
+        "2"
+    );
+
+    // Break it: the old version keeps working, the ConfigMap gets an Event with the position.
+    let broken = policy_yaml(&c, "2").replace("script: tuned.rhai", "script: [tuned.rhai");
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(patch(broken)),
+    )
+    .await
+    .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    eventually(
+        "an Event on the ConfigMap naming the position",
+        30,
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("PolicyInvalid")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some("tuned-policy")
+                        && e.note.as_deref().is_some_and(|n| {
+                            positioned(n, &format!("configmap/{}/tuned-policy/tuned.yaml:", c.ns))
+                        })
+                })
+        },
+    )
+    .await;
+    assert!(
+        op.ctx
+            .metrics
+            .render()
+            .contains("runbook_policy_reload_total{result=\"error\"}")
+    );
+    widgets
+        .create(&PostParams::default(), &widget(&c, "b", json!({})))
+        .await
+        .unwrap();
+    eventually("the last good version serves a new widget", 30, || async {
+        status_threshold(&widgets, "b").await == 2
+    })
+    .await;
+
+    // Fix it: the new version comes in.
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(patch(policy_yaml(&c, "3"))),
+    )
+    .await
+    .unwrap();
+    eventually("threshold 3 everywhere", 30, || async {
+        status_threshold(&widgets, "a").await == 3 && status_threshold(&widgets, "b").await == 3
+    })
+    .await;
+
+    // Delete it: nothing else is touched, nothing new is reconciled.
+    let before: BTreeMap<String, String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.metadata.name.as_deref() != Some("tuned-policy"))
+        .map(|c| {
+            (
+                c.metadata.name.unwrap(),
+                c.metadata.resource_version.unwrap(),
+            )
+        })
+        .collect();
+    cms.delete("tuned-policy", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the policy to go", 30, || async {
+        op.ctx.policies.load().policies.is_empty()
+    })
+    .await;
+    widgets
+        .create(&PostParams::default(), &widget(&c, "c", json!({})))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        widgets.get("c").await.unwrap().data.get("status").is_none(),
+        "no policy, no reconcile"
+    );
+    assert_eq!(
+        status_threshold(&widgets, "a").await,
+        3,
+        "the old status stays"
+    );
+    let after: BTreeMap<String, String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| {
+            (
+                c.metadata.name.unwrap(),
+                c.metadata.resource_version.unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(before, after, "the children are untouched");
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+/// Lay a directory out as the kubelet mounts a ConfigMap: the files are
+/// links into `..data`, itself a link to a timestamped directory, swapped
+/// atomically on update.
+fn mount(dir: &Path, generation: u32, files: &[(&str, &str)]) {
+    let ts = format!("..2026_11_29_{generation:04}");
+    std::fs::create_dir_all(dir.join(&ts)).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(&ts).join(name), text).unwrap();
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), &link).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&ts, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_reloads_on_edits_and_on_a_configmap_volume_swap() {
+    let c = Cluster::new("reloaddir").await;
+    install_widget_crd(&c).await;
+    let dir = std::env::temp_dir().join(format!("runbook-reload-{}", c.ns));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    mount(
+        &dir,
+        1,
+        &[
+            ("tuned.yaml", &policy_yaml(&c, "1")),
+            ("tuned.rhai", SCRIPT),
+        ],
+    );
+    let (op, _reloader) = start(
+        &c,
+        SourceConfig {
+            dirs: vec![dir.clone()],
+            configmap_namespaces: vec![],
+        },
+    )
+    .await;
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets
+        .create(&PostParams::default(), &widget(&c, "a", json!({})))
+        .await
+        .unwrap();
+    eventually("threshold 1", 30, || async {
+        status_threshold(&widgets, "a").await == 1
+    })
+    .await;
+    // The kubelet's symlink swap.
+    mount(
+        &dir,
+        2,
+        &[
+            ("tuned.yaml", &policy_yaml(&c, "2")),
+            ("tuned.rhai", SCRIPT),
+        ],
+    );
+    eventually("threshold 2 after the swap", 30, || async {
+        status_threshold(&widgets, "a").await == 2
+    })
+    .await;
+    // A broken swap keeps version 2 serving.
+    mount(
+        &dir,
+        3,
+        &[
+            (
+                "tuned.yaml",
+                &policy_yaml(&c, "2").replace("target:", "targt:"),
+            ),
+            ("tuned.rhai", SCRIPT),
+        ],
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        op.ctx
+            .metrics
+            .render()
+            .contains("runbook_policy_reload_total{result=\"error\"}")
+    );
+    assert_eq!(op.ctx.policies.load().policies.len(), 1);
+    // An editor writing through a temporary file into a plain directory.
+    let plain = std::env::temp_dir().join(format!("runbook-reload-plain-{}", c.ns));
+    let _ = std::fs::remove_dir_all(&plain);
+    std::fs::create_dir_all(&plain).unwrap();
+    let other = policy_yaml(&c, "4")
+        .replace("name: tuned", "name: tuned-other")
+        .replace("kind: Widget}", "kind: Widget}\n  selector: {tier: b}");
+    std::fs::write(plain.join("tuned.rhai"), SCRIPT).unwrap();
+    std::fs::write(plain.join(".other.yaml.swp"), &other).unwrap();
+    std::fs::rename(plain.join(".other.yaml.swp"), plain.join("other.yaml")).unwrap();
+    // Only the watched directory counts; this one is not watched, so the set is unchanged.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(op.ctx.policies.load().policies.len(), 1);
+    // Fixing the mounted one brings version 3 in.
+    mount(
+        &dir,
+        4,
+        &[
+            ("tuned.yaml", &policy_yaml(&c, "3")),
+            ("tuned.rhai", SCRIPT),
+        ],
+    );
+    eventually("threshold 3", 30, || async {
+        status_threshold(&widgets, "a").await == 3
+    })
+    .await;
+    // Deleting the files removes the policy.
+    std::fs::remove_file(dir.join("tuned.yaml")).unwrap();
+    eventually("the policy to go", 30, || async {
+        op.ctx.policies.load().policies.is_empty()
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&plain);
+}
