@@ -4,6 +4,7 @@
 pub mod decision;
 pub mod native;
 pub mod operator;
+pub mod reload;
 pub mod sandbox;
 
 use std::time::{Duration, Instant};

@@ -194,10 +194,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         metrics.clone(),
         config,
     ));
-    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, op.ctx.ready.clone())
+    let shadow_ctx = op.ctx.clone();
+    let shadow: metrics::ShadowLog = Arc::new(move || {
+        serde_json::to_string_pretty(&shadow_ctx.shadow_records()).unwrap_or_default()
+    });
+    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, op.ctx.ready.clone(), shadow)
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");
     let start = op.start();
     tokio::select! {
         r = start => r.map_err(|e| anyhow::anyhow!("{e}"))?,

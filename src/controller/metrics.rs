@@ -151,11 +151,16 @@ impl Metrics {
     }
 }
 
-/// Serve `/metrics`, `/healthz` and `/readyz` until the task is dropped.
+/// Renders the recent shadow decisions as JSON.
+pub type ShadowLog = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Serve `/metrics`, `/healthz`, `/readyz` and `/shadow` (the recent
+/// decisions of shadow policies, JSON) until the task is dropped.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    shadow: ShadowLog,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -164,10 +169,10 @@ pub async fn serve(
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let (metrics, ready) = (metrics.clone(), ready.clone());
+            let (metrics, ready, shadow) = (metrics.clone(), ready.clone(), shadow.clone());
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (metrics, ready) = (metrics.clone(), ready.clone());
+                    let (metrics, ready, shadow) = (metrics.clone(), ready.clone(), shadow.clone());
                     async move {
                         let (code, ctype, body) = match req.uri().path() {
                             "/metrics" => (
@@ -186,6 +191,7 @@ pub async fn serve(
                                 "text/plain",
                                 "caches not synced yet".to_string(),
                             ),
+                            "/shadow" => (StatusCode::OK, "application/json", shadow()),
                             _ => (StatusCode::NOT_FOUND, "text/plain", "not found".to_string()),
                         };
                         let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -204,4 +210,61 @@ pub async fn serve(
         }
     });
     Ok((local, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        use std::io::{Read, Write};
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_server_answers_probes_metrics_and_shadow_decisions() {
+        let metrics = Arc::new(Metrics::new());
+        metrics
+            .policy_reloads
+            .get_or_create(&Metrics::labels(&[("result", "ok")]))
+            .inc();
+        let ready = Arc::new(AtomicBool::new(false));
+        let shadow: ShadowLog = Arc::new(|| r#"[{"target":"default/w1"}]"#.to_string());
+        let (addr, task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics,
+            ready.clone(),
+            shadow,
+        )
+        .await
+        .unwrap();
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            get(addr, "/readyz").await.starts_with("HTTP/1.1 503"),
+            "not ready before the caches sync"
+        );
+        ready.store(true, Ordering::Release);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let m = get(addr, "/metrics").await;
+        assert!(
+            m.contains("runbook_policy_reload_total{result=\"ok\"} 1"),
+            "{m}"
+        );
+        let s = get(addr, "/shadow").await;
+        assert!(
+            s.contains("application/json") && s.ends_with(r#"[{"target":"default/w1"}]"#),
+            "{s}"
+        );
+        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+        task.abort();
+    }
 }

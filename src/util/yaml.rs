@@ -43,6 +43,8 @@ impl fmt::Display for YamlError {
 fn options() -> serde_saphyr::Options {
     let mut options = serde_saphyr::Options::default();
     options.with_snippet = false;
+    // YAML 1.2 booleans only: a key `n` or a value `no` stays a string.
+    options.strict_booleans = true;
     options
 }
 
@@ -312,6 +314,18 @@ mod tests {
         let err = parse::<Doc>("spec:\n  kind: X\n  cuont: 1\n").unwrap_err();
         assert_eq!(err.pos, Pos { line: 3, col: 3 });
         assert!(err.message.contains("unknown field `cuont`"), "{err}");
+    }
+
+    #[test]
+    fn only_yaml_1_2_spellings_are_booleans() {
+        // A params key `n` must not turn into `false`, nor `no` into a bool.
+        let node = parse_node("n: 0\ny: no\nflag: true\n").unwrap();
+        assert_eq!(
+            node.to_json(),
+            serde_json::json!({"n": 0, "y": "no", "flag": true})
+        );
+        let docs = parse_documents("on: off\n").unwrap();
+        assert_eq!(docs, vec![serde_json::json!({"on": "off"})]);
     }
 
     #[test]

@@ -1,0 +1,202 @@
+//! Hot reload: from a policy ConfigMap edit to the first reconcile that
+//! uses the new version, over many edits; and how long the targets of a
+//! changed policy take to be reconciled on the new version.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::core::DynamicObject;
+use serde_json::json;
+
+use super::Stats;
+use super::operator::{item_resource, populate};
+use crate::alert::LogSink;
+use crate::clock::Clock;
+use crate::controller::metrics::Metrics;
+use crate::controller::reload::{self, Reloader, SourceConfig};
+use crate::controller::{Operator, OperatorConfig};
+use crate::sandbox::Sandbox;
+use crate::script::ScriptEngine;
+
+fn policy(n: usize) -> String {
+    format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: tuned}}\nspec:\n  target: {{apiVersion: bench.runbook.dev/v1, kind: Item}}\n  script: tuned.rhai\n  params:\n    n: {n}\n"
+    )
+}
+
+const SCRIPT: &str = "fn reconcile(ctx) { [status(#{ seen: ctx.params.n })] }\n";
+
+#[derive(Clone, Copy, Debug)]
+pub struct ReloadFigures {
+    pub edits: usize,
+    pub latency: Stats,
+    pub targets: usize,
+    /// From the edit of the ConfigMap to every target reconciled on the new version.
+    pub requeue_all: Duration,
+}
+
+fn seen(sandbox: &Sandbox, namespace: &str, n: usize) -> usize {
+    let store = sandbox.store();
+    let Some(def) = store.def(super::operator::GROUP, "items") else {
+        return 0;
+    };
+    let filter = crate::sandbox::store::Filter {
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    };
+    // Stored objects are compact JSON with sorted keys; `seen` is followed
+    // by `,` or `}`, so the number is matched whole.
+    let patterns = [format!("\"seen\":{n},"), format!("\"seen\":{n}}}")];
+    let has = |b: &[u8], p: &str| b.windows(p.len()).any(|w| w == p.as_bytes());
+    store
+        .list(&def, &filter, None, None)
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|b| patterns.iter().any(|p| has(b, p)))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// `edits` successive ConfigMap edits with one target watched; then, on a
+/// fresh sandbox, one edit with `targets` targets.
+pub async fn run(edits: usize, targets: usize) -> ReloadFigures {
+    let (latency, _) = phase(edits, 1).await;
+    let (_, requeue_all) = phase(0, targets).await;
+    ReloadFigures {
+        edits,
+        latency,
+        targets,
+        requeue_all,
+    }
+}
+
+async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
+    let sandbox = Sandbox::default();
+    let ns = "reload";
+    populate(&sandbox, ns, targets.max(1));
+    let client = sandbox.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "tuned", "labels": {"runbook.dev/policy": "true"}},
+        "data": {"tuned.yaml": policy(0), "tuned.rhai": SCRIPT}
+    }))
+    .expect("a ConfigMap");
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .expect("the policy ConfigMap");
+    let engine = Arc::new(ScriptEngine::default());
+    let metrics = Arc::new(Metrics::new());
+    let reloader = Arc::new(Reloader::new(
+        engine.clone(),
+        Some(client.clone()),
+        metrics.clone(),
+        "bench",
+    ));
+    let bundles = crate::controller::sources::configmap_bundles(&client, ns)
+        .await
+        .expect("bundles");
+    let (set, errors) = reloader.initial(bundles).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    let op = Arc::new(Operator::new(
+        client.clone(),
+        engine,
+        set,
+        Clock::real(),
+        Arc::new(LogSink::default()),
+        metrics,
+        OperatorConfig {
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+    ));
+    op.start().await.expect("the operator starts");
+    let _tasks = reload::spawn(
+        reloader,
+        op.clone(),
+        SourceConfig {
+            dirs: vec![],
+            configmap_namespaces: vec![ns.into()],
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while seen(&sandbox, ns, 0) < targets.max(1) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    op.settle(Duration::from_millis(200), Duration::from_secs(60))
+        .await;
+
+    // Latency of single edits, watched on one target.
+    let items: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
+    let probe = "item-00000";
+    let start_rv = items
+        .get(probe)
+        .await
+        .expect("the probe")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let mut stream = items
+        .watch(
+            &WatchParams::default()
+                .fields(&format!("metadata.name={probe}"))
+                .disable_bookmarks(),
+            &start_rv,
+        )
+        .await
+        .expect("watch")
+        .boxed();
+    let mut samples = Vec::with_capacity(edits);
+    for i in 1..=edits {
+        let t0 = Instant::now();
+        cms.patch(
+            "tuned",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"tuned.yaml": policy(i)}})),
+        )
+        .await
+        .expect("edit");
+        loop {
+            match stream.try_next().await {
+                Ok(Some(WatchEvent::Modified(o))) if o.data["status"]["seen"] == json!(i) => break,
+                Ok(Some(_)) => continue,
+                other => panic!("the watch ended: {other:?}"),
+            }
+        }
+        samples.push(t0.elapsed());
+        // Let every target settle before the next edit.
+        let wait = Instant::now() + Duration::from_secs(120);
+        while seen(&sandbox, ns, i) < targets.max(1) && Instant::now() < wait {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    drop(stream);
+    let latency = if samples.is_empty() {
+        Stats::from_samples(vec![Duration::ZERO])
+    } else {
+        Stats::from_samples(samples)
+    };
+
+    // All targets of the changed policy.
+    let next = edits + 1;
+    let t0 = Instant::now();
+    cms.patch(
+        "tuned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"tuned.yaml": policy(next)}})),
+    )
+    .await
+    .expect("edit");
+    while seen(&sandbox, ns, next) < targets.max(1) && t0.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let requeue_all = t0.elapsed();
+    op.shutdown(Duration::from_secs(5)).await;
+    (latency, requeue_all)
+}
