@@ -41,6 +41,7 @@ pub struct Metrics {
     pub policy_info: Family<Labels, Gauge>,
     pub alerts: Family<Labels, Counter>,
     pub alert_queue: Family<Labels, Gauge>,
+    pub skipped: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -66,6 +67,7 @@ impl Metrics {
             policy_info: Family::default(),
             alerts: Family::default(),
             alert_queue: Family::default(),
+            skipped: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -127,6 +129,11 @@ impl Metrics {
             "alerts",
             "Alert notifications by receiver and result",
             m.alerts.clone(),
+        );
+        registry.register(
+            "skipped_objects",
+            "Targets skipped because their metadata cannot be used, by kind",
+            m.skipped.clone(),
         );
         registry.register(
             "alert_queue_depth",

@@ -464,6 +464,23 @@ async fn reconcile(
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
     if let Some(why) = &obj.undecodable {
         tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");
+        ctx.metrics
+            .skipped
+            .get_or_create(&Metrics::labels(&[("kind", &kind.kind)]))
+            .inc();
+        if obj.meta.name.is_some() {
+            let ev = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "Undecodable".into(),
+                note: Some(format!("Runbook skips this object: {why}")),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            let reference = crate::executor::object_ref(&obj.value());
+            if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+                tracing::warn!("recording an Event failed: {e}");
+            }
+        }
         return Ok(Action::await_change());
     }
     ctx.in_flight.fetch_add(1, Ordering::AcqRel);
