@@ -27,3 +27,7 @@ fn main() {
         runbook::bench::us(f.scripted_idle.median)
     );
 }
+
+/// The allocator the `runbook` binary uses.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -77,3 +77,7 @@ fn main() {
         rss as f64 / 1048576.0
     );
 }
+
+/// The allocator the `runbook` binary uses.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -35,3 +35,7 @@ fn main() {
         f.requeue_all.as_secs_f64()
     );
 }
+
+/// The allocator the `runbook` binary uses.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

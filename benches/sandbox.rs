@@ -43,3 +43,7 @@ fn main() {
         f.rss_delta_bytes as f64 / 1048576.0
     );
 }
+
+/// The allocator the `runbook` binary uses.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

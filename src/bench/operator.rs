@@ -111,11 +111,8 @@ pub fn done(sandbox: &Sandbox, namespace: &str) -> usize {
     store
         .list(&def, &filter, None, None)
         .map(|l| {
-            let pattern = br#""phase":"Done""#;
-            l.items
-                .iter()
-                .filter(|b| b.windows(pattern.len()).any(|w| w == pattern))
-                .count()
+            let finder = memchr::memmem::Finder::new(br#""phase":"Done""#);
+            l.items.iter().filter(|b| finder.find(b).is_some()).count()
         })
         .unwrap_or(0)
 }

@@ -51,13 +51,13 @@ fn seen(sandbox: &Sandbox, namespace: &str, n: usize) -> usize {
     // Stored objects are compact JSON with sorted keys; `seen` is followed
     // by `,` or `}`, so the number is matched whole.
     let patterns = [format!("\"seen\":{n},"), format!("\"seen\":{n}}}")];
-    let has = |b: &[u8], p: &str| b.windows(p.len()).any(|w| w == p.as_bytes());
+    let finders: Vec<_> = patterns.iter().map(memchr::memmem::Finder::new).collect();
     store
         .list(&def, &filter, None, None)
         .map(|l| {
             l.items
                 .iter()
-                .filter(|b| patterns.iter().any(|p| has(b, p)))
+                .filter(|b| finders.iter().any(|f| f.find(b).is_some()))
                 .count()
         })
         .unwrap_or(0)
