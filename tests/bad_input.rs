@@ -279,3 +279,48 @@ fn a_runaway_script_leaves_the_engine_usable_for_the_next_call() {
     let d = w.decide("p", &evaluator("b", "chatbot", 0.1));
     assert_eq!(status_of(&d)["phase"], "ok");
 }
+
+const ROUTES_HEAD: &str =
+    "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: default}\nspec:\n";
+
+#[test]
+fn bad_alert_routes_are_refused_at_load_with_positions() {
+    let errs = load_errors(&[(
+        "routes.yaml",
+        &format!(
+            "{ROUTES_HEAD}  route:\n    receiver: log\n    routes:\n      - matchers: ['team =~ \"(ml\"']\n        receiver: log\n      - receiver: pager\n  receivers:\n    - name: log\n      log: {{}}\n    - name: hook\n      webhook: {{url: \"ftp://example.com/x\"}}\n    - name: chat\n      slack: {{url: \"https://hooks.example.com/services/T0/B0/tok3n-abc\"}}\n"
+        ),
+    )]);
+    let find = |needle: &str| {
+        errs.iter()
+            .find(|e| e.contains(needle))
+            .unwrap_or_else(|| panic!("no error about {needle:?} in {errs:?}"))
+            .clone()
+    };
+    assert!(
+        find("invalid regex").starts_with("pol/routes.yaml:8:"),
+        "{errs:?}"
+    );
+    assert!(
+        find("receiver \"pager\" is not defined").starts_with("pol/routes.yaml:10:"),
+        "{errs:?}"
+    );
+    assert!(
+        find("is not an http(s) URL").starts_with("pol/routes.yaml:15:"),
+        "{errs:?}"
+    );
+    let inline = find("receiver URLs come from Secrets");
+    assert!(inline.starts_with("pol/routes.yaml:17:"), "{inline}");
+    assert!(!inline.contains("tok3n"), "the URL is not echoed: {inline}");
+}
+
+#[test]
+fn a_loopback_url_may_be_written_inline() {
+    let errs = load_errors(&[(
+        "routes.yaml",
+        &format!(
+            "{ROUTES_HEAD}  route:\n    receiver: hook\n  receivers:\n    - name: hook\n      webhook: {{url: \"http://127.0.0.1:9093/hook\"}}\n"
+        ),
+    )]);
+    assert!(errs.is_empty(), "{errs:?}");
+}

@@ -122,3 +122,45 @@ fn a_missing_path_is_an_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/dir"));
 }
+
+#[test]
+fn alerts_route_prints_the_receivers_an_alert_reaches() {
+    let route = |labels: &[&str], extra: &[&str]| {
+        let out = runbook()
+            .args(["alerts", "route", "--routes", "policies/alert-routes.yaml"])
+            .args(extra)
+            .args(labels)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, stdout, _) = route(&["severity=critical", "team=ml"], &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        stdout, "events,log\n",
+        "critical alerts are Events and log lines"
+    );
+    let (code, stdout, _) = route(&["severity=info"], &[]);
+    assert_eq!(
+        (code, stdout.as_str()),
+        (Some(0), "log\n"),
+        "the root route"
+    );
+    let (code, _, stderr) = route(&["severity=warning"], &["--verify-receivers", "events"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("want events, got log"), "{stderr}");
+    let (code, stdout, _) = route(&["severity=critical"], &["-v"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("route.routes[0]") && stdout.contains("continue"),
+        "{stdout}"
+    );
+    let (code, _, stderr) = route(&["severity"], &[]);
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("labels are name=value"), "{stderr}");
+}

@@ -383,3 +383,60 @@ async fn a_directory_reloads_on_edits_and_on_a_configmap_volume_swap() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&plain);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_routes_naming_a_missing_secret_are_refused_until_it_exists() {
+    let c = Cluster::new("reloadsecret").await;
+    let routes = "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: team}\nspec:\n  route:\n    receiver: hook\n  receivers:\n    - name: hook\n      webhook:\n        url: {secretKeyRef: {name: hooks, key: url}}\n";
+    let bundle = || {
+        runbook::policy::Bundle::new(
+            runbook::policy::Origin::ConfigMap {
+                namespace: c.ns.clone(),
+                name: "routes".into(),
+            },
+            [("routes.yaml".to_string(), routes.to_string())].into(),
+        )
+    };
+    let reloader = Reloader::new(
+        Arc::new(ScriptEngine::default()),
+        Some(c.client.clone()),
+        Arc::new(Metrics::new()),
+        "test",
+    );
+    let (set, errors) = reloader.initial(vec![bundle()]).await;
+    assert!(set.routes.is_empty());
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].ends_with(&format!(
+            "routes.yaml:10:29: receiver \"hook\": Secret {}/hooks does not exist",
+            c.ns
+        )),
+        "{errors:?}"
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(c.client.clone(), &c.ns);
+    let s = serde_json::from_value(
+        json!({"metadata": {"name": "hooks"}, "stringData": {"other": "x"}}),
+    )
+    .unwrap();
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+    let reloader = Reloader::new(
+        Arc::new(ScriptEngine::default()),
+        Some(c.client.clone()),
+        Arc::new(Metrics::new()),
+        "test",
+    );
+    let (_, errors) = reloader.initial(vec![bundle()]).await;
+    assert!(errors[0].ends_with("has no key \"url\""), "{errors:?}");
+    secrets
+        .patch(
+            "hooks",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"url": "https://hooks.example.com/x"}})),
+        )
+        .await
+        .unwrap();
+    let (set, errors) = reloader.initial(vec![bundle()]).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(set.routes.contains_key("team"));
+    c.cleanup().await;
+}

@@ -1,7 +1,10 @@
 //! Alerts: Alertmanager-style routing from an `AlertRoutes` document, and
 //! the sinks raised alerts go to.
 
+pub mod deliver;
+pub mod dispatch;
 pub mod matcher;
+pub mod notify;
 pub mod routes;
 pub mod sink;
 

@@ -21,6 +21,9 @@ pub struct RouteError {
 pub struct Route {
     /// Path in the tree, such as `root.routes[1]`, for display.
     pub id: String,
+    /// Alertmanager's route key: the matchers on the path from the root,
+    /// such as `{}/{severity="critical"}`; part of a notification's groupKey.
+    pub key: String,
     pub receiver: String,
     pub matchers: Vec<Matcher>,
     pub group_by: Vec<String>,
@@ -36,9 +39,12 @@ pub struct Route {
 /// Where a receiver sends.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Target {
-    /// A URL written in the document (allowed for loopback test receivers only).
+    /// A URL written in the document: allowed only for receivers on the
+    /// loopback interface (local testing); anything else comes from a Secret.
     Inline(String),
-    Secret(SecretKeyRef),
+    /// A URL read from a Secret when a notification is sent. `pos` is where
+    /// the reference is written, for errors.
+    Secret { key: SecretKeyRef, pos: Pos },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -47,11 +53,13 @@ pub enum ReceiverKind {
         url: Target,
         timeout_ms: i64,
         max_alerts: u32,
+        send_resolved: bool,
     },
     Slack {
         url: Target,
         channel: Option<String>,
         timeout_ms: i64,
+        send_resolved: bool,
     },
     Event {
         reason: String,
@@ -62,6 +70,29 @@ pub enum ReceiverKind {
     /// A receiver with no integration: alerts routed to it are dropped
     /// (Alertmanager's "null" receiver).
     Null,
+}
+
+impl ReceiverKind {
+    /// Whether notifications of resolved alerts go to this integration
+    /// (webhook: yes unless told otherwise; Slack: no unless told; Events
+    /// and logs: always).
+    pub fn send_resolved(&self) -> bool {
+        match self {
+            ReceiverKind::Webhook { send_resolved, .. }
+            | ReceiverKind::Slack { send_resolved, .. } => *send_resolved,
+            _ => true,
+        }
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ReceiverKind::Webhook { .. } => "webhook",
+            ReceiverKind::Slack { .. } => "slack",
+            ReceiverKind::Event { .. } => "event",
+            ReceiverKind::Log { .. } => "log",
+            ReceiverKind::Null => "none",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -83,10 +114,116 @@ pub struct CompiledRoutes {
     pub name: String,
     /// Content hash of the document.
     pub version: String,
+    /// The file it came from, for errors.
+    pub file: String,
+    /// Where its `secretKeyRef`s without a namespace are read: the
+    /// namespace of the ConfigMap it came from, else the operator's.
+    pub secret_namespace: Option<String>,
     pub root: Route,
     pub receivers: BTreeMap<String, Receiver>,
     pub inhibit_rules: Vec<InhibitRule>,
-    pub time_intervals: BTreeMap<String, Vec<crate::policy::model::TimeRangeSpec>>,
+    pub time_intervals: BTreeMap<String, TimeInterval>,
+}
+
+/// One named time interval: any of its ranges (weekdays and times of day,
+/// UTC) contains the instant.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TimeInterval {
+    pub ranges: Vec<TimeRange>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TimeRange {
+    /// Bit i set: weekday i (Monday = 0) is in; 0 means every day.
+    pub weekdays: u8,
+    /// Minutes since midnight, start inclusive, end exclusive; empty means all day.
+    pub times: Vec<(u32, u32)>,
+}
+
+impl TimeInterval {
+    pub fn contains(&self, t: jiff::Timestamp) -> bool {
+        let dt = t.to_zoned(jiff::tz::TimeZone::UTC);
+        let day = dt.weekday().to_monday_zero_offset() as u8;
+        let minute = dt.hour() as u32 * 60 + dt.minute() as u32;
+        self.ranges.iter().any(|r| {
+            (r.weekdays == 0 || r.weekdays & (1 << day) != 0)
+                && (r.times.is_empty() || r.times.iter().any(|(s, e)| minute >= *s && minute < *e))
+        })
+    }
+}
+
+const WEEKDAYS: [&str; 7] = [
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+];
+
+fn weekday_bits(spec: &str) -> Result<u8, String> {
+    let day = |s: &str| {
+        WEEKDAYS
+            .iter()
+            .position(|d| *d == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| format!("{s:?} is not a weekday (monday ... sunday)"))
+    };
+    let (a, b) = match spec.split_once(':') {
+        Some((a, b)) => (day(a)?, day(b)?),
+        None => {
+            let d = day(spec)?;
+            (d, d)
+        }
+    };
+    if a > b {
+        return Err(format!("weekday range {spec:?} runs backwards"));
+    }
+    Ok((a..=b).fold(0u8, |bits, d| bits | (1 << d)))
+}
+
+fn minutes(text: &str) -> Result<u32, String> {
+    let bad = || format!("{text:?} is not a time of day (HH:MM, 00:00 to 24:00)");
+    let (h, m) = text.split_once(':').ok_or_else(bad)?;
+    let (h, m): (u32, u32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if m >= 60 || h > 24 || (h == 24 && m != 0) {
+        return Err(bad());
+    }
+    Ok(h * 60 + m)
+}
+
+fn time_interval(
+    spec: &crate::policy::model::TimeIntervalSpec,
+    pos: Option<Pos>,
+    errors: &mut Vec<RouteError>,
+) -> TimeInterval {
+    let mut out = TimeInterval::default();
+    for r in &spec.time_intervals {
+        let mut range = TimeRange::default();
+        for w in &r.weekdays {
+            match weekday_bits(w) {
+                Ok(bits) => range.weekdays |= bits,
+                Err(e) => errors.push(err(pos, format!("timeIntervals {:?}: {e}", spec.name))),
+            }
+        }
+        for t in &r.times {
+            match (minutes(&t.start_time), minutes(&t.end_time)) {
+                (Ok(s), Ok(e)) if s < e => range.times.push((s, e)),
+                (Ok(_), Ok(_)) => errors.push(err(
+                    pos,
+                    format!(
+                        "timeIntervals {:?}: startTime must come before endTime",
+                        spec.name
+                    ),
+                )),
+                (Err(e), _) | (_, Err(e)) => {
+                    errors.push(err(pos, format!("timeIntervals {:?}: {e}", spec.name)))
+                }
+            }
+        }
+        out.ranges.push(range);
+    }
+    out
 }
 
 const DEFAULT_GROUP_WAIT_MS: i64 = 30_000;
@@ -124,6 +261,25 @@ fn duration(
     }
 }
 
+/// Whether a URL's host is the loopback interface.
+fn loopback(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or("");
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    let host = if host.starts_with('[') {
+        host.split(']')
+            .next()
+            .map(|h| format!("{h}]"))
+            .unwrap_or_default()
+    } else {
+        host.split(':').next().unwrap_or("").to_string()
+    };
+    host == "localhost" || host == "[::1]" || host.starts_with("127.")
+}
+
 fn target_of(node: &Node, what: &str, errors: &mut Vec<RouteError>) -> Option<Target> {
     match &node.value {
         NodeValue::Str(url) => {
@@ -131,6 +287,16 @@ fn target_of(node: &Node, what: &str, errors: &mut Vec<RouteError>) -> Option<Ta
                 errors.push(err(
                     Some(node.pos),
                     format!("{what}: {url:?} is not an http(s) URL"),
+                ));
+                return None;
+            }
+            if !loopback(url) {
+                // Not echoing the URL: it may hold a token.
+                errors.push(err(
+                    Some(node.pos),
+                    format!(
+                        "{what}: receiver URLs come from Secrets ({{secretKeyRef: {{name, key}}}}); only loopback URLs may be written inline"
+                    ),
                 ));
                 return None;
             }
@@ -148,14 +314,17 @@ fn target_of(node: &Node, what: &str, errors: &mut Vec<RouteError>) -> Option<Ta
             let key = r.get("key").and_then(Node::as_str);
             match (name, key) {
                 (Some(name), Some(key)) if !name.is_empty() && !key.is_empty() => {
-                    Some(Target::Secret(SecretKeyRef {
-                        name: name.to_string(),
-                        key: key.to_string(),
-                        namespace: r
-                            .get("namespace")
-                            .and_then(Node::as_str)
-                            .map(str::to_string),
-                    }))
+                    Some(Target::Secret {
+                        key: SecretKeyRef {
+                            name: name.to_string(),
+                            key: key.to_string(),
+                            namespace: r
+                                .get("namespace")
+                                .and_then(Node::as_str)
+                                .map(str::to_string),
+                        },
+                        pos: r.pos,
+                    })
                 }
                 _ => {
                     errors.push(err(
@@ -200,6 +369,7 @@ fn receiver(
                 errors,
             ),
             max_alerts: w.max_alerts.unwrap_or(0),
+            send_resolved: w.send_resolved.unwrap_or(true),
         });
     }
     if let Some(s) = &spec.slack
@@ -209,6 +379,7 @@ fn receiver(
             url,
             channel: s.channel.clone(),
             timeout_ms: duration(&s.timeout, DEFAULT_TIMEOUT_MS, "slack timeout", pos, errors),
+            send_resolved: s.send_resolved.unwrap_or(false),
         });
     }
     if let Some(e) = &spec.event {
@@ -263,7 +434,7 @@ fn route(
     id: String,
     parent: Option<&Route>,
     receivers: &BTreeMap<String, Receiver>,
-    intervals: &BTreeMap<String, Vec<crate::policy::model::TimeRangeSpec>>,
+    intervals: &BTreeMap<String, TimeInterval>,
     pos: Option<Pos>,
     errors: &mut Vec<RouteError>,
 ) -> Route {
@@ -304,10 +475,23 @@ fn route(
             ));
         }
     }
+    let own = matchers(&spec.matchers, &id, errors);
+    let key = match parent {
+        None => "{}".to_string(),
+        Some(p) => format!(
+            "{}/{{{}}}",
+            p.key,
+            own.iter()
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    };
     let mut r = Route {
         id: id.clone(),
+        key,
         receiver,
-        matchers: matchers(&spec.matchers, &id, errors),
+        matchers: own,
         group_by: spec
             .group_by
             .clone()
@@ -373,11 +557,12 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
             ));
         }
     }
+    let intervals_pos = node.at(&["spec", "timeIntervals"]).map(|n| n.pos);
     let intervals: BTreeMap<_, _> = doc
         .spec
         .time_intervals
         .iter()
-        .map(|t| (t.name.clone(), t.time_intervals.clone()))
+        .map(|t| (t.name.clone(), time_interval(t, intervals_pos, &mut errors)))
         .collect();
     let root_pos = node.at(&["spec", "route"]).map(|n| n.pos);
     let root = route(
@@ -412,6 +597,8 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
         Ok(CompiledRoutes {
             name: doc.metadata.name.clone(),
             version: String::new(),
+            file: String::new(),
+            secret_namespace: None,
             root,
             receivers,
             inhibit_rules,
@@ -423,6 +610,21 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
 }
 
 impl Route {
+    /// Whether notifications of this route are held at `now` by its mute
+    /// or active time intervals.
+    pub fn muted_at(&self, routes: &CompiledRoutes, now: jiff::Timestamp) -> bool {
+        let within = |names: &[String]| {
+            names.iter().any(|n| {
+                routes
+                    .time_intervals
+                    .get(n)
+                    .is_some_and(|t| t.contains(now))
+            })
+        };
+        within(&self.mute_time_intervals)
+            || (!self.active_time_intervals.is_empty() && !within(&self.active_time_intervals))
+    }
+
     fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.matchers.iter().all(|m| m.matches(labels))
     }

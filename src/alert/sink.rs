@@ -3,7 +3,7 @@
 //! and is missing now has resolved.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 
@@ -36,14 +36,27 @@ impl Alert {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AlertSource {
     pub policy: String,
+    pub api_version: String,
     pub kind: String,
     pub namespace: String,
     pub name: String,
+    pub uid: String,
 }
 
 /// Takes the alerts each reconcile raises. Must not block.
 pub trait AlertSink: Send + Sync {
-    fn report(&self, source: &AlertSource, routes: Option<&CompiledRoutes>, alerts: Vec<Alert>);
+    /// The complete set of alerts `source` raises now (alerts it raised
+    /// before and not now have resolved).
+    fn report(
+        &self,
+        source: &AlertSource,
+        routes: Option<&Arc<CompiledRoutes>>,
+        alerts: Vec<Alert>,
+    );
+
+    /// Resolve the alerts of every source `keep` says is gone (its object
+    /// was deleted, or its policy removed).
+    fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool);
 }
 
 /// Logs each alert when it starts firing and when it resolves.
@@ -53,7 +66,12 @@ pub struct LogSink {
 }
 
 impl AlertSink for LogSink {
-    fn report(&self, source: &AlertSource, _routes: Option<&CompiledRoutes>, alerts: Vec<Alert>) {
+    fn report(
+        &self,
+        source: &AlertSource,
+        _routes: Option<&Arc<CompiledRoutes>>,
+        alerts: Vec<Alert>,
+    ) {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
         let before = active.remove(source).unwrap_or_default();
         let mut now = BTreeMap::new();
@@ -71,6 +89,16 @@ impl AlertSink for LogSink {
         }
         if !now.is_empty() {
             active.insert(source.clone(), now);
+        }
+    }
+
+    fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {
+        let gone: Vec<AlertSource> = {
+            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            active.keys().filter(|s| !keep(s)).cloned().collect()
+        };
+        for s in gone {
+            self.report(&s, None, Vec::new());
         }
     }
 }

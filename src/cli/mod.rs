@@ -1,6 +1,7 @@
 //! The command line: parsing and dispatch. Errors at this edge are `anyhow`;
 //! everything below is typed.
 
+mod alerts;
 mod check;
 mod explain;
 mod run;
@@ -30,6 +31,8 @@ pub enum Command {
     Crds(CrdsArgs),
     /// Serve an in-memory Kubernetes API on 127.0.0.1 (for kubectl and tests).
     Sandbox(sandbox::SandboxArgs),
+    /// Alert routing: `alerts route` shows where an alert would go.
+    Alerts(alerts::AlertsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,6 +94,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
         Command::Check(args) => check::run(args),
+        Command::Alerts(args) => alerts::run(args),
         Command::Explain(args) => runtime().and_then(|rt| rt.block_on(explain::run(args))),
         Command::Crds(args) => crds(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),

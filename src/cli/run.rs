@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::alert::LogSink;
+use crate::alert::deliver::{Delivery, DeliveryConfig};
+use crate::alert::dispatch::Dispatcher;
 use crate::clock::Clock;
 use crate::controller::leader::LeaseConfig;
 use crate::controller::metrics::{self, Metrics};
@@ -73,6 +74,12 @@ pub struct RunArgs {
     /// Seconds to let reconciles in flight finish on SIGTERM.
     #[arg(long, env = "RUNBOOK_SHUTDOWN_GRACE", default_value_t = 20)]
     pub shutdown_grace: u64,
+    /// Alert notifications waiting per receiver before new ones are dropped.
+    #[arg(long, env = "RUNBOOK_ALERT_QUEUE_CAPACITY", default_value_t = 256)]
+    pub alert_queue_capacity: usize,
+    /// Attempts per alert notification (with exponential backoff between them).
+    #[arg(long, env = "RUNBOOK_ALERT_MAX_ATTEMPTS", default_value_t = 5)]
+    pub alert_max_attempts: u32,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,12 +155,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Vec::new()
         },
     };
-    let reloader = Arc::new(Reloader::new(
-        engine.clone(),
-        Some(client.clone()),
-        metrics.clone(),
-        &identity(&args),
-    ));
+    let reloader = Arc::new(
+        Reloader::new(
+            engine.clone(),
+            Some(client.clone()),
+            metrics.clone(),
+            &identity(&args),
+        )
+        .with_secret_namespace(&args.operator_namespace),
+    );
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         bundles.extend(crate::controller::sources::configmap_bundles(&client, ns).await?);
@@ -185,12 +195,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }),
         ..Default::default()
     };
+    let delivery = Delivery::new(
+        Some(client.clone()),
+        metrics.clone(),
+        &identity(&args),
+        DeliveryConfig {
+            queue_capacity: args.alert_queue_capacity,
+            max_attempts: args.alert_max_attempts,
+            secret_namespace: args.operator_namespace.clone(),
+            ..Default::default()
+        },
+    );
+    let dispatcher = Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()));
+    let _flusher = dispatcher.spawn();
     let op = Arc::new(Operator::new(
         client,
         engine,
         set,
         Clock::real(),
-        Arc::new(LogSink::default()),
+        dispatcher,
         metrics.clone(),
         config,
     ));

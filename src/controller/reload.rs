@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use super::metrics::Metrics;
 use super::runtime::Operator;
 use super::sources::POLICY_LABEL;
+use crate::alert::routes::{ReceiverKind, Target};
 use crate::policy::compile::{LoadError, Loaded, load_bundle};
 use crate::policy::{Bundle, Origin, PolicySet};
 use crate::script::ScriptEngine;
@@ -61,6 +62,8 @@ pub struct Reloader {
     metrics: Arc<Metrics>,
     recorder: Option<Recorder>,
     bundles: Mutex<BTreeMap<Origin, BundleState>>,
+    /// Where alert receivers' Secrets are read when the routes came from a directory.
+    secret_namespace: String,
     /// Serialises reloads: one set is built at a time.
     gate: tokio::sync::Mutex<()>,
 }
@@ -96,8 +99,76 @@ impl Reloader {
             metrics,
             recorder,
             bundles: Mutex::new(BTreeMap::new()),
+            secret_namespace: "runbook-system".into(),
             gate: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Read receivers' Secrets without a namespace from `ns` (the operator's).
+    pub fn with_secret_namespace(mut self, ns: &str) -> Self {
+        self.secret_namespace = ns.to_string();
+        self
+    }
+
+    /// Every Secret the alert receivers of `loaded` name must exist and
+    /// hold its key. A Secret that cannot be checked now (the API server
+    /// failing) does not refuse the bundle; delivery reports it later.
+    async fn check_secrets(&self, loaded: &Loaded) -> Vec<String> {
+        let Some(client) = &self.client else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        for routes in &loaded.routes {
+            for receiver in routes.receivers.values() {
+                for kind in &receiver.kinds {
+                    let (ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. }) =
+                        kind
+                    else {
+                        continue;
+                    };
+                    let Target::Secret { key, pos } = url else {
+                        continue;
+                    };
+                    let ns = key
+                        .namespace
+                        .as_deref()
+                        .or(routes.secret_namespace.as_deref())
+                        .unwrap_or(&self.secret_namespace);
+                    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+                    let problem = match api.get_opt(&key.name).await {
+                        Ok(Some(s)) => {
+                            let has = s.data.as_ref().is_some_and(|d| d.contains_key(&key.key))
+                                || s.string_data
+                                    .as_ref()
+                                    .is_some_and(|d| d.contains_key(&key.key));
+                            (!has).then(|| {
+                                format!("Secret {ns}/{} has no key {:?}", key.name, key.key)
+                            })
+                        }
+                        Ok(None) => Some(format!("Secret {ns}/{} does not exist", key.name)),
+                        Err(kube::Error::Api(s)) if s.code == 403 => Some(format!(
+                            "Secret {ns}/{} cannot be read: {}",
+                            key.name, s.message
+                        )),
+                        Err(e) => {
+                            tracing::warn!("could not check Secret {ns}/{}: {e}", key.name);
+                            None
+                        }
+                    };
+                    if let Some(message) = problem {
+                        errors.push(
+                            LoadError {
+                                file: routes.file.clone(),
+                                pos: Some(*pos),
+                                message: format!("receiver {:?}: {message}", receiver.name),
+                            }
+                            .to_string(),
+                        );
+                    }
+                }
+            }
+        }
+        errors
     }
 
     fn count(&self, result: &str) {
@@ -132,6 +203,10 @@ impl Reloader {
             .map_err(|e| vec![format!("compiling {}: {e}", bundle.origin)])?;
         if !loaded.errors.is_empty() {
             return Err(loaded.errors.iter().map(|e| e.to_string()).collect());
+        }
+        let secret_errors = self.check_secrets(&loaded).await;
+        if !secret_errors.is_empty() {
+            return Err(secret_errors);
         }
         // Cross-bundle checks: build the whole set with this version in.
         let candidate = Arc::new(loaded);

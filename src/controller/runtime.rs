@@ -135,6 +135,9 @@ struct TargetController {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How often the alerts of deleted objects are resolved.
+const ALERT_SWEEP: Duration = Duration::from_secs(15);
+
 /// Everything a reconcile shares: no globals.
 pub struct Context {
     pub client: Client,
@@ -205,6 +208,34 @@ impl Context {
                 self.metrics.queue_depth.set(pending.len() as i64);
             }
         }
+    }
+
+    /// Resolve the alerts of objects that are gone (or were replaced by a
+    /// new object of the same name) and of policies no longer loaded.
+    /// Only the leader's caches are complete enough to say so.
+    pub fn sweep_alerts(&self) {
+        if !self.leading.load(Ordering::Acquire) || !self.ready.load(Ordering::Acquire) {
+            return;
+        }
+        let set = self.policies.load_full();
+        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let alive = |s: &crate::alert::AlertSource| {
+            if !set.policies.contains_key(&s.policy) {
+                return false;
+            }
+            let kind = KindRef::new(s.api_version.clone(), s.kind.clone());
+            let Some(t) = targets.get(&kind) else {
+                return false;
+            };
+            let mut r = ObjectRef::new_with(&s.name, kind.api_resource());
+            if !s.namespace.is_empty() {
+                r = r.within(&s.namespace);
+            }
+            t.store
+                .get(&r)
+                .is_some_and(|o| o.meta.uid.as_deref().unwrap_or("") == s.uid)
+        };
+        self.alerts.retain(&alive);
     }
 
     /// Reconcile every target of these kinds (all kinds if empty) again.
@@ -392,7 +423,7 @@ async fn run_policy(
     let outcome = executor::execute(
         &exec,
         p,
-        routes.as_deref(),
+        routes.as_ref(),
         target,
         resolved,
         decision.as_ref(),
@@ -924,6 +955,17 @@ impl Operator {
         self.ctx.metrics.leader.set(1);
         self.ensure_controllers(&set).await;
         self.ctx.ready.store(true, Ordering::Release);
+        let ctx = self.ctx.clone();
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tokio::spawn(async move {
+                let mut every = tokio::time::interval(ALERT_SWEEP);
+                loop {
+                    every.tick().await;
+                    ctx.sweep_alerts();
+                }
+            }));
         for p in set.policies.values() {
             self.ctx
                 .metrics

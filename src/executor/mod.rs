@@ -14,6 +14,7 @@ pub mod rollback;
 pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -462,7 +463,7 @@ async fn publish(x: &Exec<'_>, target: &Value, warning: bool, reason: &str, mess
 pub async fn execute(
     x: &Exec<'_>,
     policy: &CompiledPolicy,
-    routes: Option<&CompiledRoutes>,
+    routes: Option<&Arc<CompiledRoutes>>,
     target: &CachedObject,
     target_kind: &Resolved,
     decision: Result<&Decision, &DecideError>,
@@ -492,9 +493,11 @@ pub async fn execute(
     let mut route_names: BTreeSet<String> = BTreeSet::new();
     let source = AlertSource {
         policy: policy.name.clone(),
+        api_version: tkind.api_version.clone(),
         kind: tkind.kind.clone(),
         namespace: ns.clone(),
         name: name.clone(),
+        uid: target.uid().to_string(),
     };
 
     let (inputs_hash, decide_error) = match decision {
@@ -563,6 +566,9 @@ pub async fn execute(
                     labels.insert("kind".into(), tkind.kind.clone());
                     labels.insert("namespace".into(), ns.clone());
                     labels.insert("name".into(), name.clone());
+                    labels
+                        .entry("severity".into())
+                        .or_insert_with(|| "warning".into());
                     if let Some(r) = routes {
                         for rcv in r.receivers_for(&labels) {
                             route_names.insert(format!("{}/{rcv}", r.name));
@@ -742,7 +748,11 @@ pub async fn execute(
     {
         publish(x, t, true, reason, message).await;
     }
-    x.alerts.report(&source, routes, alerts);
+    // A decision that failed says nothing about its alerts: keep them as
+    // they were rather than resolve them.
+    if decision.is_ok() {
+        x.alerts.report(&source, routes, alerts);
+    }
 
     if let Some(patch) = status::merge_diff(&current, &new_status) {
         let api: Api<RawObject> = if target_kind.namespaced {

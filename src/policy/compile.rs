@@ -374,6 +374,10 @@ fn load_routes(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
     match routes::compile(&doc, &node) {
         Ok(mut r) => {
             r.version = short_hex(text.as_bytes(), 12);
+            r.file = cx.bundle.display_path(file);
+            if let crate::policy::Origin::ConfigMap { namespace, .. } = &cx.bundle.origin {
+                r.secret_namespace = Some(namespace.clone());
+            }
             Some(r)
         }
         Err(errs) => {

@@ -320,8 +320,13 @@ pub struct WebhookSpec {
     pub url: Node,
     #[serde(default)]
     pub timeout: Option<String>,
+    /// At most this many alerts per notification (0: all); the rest are
+    /// counted in `truncatedAlerts`.
     #[serde(default)]
     pub max_alerts: Option<u32>,
+    /// Notify when alerts resolve (default true, as in Alertmanager).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -332,6 +337,9 @@ pub struct SlackSpec {
     pub channel: Option<String>,
     #[serde(default)]
     pub timeout: Option<String>,
+    /// Notify when alerts resolve (default false, as in Alertmanager).
+    #[serde(default)]
+    pub send_resolved: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -121,6 +121,17 @@ pub fn operator_with_metrics(
     config: OperatorConfig,
     metrics: Arc<Metrics>,
 ) -> Arc<Operator> {
+    operator_with_sink(c, set, config, metrics, Arc::new(LogSink::default()))
+}
+
+/// An operator whose alerts go to `sink`.
+pub fn operator_with_sink(
+    c: &Cluster,
+    set: runbook::policy::PolicySet,
+    config: OperatorConfig,
+    metrics: Arc<Metrics>,
+    sink: Arc<dyn runbook::alert::AlertSink>,
+) -> Arc<Operator> {
     if std::env::var("RUNBOOK_TEST_LOG").is_ok() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
@@ -140,7 +151,7 @@ pub fn operator_with_metrics(
         Arc::new(ScriptEngine::default()),
         set,
         Clock::real(),
-        Arc::new(LogSink::default()),
+        sink,
         metrics,
         config,
     ))

@@ -1,0 +1,708 @@
+//! The alert dispatcher: Alertmanager's aggregation, inhibition and
+//! deduplication over the alerts policies raise, on a clock the caller
+//! controls.
+//!
+//! Every reconcile reports the complete set of alerts a (policy, object)
+//! raises now. An alert new to that set joins an aggregation group on
+//! each route it matches (one group per route and `groupBy` label values).
+//! A new group is flushed `groupWait` after it formed, then every
+//! `groupInterval`; a flush notifies when alerts were added or resolved
+//! since the last notification, or when `repeatInterval` has passed.
+//! Alerts the source no longer raises are resolved, included once in the
+//! next notification, then dropped. Inhibition is applied at flush time.
+//! `tick` does the flushing; `spawn` calls it as time passes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::notify::{Notification, NotifiedAlert};
+use super::routes::{CompiledRoutes, ReceiverKind, Route};
+use super::sink::{Alert, AlertSink, AlertSource};
+use crate::clock::Clock;
+
+/// Where flushed notifications go (the delivery queues, or a recorder in
+/// tests and simulations). Must not block.
+pub trait Outbox: Send + Sync {
+    fn send(&self, routes: &Arc<CompiledRoutes>, notification: Notification);
+}
+
+/// Keeps every notification, for tests and `runbook simulate`.
+#[derive(Default)]
+pub struct RecordingOutbox {
+    pub sent: Mutex<Vec<Notification>>,
+}
+
+impl RecordingOutbox {
+    pub fn take(&self) -> Vec<Notification> {
+        std::mem::take(&mut *self.sent.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Outbox for RecordingOutbox {
+    fn send(&self, _routes: &Arc<CompiledRoutes>, n: Notification) {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner()).push(n);
+    }
+}
+
+struct Raised {
+    routes: Option<Arc<CompiledRoutes>>,
+    alerts: BTreeMap<String, Alert>,
+}
+
+struct Member {
+    alert: Alert,
+    source: AlertSource,
+    resolved_at: Option<Timestamp>,
+}
+
+/// What the last notification of a group said.
+struct Sent {
+    at: Timestamp,
+    firing: BTreeSet<String>,
+    resolved: BTreeSet<String>,
+}
+
+struct Group {
+    routes: Arc<CompiledRoutes>,
+    route_id: String,
+    receiver: String,
+    key: String,
+    labels: BTreeMap<String, String>,
+    interval_ms: i64,
+    repeat_ms: i64,
+    members: BTreeMap<String, Member>,
+    next_flush: Timestamp,
+    /// Per integration of the receiver.
+    last: BTreeMap<usize, Sent>,
+}
+
+#[derive(Default)]
+struct State {
+    raised: HashMap<AlertSource, Raised>,
+    /// Keyed by routes name, route key, group labels.
+    groups: BTreeMap<String, Group>,
+}
+
+pub struct Dispatcher {
+    state: Mutex<State>,
+    outbox: Arc<dyn Outbox>,
+    clock: Clock,
+    /// Wakes the flushing task when a group forms.
+    wake: tokio::sync::Notify,
+}
+
+fn add_ms(t: Timestamp, ms: i64) -> Timestamp {
+    t.checked_add(jiff::SignedDuration::from_millis(ms))
+        .unwrap_or(t)
+}
+
+fn group_labels(route: &Route, labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    if route.group_by.iter().any(|g| g == "...") {
+        return labels.clone();
+    }
+    route
+        .group_by
+        .iter()
+        .filter_map(|g| labels.get(g).map(|v| (g.clone(), v.clone())))
+        .collect()
+}
+
+fn render_labels(labels: &BTreeMap<String, String>) -> String {
+    let parts: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+    format!("{{{}}}", parts.join(", "))
+}
+
+impl Dispatcher {
+    pub fn new(outbox: Arc<dyn Outbox>, clock: Clock) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            outbox,
+            clock,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Put `alert` into the groups of every route it reaches (and take it
+    /// out of groups it no longer reaches, after a routes change).
+    fn place(
+        st: &mut State,
+        routes: &Arc<CompiledRoutes>,
+        source: &AlertSource,
+        fp: &str,
+        alert: &Alert,
+        now: Timestamp,
+    ) -> bool {
+        let mut formed = false;
+        let mut keys = BTreeSet::new();
+        for route in routes.routes_for(&alert.labels) {
+            let labels = group_labels(route, &alert.labels);
+            // Keyed by the route's path: two sibling routes with the same
+            // matchers are still two routes.
+            let key = format!(
+                "{}\u{0}{}\u{0}{}",
+                routes.name,
+                route.id,
+                render_labels(&labels)
+            );
+            keys.insert(key.clone());
+            let group = st.groups.entry(key).or_insert_with(|| {
+                formed = true;
+                Group {
+                    routes: routes.clone(),
+                    route_id: route.id.clone(),
+                    receiver: route.receiver.clone(),
+                    key: format!("{}:{}", route.key, render_labels(&labels)),
+                    labels,
+                    interval_ms: route.group_interval_ms,
+                    repeat_ms: route.repeat_interval_ms,
+                    members: BTreeMap::new(),
+                    next_flush: add_ms(now, route.group_wait_ms),
+                    last: BTreeMap::new(),
+                }
+            });
+            group.routes = routes.clone();
+            group.members.insert(
+                fp.to_string(),
+                Member {
+                    alert: alert.clone(),
+                    source: source.clone(),
+                    resolved_at: None,
+                },
+            );
+        }
+        for (key, g) in st.groups.iter_mut() {
+            if !keys.contains(key)
+                && g.members
+                    .get(fp)
+                    .is_some_and(|m| &m.source == source && m.resolved_at.is_none())
+            {
+                g.members.remove(fp);
+            }
+        }
+        formed
+    }
+
+    fn resolve(st: &mut State, source: &AlertSource, fp: &str, now: Timestamp) {
+        for g in st.groups.values_mut() {
+            if let Some(m) = g.members.get_mut(fp)
+                && &m.source == source
+                && m.resolved_at.is_none()
+            {
+                m.resolved_at = Some(now);
+            }
+        }
+    }
+
+    /// Flush every group that is due at `now`; the number of notifications sent.
+    pub fn tick(&self) -> usize {
+        let now = self.clock.now();
+        let mut out: Vec<(Arc<CompiledRoutes>, Notification)> = Vec::new();
+        {
+            let mut st = self.lock();
+            let firing: Vec<(String, Alert)> = st
+                .raised
+                .values()
+                .filter_map(|r| r.routes.as_ref().map(|x| (x, &r.alerts)))
+                .flat_map(|(x, alerts)| alerts.values().map(move |a| (x.name.clone(), a.clone())))
+                .collect();
+            let mut empty = Vec::new();
+            for (key, g) in st.groups.iter_mut() {
+                if g.next_flush > now {
+                    continue;
+                }
+                g.next_flush = add_ms(now, g.interval_ms);
+                for n in flush(g, &firing, now) {
+                    out.push((g.routes.clone(), n));
+                }
+                g.members.retain(|_, m| m.resolved_at.is_none());
+                if g.members.is_empty() {
+                    empty.push(key.clone());
+                }
+            }
+            for k in empty {
+                st.groups.remove(&k);
+            }
+        }
+        let count = out.len();
+        for (routes, n) in out {
+            self.outbox.send(&routes, n);
+        }
+        count
+    }
+
+    /// When the next group is due, if any.
+    pub fn next_due(&self) -> Option<Timestamp> {
+        self.lock().groups.values().map(|g| g.next_flush).min()
+    }
+
+    /// Flush groups as time passes (real clock), until the task is dropped.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let d = self.clone();
+        tokio::spawn(async move {
+            loop {
+                d.tick();
+                let wait = d
+                    .next_due()
+                    .map(|t| {
+                        let ms = t.as_millisecond() - d.clock.now().as_millisecond();
+                        Duration::from_millis(ms.clamp(10, 1_000) as u64)
+                    })
+                    .unwrap_or(Duration::from_secs(1));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = d.wake.notified() => {}
+                }
+            }
+        })
+    }
+
+    /// The aggregation groups: receiver, group key, number of alerts.
+    pub fn active_groups(&self) -> Vec<(String, String, usize)> {
+        self.lock()
+            .groups
+            .values()
+            .map(|g| (g.receiver.clone(), g.key.clone(), g.members.len()))
+            .collect()
+    }
+}
+
+/// Whether an inhibit rule of `routes` mutes `alert`, given the firing
+/// alerts routed by the same document.
+fn inhibited(routes: &CompiledRoutes, alert: &Alert, firing: &[(String, Alert)]) -> bool {
+    routes.inhibit_rules.iter().any(|rule| {
+        rule.target.iter().all(|m| m.matches(&alert.labels))
+            && firing.iter().any(|(doc, src)| {
+                doc == &routes.name
+                    && src.labels != alert.labels
+                    && rule.source.iter().all(|m| m.matches(&src.labels))
+                    && rule
+                        .equal
+                        .iter()
+                        .all(|l| src.labels.get(l) == alert.labels.get(l))
+            })
+    })
+}
+
+/// A group's notifications at `now`, one per integration of its receiver
+/// that has news (Alertmanager's deduplication, per integration:
+/// something new fired, something it wants to hear of resolved, or the
+/// repeat interval passed).
+fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<Notification> {
+    let route = find_route(&g.routes.root, &g.route_id);
+    if route.is_some_and(|r| r.muted_at(&g.routes, now)) {
+        return Vec::new();
+    }
+    let mut alerts: Vec<NotifiedAlert> = g
+        .members
+        .iter()
+        .filter(|(_, m)| !inhibited(&g.routes, &m.alert, firing_all))
+        .map(|(fp, m)| NotifiedAlert {
+            alert: m.alert.clone(),
+            fingerprint: fp.clone(),
+            source: m.source.clone(),
+            ends_at: m.resolved_at,
+        })
+        .collect();
+    alerts.sort_by(|a, b| (!a.firing(), &a.fingerprint).cmp(&(!b.firing(), &b.fingerprint)));
+    let kinds: Vec<ReceiverKind> = g
+        .routes
+        .receivers
+        .get(&g.receiver)
+        .map(|r| r.kinds.clone())
+        .unwrap_or_else(|| vec![ReceiverKind::Null]);
+    let mut out = Vec::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        let send_resolved = kind.send_resolved();
+        let list: Vec<NotifiedAlert> = alerts
+            .iter()
+            .filter(|a| send_resolved || a.firing())
+            .cloned()
+            .collect();
+        let set = |firing: bool| -> BTreeSet<String> {
+            list.iter()
+                .filter(|a| a.firing() == firing)
+                .map(|a| a.fingerprint.clone())
+                .collect()
+        };
+        let (firing, resolved) = (set(true), set(false));
+        let needed = match g.last.get(&i) {
+            None => !firing.is_empty(),
+            Some(last) => {
+                if !firing.is_subset(&last.firing) {
+                    true
+                } else if firing.is_empty() {
+                    !last.firing.is_empty() && !resolved.is_empty()
+                } else if !resolved.is_empty() && !resolved.is_subset(&last.resolved) {
+                    true
+                } else {
+                    now.as_millisecond() - last.at.as_millisecond() >= g.repeat_ms
+                }
+            }
+        };
+        if firing.is_empty() && resolved.is_empty() {
+            // Nothing this integration hears of: the next alert is news.
+            g.last.remove(&i);
+        }
+        if !needed {
+            continue;
+        }
+        g.last.insert(
+            i,
+            Sent {
+                at: now,
+                firing,
+                resolved,
+            },
+        );
+        out.push(Notification {
+            routes: g.routes.name.clone(),
+            receiver: g.receiver.clone(),
+            integration: i,
+            group_key: g.key.clone(),
+            group_labels: g.labels.clone(),
+            alerts: list,
+            time: now,
+        });
+    }
+    out
+}
+
+fn find_route<'a>(r: &'a Route, id: &str) -> Option<&'a Route> {
+    if r.id == id {
+        return Some(r);
+    }
+    r.routes.iter().find_map(|c| find_route(c, id))
+}
+
+impl AlertSink for Dispatcher {
+    fn report(
+        &self,
+        source: &AlertSource,
+        routes: Option<&Arc<CompiledRoutes>>,
+        alerts: Vec<Alert>,
+    ) {
+        let now = self.clock.now();
+        let mut formed = false;
+        {
+            let mut st = self.lock();
+            let before = st.raised.remove(source);
+            let mut current: BTreeMap<String, Alert> = BTreeMap::new();
+            for a in alerts {
+                let fp = a.fingerprint();
+                // An alert keeps the time it started firing.
+                let starts_at = before
+                    .as_ref()
+                    .and_then(|b| b.alerts.get(&fp))
+                    .map(|p| p.starts_at)
+                    .unwrap_or(a.starts_at);
+                current.insert(fp, Alert { starts_at, ..a });
+            }
+            if let Some(b) = &before {
+                for fp in b.alerts.keys() {
+                    if !current.contains_key(fp) {
+                        Self::resolve(&mut st, source, fp, now);
+                    }
+                }
+            }
+            if let Some(r) = routes {
+                for (fp, a) in &current {
+                    formed |= Self::place(&mut st, r, source, fp, a, now);
+                }
+            } else if !current.is_empty() {
+                tracing::debug!(policy = %source.policy, "alerts raised by a policy without alert routes are only logged");
+            }
+            if !current.is_empty() {
+                st.raised.insert(
+                    source.clone(),
+                    Raised {
+                        routes: routes.cloned(),
+                        alerts: current,
+                    },
+                );
+            }
+        }
+        if formed {
+            self.wake.notify_one();
+        }
+    }
+
+    fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {
+        let gone: Vec<AlertSource> = self
+            .lock()
+            .raised
+            .keys()
+            .filter(|s| !keep(s))
+            .cloned()
+            .collect();
+        for s in gone {
+            self.report(&s, None, Vec::new());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Bundle, Origin};
+
+    const ROUTES: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: AlertRoutes
+metadata: {name: team}
+spec:
+  route:
+    receiver: log
+    groupBy: [alertname, namespace]
+    groupWait: 30s
+    groupInterval: 5m
+    repeatInterval: 4h
+    routes:
+      - matchers: ['severity = "critical"']
+        receiver: pager
+        continue: true
+      - matchers: ['team =~ "ml|data"']
+        receiver: ml
+  inhibitRules:
+    - sourceMatchers: ['alertname = "RolledBack"']
+      targetMatchers: ['severity = "warning"']
+      equal: [namespace, name]
+  receivers:
+    - name: log
+      log: {}
+    - name: pager
+      log: {}
+    - name: ml
+      log: {}
+"#;
+
+    fn routes() -> Arc<CompiledRoutes> {
+        let bundle = Bundle::new(
+            Origin::Inline("t".into()),
+            [("routes.yaml".to_string(), ROUTES.to_string())].into(),
+        );
+        let engine = crate::script::ScriptEngine::default();
+        let mut loaded = crate::policy::compile::load_bundle(&engine, &bundle, None);
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        Arc::new(loaded.routes.remove(0))
+    }
+
+    fn source(name: &str) -> AlertSource {
+        AlertSource {
+            policy: "p".into(),
+            api_version: "runbook.dev/v1alpha1".into(),
+            kind: "Evaluator".into(),
+            namespace: "prod".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }
+    }
+
+    fn alert(name: &str, pairs: &[(&str, &str)], now: Timestamp) -> Alert {
+        let mut labels: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        labels.insert("namespace".into(), "prod".into());
+        labels.insert("name".into(), name.into());
+        Alert {
+            labels,
+            annotations: BTreeMap::new(),
+            starts_at: now,
+        }
+    }
+
+    struct World {
+        clock: Clock,
+        outbox: Arc<RecordingOutbox>,
+        d: Dispatcher,
+        routes: Arc<CompiledRoutes>,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let clock = Clock::manual("2026-11-29T10:00:00Z".parse().unwrap());
+            let outbox = Arc::new(RecordingOutbox::default());
+            let d = Dispatcher::new(outbox.clone(), clock.clone());
+            Self {
+                clock,
+                outbox,
+                d,
+                routes: routes(),
+            }
+        }
+        fn raise(&self, name: &str, alerts: &[&[(&str, &str)]]) {
+            let now = self.clock.now();
+            let list = alerts.iter().map(|a| alert(name, a, now)).collect();
+            self.d.report(&source(name), Some(&self.routes), list);
+        }
+        fn at(&self, secs: u64) -> Vec<Notification> {
+            self.clock.set(add_ms(
+                "2026-11-29T10:00:00Z".parse().unwrap(),
+                secs as i64 * 1000,
+            ));
+            self.d.tick();
+            self.outbox.take()
+        }
+    }
+
+    fn summary(ns: &[Notification]) -> Vec<(String, String, usize, usize)> {
+        let mut v: Vec<_> = ns
+            .iter()
+            .map(|n| {
+                (
+                    n.receiver.clone(),
+                    n.status().to_string(),
+                    n.firing().count(),
+                    n.alerts.len() - n.firing().count(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_group_waits_then_notifies_then_batches_by_interval() {
+        let w = World::new();
+        w.raise("a", &[&[("alertname", "Drift"), ("team", "ml")]]);
+        assert!(w.at(29).is_empty(), "held for groupWait");
+        let first = w.at(30);
+        assert_eq!(summary(&first), [("ml".into(), "firing".into(), 1, 0)]);
+        assert_eq!(
+            first[0].group_key,
+            r#"{}/{team=~"ml|data"}:{alertname="Drift", namespace="prod"}"#
+        );
+        // A second alert in the same group waits for the group interval.
+        w.clock.set(add_ms(w.clock.now(), 10_000));
+        w.raise("b", &[&[("alertname", "Drift"), ("team", "ml")]]);
+        assert!(w.at(60).is_empty());
+        assert!(w.at(329).is_empty());
+        let second = w.at(330);
+        assert_eq!(summary(&second), [("ml".into(), "firing".into(), 2, 0)]);
+        // Nothing new: silent until the repeat interval.
+        assert!(w.at(630).is_empty());
+        assert!(w.at(4 * 3600 + 30).is_empty(), "not yet 4h since 330s");
+        let repeat = w.at(4 * 3600 + 330 + 300);
+        assert_eq!(summary(&repeat), [("ml".into(), "firing".into(), 2, 0)]);
+    }
+
+    #[test]
+    fn a_cleared_alert_is_sent_resolved_once_and_its_group_ends() {
+        let w = World::new();
+        w.raise("a", &[&[("alertname", "Drift"), ("team", "ml")]]);
+        assert_eq!(w.at(30).len(), 1);
+        let started = w.d.lock().raised[&source("a")]
+            .alerts
+            .values()
+            .next()
+            .unwrap()
+            .starts_at;
+        w.clock.set(add_ms(w.clock.now(), 60_000));
+        w.raise("a", &[&[("alertname", "Drift"), ("team", "ml")]]);
+        assert_eq!(
+            w.d.lock().raised[&source("a")]
+                .alerts
+                .values()
+                .next()
+                .unwrap()
+                .starts_at,
+            started,
+            "a re-raised alert keeps its start"
+        );
+        w.raise("a", &[]);
+        let resolved = w.at(330);
+        assert_eq!(summary(&resolved), [("ml".into(), "resolved".into(), 0, 1)]);
+        assert!(resolved[0].alerts[0].ends_at.is_some());
+        assert!(w.d.active_groups().is_empty(), "the group is gone");
+        assert!(w.at(630).is_empty());
+    }
+
+    #[test]
+    fn continue_sends_to_every_matching_route_and_groups_split_by_labels() {
+        let w = World::new();
+        w.raise(
+            "a",
+            &[&[
+                ("alertname", "Drift"),
+                ("severity", "critical"),
+                ("team", "ml"),
+            ]],
+        );
+        w.raise("b", &[&[("alertname", "Other"), ("severity", "info")]]);
+        let sent = w.at(30);
+        assert_eq!(
+            summary(&sent),
+            [
+                ("log".into(), "firing".into(), 1, 0),
+                ("ml".into(), "firing".into(), 1, 0),
+                ("pager".into(), "firing".into(), 1, 0),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_firing_source_alert_inhibits_matching_targets_with_equal_labels() {
+        let w = World::new();
+        w.raise(
+            "a",
+            &[
+                &[("alertname", "RolledBack"), ("severity", "critical")],
+                &[("alertname", "Degraded"), ("severity", "warning")],
+            ],
+        );
+        // Same alert name on another object: not inhibited (name differs).
+        w.raise(
+            "b",
+            &[&[("alertname", "Degraded"), ("severity", "warning")]],
+        );
+        let sent = w.at(30);
+        let names: Vec<(String, Vec<String>)> = sent
+            .iter()
+            .map(|n| {
+                (
+                    n.receiver.clone(),
+                    n.alerts
+                        .iter()
+                        .map(|a| {
+                            format!("{}/{}", a.alert.labels["alertname"], a.alert.labels["name"])
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|(_, a)| !a.contains(&"Degraded/a".to_string())),
+            "the warning of the rolled-back object is muted: {names:?}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|(_, a)| a.contains(&"Degraded/b".to_string())),
+            "{names:?}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|(r, a)| r == "pager" && a == &["RolledBack/a".to_string()])
+        );
+    }
+
+    #[test]
+    fn retain_resolves_the_alerts_of_deleted_objects() {
+        let w = World::new();
+        w.raise("a", &[&[("alertname", "Drift"), ("team", "ml")]]);
+        assert_eq!(w.at(30).len(), 1);
+        w.d.retain(&|s| s.name != "a");
+        let sent = w.at(330);
+        assert_eq!(summary(&sent), [("ml".into(), "resolved".into(), 0, 1)]);
+    }
+}
