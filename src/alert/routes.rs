@@ -277,7 +277,11 @@ fn loopback(url: &str) -> bool {
     } else {
         host.split(':').next().unwrap_or("").to_string()
     };
-    host == "localhost" || host == "[::1]" || host.starts_with("127.")
+    host == "localhost"
+        || host == "[::1]"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn target_of(node: &Node, what: &str, errors: &mut Vec<RouteError>) -> Option<Target> {
@@ -666,5 +670,57 @@ impl CompiledRoutes {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_intervals_hold_weekday_and_time_ranges_in_utc() {
+        let spec = crate::policy::model::TimeIntervalSpec {
+            name: "office".into(),
+            time_intervals: vec![crate::policy::model::TimeRangeSpec {
+                weekdays: vec!["monday:friday".into()],
+                times: vec![crate::policy::model::TimeOfDaySpec {
+                    start_time: "09:00".into(),
+                    end_time: "17:30".into(),
+                }],
+            }],
+        };
+        let mut errors = Vec::new();
+        let t = time_interval(&spec, None, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        let at = |s: &str| t.contains(s.parse().unwrap());
+        assert!(at("2026-11-30T09:00:00Z"), "Monday 09:00");
+        assert!(at("2026-11-30T17:29:00Z"));
+        assert!(!at("2026-11-30T17:30:00Z"), "the end is exclusive");
+        assert!(!at("2026-11-29T12:00:00Z"), "Sunday");
+        let bad = crate::policy::model::TimeIntervalSpec {
+            name: "bad".into(),
+            time_intervals: vec![crate::policy::model::TimeRangeSpec {
+                weekdays: vec!["funday".into()],
+                times: vec![crate::policy::model::TimeOfDaySpec {
+                    start_time: "18:00".into(),
+                    end_time: "25:00".into(),
+                }],
+            }],
+        };
+        time_interval(&bad, None, &mut errors);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+    }
+
+    #[test]
+    fn only_loopback_hosts_count_as_loopback() {
+        assert!(loopback("http://127.0.0.1:9093/hook"));
+        assert!(loopback("http://localhost/x"));
+        assert!(loopback("http://[::1]:80/x"));
+        assert!(!loopback("https://hooks.example.com/x"));
+        assert!(
+            !loopback("http://127.0.0.1.evil.com/x"),
+            "a name, not an address"
+        );
+        assert!(!loopback("http://user@example.com/"));
     }
 }
