@@ -5,10 +5,13 @@ use std::sync::{Arc, Mutex};
 
 use jiff::{SignedDuration, Timestamp};
 
-/// A clock that is real until it is set, then manual.
+/// A clock that is real until it is set, then manual; or one that follows
+/// tokio's clock (which a simulation pauses and advances).
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
     manual: Arc<Mutex<Option<Timestamp>>>,
+    /// `base` at the tokio instant `start`.
+    tokio: Option<(Timestamp, tokio::time::Instant)>,
 }
 
 impl Clock {
@@ -21,10 +24,24 @@ impl Clock {
     pub fn manual(t: Timestamp) -> Self {
         Self {
             manual: Arc::new(Mutex::new(Some(t))),
+            tokio: None,
+        }
+    }
+
+    /// A clock reading `base` now and moving with tokio's clock, so that
+    /// timers, sleeps and this clock agree in a paused (simulated) runtime.
+    pub fn tokio(base: Timestamp) -> Self {
+        Self {
+            manual: Arc::default(),
+            tokio: Some((base, tokio::time::Instant::now())),
         }
     }
 
     pub fn now(&self) -> Timestamp {
+        if let Some((base, start)) = self.tokio {
+            let d = jiff::SignedDuration::try_from(start.elapsed()).unwrap_or(jiff::SignedDuration::MAX);
+            return base.saturating_add(d).unwrap_or(base);
+        }
         self.manual
             .lock()
             .expect("clock lock")
@@ -32,7 +49,7 @@ impl Clock {
     }
 
     pub fn is_manual(&self) -> bool {
-        self.manual.lock().expect("clock lock").is_some()
+        self.tokio.is_some() || self.manual.lock().expect("clock lock").is_some()
     }
 
     /// Set the time (making the clock manual).

@@ -248,16 +248,17 @@ impl Dispatcher {
         tokio::spawn(async move {
             loop {
                 d.tick();
-                let wait = d
-                    .next_due()
-                    .map(|t| {
+                match d.next_due() {
+                    Some(t) => {
                         let ms = t.as_millisecond() - d.clock.now().as_millisecond();
-                        Duration::from_millis(ms.clamp(10, 1_000) as u64)
-                    })
-                    .unwrap_or(Duration::from_secs(1));
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = d.wake.notified() => {}
+                        let wait = Duration::from_millis(ms.max(10) as u64);
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = d.wake.notified() => {}
+                        }
+                    }
+                    // Nothing to flush until a group forms.
+                    None => d.wake.notified().await,
                 }
             }
         })

@@ -6,6 +6,7 @@ mod check;
 mod explain;
 mod run;
 mod sandbox;
+mod scenario;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,10 @@ pub enum Command {
     Sandbox(sandbox::SandboxArgs),
     /// Alert routing: `alerts route` shows where an alert would go.
     Alerts(alerts::AlertsArgs),
+    /// Run scenarios and print the timeline of what the operator did.
+    Simulate(scenario::SimulateArgs),
+    /// Run every scenario found; one line each, a diff per failed expectation.
+    Test(scenario::TestArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,6 +100,8 @@ pub fn main() -> ExitCode {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
         Command::Check(args) => check::run(args),
         Command::Alerts(args) => alerts::run(args),
+        Command::Simulate(args) => scenario::simulate(args),
+        Command::Test(args) => scenario::test(args),
         Command::Explain(args) => runtime().and_then(|rt| rt.block_on(explain::run(args))),
         Command::Crds(args) => crds(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),

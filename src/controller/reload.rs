@@ -64,6 +64,9 @@ pub struct Reloader {
     bundles: Mutex<BTreeMap<Origin, BundleState>>,
     /// Where alert receivers' Secrets are read when the routes came from a directory.
     secret_namespace: String,
+    /// Compile on the calling task rather than a blocking thread (a
+    /// simulation, whose clock must not run on while compiling).
+    inline: bool,
     /// Serialises reloads: one set is built at a time.
     gate: tokio::sync::Mutex<()>,
 }
@@ -100,8 +103,15 @@ impl Reloader {
             recorder,
             bundles: Mutex::new(BTreeMap::new()),
             secret_namespace: "runbook-system".into(),
+            inline: false,
             gate: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Compile bundles on the calling task (for simulations).
+    pub fn compile_inline(mut self) -> Self {
+        self.inline = true;
+        self
     }
 
     /// Read receivers' Secrets without a namespace from `ns` (the operator's).
@@ -198,9 +208,13 @@ impl Reloader {
         let engine = self.engine.clone();
         let b = bundle.clone();
         // Compiling (scripts, templates) happens off the async workers.
-        let loaded = tokio::task::spawn_blocking(move || load_bundle(&engine, &b, None))
-            .await
-            .map_err(|e| vec![format!("compiling {}: {e}", bundle.origin)])?;
+        let loaded = if self.inline {
+            load_bundle(&engine, &b, None)
+        } else {
+            tokio::task::spawn_blocking(move || load_bundle(&engine, &b, None))
+                .await
+                .map_err(|e| vec![format!("compiling {}: {e}", bundle.origin)])?
+        };
         if !loaded.errors.is_empty() {
             return Err(loaded.errors.iter().map(|e| e.to_string()).collect());
         }

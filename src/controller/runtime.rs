@@ -159,6 +159,12 @@ pub struct Context {
     breakers: Mutex<HashMap<String, Breaker>>,
     pending: Mutex<HashSet<TargetKey>>,
     shadow: Mutex<VecDeque<ShadowRecord>>,
+    /// Targets whose status this process wrote, with the resourceVersion
+    /// they had before: until the cache shows a newer version, a reconcile
+    /// would decide on a status that no longer is.
+    written: Mutex<HashMap<TargetKey, String>>,
+    /// Where action outcomes are written down, when someone listens (scenarios).
+    journal: std::sync::OnceLock<Arc<dyn crate::journal::Journal>>,
     in_flight: AtomicUsize,
     activity: AtomicU64,
     changes: mpsc::UnboundedSender<Change>,
@@ -166,6 +172,11 @@ pub struct Context {
 }
 
 impl Context {
+    /// Write every action's outcome to `journal` from now on (once).
+    pub fn set_journal(&self, journal: Arc<dyn crate::journal::Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
     /// The caches a reconcile reads, by kind.
     pub fn sources(&self) -> Sources {
         let mut map = HashMap::new();
@@ -419,6 +430,7 @@ async fn run_policy(
         alerts: ctx.alerts.as_ref(),
         now,
         applied: Some(&ctx.applied),
+        journal: ctx.journal.get().map(|j| j.as_ref()),
     };
     let outcome = executor::execute(
         &exec,
@@ -527,6 +539,23 @@ async fn reconcile_target(
     kind: &KindRef,
     key: &TargetKey,
 ) -> Result<Action, ReconcileError> {
+    {
+        // Read our own writes: deciding on a status the cache has not
+        // caught up with would repeat what the last decision did.
+        let mut written = ctx.written.lock().unwrap_or_else(|e| e.into_inner());
+        match written.get(key) {
+            Some(before) if before == obj.resource_version() => {
+                tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
+                // The watch event of that write reconciles again; the
+                // requeue is a backstop.
+                return Ok(Action::requeue(Duration::from_secs(30)));
+            }
+            Some(_) => {
+                written.remove(key);
+            }
+            None => {}
+        }
+    }
     let set = ctx.policies.load_full();
     let target = obj.cached();
     let t = target.value();
@@ -586,6 +615,12 @@ async fn reconcile_target(
             return Ok(Action::await_change());
         }
         let outcome = run_policy(ctx, p, &set, &target, &resolved, key, false).await;
+        if outcome.status_written {
+            ctx.written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), obj.resource_version().to_string());
+        }
         let result = if outcome.error.is_some() {
             "error"
         } else {
@@ -711,6 +746,8 @@ impl Operator {
             breakers: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
             shadow: Mutex::new(VecDeque::new()),
+            journal: std::sync::OnceLock::new(),
+            written: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             activity: AtomicU64::new(0),
             changes,

@@ -26,6 +26,7 @@ use serde_json::{Map, Value, json};
 use self::resources::{Resolved, Resources};
 use crate::alert::routes::CompiledRoutes;
 use crate::alert::{Alert, AlertSink, AlertSource};
+use crate::journal::{Entry, Journal};
 use crate::controller::object::RawObject;
 use crate::crd::{ActionRecord, DecisionRecord};
 use crate::decide::{DecideError, Decision};
@@ -122,6 +123,8 @@ pub struct Exec<'a> {
     pub now: Timestamp,
     /// What this process applied lately, for when the cache lags.
     pub applied: Option<&'a Applied>,
+    /// Where each action's outcome is written down (scenarios).
+    pub journal: Option<&'a dyn Journal>,
 }
 
 /// Children applied by this process whose new version the watch cache may
@@ -180,6 +183,8 @@ pub struct Outcome {
     pub results: Vec<(&'static str, &'static str)>,
     /// When the decision wants to run again.
     pub requeue_ms: Option<i64>,
+    /// Whether the target's status was written.
+    pub status_written: bool,
 }
 
 fn target_string(kind: &KindRef, ns: &str, name: &str) -> String {
@@ -211,6 +216,40 @@ fn action_target(a: &Action, ns: &str, target_kind: &KindRef, target_name: &str)
         }
         Action::Alert { .. } | Action::Requeue { .. } => None,
     }
+}
+
+/// The journal entry of an action's outcome (`fields` says what it wrote).
+fn journal_entry(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    a: &Action,
+    (tkind, ns, tname): (&KindRef, &str, &str),
+    result: &str,
+    fields: Value,
+    detail: Option<&str>,
+) -> Entry {
+    let (api_version, kind, name) = match a {
+        Action::Apply { object } => (
+            object["apiVersion"].as_str().unwrap_or("").to_string(),
+            object["kind"].as_str().unwrap_or("").to_string(),
+            object["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        ),
+        Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
+            match policy.kinds.resolve(kind) {
+                Ok(k) => (k.api_version, k.kind, name.clone()),
+                Err(_) => (String::new(), kind.to_string(), name.clone()),
+            }
+        }
+        Action::Rollback { deployment, .. } => {
+            ("apps/v1".into(), "Deployment".into(), deployment.clone())
+        }
+        _ => (tkind.api_version.clone(), tkind.kind.clone(), tname.to_string()),
+    };
+    Entry::new(x.now, a.verb(), result)
+        .policy(&policy.name)
+        .object(&api_version, &kind, ns, &name)
+        .fields(fields)
+        .detail(detail.unwrap_or(""))
 }
 
 fn record(
@@ -336,14 +375,15 @@ async fn api_for(
     Ok((api, r))
 }
 
-/// Carry out one write action. `Ok(false)` means nothing needed doing.
+/// Carry out one write action: `Ok(None)` when nothing needed doing, else
+/// what was written (the applied object, a rollback's revisions).
 async fn write(
     x: &Exec<'_>,
     policy: &CompiledPolicy,
     target: &Value,
     ns: &str,
     a: &Action,
-) -> Result<bool, ExecError> {
+) -> Result<Option<Value>, ExecError> {
     let pp = PatchParams::apply(MANAGER).force();
     match a {
         Action::Apply { object } => {
@@ -366,7 +406,7 @@ async fn write(
                 if let Some(a) = x.applied {
                     a.settled(&kind, ns, &name);
                 }
-                return Ok(false);
+                return Ok(None);
             }
             let live_hash = live.as_ref().and_then(|l| {
                 l.value()
@@ -380,7 +420,7 @@ async fn write(
                 && x.applied
                     .is_some_and(|a| a.just_applied(&kind, ns, &name, &hash))
             {
-                return Ok(false);
+                return Ok(None);
             }
             api.patch(&name, &pp, &Patch::Apply(&desired))
                 .await
@@ -390,17 +430,17 @@ async fn write(
             if let Some(a) = x.applied {
                 a.remember(&kind, ns, &name, &hash);
             }
-            Ok(true)
+            Ok(Some(desired))
         }
         Action::Delete { kind, name } => {
             let k = policy.kinds.resolve(kind).map_err(ExecError::Invalid)?;
             if x.view.get(&k, ns, name).is_none() {
-                return Ok(false);
+                return Ok(None);
             }
             let (api, _) = api_for(x, &k, ns).await?;
             match api.delete(name, &DeleteParams::background()).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                Ok(_) => Ok(Some(Value::Null)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
                 Err(e) => Err(ExecError::api(
                     &format!("delete {}", target_string(&k, ns, name)),
                     e,
@@ -413,7 +453,7 @@ async fn write(
                 let mut after = live.value().clone();
                 json_patch::merge(&mut after, patch);
                 if &after == live.value() {
-                    return Ok(false);
+                    return Ok(None);
                 }
             }
             let (api, _) = api_for(x, &k, ns).await?;
@@ -427,20 +467,38 @@ async fn write(
             )
             .await
             .map_err(|e| ExecError::api(&format!("patch {}", target_string(&k, ns, name)), e))?;
-            Ok(true)
+            Ok(Some(patch.clone()))
         }
         Action::Rollback {
             deployment,
             revision,
         } => match rollback::rollback(x.client, ns, deployment, *revision, MANAGER).await? {
-            rollback::RolledBack::To { .. } => Ok(true),
-            rollback::RolledBack::AlreadyAt(_) => Ok(false),
+            rollback::RolledBack::To { from, to } => {
+                Ok(Some(json!({"fromRevision": from, "toRevision": to})))
+            }
+            rollback::RolledBack::AlreadyAt(_) => Ok(None),
         },
-        _ => Ok(false),
+        _ => Ok(None),
     }
 }
 
 async fn publish(x: &Exec<'_>, target: &Value, warning: bool, reason: &str, message: &str) {
+    if let Some(j) = x.journal {
+        let m = &target["metadata"];
+        let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+        let type_ = if warning { "Warning" } else { "Normal" };
+        j.record(
+            Entry::new(x.now, "event", "ok")
+                .object(
+                    &s(&target["apiVersion"]),
+                    &s(&target["kind"]),
+                    &s(&m["namespace"]),
+                    &s(&m["name"]),
+                )
+                .fields(json!({"type": type_, "reason": reason, "message": message}))
+                .detail(format!("{type_} {reason}: {message}")),
+        );
+    }
     let Some(rec) = x.recorder else { return };
     let ev = KubeEvent {
         type_: if warning {
@@ -509,6 +567,12 @@ pub async fn execute(
             let a = &p.action;
             let tgt = action_target(a, &ns, &tkind, &name);
             if let Some(r) = &p.refusal {
+                if let Some(j) = x.journal {
+                    let mut e = journal_entry(x, policy, a, (&tkind, &ns, &name), "refused", Value::Null, Some(r));
+                    e.action = "refusal".into();
+                    e.fields = json!({"action": a.verb()});
+                    j.record(e);
+                }
                 out.refused.push((a.verb().to_string(), r.clone()));
                 out.record
                     .actions
@@ -518,9 +582,8 @@ pub async fn execute(
             }
             match a {
                 Action::Status { fields: f } => {
-                    let mut merged = Value::Object(std::mem::take(&mut fields));
-                    json_patch::merge(&mut merged, &Value::Object(f.clone()));
-                    fields = merged.as_object().cloned().unwrap_or_default();
+                    // Nulls are kept: they remove the field from the status.
+                    status::accumulate(&mut fields, f);
                     out.record.actions.push(record(a, tgt, "ok", None));
                 }
                 Action::Condition {
@@ -604,11 +667,17 @@ pub async fn execute(
                     }
                     match &mode {
                         Mode::Shadow => {
+                            if let Some(j) = x.journal {
+                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "shadow", Value::Null, None));
+                            }
                             out.record.actions.push(record(a, tgt, "shadow", None));
                             out.results.push((verb, "shadow"));
                             continue;
                         }
                         Mode::Suspended(why) => {
+                            if let Some(j) = x.journal {
+                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "suspended", Value::Null, Some(why)));
+                            }
                             out.record
                                 .actions
                                 .push(record(a, tgt, "suspended", Some(why.clone())));
@@ -621,6 +690,9 @@ pub async fn execute(
                         let used = recent.get(verb).map_or(0, Vec::len);
                         if used >= limit.count as usize {
                             let m = format!("{verb} limit {limit} reached for this object");
+                            if let Some(j) = x.journal {
+                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "limited", Value::Null, Some(&m)));
+                            }
                             out.limited.push(m.clone());
                             out.record.actions.push(record(a, tgt, "limited", Some(m)));
                             out.results.push((verb, "limited"));
@@ -629,7 +701,11 @@ pub async fn execute(
                     }
                     match write(x, policy, t, &ns, a).await {
                         Ok(wrote) => {
-                            if wrote {
+                            if let Some(j) = x.journal {
+                                let result = if wrote.is_some() { "ok" } else { "unchanged" };
+                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), result, wrote.clone().unwrap_or(Value::Null), None));
+                            }
+                            if wrote.is_some() {
                                 out.writes += 1;
                                 if policy.limits.for_verb(verb).is_some() {
                                     recent
@@ -643,6 +719,9 @@ pub async fn execute(
                         }
                         Err(e) => {
                             let m = e.to_string();
+                            if let Some(j) = x.journal {
+                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "failed", Value::Null, Some(&m)));
+                            }
                             out.error_label = Some(e.metric_label());
                             out.record
                                 .actions
@@ -656,6 +735,14 @@ pub async fn execute(
         }
     }
     if let Some(e) = decide_error {
+        if let Some(j) = x.journal {
+            j.record(
+                Entry::new(x.now, "error", "failed")
+                    .policy(&policy.name)
+                    .object(&tkind.api_version, &tkind.kind, &ns, &name)
+                    .detail(e.to_string()),
+            );
+        }
         out.error = Some(e.to_string());
         out.error_label = Some(e.metric_label());
     }
@@ -772,7 +859,22 @@ pub async fn execute(
             api.patch(&name, &pp, &Patch::Merge(&body)).await
         };
         match result {
-            Ok(_) => out.writes += 1,
+            Ok(_) => {
+                out.writes += 1;
+                out.status_written = true;
+                if let Some(j) = x.journal {
+                    let mut set = Value::Object(fields.clone());
+                    if let Some(c) = new_status.get("conditions") {
+                        set["conditions"] = c.clone();
+                    }
+                    j.record(
+                        Entry::new(x.now, "status", "ok")
+                            .policy(&policy.name)
+                            .object(&tkind.api_version, &tkind.kind, &ns, &name)
+                            .fields(set),
+                    );
+                }
+            }
             Err(e) => {
                 let m = format!(
                     "writing the status of {}: {e}",

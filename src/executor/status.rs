@@ -12,6 +12,21 @@ pub fn merge_fields(status: &mut Value, fields: &Map<String, Value>) {
     json_patch::merge(status, &Value::Object(fields.clone()));
 }
 
+/// Add one `status(map)` action's fields to those of the actions before
+/// it: maps merge, anything else (a null included) replaces. Unlike a
+/// merge patch applied here, a null survives, so that merging the result
+/// into the status removes that field.
+pub fn accumulate(into: &mut Map<String, Value>, fields: &Map<String, Value>) {
+    for (k, v) in fields {
+        match (into.get_mut(k), v) {
+            (Some(Value::Object(have)), Value::Object(more)) => accumulate(have, more),
+            _ => {
+                into.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
 /// Set one condition: `lastTransitionTime` changes only when the status
 /// does; `observedGeneration` is the target's generation.
 pub fn set_condition(
@@ -118,6 +133,24 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_null_from_a_later_status_action_removes_the_field() {
+        let mut fields = Map::new();
+        accumulate(&mut fields, json!({"phase": "Running", "run": {"id": "a", "n": 1}}).as_object().unwrap());
+        accumulate(&mut fields, json!({"currentRun": null, "run": {"n": 2}}).as_object().unwrap());
+        assert_eq!(
+            Value::Object(fields.clone()),
+            json!({"phase": "Running", "run": {"id": "a", "n": 2}, "currentRun": null})
+        );
+        let mut status = json!({"currentRun": "job-1", "phase": "Pending"});
+        let before = status.clone();
+        merge_fields(&mut status, &fields);
+        assert_eq!(status, json!({"phase": "Running", "run": {"id": "a", "n": 2}}));
+        let patch = merge_diff(&before, &status).unwrap();
+        assert_eq!(patch["currentRun"], Value::Null, "the removal is in the patch");
+    }
+
     use super::*;
 
     #[test]

@@ -1,0 +1,111 @@
+//! `runbook simulate` and `runbook test`: run scenarios offline.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::scenario;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SimulateArgs {
+    /// A scenario file, or a directory holding scenarios.
+    pub path: PathBuf,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Text, env = "RUNBOOK_OUTPUT")]
+    pub output: Output,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TestArgs {
+    /// Scenario files, or directories searched for them.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+/// Logs only when RUNBOOK_LOG asks for them: the timeline is the output.
+fn init_logging() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUNBOOK_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
+fn scenarios(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if !p.exists() {
+            anyhow::bail!("{}: no such file or directory", p.display());
+        }
+        out.extend(scenario::find(p)?);
+    }
+    Ok(out)
+}
+
+pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let files = scenarios(std::slice::from_ref(&args.path))?;
+    if files.is_empty() {
+        anyhow::bail!("{}: no scenario found", args.path.display());
+    }
+    let mut code = ExitCode::SUCCESS;
+    let mut json = Vec::new();
+    for f in files {
+        let r = scenario::run_file(&f);
+        if !r.load_errors.is_empty() {
+            code = ExitCode::FAILURE;
+        }
+        match args.output {
+            Output::Json => json.push(r.to_json()),
+            Output::Text => {
+                print!("{}", r.timeline());
+                if !r.passed() {
+                    println!("{}", r.summary());
+                    print!("{}", r.diffs());
+                }
+            }
+        }
+    }
+    if args.output == Output::Json {
+        let v = if json.len() == 1 {
+            json.remove(0)
+        } else {
+            serde_json::Value::Array(json)
+        };
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(code)
+}
+
+pub fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let files = scenarios(&args.paths)?;
+    if files.is_empty() {
+        anyhow::bail!("no scenario found under the given paths");
+    }
+    let mut failed = 0;
+    for f in &files {
+        let r = scenario::run_file(f);
+        println!("{}", r.summary());
+        if !r.passed() {
+            failed += 1;
+            print!("{}", r.diffs());
+        }
+    }
+    println!(
+        "{} scenarios: {} passed, {failed} failed",
+        files.len(),
+        files.len() - failed
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

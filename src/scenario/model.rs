@@ -1,0 +1,653 @@
+//! The Scenario document: policies, initial objects, standing world rules,
+//! a timeline of world events and expectations at simulated times, and
+//! the final state expected. Parsed with positions, so every mistake is
+//! reported as `file:line:col` before anything runs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::util::time::parse_duration_ms;
+use crate::util::yaml::{self, Node, NodeValue, Pos};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScenarioDoc {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: Meta,
+    pub spec: ScenarioSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Meta {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScenarioSpec {
+    /// The policy directory, relative to the scenario file (default: its directory).
+    #[serde(default)]
+    pub policies: Option<String>,
+    /// Files of initial objects, relative to the scenario file.
+    #[serde(default)]
+    pub objects: Vec<String>,
+    /// Namespace of objects that name none (default `default`).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Simulated start time (default 2026-01-01T00:00:00Z).
+    #[serde(default)]
+    pub start: Option<String>,
+    /// How long the simulation runs (default: the last step plus one minute).
+    #[serde(default)]
+    pub until: Option<String>,
+    /// Standing world behaviour: what happens to new objects by themselves.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+    #[serde(default)]
+    pub timeline: Vec<StepSpec>,
+    /// Object states expected when the simulation ends.
+    #[serde(default, rename = "final")]
+    pub final_: Vec<FinalSpec>,
+}
+
+/// A standing rule: every new object of this kind (and name glob) has
+/// `complete`, `snapshotReady` or `podReady` done to it `after` its creation.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuleSpec {
+    pub kind: String,
+    #[serde(default)]
+    pub api_version: Option<String>,
+    #[serde(default = "star")]
+    pub name: String,
+    #[serde(default)]
+    pub after: Option<String>,
+    #[serde(default)]
+    pub complete: Option<CompleteSpec>,
+    #[serde(default)]
+    pub snapshot_ready: Option<SnapshotReadySpec>,
+    #[serde(default)]
+    pub pod_ready: Option<PodReadySpec>,
+}
+
+fn star() -> String {
+    "*".into()
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepSpec {
+    pub at: String,
+    #[serde(default)]
+    pub world: Vec<WorldEvent>,
+    #[serde(default)]
+    pub expect: Vec<Expectation>,
+}
+
+/// Something that happens in the world at a step's time.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WorldEvent {
+    /// Create objects, from a file or inline.
+    Create(CreateSpec),
+    /// Merge-patch an object (its status with `status: true`).
+    Update(UpdateSpec),
+    Delete(RefSpec),
+    /// Finish a Job: its pod terminates with a message.
+    Complete(CompleteSpec),
+    /// Make pods ready or not.
+    PodReady(PodReadySpec),
+    /// Mark a VolumeSnapshot readyToUse.
+    SnapshotReady(SnapshotReadySpec),
+    /// Make the API server fail requests.
+    Fail(FailSpec),
+    /// Change, replace or delete a policy file (a hot reload).
+    EditPolicy(EditPolicySpec),
+}
+
+impl WorldEvent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            WorldEvent::Create(_) => "create",
+            WorldEvent::Update(_) => "update",
+            WorldEvent::Delete(_) => "delete",
+            WorldEvent::Complete(_) => "complete",
+            WorldEvent::PodReady(_) => "podReady",
+            WorldEvent::SnapshotReady(_) => "snapshotReady",
+            WorldEvent::Fail(_) => "fail",
+            WorldEvent::EditPolicy(_) => "editPolicy",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSpec {
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub object: Option<Value>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RefSpec {
+    pub kind: String,
+    #[serde(default)]
+    pub api_version: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdateSpec {
+    pub kind: String,
+    #[serde(default)]
+    pub api_version: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// A JSON merge patch of the object; with `status: true`, of its status.
+    pub patch: Value,
+    /// Patch the status (through the status subresource where there is one).
+    #[serde(default)]
+    pub status: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompleteSpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default = "yes")]
+    pub succeeded: bool,
+    #[serde(default)]
+    pub termination_message: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodReadySpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default = "yes")]
+    pub ready: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotReadySpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub restore_size: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FailSpec {
+    /// get, list, watch, create, update, patch, delete (default: any).
+    #[serde(default)]
+    pub verb: Option<String>,
+    /// A resource plural such as `jobs` (default: any).
+    #[serde(default)]
+    pub resource: Option<String>,
+    #[serde(default = "code500")]
+    pub code: u16,
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn code500() -> u16 {
+    500
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EditPolicySpec {
+    /// A file of the policy directory.
+    pub file: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub replace: Option<ReplaceSpec>,
+    #[serde(default)]
+    pub delete: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaceSpec {
+    pub from: String,
+    pub to: String,
+}
+
+/// What the operator is expected to do in a step's window.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Expectation {
+    #[serde(default)]
+    pub action: Option<String>,
+    /// `none: apply` is `action: apply` with `count: 0`.
+    #[serde(default)]
+    pub none: Option<String>,
+    #[serde(default)]
+    pub api_version: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// A glob (`*`, `?`).
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// A subset of what the action wrote.
+    #[serde(default)]
+    pub fields: Option<Value>,
+    /// Alert labels (a subset).
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Receivers the alert reaches (each of these).
+    #[serde(default)]
+    pub receivers: Option<Vec<String>>,
+    /// The receiver of a notification.
+    #[serde(default)]
+    pub receiver: Option<String>,
+    #[serde(default)]
+    pub to_revision: Option<i64>,
+    /// An Event's reason.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// ok (default), refused, limited, shadow, suspended, failed, unchanged.
+    #[serde(default)]
+    pub result: Option<String>,
+    /// Exactly this many (default: at least one).
+    #[serde(default)]
+    pub count: Option<usize>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FinalSpec {
+    pub kind: String,
+    #[serde(default)]
+    pub api_version: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub fields: Option<Value>,
+    /// The object must not exist.
+    #[serde(default)]
+    pub absent: bool,
+}
+
+/// Actions an expectation may name.
+pub const ACTIONS: &[&str] = &[
+    "apply", "delete", "patch", "status", "rollback", "event", "refusal", "error", "alert",
+    "resolve", "notify",
+];
+
+/// An error in a scenario, positioned.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ScenarioError {
+    pub file: String,
+    pub pos: Option<Pos>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pos {
+            Some(p) => write!(f, "{}:{}: {}", self.file, p, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// One step, compiled.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub at_ms: i64,
+    pub pos: Pos,
+    pub world: Vec<(WorldEvent, Pos)>,
+    pub expect: Vec<(Expectation, Pos)>,
+}
+
+/// A scenario ready to run.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    /// As given (for display).
+    pub file: String,
+    pub dir: PathBuf,
+    pub policies: PathBuf,
+    pub objects: Vec<(String, Vec<Value>)>,
+    pub namespace: String,
+    pub start: jiff::Timestamp,
+    pub until_ms: i64,
+    pub rules: Vec<(RuleSpec, i64, Pos)>,
+    pub steps: Vec<Step>,
+    pub final_: Vec<(FinalSpec, Pos)>,
+}
+
+fn items<'a>(node: &'a Node, path: &[&str]) -> Vec<&'a Node> {
+    match node.at(path).map(|n| &n.value) {
+        Some(NodeValue::Seq(items)) => items.iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a text is a scenario document.
+pub fn is_scenario(text: &str) -> bool {
+    text.lines().any(|l| l.trim() == "kind: Scenario")
+}
+
+/// Read and check a scenario file: files exist, events and expectations
+/// are well formed, times parse. Kinds are checked when the cluster is up.
+pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
+    let file = path.display().to_string();
+    let err = |pos: Option<Pos>, message: String| ScenarioError {
+        file: file.clone(),
+        pos,
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| vec![err(None, e.to_string())])?;
+    let doc: ScenarioDoc = yaml::parse(&text).map_err(|e| {
+        let message = if e.path.is_empty() {
+            e.message.clone()
+        } else {
+            format!("{}: {}", e.path, e.message)
+        };
+        vec![err(Some(e.pos), message)]
+    })?;
+    let node = yaml::parse_node(&text).map_err(|e| vec![err(Some(e.pos), e.message)])?;
+    let mut errors = Vec::new();
+    if doc.kind != "Scenario" || !doc.api_version.starts_with("runbook.dev/") {
+        errors.push(err(
+            Some(node.pos),
+            "not a Scenario (want apiVersion runbook.dev/v1alpha1, kind Scenario)".into(),
+        ));
+    }
+    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let pos_of = |p: &[&str]| node.at(p).map(|n| n.pos);
+    let policies = dir.join(doc.spec.policies.as_deref().unwrap_or("."));
+    if !policies.is_dir() {
+        errors.push(err(
+            pos_of(&["spec", "policies"]),
+            format!("policies: {} is not a directory", policies.display()),
+        ));
+    }
+    let read_objects = |name: &str, pos: Option<Pos>, errors: &mut Vec<ScenarioError>| {
+        let p = dir.join(name);
+        match std::fs::read_to_string(&p) {
+            Ok(t) => match yaml::parse_documents(&t) {
+                Ok(docs) => Some(docs),
+                Err(e) => {
+                    errors.push(ScenarioError {
+                        file: p.display().to_string(),
+                        pos: Some(e.pos),
+                        message: e.message,
+                    });
+                    None
+                }
+            },
+            Err(e) => {
+                errors.push(err(pos, format!("{}: {e}", p.display())));
+                None
+            }
+        }
+    };
+    let object_nodes = items(&node, &["spec", "objects"]);
+    let mut objects = Vec::new();
+    for (i, name) in doc.spec.objects.iter().enumerate() {
+        let pos = object_nodes.get(i).map(|n| n.pos);
+        if let Some(docs) = read_objects(name, pos, &mut errors) {
+            objects.push((name.clone(), docs));
+        }
+    }
+    let duration = |text: &str, pos: Option<Pos>, what: &str, errors: &mut Vec<ScenarioError>| match parse_duration_ms(text) {
+        Ok(ms) if ms >= 0 => ms,
+        Ok(_) => {
+            errors.push(err(pos, format!("{what} must not be negative")));
+            0
+        }
+        Err(e) => {
+            errors.push(err(pos, format!("{what}: {e}")));
+            0
+        }
+    };
+    let start = match &doc.spec.start {
+        None => "2026-01-01T00:00:00Z".parse().expect("a valid time"),
+        Some(s) => s.parse().unwrap_or_else(|e| {
+            errors.push(err(pos_of(&["spec", "start"]), format!("start: {e}")));
+            jiff::Timestamp::UNIX_EPOCH
+        }),
+    };
+    let rule_nodes = items(&node, &["spec", "rules"]);
+    let mut rules = Vec::new();
+    for (i, r) in doc.spec.rules.iter().enumerate() {
+        let pos = rule_nodes.get(i).map(|n| n.pos).unwrap_or_default();
+        let after = r
+            .after
+            .as_deref()
+            .map_or(0, |a| duration(a, Some(pos), "after", &mut errors));
+        let actions = [r.complete.is_some(), r.snapshot_ready.is_some(), r.pod_ready.is_some()];
+        if actions.iter().filter(|a| **a).count() != 1 {
+            errors.push(err(
+                Some(pos),
+                "a rule does exactly one of complete, snapshotReady, podReady".into(),
+            ));
+        }
+        rules.push((r.clone(), after, pos));
+    }
+    let step_nodes = items(&node, &["spec", "timeline"]);
+    let mut steps = Vec::new();
+    let mut last = -1;
+    for (i, s) in doc.spec.timeline.iter().enumerate() {
+        let step_node = step_nodes.get(i).copied();
+        let pos = step_node.map(|n| n.pos).unwrap_or_default();
+        let at = duration(&s.at, Some(pos), "at", &mut errors);
+        if at < last {
+            errors.push(err(Some(pos), format!("step at {} comes before the step above it", s.at)));
+        }
+        last = at;
+        let sub = |key: &str| step_node.map(|n| items(n, &[key])).unwrap_or_default();
+        let world_nodes = sub("world");
+        let mut world = Vec::new();
+        for (j, w) in s.world.iter().enumerate() {
+            let wpos = world_nodes.get(j).map(|n| n.pos).unwrap_or(pos);
+            check_world(w, wpos, &dir, &policies, &mut errors, &err, &read_objects);
+            world.push((w.clone(), wpos));
+        }
+        let expect_nodes = sub("expect");
+        let mut expect = Vec::new();
+        for (j, e) in s.expect.iter().enumerate() {
+            let epos = expect_nodes.get(j).map(|n| n.pos).unwrap_or(pos);
+            match normalise(e) {
+                Ok(e) => expect.push((e, epos)),
+                Err(m) => errors.push(err(Some(epos), m)),
+            }
+        }
+        steps.push(Step {
+            at_ms: at,
+            pos,
+            world,
+            expect,
+        });
+    }
+    let until_ms = match &doc.spec.until {
+        Some(u) => duration(u, pos_of(&["spec", "until"]), "until", &mut errors),
+        None => last.max(0) + 60_000,
+    };
+    if until_ms < last {
+        errors.push(err(pos_of(&["spec", "until"]), "until comes before the last step".into()));
+    }
+    let final_nodes = items(&node, &["spec", "final"]);
+    let final_ = doc
+        .spec
+        .final_
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.clone(), final_nodes.get(i).map(|n| n.pos).unwrap_or_default()))
+        .collect();
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Scenario {
+        name: doc.metadata.name,
+        file,
+        dir,
+        policies,
+        objects,
+        namespace: doc.spec.namespace.unwrap_or_else(|| "default".into()),
+        start,
+        until_ms,
+        rules,
+        steps,
+        final_,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_world(
+    w: &WorldEvent,
+    pos: Pos,
+    dir: &Path,
+    policies: &Path,
+    errors: &mut Vec<ScenarioError>,
+    err: &dyn Fn(Option<Pos>, String) -> ScenarioError,
+    read_objects: &dyn Fn(&str, Option<Pos>, &mut Vec<ScenarioError>) -> Option<Vec<Value>>,
+) {
+    match w {
+        WorldEvent::Create(c) => match (&c.file, &c.object) {
+            (Some(f), None) => {
+                read_objects(f, Some(pos), errors);
+            }
+            (None, Some(o)) if o.is_object() => {}
+            _ => errors.push(err(Some(pos), "create: give either file or object".into())),
+        },
+        WorldEvent::EditPolicy(e) => {
+            let given = [e.content.is_some(), e.replace.is_some(), e.delete];
+            if given.iter().filter(|g| **g).count() != 1 {
+                errors.push(err(
+                    Some(pos),
+                    "editPolicy: give exactly one of content, replace, delete".into(),
+                ));
+            }
+            let exists = policies.join(&e.file).is_file();
+            if (e.replace.is_some() || e.delete) && !exists {
+                errors.push(err(
+                    Some(pos),
+                    format!("editPolicy: {} is not a file", policies.join(&e.file).display()),
+                ));
+            }
+        }
+        WorldEvent::Fail(f) => {
+            if let Some(v) = &f.verb
+                && crate::sandbox::faults::Verb::parse(v).is_none()
+            {
+                errors.push(err(Some(pos), format!("fail: unknown verb {v:?}")));
+            }
+        }
+        _ => {}
+    }
+    let _ = dir;
+}
+
+/// Fill in the sugar (`none`, `toRevision`, `reason`) and check the action.
+fn normalise(e: &Expectation) -> Result<Expectation, String> {
+    let mut e = e.clone();
+    if let Some(n) = e.none.take() {
+        if e.action.is_some() {
+            return Err("give action or none, not both".into());
+        }
+        e.action = Some(n);
+        e.count = Some(0);
+    }
+    let Some(action) = e.action.as_deref() else {
+        return Err(format!("an expectation needs an action: one of {}", ACTIONS.join(", ")));
+    };
+    if !ACTIONS.contains(&action) {
+        return Err(format!(
+            "unknown action {action:?}: want one of {}",
+            ACTIONS.join(", ")
+        ));
+    }
+    Ok(e)
+}
+
+/// `*` matches any run of characters, `?` one.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    fn go(p: &[char], t: &[char]) -> bool {
+        match (p.first(), t.first()) {
+            (None, None) => true,
+            (Some('*'), _) => go(&p[1..], t) || (!t.is_empty() && go(p, &t[1..])),
+            (Some('?'), Some(_)) => go(&p[1..], &t[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &t[1..]),
+            _ => false,
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    go(&p, &t)
+}
+
+/// Whether `actual` holds everything in `want`: maps by key, arrays when
+/// each wanted element is in the actual array, scalars by equality
+/// (numbers by value, so 3 matches 3.0).
+pub fn subset(want: &Value, actual: &Value) -> bool {
+    match (want, actual) {
+        (Value::Object(w), Value::Object(a)) => w
+            .iter()
+            .all(|(k, wv)| a.get(k).is_some_and(|av| subset(wv, av)) || (wv.is_null() && !a.contains_key(k))),
+        (Value::Array(w), Value::Array(a)) => w.iter().all(|wv| a.iter().any(|av| subset(wv, av))),
+        (Value::Number(w), Value::Number(a)) => w.as_f64() == a.as_f64(),
+        (w, a) => w == a,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn globs_match_like_a_shell() {
+        assert!(glob("chatbot-eval-*", "chatbot-eval-5f2c"));
+        assert!(glob("*", ""));
+        assert!(glob("a?c", "abc"));
+        assert!(!glob("chatbot-eval-*", "chatbot-snap"));
+    }
+
+    #[test]
+    fn subsets_compare_maps_arrays_and_numbers() {
+        let actual = json!({"phase": "RolledBack", "score": 0.7, "rev": 3.0, "conditions": [{"type": "Ready", "status": "False"}, {"type": "Progressing"}]});
+        assert!(subset(&json!({"phase": "RolledBack"}), &actual));
+        assert!(subset(&json!({"rev": 3}), &actual));
+        assert!(subset(&json!({"conditions": [{"type": "Ready", "status": "False"}]}), &actual));
+        assert!(subset(&json!({"missing": null}), &actual), "null means absent");
+        assert!(!subset(&json!({"phase": "Healthy"}), &actual));
+        assert!(!subset(&json!({"conditions": [{"type": "Degraded"}]}), &actual));
+    }
+}

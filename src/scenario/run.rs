@@ -1,0 +1,412 @@
+//! Running a scenario: the real operator (controllers, executor, alert
+//! dispatcher) against the in-process sandbox, on a paused tokio clock that
+//! jumps from one timer to the next, so an hour of schedules, requeues and
+//! backoffs passes in milliseconds and every run is the same.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::model::{Scenario, ScenarioError, WorldEvent};
+use super::report::{self, Failure, Report};
+use super::world::{Kinds, World};
+use crate::alert::dispatch::{Dispatcher, Outbox};
+use crate::alert::notify::{self, Notification};
+use crate::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
+use crate::clock::Clock;
+use crate::controller::metrics::Metrics;
+use crate::controller::reload::{Reloaded, Reloader};
+use crate::controller::{Operator, OperatorConfig};
+use crate::journal::{Entry, Journal, MemoryJournal};
+use crate::policy::Bundle;
+use crate::sandbox::{Sandbox, SandboxConfig};
+use crate::script::ScriptEngine;
+
+/// Alerts as the journal sees them: when each starts and stops firing,
+/// and the receivers its routes reach; then on to the dispatcher.
+struct JournalSink {
+    inner: Arc<Dispatcher>,
+    journal: Arc<MemoryJournal>,
+    clock: Clock,
+    active: Mutex<HashMap<AlertSource, BTreeMap<String, Alert>>>,
+}
+
+fn alert_entry(clock: &Clock, action: &str, s: &AlertSource, a: &Alert, receivers: &[String]) -> Entry {
+    let name = a.labels.get("alertname").cloned().unwrap_or_default();
+    let severity = a.labels.get("severity").cloned().unwrap_or_default();
+    let detail = if action == "alert" {
+        format!("{name} severity={severity} -> {}", receivers.join(","))
+    } else {
+        name
+    };
+    Entry::new(clock.now(), action, "ok")
+        .policy(&s.policy)
+        .object(&s.api_version, &s.kind, &s.namespace, &s.name)
+        .fields(json!({"labels": a.labels, "annotations": a.annotations, "receivers": receivers}))
+        .detail(detail)
+}
+
+impl AlertSink for JournalSink {
+    fn report(&self, source: &AlertSource, routes: Option<&Arc<CompiledRoutes>>, alerts: Vec<Alert>) {
+        {
+            let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            let before = active.remove(source).unwrap_or_default();
+            let mut now = BTreeMap::new();
+            for a in &alerts {
+                let fp = a.fingerprint();
+                if !before.contains_key(&fp) {
+                    let receivers = routes.map(|r| r.receivers_for(&a.labels)).unwrap_or_default();
+                    self.journal
+                        .record(alert_entry(&self.clock, "alert", source, a, &receivers));
+                }
+                now.insert(fp, a.clone());
+            }
+            for (fp, a) in &before {
+                if !now.contains_key(fp) {
+                    self.journal
+                        .record(alert_entry(&self.clock, "resolve", source, a, &[]));
+                }
+            }
+            if !now.is_empty() {
+                active.insert(source.clone(), now);
+            }
+        }
+        self.inner.report(source, routes, alerts);
+    }
+
+    fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {
+        let gone: Vec<AlertSource> = {
+            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            active.keys().filter(|s| !keep(s)).cloned().collect()
+        };
+        for s in gone {
+            self.report(&s, None, Vec::new());
+        }
+    }
+}
+
+/// Notifications as the journal sees them (nothing is sent anywhere).
+struct JournalOutbox {
+    journal: Arc<MemoryJournal>,
+    clock: Clock,
+}
+
+impl Outbox for JournalOutbox {
+    fn send(&self, routes: &Arc<CompiledRoutes>, n: Notification) {
+        let integration = routes
+            .receivers
+            .get(&n.receiver)
+            .and_then(|r| r.kinds.get(n.integration))
+            .map(|k| k.kind_name())
+            .unwrap_or("none");
+        self.journal.record(
+            Entry::new(self.clock.now(), "notify", "ok")
+                .fields(json!({
+                    "receiver": n.receiver,
+                    "integration": integration,
+                    "status": n.status(),
+                    "groupKey": n.group_key,
+                    "alerts": n.alerts.len(),
+                }))
+                .detail(format!("{} ({integration}) {}", n.receiver, notify::title(&n))),
+        );
+    }
+}
+
+/// Run a scenario to its end and check it.
+pub fn run(s: &Scenario) -> Report {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(run_async(s))
+}
+
+fn is_crd(o: &Value) -> bool {
+    o["kind"] == "CustomResourceDefinition"
+}
+
+/// Kinds named by rules, world events, expectations and final checks
+/// that the API does not serve: such an expectation could never match.
+fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
+    let mut errors = Vec::new();
+    let mut check = |api_version: Option<&str>, kind: &str, pos| {
+        if kinds.find(api_version, kind).is_none() {
+            errors.push(ScenarioError {
+                file: s.file.clone(),
+                pos: Some(pos),
+                message: format!(
+                    "unknown kind {kind:?}: the sandbox serves no such kind (is its CRD among the objects?)"
+                ),
+            });
+        }
+    };
+    for (r, _, pos) in &s.rules {
+        check(r.api_version.as_deref(), &r.kind, *pos);
+    }
+    for step in &s.steps {
+        for (w, pos) in &step.world {
+            match w {
+                WorldEvent::Update(u) => check(u.api_version.as_deref(), &u.kind, *pos),
+                WorldEvent::Delete(d) => check(d.api_version.as_deref(), &d.kind, *pos),
+                WorldEvent::SnapshotReady(_) => check(None, "VolumeSnapshot", *pos),
+                _ => {}
+            }
+        }
+        for (e, pos) in &step.expect {
+            if let Some(k) = &e.kind {
+                check(e.api_version.as_deref(), k, *pos);
+            }
+        }
+    }
+    for (f, pos) in &s.final_ {
+        check(f.api_version.as_deref(), &f.kind, *pos);
+    }
+    errors
+}
+
+async fn run_async(s: &Scenario) -> Report {
+    let t0 = tokio::time::Instant::now();
+    let clock = Clock::tokio(s.start);
+    let sandbox = Sandbox::new(SandboxConfig {
+        clock: clock.clone(),
+        bookmark_interval: Duration::from_secs(3600),
+        ..Default::default()
+    });
+    let journal = Arc::new(MemoryJournal::default());
+    let mut report = Report::new(s);
+    let load_error = |file: &str, message: String| ScenarioError {
+        file: file.to_string(),
+        pos: None,
+        message,
+    };
+
+    // The cluster: Runbook's CRDs and the scenario's, the namespace, the objects.
+    let world = World::new(sandbox.clone(), &s.namespace, journal.clone());
+    let mut crds: Vec<(String, Value)> = crate::crd::all()
+        .into_iter()
+        .map(|c| ("runbook crds".to_string(), serde_json::to_value(c).unwrap_or_default()))
+        .collect();
+    let mut others: Vec<(String, Value)> = Vec::new();
+    for (file, docs) in &s.objects {
+        for d in docs {
+            if is_crd(d) {
+                crds.push((file.clone(), d.clone()));
+            } else {
+                others.push((file.clone(), d.clone()));
+            }
+        }
+    }
+    for (file, crd) in crds {
+        if let Err(e) = world.create(crd).await {
+            report.load_errors.push(load_error(&file, e));
+        }
+    }
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(world.client.clone());
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": s.namespace}});
+    if namespaces.get_opt(&s.namespace).await.ok().flatten().is_none()
+        && !others.iter().any(|(_, o)| o["kind"] == "Namespace" && o["metadata"]["name"] == s.namespace.as_str())
+        && let Err(e) = world.create(ns).await
+    {
+        report.load_errors.push(load_error(&s.file, e));
+    }
+    let world = world.with_kinds();
+    report.load_errors.extend(unknown_kinds(s, &world.kinds));
+    others.sort_by_key(|(_, o)| o["kind"] != "Namespace");
+    for (file, o) in others {
+        if let Err(e) = world.create(o).await {
+            report.load_errors.push(load_error(&file, e));
+        }
+    }
+    if !report.load_errors.is_empty() {
+        return report;
+    }
+
+    // The policies, loaded the way the operator loads them.
+    let engine = Arc::new(ScriptEngine::default());
+    let metrics = Arc::new(Metrics::new());
+    let reloader = Reloader::new(engine.clone(), Some(world.client.clone()), metrics.clone(), "runbook")
+        .compile_inline()
+        .with_secret_namespace(&s.namespace);
+    let mut bundle = match Bundle::from_dir(&s.policies) {
+        Ok(b) => b,
+        Err(e) => {
+            report
+                .load_errors
+                .push(load_error(&s.policies.display().to_string(), e.to_string()));
+            return report;
+        }
+    };
+    let (set, errors) = reloader.initial(vec![bundle.clone()]).await;
+    if !errors.is_empty() {
+        report
+            .load_errors
+            .extend(errors.into_iter().map(|e| load_error("", e)));
+        return report;
+    }
+
+    let dispatcher = Arc::new(Dispatcher::new(
+        Arc::new(JournalOutbox {
+            journal: journal.clone(),
+            clock: clock.clone(),
+        }),
+        clock.clone(),
+    ));
+    let _flusher = dispatcher.spawn();
+    let sink = Arc::new(JournalSink {
+        inner: dispatcher,
+        journal: journal.clone(),
+        clock: clock.clone(),
+        active: Mutex::new(HashMap::new()),
+    });
+    let op = Arc::new(Operator::new(
+        world.client.clone(),
+        engine,
+        set,
+        clock.clone(),
+        sink,
+        metrics,
+        OperatorConfig {
+            namespace: None,
+            concurrency: 4,
+            identity: "runbook".into(),
+            lease: None,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+        },
+    ));
+    op.ctx.set_journal(journal.clone());
+    let _world = world.spawn(s.rules.iter().map(|(r, after, _)| (r.clone(), *after)).collect());
+    if let Err(e) = op.start().await {
+        report.load_errors.push(load_error(&s.file, e.to_string()));
+        return report;
+    }
+
+    for step in &s.steps {
+        tokio::time::sleep_until(t0 + Duration::from_millis(step.at_ms as u64)).await;
+        for (ev, pos) in &step.world {
+            if let Err(m) = apply(ev, &world, &op, &reloader, &mut bundle, s).await {
+                report.failures.push(Failure {
+                    pos: Some(*pos),
+                    message: format!("{}: {m}", ev.name()),
+                    detail: Vec::new(),
+                });
+            }
+        }
+    }
+    tokio::time::sleep_until(t0 + Duration::from_millis(s.until_ms as u64)).await;
+    for (f, pos) in &s.final_ {
+        if let Some(failure) = report::check_final(f, *pos, &world).await {
+            report.failures.push(failure);
+        }
+    }
+    op.shutdown(Duration::from_secs(1)).await;
+    report.finish(s, journal.entries());
+    report
+}
+
+async fn apply(
+    ev: &WorldEvent,
+    world: &Arc<World>,
+    op: &Operator,
+    reloader: &Reloader,
+    bundle: &mut Bundle,
+    s: &Scenario,
+) -> Result<(), String> {
+    match ev {
+        WorldEvent::Create(c) => {
+            let objects = match (&c.file, &c.object) {
+                (Some(f), _) => {
+                    let text = std::fs::read_to_string(s.dir.join(f)).map_err(|e| e.to_string())?;
+                    crate::util::yaml::parse_documents(&text).map_err(|e| e.to_string())?
+                }
+                (None, Some(o)) => vec![o.clone()],
+                _ => Vec::new(),
+            };
+            for o in objects {
+                let what = format!(
+                    "created {} {}",
+                    o["kind"].as_str().unwrap_or(""),
+                    o["metadata"]["name"].as_str().unwrap_or("")
+                );
+                world.create(o).await?;
+                world.note(what, None);
+            }
+        }
+        WorldEvent::Update(u) => {
+            world
+                .update(u.api_version.as_deref(), &u.kind, u.namespace.as_deref(), &u.name, &u.patch, u.status)
+                .await?;
+            world.note(
+                format!("updated {} {}: {}", u.kind, u.name, u.patch),
+                None,
+            );
+        }
+        WorldEvent::Delete(d) => {
+            world
+                .delete(d.api_version.as_deref(), &d.kind, d.namespace.as_deref(), &d.name)
+                .await?;
+            world.note(format!("deleted {} {}", d.kind, d.name), None);
+        }
+        WorldEvent::Complete(c) => {
+            world.complete(c, None).await?;
+        }
+        WorldEvent::PodReady(p) => {
+            world.pod_ready(p, None).await?;
+        }
+        WorldEvent::SnapshotReady(r) => {
+            world.snapshot_ready(r, None).await?;
+        }
+        WorldEvent::Fail(f) => {
+            let verb = f.verb.as_deref().and_then(crate::sandbox::faults::Verb::parse);
+            world
+                .sandbox
+                .faults()
+                .fail_next(f.count, verb, f.resource.as_deref(), f.code);
+            world.note(
+                format!(
+                    "the API fails the next {} {} {} with {}",
+                    f.count,
+                    f.verb.as_deref().unwrap_or("request(s)"),
+                    f.resource.as_deref().unwrap_or("of any resource"),
+                    f.code
+                ),
+                None,
+            );
+        }
+        WorldEvent::EditPolicy(e) => {
+            if e.delete {
+                bundle.files.remove(&e.file);
+            } else if let Some(c) = &e.content {
+                bundle.files.insert(e.file.clone(), c.clone());
+            } else if let Some(r) = &e.replace {
+                let text = bundle
+                    .files
+                    .get(&e.file)
+                    .ok_or_else(|| format!("{} is not in the policy directory", e.file))?;
+                if !text.contains(&r.from) {
+                    return Err(format!("{} does not contain {:?}", e.file, r.from));
+                }
+                let new = text.replacen(&r.from, &r.to, 1);
+                bundle.files.insert(e.file.clone(), new);
+            }
+            let outcome = reloader
+                .update(op, bundle.origin.clone(), Some(bundle.clone()))
+                .await;
+            let detail = match outcome {
+                Reloaded::Swapped { version } => format!("policy {} edited: version {version} in force", e.file),
+                Reloaded::Refused { errors } => format!(
+                    "policy {} edit refused, the last good version keeps serving: {}",
+                    e.file,
+                    errors.join("; ")
+                ),
+                Reloaded::Unchanged => format!("policy {} unchanged", e.file),
+            };
+            world.note(detail, None);
+        }
+    }
+    Ok(())
+}

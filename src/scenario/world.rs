@@ -1,0 +1,578 @@
+//! The simulated world around the operator: what the scenario does to the
+//! cluster (create, update, complete a Job, make pods ready, fail the API),
+//! the standing rules that finish Jobs and snapshots by themselves, and the
+//! part of the Deployment controller that keeps ReplicaSet revisions as a
+//! real cluster does. Everything goes through the API, like a real client.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use super::model::{CompleteSpec, PodReadySpec, RuleSpec, SnapshotReadySpec, glob};
+use crate::clock::Clock;
+use crate::journal::{Entry, Journal, MemoryJournal};
+use crate::sandbox::Sandbox;
+use crate::sandbox::registry::ResourceDef;
+use crate::util::time;
+
+/// Kinds the sandbox serves, by kind name.
+#[derive(Clone)]
+pub struct Kinds {
+    defs: Vec<Arc<ResourceDef>>,
+}
+
+/// A kind the API serves.
+#[derive(Clone, Debug)]
+pub struct Served {
+    pub resource: ApiResource,
+    pub namespaced: bool,
+    pub status: bool,
+}
+
+impl Kinds {
+    pub fn of(sandbox: &Sandbox) -> Self {
+        Self {
+            defs: sandbox.store().defs(),
+        }
+    }
+
+    /// The kind by name (and apiVersion, when given). Core kinds win over
+    /// same-named kinds of other groups, as kubectl resolves them.
+    pub fn find(&self, api_version: Option<&str>, kind: &str) -> Option<Served> {
+        let mut found: Vec<&Arc<ResourceDef>> = self
+            .defs
+            .iter()
+            .filter(|d| d.kind == kind)
+            .filter(|d| {
+                api_version.is_none_or(|av| {
+                    let (g, v) = av.split_once('/').unwrap_or(("", av));
+                    d.group == g && d.versions.iter().any(|x| x == v)
+                })
+            })
+            .collect();
+        found.sort_by_key(|d| (!d.group.is_empty(), d.group.clone()));
+        let d = found.first()?;
+        let version = match api_version {
+            Some(av) => av.rsplit('/').next().unwrap_or(av).to_string(),
+            None => d.versions.first().cloned().unwrap_or_default(),
+        };
+        Some(Served {
+            resource: ApiResource {
+                group: d.group.clone(),
+                version: version.clone(),
+                api_version: if d.group.is_empty() {
+                    version
+                } else {
+                    format!("{}/{version}", d.group)
+                },
+                kind: d.kind.clone(),
+                plural: d.plural.clone(),
+            },
+            namespaced: d.namespaced,
+            status: d.status_subresource,
+        })
+    }
+}
+
+/// The world: the cluster as the scenario sees it.
+pub struct World {
+    pub client: kube::Client,
+    pub sandbox: Sandbox,
+    pub kinds: Kinds,
+    pub namespace: String,
+    pub journal: Arc<MemoryJournal>,
+    pub clock: Clock,
+    /// Objects rules have already acted on (by uid).
+    seen: Mutex<HashSet<String>>,
+}
+
+/// An API error as a person reads it.
+pub fn api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        other => other.to_string(),
+    }
+}
+
+fn ns_or<'a>(given: Option<&'a str>, default: &'a str) -> &'a str {
+    given.unwrap_or(default)
+}
+
+impl World {
+    pub fn new(sandbox: Sandbox, namespace: &str, journal: Arc<MemoryJournal>) -> Arc<Self> {
+        Arc::new(Self {
+            client: sandbox.client(),
+            kinds: Kinds::of(&sandbox),
+            clock: sandbox.clock().clone(),
+            sandbox,
+            namespace: namespace.to_string(),
+            journal,
+            seen: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Refresh the kinds (after CRDs were created).
+    pub fn with_kinds(self: &Arc<Self>) -> Arc<Self> {
+        Arc::new(Self {
+            client: self.client.clone(),
+            sandbox: self.sandbox.clone(),
+            kinds: Kinds::of(&self.sandbox),
+            namespace: self.namespace.clone(),
+            journal: self.journal.clone(),
+            clock: self.clock.clone(),
+            seen: Mutex::new(HashSet::new()),
+        })
+    }
+
+    pub fn note(&self, detail: String, obj: Option<(&ApiResource, &str, &str)>) {
+        self.record(detail, obj, false);
+    }
+
+    /// A note of what the world's controllers did in reaction.
+    fn reacted(&self, detail: String, obj: Option<(&ApiResource, &str, &str)>) {
+        self.record(detail, obj, true);
+    }
+
+    fn record(&self, detail: String, obj: Option<(&ApiResource, &str, &str)>, reaction: bool) {
+        let mut e = Entry::new(self.clock.now(), "world", "ok").detail(detail);
+        if reaction {
+            e = e.fields(json!({"reaction": true}));
+        }
+        if let Some((r, ns, name)) = obj {
+            e = e.object(&r.api_version, &r.kind, ns, name);
+        }
+        self.journal.record(e);
+    }
+
+    pub fn served(&self, api_version: Option<&str>, kind: &str) -> Result<Served, String> {
+        self.kinds
+            .find(api_version, kind)
+            .ok_or_else(|| format!("the API server does not serve kind {kind}"))
+    }
+
+    fn api(&self, s: &Served, ns: &str) -> Api<DynamicObject> {
+        if s.namespaced {
+            Api::namespaced_with(self.client.clone(), ns, &s.resource)
+        } else {
+            Api::all_with(self.client.clone(), &s.resource)
+        }
+    }
+
+    /// Create an object (then its status, as a controller would have set
+    /// it). Owner references that give a name but no uid get the uid of
+    /// the named object.
+    pub async fn create(&self, mut obj: Value) -> Result<(), String> {
+        let api_version = obj["apiVersion"].as_str().unwrap_or("").to_string();
+        let kind = obj["kind"].as_str().unwrap_or("").to_string();
+        let s = self.served(Some(&api_version), &kind)?;
+        let ns = if s.namespaced {
+            obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or(&self.namespace)
+                .to_string()
+        } else {
+            String::new()
+        };
+        if s.namespaced {
+            obj["metadata"]["namespace"] = json!(ns);
+        }
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+        if let Some(refs) = obj["metadata"]["ownerReferences"].as_array_mut() {
+            for r in refs {
+                if r.get("uid").is_some() {
+                    continue;
+                }
+                let owner = self.served(r["apiVersion"].as_str(), r["kind"].as_str().unwrap_or(""))?;
+                let o = self
+                    .api(&owner, &ns)
+                    .get(r["name"].as_str().unwrap_or(""))
+                    .await
+                    .map_err(|e| format!("owner of {kind} {name}: {}", api_error(&e)))?;
+                r["uid"] = json!(o.metadata.uid);
+                if r.get("apiVersion").is_none() {
+                    r["apiVersion"] = json!(owner.resource.api_version);
+                }
+            }
+        }
+        let status = obj.as_object_mut().and_then(|m| m.remove("status"));
+        let dynamic: DynamicObject =
+            serde_json::from_value(obj).map_err(|e| format!("{kind} {name}: {e}"))?;
+        let api = self.api(&s, &ns);
+        api.create(&PostParams::default(), &dynamic)
+            .await
+            .map_err(|e| format!("create {kind} {ns}/{name}: {}", api_error(&e)))?;
+        if let Some(st) = status.filter(|s| !s.is_null()) {
+            let body = json!({"status": st});
+            let r = if s.status {
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+            } else {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+            };
+            r.map_err(|e| format!("status of {kind} {ns}/{name}: {}", api_error(&e)))?;
+        }
+        Ok(())
+    }
+
+    pub async fn update(
+        &self,
+        api_version: Option<&str>,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> Result<(), String> {
+        let s = self.served(api_version, kind)?;
+        let ns = ns_or(ns, &self.namespace);
+        let api = self.api(&s, ns);
+        let r = if status && s.status {
+            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": patch})))
+                .await
+        } else if status {
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"status": patch})))
+                .await
+        } else {
+            api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+        };
+        r.map(|_| ())
+            .map_err(|e| format!("update {kind} {ns}/{name}: {}", api_error(&e)))
+    }
+
+    pub async fn delete(
+        &self,
+        api_version: Option<&str>,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<(), String> {
+        let s = self.served(api_version, kind)?;
+        let ns = ns_or(ns, &self.namespace);
+        self.api(&s, ns)
+            .delete(name, &Default::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("delete {kind} {ns}/{name}: {}", api_error(&e)))
+    }
+
+    /// Objects of a kind in a namespace whose names match a glob, by name.
+    async fn matching(&self, s: &Served, ns: &str, pattern: &str) -> Result<Vec<DynamicObject>, String> {
+        let mut items = self
+            .api(s, ns)
+            .list(&Default::default())
+            .await
+            .map_err(|e| format!("list {}: {}", s.resource.kind, api_error(&e)))?
+            .items;
+        items.retain(|o| glob(pattern, o.metadata.name.as_deref().unwrap_or("")));
+        items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(items)
+    }
+
+    /// Finish Jobs: their pod terminates (with the message), the Job is
+    /// Complete or Failed. Jobs already finished are left alone.
+    pub async fn complete(&self, spec: &CompleteSpec, only: Option<&str>) -> Result<usize, String> {
+        let jobs = self.served(Some("batch/v1"), "Job")?;
+        let ns = ns_or(spec.namespace.as_deref(), &self.namespace).to_string();
+        let pattern = only.or(spec.name.as_deref()).unwrap_or("*");
+        let mut done = 0;
+        for job in self.matching(&jobs, &ns, pattern).await? {
+            let st = &job.data["status"];
+            if st["succeeded"].as_i64().unwrap_or(0) > 0 || st["failed"].as_i64().unwrap_or(0) > 0 {
+                continue;
+            }
+            self.finish_job(&job, &ns, spec).await?;
+            done += 1;
+        }
+        if done == 0 && only.is_none() {
+            return Err(format!("complete: no unfinished Job matches {pattern:?} in {ns}"));
+        }
+        Ok(done)
+    }
+
+    async fn finish_job(&self, job: &DynamicObject, ns: &str, spec: &CompleteSpec) -> Result<(), String> {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        let now = time::format(self.clock.now());
+        let pods = self.served(Some("v1"), "Pod")?;
+        let pod_name = format!("{name}-{}", &crate::util::hash::short_hex(name.as_bytes(), 5));
+        let template = &job.data["spec"]["template"];
+        let mut labels = template["metadata"]["labels"].clone();
+        if !labels.is_object() {
+            labels = json!({});
+        }
+        labels["job-name"] = json!(name);
+        let containers: Vec<Value> = template["spec"]["containers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![json!({"name": "main", "image": "busybox"})]);
+        let (exit, reason, phase) = if spec.succeeded {
+            (0, "Completed", "Succeeded")
+        } else {
+            (1, "Error", "Failed")
+        };
+        let statuses: Vec<Value> = containers
+            .iter()
+            .map(|c| {
+                let mut term = json!({"exitCode": exit, "reason": reason, "startedAt": now, "finishedAt": now});
+                if let Some(m) = &spec.termination_message {
+                    term["message"] = json!(m);
+                }
+                json!({"name": c["name"], "image": c["image"], "ready": false, "restartCount": 0,
+                       "state": {"terminated": term}})
+            })
+            .collect();
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                              "uid": job.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"restartPolicy": "Never", "containers": containers},
+            "status": {"phase": phase, "containerStatuses": statuses},
+        });
+        if self.api(&pods, ns).get_opt(&pod_name).await.ok().flatten().is_none() {
+            self.create(pod).await?;
+        }
+        let status = if spec.succeeded {
+            json!({"active": 0, "succeeded": 1, "startTime": now, "completionTime": now,
+                   "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": now}]})
+        } else {
+            json!({"active": 0, "failed": 1, "startTime": now,
+                   "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now}]})
+        };
+        let jobs = self.served(Some("batch/v1"), "Job")?;
+        self.update(Some("batch/v1"), "Job", Some(ns), &name, &status, true)
+            .await?;
+        let how = if spec.succeeded { "succeeded" } else { "failed" };
+        let msg = spec
+            .termination_message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        self.note(format!("Job {how}{msg}"), Some((&jobs.resource, ns, &name)));
+        Ok(())
+    }
+
+    pub async fn pod_ready(&self, spec: &PodReadySpec, only: Option<&str>) -> Result<usize, String> {
+        let pods = self.served(Some("v1"), "Pod")?;
+        let ns = ns_or(spec.namespace.as_deref(), &self.namespace).to_string();
+        let pattern = only.or(spec.name.as_deref()).unwrap_or("*");
+        let found = self.matching(&pods, &ns, pattern).await?;
+        if found.is_empty() && only.is_none() {
+            return Err(format!("podReady: no Pod matches {pattern:?} in {ns}"));
+        }
+        let now = time::format(self.clock.now());
+        let ready = if spec.ready { "True" } else { "False" };
+        for p in &found {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let status = json!({"phase": "Running", "conditions": [
+                {"type": "Ready", "status": ready, "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now}]});
+            self.update(Some("v1"), "Pod", Some(&ns), &name, &status, true)
+                .await?;
+            self.note(
+                format!("Pod {}", if spec.ready { "ready" } else { "not ready" }),
+                Some((&pods.resource, &ns, &name)),
+            );
+        }
+        Ok(found.len())
+    }
+
+    pub async fn snapshot_ready(&self, spec: &SnapshotReadySpec, only: Option<&str>) -> Result<usize, String> {
+        let snaps = self.served(None, "VolumeSnapshot")?;
+        let ns = ns_or(spec.namespace.as_deref(), &self.namespace).to_string();
+        let pattern = only.or(spec.name.as_deref()).unwrap_or("*");
+        let found = self.matching(&snaps, &ns, pattern).await?;
+        if found.is_empty() && only.is_none() {
+            return Err(format!("snapshotReady: no VolumeSnapshot matches {pattern:?} in {ns}"));
+        }
+        let now = time::format(self.clock.now());
+        for s in &found {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            let status = json!({"readyToUse": true, "creationTime": now,
+                                "restoreSize": spec.restore_size.clone().unwrap_or_else(|| "10Gi".into()),
+                                "boundVolumeSnapshotContentName": format!("snapcontent-{}", crate::util::hash::short_hex(name.as_bytes(), 8))});
+            self.update(None, "VolumeSnapshot", Some(&ns), &name, &status, true)
+                .await?;
+            self.note("VolumeSnapshot readyToUse".into(), Some((&snaps.resource, &ns, &name)));
+        }
+        Ok(found.len())
+    }
+
+    /// Run the standing rules and the Deployment controller until dropped.
+    pub fn spawn(self: &Arc<Self>, rules: Vec<(RuleSpec, i64)>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        if let Ok(deps) = self.served(Some("apps/v1"), "Deployment") {
+            let w = self.clone();
+            let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &deps.resource);
+            tasks.push(tokio::spawn(async move {
+                let mut stream = watcher(api, watcher::Config::default()).boxed();
+                while let Some(ev) = stream.next().await {
+                    if let Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) = ev
+                        && let Err(e) = w.rollout(&d).await
+                    {
+                        w.note(format!("the Deployment controller failed: {e}"), None);
+                    }
+                }
+            }));
+        }
+        for (rule, after) in rules {
+            let Ok(s) = self.served(rule.api_version.as_deref(), &rule.kind) else {
+                continue;
+            };
+            let w = self.clone();
+            let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &s.resource);
+            tasks.push(tokio::spawn(async move {
+                let mut stream = watcher(api, watcher::Config::default()).boxed();
+                while let Some(ev) = stream.next().await {
+                    let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev else {
+                        continue;
+                    };
+                    let name = o.metadata.name.clone().unwrap_or_default();
+                    let uid = o.metadata.uid.clone().unwrap_or_default();
+                    if !glob(&rule.name, &name) || !w.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(uid) {
+                        continue;
+                    }
+                    let w = w.clone();
+                    let rule = rule.clone();
+                    let ns = o.metadata.namespace.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(after as u64)).await;
+                        let r = if let Some(c) = &rule.complete {
+                            let c = CompleteSpec { namespace: ns.clone(), ..c.clone() };
+                            w.complete(&c, Some(&name)).await
+                        } else if let Some(s) = &rule.snapshot_ready {
+                            let s = SnapshotReadySpec { namespace: ns.clone(), ..s.clone() };
+                            w.snapshot_ready(&s, Some(&name)).await
+                        } else if let Some(p) = &rule.pod_ready {
+                            let p = PodReadySpec { namespace: ns.clone(), ..p.clone() };
+                            w.pod_ready(&p, Some(&name)).await
+                        } else {
+                            Ok(0)
+                        };
+                        if let Err(e) = r {
+                            w.note(format!("rule on {} {name} failed: {e}", rule.kind), None);
+                        }
+                    });
+                }
+            }));
+        }
+        tasks
+    }
+
+    /// What the Deployment controller does with revisions: the ReplicaSet
+    /// whose template is the Deployment's becomes the newest revision
+    /// (created if none matches), and the Deployment carries its number.
+    async fn rollout(&self, d: &DynamicObject) -> Result<(), String> {
+        let ns = d.metadata.namespace.clone().unwrap_or_default();
+        let name = d.metadata.name.clone().unwrap_or_default();
+        let uid = d.metadata.uid.clone().unwrap_or_default();
+        let rss = self.served(Some("apps/v1"), "ReplicaSet")?;
+        let deps = self.served(Some("apps/v1"), "Deployment")?;
+        let template = without_hash(&d.data["spec"]["template"]);
+        let api = self.api(&rss, &ns);
+        let owned: Vec<DynamicObject> = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| api_error(&e))?
+            .items
+            .into_iter()
+            .filter(|r| {
+                r.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == uid)
+            })
+            .collect();
+        let rev = |o: &DynamicObject| {
+            o.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REVISION))
+                .and_then(|r| r.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+        let max = owned.iter().map(rev).max().unwrap_or(0);
+        let current = owned
+            .iter()
+            .find(|r| without_hash(&r.data["spec"]["template"]) == template);
+        let revision = match current {
+            Some(r) if rev(r) == max && max > 0 => max,
+            Some(r) => {
+                let rs_name = r.metadata.name.clone().unwrap_or_default();
+                let next = max + 1;
+                api.patch(
+                    &rs_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {REVISION: next.to_string()}}})),
+                )
+                .await
+                .map_err(|e| api_error(&e))?;
+                next
+            }
+            None => {
+                let hash = crate::util::hash::json_hash(&template, 10);
+                let mut t = template.clone();
+                t["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+                let mut selector = d.data["spec"]["selector"].clone();
+                if selector["matchLabels"].is_object() {
+                    selector["matchLabels"]["pod-template-hash"] = json!(hash);
+                }
+                let next = max + 1;
+                let rs = json!({
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "metadata": {"name": format!("{name}-{hash}"), "namespace": ns,
+                                 "labels": t["metadata"]["labels"],
+                                 "annotations": {REVISION: next.to_string()},
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                                      "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+                    "spec": {"replicas": d.data["spec"]["replicas"].as_i64().unwrap_or(1),
+                             "selector": selector, "template": t},
+                });
+                self.create(rs).await?;
+                next
+            }
+        };
+        let have = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REVISION))
+            .cloned();
+        if have.as_deref() != Some(revision.to_string().as_str()) {
+            self.api(&deps, &ns)
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {REVISION: revision.to_string()}}})),
+                )
+                .await
+                .map_err(|e| api_error(&e))?;
+            self.reacted(
+                format!("rolled out revision {revision}"),
+                Some((&deps.resource, &ns, &name)),
+            );
+        }
+        Ok(())
+    }
+}
+
+const REVISION: &str = "deployment.kubernetes.io/revision";
+
+fn without_hash(template: &Value) -> Value {
+    let mut t = template.clone();
+    if let Some(labels) = t
+        .pointer_mut("/metadata/labels")
+        .and_then(Value::as_object_mut)
+    {
+        labels.remove("pod-template-hash");
+    }
+    t
+}
