@@ -39,7 +39,8 @@ impl Clock {
 
     pub fn now(&self) -> Timestamp {
         if let Some((base, start)) = self.tokio {
-            let d = jiff::SignedDuration::try_from(start.elapsed()).unwrap_or(jiff::SignedDuration::MAX);
+            let d = jiff::SignedDuration::try_from(start.elapsed())
+                .unwrap_or(jiff::SignedDuration::MAX);
             return base.saturating_add(d).unwrap_or(base);
         }
         self.manual

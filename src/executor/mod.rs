@@ -26,10 +26,10 @@ use serde_json::{Map, Value, json};
 use self::resources::{Resolved, Resources};
 use crate::alert::routes::CompiledRoutes;
 use crate::alert::{Alert, AlertSink, AlertSource};
-use crate::journal::{Entry, Journal};
 use crate::controller::object::RawObject;
 use crate::crd::{ActionRecord, DecisionRecord};
 use crate::decide::{DecideError, Decision};
+use crate::journal::{Entry, Journal};
 use crate::kinds::KindRef;
 use crate::observe::{CachedObject, ObjectView};
 use crate::policy::compile::CompiledPolicy;
@@ -232,7 +232,10 @@ fn journal_entry(
         Action::Apply { object } => (
             object["apiVersion"].as_str().unwrap_or("").to_string(),
             object["kind"].as_str().unwrap_or("").to_string(),
-            object["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            object["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
         ),
         Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
             match policy.kinds.resolve(kind) {
@@ -243,7 +246,11 @@ fn journal_entry(
         Action::Rollback { deployment, .. } => {
             ("apps/v1".into(), "Deployment".into(), deployment.clone())
         }
-        _ => (tkind.api_version.clone(), tkind.kind.clone(), tname.to_string()),
+        _ => (
+            tkind.api_version.clone(),
+            tkind.kind.clone(),
+            tname.to_string(),
+        ),
     };
     Entry::new(x.now, a.verb(), result)
         .policy(&policy.name)
@@ -568,7 +575,15 @@ pub async fn execute(
             let tgt = action_target(a, &ns, &tkind, &name);
             if let Some(r) = &p.refusal {
                 if let Some(j) = x.journal {
-                    let mut e = journal_entry(x, policy, a, (&tkind, &ns, &name), "refused", Value::Null, Some(r));
+                    let mut e = journal_entry(
+                        x,
+                        policy,
+                        a,
+                        (&tkind, &ns, &name),
+                        "refused",
+                        Value::Null,
+                        Some(r),
+                    );
                     e.action = "refusal".into();
                     e.fields = json!({"action": a.verb()});
                     j.record(e);
@@ -668,7 +683,15 @@ pub async fn execute(
                     match &mode {
                         Mode::Shadow => {
                             if let Some(j) = x.journal {
-                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "shadow", Value::Null, None));
+                                j.record(journal_entry(
+                                    x,
+                                    policy,
+                                    a,
+                                    (&tkind, &ns, &name),
+                                    "shadow",
+                                    Value::Null,
+                                    None,
+                                ));
                             }
                             out.record.actions.push(record(a, tgt, "shadow", None));
                             out.results.push((verb, "shadow"));
@@ -676,7 +699,15 @@ pub async fn execute(
                         }
                         Mode::Suspended(why) => {
                             if let Some(j) = x.journal {
-                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "suspended", Value::Null, Some(why)));
+                                j.record(journal_entry(
+                                    x,
+                                    policy,
+                                    a,
+                                    (&tkind, &ns, &name),
+                                    "suspended",
+                                    Value::Null,
+                                    Some(why),
+                                ));
                             }
                             out.record
                                 .actions
@@ -691,7 +722,15 @@ pub async fn execute(
                         if used >= limit.count as usize {
                             let m = format!("{verb} limit {limit} reached for this object");
                             if let Some(j) = x.journal {
-                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "limited", Value::Null, Some(&m)));
+                                j.record(journal_entry(
+                                    x,
+                                    policy,
+                                    a,
+                                    (&tkind, &ns, &name),
+                                    "limited",
+                                    Value::Null,
+                                    Some(&m),
+                                ));
                             }
                             out.limited.push(m.clone());
                             out.record.actions.push(record(a, tgt, "limited", Some(m)));
@@ -703,7 +742,15 @@ pub async fn execute(
                         Ok(wrote) => {
                             if let Some(j) = x.journal {
                                 let result = if wrote.is_some() { "ok" } else { "unchanged" };
-                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), result, wrote.clone().unwrap_or(Value::Null), None));
+                                j.record(journal_entry(
+                                    x,
+                                    policy,
+                                    a,
+                                    (&tkind, &ns, &name),
+                                    result,
+                                    wrote.clone().unwrap_or(Value::Null),
+                                    None,
+                                ));
                             }
                             if wrote.is_some() {
                                 out.writes += 1;
@@ -720,7 +767,15 @@ pub async fn execute(
                         Err(e) => {
                             let m = e.to_string();
                             if let Some(j) = x.journal {
-                                j.record(journal_entry(x, policy, a, (&tkind, &ns, &name), "failed", Value::Null, Some(&m)));
+                                j.record(journal_entry(
+                                    x,
+                                    policy,
+                                    a,
+                                    (&tkind, &ns, &name),
+                                    "failed",
+                                    Value::Null,
+                                    Some(&m),
+                                ));
                             }
                             out.error_label = Some(e.metric_label());
                             out.record

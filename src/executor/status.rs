@@ -137,8 +137,18 @@ mod tests {
     #[test]
     fn a_null_from_a_later_status_action_removes_the_field() {
         let mut fields = Map::new();
-        accumulate(&mut fields, json!({"phase": "Running", "run": {"id": "a", "n": 1}}).as_object().unwrap());
-        accumulate(&mut fields, json!({"currentRun": null, "run": {"n": 2}}).as_object().unwrap());
+        accumulate(
+            &mut fields,
+            json!({"phase": "Running", "run": {"id": "a", "n": 1}})
+                .as_object()
+                .unwrap(),
+        );
+        accumulate(
+            &mut fields,
+            json!({"currentRun": null, "run": {"n": 2}})
+                .as_object()
+                .unwrap(),
+        );
         assert_eq!(
             Value::Object(fields.clone()),
             json!({"phase": "Running", "run": {"id": "a", "n": 2}, "currentRun": null})
@@ -146,9 +156,16 @@ mod tests {
         let mut status = json!({"currentRun": "job-1", "phase": "Pending"});
         let before = status.clone();
         merge_fields(&mut status, &fields);
-        assert_eq!(status, json!({"phase": "Running", "run": {"id": "a", "n": 2}}));
+        assert_eq!(
+            status,
+            json!({"phase": "Running", "run": {"id": "a", "n": 2}})
+        );
         let patch = merge_diff(&before, &status).unwrap();
-        assert_eq!(patch["currentRun"], Value::Null, "the removal is in the patch");
+        assert_eq!(
+            patch["currentRun"],
+            Value::Null,
+            "the removal is in the patch"
+        );
     }
 
     use super::*;

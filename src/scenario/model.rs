@@ -426,15 +426,17 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
             objects.push((name.clone(), docs));
         }
     }
-    let duration = |text: &str, pos: Option<Pos>, what: &str, errors: &mut Vec<ScenarioError>| match parse_duration_ms(text) {
-        Ok(ms) if ms >= 0 => ms,
-        Ok(_) => {
-            errors.push(err(pos, format!("{what} must not be negative")));
-            0
-        }
-        Err(e) => {
-            errors.push(err(pos, format!("{what}: {e}")));
-            0
+    let duration = |text: &str, pos: Option<Pos>, what: &str, errors: &mut Vec<ScenarioError>| {
+        match parse_duration_ms(text) {
+            Ok(ms) if ms >= 0 => ms,
+            Ok(_) => {
+                errors.push(err(pos, format!("{what} must not be negative")));
+                0
+            }
+            Err(e) => {
+                errors.push(err(pos, format!("{what}: {e}")));
+                0
+            }
         }
     };
     let start = match &doc.spec.start {
@@ -452,7 +454,11 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
             .after
             .as_deref()
             .map_or(0, |a| duration(a, Some(pos), "after", &mut errors));
-        let actions = [r.complete.is_some(), r.snapshot_ready.is_some(), r.pod_ready.is_some()];
+        let actions = [
+            r.complete.is_some(),
+            r.snapshot_ready.is_some(),
+            r.pod_ready.is_some(),
+        ];
         if actions.iter().filter(|a| **a).count() != 1 {
             errors.push(err(
                 Some(pos),
@@ -469,7 +475,10 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         let pos = step_node.map(|n| n.pos).unwrap_or_default();
         let at = duration(&s.at, Some(pos), "at", &mut errors);
         if at < last {
-            errors.push(err(Some(pos), format!("step at {} comes before the step above it", s.at)));
+            errors.push(err(
+                Some(pos),
+                format!("step at {} comes before the step above it", s.at),
+            ));
         }
         last = at;
         let sub = |key: &str| step_node.map(|n| items(n, &[key])).unwrap_or_default();
@@ -501,7 +510,10 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         None => last.max(0) + 60_000,
     };
     if until_ms < last {
-        errors.push(err(pos_of(&["spec", "until"]), "until comes before the last step".into()));
+        errors.push(err(
+            pos_of(&["spec", "until"]),
+            "until comes before the last step".into(),
+        ));
     }
     let final_nodes = items(&node, &["spec", "final"]);
     let final_ = doc
@@ -509,7 +521,12 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         .final_
         .iter()
         .enumerate()
-        .map(|(i, f)| (f.clone(), final_nodes.get(i).map(|n| n.pos).unwrap_or_default()))
+        .map(|(i, f)| {
+            (
+                f.clone(),
+                final_nodes.get(i).map(|n| n.pos).unwrap_or_default(),
+            )
+        })
         .collect();
     if !errors.is_empty() {
         return Err(errors);
@@ -529,6 +546,9 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
     })
 }
 
+/// Reads an object file named by a scenario, reporting problems at a position.
+type ReadObjects<'a> = &'a dyn Fn(&str, Option<Pos>, &mut Vec<ScenarioError>) -> Option<Vec<Value>>;
+
 #[allow(clippy::too_many_arguments)]
 fn check_world(
     w: &WorldEvent,
@@ -537,7 +557,7 @@ fn check_world(
     policies: &Path,
     errors: &mut Vec<ScenarioError>,
     err: &dyn Fn(Option<Pos>, String) -> ScenarioError,
-    read_objects: &dyn Fn(&str, Option<Pos>, &mut Vec<ScenarioError>) -> Option<Vec<Value>>,
+    read_objects: ReadObjects<'_>,
 ) {
     match w {
         WorldEvent::Create(c) => match (&c.file, &c.object) {
@@ -559,7 +579,10 @@ fn check_world(
             if (e.replace.is_some() || e.delete) && !exists {
                 errors.push(err(
                     Some(pos),
-                    format!("editPolicy: {} is not a file", policies.join(&e.file).display()),
+                    format!(
+                        "editPolicy: {} is not a file",
+                        policies.join(&e.file).display()
+                    ),
                 ));
             }
         }
@@ -586,7 +609,10 @@ fn normalise(e: &Expectation) -> Result<Expectation, String> {
         e.count = Some(0);
     }
     let Some(action) = e.action.as_deref() else {
-        return Err(format!("an expectation needs an action: one of {}", ACTIONS.join(", ")));
+        return Err(format!(
+            "an expectation needs an action: one of {}",
+            ACTIONS.join(", ")
+        ));
     };
     if !ACTIONS.contains(&action) {
         return Err(format!(
@@ -618,9 +644,9 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 /// (numbers by value, so 3 matches 3.0).
 pub fn subset(want: &Value, actual: &Value) -> bool {
     match (want, actual) {
-        (Value::Object(w), Value::Object(a)) => w
-            .iter()
-            .all(|(k, wv)| a.get(k).is_some_and(|av| subset(wv, av)) || (wv.is_null() && !a.contains_key(k))),
+        (Value::Object(w), Value::Object(a)) => w.iter().all(|(k, wv)| {
+            a.get(k).is_some_and(|av| subset(wv, av)) || (wv.is_null() && !a.contains_key(k))
+        }),
         (Value::Array(w), Value::Array(a)) => w.iter().all(|wv| a.iter().any(|av| subset(wv, av))),
         (Value::Number(w), Value::Number(a)) => w.as_f64() == a.as_f64(),
         (w, a) => w == a,
@@ -645,9 +671,18 @@ mod tests {
         let actual = json!({"phase": "RolledBack", "score": 0.7, "rev": 3.0, "conditions": [{"type": "Ready", "status": "False"}, {"type": "Progressing"}]});
         assert!(subset(&json!({"phase": "RolledBack"}), &actual));
         assert!(subset(&json!({"rev": 3}), &actual));
-        assert!(subset(&json!({"conditions": [{"type": "Ready", "status": "False"}]}), &actual));
-        assert!(subset(&json!({"missing": null}), &actual), "null means absent");
+        assert!(subset(
+            &json!({"conditions": [{"type": "Ready", "status": "False"}]}),
+            &actual
+        ));
+        assert!(
+            subset(&json!({"missing": null}), &actual),
+            "null means absent"
+        );
         assert!(!subset(&json!({"phase": "Healthy"}), &actual));
-        assert!(!subset(&json!({"conditions": [{"type": "Degraded"}]}), &actual));
+        assert!(!subset(
+            &json!({"conditions": [{"type": "Degraded"}]}),
+            &actual
+        ));
     }
 }

@@ -76,14 +76,22 @@ fn canonical(a: &Entry, b: &Entry) -> Ordering {
         .cmp(&b.time)
         .then(rank(a).cmp(&rank(b)))
         .then_with(|| {
-            (&a.kind, &a.namespace, &a.name, &a.action, &a.result, &a.detail).cmp(&(
-                &b.kind,
-                &b.namespace,
-                &b.name,
-                &b.action,
-                &b.result,
-                &b.detail,
-            ))
+            (
+                &a.kind,
+                &a.namespace,
+                &a.name,
+                &a.action,
+                &a.result,
+                &a.detail,
+            )
+                .cmp(&(
+                    &b.kind,
+                    &b.namespace,
+                    &b.name,
+                    &b.action,
+                    &b.result,
+                    &b.detail,
+                ))
         })
         .then_with(|| a.fields.to_string().cmp(&b.fields.to_string()))
 }
@@ -142,8 +150,11 @@ fn matches(e: &Expectation, x: &Entry) -> bool {
                     .is_some_and(|a| a.iter().any(|v| v == r))
             })
         })
-        && e.receiver.as_deref().is_none_or(|r| x.fields["receiver"] == r)
-        && e.to_revision.is_none_or(|r| x.fields["toRevision"].as_i64() == Some(r))
+        && e.receiver
+            .as_deref()
+            .is_none_or(|r| x.fields["receiver"] == r)
+        && e.to_revision
+            .is_none_or(|r| x.fields["toRevision"].as_i64() == Some(r))
         && e.reason.as_deref().is_none_or(|r| x.fields["reason"] == r)
 }
 
@@ -296,9 +307,7 @@ impl Report {
 
     /// One timeline line.
     pub fn line(&self, x: &Entry) -> String {
-        let what = if x.action == "world" || x.action == "notify" {
-            String::new()
-        } else if x.kind.is_empty() {
+        let what = if x.action == "world" || x.action == "notify" || x.kind.is_empty() {
             String::new()
         } else if x.namespace.is_empty() {
             format!("{} {} {}", x.api_version, x.kind, x.name)
@@ -307,7 +316,10 @@ impl Report {
         };
         let mut detail = match x.action.as_str() {
             "status" => status_summary(&x.fields),
-            "rollback" => match (x.fields["fromRevision"].as_i64(), x.fields["toRevision"].as_i64()) {
+            "rollback" => match (
+                x.fields["fromRevision"].as_i64(),
+                x.fields["toRevision"].as_i64(),
+            ) {
                 (Some(f), Some(t)) => format!("revision {f} -> {t}"),
                 (None, Some(t)) => format!("to revision {t}"),
                 _ => String::new(),
@@ -446,7 +458,10 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
         Ok(s) => s,
         Err(e) => return fail(e, Vec::new()),
     };
-    let ns = f.namespace.clone().unwrap_or_else(|| world.namespace.clone());
+    let ns = f
+        .namespace
+        .clone()
+        .unwrap_or_else(|| world.namespace.clone());
     let api: kube::Api<kube::api::DynamicObject> = if served.namespaced {
         kube::Api::namespaced_with(world.client.clone(), &ns, &served.resource)
     } else {
@@ -455,8 +470,17 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
     let got = api.get_opt(&f.name).await.ok().flatten();
     match (got, f.absent) {
         (None, true) => None,
-        (Some(_), true) => fail(format!("at the end: want no {} {}, but it exists", f.kind, f.name), Vec::new()),
-        (None, false) => fail(format!("at the end: want {} {}, but it does not exist", f.kind, f.name), Vec::new()),
+        (Some(_), true) => fail(
+            format!("at the end: want no {} {}, but it exists", f.kind, f.name),
+            Vec::new(),
+        ),
+        (None, false) => fail(
+            format!(
+                "at the end: want {} {}, but it does not exist",
+                f.kind, f.name
+            ),
+            Vec::new(),
+        ),
         (Some(o), false) => {
             let value = serde_json::to_value(&o).unwrap_or_default();
             match &f.fields {

@@ -33,7 +33,13 @@ struct JournalSink {
     active: Mutex<HashMap<AlertSource, BTreeMap<String, Alert>>>,
 }
 
-fn alert_entry(clock: &Clock, action: &str, s: &AlertSource, a: &Alert, receivers: &[String]) -> Entry {
+fn alert_entry(
+    clock: &Clock,
+    action: &str,
+    s: &AlertSource,
+    a: &Alert,
+    receivers: &[String],
+) -> Entry {
     let name = a.labels.get("alertname").cloned().unwrap_or_default();
     let severity = a.labels.get("severity").cloned().unwrap_or_default();
     let detail = if action == "alert" {
@@ -49,7 +55,12 @@ fn alert_entry(clock: &Clock, action: &str, s: &AlertSource, a: &Alert, receiver
 }
 
 impl AlertSink for JournalSink {
-    fn report(&self, source: &AlertSource, routes: Option<&Arc<CompiledRoutes>>, alerts: Vec<Alert>) {
+    fn report(
+        &self,
+        source: &AlertSource,
+        routes: Option<&Arc<CompiledRoutes>>,
+        alerts: Vec<Alert>,
+    ) {
         {
             let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
             let before = active.remove(source).unwrap_or_default();
@@ -57,7 +68,9 @@ impl AlertSink for JournalSink {
             for a in &alerts {
                 let fp = a.fingerprint();
                 if !before.contains_key(&fp) {
-                    let receivers = routes.map(|r| r.receivers_for(&a.labels)).unwrap_or_default();
+                    let receivers = routes
+                        .map(|r| r.receivers_for(&a.labels))
+                        .unwrap_or_default();
                     self.journal
                         .record(alert_entry(&self.clock, "alert", source, a, &receivers));
                 }
@@ -110,7 +123,11 @@ impl Outbox for JournalOutbox {
                     "groupKey": n.group_key,
                     "alerts": n.alerts.len(),
                 }))
-                .detail(format!("{} ({integration}) {}", n.receiver, notify::title(&n))),
+                .detail(format!(
+                    "{} ({integration}) {}",
+                    n.receiver,
+                    notify::title(&n)
+                )),
         );
     }
 }
@@ -188,7 +205,12 @@ async fn run_async(s: &Scenario) -> Report {
     let world = World::new(sandbox.clone(), &s.namespace, journal.clone());
     let mut crds: Vec<(String, Value)> = crate::crd::all()
         .into_iter()
-        .map(|c| ("runbook crds".to_string(), serde_json::to_value(c).unwrap_or_default()))
+        .map(|c| {
+            (
+                "runbook crds".to_string(),
+                serde_json::to_value(c).unwrap_or_default(),
+            )
+        })
         .collect();
     let mut others: Vec<(String, Value)> = Vec::new();
     for (file, docs) in &s.objects {
@@ -205,10 +227,18 @@ async fn run_async(s: &Scenario) -> Report {
             report.load_errors.push(load_error(&file, e));
         }
     }
-    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(world.client.clone());
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(world.client.clone());
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": s.namespace}});
-    if namespaces.get_opt(&s.namespace).await.ok().flatten().is_none()
-        && !others.iter().any(|(_, o)| o["kind"] == "Namespace" && o["metadata"]["name"] == s.namespace.as_str())
+    if namespaces
+        .get_opt(&s.namespace)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+        && !others
+            .iter()
+            .any(|(_, o)| o["kind"] == "Namespace" && o["metadata"]["name"] == s.namespace.as_str())
         && let Err(e) = world.create(ns).await
     {
         report.load_errors.push(load_error(&s.file, e));
@@ -228,9 +258,14 @@ async fn run_async(s: &Scenario) -> Report {
     // The policies, loaded the way the operator loads them.
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
-    let reloader = Reloader::new(engine.clone(), Some(world.client.clone()), metrics.clone(), "runbook")
-        .compile_inline()
-        .with_secret_namespace(&s.namespace);
+    let reloader = Reloader::new(
+        engine.clone(),
+        Some(world.client.clone()),
+        metrics.clone(),
+        "runbook",
+    )
+    .compile_inline()
+    .with_secret_namespace(&s.namespace);
     let mut bundle = match Bundle::from_dir(&s.policies) {
         Ok(b) => b,
         Err(e) => {
@@ -279,7 +314,12 @@ async fn run_async(s: &Scenario) -> Report {
         },
     ));
     op.ctx.set_journal(journal.clone());
-    let _world = world.spawn(s.rules.iter().map(|(r, after, _)| (r.clone(), *after)).collect());
+    let _world = world.spawn(
+        s.rules
+            .iter()
+            .map(|(r, after, _)| (r.clone(), *after))
+            .collect(),
+    );
     if let Err(e) = op.start().await {
         report.load_errors.push(load_error(&s.file, e.to_string()));
         return report;
@@ -338,16 +378,25 @@ async fn apply(
         }
         WorldEvent::Update(u) => {
             world
-                .update(u.api_version.as_deref(), &u.kind, u.namespace.as_deref(), &u.name, &u.patch, u.status)
+                .update(
+                    u.api_version.as_deref(),
+                    &u.kind,
+                    u.namespace.as_deref(),
+                    &u.name,
+                    &u.patch,
+                    u.status,
+                )
                 .await?;
-            world.note(
-                format!("updated {} {}: {}", u.kind, u.name, u.patch),
-                None,
-            );
+            world.note(format!("updated {} {}: {}", u.kind, u.name, u.patch), None);
         }
         WorldEvent::Delete(d) => {
             world
-                .delete(d.api_version.as_deref(), &d.kind, d.namespace.as_deref(), &d.name)
+                .delete(
+                    d.api_version.as_deref(),
+                    &d.kind,
+                    d.namespace.as_deref(),
+                    &d.name,
+                )
                 .await?;
             world.note(format!("deleted {} {}", d.kind, d.name), None);
         }
@@ -361,7 +410,10 @@ async fn apply(
             world.snapshot_ready(r, None).await?;
         }
         WorldEvent::Fail(f) => {
-            let verb = f.verb.as_deref().and_then(crate::sandbox::faults::Verb::parse);
+            let verb = f
+                .verb
+                .as_deref()
+                .and_then(crate::sandbox::faults::Verb::parse);
             world
                 .sandbox
                 .faults()
@@ -397,7 +449,9 @@ async fn apply(
                 .update(op, bundle.origin.clone(), Some(bundle.clone()))
                 .await;
             let detail = match outcome {
-                Reloaded::Swapped { version } => format!("policy {} edited: version {version} in force", e.file),
+                Reloaded::Swapped { version } => {
+                    format!("policy {} edited: version {version} in force", e.file)
+                }
                 Reloaded::Refused { errors } => format!(
                     "policy {} edit refused, the last good version keeps serving: {}",
                     e.file,

@@ -188,7 +188,8 @@ impl World {
                 if r.get("uid").is_some() {
                     continue;
                 }
-                let owner = self.served(r["apiVersion"].as_str(), r["kind"].as_str().unwrap_or(""))?;
+                let owner =
+                    self.served(r["apiVersion"].as_str(), r["kind"].as_str().unwrap_or(""))?;
                 let o = self
                     .api(&owner, &ns)
                     .get(r["name"].as_str().unwrap_or(""))
@@ -234,11 +235,19 @@ impl World {
         let ns = ns_or(ns, &self.namespace);
         let api = self.api(&s, ns);
         let r = if status && s.status {
-            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": patch})))
-                .await
+            api.patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": patch})),
+            )
+            .await
         } else if status {
-            api.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"status": patch})))
-                .await
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": patch})),
+            )
+            .await
         } else {
             api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
@@ -264,7 +273,12 @@ impl World {
     }
 
     /// Objects of a kind in a namespace whose names match a glob, by name.
-    async fn matching(&self, s: &Served, ns: &str, pattern: &str) -> Result<Vec<DynamicObject>, String> {
+    async fn matching(
+        &self,
+        s: &Served,
+        ns: &str,
+        pattern: &str,
+    ) -> Result<Vec<DynamicObject>, String> {
         let mut items = self
             .api(s, ns)
             .list(&Default::default())
@@ -292,16 +306,26 @@ impl World {
             done += 1;
         }
         if done == 0 && only.is_none() {
-            return Err(format!("complete: no unfinished Job matches {pattern:?} in {ns}"));
+            return Err(format!(
+                "complete: no unfinished Job matches {pattern:?} in {ns}"
+            ));
         }
         Ok(done)
     }
 
-    async fn finish_job(&self, job: &DynamicObject, ns: &str, spec: &CompleteSpec) -> Result<(), String> {
+    async fn finish_job(
+        &self,
+        job: &DynamicObject,
+        ns: &str,
+        spec: &CompleteSpec,
+    ) -> Result<(), String> {
         let name = job.metadata.name.clone().unwrap_or_default();
         let now = time::format(self.clock.now());
         let pods = self.served(Some("v1"), "Pod")?;
-        let pod_name = format!("{name}-{}", &crate::util::hash::short_hex(name.as_bytes(), 5));
+        let pod_name = format!(
+            "{name}-{}",
+            &crate::util::hash::short_hex(name.as_bytes(), 5)
+        );
         let template = &job.data["spec"]["template"];
         let mut labels = template["metadata"]["labels"].clone();
         if !labels.is_object() {
@@ -336,7 +360,14 @@ impl World {
             "spec": {"restartPolicy": "Never", "containers": containers},
             "status": {"phase": phase, "containerStatuses": statuses},
         });
-        if self.api(&pods, ns).get_opt(&pod_name).await.ok().flatten().is_none() {
+        if self
+            .api(&pods, ns)
+            .get_opt(&pod_name)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
             self.create(pod).await?;
         }
         let status = if spec.succeeded {
@@ -349,7 +380,11 @@ impl World {
         let jobs = self.served(Some("batch/v1"), "Job")?;
         self.update(Some("batch/v1"), "Job", Some(ns), &name, &status, true)
             .await?;
-        let how = if spec.succeeded { "succeeded" } else { "failed" };
+        let how = if spec.succeeded {
+            "succeeded"
+        } else {
+            "failed"
+        };
         let msg = spec
             .termination_message
             .as_deref()
@@ -359,7 +394,11 @@ impl World {
         Ok(())
     }
 
-    pub async fn pod_ready(&self, spec: &PodReadySpec, only: Option<&str>) -> Result<usize, String> {
+    pub async fn pod_ready(
+        &self,
+        spec: &PodReadySpec,
+        only: Option<&str>,
+    ) -> Result<usize, String> {
         let pods = self.served(Some("v1"), "Pod")?;
         let ns = ns_or(spec.namespace.as_deref(), &self.namespace).to_string();
         let pattern = only.or(spec.name.as_deref()).unwrap_or("*");
@@ -384,13 +423,19 @@ impl World {
         Ok(found.len())
     }
 
-    pub async fn snapshot_ready(&self, spec: &SnapshotReadySpec, only: Option<&str>) -> Result<usize, String> {
+    pub async fn snapshot_ready(
+        &self,
+        spec: &SnapshotReadySpec,
+        only: Option<&str>,
+    ) -> Result<usize, String> {
         let snaps = self.served(None, "VolumeSnapshot")?;
         let ns = ns_or(spec.namespace.as_deref(), &self.namespace).to_string();
         let pattern = only.or(spec.name.as_deref()).unwrap_or("*");
         let found = self.matching(&snaps, &ns, pattern).await?;
         if found.is_empty() && only.is_none() {
-            return Err(format!("snapshotReady: no VolumeSnapshot matches {pattern:?} in {ns}"));
+            return Err(format!(
+                "snapshotReady: no VolumeSnapshot matches {pattern:?} in {ns}"
+            ));
         }
         let now = time::format(self.clock.now());
         for s in &found {
@@ -400,13 +445,19 @@ impl World {
                                 "boundVolumeSnapshotContentName": format!("snapcontent-{}", crate::util::hash::short_hex(name.as_bytes(), 8))});
             self.update(None, "VolumeSnapshot", Some(&ns), &name, &status, true)
                 .await?;
-            self.note("VolumeSnapshot readyToUse".into(), Some((&snaps.resource, &ns, &name)));
+            self.note(
+                "VolumeSnapshot readyToUse".into(),
+                Some((&snaps.resource, &ns, &name)),
+            );
         }
         Ok(found.len())
     }
 
     /// Run the standing rules and the Deployment controller until dropped.
-    pub fn spawn(self: &Arc<Self>, rules: Vec<(RuleSpec, i64)>) -> Vec<tokio::task::JoinHandle<()>> {
+    pub fn spawn(
+        self: &Arc<Self>,
+        rules: Vec<(RuleSpec, i64)>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();
         if let Ok(deps) = self.served(Some("apps/v1"), "Deployment") {
             let w = self.clone();
@@ -436,7 +487,9 @@ impl World {
                     };
                     let name = o.metadata.name.clone().unwrap_or_default();
                     let uid = o.metadata.uid.clone().unwrap_or_default();
-                    if !glob(&rule.name, &name) || !w.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(uid) {
+                    if !glob(&rule.name, &name)
+                        || !w.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(uid)
+                    {
                         continue;
                     }
                     let w = w.clone();
@@ -445,13 +498,22 @@ impl World {
                     tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_millis(after as u64)).await;
                         let r = if let Some(c) = &rule.complete {
-                            let c = CompleteSpec { namespace: ns.clone(), ..c.clone() };
+                            let c = CompleteSpec {
+                                namespace: ns.clone(),
+                                ..c.clone()
+                            };
                             w.complete(&c, Some(&name)).await
                         } else if let Some(s) = &rule.snapshot_ready {
-                            let s = SnapshotReadySpec { namespace: ns.clone(), ..s.clone() };
+                            let s = SnapshotReadySpec {
+                                namespace: ns.clone(),
+                                ..s.clone()
+                            };
                             w.snapshot_ready(&s, Some(&name)).await
                         } else if let Some(p) = &rule.pod_ready {
-                            let p = PodReadySpec { namespace: ns.clone(), ..p.clone() };
+                            let p = PodReadySpec {
+                                namespace: ns.clone(),
+                                ..p.clone()
+                            };
                             w.pod_ready(&p, Some(&name)).await
                         } else {
                             Ok(0)
@@ -511,7 +573,9 @@ impl World {
                 api.patch(
                     &rs_name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"annotations": {REVISION: next.to_string()}}})),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {REVISION: next.to_string()}}}),
+                    ),
                 )
                 .await
                 .map_err(|e| api_error(&e))?;
@@ -551,7 +615,9 @@ impl World {
                 .patch(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"annotations": {REVISION: revision.to_string()}}})),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {REVISION: revision.to_string()}}}),
+                    ),
                 )
                 .await
                 .map_err(|e| api_error(&e))?;
