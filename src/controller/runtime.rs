@@ -993,14 +993,17 @@ impl Operator {
         self.ensure_controllers(&set).await;
         self.ctx.ready.store(true, Ordering::Release);
         let ctx = self.ctx.clone();
+        let mut stop = self.ctx.stop.clone();
         self.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(tokio::spawn(async move {
                 let mut every = tokio::time::interval(ALERT_SWEEP);
                 loop {
-                    every.tick().await;
-                    ctx.sweep_alerts();
+                    tokio::select! {
+                        _ = every.tick() => ctx.sweep_alerts(),
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
                 }
             }));
         for p in set.policies.values() {
@@ -1136,7 +1139,15 @@ impl Operator {
 /// Route cache changes to the targets they concern: owners by their
 /// ownerReferences, readers by what their last decision looked up.
 async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
-    while let Some(ch) = rx.recv().await {
+    let mut stop = ctx.stop.clone();
+    loop {
+        let ch = tokio::select! {
+            ch = rx.recv() => match ch {
+                Some(ch) => ch,
+                None => return,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
         let set = ctx.policies.load_full();
         let targets = set.target_kinds();
         let mut keys: Vec<TargetKey> = Vec::new();
