@@ -227,8 +227,30 @@ pub fn decide(
 
     let finished = !fresh && (phase == "Completed" || phase == "Failed");
     if finished {
+        // A failed run's alerts keep firing until a later run replaces it
+        // (alerts resolve when a reconcile no longer raises them); its
+        // other compensations ran once, when it failed.
+        if phase == "Failed" {
+            for comp in on_failure.iter().filter(|c| c.alert.is_some()) {
+                let only_alert = CompiledStep {
+                    name: comp.name.clone(),
+                    alert: comp.alert.clone(),
+                    apply: None,
+                    status: None,
+                    delete: None,
+                    event: None,
+                    ready_when: None,
+                    failed_when: None,
+                    timeout_ms: None,
+                    message: None,
+                };
+                if let (_, Some(a)) = r.emit(&only_alert, true)? {
+                    r.actions.push(a);
+                }
+            }
+        }
         return Ok(StepsOutcome {
-            actions: Vec::new(),
+            actions: r.actions,
             requeue_after_ms: None,
         });
     }

@@ -467,33 +467,65 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
     } else {
         kube::Api::all_with(world.client.clone(), &served.resource)
     };
-    let got = api.get_opt(&f.name).await.ok().flatten();
-    match (got, f.absent) {
-        (None, true) => None,
-        (Some(_), true) => fail(
-            format!("at the end: want no {} {}, but it exists", f.kind, f.name),
-            Vec::new(),
-        ),
-        (None, false) => fail(
+    // A name with wildcards stands for every object it matches.
+    let got: Vec<kube::api::DynamicObject> = if f.name.contains(['*', '?']) {
+        match api.list(&Default::default()).await {
+            Ok(l) => l
+                .items
+                .into_iter()
+                .filter(|o| super::model::glob(&f.name, o.metadata.name.as_deref().unwrap_or("")))
+                .collect(),
+            Err(e) => return fail(format!("at the end: list {}: {e}", f.kind), Vec::new()),
+        }
+    } else {
+        api.get_opt(&f.name)
+            .await
+            .ok()
+            .flatten()
+            .into_iter()
+            .collect()
+    };
+    if f.absent {
+        return match got.first() {
+            None => None,
+            Some(o) => fail(
+                format!(
+                    "at the end: want no {} {}, but {} exists",
+                    f.kind,
+                    f.name,
+                    o.metadata.name.as_deref().unwrap_or("")
+                ),
+                Vec::new(),
+            ),
+        };
+    }
+    if got.is_empty() {
+        return fail(
             format!(
                 "at the end: want {} {}, but it does not exist",
                 f.kind, f.name
             ),
             Vec::new(),
-        ),
-        (Some(o), false) => {
-            let value = serde_json::to_value(&o).unwrap_or_default();
-            match &f.fields {
-                Some(want) if !subset(want, &value) => fail(
-                    format!("at the end: {} {} does not hold {want}", f.kind, f.name),
-                    vec![format!(
-                        "saw  spec {} status {}",
-                        value.get("spec").unwrap_or(&Value::Null),
-                        value.get("status").unwrap_or(&Value::Null)
-                    )],
+        );
+    }
+    for o in got {
+        let value = serde_json::to_value(&o).unwrap_or_default();
+        if let Some(want) = &f.fields
+            && !subset(want, &value)
+        {
+            return fail(
+                format!(
+                    "at the end: {} {} does not hold {want}",
+                    f.kind,
+                    o.metadata.name.as_deref().unwrap_or("")
                 ),
-                _ => None,
-            }
+                vec![format!(
+                    "saw  spec {} status {}",
+                    value.get("spec").unwrap_or(&Value::Null),
+                    value.get("status").unwrap_or(&Value::Null)
+                )],
+            );
         }
     }
+    None
 }

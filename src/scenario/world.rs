@@ -420,7 +420,55 @@ impl World {
                 Some((&pods.resource, &ns, &name)),
             );
         }
+        self.count_ready_replicas(&ns).await?;
         Ok(found.len())
+    }
+
+    /// What the StatefulSet controller reports: how many of the pods its
+    /// selector matches are Ready.
+    async fn count_ready_replicas(&self, ns: &str) -> Result<(), String> {
+        let (Ok(sets), Ok(pods)) = (
+            self.served(Some("apps/v1"), "StatefulSet"),
+            self.served(Some("v1"), "Pod"),
+        ) else {
+            return Ok(());
+        };
+        let pods = self.matching(&pods, ns, "*").await?;
+        for set in self.matching(&sets, ns, "*").await? {
+            let Some(want) = set.data["spec"]["selector"]["matchLabels"].as_object() else {
+                continue;
+            };
+            let selected = pods.iter().filter(|p| {
+                let labels = p.metadata.labels.clone().unwrap_or_default();
+                want.iter()
+                    .all(|(k, v)| v.as_str() == labels.get(k).map(String::as_str))
+            });
+            let ready = selected
+                .filter(|p| {
+                    crate::script::helpers::is_ready(&serde_json::to_value(p).unwrap_or_default())
+                })
+                .count() as i64;
+            if set.data["status"]["readyReplicas"].as_i64().unwrap_or(0) == ready {
+                continue;
+            }
+            let name = set.metadata.name.clone().unwrap_or_default();
+            let status = json!({"readyReplicas": ready, "availableReplicas": ready,
+                                "observedGeneration": set.metadata.generation});
+            self.update(
+                Some("apps/v1"),
+                "StatefulSet",
+                Some(ns),
+                &name,
+                &status,
+                true,
+            )
+            .await?;
+            self.reacted(
+                format!("{ready} replicas ready"),
+                Some((&sets.resource, ns, &name)),
+            );
+        }
+        Ok(())
     }
 
     pub async fn snapshot_ready(
@@ -625,6 +673,26 @@ impl World {
                 format!("rolled out revision {revision}"),
                 Some((&deps.resource, &ns, &name)),
             );
+        }
+        // Every rollout completes at once with all replicas available,
+        // unless the scenario sets the Deployment's status itself after
+        // this generation was observed.
+        let generation = d.metadata.generation.unwrap_or(0);
+        if d.data["status"]["observedGeneration"].as_i64() != Some(generation) {
+            let replicas = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+            let status = json!({"observedGeneration": generation, "replicas": replicas,
+                                "updatedReplicas": replicas, "readyReplicas": replicas,
+                                "availableReplicas": replicas,
+                                "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}]});
+            self.update(
+                Some("apps/v1"),
+                "Deployment",
+                Some(&ns),
+                &name,
+                &status,
+                true,
+            )
+            .await?;
         }
         Ok(())
     }
