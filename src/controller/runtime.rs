@@ -594,12 +594,8 @@ async fn reconcile_target(
                 continue;
             }
             let outcome = run_policy(ctx, p, &set, &target, &resolved, key, true).await;
-            let work_left = outcome.record.actions.iter().any(|a| {
-                !matches!(
-                    a.action.as_str(),
-                    "status" | "condition" | "event" | "alert"
-                )
-            });
+            // Finalize is done when it asks for no more writes.
+            let work_left = !outcome.results.is_empty();
             if let Some(e) = outcome.error {
                 error = Some((e, outcome.error_label.unwrap_or("finalize")));
             } else if !work_left && writes_allowed {

@@ -865,13 +865,27 @@ pub async fn execute(
     out.record.alert_routes = route_names.into_iter().collect();
     out.record.error = out.error.clone();
     out.record.recent_actions = recent;
+    // The record is that of the last decision that did something. One
+    // that repeats it, or that changes nothing at all (typically the
+    // reconcile our own status write triggers), keeps the last record as
+    // it was, time and inputs hash included, so it writes nothing.
     let mut compare = out.record.clone();
     compare.time = previous.time.clone();
-    out.record.time = if compare == previous && previous.time.is_some() {
-        previous.time.clone()
+    compare.inputs_hash = previous.inputs_hash.clone();
+    let idle = out.writes == 0
+        && events.is_empty()
+        && problem.is_none()
+        && out.record.error.is_none()
+        && previous.error.is_none()
+        && out.record.policy_version == previous.policy_version
+        && out.record.mode == previous.mode
+        && status::merge_diff(&without_decision(&current), &without_decision(&new_status))
+            .is_none();
+    if previous.time.is_some() && (compare == previous || idle) {
+        out.record = previous.clone();
     } else {
-        Some(now.clone())
-    };
+        out.record.time = Some(now.clone());
+    }
     new_status["decision"] = serde_json::to_value(&out.record).unwrap_or(Value::Null);
 
     if mode == Mode::Shadow {
@@ -941,4 +955,13 @@ pub async fn execute(
         }
     }
     out
+}
+
+/// A status without its decision record.
+fn without_decision(status: &Value) -> Value {
+    let mut s = status.clone();
+    if let Some(m) = s.as_object_mut() {
+        m.remove("decision");
+    }
+    s
 }

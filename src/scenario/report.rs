@@ -72,27 +72,26 @@ fn rank(e: &Entry) -> u8 {
 }
 
 fn canonical(a: &Entry, b: &Entry) -> Ordering {
-    a.time
+    let order = a
+        .time
         .cmp(&b.time)
         .then(rank(a).cmp(&rank(b)))
         .then_with(|| {
-            (
-                &a.kind,
-                &a.namespace,
-                &a.name,
-                &a.action,
-                &a.result,
-                &a.detail,
-            )
-                .cmp(&(
-                    &b.kind,
-                    &b.namespace,
-                    &b.name,
-                    &b.action,
-                    &b.result,
-                    &b.detail,
-                ))
-        })
+            (&a.api_version, &a.kind, &a.namespace, &a.name).cmp(&(
+                &b.api_version,
+                &b.kind,
+                &b.namespace,
+                &b.name,
+            ))
+        });
+    // What happens to one object stays in the order it happened (one
+    // object is reconciled by one task at a time); entries about no
+    // object, such as notifications, are ordered by content.
+    if order != Ordering::Equal || !a.kind.is_empty() {
+        return order;
+    }
+    (&a.action, &a.result, &a.detail)
+        .cmp(&(&b.action, &b.result, &b.detail))
         .then_with(|| a.fields.to_string().cmp(&b.fields.to_string()))
 }
 
