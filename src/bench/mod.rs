@@ -6,6 +6,7 @@ pub mod native;
 pub mod operator;
 pub mod reload;
 pub mod sandbox;
+pub mod scenario;
 
 use std::time::{Duration, Instant};
 

@@ -57,6 +57,7 @@ pub struct ScenarioSpec {
 
 /// A standing rule: every new object of this kind (and name glob) has
 /// `complete`, `snapshotReady` or `podReady` done to it `after` its creation.
+/// The first rule (in file order) that matches an object claims it.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RuleSpec {
@@ -65,6 +66,9 @@ pub struct RuleSpec {
     pub api_version: Option<String>,
     #[serde(default = "star")]
     pub name: String,
+    /// Only objects holding these fields (a subset match).
+    #[serde(default)]
+    pub fields: Option<Value>,
     #[serde(default)]
     pub after: Option<String>,
     #[serde(default)]
@@ -320,6 +324,8 @@ impl std::fmt::Display for ScenarioError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.pos {
             Some(p) => write!(f, "{}:{}: {}", self.file, p, self.message),
+            // The message names its own file (a policy error, say).
+            None if self.file.is_empty() => f.write_str(&self.message),
             None => write!(f, "{}: {}", self.file, self.message),
         }
     }

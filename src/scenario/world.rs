@@ -521,10 +521,21 @@ impl World {
                 }
             }));
         }
+        // One watch per kind; the first matching rule claims an object.
+        let mut by_kind: Vec<(Served, Vec<(RuleSpec, i64)>)> = Vec::new();
         for (rule, after) in rules {
             let Ok(s) = self.served(rule.api_version.as_deref(), &rule.kind) else {
                 continue;
             };
+            match by_kind.iter_mut().find(|(k, _)| {
+                k.resource.api_version == s.resource.api_version
+                    && k.resource.kind == s.resource.kind
+            }) {
+                Some((_, rs)) => rs.push((rule, after)),
+                None => by_kind.push((s, vec![(rule, after)])),
+            }
+        }
+        for (s, rules) in by_kind {
             let w = self.clone();
             let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &s.resource);
             tasks.push(tokio::spawn(async move {
@@ -535,13 +546,19 @@ impl World {
                     };
                     let name = o.metadata.name.clone().unwrap_or_default();
                     let uid = o.metadata.uid.clone().unwrap_or_default();
-                    if !glob(&rule.name, &name)
-                        || !w.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(uid)
-                    {
+                    let value = serde_json::to_value(&o).unwrap_or_default();
+                    let Some((rule, after)) = rules.iter().find(|(r, _)| {
+                        glob(&r.name, &name)
+                            && r.fields
+                                .as_ref()
+                                .is_none_or(|f| super::model::subset(f, &value))
+                    }) else {
+                        continue;
+                    };
+                    if !w.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(uid) {
                         continue;
                     }
-                    let w = w.clone();
-                    let rule = rule.clone();
+                    let (w, rule, after) = (w.clone(), rule.clone(), *after);
                     let ns = o.metadata.namespace.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_millis(after as u64)).await;

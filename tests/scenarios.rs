@@ -1,0 +1,322 @@
+//! `runbook simulate` and `runbook test`: the shipped scenarios pass, runs
+//! are byte-identical, and bad scenarios fail with positions before they
+//! run while the other scenarios still run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn runbook(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh directory holding `files`.
+fn dir_with(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("runbook-scenario-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (f, body) in files {
+        let p = dir.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn the_shipped_scenarios_pass() {
+    let out = runbook(&["test", "policies/", "examples/"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains(" 0 failed"), "{t}");
+    for name in [
+        "evaluator rolls back a release whose score drops",
+        "backup dumps, then snapshots, then publishes, in that order",
+        "a model is served, upgraded, and a failing weights download is reported",
+        "a week of hourly evaluations with one bad release",
+    ] {
+        assert!(t.contains(&format!("ok    {name}")), "{name} missing:\n{t}");
+    }
+}
+
+#[test]
+fn the_same_scenario_gives_byte_identical_output() {
+    for args in [
+        [
+            "simulate",
+            "policies/scenarios/evaluator-rollback.yaml",
+            "-o",
+            "json",
+        ],
+        [
+            "simulate",
+            "policies/scenarios/backup-ordering.yaml",
+            "-o",
+            "text",
+        ],
+    ] {
+        let a = runbook(&args);
+        let b = runbook(&args);
+        assert!(a.status.success(), "{}", text(&a));
+        assert!(!a.stdout.is_empty());
+        assert_eq!(a.stdout, b.stdout, "two runs of {args:?} differ");
+    }
+}
+
+#[test]
+fn the_timeline_names_each_action_and_its_object() {
+    let out = runbook(&["simulate", "policies/scenarios/evaluator-rollback.yaml"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let line = |start: &str, rest: &str| {
+        t.lines()
+            .any(|l| l.trim_start().starts_with(start) && l.contains(rest))
+    };
+    assert!(
+        line("+1m00s  apply", "batch/v1 Job default/chatbot-eval-"),
+        "{t}"
+    );
+    assert!(
+        line(
+            "+1h05m  rollback",
+            "apps/v1 Deployment default/chatbot  revision 4 -> 3"
+        ),
+        "{t}"
+    );
+    let json = runbook(&[
+        "simulate",
+        "policies/scenarios/evaluator-rollback.yaml",
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["passed"], true);
+    let rollbacks: Vec<&serde_json::Value> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "rollback")
+        .collect();
+    assert_eq!(rollbacks.len(), 1, "exactly one rollback: {rollbacks:?}");
+    assert_eq!(rollbacks[0]["offset"], "+1h05m");
+    assert_eq!(rollbacks[0]["fields"]["toRevision"], 3);
+}
+
+const SCENARIO_HEAD: &str = "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata:
+  name: NAME
+spec:
+  policies: POLICIES
+  objects: [OBJECTS]
+  start: \"2026-11-29T10:00:00Z\"
+  until: 2h
+";
+
+fn scenario(name: &str, objects: &str, rest: &str) -> String {
+    SCENARIO_HEAD
+        .replace("NAME", name)
+        .replace("POLICIES", &repo().join("policies").display().to_string())
+        .replace("OBJECTS", objects)
+        + rest
+}
+
+fn chatbot_objects(dir: &Path) {
+    for f in ["chatbot-deployment.yaml", "chatbot-evaluator.yaml"] {
+        std::fs::copy(repo().join("policies/scenarios").join(f), dir.join(f)).unwrap();
+    }
+}
+
+#[test]
+fn a_missing_file_an_unknown_event_or_kind_fails_before_running() {
+    let dir = dir_with(
+        "bad",
+        &[
+            (
+                "missing.yaml",
+                &scenario("missing", "nowhere.yaml", "  timeline: []\n"),
+            ),
+            (
+                "event.yaml",
+                &scenario(
+                    "event",
+                    "chatbot-deployment.yaml",
+                    "  timeline:\n    - at: 1m\n      world:\n        - explode: {kind: Deployment, name: chatbot}\n",
+                ),
+            ),
+            (
+                "kind.yaml",
+                &scenario(
+                    "kind",
+                    "chatbot-deployment.yaml",
+                    "  timeline:\n    - at: 1m\n      expect:\n        - {action: apply, kind: Jbo, name: x}\n",
+                ),
+            ),
+        ],
+    );
+    chatbot_objects(&dir);
+    for (file, line, words) in [
+        ("missing.yaml", 7, "nowhere.yaml"),
+        ("event.yaml", 13, "explode"),
+        ("kind.yaml", 13, "Jbo"),
+    ] {
+        let path = dir.join(file);
+        let out = runbook(&["simulate", path.to_str().unwrap()]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{t}");
+        let want = format!("{}:{line}:", path.display());
+        assert!(t.contains(&want), "want {want} in:\n{t}");
+        assert!(t.contains(words), "want {words} in:\n{t}");
+        assert!(
+            !t.contains(" apply ") && !t.contains(" world "),
+            "a bad scenario must not run:\n{t}"
+        );
+    }
+}
+
+#[test]
+fn a_policy_that_throws_fails_its_scenario_and_the_others_run() {
+    let policies = dir_with(
+        "throws-policies",
+        &[
+            (
+                "noisy.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata:
+  name: noisy
+spec:
+  target: {apiVersion: v1, kind: ConfigMap}
+  selector: {watched: \"yes\"}
+  owns: [{apiVersion: v1, kind: Secret}]
+  script: noisy.rhai
+",
+            ),
+            (
+                "noisy.rhai",
+                "fn reconcile(ctx) {
+    let size = parse_int(ctx.resource.data.size);
+    if size > 3 {
+        throw `size ${size} is too big`;
+    }
+    [status(#{ size: size })]
+}
+",
+            ),
+        ],
+    );
+    let cm = |size: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: box, labels: {{watched: \"yes\"}}}}\ndata: {{size: \"{size}\"}}\n"
+        )
+    };
+    let head = |name: &str| {
+        SCENARIO_HEAD
+            .replace("NAME", name)
+            .replace("POLICIES", &policies.display().to_string())
+            .replace("OBJECTS", "")
+    };
+    let dir = dir_with(
+        "throws",
+        &[
+            ("small.yaml", &cm("2")),
+            ("big.yaml", &cm("9")),
+            (
+                "a-throws.yaml",
+                &(head("throws")
+                    + "  timeline:\n    - at: 1m\n      world:\n        - create: {file: big.yaml}\n"),
+            ),
+            (
+                "b-fine.yaml",
+                &(head("fine")
+                    + "  timeline:\n    - at: 1m\n      world:\n        - create: {file: small.yaml}\n      expect:\n        - {none: apply}\n"),
+            ),
+        ],
+    );
+    let out = runbook(&["test", dir.to_str().unwrap()]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("FAIL  throws"), "{t}");
+    assert!(
+        t.contains("ok    fine"),
+        "the other scenario still runs:\n{t}"
+    );
+    // The script position of the throw.
+    assert!(
+        t.contains("noisy.rhai:4:"),
+        "want the script position in:\n{t}"
+    );
+    assert!(t.contains("size 9 is too big"), "{t}");
+    assert!(t.contains("2 scenarios: 1 passed, 1 failed"), "{t}");
+}
+
+#[test]
+fn a_failed_expectation_shows_what_was_wanted_and_what_happened() {
+    let dir = dir_with("diff", &[]);
+    std::fs::create_dir_all(&dir).unwrap();
+    chatbot_objects(&dir);
+    let s = scenario(
+        "wrong revision",
+        "chatbot-deployment.yaml",
+        "  timeline:
+    - at: 1m
+      world:
+        - create: {file: chatbot-evaluator.yaml}
+      expect:
+        - {action: apply, kind: Job, name: \"chatbot-eval-*\", fields: {metadata: {annotations: {runbook.dev/revision: \"9\"}}}}
+",
+    );
+    std::fs::write(dir.join("s.yaml"), s).unwrap();
+    let out = runbook(&["test", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("s.yaml:15:"), "the expectation's position:\n{t}");
+    assert!(t.contains("\"9\""), "what was wanted:\n{t}");
+    assert!(
+        t.contains("saw") && t.contains("apply    batch/v1 Job default/chatbot-eval-"),
+        "what happened instead:\n{t}"
+    );
+}
+
+#[test]
+fn api_faults_are_retried_and_nothing_is_done_twice() {
+    let dir = dir_with("faults", &[]);
+    std::fs::create_dir_all(&dir).unwrap();
+    chatbot_objects(&dir);
+    let s = scenario(
+        "faults",
+        "chatbot-deployment.yaml",
+        "  timeline:
+    - at: 1m
+      world:
+        - fail: {verb: patch, resource: jobs, code: 503, count: 3}
+        - create: {file: chatbot-evaluator.yaml}
+      expect:
+        - {action: apply, kind: Job, name: \"chatbot-eval-*\", result: failed}
+        - {action: apply, kind: Job, name: \"chatbot-eval-*\", result: ok, count: 1}
+        - {action: status, kind: Evaluator, fields: {phase: Running}}
+    - at: 30m
+      expect:
+        - {none: apply}
+",
+    )
+    .replace("until: 2h", "until: 50m");
+    std::fs::write(dir.join("s.yaml"), s).unwrap();
+    let out = runbook(&["test", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+}
