@@ -21,6 +21,7 @@ pub mod labels;
 pub mod names;
 pub mod observe;
 pub mod policy;
+pub mod rbac;
 pub mod sandbox;
 pub mod scenario;
 pub mod schedule;

@@ -16,10 +16,20 @@ pub struct CheckArgs {
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+/// Load every bundle below the paths (or single files); the compiled set,
+/// its errors, the number of scripts, and the bundles read.
+pub fn load_paths(
+    paths: &[PathBuf],
+) -> anyhow::Result<(
+    policy::PolicySet,
+    Vec<policy::LoadError>,
+    usize,
+    Vec<Bundle>,
+)> {
     let engine = ScriptEngine::new(ScriptLimits::default());
     let mut loaded = Vec::new();
-    for path in &args.paths {
+    let mut bundles = Vec::new();
+    for path in paths {
         if !path.exists() {
             anyhow::bail!("{}: no such file or directory", path.display());
         }
@@ -28,6 +38,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 Bundle::discover(path).with_context(|| format!("reading {}", path.display()))?
             {
                 loaded.push(policy::load_bundle(&engine, &bundle, None));
+                bundles.push(bundle);
             }
         } else {
             let dir = path
@@ -45,12 +56,18 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("{}: no such policy or script file", path.display());
             }
             loaded.push(policy::load_bundle(&engine, &bundle, Some(&file)));
+            bundles.push(bundle);
         }
     }
     let scripts: usize = loaded.iter().map(|l| l.scripts.len()).sum();
     let (set, mut errors) = policy::PolicySet::build(loaded);
     errors.sort();
     errors.dedup();
+    Ok((set, errors, scripts, bundles))
+}
+
+pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let (set, errors, scripts, _) = load_paths(&args.paths)?;
     for p in set.policies.values() {
         let how = match &p.body {
             Body::Script {

@@ -4,6 +4,7 @@
 mod alerts;
 mod check;
 mod explain;
+mod rbac;
 mod run;
 mod sandbox;
 mod scenario;
@@ -38,6 +39,8 @@ pub enum Command {
     Simulate(scenario::SimulateArgs),
     /// Run every scenario found; one line each, a diff per failed expectation.
     Test(scenario::TestArgs),
+    /// Print the RBAC (roles and bindings) exactly the given policies need.
+    Rbac(rbac::RbacArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -102,6 +105,7 @@ pub fn main() -> ExitCode {
         Command::Alerts(args) => alerts::run(args),
         Command::Simulate(args) => scenario::simulate(args),
         Command::Test(args) => scenario::test(args),
+        Command::Rbac(args) => rbac::run(args),
         Command::Explain(args) => runtime().and_then(|rt| rt.block_on(explain::run(args))),
         Command::Crds(args) => crds(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),

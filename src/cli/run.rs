@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use crate::alert::deliver::{Delivery, DeliveryConfig};
 use crate::alert::dispatch::Dispatcher;
 use crate::clock::Clock;
+use crate::controller::access;
 use crate::controller::leader::LeaseConfig;
 use crate::controller::metrics::{self, Metrics};
 use crate::controller::reload::{self, Reloader, SourceConfig};
@@ -80,6 +81,14 @@ pub struct RunArgs {
     /// Attempts per alert notification (with exponential backoff between them).
     #[arg(long, env = "RUNBOOK_ALERT_MAX_ATTEMPTS", default_value_t = 5)]
     pub alert_max_attempts: u32,
+    /// Accept policies that declare dangerous kinds (Secrets, RBAC objects,
+    /// admission webhooks, wildcards, ...); by default their bundles are refused.
+    #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
+    pub allow_dangerous_kinds: bool,
+    /// Skip the start-up check (SelfSubjectAccessReviews) that the operator
+    /// holds every permission its policies need.
+    #[arg(long, env = "RUNBOOK_SKIP_ACCESS_CHECK")]
+    pub skip_access_check: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +171,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             metrics.clone(),
             &identity(&args),
         )
-        .with_secret_namespace(&args.operator_namespace),
+        .with_secret_namespace(&args.operator_namespace)
+        .with_dangerous_kinds(args.allow_dangerous_kinds),
     );
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
@@ -176,6 +186,38 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             sources.configmap_namespaces,
             sources.dirs
         );
+    }
+
+    if !args.skip_access_check {
+        let watched = if args.all_namespaces {
+            None
+        } else {
+            args.namespace.clone()
+        };
+        let opts = crate::rbac::Options {
+            namespace: args.operator_namespace.clone(),
+            watch_namespaces: watched.iter().cloned().collect(),
+            policy_namespaces: sources.configmap_namespaces.clone(),
+            ..Default::default()
+        };
+        let served = access::served_kinds(&client, &set).await;
+        let needs = crate::rbac::needs(&set, &opts, &served);
+        match access::check(&client, &needs, watched.as_deref()).await {
+            Ok(missing) if missing.is_empty() => {
+                tracing::info!("the service account holds every permission the policies need")
+            }
+            Ok(missing) => {
+                for m in &missing {
+                    tracing::error!("missing permission: {m}");
+                }
+                anyhow::bail!(
+                    "missing {} permission(s) the policies need, first: {}; grant them with the output of `runbook rbac` (or start with --skip-access-check)",
+                    missing.len(),
+                    missing[0]
+                );
+            }
+            Err(e) => tracing::warn!("could not check permissions (SelfSubjectAccessReview): {e}"),
+        }
     }
 
     let config = OperatorConfig {
@@ -221,7 +263,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let shadow: metrics::ShadowLog = Arc::new(move || {
         serde_json::to_string_pretty(&shadow_ctx.shadow_records()).unwrap_or_default()
     });
-    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, op.ctx.ready.clone(), shadow)
+    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, op.ctx.synced.clone(), shadow)
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");

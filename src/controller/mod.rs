@@ -1,3 +1,4 @@
+pub mod access;
 pub mod cache;
 pub mod leader;
 pub mod metrics;

@@ -64,6 +64,7 @@ pub struct Reloader {
     bundles: Mutex<BTreeMap<Origin, BundleState>>,
     /// Where alert receivers' Secrets are read when the routes came from a directory.
     secret_namespace: String,
+    dangerous_kinds: bool,
     /// Compile on the calling task rather than a blocking thread (a
     /// simulation, whose clock must not run on while compiling).
     inline: bool,
@@ -103,6 +104,7 @@ impl Reloader {
             recorder,
             bundles: Mutex::new(BTreeMap::new()),
             secret_namespace: "runbook-system".into(),
+            dangerous_kinds: false,
             inline: false,
             gate: tokio::sync::Mutex::new(()),
         }
@@ -115,6 +117,13 @@ impl Reloader {
     }
 
     /// Read receivers' Secrets without a namespace from `ns` (the operator's).
+    /// Accept policies that declare dangerous kinds (Secrets, RBAC
+    /// objects, wildcards, ...) instead of refusing their bundles.
+    pub fn with_dangerous_kinds(mut self, allowed: bool) -> Self {
+        self.dangerous_kinds = allowed;
+        self
+    }
+
     pub fn with_secret_namespace(mut self, ns: &str) -> Self {
         self.secret_namespace = ns.to_string();
         self
@@ -217,6 +226,17 @@ impl Reloader {
         };
         if !loaded.errors.is_empty() {
             return Err(loaded.errors.iter().map(|e| e.to_string()).collect());
+        }
+        if !self.dangerous_kinds {
+            let dangers = crate::rbac::dangers_of(loaded.policies.iter());
+            if !dangers.is_empty() {
+                return Err(dangers
+                    .into_iter()
+                    .map(|d| {
+                        format!("refused: {d} (start with --allow-dangerous-kinds to accept it)")
+                    })
+                    .collect());
+            }
         }
         let secret_errors = self.check_secrets(&loaded).await;
         if !secret_errors.is_empty() {

@@ -149,7 +149,12 @@ pub struct Context {
     pub alerts: Arc<dyn AlertSink>,
     pub recorder: Recorder,
     pub config: OperatorConfig,
+    /// Controllers are running (on the leader).
     pub ready: Arc<AtomicBool>,
+    /// Policies loaded and watch caches filled: what `/readyz` reports, on
+    /// the leader and on standbys alike, so rolling updates of a
+    /// leader-elected Deployment are not held up by the standby.
+    pub synced: Arc<AtomicBool>,
     pub leading: Arc<AtomicBool>,
     pub applied: executor::Applied,
     informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
@@ -733,6 +738,7 @@ impl Operator {
             alerts,
             config,
             ready: Arc::new(AtomicBool::new(false)),
+            synced: Arc::new(AtomicBool::new(false)),
             leading: Arc::new(AtomicBool::new(false)),
             applied: executor::Applied::default(),
             informers: Mutex::new(HashMap::new()),
@@ -955,6 +961,7 @@ impl Operator {
                 .push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
         }
         self.wait_informers().await;
+        self.ctx.synced.store(true, Ordering::Release);
         let leading_tx = self
             .leading_tx
             .lock()
@@ -1107,6 +1114,7 @@ impl Operator {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.ctx.ready.store(false, Ordering::Release);
+        self.ctx.synced.store(false, Ordering::Release);
         self.ctx.metrics.leader.set(0);
     }
 

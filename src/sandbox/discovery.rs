@@ -36,6 +36,8 @@ const GROUP_ORDER: &[&str] = &[
     "events.k8s.io",
     "authorization.k8s.io",
     "batch",
+    "policy",
+    "rbac.authorization.k8s.io",
     "coordination.k8s.io",
     "apiextensions.k8s.io",
 ];

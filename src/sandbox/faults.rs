@@ -61,10 +61,23 @@ struct Rule {
     code: u16,
 }
 
+/// A permission the sandbox's user lacks, as RBAC would word it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denied {
+    pub verb: Verb,
+    /// API group; empty for the core group.
+    pub group: String,
+    /// A plural, or `plural/subresource`.
+    pub resource: String,
+    /// Only in this namespace (None: everywhere).
+    pub namespace: Option<String>,
+}
+
 /// The fault plan, shared by every request.
 #[derive(Debug, Default)]
 pub struct Faults {
     rules: Mutex<Vec<Rule>>,
+    denied: Mutex<Vec<Denied>>,
     latency: Mutex<Duration>,
     failed: Mutex<u64>,
 }
@@ -81,6 +94,31 @@ impl Faults {
         });
     }
 
+    /// Take a permission away: requests that need it are Forbidden (403)
+    /// and SelfSubjectAccessReviews for it say not allowed, as they would
+    /// for a user whose RBAC lacks it.
+    pub fn deny(&self, d: Denied) {
+        self.denied.lock().expect("faults lock").push(d);
+    }
+
+    /// Whether a request with these attributes is denied.
+    pub fn is_denied(
+        &self,
+        verb: Verb,
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> bool {
+        self.denied.lock().expect("faults lock").iter().any(|d| {
+            d.verb == verb
+                && d.group == group
+                && d.resource == resource
+                && d.namespace
+                    .as_deref()
+                    .is_none_or(|ns| namespace == Some(ns))
+        })
+    }
+
     /// Delay every request by this much.
     pub fn set_latency(&self, d: Duration) {
         *self.latency.lock().expect("faults lock") = d;
@@ -93,6 +131,7 @@ impl Faults {
     /// Clear every rule and the latency.
     pub fn clear(&self) {
         self.rules.lock().expect("faults lock").clear();
+        self.denied.lock().expect("faults lock").clear();
         self.set_latency(Duration::ZERO);
     }
 

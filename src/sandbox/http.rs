@@ -335,6 +335,29 @@ impl Api {
         body: Bytes,
     ) -> Result<Resp, ApiError> {
         let verb = Self::verb(method, &t, q)?;
+        let resource = match &t.sub {
+            Some(sub) => format!("{}/{sub}", t.def.plural),
+            None => t.def.plural.clone(),
+        };
+        if self
+            .faults
+            .is_denied(verb, &t.def.group, &resource, t.namespace.as_deref())
+        {
+            let full = if t.def.group.is_empty() {
+                t.def.plural.clone()
+            } else {
+                format!("{}.{}", t.def.plural, t.def.group)
+            };
+            let whose = match &t.namespace {
+                Some(ns) => format!(" in the namespace \"{ns}\""),
+                None => " at the cluster scope".to_string(),
+            };
+            return Err(ApiError::forbidden(format!(
+                "{full} is forbidden: User \"sandbox\" cannot {} resource \"{resource}\" in API group \"{}\"{whose}",
+                verb.as_str(),
+                t.def.group
+            )));
+        }
         if let Some(code) = self.faults.take(verb, &t.def.plural) {
             let reason = match code {
                 429 => "TooManyRequests",
@@ -372,8 +395,24 @@ impl Api {
                 return Err(ApiError::method_not_allowed());
             }
             let mut review = parse_body(headers, &body)?;
-            review["status"] =
-                json!({"allowed": true, "reason": "the sandbox allows every request"});
+            let a = &review["spec"]["resourceAttributes"];
+            let resource = match a["subresource"].as_str().filter(|s| !s.is_empty()) {
+                Some(sub) => format!("{}/{sub}", a["resource"].as_str().unwrap_or("")),
+                None => a["resource"].as_str().unwrap_or("").to_string(),
+            };
+            let denied = Verb::parse(a["verb"].as_str().unwrap_or("")).is_some_and(|v| {
+                self.faults.is_denied(
+                    v,
+                    a["group"].as_str().unwrap_or(""),
+                    &resource,
+                    a["namespace"].as_str().filter(|s| !s.is_empty()),
+                )
+            });
+            review["status"] = if denied {
+                json!({"allowed": false, "reason": "the sandbox was told to deny it"})
+            } else {
+                json!({"allowed": true, "reason": "the sandbox allows every request"})
+            };
             return Ok(value_response(StatusCode::CREATED, &review));
         }
         match verb {

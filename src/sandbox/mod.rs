@@ -31,7 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-pub use self::faults::{Faults, Verb};
+pub use self::faults::{Denied, Faults, Verb};
 pub use self::http::SandboxBody;
 pub use self::store::{Store, StoreConfig};
 use crate::clock::Clock;

@@ -1,0 +1,93 @@
+//! `runbook rbac PATH...`: the ClusterRole, Roles and bindings that exactly
+//! the given policies need.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::rbac::{self, Options};
+
+#[derive(clap::Args, Debug)]
+pub struct RbacArgs {
+    /// Policy directories (searched recursively) or files. CRDs found
+    /// among them give the exact resource names of their kinds.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// The operator's namespace (its ServiceAccount, Lease and policy ConfigMaps).
+    #[arg(long, default_value = "runbook-system", env = "RUNBOOK_RBAC_NAMESPACE")]
+    pub namespace: String,
+    /// The operator's ServiceAccount.
+    #[arg(long, default_value = "runbook", env = "RUNBOOK_RBAC_SERVICE_ACCOUNT")]
+    pub service_account: String,
+    /// Name of the roles and bindings.
+    #[arg(long, default_value = "runbook", env = "RUNBOOK_RBAC_NAME")]
+    pub name: String,
+    /// Namespaces the operator reconciles (repeat; default: all, with a ClusterRole).
+    #[arg(
+        long = "watch-namespace",
+        env = "RUNBOOK_RBAC_WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
+    /// Namespaces whose labelled ConfigMaps are policy bundles (default: the operator's).
+    #[arg(
+        long = "policy-namespace",
+        env = "RUNBOOK_RBAC_POLICY_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub policy_namespaces: Vec<String>,
+    /// Grant what dangerous kinds need (Secrets, RBAC objects, wildcards, ...)
+    /// instead of refusing the policies that declare them.
+    #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
+    pub allow_dangerous_kinds: bool,
+}
+
+/// CRD documents in the bundles' YAML files.
+fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
+    bundles
+        .iter()
+        .flat_map(|b| b.files.iter())
+        .filter(|(name, _)| name.ends_with(".yaml") || name.ends_with(".yml"))
+        .filter_map(|(_, text)| crate::util::yaml::parse_documents(text).ok())
+        .flatten()
+        .chain(
+            crate::crd::all()
+                .into_iter()
+                .filter_map(|c| serde_json::to_value(c).ok()),
+        )
+        .collect()
+}
+
+pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
+    let (set, errors, _, bundles) = super::check::load_paths(&args.paths)?;
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("{e}");
+        }
+        eprintln!(
+            "{} errors: fix them (runbook check) before deriving RBAC",
+            errors.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let dangers = rbac::dangers(&set);
+    if !dangers.is_empty() && !args.allow_dangerous_kinds {
+        for d in &dangers {
+            eprintln!("refused: {d}");
+        }
+        eprintln!(
+            "these policies would make the operator cluster-admin in all but name; \
+             pass --allow-dangerous-kinds to grant it anyway"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let opts = Options {
+        name: args.name,
+        namespace: args.namespace,
+        service_account: args.service_account,
+        watch_namespaces: args.watch_namespaces,
+        policy_namespaces: args.policy_namespaces,
+    };
+    let crds = rbac::crd_plurals(&crd_docs(&bundles));
+    print!("{}", rbac::render(&rbac::needs(&set, &opts, &crds), &opts));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,142 @@
+//! The start-up permission check: ask the API server, with
+//! SelfSubjectAccessReviews, whether the operator holds every permission
+//! its policies need (see `crate::rbac`), and say which are missing.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use crate::kinds::KindRef;
+use crate::policy::PolicySet;
+use crate::rbac::{Need, Scope};
+
+/// A permission the operator lacks, and what needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missing {
+    /// `list jobs.batch in namespace default`.
+    pub permission: String,
+    pub why: Vec<String>,
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (needed by {})", self.permission, self.why.join("; "))
+    }
+}
+
+/// The real plural and scope of each kind the policies declare, from
+/// discovery, so the check asks about the resources the server serves.
+pub async fn served_kinds(
+    client: &kube::Client,
+    set: &PolicySet,
+) -> BTreeMap<(String, String), (String, bool)> {
+    let mut kinds: Vec<KindRef> = set
+        .policies
+        .values()
+        .flat_map(|p| p.kinds.kinds().into_iter().cloned().collect::<Vec<_>>())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    let mut out = BTreeMap::new();
+    for k in kinds {
+        let gvk = kube::api::GroupVersionKind::gvk(k.group(), k.version(), &k.kind);
+        if let Ok((ar, caps)) = kube::discovery::pinned_kind(client, &gvk).await {
+            out.insert(
+                (k.group().to_string(), k.kind.clone()),
+                (ar.plural, caps.scope == kube::discovery::Scope::Namespaced),
+            );
+        }
+    }
+    out
+}
+
+/// Ask about every verb of every need; return what is not allowed.
+/// `watched` is the namespace the operator reconciles (None: all).
+pub async fn check(
+    client: &kube::Client,
+    needs: &[Need],
+    watched: Option<&str>,
+) -> Result<Vec<Missing>, kube::Error> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let mut asks = Vec::new();
+    for n in needs {
+        let namespace = match &n.scope {
+            Scope::Watched => watched.map(str::to_string),
+            Scope::Cluster => None,
+            Scope::Namespace(ns) => Some(ns.clone()),
+        };
+        let (resource, sub) = match n.resource.split_once('/') {
+            Some((r, s)) => (r.to_string(), Some(s.to_string())),
+            None => (n.resource.clone(), None),
+        };
+        let names: Vec<Option<String>> = if n.names.is_empty() {
+            vec![None]
+        } else {
+            n.names.iter().cloned().map(Some).collect()
+        };
+        for verb in &n.verbs {
+            for name in &names {
+                asks.push((
+                    n,
+                    verb.clone(),
+                    ResourceAttributes {
+                        namespace: namespace.clone(),
+                        verb: Some(verb.clone()),
+                        group: Some(n.group.clone()),
+                        resource: Some(resource.clone()),
+                        subresource: sub.clone(),
+                        name: name.clone(),
+                        ..Default::default()
+                    },
+                ));
+            }
+        }
+    }
+    let results: Vec<Result<Option<Missing>, kube::Error>> = futures::stream::iter(asks)
+        .map(|(need, verb, attrs)| {
+            let api = api.clone();
+            async move {
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(attrs.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let answer = api.create(&PostParams::default(), &review).await?;
+                let allowed = answer.status.is_some_and(|s| s.allowed);
+                Ok((!allowed).then(|| {
+                    let mut permission = need.describe(&verb);
+                    if let Some(name) = &attrs.name {
+                        permission = format!(
+                            "{} named {name}",
+                            permission.split(" named ").next().unwrap_or(&permission)
+                        );
+                    }
+                    permission.push_str(&match &attrs.namespace {
+                        Some(ns) => format!(" in namespace {ns}"),
+                        None if need.scope == Scope::Cluster => String::new(),
+                        None => " in all namespaces".to_string(),
+                    });
+                    Missing {
+                        permission,
+                        why: need.why.iter().cloned().collect(),
+                    }
+                }))
+            }
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    let mut missing = Vec::new();
+    for r in results {
+        if let Some(m) = r? {
+            missing.push(m);
+        }
+    }
+    Ok(missing)
+}

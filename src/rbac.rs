@@ -1,0 +1,493 @@
+//! Least privilege from policies: every kind a policy touches is declared
+//! (target, owns, reads, mutates), so the exact RBAC the operator needs can
+//! be derived from them, and kinds that would make it cluster-admin in
+//! all but name are refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use kube::api::ObjectMeta;
+use serde_json::Value;
+
+use crate::alert::routes::{ReceiverKind, Target};
+use crate::kinds::{KindRef, Role as KindRole};
+use crate::policy::PolicySet;
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &["create", "delete", "patch", "update"];
+
+/// Where a permission is needed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// The namespaces the operator reconciles (every namespace when it
+    /// watches them all).
+    Watched,
+    /// Cluster-scoped resources.
+    Cluster,
+    /// One namespace: the operator's own (leases, policy ConfigMaps) or
+    /// where alert Secrets live.
+    Namespace(String),
+}
+
+/// One permission: verbs on a resource, and why it is needed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Need {
+    pub scope: Scope,
+    pub group: String,
+    /// A plural, or `plural/subresource`.
+    pub resource: String,
+    pub verbs: BTreeSet<String>,
+    /// Only these objects (empty: any).
+    pub names: BTreeSet<String>,
+    pub why: BTreeSet<String>,
+}
+
+impl Need {
+    /// `list jobs.batch` as `kubectl auth can-i` spells it.
+    pub fn describe(&self, verb: &str) -> String {
+        let res = if self.group.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        };
+        let names = if self.names.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " named {}",
+                self.names.iter().cloned().collect::<Vec<_>>().join(",")
+            )
+        };
+        format!("{verb} {res}{names}")
+    }
+}
+
+/// How the operator is deployed, which decides where roles go.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The name of the roles and bindings.
+    pub name: String,
+    /// The operator's namespace: its ServiceAccount, Lease and policy
+    /// ConfigMaps live there.
+    pub namespace: String,
+    pub service_account: String,
+    /// The namespaces it reconciles; empty for all.
+    pub watch_namespaces: Vec<String>,
+    /// Namespaces whose labelled ConfigMaps are policy bundles (default:
+    /// the operator's).
+    pub policy_namespaces: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            name: "runbook".into(),
+            namespace: "runbook-system".into(),
+            service_account: "runbook".into(),
+            watch_namespaces: Vec::new(),
+            policy_namespaces: Vec::new(),
+        }
+    }
+}
+
+/// A kind a policy may not touch without an explicit override, and why.
+pub fn danger(kind: &KindRef, role: KindRole) -> Option<&'static str> {
+    let group = kind.group();
+    let writes = matches!(role, KindRole::Owns | KindRole::Mutates | KindRole::Target);
+    if kind.kind == "*" || kind.api_version == "*" || group == "*" {
+        return Some("a wildcard kind grants every resource");
+    }
+    if group == "rbac.authorization.k8s.io" {
+        return Some("RBAC objects let the operator grant itself any permission");
+    }
+    if group.is_empty() && kind.kind == "Secret" {
+        return Some(
+            "Secrets hold every credential in the namespace; alert receivers name the ones they need",
+        );
+    }
+    if group == "admissionregistration.k8s.io" {
+        return Some("admission webhooks see and can change every request to the API server");
+    }
+    if group == "certificates.k8s.io" {
+        return Some("certificate signing requests can mint cluster credentials");
+    }
+    if writes && group == "apiextensions.k8s.io" {
+        return Some("writing CustomResourceDefinitions changes the API every client sees");
+    }
+    if writes && group.is_empty() && matches!(kind.kind.as_str(), "Node" | "Namespace") {
+        return Some("writing Nodes or Namespaces is cluster administration");
+    }
+    if writes && group.is_empty() && kind.kind == "ServiceAccount" {
+        return Some("ServiceAccounts can be used to mint tokens for other identities");
+    }
+    None
+}
+
+/// Every dangerous kind the policies declare: `policy P: owns v1 Secret: why`.
+pub fn dangers(set: &PolicySet) -> Vec<String> {
+    dangers_of(set.policies.values().map(|p| &**p))
+}
+
+/// [`dangers`] over any policies.
+pub fn dangers_of<'a>(
+    policies: impl Iterator<Item = &'a crate::policy::CompiledPolicy>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in policies {
+        for role in [
+            KindRole::Target,
+            KindRole::Owns,
+            KindRole::Reads,
+            KindRole::Mutates,
+        ] {
+            for k in p.kinds.with_role(role) {
+                if let Some(why) = danger(k, role) {
+                    out.push(format!(
+                        "policy {} ({}): {} {k}: {why}",
+                        p.name,
+                        p.file,
+                        role.as_str()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn resource_of(
+    kind: &KindRef,
+    crd_plurals: &BTreeMap<(String, String), (String, bool)>,
+) -> (String, bool) {
+    crd_plurals
+        .get(&(kind.group().to_string(), kind.kind.clone()))
+        .cloned()
+        .unwrap_or_else(|| (kind.plural(), kind.namespaced()))
+}
+
+/// The plural and scope of each kind the given CRDs define, so kinds
+/// users add (their own CRDs beside their policies) get exact names.
+pub fn crd_plurals(docs: &[Value]) -> BTreeMap<(String, String), (String, bool)> {
+    let mut out = BTreeMap::new();
+    for d in docs {
+        if d["kind"] != "CustomResourceDefinition" {
+            continue;
+        }
+        let spec = &d["spec"];
+        if let (Some(g), Some(k), Some(p)) = (
+            spec["group"].as_str(),
+            spec["names"]["kind"].as_str(),
+            spec["names"]["plural"].as_str(),
+        ) {
+            out.insert(
+                (g.to_string(), k.to_string()),
+                (p.to_string(), spec["scope"] != "Cluster"),
+            );
+        }
+    }
+    out
+}
+
+/// What the operator needs to run these policies.
+pub fn needs(
+    set: &PolicySet,
+    opts: &Options,
+    crds: &BTreeMap<(String, String), (String, bool)>,
+) -> Vec<Need> {
+    let mut needs: Vec<Need> = Vec::new();
+    let mut add = |scope: Scope,
+                   group: &str,
+                   resource: &str,
+                   verbs: &[&str],
+                   names: &[String],
+                   why: String| {
+        if let Some(n) = needs.iter_mut().find(|n| {
+            n.scope == scope
+                && n.group == group
+                && n.resource == resource
+                && n.names.iter().cloned().collect::<Vec<_>>() == names
+        }) {
+            n.verbs.extend(verbs.iter().map(|v| v.to_string()));
+            n.why.insert(why);
+        } else {
+            needs.push(Need {
+                scope,
+                group: group.to_string(),
+                resource: resource.to_string(),
+                verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                names: names.iter().cloned().collect(),
+                why: [why].into(),
+            });
+        }
+    };
+    for p in set.policies.values() {
+        for role in [
+            KindRole::Target,
+            KindRole::Owns,
+            KindRole::Reads,
+            KindRole::Mutates,
+        ] {
+            for k in p.kinds.with_role(role) {
+                let (plural, namespaced) = resource_of(k, crds);
+                let scope = if namespaced {
+                    Scope::Watched
+                } else {
+                    Scope::Cluster
+                };
+                let why = format!("policy {} {} {k}", p.name, role.as_str());
+                add(scope.clone(), k.group(), &plural, READ, &[], why.clone());
+                match role {
+                    // Finalizers are patched onto targets; status goes
+                    // through the status subresource.
+                    KindRole::Target => {
+                        add(
+                            scope.clone(),
+                            k.group(),
+                            &plural,
+                            &["patch", "update"],
+                            &[],
+                            why.clone(),
+                        );
+                        add(
+                            scope,
+                            k.group(),
+                            &format!("{plural}/status"),
+                            &["get", "patch", "update"],
+                            &[],
+                            why,
+                        );
+                    }
+                    KindRole::Owns => add(scope, k.group(), &plural, WRITE, &[], why),
+                    KindRole::Mutates => {
+                        add(scope, k.group(), &plural, &["patch", "update"], &[], why)
+                    }
+                    KindRole::Reads => {}
+                }
+            }
+        }
+    }
+    if !set.policies.is_empty() {
+        for group in ["", "events.k8s.io"] {
+            add(
+                Scope::Watched,
+                group,
+                "events",
+                &["create", "patch"],
+                &[],
+                "Events on the objects policies reconcile".into(),
+            );
+        }
+    }
+    let own = Scope::Namespace(opts.namespace.clone());
+    add(
+        own.clone(),
+        "coordination.k8s.io",
+        "leases",
+        &["create", "get", "patch", "update"],
+        &[],
+        "leader election".into(),
+    );
+    let policy_namespaces = if opts.policy_namespaces.is_empty() {
+        vec![opts.namespace.clone()]
+    } else {
+        opts.policy_namespaces.clone()
+    };
+    for ns in &policy_namespaces {
+        let scope = Scope::Namespace(ns.clone());
+        add(
+            scope.clone(),
+            "",
+            "configmaps",
+            READ,
+            &[],
+            "policy bundles (ConfigMaps labelled runbook.dev/policy=true)".into(),
+        );
+        for group in ["", "events.k8s.io"] {
+            add(
+                scope.clone(),
+                group,
+                "events",
+                &["create", "patch"],
+                &[],
+                "Events on policy ConfigMaps that fail to load".into(),
+            );
+        }
+    }
+    // Secrets: only those alert receivers name, only to read them.
+    let mut secrets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut secret_why: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for routes in set.routes.values() {
+        for (rname, receiver) in &routes.receivers {
+            for kind in &receiver.kinds {
+                let (ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. }) = kind
+                else {
+                    continue;
+                };
+                let Target::Secret { key, .. } = url else {
+                    continue;
+                };
+                let ns = key
+                    .namespace
+                    .clone()
+                    .or_else(|| routes.secret_namespace.clone())
+                    .unwrap_or_else(|| opts.namespace.clone());
+                secrets
+                    .entry(ns.clone())
+                    .or_default()
+                    .insert(key.name.clone());
+                secret_why
+                    .entry(ns)
+                    .or_default()
+                    .insert(format!("alert routes {} receiver {rname}", routes.name));
+            }
+        }
+    }
+    for (ns, names) in secrets {
+        let names: Vec<String> = names.into_iter().collect();
+        for why in secret_why.remove(&ns).unwrap_or_default() {
+            add(
+                Scope::Namespace(ns.clone()),
+                "",
+                "secrets",
+                &["get"],
+                &names,
+                why,
+            );
+        }
+    }
+    add(
+        Scope::Cluster,
+        "authorization.k8s.io",
+        "selfsubjectaccessreviews",
+        &["create"],
+        &[],
+        "the start-up permission check".into(),
+    );
+    needs
+}
+
+fn rules(needs: &[&Need]) -> Vec<PolicyRule> {
+    // One rule per (group, verbs, names), resources merged, all sorted.
+    let mut merged: BTreeMap<(String, Vec<String>, Vec<String>), BTreeSet<String>> =
+        BTreeMap::new();
+    for n in needs {
+        merged
+            .entry((
+                n.group.clone(),
+                n.verbs.iter().cloned().collect(),
+                n.names.iter().cloned().collect(),
+            ))
+            .or_default()
+            .insert(n.resource.clone());
+    }
+    merged
+        .into_iter()
+        .map(|((group, verbs, names), resources)| PolicyRule {
+            api_groups: Some(vec![group]),
+            resources: Some(resources.into_iter().collect()),
+            verbs,
+            resource_names: (!names.is_empty()).then_some(names),
+            non_resource_urls: None,
+        })
+        .collect()
+}
+
+fn labels() -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name".to_string(), "runbook".to_string()),
+        (
+            "app.kubernetes.io/component".to_string(),
+            "rbac".to_string(),
+        ),
+    ]
+    .into()
+}
+
+/// The ClusterRole, Roles and bindings, as one YAML stream.
+pub fn render(needs: &[Need], opts: &Options) -> String {
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: opts.service_account.clone(),
+        namespace: Some(opts.namespace.clone()),
+        api_group: None,
+    };
+    let mut docs: Vec<Value> = Vec::new();
+    let all_namespaces = opts.watch_namespaces.is_empty();
+    // Cluster-wide: cluster-scoped kinds, and watched ones when every
+    // namespace is watched.
+    let cluster: Vec<&Need> = needs
+        .iter()
+        .filter(|n| n.scope == Scope::Cluster || (all_namespaces && n.scope == Scope::Watched))
+        .collect();
+    let meta = |name: &str, ns: Option<&str>| ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: ns.map(str::to_string),
+        labels: Some(labels()),
+        ..Default::default()
+    };
+    docs.push(
+        serde_json::to_value(ClusterRole {
+            metadata: meta(&opts.name, None),
+            rules: Some(rules(&cluster)),
+            aggregation_rule: None,
+        })
+        .unwrap_or_default(),
+    );
+    docs.push(
+        serde_json::to_value(ClusterRoleBinding {
+            metadata: meta(&opts.name, None),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: opts.name.clone(),
+            },
+            subjects: Some(vec![subject.clone()]),
+        })
+        .unwrap_or_default(),
+    );
+    let mut per_ns: BTreeMap<String, Vec<&Need>> = BTreeMap::new();
+    for n in needs {
+        match &n.scope {
+            Scope::Namespace(ns) => per_ns.entry(ns.clone()).or_default().push(n),
+            Scope::Watched if !all_namespaces => {
+                for ns in &opts.watch_namespaces {
+                    per_ns.entry(ns.clone()).or_default().push(n);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (ns, ns_needs) in per_ns {
+        docs.push(
+            serde_json::to_value(Role {
+                metadata: meta(&opts.name, Some(&ns)),
+                rules: Some(rules(&ns_needs)),
+            })
+            .unwrap_or_default(),
+        );
+        docs.push(
+            serde_json::to_value(RoleBinding {
+                metadata: meta(&opts.name, Some(&ns)),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: opts.name.clone(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            })
+            .unwrap_or_default(),
+        );
+    }
+    let mut out =
+        String::from("# Generated by `runbook rbac`: exactly the permissions the policies need.\n");
+    for (i, d) in docs.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        // Keys come out sorted, which puts apiVersion and kind first.
+        out.push_str(&crate::util::yaml::to_string(d));
+    }
+    out
+}
