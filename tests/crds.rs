@@ -21,9 +21,25 @@ fn committed_crds_match_the_generated_ones() {
         );
         expected.insert(name);
     }
+    // The kustomization that deploy/ includes lists exactly these files.
+    let kustomization = runbook::util::yaml::parse_documents(
+        &std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let listed: BTreeSet<String> = kustomization[0]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        listed, expected,
+        "crds/kustomization.yaml does not list every CRD"
+    );
     let present: BTreeSet<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n != "kustomization.yaml")
         .collect();
     assert_eq!(
         present, expected,

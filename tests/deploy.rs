@@ -421,7 +421,9 @@ fn the_dockerfile_matches_the_tree() {
             .unwrap()
             .trim_matches('"');
         assert!(
-            stubs.split_whitespace().any(|w| w.trim_end_matches(';') == name),
+            stubs
+                .split_whitespace()
+                .any(|w| w.trim_end_matches(';') == name),
             "the Dockerfile stubs no benches/{name}.rs"
         );
     }

@@ -113,7 +113,7 @@ fn kubectl_drives_the_sandbox() {
         &[
             "apply",
             "--server-side",
-            "-f",
+            "-k",
             root.join("crds").to_str().unwrap(),
         ],
     );

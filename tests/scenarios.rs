@@ -202,7 +202,7 @@ metadata:
 spec:
   target: {apiVersion: v1, kind: ConfigMap}
   selector: {watched: \"yes\"}
-  owns: [{apiVersion: v1, kind: Secret}]
+  owns: [{apiVersion: batch/v1, kind: Job}]
   script: noisy.rhai
 ",
             ),
