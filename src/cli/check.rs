@@ -83,8 +83,21 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
                     ""
                 }
             ),
-            Body::Steps { steps, on_failure } => {
-                format!("{} steps, {} on failure", steps.len(), on_failure.len())
+            Body::Steps {
+                steps,
+                on_failure,
+                retention,
+            } => {
+                format!(
+                    "{} steps, {} on failure{}",
+                    steps.len(),
+                    on_failure.len(),
+                    if retention.is_some() {
+                        ", retention"
+                    } else {
+                        ""
+                    }
+                )
             }
         };
         println!(

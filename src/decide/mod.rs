@@ -466,12 +466,14 @@ pub fn decide(
         Body::Steps {
             steps: list,
             on_failure,
+            retention,
         } => {
             let out = steps::decide(
                 engine,
                 policy,
                 list,
                 on_failure,
+                retention.as_ref(),
                 observed,
                 &ctx,
                 sched.as_ref(),

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::{Observed, ScheduleState, run_id};
 use crate::crd::{StepState, StepStatus};
 use crate::kinds::KindRef;
-use crate::policy::compile::{CompiledPolicy, CompiledStep};
+use crate::policy::compile::{CompiledPolicy, CompiledRetention, CompiledStep};
 use crate::script::action::{Action, ActionValue};
 use crate::script::ctx::Ctx;
 use crate::script::engine::{Expr, ScriptEngine};
@@ -146,6 +146,80 @@ impl Run<'_> {
     }
 }
 
+impl Run<'_> {
+    /// Delete the children of runs older than the newest `keep` (the
+    /// current run always counts as kept), of every owned kind.
+    fn retain(
+        &mut self,
+        policy: &CompiledPolicy,
+        ret: &CompiledRetention,
+        current: &str,
+    ) -> Result<(), ScriptError> {
+        let keep = match self.render(&ret.keep, &Dynamic::UNIT)? {
+            Value::Null => return Ok(()),
+            Value::Number(n) if n.as_u64().is_some_and(|k| k >= 1) => {
+                n.as_u64().unwrap_or(1) as usize
+            }
+            Value::String(s) if s.parse::<usize>().is_ok_and(|k| k >= 1) => {
+                s.parse().unwrap_or(1)
+            }
+            other => {
+                return Err(ScriptError {
+                    file: policy.file.clone(),
+                    pos: None,
+                    kind: ScriptErrorKind::Runtime,
+                    message: format!("retention.keep must be a count of at least 1, not {other}"),
+                });
+            }
+        };
+        let target = &self.observed.target;
+        let mut children = Vec::new();
+        for kind in policy.kinds.with_role(crate::kinds::Role::Owns) {
+            for child in self
+                .observed
+                .view
+                .owned_by(kind, target.namespace(), target.uid())
+            {
+                let run = child
+                    .value()
+                    .pointer(&format!("/metadata/labels/{}", ret.label.replace('~', "~0").replace('/', "~1")))
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                if let Some(run) = run {
+                    children.push((kind.clone(), child.name().to_string(), run));
+                }
+            }
+        }
+        // Run ids sort in time order (schedule fire times, `once` last).
+        let mut runs: Vec<&str> = children.iter().map(|(_, _, r)| r.as_str()).collect();
+        runs.push(current);
+        runs.sort_unstable_by(|a, b| b.cmp(a));
+        runs.dedup();
+        let mut kept: Vec<&str> = vec![current];
+        for r in runs {
+            if kept.len() >= keep {
+                break;
+            }
+            if r != current {
+                kept.push(r);
+            }
+        }
+        let kept: Vec<String> = kept.into_iter().map(str::to_string).collect();
+        for (kind, name, run) in children {
+            if !kept.contains(&run) {
+                self.actions.push(act(Action::Delete {
+                    kind: crate::kinds::KindName {
+                        api_version: Some(kind.api_version.clone()),
+                        kind: kind.kind.clone(),
+                    },
+                    name,
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn read_progress(status: &Value) -> Vec<StepStatus> {
     status
         .get("steps")
@@ -168,6 +242,7 @@ pub fn decide(
     policy: &CompiledPolicy,
     steps: &[CompiledStep],
     on_failure: &[CompiledStep],
+    retention: Option<&CompiledRetention>,
     observed: &Observed,
     ctx: &Ctx,
     sched: Option<&ScheduleState>,
@@ -225,6 +300,9 @@ pub fn decide(
         actions: Vec::new(),
     };
 
+    if let Some(ret) = retention {
+        r.retain(policy, ret, &run)?;
+    }
     let finished = !fresh && (phase == "Completed" || phase == "Failed");
     if finished {
         // A failed run's alerts keep firing until a later run replaces it

@@ -145,6 +145,14 @@ pub struct CompiledStep {
     pub message: Option<Template>,
 }
 
+/// A steps policy's retention: a template for the count, and the label
+/// that carries a child's run id.
+#[derive(Clone, Debug)]
+pub struct CompiledRetention {
+    pub keep: Template,
+    pub label: String,
+}
+
 /// How a policy decides.
 #[derive(Clone, Debug)]
 pub enum Body {
@@ -156,6 +164,7 @@ pub enum Body {
     Steps {
         steps: Vec<CompiledStep>,
         on_failure: Vec<CompiledStep>,
+        retention: Option<CompiledRetention>,
     },
 }
 
@@ -856,6 +865,13 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
                     "spec.onFailure goes with steps; a script handles its own failures",
                 );
             }
+            if spec.retention.is_some() {
+                cx.error(
+                    file,
+                    pos_at(&node, &["spec", "retention"]),
+                    "spec.retention goes with steps; a script deletes its own old children",
+                );
+            }
             if spec.functions.is_some() {
                 cx.error(
                     file,
@@ -958,7 +974,26 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
                     None => all_ok = false,
                 }
             }
-            all_ok.then_some(Body::Steps { steps, on_failure })
+            let retention = match &spec.retention {
+                Some(r) => {
+                    match template(cx, file, &source, &r.keep, functions_ast) {
+                        Some(keep) => Some(CompiledRetention {
+                            keep,
+                            label: r.label.clone(),
+                        }),
+                        None => {
+                            all_ok = false;
+                            None
+                        }
+                    }
+                }
+                None => None,
+            };
+            all_ok.then_some(Body::Steps {
+                steps,
+                on_failure,
+                retention,
+            })
         }
     };
     let schedule = match &spec.schedule {

@@ -73,6 +73,9 @@ pub struct PolicySpec {
     /// Compensation run once when a step fails or times out.
     #[serde(default)]
     pub on_failure: Vec<StepSpec>,
+    /// With steps: how many runs' children to keep.
+    #[serde(default)]
+    pub retention: Option<RetentionSpec>,
     /// Values the script and templates see as `params`.
     #[serde(default)]
     pub params: Option<Node>,
@@ -86,6 +89,22 @@ pub struct PolicySpec {
     /// Order among policies that target the same kind (lower runs first).
     #[serde(default)]
     pub priority: i32,
+}
+
+/// Keep the children of the newest `keep` runs (the run in progress
+/// included) and delete older runs' children, of every owned kind. A run's
+/// children carry its id in the label `label`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetentionSpec {
+    /// A template evaluating to a count; null (or absent) keeps everything.
+    pub keep: Node,
+    #[serde(default = "run_label")]
+    pub label: String,
+}
+
+fn run_label() -> String {
+    "runbook.dev/run".into()
 }
 
 /// `enforce` writes; `shadow` decides and records, and writes nothing.
