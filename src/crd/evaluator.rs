@@ -131,6 +131,9 @@ pub struct EvaluatorStatus {
     /// The newest Deployment revision that passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_good_revision: Option<i64>,
+    /// The last `runbook.dev/run-now` annotation value a run was started for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_manual_run: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rollback: Option<RollbackRecord>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
