@@ -160,9 +160,7 @@ impl Run<'_> {
             Value::Number(n) if n.as_u64().is_some_and(|k| k >= 1) => {
                 n.as_u64().unwrap_or(1) as usize
             }
-            Value::String(s) if s.parse::<usize>().is_ok_and(|k| k >= 1) => {
-                s.parse().unwrap_or(1)
-            }
+            Value::String(s) if s.parse::<usize>().is_ok_and(|k| k >= 1) => s.parse().unwrap_or(1),
             other => {
                 return Err(ScriptError {
                     file: policy.file.clone(),
@@ -182,7 +180,10 @@ impl Run<'_> {
             {
                 let run = child
                     .value()
-                    .pointer(&format!("/metadata/labels/{}", ret.label.replace('~', "~0").replace('/', "~1")))
+                    .pointer(&format!(
+                        "/metadata/labels/{}",
+                        ret.label.replace('~', "~0").replace('/', "~1")
+                    ))
                     .and_then(Value::as_str)
                     .map(str::to_string);
                 if let Some(run) = run {

@@ -975,18 +975,16 @@ fn load_policy(cx: &mut Ctx, file: &str, text: &str, offset: u32) -> Option<Comp
                 }
             }
             let retention = match &spec.retention {
-                Some(r) => {
-                    match template(cx, file, &source, &r.keep, functions_ast) {
-                        Some(keep) => Some(CompiledRetention {
-                            keep,
-                            label: r.label.clone(),
-                        }),
-                        None => {
-                            all_ok = false;
-                            None
-                        }
+                Some(r) => match template(cx, file, &source, &r.keep, functions_ast) {
+                    Some(keep) => Some(CompiledRetention {
+                        keep,
+                        label: r.label.clone(),
+                    }),
+                    None => {
+                        all_ok = false;
+                        None
                     }
-                }
+                },
                 None => None,
             };
             all_ok.then_some(Body::Steps {

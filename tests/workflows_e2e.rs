@@ -1,0 +1,688 @@
+//! The three shipped workflows end to end, through the real operator and
+//! the shipped policies: drift rollback, ordered (and resumable) backups,
+//! model serving.
+//!
+//! On the sandbox, the test plays the controllers a cluster would run (the
+//! Deployment and StatefulSet controllers, the kubelet finishing benchmark
+//! Jobs and marking pods Ready, the CSI snapshotter) with the scenario
+//! world. On a real cluster (RUNBOOK_TEST_KUBECONFIG) they are real: the
+//! benchmark Job runs busybox and writes its score to the termination log;
+//! only the VolumeSnapshot is marked ready by the test, as a cluster may
+//! have no CSI snapshot driver. The assertions are the same.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/operator.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cluster::{Cluster, eventually};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
+use runbook::controller::metrics::Metrics;
+use runbook::controller::{Operator, OperatorConfig};
+use runbook::journal::MemoryJournal;
+use runbook::kinds::KindRef;
+use runbook::scenario::model::{CompleteSpec, PodReadySpec, SnapshotReadySpec};
+use runbook::scenario::world::World;
+use serde_json::{Value, json};
+
+/// The alerts firing now, by alert name, with the receivers they reach.
+#[derive(Default)]
+struct Firing(Mutex<BTreeMap<AlertSource, Vec<(Alert, Vec<String>)>>>);
+
+impl Firing {
+    fn named(&self, name: &str) -> Vec<(Alert, Vec<String>)> {
+        self.0
+            .lock()
+            .unwrap()
+            .values()
+            .flatten()
+            .filter(|(a, _)| a.labels.get("alertname").map(String::as_str) == Some(name))
+            .cloned()
+            .collect()
+    }
+}
+
+impl AlertSink for Firing {
+    fn report(
+        &self,
+        source: &AlertSource,
+        routes: Option<&Arc<CompiledRoutes>>,
+        alerts: Vec<Alert>,
+    ) {
+        let with: Vec<(Alert, Vec<String>)> = alerts
+            .into_iter()
+            .map(|a| {
+                let r = routes
+                    .map(|r| r.receivers_for(&a.labels))
+                    .unwrap_or_default();
+                (a, r)
+            })
+            .collect();
+        let mut m = self.0.lock().unwrap();
+        if with.is_empty() {
+            m.remove(source);
+        } else {
+            m.insert(source.clone(), with);
+        }
+    }
+
+    fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {
+        self.0.lock().unwrap().retain(|s, _| keep(s));
+    }
+}
+
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn shipped_policies() -> runbook::policy::PolicySet {
+    let engine = runbook::script::ScriptEngine::default();
+    let bundle = runbook::policy::Bundle::from_dir(&repo().join("policies")).unwrap();
+    let (set, errors) = runbook::policy::load(&engine, &[bundle]);
+    assert!(errors.is_empty(), "{errors:?}");
+    set
+}
+
+async fn apply_crd(c: &Cluster, crd: Value) {
+    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &support::crd_resource());
+    let name = crd["metadata"]["name"].as_str().unwrap().to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply("runbook-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+}
+
+/// Runbook's CRDs and the VolumeSnapshot CRD, served.
+async fn install_crds(c: &Cluster) {
+    for crd in runbook::crd::all() {
+        apply_crd(c, serde_json::to_value(crd).unwrap()).await;
+    }
+    let vs = std::fs::read_to_string(repo().join("examples/crds/volumesnapshot.yaml")).unwrap();
+    let vs = runbook::util::yaml::parse_documents(&vs).unwrap().remove(0);
+    let snapshots: Api<DynamicObject> =
+        Api::all_with(c.client.clone(), &snapshot_kind().api_resource());
+    if snapshots.list(&Default::default()).await.is_err() {
+        apply_crd(c, vs).await;
+    }
+    for kind in [
+        KindRef::new("runbook.dev/v1alpha1", "Evaluator"),
+        KindRef::new("runbook.dev/v1alpha1", "DatabaseBackup"),
+        KindRef::new("runbook.dev/v1alpha1", "AIModel"),
+        snapshot_kind(),
+    ] {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(c.client.clone(), &c.ns, &kind.api_resource());
+        eventually(&format!("{kind} to be served"), 60, || async {
+            api.list(&Default::default()).await.is_ok()
+        })
+        .await;
+    }
+}
+
+fn snapshot_kind() -> KindRef {
+    KindRef::new("snapshot.storage.k8s.io/v1", "VolumeSnapshot")
+}
+
+fn kind_api(c: &Cluster, api_version: &str, kind: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &KindRef::new(api_version, kind).api_resource(),
+    )
+}
+
+/// The world of the sandbox, playing the cluster's controllers.
+fn world(c: &Cluster) -> Option<(Arc<World>, Vec<tokio::task::JoinHandle<()>>)> {
+    let sandbox = c.sandbox.clone()?;
+    let w = World::new(sandbox, &c.ns, Arc::new(MemoryJournal::default()));
+    let tasks = w.spawn(Vec::new());
+    Some((w, tasks))
+}
+
+async fn start(c: &Cluster, sink: Arc<Firing>) -> Arc<Operator> {
+    let op = support::operator_with_sink(
+        c,
+        shipped_policies(),
+        OperatorConfig::default(),
+        Arc::new(Metrics::new()),
+        sink,
+    );
+    op.start().await.expect("the operator starts");
+    op
+}
+
+async fn create(c: &Cluster, obj: Value) {
+    let av = obj["apiVersion"].as_str().unwrap().to_string();
+    let kind = obj["kind"].as_str().unwrap().to_string();
+    let o: DynamicObject = serde_json::from_value(obj).unwrap();
+    kind_api(c, &av, &kind)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap();
+}
+
+async fn status_of(api: &Api<DynamicObject>, name: &str) -> Value {
+    api.get(name)
+        .await
+        .map(|o| o.data["status"].clone())
+        .unwrap_or(Value::Null)
+}
+
+async fn events_for(c: &Cluster, name: &str) -> Vec<String> {
+    let events: Api<Event> = c.api();
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// The benchmark: score 0.62 on revision 2 (the bad release), 0.91 on
+/// anything else, from the revision the policy passes in its environment.
+const BENCHMARK: &str = r#"if [ "$TARGET_REVISION" = "2" ]; then echo '{"score": 0.62}'; else echo '{"score": 0.91}'; fi > /dev/termination-log"#;
+
+fn score_for(job: &Job) -> String {
+    let env = job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    let revision = env
+        .iter()
+        .find(|e| e.name == "TARGET_REVISION")
+        .and_then(|e| e.value.clone());
+    if revision.as_deref() == Some("2") {
+        r#"{"score": 0.62}"#.into()
+    } else {
+        r#"{"score": 0.91}"#.into()
+    }
+}
+
+/// On the sandbox: finish every benchmark Job as the kubelet would once the
+/// benchmark program wrote its score.
+fn run_benchmarks(c: &Cluster, w: &Arc<World>) -> tokio::task::JoinHandle<()> {
+    let jobs: Api<Job> = c.api();
+    let w = w.clone();
+    let ns = c.ns.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Ok(list) = jobs.list(&Default::default()).await {
+                for j in list.items {
+                    let done = j
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| !c.is_empty());
+                    if !done {
+                        let spec = CompleteSpec {
+                            name: j.metadata.name.clone(),
+                            namespace: Some(ns.clone()),
+                            succeeded: true,
+                            termination_message: Some(score_for(&j)),
+                        };
+                        let _ = w.complete(&spec, None).await;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+fn image_of(d: &Deployment) -> String {
+    d.spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+async fn annotate(api: &Api<DynamicObject>, name: &str, key: &str, value: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
+    let c = Cluster::new("evaluator").await;
+    install_crds(&c).await;
+    let world = world(&c);
+    let kubelet = world.as_ref().map(|(w, _)| run_benchmarks(&c, w));
+    let sink = Arc::new(Firing::default());
+    let op = start(&c, sink.clone()).await;
+    let deployments: Api<Deployment> = c.api();
+    let template = |image: &str| {
+        json!({"metadata": {"labels": {"app": "chatbot"}},
+               "spec": {"containers": [{"name": "model", "image": image}]}})
+    };
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "chatbot"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chatbot"}},
+                         "template": template("registry.k8s.io/pause:3.9")}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let revision = |d: Deployment| {
+        d.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("deployment.kubernetes.io/revision")
+            .cloned()
+            .unwrap_or_default()
+    };
+    eventually("revision 1", 60, || async {
+        revision(deployments.get("chatbot").await.unwrap()) == "1"
+    })
+    .await;
+    let evaluators = kind_api(&c, "runbook.dev/v1alpha1", "Evaluator");
+    create(
+        &c,
+        json!({
+            "apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator",
+            "metadata": {"name": "chatbot"},
+            "spec": {"targetRef": {"name": "chatbot"}, "threshold": 0.85, "schedule": "@daily",
+                     "benchmark": {"image": "busybox:1.36", "command": ["sh", "-c", BENCHMARK]},
+                     "alert": {"labels": {"team": "ml"}}}
+        }),
+    )
+    .await;
+    // The first run starts at creation and passes on revision 1.
+    eventually("a healthy first run", 120, || async {
+        let st = status_of(&evaluators, "chatbot").await;
+        st["phase"] == "Healthy" && st["lastGoodRevision"] == 1
+    })
+    .await;
+    // A bad release, then a run asked for by an SRE.
+    deployments
+        .patch(
+            "chatbot",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template("registry.k8s.io/pause:3.10")}})),
+        )
+        .await
+        .unwrap();
+    eventually("revision 2", 60, || async {
+        revision(deployments.get("chatbot").await.unwrap()) == "2"
+    })
+    .await;
+    annotate(&evaluators, "chatbot", "runbook.dev/run-now", "1").await;
+    eventually("the rollback", 120, || async {
+        let st = status_of(&evaluators, "chatbot").await;
+        st["phase"] == "RolledBack"
+            && st["lastRollback"]["fromRevision"] == 2
+            && st["lastRollback"]["toRevision"] == 1
+    })
+    .await;
+    eventually("the good template back", 60, || async {
+        image_of(&deployments.get("chatbot").await.unwrap()) == "registry.k8s.io/pause:3.9"
+    })
+    .await;
+    let paged = sink.named("EvaluatorRolledBack");
+    assert_eq!(paged.len(), 1, "one critical alert: {paged:?}");
+    assert_eq!(paged[0].0.labels["severity"], "critical");
+    assert_eq!(paged[0].0.labels["team"], "ml");
+    assert!(
+        paged[0].1.contains(&"events".to_string()),
+        "routed to the critical route: {:?}",
+        paged[0].1
+    );
+    assert!(
+        events_for(&c, "chatbot")
+            .await
+            .contains(&"RolledBack".to_string())
+    );
+    // The rolled-back revision passes the next run; the alert resolves.
+    annotate(&evaluators, "chatbot", "runbook.dev/run-now", "2").await;
+    eventually("healthy again", 120, || async {
+        let st = status_of(&evaluators, "chatbot").await;
+        st["phase"] == "Healthy" && st["lastGoodRevision"] == 3
+    })
+    .await;
+    assert!(
+        sink.named("EvaluatorRolledBack").is_empty(),
+        "the alert resolved"
+    );
+    let st = status_of(&evaluators, "chatbot").await;
+    assert_eq!(
+        st["lastRollback"]["fromRevision"], 2,
+        "one rollback, recorded"
+    );
+    let scores: Vec<f64> = st["scoreHistory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["score"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scores, [0.91, 0.62, 0.91]);
+    op.shutdown(Duration::from_secs(5)).await;
+    if let Some(k) = kubelet {
+        k.abort();
+    }
+    c.cleanup().await;
+}
+
+fn postgres(c: &Cluster) -> Vec<Value> {
+    let mut out = vec![json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "db"},
+        "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                 "template": {"metadata": {"labels": {"app": "db"}},
+                              "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
+    })];
+    if c.sandbox.is_some() {
+        // A real StatefulSet controller makes these; the sandbox has none.
+        for i in 0..2 {
+            out.push(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("db-{i}"), "labels": {"app": "db"},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "controller": true}]},
+                "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+            }));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
+    let c = Cluster::new("backup").await;
+    install_crds(&c).await;
+    let world = world(&c);
+    let sink = Arc::new(Firing::default());
+    let op = start(&c, sink.clone()).await;
+    let pvcs: Api<PersistentVolumeClaim> = c.api();
+    pvcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "data-db-0"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let w = world.as_ref().map(|(w, _)| w.with_kinds());
+    for o in postgres(&c) {
+        match &w {
+            Some(w) => w.create(o).await.unwrap(),
+            None => create(&c, o).await,
+        }
+    }
+    let backups = kind_api(&c, "runbook.dev/v1alpha1", "DatabaseBackup");
+    create(
+        &c,
+        json!({
+            "apiVersion": "runbook.dev/v1alpha1", "kind": "DatabaseBackup",
+            "metadata": {"name": "nightly"},
+            "spec": {"database": {"statefulSet": "db"}, "pvc": "data-db-0",
+                     "dump": {"image": "busybox:1.36", "command": ["sh", "-c", "echo dumped"]},
+                     "volumeSnapshotClassName": "csi-snapclass", "destination": "s3://backups/e2e"}
+        }),
+    )
+    .await;
+    let jobs: Api<Job> = c.api();
+    if let Some(w) = &w {
+        // Nothing is dumped while the database is not ready.
+        eventually("waiting on the database", 30, || async {
+            status_of(&backups, "nightly").await["currentStep"] == "wait-database"
+        })
+        .await;
+        assert!(
+            jobs.list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        );
+        w.pod_ready(
+            &PodReadySpec {
+                name: Some("db-*".into()),
+                namespace: Some(c.ns.clone()),
+                ready: true,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    eventually("the dump Job", 120, || async {
+        jobs.get("nightly-once-dump").await.is_ok()
+    })
+    .await;
+    let dump_uid = jobs.get("nightly-once-dump").await.unwrap().metadata.uid;
+    let snapshots = kind_api(&c, "snapshot.storage.k8s.io/v1", "VolumeSnapshot");
+    assert!(
+        snapshots.get("nightly-once-snap").await.is_err(),
+        "no snapshot before the dump succeeded"
+    );
+
+    // The operator stops mid-backup; a new one takes over.
+    op.shutdown(Duration::from_secs(5)).await;
+    if let Some(w) = &w {
+        w.complete(
+            &CompleteSpec {
+                name: Some("nightly-once-dump".into()),
+                namespace: Some(c.ns.clone()),
+                succeeded: true,
+                termination_message: None,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let op = start(&c, sink.clone()).await;
+    eventually("the snapshot", 120, || async {
+        snapshots.get("nightly-once-snap").await.is_ok()
+    })
+    .await;
+    assert_eq!(
+        jobs.get("nightly-once-dump").await.unwrap().metadata.uid,
+        dump_uid,
+        "the finished dump is not repeated"
+    );
+    assert_eq!(jobs.list(&Default::default()).await.unwrap().items.len(), 1);
+    let snap = snapshots.get("nightly-once-snap").await.unwrap();
+    assert_eq!(
+        snap.data["spec"]["source"]["persistentVolumeClaimName"],
+        "data-db-0"
+    );
+    assert_eq!(status_of(&backups, "nightly").await["phase"], "Running");
+    // A cluster may have no CSI snapshotter: the test marks it ready.
+    match &w {
+        Some(w) => {
+            w.snapshot_ready(
+                &SnapshotReadySpec {
+                    name: Some("nightly-once-snap".into()),
+                    namespace: Some(c.ns.clone()),
+                    restore_size: None,
+                },
+                None,
+            )
+            .await
+            .unwrap();
+        }
+        None => {
+            snapshots
+                .patch_status(
+                    "nightly-once-snap",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"readyToUse": true}})),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    eventually("the backup published", 60, || async {
+        let st = status_of(&backups, "nightly").await;
+        st["phase"] == "Completed" && st["backupURL"] == "s3://backups/e2e/nightly-once.sql.gz"
+    })
+    .await;
+    let st = status_of(&backups, "nightly").await;
+    let states: Vec<&str> = st["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["Succeeded"; 5]);
+    eventually("the completion Event", 30, || async {
+        events_for(&c, "nightly")
+            .await
+            .contains(&"BackupCompleted".to_string())
+    })
+    .await;
+    assert!(sink.named("DatabaseBackupFailed").is_empty());
+    op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_is_served_and_a_new_uri_rolls_out() {
+    let c = Cluster::new("aimodel").await;
+    install_crds(&c).await;
+    let _world = world(&c);
+    let sink = Arc::new(Firing::default());
+    let op = start(&c, sink.clone()).await;
+    let models = kind_api(&c, "runbook.dev/v1alpha1", "AIModel");
+    create(
+        &c,
+        json!({
+            "apiVersion": "runbook.dev/v1alpha1", "kind": "AIModel",
+            "metadata": {"name": "llama"},
+            "spec": {"modelUri": "s3://models/llama/v1", "servingImage": "registry.k8s.io/pause:3.9",
+                     "gpusPerReplica": 1, "replicas": 1}
+        }),
+    )
+    .await;
+    let deployments: Api<Deployment> = c.api();
+    eventually("the serving Deployment", 60, || async {
+        deployments.get("llama").await.is_ok()
+    })
+    .await;
+    let d = deployments.get("llama").await.unwrap();
+    let pod = d.spec.template.spec.clone().unwrap();
+    let limits = pod.containers[0].resources.clone().unwrap().limits.unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+    let init = &pod.init_containers.unwrap()[0];
+    assert!(
+        init.args
+            .as_ref()
+            .unwrap()
+            .contains(&"s3://models/llama/v1".to_string())
+    );
+    let services: Api<Service> = c.api();
+    eventually("the Service", 30, || async {
+        services.get("llama").await.is_ok()
+    })
+    .await;
+    if c.sandbox.is_some() {
+        // The world completes rollouts at once; a real cluster cannot
+        // schedule a GPU pod without GPUs, so there only the objects are checked.
+        eventually("serving", 60, || async {
+            let st = status_of(&models, "llama").await;
+            st["phase"] == "Ready" && st["servedModelUri"] == "s3://models/llama/v1"
+        })
+        .await;
+    }
+    models
+        .patch(
+            "llama",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"modelUri": "s3://models/llama/v2"}})),
+        )
+        .await
+        .unwrap();
+    eventually("the new URI in the pod template", 60, || async {
+        let d = deployments.get("llama").await.unwrap();
+        d.spec
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap_or_default()
+            .get("runbook.dev/model-uri")
+            .map(String::as_str)
+            == Some("s3://models/llama/v2")
+    })
+    .await;
+    if c.sandbox.is_some() {
+        eventually("serving v2", 60, || async {
+            status_of(&models, "llama").await["servedModelUri"] == "s3://models/llama/v2"
+        })
+        .await;
+        // A weights download stuck in a crash loop: Degraded and alerted.
+        let pods: Api<Pod> = c.api();
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "llama-x", "labels": {"runbook.dev/model": "llama"}},
+                "spec": {"containers": [{"name": "server", "image": "registry.k8s.io/pause:3.9"}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+        pods.patch_status(
+            "llama-x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Pending", "initContainerStatuses": [{
+                "name": "fetch-weights", "image": "busybox", "imageID": "", "ready": false, "restartCount": 3,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "403 Forbidden"}}}]}})),
+        )
+        .await
+        .unwrap();
+        eventually("Degraded", 60, || async {
+            status_of(&models, "llama").await["phase"] == "Degraded"
+        })
+        .await;
+        eventually("the alert", 30, || async {
+            !sink.named("AIModelWeightsDownloadFailing").is_empty()
+        })
+        .await;
+        assert!(
+            events_for(&c, "llama")
+                .await
+                .contains(&"WeightsDownloadFailing".to_string())
+        );
+    }
+    op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
