@@ -48,6 +48,8 @@ fn the_shipped_scenarios_pass() {
         "backup dumps, then snapshots, then publishes, in that order",
         "a model is served, upgraded, and a failing weights download is reported",
         "a week of hourly evaluations with one bad release",
+        "a clustered database starts member by member, then backs up",
+        "scheduled backups run hourly and keep the newest two runs",
     ] {
         assert!(t.contains(&format!("ok    {name}")), "{name} missing:\n{t}");
     }

@@ -253,12 +253,7 @@ fn run_benchmarks(c: &Cluster, w: &Arc<World>) -> tokio::task::JoinHandle<()> {
 }
 
 fn image_of(d: &Deployment) -> String {
-    d.spec
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers[0]
+    d.spec.template.spec.as_ref().unwrap().containers[0]
         .image
         .clone()
         .unwrap()

@@ -510,6 +510,35 @@ async fn reconcile(
         ctx.metrics.queue_depth.set(pending.len() as i64);
     }
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
+    // A target kind that other policies own, read or mutate has no cache
+    // of its own sending changes (its controller's store serves it), so
+    // its changes, which each bring a reconcile here, are passed on: a
+    // DatabaseBackup's progress wakes the DatabaseCluster that owns it.
+    let watched_by_others = ctx
+        .policies
+        .load()
+        .policies
+        .values()
+        .any(|p| p.target != kind && p.kinds.kinds().contains(&&kind));
+    if watched_by_others {
+        let _ = ctx.changes.send(super::cache::Change {
+            kind: kind.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            owners: obj
+                .meta
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|o| super::cache::OwnerRef {
+                    api_version: o.api_version.clone(),
+                    kind: o.kind.clone(),
+                    name: o.name.clone(),
+                    uid: o.uid.clone(),
+                })
+                .collect(),
+        });
+    }
     if let Some(why) = &obj.undecodable {
         tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");
         ctx.metrics

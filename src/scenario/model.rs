@@ -27,12 +27,31 @@ pub struct Meta {
     pub name: String,
 }
 
+/// A string, or a list of them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn items(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScenarioSpec {
-    /// The policy directory, relative to the scenario file (default: its directory).
+    /// The policy directory, relative to the scenario file (default: its
+    /// directory), or a list of them, each loaded as its own bundle (the
+    /// first is the one `editPolicy` edits).
     #[serde(default)]
-    pub policies: Option<String>,
+    pub policies: Option<OneOrMany>,
     /// Files of initial objects, relative to the scenario file.
     #[serde(default)]
     pub objects: Vec<String>,
@@ -348,6 +367,8 @@ pub struct Scenario {
     pub file: String,
     pub dir: PathBuf,
     pub policies: PathBuf,
+    /// Further policy directories, each its own bundle.
+    pub more_policies: Vec<PathBuf>,
     pub objects: Vec<(String, Vec<Value>)>,
     pub namespace: String,
     pub start: jiff::Timestamp,
@@ -397,13 +418,31 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
     }
     let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let pos_of = |p: &[&str]| node.at(p).map(|n| n.pos);
-    let policies = dir.join(doc.spec.policies.as_deref().unwrap_or("."));
-    if !policies.is_dir() {
+    let policy_dirs: Vec<PathBuf> = doc
+        .spec
+        .policies
+        .as_ref()
+        .map(OneOrMany::items)
+        .unwrap_or_else(|| vec![".".into()])
+        .iter()
+        .map(|p| dir.join(p))
+        .collect();
+    if policy_dirs.is_empty() {
         errors.push(err(
             pos_of(&["spec", "policies"]),
-            format!("policies: {} is not a directory", policies.display()),
+            "policies: name at least one directory".into(),
         ));
     }
+    for p in &policy_dirs {
+        if !p.is_dir() {
+            errors.push(err(
+                pos_of(&["spec", "policies"]),
+                format!("policies: {} is not a directory", p.display()),
+            ));
+        }
+    }
+    let policies = policy_dirs.first().cloned().unwrap_or_else(|| dir.clone());
+    let more_policies: Vec<PathBuf> = policy_dirs.iter().skip(1).cloned().collect();
     let read_objects = |name: &str, pos: Option<Pos>, errors: &mut Vec<ScenarioError>| {
         let p = dir.join(name);
         match std::fs::read_to_string(&p) {
@@ -542,6 +581,7 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         file,
         dir,
         policies,
+        more_policies,
         objects,
         namespace: doc.spec.namespace.unwrap_or_else(|| "default".into()),
         start,

@@ -275,7 +275,19 @@ async fn run_async(s: &Scenario) -> Report {
             return report;
         }
     };
-    let (set, errors) = reloader.initial(vec![bundle.clone()]).await;
+    let mut bundles = vec![bundle.clone()];
+    for dir in &s.more_policies {
+        match Bundle::from_dir(dir) {
+            Ok(b) => bundles.push(b),
+            Err(e) => {
+                report
+                    .load_errors
+                    .push(load_error(&dir.display().to_string(), e.to_string()));
+                return report;
+            }
+        }
+    }
+    let (set, errors) = reloader.initial(bundles).await;
     if !errors.is_empty() {
         report
             .load_errors

@@ -81,6 +81,22 @@ fn selector_of(call: &NativeCallContext, sel: &Dynamic) -> RhaiResult<Selector> 
         }
         return Ok(Selector(reqs));
     }
+    // A map read from an object (`resource.spec.podSelector`).
+    if let Some(obj) = sel.read_lock::<crate::script::obj::Obj>() {
+        if let Some(map) = obj.value().as_object() {
+            let reqs = map
+                .iter()
+                .map(|(k, v)| {
+                    let v = v
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string());
+                    crate::labels::Requirement::Eq(k.clone(), v)
+                })
+                .collect();
+            return Ok(Selector(reqs));
+        }
+    }
     if sel.is_string() {
         return match Selector::parse(&sel.to_string()) {
             Ok(s) => Ok(s),
