@@ -238,6 +238,7 @@ fn condition(type_: &str, status: bool, reason: &str, message: &str) -> ActionVa
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn decide(
     engine: &ScriptEngine,
     policy: &CompiledPolicy,

@@ -82,8 +82,10 @@ fn selector_of(call: &NativeCallContext, sel: &Dynamic) -> RhaiResult<Selector> 
         return Ok(Selector(reqs));
     }
     // A map read from an object (`resource.spec.podSelector`).
-    if let Some(obj) = sel.read_lock::<crate::script::obj::Obj>() {
-        if let Some(map) = obj.value().as_object() {
+    if let Some(obj) = sel.read_lock::<crate::script::obj::Obj>()
+        && let Some(map) = obj.value().as_object()
+    {
+        {
             let reqs = map
                 .iter()
                 .map(|(k, v)| {
