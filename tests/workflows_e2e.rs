@@ -36,7 +36,10 @@ use serde_json::{Value, json};
 
 /// The alerts firing now, by alert name, with the receivers they reach.
 #[derive(Default)]
-struct Firing(Mutex<BTreeMap<AlertSource, Vec<(Alert, Vec<String>)>>>);
+struct Firing(Mutex<BTreeMap<AlertSource, Vec<Routed>>>);
+
+/// An alert and the receivers its routes reach.
+type Routed = (Alert, Vec<String>);
 
 impl Firing {
     fn named(&self, name: &str) -> Vec<(Alert, Vec<String>)> {
