@@ -1,0 +1,79 @@
+//! The shipped aimodel-serving policy: what it serves, and how it reports a
+//! spec the CRD schema would refuse today but an older one admitted.
+
+mod common;
+
+use common::*;
+use runbook::script::Action;
+use serde_json::{Value, json};
+
+fn model(spec: Value) -> Value {
+    json!({
+        "apiVersion": "runbook.dev/v1alpha1", "kind": "AIModel",
+        "metadata": {"name": "llama", "namespace": "default", "uid": "uid-llama", "generation": 1,
+                     "resourceVersion": "5", "creationTimestamp": "2026-11-29T08:00:00Z"},
+        "spec": spec
+    })
+}
+
+fn events(d: &runbook::decide::Decision) -> Vec<String> {
+    d.actions
+        .iter()
+        .filter_map(|p| match &p.action {
+            Action::Event { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_model_gets_a_gpu_deployment_a_service_and_a_weights_volume() {
+    let w = World::shipped();
+    let d = w.decide(
+        "aimodel-serving",
+        &model(json!({"modelUri": "hf://meta/llama-3-8b", "servingImage": "vllm:0.6",
+                      "gpusPerReplica": 2, "replicas": 3, "weights": {"size": "40Gi"}})),
+    );
+    let objs = applied(&d);
+    let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["PersistentVolumeClaim", "Deployment", "Service"]);
+    let dep = objs[1];
+    assert_eq!(dep["spec"]["replicas"], 3);
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], 2);
+    assert_eq!(pod["initContainers"][0]["args"][1], "hf://meta/llama-3-8b");
+    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "llama-weights");
+    assert_eq!(objs[0]["spec"]["resources"]["requests"]["storage"], "40Gi");
+    // No Deployment yet in the cache: rolling out, not ready.
+    assert_eq!(status_of(&d)["phase"], "Progressing");
+    assert_eq!(condition(&d, "Ready").unwrap().1, "RollingOut");
+}
+
+#[test]
+fn zero_gpus_or_a_malformed_uri_is_degraded_with_a_condition_an_event_and_an_alert() {
+    for (spec, words) in [
+        (json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 0}), "at least 1 GPU"),
+        (json!({"modelUri": "ftp:/m v1", "servingImage": "vllm", "gpusPerReplica": 1}), "is not a s3://"),
+        (json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 64}), "at most 16"),
+    ] {
+        let w = World::shipped();
+        let d = w.decide("aimodel-serving", &model(spec));
+        assert!(applied(&d).is_empty(), "nothing is deployed for a bad spec");
+        assert_eq!(status_of(&d)["phase"], "Degraded");
+        let (status, reason, message) = condition(&d, "Ready").unwrap();
+        assert_eq!((status, reason), ("False", "InvalidSpec"));
+        assert!(message.contains(words), "{message}");
+        assert_eq!(events(&d), ["InvalidSpec"]);
+        assert_eq!(alerts(&d)[0]["alertname"], "AIModelInvalidSpec");
+    }
+}
+
+#[test]
+fn the_invalid_spec_event_is_not_repeated_on_every_reconcile() {
+    let w = World::shipped();
+    let mut m = model(json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 0}));
+    m["status"] = json!({"phase": "Degraded"});
+    let d = w.decide("aimodel-serving", &m);
+    assert!(events(&d).is_empty());
+    assert_eq!(alerts(&d).len(), 1, "the alert stays firing while the spec is bad");
+}
