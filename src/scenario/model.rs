@@ -96,6 +96,10 @@ pub struct RuleSpec {
     pub snapshot_ready: Option<SnapshotReadySpec>,
     #[serde(default)]
     pub pod_ready: Option<PodReadySpec>,
+    /// Claim matching objects and do nothing to them (so that a later,
+    /// broader rule does not).
+    #[serde(default)]
+    pub ignore: bool,
 }
 
 fn star() -> String {
@@ -503,11 +507,12 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
             r.complete.is_some(),
             r.snapshot_ready.is_some(),
             r.pod_ready.is_some(),
+            r.ignore,
         ];
         if actions.iter().filter(|a| **a).count() != 1 {
             errors.push(err(
                 Some(pos),
-                "a rule does exactly one of complete, snapshotReady, podReady".into(),
+                "a rule does exactly one of complete, snapshotReady, podReady, ignore".into(),
             ));
         }
         rules.push((r.clone(), after, pos));
