@@ -31,8 +31,10 @@ fn a_model_gets_a_gpu_deployment_a_service_and_a_weights_volume() {
     let w = World::shipped();
     let d = w.decide(
         "aimodel-serving",
-        &model(json!({"modelUri": "hf://meta/llama-3-8b", "servingImage": "vllm:0.6",
-                      "gpusPerReplica": 2, "replicas": 3, "weights": {"size": "40Gi"}})),
+        &model(
+            json!({"modelUri": "hf://meta/llama-3-8b", "servingImage": "vllm:0.6",
+                      "gpusPerReplica": 2, "replicas": 3, "weights": {"size": "40Gi"}}),
+        ),
     );
     let objs = applied(&d);
     let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
@@ -40,9 +42,15 @@ fn a_model_gets_a_gpu_deployment_a_service_and_a_weights_volume() {
     let dep = objs[1];
     assert_eq!(dep["spec"]["replicas"], 3);
     let pod = &dep["spec"]["template"]["spec"];
-    assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], 2);
+    assert_eq!(
+        pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        2
+    );
     assert_eq!(pod["initContainers"][0]["args"][1], "hf://meta/llama-3-8b");
-    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "llama-weights");
+    assert_eq!(
+        pod["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "llama-weights"
+    );
     assert_eq!(objs[0]["spec"]["resources"]["requests"]["storage"], "40Gi");
     // No Deployment yet in the cache: rolling out, not ready.
     assert_eq!(status_of(&d)["phase"], "Progressing");
@@ -52,9 +60,18 @@ fn a_model_gets_a_gpu_deployment_a_service_and_a_weights_volume() {
 #[test]
 fn zero_gpus_or_a_malformed_uri_is_degraded_with_a_condition_an_event_and_an_alert() {
     for (spec, words) in [
-        (json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 0}), "at least 1 GPU"),
-        (json!({"modelUri": "ftp:/m v1", "servingImage": "vllm", "gpusPerReplica": 1}), "is not a s3://"),
-        (json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 64}), "at most 16"),
+        (
+            json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 0}),
+            "at least 1 GPU",
+        ),
+        (
+            json!({"modelUri": "ftp:/m v1", "servingImage": "vllm", "gpusPerReplica": 1}),
+            "is not a s3://",
+        ),
+        (
+            json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 64}),
+            "at most 16",
+        ),
     ] {
         let w = World::shipped();
         let d = w.decide("aimodel-serving", &model(spec));
@@ -71,9 +88,14 @@ fn zero_gpus_or_a_malformed_uri_is_degraded_with_a_condition_an_event_and_an_ale
 #[test]
 fn the_invalid_spec_event_is_not_repeated_on_every_reconcile() {
     let w = World::shipped();
-    let mut m = model(json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 0}));
+    let mut m =
+        model(json!({"modelUri": "s3://m/v1", "servingImage": "vllm", "gpusPerReplica": 0}));
     m["status"] = json!({"phase": "Degraded"});
     let d = w.decide("aimodel-serving", &m);
     assert!(events(&d).is_empty());
-    assert_eq!(alerts(&d).len(), 1, "the alert stays firing while the spec is bad");
+    assert_eq!(
+        alerts(&d).len(),
+        1,
+        "the alert stays firing while the spec is bad"
+    );
 }
