@@ -4,7 +4,7 @@
 //! The layering is strict: `policy`, `script` and `decide` never touch the
 //! network; `executor` and `controller` are the only writers; `sandbox` knows
 //! nothing of policies.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod alert;
 pub mod bench;

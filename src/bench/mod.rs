@@ -1,12 +1,16 @@
 //! Benchmarks shared by `cargo bench` and `runbook bench`: each returns
 //! measured figures; nothing here is typed in by hand.
 
+pub mod baseline;
+pub mod containment;
 pub mod decision;
+pub mod memory;
 pub mod native;
 pub mod operator;
 pub mod reload;
 pub mod sandbox;
 pub mod scenario;
+pub mod suite;
 
 use std::time::{Duration, Instant};
 

@@ -130,15 +130,26 @@ async fn wait_done(sandbox: &Sandbox, namespace: &str, n: usize, limit: Duration
 }
 
 pub fn runbook_operator(client: kube::Client, namespace: &str, concurrency: u16) -> Operator {
+    runbook_operator_with(client, namespace, concurrency, &[])
+}
+
+/// The bench operator with more policy files beside the Item policy.
+pub fn runbook_operator_with(
+    client: kube::Client,
+    namespace: &str,
+    concurrency: u16,
+    extra: &[(&str, &str)],
+) -> Operator {
     let engine = ScriptEngine::default();
-    let bundle = Bundle::new(
-        Origin::Inline("bench".into()),
-        [
-            ("item.yaml".to_string(), POLICY.to_string()),
-            ("item.rhai".to_string(), SCRIPT.to_string()),
-        ]
-        .into(),
-    );
+    let mut files: std::collections::BTreeMap<String, String> = [
+        ("item.yaml".to_string(), POLICY.to_string()),
+        ("item.rhai".to_string(), SCRIPT.to_string()),
+    ]
+    .into();
+    for (k, v) in extra {
+        files.insert(k.to_string(), v.to_string());
+    }
+    let bundle = Bundle::new(Origin::Inline("bench".into()), files);
     let (set, errors) = policy::load(&engine, &[bundle]);
     assert!(errors.is_empty(), "{errors:?}");
     Operator::new(

@@ -2,6 +2,7 @@
 //! everything below is typed.
 
 mod alerts;
+mod bench;
 mod check;
 mod explain;
 mod rbac;
@@ -41,6 +42,8 @@ pub enum Command {
     Test(scenario::TestArgs),
     /// Print the RBAC (roles and bindings) exactly the given policies need.
     Rbac(rbac::RbacArgs),
+    /// Run the performance suite and print its table (build with --release).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -106,6 +109,7 @@ pub fn main() -> ExitCode {
         Command::Simulate(args) => scenario::simulate(args),
         Command::Test(args) => scenario::test(args),
         Command::Rbac(args) => rbac::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Explain(args) => runtime().and_then(|rt| rt.block_on(explain::run(args))),
         Command::Crds(args) => crds(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),

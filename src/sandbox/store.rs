@@ -276,6 +276,8 @@ pub struct Store {
     inner: Mutex<Inner>,
     clock: Clock,
     config: StoreConfig,
+    /// First pages of lists served (continuations not counted).
+    lists: std::sync::atomic::AtomicU64,
 }
 
 /// Serialise for keeping: the buffer is trimmed to its length, since a
@@ -411,6 +413,7 @@ impl Store {
             }),
             clock,
             config,
+            lists: std::sync::atomic::AtomicU64::new(0),
         };
         let ns = store
             .def("", "namespaces")
@@ -485,6 +488,10 @@ impl Store {
         limit: Option<usize>,
         cont: Option<&str>,
     ) -> Result<Listed, ApiError> {
+        if cont.is_none() {
+            self.lists
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let inner = self.lock();
         let (start, list_rv) = match cont {
             Some(token) => {
@@ -644,6 +651,20 @@ impl Store {
     /// Close every open watch (a fault the tests inject).
     pub fn cut_watches(&self) {
         self.lock().watchers.clear();
+    }
+
+    /// Lists served so far (first pages only).
+    pub fn lists_served(&self) -> u64 {
+        self.lists.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Forget the watch history up to now, as an etcd compaction does: a
+    /// watch resumed from an older resourceVersion gets 410 Gone and its
+    /// client must list again.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.history.clear();
+        inner.compacted = inner.rv;
     }
 
     pub fn watch_count(&self) -> usize {

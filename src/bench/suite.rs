@@ -1,0 +1,398 @@
+//! `runbook bench`: every figure of the performance suite in one run, as a
+//! table or JSON, each with its goal and whether it was met.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::us;
+
+/// A goal a figure is held to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Goal {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// One figure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub section: &'static str,
+    pub figure: String,
+    pub value: f64,
+    pub unit: &'static str,
+    pub goal: Option<Goal>,
+}
+
+impl Row {
+    fn new(
+        section: &'static str,
+        figure: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+    ) -> Self {
+        Self {
+            section,
+            figure: figure.into(),
+            value,
+            unit,
+            goal: None,
+        }
+    }
+
+    fn goal(mut self, g: Goal) -> Self {
+        self.goal = Some(g);
+        self
+    }
+
+    pub fn met(&self) -> Option<bool> {
+        self.goal.map(|g| match g {
+            Goal::AtMost(x) => self.value <= x,
+            Goal::AtLeast(x) => self.value >= x,
+        })
+    }
+
+    fn goal_text(&self) -> String {
+        match self.goal {
+            Some(Goal::AtMost(x)) => format!("<= {}", trim(x)),
+            Some(Goal::AtLeast(x)) => format!(">= {}", trim(x)),
+            None => String::new(),
+        }
+    }
+}
+
+fn trim(x: f64) -> String {
+    let s = format!("{x:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1_048_576.0
+}
+
+/// What to run and how long.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Fewer samples and 2,000 targets instead of 10,000.
+    pub quick: bool,
+    pub sections: Vec<String>,
+    pub policies: PathBuf,
+    /// This program and the arguments that start it in a child role
+    /// (for the memory figures).
+    pub exe: PathBuf,
+    pub child_args: Vec<String>,
+}
+
+pub const SECTIONS: &[&str] = &["decision", "operator", "reload", "memory", "containment"];
+
+impl Options {
+    fn wants(&self, s: &str) -> bool {
+        self.sections.is_empty() || self.sections.iter().any(|x| x == s)
+    }
+
+    fn targets(&self) -> usize {
+        if self.quick { 2_000 } else { 10_000 }
+    }
+}
+
+fn decision(policies: &Path, quick: bool) -> Vec<Row> {
+    let iters = if quick { 2_000 } else { 20_000 };
+    let f = super::decision::run(policies, iters);
+    let setup = super::decision::Setup::new(policies, 0.72);
+    let body = bytes::Bytes::from(serde_json::to_vec(&setup.target).unwrap_or_default());
+    let fork = super::baseline::fork_exec(if quick { 100 } else { 500 });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let http = rt.block_on(super::baseline::http_round_trip(
+        body,
+        if quick { 1_000 } else { 5_000 },
+    ));
+    let rhai = f.scripted.median.as_secs_f64();
+    let s = "decision";
+    vec![
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, median",
+            us(f.scripted.median),
+            "us",
+        ),
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, p99",
+            us(f.scripted.p99),
+            "us",
+        ),
+        Row::new(
+            s,
+            "native Rust: the same decision, median",
+            us(f.native.median),
+            "us",
+        ),
+        Row::new(s, "Rhai / native", f.ratio(), "x").goal(Goal::AtMost(50.0)),
+        Row::new(
+            s,
+            "Rhai policy: steady state (nothing due), median",
+            us(f.scripted_idle.median),
+            "us",
+        ),
+        Row::new(
+            s,
+            "fork+exec of `true` (hook-per-process floor), median",
+            us(fork.median),
+            "us",
+        ),
+        Row::new(s, "fork+exec / Rhai", fork.median.as_secs_f64() / rhai, "x")
+            .goal(Goal::AtLeast(100.0)),
+        Row::new(
+            s,
+            "HTTP round trip on loopback (webhook floor), median",
+            us(http.median),
+            "us",
+        ),
+        Row::new(
+            s,
+            "HTTP round trip / Rhai",
+            http.median.as_secs_f64() / rhai,
+            "x",
+        ),
+    ]
+}
+
+async fn operator(n: usize) -> Vec<Row> {
+    let f = tokio::spawn(super::operator::run(n))
+        .await
+        .expect("operator benchmark");
+    let s = "operator";
+    vec![
+        Row::new(
+            s,
+            format!("hand-written kube-rs controller, {n} targets"),
+            f.hand.as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("Runbook (Rhai policy), {n} targets"),
+            f.runbook.as_secs_f64(),
+            "s",
+        ),
+        Row::new(s, "Runbook / hand-written", f.ratio(), "x").goal(Goal::AtMost(1.5)),
+        Row::new(
+            s,
+            "API writes of a no-op resync of every target",
+            f.noop_writes as f64,
+            "writes",
+        )
+        .goal(Goal::AtMost(0.0)),
+    ]
+}
+
+async fn reload(quick: bool, n: usize) -> Vec<Row> {
+    let edits = if quick { 30 } else { 100 };
+    let f = tokio::spawn(super::reload::run(edits, n))
+        .await
+        .expect("reload benchmark");
+    let s = "reload";
+    vec![
+        Row::new(
+            s,
+            format!("ConfigMap edit -> first reconcile on the new version, p50 ({edits} edits)"),
+            ms(f.latency.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("ConfigMap edit -> first reconcile on the new version, p99 ({edits} edits)"),
+            ms(f.latency.p99),
+            "ms",
+        )
+        .goal(Goal::AtMost(200.0)),
+        Row::new(
+            s,
+            format!("edit -> all {n} targets on the new version"),
+            f.requeue_all.as_secs_f64(),
+            "s",
+        ),
+    ]
+}
+
+fn memory(opts: &Options) -> Vec<Row> {
+    let n = opts.targets();
+    let args: Vec<&str> = opts.child_args.iter().map(String::as_str).collect();
+    let f = super::memory::measure(&opts.exe, &args, n);
+    let s = "memory";
+    vec![
+        Row::new(
+            s,
+            format!("operator RSS, {n} targets and {n} children cached"),
+            mb(f.rss),
+            "MB",
+        )
+        .goal(Goal::AtMost(100.0)),
+        Row::new(s, "operator live heap, same", mb(f.heap), "MB"),
+        Row::new(
+            s,
+            format!(
+                "peak RSS while every watch relists ({} lists after a compaction)",
+                f.relists
+            ),
+            mb(f.peak_rss),
+            "MB",
+        ),
+        Row::new(
+            s,
+            "peak RSS during relist / steady RSS",
+            f.peak_rss as f64 / f.rss.max(1) as f64,
+            "x",
+        )
+        .goal(Goal::AtMost(2.0)),
+        Row::new(
+            s,
+            "peak live heap during relist / steady heap",
+            f.peak_heap as f64 / f.heap.max(1) as f64,
+            "x",
+        ),
+    ]
+}
+
+async fn containment(quick: bool) -> Vec<Row> {
+    let items = if quick { 1_000 } else { 3_000 };
+    let f = super::containment::run(items, 4, if quick { 10 } else { 30 }).await;
+    let s = "containment";
+    vec![
+        Row::new(
+            s,
+            "runaway script: start -> terminated, median",
+            ms(f.runaway.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            "runaway script: start -> terminated, max",
+            ms(f.runaway.p99),
+            "ms",
+        )
+        .goal(Goal::AtMost(50.0)),
+        Row::new(
+            s,
+            format!("{items} targets reconciled alone"),
+            f.alone.as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!(
+                "the same beside {} runaway targets ({} stopped)",
+                f.runaways, f.runaway_errors
+            ),
+            f.beside_runaways.as_secs_f64(),
+            "s",
+        ),
+        Row::new(s, "slowdown beside runaways", f.slowdown(), "x"),
+    ]
+}
+
+/// Run the chosen sections.
+pub async fn run(opts: &Options) -> Vec<Row> {
+    let mut rows = Vec::new();
+    if opts.wants("decision") {
+        let (p, q) = (opts.policies.clone(), opts.quick);
+        rows.extend(
+            tokio::task::spawn_blocking(move || decision(&p, q))
+                .await
+                .expect("decision benchmark"),
+        );
+    }
+    if opts.wants("operator") {
+        rows.extend(operator(opts.targets()).await);
+    }
+    if opts.wants("reload") {
+        rows.extend(reload(opts.quick, opts.targets()).await);
+    }
+    if opts.wants("memory") {
+        let o = opts.clone();
+        rows.extend(
+            tokio::task::spawn_blocking(move || memory(&o))
+                .await
+                .expect("memory benchmark"),
+        );
+    }
+    if opts.wants("containment") {
+        rows.extend(containment(opts.quick).await);
+    }
+    rows
+}
+
+/// The rows as a Markdown table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out =
+        String::from("| section | figure | value | goal | met |\n|---|---|---:|---|---|\n");
+    for r in rows {
+        let value = if r.value.abs() >= 100.0 || r.value == r.value.trunc() {
+            format!("{:.0} {}", r.value, r.unit)
+        } else {
+            format!("{:.2} {}", r.value, r.unit)
+        };
+        let met = match r.met() {
+            Some(true) => "yes",
+            Some(false) => "**MISSED**",
+            None => "",
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            r.section,
+            r.figure,
+            value,
+            r.goal_text(),
+            met
+        ));
+    }
+    out
+}
+
+pub fn to_json(rows: &[Row]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                json!({
+                    "section": r.section, "figure": r.figure, "value": r.value, "unit": r.unit,
+                    "goal": r.goal_text(), "met": r.met(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The machine, for the record.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| format!("{:.0} GiB", kb as f64 / 1_048_576.0))
+        .unwrap_or_default();
+    format!("{cpu}, {cores} cores, {mem}")
+}

@@ -1,0 +1,97 @@
+//! `runbook bench`: the performance suite (see `crate::bench::suite`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::bench::suite::{self, Options};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Fewer samples and 2,000 targets instead of 10,000 (a minute or two).
+    #[arg(long, env = "RUNBOOK_BENCH_QUICK")]
+    pub quick: bool,
+    /// Only these sections: decision, operator, reload, memory, containment.
+    #[arg(long, value_delimiter = ',', env = "RUNBOOK_BENCH_ONLY_SECTIONS")]
+    pub only: Vec<String>,
+    /// The shipped policies (the decision benchmark uses evaluator-drift).
+    #[arg(long, default_value = "policies", env = "RUNBOOK_BENCH_POLICIES")]
+    pub policies: PathBuf,
+    #[arg(long, short, value_enum, default_value_t = Output::Text, env = "RUNBOOK_BENCH_OUTPUT")]
+    pub output: Output,
+    /// Internal: run as a child process of the memory benchmark.
+    #[arg(long, hide = true, num_args = 1..)]
+    pub child: Vec<String>,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if !args.child.is_empty() {
+        let n: usize = args
+            .child
+            .get(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        match args.child[0].as_str() {
+            "sandbox" => rt.block_on(crate::bench::memory::sandbox_child(n)),
+            "operator" => {
+                let kc = PathBuf::from(args.child.get(2).cloned().unwrap_or_default());
+                rt.block_on(async move {
+                    tokio::spawn(async move { crate::bench::memory::operator_child(&kc, n).await })
+                        .await
+                })?;
+            }
+            other => anyhow::bail!("unknown child role {other}"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    for s in &args.only {
+        anyhow::ensure!(
+            suite::SECTIONS.contains(&s.as_str()),
+            "--only {s}: want one of {}",
+            suite::SECTIONS.join(", ")
+        );
+    }
+    anyhow::ensure!(
+        args.policies.is_dir(),
+        "--policies {}: not a directory (run from the repository, or point it at policies/)",
+        args.policies.display()
+    );
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "note: a debug build; run `cargo run --release -- bench` for figures worth recording"
+        );
+    }
+    let opts = Options {
+        quick: args.quick,
+        sections: args.only,
+        policies: args.policies,
+        exe: std::env::current_exe()?,
+        child_args: vec!["bench".into(), "--child".into()],
+    };
+    let rows = rt.block_on(suite::run(&opts));
+    match args.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "machine": suite::machine(), "quick": opts.quick, "figures": suite::to_json(&rows)
+            }))?
+        ),
+        Output::Text => {
+            println!(
+                "machine: {}{}",
+                suite::machine(),
+                if opts.quick { " (quick run)" } else { "" }
+            );
+            print!("{}", suite::table(&rows));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
