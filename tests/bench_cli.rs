@@ -1,0 +1,64 @@
+//! `runbook bench`: the suite runs, every figure is computed and carries
+//! its goal, and JSON and the table agree. (Figures are not judged here:
+//! speed is measured by the benchmark, never by a test.)
+
+use std::process::Command;
+
+#[test]
+fn the_suite_reports_each_figure_with_its_goal() {
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args([
+            "bench",
+            "--quick",
+            "--only",
+            "decision,containment",
+            "-o",
+            "json",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["machine"].as_str().unwrap().contains("cores"));
+    let figures = v["figures"].as_array().unwrap();
+    let find = |name: &str| {
+        figures
+            .iter()
+            .find(|f| f["figure"].as_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("no figure {name}: {figures:?}"))
+    };
+    for f in figures {
+        assert!(f["value"].as_f64().unwrap() >= 0.0, "{f}");
+        assert!(["decision", "containment"].contains(&f["section"].as_str().unwrap()));
+    }
+    assert_eq!(find("Rhai / native")["goal"], "<= 50");
+    assert_eq!(find("fork+exec / Rhai")["goal"], ">= 100");
+    assert!(
+        find("HTTP round trip on loopback")["value"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    // The runaway script was stopped: its time is at least the 20 ms budget.
+    let runaway = find("runaway script: start -> terminated, max");
+    assert_eq!(runaway["goal"], "<= 50");
+    assert!(runaway["value"].as_f64().unwrap() >= 20.0, "{runaway}");
+    let met = runaway["met"].as_bool().unwrap();
+    assert_eq!(met, runaway["value"].as_f64().unwrap() <= 50.0);
+}
+
+#[test]
+fn an_unknown_section_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["bench", "--only", "everything"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("want one of decision, operator"));
+}
