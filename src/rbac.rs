@@ -78,6 +78,8 @@ pub struct Options {
     /// Namespaces whose labelled ConfigMaps are policy bundles (default:
     /// the operator's).
     pub policy_namespaces: Vec<String>,
+    /// Whether policies come from ConfigMaps at all (`--policy-configmaps`).
+    pub policy_configmaps: bool,
 }
 
 impl Default for Options {
@@ -88,6 +90,7 @@ impl Default for Options {
             service_account: "runbook".into(),
             watch_namespaces: Vec::new(),
             policy_namespaces: Vec::new(),
+            policy_configmaps: true,
         }
     }
 }
@@ -289,7 +292,9 @@ pub fn needs(
         &[],
         "leader election".into(),
     );
-    let policy_namespaces = if opts.policy_namespaces.is_empty() {
+    let policy_namespaces = if !opts.policy_configmaps {
+        Vec::new()
+    } else if opts.policy_namespaces.is_empty() {
         vec![opts.namespace.clone()]
     } else {
         opts.policy_namespaces.clone()

@@ -86,6 +86,7 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         service_account: args.service_account,
         watch_namespaces: args.watch_namespaces,
         policy_namespaces: args.policy_namespaces,
+        policy_configmaps: true,
     };
     let crds = rbac::crd_plurals(&crd_docs(&bundles));
     print!("{}", rbac::render(&rbac::needs(&set, &opts, &crds), &opts));

@@ -198,6 +198,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             namespace: args.operator_namespace.clone(),
             watch_namespaces: watched.iter().cloned().collect(),
             policy_namespaces: sources.configmap_namespaces.clone(),
+            policy_configmaps: args.policy_configmaps,
             ..Default::default()
         };
         let served = access::served_kinds(&client, &set).await;
