@@ -167,6 +167,11 @@ impl DeclaredKinds {
         self.entries.iter().any(|(k, r)| k == kind && *r == role)
     }
 
+    /// Whether the kind is declared in any role.
+    pub fn declares(&self, kind: &KindRef) -> bool {
+        self.entries.iter().any(|(k, _)| k == kind)
+    }
+
     /// Every distinct kind, in declaration order.
     pub fn kinds(&self) -> Vec<&KindRef> {
         let mut out: Vec<&KindRef> = Vec::new();

@@ -519,7 +519,7 @@ async fn reconcile(
         .load()
         .policies
         .values()
-        .any(|p| p.target != kind && p.kinds.kinds().contains(&&kind));
+        .any(|p| p.target != kind && p.kinds.declares(&kind));
     if watched_by_others {
         let _ = ctx.changes.send(super::cache::Change {
             kind: kind.clone(),
