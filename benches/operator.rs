@@ -1,14 +1,13 @@
 //! `cargo bench --bench operator`: 10,000 targets reconciled by Runbook and
 //! by a hand-written controller, no-op writes, and the operator's memory.
 //!
-//! The memory figure comes from fresh processes: the API server in one,
-//! the operator in another, so neither the sandbox's storage nor what the
+//! The memory figures come from fresh processes (this program again, in
+//! the `sandbox` and `operator` child roles): the API server in one, the
+//! operator in the other, so neither the sandbox's storage nor what the
 //! speed run left in the allocator is counted.
 
-use std::io::BufRead;
-use std::process::{Command, Stdio};
-
-use runbook::bench::operator::{child_sandbox, memory, run, spawn_child};
+use runbook::bench::memory::{measure, operator_child, sandbox_child};
+use runbook::bench::operator::run;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -18,23 +17,28 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn main() {
-    if let Ok(n) = std::env::var("RUNBOOK_BENCH_SANDBOX_CHILD") {
-        runtime().block_on(child_sandbox(n.parse().expect("a count")));
-        return;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let count = |i: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    match args.first().map(String::as_str) {
+        Some("sandbox") => return runtime().block_on(sandbox_child(count(1))),
+        Some("operator") => {
+            let (n, kc) = (
+                count(1),
+                std::path::PathBuf::from(args.get(2).cloned().unwrap_or_default()),
+            );
+            runtime()
+                .block_on(
+                    async move { tokio::spawn(async move { operator_child(&kc, n).await }).await },
+                )
+                .expect("operator child");
+            return;
+        }
+        _ => {}
     }
     let n: usize = std::env::var("RUNBOOK_BENCH_TARGETS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    if let Ok(kubeconfig) = std::env::var("RUNBOOK_BENCH_MEMORY_CHILD") {
-        let rss = runtime().block_on(async move {
-            tokio::spawn(async move { memory(std::path::Path::new(&kubeconfig), n).await })
-                .await
-                .expect("memory task")
-        });
-        println!("RSS {rss}");
-        return;
-    }
     let f = runtime().block_on(async move { tokio::spawn(run(n)).await.expect("benchmark task") });
     println!(
         "operator, {} targets each needing one child and one status write (in-process sandbox, concurrency 16)",
@@ -57,27 +61,20 @@ fn main() {
         return;
     }
     let exe = std::env::current_exe().expect("this benchmark's path");
-    let (mut server, kubeconfig) = spawn_child(&exe, n);
-    let mut op = Command::new(&exe)
-        .env("RUNBOOK_BENCH_MEMORY_CHILD", &kubeconfig)
-        .env("RUNBOOK_BENCH_TARGETS", n.to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting the operator process");
-    let rss: u64 = std::io::BufReader::new(op.stdout.take().expect("stdout"))
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("RSS ").and_then(|v| v.parse().ok()))
-        .expect("the operator process reports its RSS");
-    let _ = op.wait();
-    let _ = server.kill();
-    let _ = server.wait();
+    let m = measure(&exe, &[], n);
     println!(
         "  operator RSS with {n} targets and {n} children cached (API server in another process): {:.1} MB",
-        rss as f64 / 1048576.0
+        m.rss as f64 / 1048576.0
+    );
+    println!(
+        "  peak RSS while every watch relists ({} lists): {:.1} MB ({:.2}x)",
+        m.relists,
+        m.peak_rss as f64 / 1048576.0,
+        m.peak_rss as f64 / m.rss.max(1) as f64
     );
 }
 
 /// The allocator the `runbook` binary uses.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: runbook::util::alloc::Counting<mimalloc::MiMalloc> =
+    runbook::util::alloc::Counting(mimalloc::MiMalloc);

@@ -1,8 +1,8 @@
 //! End-to-end: many targets, each needing one child and one status write,
 //! reconciled by Runbook (a Rhai policy) and by a minimal hand-written
 //! kube-rs controller doing the same writes, on the same in-process
-//! sandbox; then the writes of a no-op resync, and the memory of the
-//! operator's caches with the API server in another process.
+//! sandbox; then the writes of a no-op resync. (The memory of the
+//! operator's caches is `super::memory`.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -326,77 +326,4 @@ pub async fn run(n: usize) -> OperatorFigures {
         hand,
         noop_writes,
     }
-}
-
-/// The API server for the memory figure, run in a child process: `n`
-/// Items in namespace `memory`; prints the kubeconfig path, then serves
-/// until killed.
-pub async fn child_sandbox(n: usize) {
-    let sandbox = Sandbox::default();
-    populate(&sandbox, "memory", n);
-    let served = sandbox.serve(0).await.expect("serving the sandbox");
-    let path =
-        std::env::temp_dir().join(format!("runbook-bench-{}.kubeconfig", std::process::id()));
-    std::fs::write(&path, served.kubeconfig("default")).expect("writing the kubeconfig");
-    println!("KUBECONFIG {}", path.display());
-    std::future::pending::<()>().await;
-}
-
-/// Start `exe` (this benchmark) as the API server child; its kubeconfig.
-pub fn spawn_child(exe: &std::path::Path, n: usize) -> (std::process::Child, std::path::PathBuf) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(exe)
-        .env("RUNBOOK_BENCH_SANDBOX_CHILD", n.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting the sandbox child");
-    let out = child.stdout.take().expect("stdout");
-    let found = std::io::BufReader::new(out)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|line| {
-            line.strip_prefix("KUBECONFIG ")
-                .map(std::path::PathBuf::from)
-        });
-    if let Some(p) = found {
-        return (child, p);
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the sandbox child exited");
-}
-
-/// The operator's resident memory once it has reconciled `n` Items and
-/// caches them and their `n` children, with the API server in another
-/// process so that only the operator is counted.
-pub async fn memory(kubeconfig: &std::path::Path, n: usize) -> u64 {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config");
-    let client = kube::Client::try_from(config).expect("client");
-    let op = runbook_operator(client, "memory", 16);
-    op.start().await.expect("the operator starts");
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let kind = item_kind();
-    loop {
-        let sources = op.ctx.sources();
-        let finished = match sources.0.get(&kind) {
-            Some(crate::controller::view::Source::Targets(store)) => store
-                .state()
-                .iter()
-                .filter(|o| o.json.contains(r#""phase":"Done""#))
-                .count(),
-            _ => 0,
-        };
-        if finished >= n || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    op.settle(Duration::from_millis(500), Duration::from_secs(60))
-        .await;
-    let rss = super::sandbox::rss_bytes();
-    op.shutdown(Duration::from_secs(5)).await;
-    rss
 }
