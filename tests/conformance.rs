@@ -1012,3 +1012,104 @@ async fn the_sandbox_clock_stamps_objects() {
     );
     c.cleanup().await;
 }
+
+/// Core `v1` Events and `events.k8s.io/v1` Events are one resource: what
+/// one group writes the other reads, watches and patches, each with its
+/// own field names.
+#[tokio::test]
+async fn events_are_one_resource_in_two_groups() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    let c = Cluster::new("events").await;
+    let core: Api<CoreEvent> = c.api();
+    let new: Api<NewEvent> = c.api();
+    let mut watch = core
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let written: NewEvent = serde_json::from_value(json!({
+        "metadata": {"name": "from-new"},
+        "eventTime": "2026-11-29T10:00:00.000000Z",
+        "reportingController": "runbook.dev/runbook", "reportingInstance": "runbook-0",
+        "action": "Reconcile", "reason": "RolledBack", "type": "Warning",
+        "note": "rolled back to revision 3",
+        "regarding": {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "namespace": c.ns}
+    }))
+    .unwrap();
+    new.create(&PostParams::default(), &written).await.unwrap();
+    let seen = core.get("from-new").await.unwrap();
+    assert_eq!(seen.involved_object.name.as_deref(), Some("cm"));
+    assert_eq!(seen.message.as_deref(), Some("rolled back to revision 3"));
+    assert_eq!(
+        seen.reporting_component.as_deref(),
+        Some("runbook.dev/runbook")
+    );
+    let listed = core.list(&ListParams::default()).await.unwrap();
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|e| e.metadata.name.as_deref() == Some("from-new"))
+    );
+    let raw: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &ApiResource::erase::<CoreEvent>(&()),
+    );
+    assert_eq!(
+        raw.get("from-new")
+            .await
+            .unwrap()
+            .types
+            .unwrap()
+            .api_version,
+        "v1"
+    );
+    // The core watch saw it.
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match watch.try_next().await.unwrap() {
+                Some(WatchEvent::Added(e)) => return e,
+                Some(_) => continue,
+                None => panic!("the watch ended"),
+            }
+        }
+    })
+    .await
+    .expect("a watch event");
+    assert_eq!(first.metadata.name.as_deref(), Some("from-new"));
+    assert_eq!(first.message.as_deref(), Some("rolled back to revision 3"));
+    // Written through core, read through events.k8s.io.
+    let old_style: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "from-core"},
+        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "namespace": c.ns},
+        "reason": "Created", "message": "made it", "type": "Normal", "count": 1,
+        "source": {"component": "kubelet"},
+        "firstTimestamp": "2026-11-29T10:00:00Z", "lastTimestamp": "2026-11-29T10:00:00Z"
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &old_style)
+        .await
+        .unwrap();
+    let seen = new.get("from-core").await.unwrap();
+    assert_eq!(seen.regarding.unwrap().name.as_deref(), Some("cm"));
+    assert_eq!(seen.note.as_deref(), Some("made it"));
+    assert_eq!(seen.deprecated_count, Some(1));
+    // A patch through core shows through events.k8s.io.
+    core.patch(
+        "from-core",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"count": 2, "message": "made it twice"})),
+    )
+    .await
+    .unwrap();
+    let seen = new.get("from-core").await.unwrap();
+    assert_eq!(seen.note.as_deref(), Some("made it twice"));
+    assert_eq!(seen.deprecated_count, Some(2));
+    new.delete("from-core", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(code(core.get("from-core").await), 404);
+    c.cleanup().await;
+}

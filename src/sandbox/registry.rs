@@ -39,6 +39,21 @@ impl ResourceDef {
         (self.group.clone(), self.plural.clone())
     }
 
+    /// Where its objects are kept. Core `v1` Events and `events.k8s.io/v1`
+    /// Events are one resource served in two groups, as on a real server.
+    pub fn storage(&self) -> ResKey {
+        if self.is_event() {
+            ("events.k8s.io".into(), "events".into())
+        } else {
+            self.key()
+        }
+    }
+
+    /// One of the two Event resources.
+    pub fn is_event(&self) -> bool {
+        self.plural == "events" && (self.group.is_empty() || self.group == "events.k8s.io")
+    }
+
     pub fn api_version(&self, version: &str) -> String {
         if self.group.is_empty() {
             version.to_string()

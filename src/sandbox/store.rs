@@ -475,7 +475,7 @@ impl Store {
         let inner = self.lock();
         inner
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
             .map(|s| s.bytes.clone())
             .ok_or_else(|| ApiError::not_found(def, name))
@@ -506,7 +506,7 @@ impl Store {
             None => (None, inner.rv),
         };
         let empty = BTreeMap::new();
-        let objs = inner.objects.get(&def.key()).unwrap_or(&empty);
+        let objs = inner.objects.get(&def.storage()).unwrap_or(&empty);
         let range: Box<dyn Iterator<Item = (&ObjKey, &Stored)>> = match (&start, &filter.namespace)
         {
             (Some(s), _) => Box::new(objs.range((
@@ -568,7 +568,7 @@ impl Store {
         let mut inner = self.lock();
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
-        let key = def.key();
+        let key = def.storage();
         let send = |line: Bytes| {
             queued.fetch_add(1, Ordering::Relaxed);
             let _ = tx.send(line);
@@ -630,7 +630,7 @@ impl Store {
         let rv = inner.rv;
         match inner
             .watchers
-            .get(&def.key())
+            .get(&def.storage())
             .and_then(|ws| ws.iter().find(|w| w.id == id))
         {
             Some(w) => {
@@ -643,7 +643,7 @@ impl Store {
 
     pub fn stop_watch(&self, def: &ResourceDef, id: u64) {
         let mut inner = self.lock();
-        if let Some(ws) = inner.watchers.get_mut(&def.key()) {
+        if let Some(ws) = inner.watchers.get_mut(&def.storage()) {
             ws.retain(|w| w.id != id);
         }
     }
@@ -719,7 +719,7 @@ impl Store {
         let key = (ns.to_string(), name.clone());
         if inner
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .is_some_and(|m| m.contains_key(&key))
         {
             return Err(ApiError::already_exists(def, &name));
@@ -980,7 +980,7 @@ impl Store {
         let key = (ns.to_string(), name.to_string());
         let stored = inner
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .and_then(|m| m.get(&key))
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
@@ -1155,7 +1155,7 @@ impl Store {
         let now = self.now();
         let keys: Vec<ObjKey> = inner
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .map(|m| {
                 m.iter()
                     .filter(|(k, s)| filter.matches(k, &s.labels))
@@ -1179,7 +1179,7 @@ impl Store {
         let inner = self.lock();
         inner
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .map(|m| {
                 m.values()
                     .filter_map(|s| serde_json::from_slice(&s.bytes).ok())
@@ -1628,7 +1628,7 @@ impl Inner {
             let name = format!("{prefix}{suffix}");
             if !self
                 .objects
-                .get(&def.key())
+                .get(&def.storage())
                 .is_some_and(|m| m.contains_key(&(ns.to_string(), name.clone())))
             {
                 return name;
@@ -1688,11 +1688,14 @@ impl Inner {
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        if def.is_event() {
+            mirror_event(&mut obj, def.group.is_empty());
+        }
         let bytes = to_bytes(&obj);
         let uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
         let labels = labels_of(&obj);
         let owners = owners_of(&obj);
-        let res = def.key();
+        let res = def.storage();
         let old = self.objects.entry(res.clone()).or_default().insert(
             key.clone(),
             Stored {
@@ -1763,7 +1766,7 @@ impl Inner {
         config: &StoreConfig,
         now: &str,
     ) -> Bytes {
-        let res = def.key();
+        let res = def.storage();
         let Some(stored) = self.objects.get_mut(&res).and_then(|m| m.remove(&key)) else {
             return Bytes::new();
         };
@@ -1871,7 +1874,7 @@ impl Inner {
         config: &StoreConfig,
         now: &str,
     ) {
-        let Some(stored) = self.objects.get(&def.key()).and_then(|m| m.get(key)) else {
+        let Some(stored) = self.objects.get(&def.storage()).and_then(|m| m.get(key)) else {
             return;
         };
         if !stored.owners.is_empty()
@@ -1896,7 +1899,7 @@ impl Inner {
         let key = (ns.to_string(), name.to_string());
         let stored = self
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .and_then(|m| m.get(&key))
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
@@ -1985,7 +1988,7 @@ impl Inner {
         }
         let bytes = self.commit(def, key.clone(), obj, EventType::Modified, config);
         if finalizers.iter().any(|f| f == "foregroundDeletion") {
-            self.foreground.insert((def.key(), key.clone()));
+            self.foreground.insert((def.storage(), key.clone()));
         }
         if is_namespace {
             self.terminating.insert(name.to_string());
@@ -2024,7 +2027,7 @@ impl Inner {
             self.finish_namespaces(config, now);
             if !self
                 .objects
-                .get(&def.key())
+                .get(&def.storage())
                 .is_some_and(|m| m.contains_key(&key))
             {
                 return Ok(Deleted::Gone(bytes));
@@ -2032,7 +2035,7 @@ impl Inner {
         }
         let current = self
             .objects
-            .get(&def.key())
+            .get(&def.storage())
             .and_then(|m| m.get(&key))
             .map(|s| s.bytes.clone());
         Ok(match current {
@@ -2095,6 +2098,41 @@ impl Inner {
             if empty && let Some(def) = self.defs.get(&key).cloned() {
                 self.terminating.remove(&ns);
                 self.remove(&def, (String::new(), ns), None, config, now);
+            }
+        }
+    }
+}
+
+/// The fields that core `v1` Events and `events.k8s.io/v1` Events name
+/// differently: (core, events.k8s.io).
+const EVENT_FIELDS: &[(&str, &str)] = &[
+    ("involvedObject", "regarding"),
+    ("message", "note"),
+    ("count", "deprecatedCount"),
+    ("firstTimestamp", "deprecatedFirstTimestamp"),
+    ("lastTimestamp", "deprecatedLastTimestamp"),
+    ("source", "deprecatedSource"),
+    ("reportingComponent", "reportingController"),
+];
+
+/// Keep both groups' names of an Event's fields, the group that wrote it
+/// deciding, so that it reads the same through either group.
+fn mirror_event(obj: &mut Value, written_as_core: bool) {
+    let Some(m) = obj.as_object_mut() else {
+        return;
+    };
+    for (core, events) in EVENT_FIELDS {
+        let (from, to) = if written_as_core {
+            (core, events)
+        } else {
+            (events, core)
+        };
+        match m.get(*from).cloned() {
+            Some(v) if !v.is_null() => {
+                m.insert(to.to_string(), v);
+            }
+            _ => {
+                m.remove(*to);
             }
         }
     }

@@ -15,12 +15,18 @@ use crate::clock::Clock;
 /// version, and a multi-version kind serves them at others with only the
 /// `apiVersion` changed (no conversion webhooks).
 pub fn at_version(def: &ResourceDef, version: &str, bytes: Bytes) -> Bytes {
-    if version == def.storage_version() {
+    // An Event is shown in the group it was asked for (it is stored once
+    // for both).
+    if version == def.storage_version() && !def.is_event() {
         return bytes;
     }
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut v) => {
-            v["apiVersion"] = json!(def.api_version(version));
+            let wanted = def.api_version(version);
+            if v["apiVersion"] == wanted.as_str() {
+                return bytes;
+            }
+            v["apiVersion"] = json!(wanted);
             Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
         }
         Err(_) => bytes,
