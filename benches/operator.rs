@@ -22,6 +22,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("sandbox") => return runtime().block_on(sandbox_child(count(1))),
         Some("operator") => {
+            runbook::util::alloc::enable();
             let (n, kc) = (
                 count(1),
                 std::path::PathBuf::from(args.get(2).cloned().unwrap_or_default()),

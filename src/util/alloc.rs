@@ -1,16 +1,30 @@
-//! A global allocator wrapper that counts live heap bytes and their peak,
-//! so `runbook bench` can report heap as well as RSS.
+//! A global allocator wrapper that can count live heap bytes and their
+//! peak, so `runbook bench` can report heap as well as RSS. Counting is off
+//! unless `enable` is called (the memory benchmark's operator process
+//! does, first thing): shared counters on every allocation cost a multi-
+//! threaded process a good part of its time.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
 
-/// Wraps an allocator; every allocation and free adjusts the counters.
+/// Wraps an allocator; while counting is enabled every allocation and free
+/// adjusts the counters.
 pub struct Counting<A>(pub A);
 
+/// Start counting (what was allocated before is not counted).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
 fn grew(by: usize) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let by = by as isize;
     let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
     if now > PEAK.load(Ordering::Relaxed) {
         PEAK.fetch_max(now, Ordering::Relaxed);
@@ -18,7 +32,9 @@ fn grew(by: usize) {
 }
 
 fn shrank(by: usize) {
-    LIVE.fetch_sub(by, Ordering::Relaxed);
+    if ENABLED.load(Ordering::Relaxed) {
+        LIVE.fetch_sub(by as isize, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: every call is forwarded to the wrapped allocator unchanged; the
@@ -62,17 +78,17 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 }
 
-/// Heap bytes allocated and not yet freed (0 unless the process's global
-/// allocator is a `Counting`).
+/// Heap bytes allocated and not yet freed since `enable` (0 unless the
+/// process's global allocator is a `Counting`).
 pub fn live() -> usize {
-    LIVE.load(Ordering::Relaxed)
+    LIVE.load(Ordering::Relaxed).max(0) as usize
 }
 
 /// The most `live` has been since the start or the last `reset_peak`.
 pub fn peak() -> usize {
-    PEAK.load(Ordering::Relaxed)
+    PEAK.load(Ordering::Relaxed).max(0) as usize
 }
 
 pub fn reset_peak() {
-    PEAK.store(live(), Ordering::Relaxed);
+    PEAK.store(live() as isize, Ordering::Relaxed);
 }
