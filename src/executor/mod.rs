@@ -879,6 +879,7 @@ pub async fn execute(
         && previous.error.is_none()
         && out.record.policy_version == previous.policy_version
         && out.record.mode == previous.mode
+        && out.record.alert_routes == previous.alert_routes
         && status::merge_diff(&without_decision(&current), &without_decision(&new_status))
             .is_none();
     if previous.time.is_some() && (compare == previous || idle) {
