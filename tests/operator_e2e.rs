@@ -126,6 +126,7 @@ async fn a_new_cr_gets_its_children_and_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconciling_again_without_change_writes_nothing() {
     let (c, op, widgets, cms) = setup("noop").await;
+    let before = op.ctx.metrics.writes.get();
     widgets
         .create(
             &PostParams::default(),
@@ -138,6 +139,13 @@ async fn reconciling_again_without_change_writes_nothing() {
     })
     .await;
     settle(&op).await;
+    // The finalizer, two children and one status write; the reconciles
+    // that our own writes trigger decide again and write nothing.
+    assert_eq!(
+        op.ctx.metrics.writes.get() - before,
+        4,
+        "writes to bring one new Widget to Ready"
+    );
     let (w_rv, cm_rv) = (
         rv(&widgets.get("w1").await.unwrap()),
         rv(&cms.get("w1-config").await.unwrap()),
