@@ -440,3 +440,100 @@ async fn alert_routes_naming_a_missing_secret_are_refused_until_it_exists() {
     assert!(set.routes.contains_key("team"));
     c.cleanup().await;
 }
+
+/// An edit whose policies need a permission the operator lacks is refused
+/// like a broken edit, naming the permission; the last good version keeps
+/// serving. (The sandbox is told to deny it; on a real cluster the test's
+/// credentials decide, so the test runs on the sandbox only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_needing_a_missing_permission_is_refused() {
+    let c = Cluster::new("reloadrbac").await;
+    let Some(sandbox) = c.sandbox.clone() else {
+        eprintln!("skipped on a real cluster: permissions cannot be taken away there");
+        return;
+    };
+    install_widget_crd(&c).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    cms.create(
+        &PostParams::default(),
+        &bundle_cm(&c, &policy_yaml(&c, "1")),
+    )
+    .await
+    .unwrap();
+    let engine = Arc::new(ScriptEngine::default());
+    let metrics = Arc::new(Metrics::new());
+    let reloader = Arc::new(
+        Reloader::new(engine, Some(c.client.clone()), metrics.clone(), "test")
+            .with_secret_namespace(&c.ns)
+            .with_access_check(true),
+    );
+    let sources = SourceConfig {
+        dirs: vec![],
+        configmap_namespaces: vec![c.ns.clone()],
+    };
+    let bundles = runbook::controller::sources::configmap_bundles(&c.client, &c.ns)
+        .await
+        .unwrap();
+    let (set, errors) = reloader.initial(bundles).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    let op = operator_with_metrics(&c, set, OperatorConfig::default(), metrics);
+    op.start().await.unwrap();
+    reload::spawn(reloader.clone(), op.clone(), sources);
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets
+        .create(&PostParams::default(), &widget(&c, "a", json!({})))
+        .await
+        .unwrap();
+    eventually("threshold 1", 30, || async {
+        status_threshold(&widgets, "a").await == 1
+    })
+    .await;
+
+    // The operator may not create CronJobs; the edit makes the policy own them.
+    sandbox.faults().deny(runbook::sandbox::Denied {
+        verb: runbook::sandbox::Verb::Create,
+        group: "batch".into(),
+        resource: "cronjobs".into(),
+        namespace: None,
+    });
+    let greedy = policy_yaml(&c, "2").replace(
+        "owns: [{apiVersion: v1, kind: ConfigMap}]",
+        "owns: [{apiVersion: v1, kind: ConfigMap}, {apiVersion: batch/v1, kind: CronJob}]",
+    );
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"tuned.yaml": greedy}})),
+    )
+    .await
+    .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    eventually("an Event naming the missing permission", 30, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("PolicyInvalid")
+                    && e.note.as_deref().is_some_and(|n| {
+                        n.contains("missing permission: create cronjobs.batch")
+                            && n.contains("policy tuned owns batch/v1 CronJob")
+                    })
+            })
+    })
+    .await;
+    widgets
+        .create(&PostParams::default(), &widget(&c, "b", json!({})))
+        .await
+        .unwrap();
+    eventually("the last good version serves a new widget", 30, || async {
+        status_threshold(&widgets, "b").await == 1
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

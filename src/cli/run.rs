@@ -172,7 +172,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             &identity(&args),
         )
         .with_secret_namespace(&args.operator_namespace)
-        .with_dangerous_kinds(args.allow_dangerous_kinds),
+        .with_dangerous_kinds(args.allow_dangerous_kinds)
+        .with_access_check(!args.skip_access_check),
     );
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {

@@ -81,8 +81,9 @@ pub async fn check(
         for verb in &n.verbs {
             for name in &names {
                 asks.push((
-                    n,
-                    verb.clone(),
+                    n.describe(verb),
+                    n.scope == Scope::Cluster,
+                    n.why.iter().cloned().collect::<Vec<String>>(),
                     ResourceAttributes {
                         namespace: namespace.clone(),
                         verb: Some(verb.clone()),
@@ -97,7 +98,7 @@ pub async fn check(
         }
     }
     let results: Vec<Result<Option<Missing>, kube::Error>> = futures::stream::iter(asks)
-        .map(|(need, verb, attrs)| {
+        .map(|(described, cluster_scoped, why, attrs)| {
             let api = api.clone();
             async move {
                 let review = SelfSubjectAccessReview {
@@ -110,22 +111,19 @@ pub async fn check(
                 let answer = api.create(&PostParams::default(), &review).await?;
                 let allowed = answer.status.is_some_and(|s| s.allowed);
                 Ok((!allowed).then(|| {
-                    let mut permission = need.describe(&verb);
+                    let mut permission = described.clone();
                     if let Some(name) = &attrs.name {
                         permission = format!(
                             "{} named {name}",
-                            permission.split(" named ").next().unwrap_or(&permission)
+                            described.split(" named ").next().unwrap_or(&described)
                         );
                     }
                     permission.push_str(&match &attrs.namespace {
                         Some(ns) => format!(" in namespace {ns}"),
-                        None if need.scope == Scope::Cluster => String::new(),
+                        None if cluster_scoped => String::new(),
                         None => " in all namespaces".to_string(),
                     });
-                    Missing {
-                        permission,
-                        why: need.why.iter().cloned().collect(),
-                    }
+                    Missing { permission, why }
                 }))
             }
         })

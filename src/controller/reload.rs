@@ -65,6 +65,7 @@ pub struct Reloader {
     /// Where alert receivers' Secrets are read when the routes came from a directory.
     secret_namespace: String,
     dangerous_kinds: bool,
+    access_check: bool,
     /// Compile on the calling task rather than a blocking thread (a
     /// simulation, whose clock must not run on while compiling).
     inline: bool,
@@ -105,6 +106,7 @@ impl Reloader {
             bundles: Mutex::new(BTreeMap::new()),
             secret_namespace: "runbook-system".into(),
             dangerous_kinds: false,
+            access_check: false,
             inline: false,
             gate: tokio::sync::Mutex::new(()),
         }
@@ -117,6 +119,47 @@ impl Reloader {
     }
 
     /// Read receivers' Secrets without a namespace from `ns` (the operator's).
+    /// Before swapping in an edited bundle, ask the API server whether the
+    /// operator holds what its policies need (as `runbook run` does at
+    /// start-up), and refuse the edit if not.
+    pub fn with_access_check(mut self, on: bool) -> Self {
+        self.access_check = on;
+        self
+    }
+
+    async fn check_access(
+        &self,
+        op: &Operator,
+        set: &PolicySet,
+        names: &[String],
+    ) -> Result<(), Vec<String>> {
+        let Some(client) = &self.client else {
+            return Ok(());
+        };
+        let mut only = set.clone();
+        only.policies.retain(|n, _| names.contains(n));
+        let opts = crate::rbac::Options {
+            namespace: self.secret_namespace.clone(),
+            watch_namespaces: op.ctx.config.namespace.iter().cloned().collect(),
+            ..Default::default()
+        };
+        let served = super::access::served_kinds(client, &only).await;
+        let needs = crate::rbac::needs(&only, &opts, &served);
+        match super::access::check(client, &needs, op.ctx.config.namespace.as_deref()).await {
+            Ok(missing) if missing.is_empty() => Ok(()),
+            Ok(missing) => Err(missing
+                .iter()
+                .map(|m| {
+                    format!("missing permission: {m}; grant it (see `runbook rbac`) and edit again")
+                })
+                .collect()),
+            Err(e) => {
+                tracing::warn!("could not check permissions (SelfSubjectAccessReview): {e}");
+                Ok(())
+            }
+        }
+    }
+
     /// Accept policies that declare dangerous kinds (Secrets, RBAC
     /// objects, wildcards, ...) instead of refusing their bundles.
     pub fn with_dangerous_kinds(mut self, allowed: bool) -> Self {
@@ -278,6 +321,9 @@ impl Reloader {
                     .iter()
                     .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
                     .collect());
+            }
+            if self.access_check {
+                self.check_access(op, &kept, &names).await?;
             }
         }
         let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
