@@ -312,12 +312,26 @@ impl Reloader {
                 .check_kinds(&set)
                 .await
                 .map_err(|e| vec![e.to_string()])?;
-            let dropped: Vec<&String> = names
+            // A policy the edit would stop (it runs now) or that it adds
+            // unable to run is refused; one already set aside at start-up
+            // for a kind the cluster lacks stays set aside and does not
+            // hold up edits of the rest of its bundle.
+            let serving = op.ctx.policies.load_full();
+            let before: Vec<String> = self
+                .bundles
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&bundle.origin)
+                .and_then(|b| b.good.as_deref())
+                .map(|l| l.policies.iter().map(|p| p.name.clone()).collect())
+                .unwrap_or_default();
+            let refused: Vec<&String> = names
                 .iter()
                 .filter(|n| !kept.policies.contains_key(*n))
+                .filter(|n| serving.policies.contains_key(*n) || !before.contains(n))
                 .collect();
-            if !dropped.is_empty() {
-                return Err(dropped
+            if !refused.is_empty() {
+                return Err(refused
                     .iter()
                     .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
                     .collect());

@@ -1068,6 +1068,15 @@ impl Operator {
     /// Swap in a new policy set: start what it needs, stop what it no
     /// longer needs, and reconcile every target of a changed policy once.
     pub async fn swap_policies(&self, set: PolicySet) -> Vec<KindRef> {
+        // Policies naming a kind the cluster does not serve stay set aside,
+        // as at start-up, whichever bundle they come from.
+        let set = match self.check_kinds(&set).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                tracing::error!("checking the kinds of the new policy set: {e}");
+                set
+            }
+        };
         let old = self.ctx.policies.load_full();
         let mut changed: Vec<KindRef> = Vec::new();
         for p in set.policies.values() {
