@@ -52,14 +52,23 @@ async fn start(
     c: &Cluster,
     sources: SourceConfig,
 ) -> (Arc<runbook::controller::Operator>, Arc<Reloader>) {
+    start_with(c, sources, |r| r).await
+}
+
+/// As `start`, with the reloader configured by `configure`.
+async fn start_with(
+    c: &Cluster,
+    sources: SourceConfig,
+    configure: impl FnOnce(Reloader) -> Reloader,
+) -> (Arc<runbook::controller::Operator>, Arc<Reloader>) {
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
-    let reloader = Arc::new(Reloader::new(
+    let reloader = Arc::new(configure(Reloader::new(
         engine,
         Some(c.client.clone()),
         metrics.clone(),
         "test",
-    ));
+    )));
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         bundles.extend(
@@ -460,25 +469,15 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
     )
     .await
     .unwrap();
-    let engine = Arc::new(ScriptEngine::default());
-    let metrics = Arc::new(Metrics::new());
-    let reloader = Arc::new(
-        Reloader::new(engine, Some(c.client.clone()), metrics.clone(), "test")
-            .with_secret_namespace(&c.ns)
-            .with_access_check(true),
-    );
-    let sources = SourceConfig {
-        dirs: vec![],
-        configmap_namespaces: vec![c.ns.clone()],
-    };
-    let bundles = runbook::controller::sources::configmap_bundles(&c.client, &c.ns)
-        .await
-        .unwrap();
-    let (set, errors) = reloader.initial(bundles).await;
-    assert!(errors.is_empty(), "{errors:?}");
-    let op = operator_with_metrics(&c, set, OperatorConfig::default(), metrics);
-    op.start().await.unwrap();
-    reload::spawn(reloader.clone(), op.clone(), sources);
+    let (op, _reloader) = start_with(
+        &c,
+        SourceConfig {
+            dirs: vec![],
+            configmap_namespaces: vec![c.ns.clone()],
+        },
+        |r| r.with_secret_namespace(&c.ns).with_access_check(true),
+    )
+    .await;
     let widgets: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
     widgets
