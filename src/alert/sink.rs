@@ -59,10 +59,48 @@ pub trait AlertSink: Send + Sync {
     fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool);
 }
 
+/// The alerts each source raises now, by fingerprint: what tells a sink
+/// which alerts start firing and which resolve.
+#[derive(Default)]
+pub struct ActiveAlerts(Mutex<HashMap<AlertSource, BTreeMap<String, Alert>>>);
+
+impl ActiveAlerts {
+    /// Record the complete set `source` raises now; the alerts that started
+    /// and those that resolved.
+    pub fn update(&self, source: &AlertSource, alerts: &[Alert]) -> (Vec<Alert>, Vec<Alert>) {
+        let mut active = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let before = active.remove(source).unwrap_or_default();
+        let mut now = BTreeMap::new();
+        let mut started = Vec::new();
+        for a in alerts {
+            let fp = a.fingerprint();
+            if !before.contains_key(&fp) {
+                started.push(a.clone());
+            }
+            now.insert(fp, a.clone());
+        }
+        let resolved = before
+            .into_iter()
+            .filter(|(fp, _)| !now.contains_key(fp))
+            .map(|(_, a)| a)
+            .collect();
+        if !now.is_empty() {
+            active.insert(source.clone(), now);
+        }
+        (started, resolved)
+    }
+
+    /// The sources with alerts that `keep` says are gone.
+    pub fn gone(&self, keep: &dyn Fn(&AlertSource) -> bool) -> Vec<AlertSource> {
+        let active = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        active.keys().filter(|s| !keep(s)).cloned().collect()
+    }
+}
+
 /// Logs each alert when it starts firing and when it resolves.
 #[derive(Default)]
 pub struct LogSink {
-    active: Mutex<HashMap<AlertSource, BTreeMap<String, Alert>>>,
+    active: ActiveAlerts,
 }
 
 impl AlertSink for LogSink {
@@ -72,32 +110,17 @@ impl AlertSink for LogSink {
         _routes: Option<&Arc<CompiledRoutes>>,
         alerts: Vec<Alert>,
     ) {
-        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        let before = active.remove(source).unwrap_or_default();
-        let mut now = BTreeMap::new();
-        for a in alerts {
-            let fp = a.fingerprint();
-            if !before.contains_key(&fp) {
-                tracing::warn!(alert = a.labels.get("alertname").map(String::as_str).unwrap_or(""), labels = ?a.labels, summary = a.annotations.get("summary").map(String::as_str).unwrap_or(""), "alert firing");
-            }
-            now.insert(fp, a);
+        let (started, resolved) = self.active.update(source, &alerts);
+        for a in started {
+            tracing::warn!(alert = a.labels.get("alertname").map(String::as_str).unwrap_or(""), labels = ?a.labels, summary = a.annotations.get("summary").map(String::as_str).unwrap_or(""), "alert firing");
         }
-        for (fp, a) in &before {
-            if !now.contains_key(fp) {
-                tracing::info!(alert = a.labels.get("alertname").map(String::as_str).unwrap_or(""), labels = ?a.labels, "alert resolved");
-            }
-        }
-        if !now.is_empty() {
-            active.insert(source.clone(), now);
+        for a in resolved {
+            tracing::info!(alert = a.labels.get("alertname").map(String::as_str).unwrap_or(""), labels = ?a.labels, "alert resolved");
         }
     }
 
     fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {
-        let gone: Vec<AlertSource> = {
-            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-            active.keys().filter(|s| !keep(s)).cloned().collect()
-        };
-        for s in gone {
+        for s in self.active.gone(keep) {
             self.report(&s, None, Vec::new());
         }
     }

@@ -3,8 +3,7 @@
 //! jumps from one timer to the next, so an hour of schedules, requeues and
 //! backoffs passes in milliseconds and every run is the same.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -14,6 +13,7 @@ use super::report::{self, Failure, Report};
 use super::world::{Kinds, World};
 use crate::alert::dispatch::{Dispatcher, Outbox};
 use crate::alert::notify::{self, Notification};
+use crate::alert::sink::ActiveAlerts;
 use crate::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use crate::clock::Clock;
 use crate::controller::metrics::Metrics;
@@ -30,7 +30,7 @@ struct JournalSink {
     inner: Arc<Dispatcher>,
     journal: Arc<MemoryJournal>,
     clock: Clock,
-    active: Mutex<HashMap<AlertSource, BTreeMap<String, Alert>>>,
+    active: ActiveAlerts,
 }
 
 fn alert_entry(
@@ -61,40 +61,23 @@ impl AlertSink for JournalSink {
         routes: Option<&Arc<CompiledRoutes>>,
         alerts: Vec<Alert>,
     ) {
-        {
-            let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-            let before = active.remove(source).unwrap_or_default();
-            let mut now = BTreeMap::new();
-            for a in &alerts {
-                let fp = a.fingerprint();
-                if !before.contains_key(&fp) {
-                    let receivers = routes
-                        .map(|r| r.receivers_for(&a.labels))
-                        .unwrap_or_default();
-                    self.journal
-                        .record(alert_entry(&self.clock, "alert", source, a, &receivers));
-                }
-                now.insert(fp, a.clone());
-            }
-            for (fp, a) in &before {
-                if !now.contains_key(fp) {
-                    self.journal
-                        .record(alert_entry(&self.clock, "resolve", source, a, &[]));
-                }
-            }
-            if !now.is_empty() {
-                active.insert(source.clone(), now);
-            }
+        let (started, resolved) = self.active.update(source, &alerts);
+        for a in &started {
+            let receivers = routes
+                .map(|r| r.receivers_for(&a.labels))
+                .unwrap_or_default();
+            self.journal
+                .record(alert_entry(&self.clock, "alert", source, a, &receivers));
+        }
+        for a in &resolved {
+            self.journal
+                .record(alert_entry(&self.clock, "resolve", source, a, &[]));
         }
         self.inner.report(source, routes, alerts);
     }
 
     fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {
-        let gone: Vec<AlertSource> = {
-            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-            active.keys().filter(|s| !keep(s)).cloned().collect()
-        };
-        for s in gone {
+        for s in self.active.gone(keep) {
             self.report(&s, None, Vec::new());
         }
     }
@@ -307,7 +290,7 @@ async fn run_async(s: &Scenario) -> Report {
         inner: dispatcher,
         journal: journal.clone(),
         clock: clock.clone(),
-        active: Mutex::new(HashMap::new()),
+        active: ActiveAlerts::default(),
     });
     let op = Arc::new(Operator::new(
         world.client.clone(),
