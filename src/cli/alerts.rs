@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::alert::CompiledRoutes;
-use crate::policy::{self, Bundle};
+use crate::policy;
 use crate::script::ScriptEngine;
 use crate::util::time::render_duration_ms;
 
@@ -53,19 +53,7 @@ fn load(
     path: &std::path::Path,
     name: Option<&str>,
 ) -> anyhow::Result<Result<CompiledRoutes, Vec<String>>> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let file = path
-        .file_name()
-        .with_context(|| format!("{} is not a file", path.display()))?
-        .to_string_lossy()
-        .to_string();
-    let bundle = Bundle::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
-    if !bundle.files.contains_key(&file) {
-        anyhow::bail!("{}: no such file", path.display());
-    }
+    let (bundle, file) = super::check::bundle_of_file(path, "file")?;
     let loaded = policy::load_bundle(&ScriptEngine::default(), &bundle, Some(&file));
     if !loaded.errors.is_empty() {
         return Ok(Err(loaded.errors.iter().map(|e| e.to_string()).collect()));

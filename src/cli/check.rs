@@ -16,6 +16,25 @@ pub struct CheckArgs {
     pub paths: Vec<PathBuf>,
 }
 
+/// The bundle of the directory a single file is in, and the file's name
+/// within it; `what` names the file in the error when it is missing.
+pub fn bundle_of_file(path: &std::path::Path, what: &str) -> anyhow::Result<(Bundle, String)> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let file = path
+        .file_name()
+        .with_context(|| format!("{} is not a file", path.display()))?
+        .to_string_lossy()
+        .to_string();
+    let bundle = Bundle::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if !bundle.files.contains_key(&file) {
+        anyhow::bail!("{}: no such {what}", path.display());
+    }
+    Ok((bundle, file))
+}
+
 /// Load every bundle below the paths (or single files); the compiled set,
 /// its errors, the number of scripts, and the bundles read.
 pub fn load_paths(
@@ -41,20 +60,7 @@ pub fn load_paths(
                 bundles.push(bundle);
             }
         } else {
-            let dir = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."));
-            let file = path
-                .file_name()
-                .with_context(|| format!("{} is not a file", path.display()))?
-                .to_string_lossy()
-                .to_string();
-            let bundle =
-                Bundle::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
-            if !bundle.files.contains_key(&file) {
-                anyhow::bail!("{}: no such policy or script file", path.display());
-            }
+            let (bundle, file) = bundle_of_file(path, "policy or script file")?;
             loaded.push(policy::load_bundle(&engine, &bundle, Some(&file)));
             bundles.push(bundle);
         }

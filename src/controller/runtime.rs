@@ -1038,6 +1038,13 @@ impl Operator {
                     }
                 }
             }));
+        self.publish_policy_info(&set);
+        Ok(())
+    }
+
+    /// `runbook_policy_info{policy,version}`: exactly the policies in force.
+    fn publish_policy_info(&self, set: &PolicySet) {
+        self.ctx.metrics.policy_info.clear();
         for p in set.policies.values() {
             self.ctx
                 .metrics
@@ -1048,7 +1055,6 @@ impl Operator {
                 ]))
                 .set(1);
         }
-        Ok(())
     }
 
     /// Resolves when this instance stops leading (after having led);
@@ -1099,17 +1105,7 @@ impl Operator {
         if self.is_leading() {
             self.ensure_controllers(&set).await;
         }
-        self.ctx.metrics.policy_info.clear();
-        for p in set.policies.values() {
-            self.ctx
-                .metrics
-                .policy_info
-                .get_or_create(&Metrics::labels(&[
-                    ("policy", &p.name),
-                    ("version", &p.version),
-                ]))
-                .set(1);
-        }
+        self.publish_policy_info(&set);
         let still: Vec<KindRef> = changed
             .into_iter()
             .filter(|k| set.target_kinds().contains(k))
