@@ -94,8 +94,14 @@ async fn create_get_list_and_delete() {
         409
     );
     assert_eq!(reason(api.get("nope").await), (404, "NotFound".into()));
+    // Every namespace also holds the cluster's CA bundle, as on a real cluster.
     let list = api.list(&ListParams::default()).await.unwrap();
-    assert_eq!(list.items.len(), 1);
+    let listed: Vec<_> = list
+        .items
+        .iter()
+        .filter_map(|o| o.metadata.name.as_deref())
+        .collect();
+    assert_eq!(listed, ["kube-root-ca.crt", "one"]);
     assert!(list.metadata.resource_version.is_some());
     api.delete("one", &DeleteParams::default()).await.unwrap();
     assert_eq!(code(api.get("one").await), 404);
@@ -173,7 +179,9 @@ async fn generation_counts_spec_changes_only() {
         .patch_status(
             "web",
             &pp,
-            &Patch::Merge(json!({"status": {"readyReplicas": 3, "observedGeneration": 2}})),
+            &Patch::Merge(
+                json!({"status": {"replicas": 3, "readyReplicas": 3, "observedGeneration": 2}}),
+            ),
         )
         .await
         .unwrap();
@@ -209,12 +217,24 @@ async fn status_goes_through_its_subresource_only() {
         .patch_status(
             "web",
             &pp,
-            &Patch::Merge(json!({"spec": {"replicas": 9}, "status": {"readyReplicas": 2}})),
+            &Patch::Merge(
+                json!({"spec": {"replicas": 9}, "status": {"replicas": 2, "readyReplicas": 2}}),
+            ),
         )
         .await
         .unwrap();
     assert_eq!(st.spec.replicas, Some(2));
     assert_eq!(st.status.unwrap().ready_replicas, Some(2));
+    // Status counts are validated as the apps API validates them.
+    let (code, reason) = reason(
+        api.patch_status(
+            "web",
+            &pp,
+            &Patch::Merge(json!({"status": {"replicas": 1, "readyReplicas": 2}})),
+        )
+        .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
     c.cleanup().await;
 }
 
@@ -241,7 +261,9 @@ async fn merge_json_and_strategic_patches() {
         .iter()
         .map(|c| c.name.clone())
         .collect();
-    assert_eq!(names, ["app", "sidecar"]);
+    // A container the patch adds goes before the ones the server had, as
+    // kube-apiserver orders a merged list without `$setElementOrder`.
+    assert_eq!(names, ["sidecar", "app"]);
     // JSON merge patch replaces lists.
     let d = api
         .patch("web", &pp, &Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [{"name": "only", "image": "x:1"}]}}}})))
@@ -354,12 +376,16 @@ async fn label_and_field_selectors_and_paging() {
         names(api.list(&q("tier in (db,cache)")).await.unwrap()),
         ["b", "d"]
     );
+    // `notin` also matches objects without the label (the namespace's CA bundle).
     assert_eq!(
         names(api.list(&q("tier notin (web,db)")).await.unwrap()),
-        ["d"]
+        ["d", "kube-root-ca.crt"]
     );
     assert_eq!(names(api.list(&q("app")).await.unwrap()).len(), 4);
-    assert!(names(api.list(&q("!app")).await.unwrap()).is_empty());
+    assert_eq!(
+        names(api.list(&q("!app")).await.unwrap()),
+        ["kube-root-ca.crt"]
+    );
     assert_eq!(
         names(
             api.list(&ListParams::default().fields("metadata.name=b"))
@@ -368,11 +394,11 @@ async fn label_and_field_selectors_and_paging() {
         ),
         ["b"]
     );
-    let page1 = api.list(&ListParams::default().limit(3)).await.unwrap();
+    let page1 = api.list(&q("app=shop").limit(3)).await.unwrap();
     assert_eq!(page1.items.len(), 3);
     let token = page1.metadata.continue_.clone().expect("a continue token");
     let page2 = api
-        .list(&ListParams::default().limit(3).continue_token(&token))
+        .list(&q("app=shop").limit(3).continue_token(&token))
         .await
         .unwrap();
     assert_eq!(names(page2), ["d"]);
@@ -926,15 +952,25 @@ async fn bad_requests_get_the_api_servers_status_codes() {
     )
     .await;
     assert_eq!(code, 404);
-    let (code, _) = raw(
-        &c,
-        "GET",
-        &format!("{base}?watch=true&resourceVersion=abc"),
-        "application/json",
-        "",
-    )
-    .await;
-    assert_eq!(code, 400);
+    // kube-apiserver answers a resourceVersion that is not a number with a
+    // 500 (the parser's error), for a watch and a list alike.
+    for query in ["watch=true&resourceVersion=abc", "resourceVersion=abc"] {
+        let (code, s) = raw(
+            &c,
+            "GET",
+            &format!("{base}?{query}"),
+            "application/json",
+            "",
+        )
+        .await;
+        assert_eq!(code, 500, "{query}");
+        assert!(
+            s["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("resourceVersion: Invalid value: \"abc\"")),
+            "{s}"
+        );
+    }
     let (code, _) = raw(&c, "PATCH", &format!("{base}/x"), "application/json", "{}").await;
     assert_eq!(code, 415);
     let (code, _) = raw(&c, "POST", &format!("{base}/x"), "application/json", "{}").await;
@@ -1111,5 +1147,46 @@ async fn events_are_one_resource_in_two_groups() {
         .await
         .unwrap();
     assert_eq!(code(core.get("from-core").await), 404);
+    c.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_crd_in_a_protected_group_needs_its_api_approved() {
+    let c = Cluster::new("protectedgroup").await;
+    let crds: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &ApiResource {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+        },
+    );
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let group = format!("{}.x-k8s.k8s.io", c.ns);
+    let mut crd = widget_crd(&group);
+    let o: DynamicObject = serde_json::from_value(crd.clone()).unwrap();
+    match crds.create(&dry, &o).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422);
+            assert!(
+                s.message.contains("api-approved.kubernetes.io"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("a protected group without approval was accepted: {other:?}"),
+    }
+    crd["metadata"]["annotations"] = json!({"api-approved.kubernetes.io": "https://github.com/kubernetes/enhancements/pull/1111"});
+    let o: DynamicObject = serde_json::from_value(crd).unwrap();
+    crds.create(&dry, &o).await.unwrap();
+    // Groups outside the community's domains need no approval.
+    let o: DynamicObject =
+        serde_json::from_value(widget_crd(&format!("{}.example.com", c.ns))).unwrap();
+    crds.create(&dry, &o).await.unwrap();
     c.cleanup().await;
 }

@@ -130,6 +130,7 @@ fn merge_lists(field: &str, t: &mut Vec<Value>, p: &[Value]) {
     let key = merge_key(field, p.first().or(t.first()));
     match key {
         Some(key) if p.iter().all(|i| i.is_object()) => {
+            let server_order: Vec<Value> = t.iter().filter_map(|x| x.get(key).cloned()).collect();
             for item in p {
                 let id = item.get(key);
                 let pos = id.and_then(|id| t.iter().position(|x| x.get(key) == Some(id)));
@@ -143,15 +144,56 @@ fn merge_lists(field: &str, t: &mut Vec<Value>, p: &[Value]) {
                     (None, false) => t.push(strip_directives(item)),
                 }
             }
+            let patch_order: Vec<&Value> = p.iter().filter_map(|i| i.get(key)).collect();
+            order_like_the_api_server(t, &patch_order, &server_order, |x| x.get(key));
         }
         _ if merges_as_set(field) => {
+            let server_order = t.clone();
             for item in p {
                 if !t.contains(item) {
                     t.push(item.clone());
                 }
             }
+            let patch_order: Vec<&Value> = p.iter().collect();
+            order_like_the_api_server(t, &patch_order, &server_order, |v| Some(v));
         }
         _ => *t = p.iter().map(strip_directives).collect(),
+    }
+}
+
+/// The order a real API server gives a merged list: the items the patch
+/// names, in the patch's order, interleaved with the items only the server
+/// had, in the server's order. Two items both known to the server keep the
+/// server's order; where either is new, the patch's item comes first.
+fn order_like_the_api_server<'a>(
+    merged: &mut Vec<Value>,
+    patch_order: &[&Value],
+    server_order: &[Value],
+    id: impl for<'v> Fn(&'v Value) -> Option<&'v Value>,
+) {
+    let position =
+        |order: &[Value], v: &Value| id(v).and_then(|k| order.iter().position(|o| o == k));
+    let in_patch = |v: &Value| id(v).and_then(|k| patch_order.iter().position(|o| *o == k));
+    let (mut from_patch, server_only): (Vec<Value>, Vec<Value>) = std::mem::take(merged)
+        .into_iter()
+        .partition(|v| in_patch(v).is_some());
+    from_patch.sort_by_key(|v| in_patch(v));
+    let (mut left, mut right) = (
+        server_only.into_iter().peekable(),
+        from_patch.into_iter().peekable(),
+    );
+    loop {
+        let take_left = match (left.peek(), right.peek()) {
+            (Some(l), Some(r)) => matches!(
+                (position(server_order, l), position(server_order, r)),
+                (Some(a), Some(b)) if a < b
+            ),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        let next = if take_left { left.next() } else { right.next() };
+        merged.extend(next);
     }
 }
 
@@ -183,13 +225,15 @@ mod tests {
             {"name": "a", "image": "a:2", "env": [{"name": "Y", "value": "2"}]},
             {"name": "c", "image": "c:1"}]}}),
         );
+        // The order kube-apiserver v1.28 answers with: a new item the patch
+        // names comes before the server's items that follow it.
         assert_eq!(t["spec"]["containers"][0]["image"], "a:2");
         assert_eq!(
             t["spec"]["containers"][0]["env"],
-            json!([{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}])
+            json!([{"name": "Y", "value": "2"}, {"name": "X", "value": "1"}])
         );
-        assert_eq!(t["spec"]["containers"][1]["name"], "b");
-        assert_eq!(t["spec"]["containers"][2]["name"], "c");
+        assert_eq!(t["spec"]["containers"][1]["name"], "c");
+        assert_eq!(t["spec"]["containers"][2]["name"], "b");
     }
 
     #[test]
@@ -209,7 +253,7 @@ mod tests {
             json!(["y"]),
             "lists without a merge key are replaced"
         );
-        assert_eq!(t["spec"]["finalizers"], json!(["f1", "f2"]));
+        assert_eq!(t["spec"]["finalizers"], json!(["f2", "f1"]));
         strategic_merge(&mut t, &json!({"spec": {"$patch": "replace", "only": 1}}));
         assert_eq!(t["spec"], json!({"only": 1}));
     }

@@ -300,6 +300,35 @@ pub fn builtins() -> Vec<ResourceDef> {
 
 /// Build a resource type from a CustomResourceDefinition, or say why it is
 /// not a valid one.
+/// The annotation a CRD in a protected group must carry.
+const API_APPROVED: &str = "api-approved.kubernetes.io";
+
+/// kube-apiserver refuses a CRD in a group the Kubernetes community owns
+/// (`k8s.io`, `kubernetes.io` and their subdomains) unless it names the
+/// approval of its API (a URL) or says it is unapproved.
+fn api_approval(group: &str, annotation: &Value) -> Option<String> {
+    let protected = ["k8s.io", "kubernetes.io"]
+        .iter()
+        .any(|p| group == *p || group.ends_with(&format!(".{p}")));
+    if !protected {
+        return None;
+    }
+    let why = format!(
+        "protected groups must have approval annotation {API_APPROVED:?}, see https://github.com/kubernetes/enhancements/pull/1111"
+    );
+    match annotation.as_str() {
+        None => Some(format!("Required value: {why}")),
+        Some(v) if v.starts_with("unapproved") => None,
+        Some(v)
+            if v.split_once("://")
+                .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty()) =>
+        {
+            None
+        }
+        Some(v) => Some(format!("Invalid value: {v:?}: {why}")),
+    }
+}
+
 pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
     let mut errors: Vec<(String, String)> = Vec::new();
     let spec = &crd["spec"];
@@ -323,6 +352,9 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
     }
     if kind.is_empty() {
         errors.push(("spec.names.kind".into(), "Required value".into()));
+    }
+    if let Some(e) = api_approval(&group, &crd["metadata"]["annotations"][API_APPROVED]) {
+        errors.push((format!("metadata.annotations[{API_APPROVED}]"), e));
     }
     if name != format!("{plural}.{group}") {
         errors.push((

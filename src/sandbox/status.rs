@@ -176,9 +176,12 @@ impl ApiError {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
+        // A real server leaves `reason` out where it has none (an internal error).
+        if !self.reason.is_empty() {
+            s["reason"] = json!(self.reason);
+        }
         if !self.details.is_null() {
             s["details"] = self.details.clone();
         }

@@ -28,6 +28,14 @@ use crate::names;
 /// (namespace, name); the namespace is empty for cluster-scoped kinds.
 pub type ObjKey = (String, String);
 
+/// The ConfigMap every namespace holds on a real cluster.
+pub const ROOT_CA_CONFIGMAP: &str = "kube-root-ca.crt";
+
+/// What the sandbox publishes as its CA: it serves plain HTTP, so this is
+/// a placeholder with the shape of a PEM bundle, not a usable certificate.
+const SANDBOX_CA_PEM: &str =
+    "-----BEGIN CERTIFICATE-----\nc2FuZGJveA==\n-----END CERTIFICATE-----\n";
+
 /// Tunables.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -796,11 +804,38 @@ impl Store {
         }
         let bytes = inner.commit(def, key.clone(), obj, EventType::Added, &self.config);
         inner.collect_if_orphaned(def, &key, &self.config, &now);
+        drop(inner);
+        if def.key() == (String::new(), "namespaces".to_string()) {
+            self.publish_root_ca(&name);
+        }
         Ok(Written {
             bytes,
             created: true,
             warnings,
         })
+    }
+
+    /// Every namespace of a real cluster holds the `kube-root-ca.crt`
+    /// ConfigMap (kube-controller-manager's root CA publisher writes it as
+    /// soon as the namespace exists), so lists of ConfigMaps see it too.
+    fn publish_root_ca(&self, namespace: &str) {
+        let Some(def) = self.def("", "configmaps") else {
+            return;
+        };
+        let cm = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": ROOT_CA_CONFIGMAP,
+                "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}
+            },
+            "data": {"ca.crt": SANDBOX_CA_PEM}
+        });
+        let opts = WriteOpts {
+            field_manager: Some("kube-controller-manager".into()),
+            ..WriteOpts::default()
+        };
+        // Racing a test that made it first is fine: it exists either way.
+        let _ = self.create(&def, namespace, cm, &opts);
     }
 
     /// Replace an object (PUT).
@@ -1459,6 +1494,91 @@ fn default_builtin(def: &ResourceDef, obj: &mut Value, uid: &str) {
 /// Checks of built-in kinds the sandbox's users meet most: a Pod template
 /// needs containers with names and images; a workload's selector must match
 /// its template's labels.
+/// The counts a workload's status must keep consistent, as kube-apiserver's
+/// apps validation checks them on every status write: none negative, none
+/// above `replicas`, and no more available replicas than ready ones.
+fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let count = |f: &str| status.get(f).and_then(Value::as_i64);
+    let counts: &[&str] = match kind {
+        "Deployment" => &[
+            "replicas",
+            "updatedReplicas",
+            "readyReplicas",
+            "availableReplicas",
+            "unavailableReplicas",
+            "observedGeneration",
+            "collisionCount",
+        ],
+        "ReplicaSet" => &[
+            "replicas",
+            "fullyLabeledReplicas",
+            "readyReplicas",
+            "availableReplicas",
+            "observedGeneration",
+        ],
+        _ => &[
+            "replicas",
+            "readyReplicas",
+            "currentReplicas",
+            "updatedReplicas",
+            "availableReplicas",
+            "observedGeneration",
+            "collisionCount",
+        ],
+    };
+    for f in counts {
+        if let Some(n) = count(f).filter(|n| *n < 0) {
+            causes.push(Cause::invalid(
+                format!("status.{f}"),
+                &json!(n),
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
+    let (bounded, above_replicas, above_ready): (&[&str], &str, &str) = match kind {
+        "Deployment" => (
+            &["updatedReplicas", "readyReplicas", "availableReplicas"],
+            "cannot be greater than status.replicas",
+            "cannot be greater than readyReplicas",
+        ),
+        "ReplicaSet" => (
+            &["fullyLabeledReplicas", "readyReplicas", "availableReplicas"],
+            "cannot be greater than the number of replicas",
+            "cannot be greater than readyReplicas",
+        ),
+        _ => (
+            &[
+                "readyReplicas",
+                "currentReplicas",
+                "updatedReplicas",
+                "availableReplicas",
+            ],
+            "cannot be greater than status.replicas",
+            "cannot be greater than status.readyReplicas",
+        ),
+    };
+    let replicas = count("replicas").unwrap_or(0);
+    for f in bounded {
+        if let Some(n) = count(f).filter(|n| *n > replicas) {
+            causes.push(Cause::invalid(
+                format!("status.{f}"),
+                &json!(n),
+                above_replicas,
+            ));
+        }
+    }
+    if let Some(n) = count("availableReplicas").filter(|n| *n > count("readyReplicas").unwrap_or(0))
+    {
+        causes.push(Cause::invalid(
+            "status.availableReplicas",
+            &json!(n),
+            above_ready,
+        ));
+    }
+    causes
+}
+
 fn validate_builtin(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
     let check_pod_spec =
@@ -1531,6 +1651,7 @@ fn validate_builtin(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
         ("", "Pod") => check_pod_spec(&obj["spec"], "spec", &mut causes, false),
         ("apps", "Deployment") | ("apps", "ReplicaSet") | ("apps", "StatefulSet") => {
             workload_selector(&mut causes);
+            causes.extend(workload_status_causes(def.kind.as_str(), &obj["status"]));
             check_pod_spec(
                 &obj["spec"]["template"]["spec"],
                 "spec.template.spec",

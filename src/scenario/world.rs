@@ -438,21 +438,34 @@ impl World {
             let Some(want) = set.data["spec"]["selector"]["matchLabels"].as_object() else {
                 continue;
             };
-            let selected = pods.iter().filter(|p| {
-                let labels = p.metadata.labels.clone().unwrap_or_default();
-                want.iter()
-                    .all(|(k, v)| v.as_str() == labels.get(k).map(String::as_str))
-            });
+            let selected: Vec<&DynamicObject> = pods
+                .iter()
+                .filter(|p| {
+                    let labels = p.metadata.labels.clone().unwrap_or_default();
+                    want.iter()
+                        .all(|(k, v)| v.as_str() == labels.get(k).map(String::as_str))
+                })
+                .collect();
+            let replicas = selected.len() as i64;
             let ready = selected
+                .iter()
                 .filter(|p| {
                     crate::script::helpers::is_ready(&serde_json::to_value(p).unwrap_or_default())
                 })
                 .count() as i64;
-            if set.data["status"]["readyReplicas"].as_i64().unwrap_or(0) == ready {
+            let st = &set.data["status"];
+            if st["readyReplicas"].as_i64().unwrap_or(0) == ready
+                && st["replicas"].as_i64().unwrap_or(0) == replicas
+            {
                 continue;
             }
             let name = set.metadata.name.clone().unwrap_or_default();
-            let status = json!({"readyReplicas": ready, "availableReplicas": ready,
+            // The counts as a StatefulSet controller reports them: the pods it
+            // has, and of those the Ready ones (the API refuses more ready
+            // replicas than replicas).
+            let status = json!({"replicas": replicas, "currentReplicas": replicas,
+                                "updatedReplicas": replicas, "readyReplicas": ready,
+                                "availableReplicas": ready,
                                 "observedGeneration": set.metadata.generation});
             self.update(
                 Some("apps/v1"),

@@ -70,6 +70,17 @@ impl Cluster {
         nss.create(&PostParams::default(), &n)
             .await
             .expect("creating the test namespace");
+        // A real cluster publishes its CA bundle into a new namespace a
+        // moment later; a test starts once it is there, on either side.
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &ns);
+        eventually("the namespace's kube-root-ca.crt", 60, || async {
+            cms.get_opt("kube-root-ca.crt")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await;
         Self {
             client,
             ns,
