@@ -102,6 +102,28 @@ async fn create_get_list_and_delete() {
         .filter_map(|o| o.metadata.name.as_deref())
         .collect();
     assert_eq!(listed, ["kube-root-ca.crt", "one"]);
+    // Only the list names the kind; its items carry no apiVersion or kind.
+    let raw: Value = serde_json::from_str(
+        &c.client
+            .request_text(
+                http::Request::get(format!("/api/v1/namespaces/{}/configmaps", c.ns))
+                    .body(Vec::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (raw["kind"].as_str(), raw["apiVersion"].as_str()),
+        (Some("ConfigMapList"), Some("v1"))
+    );
+    for item in raw["items"].as_array().unwrap() {
+        assert!(
+            item.get("kind").is_none() && item.get("apiVersion").is_none(),
+            "{item}"
+        );
+    }
     assert!(list.metadata.resource_version.is_some());
     api.delete("one", &DeleteParams::default()).await.unwrap();
     assert_eq!(code(api.get("one").await), 404);

@@ -305,6 +305,7 @@ pub fn spawn_informer(
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         let mut buffer: Vec<Arc<RawObject>> = Vec::new();
         while let Some(event) = stream.next().await {
+            let event = event.map(|e| e.modify(|o| o.stamp(&resource)));
             let usable = |o: &RawObject| match &o.undecodable {
                 Some(why) => {
                     tracing::warn!(kind = %c.kind, name = o.meta.name.as_deref().unwrap_or("?"), "skipping an object: {why}");

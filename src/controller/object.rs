@@ -28,11 +28,21 @@ pub struct RawObject {
     pub json: Arc<str>,
     /// Why the object cannot be used, if it cannot.
     pub undecodable: Option<String>,
+    /// Whether the object carries its `apiVersion` and `kind`. A real API
+    /// server leaves both off the items of a list, so objects a watch
+    /// lists (at start-up, after a failover or a 410) arrive without them.
+    typed: bool,
 }
 
 impl RawObject {
     pub fn from_value(mut value: Value) -> Self {
         let mut undecodable = None;
+        let typed = ["apiVersion", "kind"].iter().all(|k| {
+            value
+                .get(k)
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        });
         if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("managedFields");
         }
@@ -83,6 +93,27 @@ impl RawObject {
             meta,
             json,
             undecodable,
+            typed,
+        }
+    }
+
+    /// Give the object the `apiVersion` and `kind` of the watch it came
+    /// from where it arrived without them (a listed object). Every object
+    /// a cache holds goes through here, so decisions, `is_ready` and
+    /// `delete(obj)` see the kind whichever way the object arrived.
+    pub fn stamp(&mut self, resource: &ApiResource) {
+        if self.typed {
+            return;
+        }
+        let mut value = self.value();
+        if let Some(m) = value.as_object_mut() {
+            m.insert(
+                "apiVersion".into(),
+                Value::String(resource.api_version.clone()),
+            );
+            m.insert("kind".into(), Value::String(resource.kind.clone()));
+            self.json = serde_json::to_string(&value).unwrap_or_default().into();
+            self.typed = true;
         }
     }
 
@@ -154,6 +185,35 @@ impl Resource for RawObject {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_listed_object_takes_the_kind_of_its_watch() {
+        let mut o: RawObject = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "prod"}, "spec": {"replicas": 2}
+        }))
+        .unwrap();
+        let sts = ApiResource {
+            group: "apps".into(),
+            version: "v1".into(),
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            plural: "statefulsets".into(),
+        };
+        o.stamp(&sts);
+        let v = o.value();
+        assert_eq!(
+            (v["apiVersion"].as_str(), v["kind"].as_str()),
+            (Some("apps/v1"), Some("StatefulSet"))
+        );
+        assert_eq!(v["spec"]["replicas"], 2);
+        // An object that names its kind keeps it.
+        let mut typed: RawObject = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
+        )
+        .unwrap();
+        typed.stamp(&sts);
+        assert_eq!(typed.value()["kind"], "Pod");
+    }
 
     #[test]
     fn managed_fields_are_dropped_on_the_way_in() {

@@ -14,8 +14,8 @@ use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -921,16 +921,26 @@ impl Operator {
                 let (trigger, trigger_rx) = mpsc::unbounded_channel();
                 let (resync, resync_rx) = mpsc::unbounded_channel();
                 let mut stop = self.ctx.stop.clone();
-                let controller =
-                    Controller::new_with(api, watcher::Config::default().page_size(500), ar)
-                        .with_config(
-                            ControllerConfig::default().concurrency(self.ctx.config.concurrency),
-                        )
-                        .reconcile_on(channel_stream(trigger_rx))
-                        .reconcile_all_on(channel_stream(resync_rx))
-                        .graceful_shutdown_on(async move {
-                            let _ = stop.wait_for(|s| *s).await;
-                        });
+                // The controller's own reflector, fed by a watch whose listed
+                // objects take the kind of the watch (see `RawObject::stamp`).
+                let writer = reflector::store::Writer::<RawObject>::new(ar.clone());
+                let reader = writer.as_reader();
+                let typed = ar.clone();
+                let objects = reflector::reflector(
+                    writer,
+                    watcher::watcher(api, watcher::Config::default().page_size(500))
+                        .map(move |e| e.map(|e| e.modify(|o| o.stamp(&typed)))),
+                )
+                .applied_objects();
+                let controller = Controller::for_stream_with(objects, reader, ar)
+                    .with_config(
+                        ControllerConfig::default().concurrency(self.ctx.config.concurrency),
+                    )
+                    .reconcile_on(channel_stream(trigger_rx))
+                    .reconcile_all_on(channel_stream(resync_rx))
+                    .graceful_shutdown_on(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    });
                 let store = controller.store();
                 let ctx = self.ctx.clone();
                 let kind = k.clone();

@@ -495,7 +495,8 @@ impl Api {
                     if i > 0 {
                         out.push(b',');
                     }
-                    out.extend_from_slice(&table::at_version(&t.def, &t.version, item));
+                    let item = table::at_version(&t.def, &t.version, item);
+                    out.extend_from_slice(&without_type_meta(&item));
                 }
                 out.extend_from_slice(b"]}");
                 Ok(json_response(StatusCode::OK, Bytes::from(out)))
@@ -903,5 +904,18 @@ fn resource_version(q: &BTreeMap<String, String>) -> Result<Option<u64>, ApiErro
                 ),
             )
         }),
+    }
+}
+
+/// A list item as kube-apiserver sends it: without `apiVersion` and
+/// `kind`, which only the list itself carries.
+fn without_type_meta(item: &[u8]) -> Vec<u8> {
+    match serde_json::from_slice::<serde_json::Map<String, Value>>(item) {
+        Ok(mut m) => {
+            m.remove("apiVersion");
+            m.remove("kind");
+            serde_json::to_vec(&m).unwrap_or_else(|_| item.to_vec())
+        }
+        Err(_) => item.to_vec(),
     }
 }
