@@ -2,16 +2,17 @@
 //! the shipped policies: drift rollback, ordered (and resumable) backups,
 //! model serving.
 //!
-//! On the sandbox, the test plays the controllers a cluster would run (the
-//! Deployment and StatefulSet controllers, the kubelet finishing benchmark
-//! Jobs and marking pods Ready, the CSI snapshotter) with the scenario
-//! world. On a real cluster (RUNBOOK_TEST_KUBECONFIG) they are real: the
-//! benchmark Job runs busybox and writes its score to the termination log;
-//! only the VolumeSnapshot is marked ready by the test, as a cluster may
-//! have no CSI snapshot driver. The assertions are the same.
+//! Pods "run" through the kubelet stand-in (tests/support/kubelet.rs): on a
+//! real control plane it writes pod status as a kubelet would and the real
+//! Job, StatefulSet and Deployment controllers react; on the sandbox it
+//! drives the scenario world, which plays those controllers. Only the
+//! VolumeSnapshot is marked ready by the test itself, as a cluster may have
+//! no CSI snapshot driver. The assertions are the same on both sides.
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/kubelet.rs"]
+mod kubelet;
 #[path = "support/operator.rs"]
 mod support;
 
@@ -25,13 +26,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kubelet::{Fate, Kubelet};
 use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use runbook::controller::metrics::Metrics;
 use runbook::controller::{Operator, OperatorConfig};
-use runbook::journal::MemoryJournal;
 use runbook::kinds::KindRef;
-use runbook::scenario::model::{CompleteSpec, PodReadySpec, SnapshotReadySpec};
-use runbook::scenario::world::World;
 use serde_json::{Value, json};
 
 /// The alerts firing now, by alert name, with the receivers they reach.
@@ -146,14 +145,6 @@ fn kind_api(c: &Cluster, api_version: &str, kind: &str) -> Api<DynamicObject> {
     )
 }
 
-/// The world of the sandbox, playing the cluster's controllers.
-fn world(c: &Cluster) -> Option<(Arc<World>, Vec<tokio::task::JoinHandle<()>>)> {
-    let sandbox = c.sandbox.clone()?;
-    let w = World::new(sandbox, &c.ns, Arc::new(MemoryJournal::default()));
-    let tasks = w.spawn(Vec::new());
-    Some((w, tasks))
-}
-
 async fn start(c: &Cluster, sink: Arc<Firing>) -> Arc<Operator> {
     let op = support::operator_with_sink(
         c,
@@ -200,59 +191,20 @@ async fn events_for(c: &Cluster, name: &str) -> Vec<String> {
 /// anything else, from the revision the policy passes in its environment.
 const BENCHMARK: &str = r#"if [ "$TARGET_REVISION" = "2" ]; then echo '{"score": 0.62}'; else echo '{"score": 0.91}'; fi > /dev/termination-log"#;
 
-fn score_for(job: &Job) -> String {
-    let env = job
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers[0]
-        .env
-        .clone()
-        .unwrap_or_default();
-    let revision = env
-        .iter()
-        .find(|e| e.name == "TARGET_REVISION")
-        .and_then(|e| e.value.clone());
-    if revision.as_deref() == Some("2") {
+/// What the benchmark program writes to its termination log, from the
+/// revision the policy passes in the pod's environment.
+fn score_for(pod: &Value) -> String {
+    let revision = pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "TARGET_REVISION")
+        .and_then(|e| e["value"].as_str());
+    if revision == Some("2") {
         r#"{"score": 0.62}"#.into()
     } else {
         r#"{"score": 0.91}"#.into()
     }
-}
-
-/// On the sandbox: finish every benchmark Job as the kubelet would once the
-/// benchmark program wrote its score.
-fn run_benchmarks(c: &Cluster, w: &Arc<World>) -> tokio::task::JoinHandle<()> {
-    let jobs: Api<Job> = c.api();
-    let w = w.clone();
-    let ns = c.ns.clone();
-    tokio::spawn(async move {
-        loop {
-            if let Ok(list) = jobs.list(&Default::default()).await {
-                for j in list.items {
-                    let done = j
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| !c.is_empty());
-                    if !done {
-                        let spec = CompleteSpec {
-                            name: j.metadata.name.clone(),
-                            namespace: Some(ns.clone()),
-                            succeeded: true,
-                            termination_message: Some(score_for(&j)),
-                        };
-                        let _ = w.complete(&spec, None).await;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
 }
 
 fn image_of(d: &Deployment) -> String {
@@ -276,8 +228,14 @@ async fn annotate(api: &Api<DynamicObject>, name: &str, key: &str, value: &str) 
 async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     let c = Cluster::new("evaluator").await;
     install_crds(&c).await;
-    let world = world(&c);
-    let kubelet = world.as_ref().map(|(w, _)| run_benchmarks(&c, w));
+    let kubelet = Kubelet::start(&c);
+    kubelet.run("chatbot-eval-", |pod| {
+        Some(Fate::Exit {
+            code: 0,
+            message: Some(score_for(pod)),
+        })
+    });
+    kubelet.ready("chatbot-");
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
     let deployments: Api<Deployment> = c.api();
@@ -390,40 +348,25 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
         .collect();
     assert_eq!(scores, [0.91, 0.62, 0.91]);
     op.shutdown(Duration::from_secs(5)).await;
-    if let Some(k) = kubelet {
-        k.abort();
-    }
+    drop(kubelet);
     c.cleanup().await;
 }
 
-fn postgres(c: &Cluster) -> Vec<Value> {
-    let mut out = vec![json!({
+fn postgres() -> Value {
+    json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "db"},
         "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
                  "template": {"metadata": {"labels": {"app": "db"}},
                               "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
-    })];
-    if c.sandbox.is_some() {
-        // A real StatefulSet controller makes these; the sandbox has none.
-        for i in 0..2 {
-            out.push(json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("db-{i}"), "labels": {"app": "db"},
-                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "controller": true}]},
-                "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]},
-                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
-            }));
-        }
-    }
-    out
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
     let c = Cluster::new("backup").await;
     install_crds(&c).await;
-    let world = world(&c);
+    let kubelet = Kubelet::start(&c);
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
     let pvcs: Api<PersistentVolumeClaim> = c.api();
@@ -435,13 +378,7 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
     )
     .await
     .unwrap();
-    let w = world.as_ref().map(|(w, _)| w.with_kinds());
-    for o in postgres(&c) {
-        match &w {
-            Some(w) => w.create(o).await.unwrap(),
-            None => create(&c, o).await,
-        }
-    }
+    create(&c, postgres()).await;
     let backups = kind_api(&c, "runbook.dev/v1alpha1", "DatabaseBackup");
     create(
         &c,
@@ -455,30 +392,19 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
     )
     .await;
     let jobs: Api<Job> = c.api();
-    if let Some(w) = &w {
-        // Nothing is dumped while the database is not ready.
-        eventually("waiting on the database", 30, || async {
-            status_of(&backups, "nightly").await["currentStep"] == "wait-database"
-        })
-        .await;
-        assert!(
-            jobs.list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .is_empty()
-        );
-        w.pod_ready(
-            &PodReadySpec {
-                name: Some("db-*".into()),
-                namespace: Some(c.ns.clone()),
-                ready: true,
-            },
-            None,
-        )
-        .await
-        .unwrap();
-    }
+    // Nothing is dumped while the database is not ready.
+    eventually("waiting on the database", 30, || async {
+        status_of(&backups, "nightly").await["currentStep"] == "wait-database"
+    })
+    .await;
+    assert!(
+        jobs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    kubelet.ready("db-");
     eventually("the dump Job", 120, || async {
         jobs.get("nightly-once-dump").await.is_ok()
     })
@@ -492,19 +418,17 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
 
     // The operator stops mid-backup; a new one takes over.
     op.shutdown(Duration::from_secs(5)).await;
-    if let Some(w) = &w {
-        w.complete(
-            &CompleteSpec {
-                name: Some("nightly-once-dump".into()),
-                namespace: Some(c.ns.clone()),
-                succeeded: true,
-                termination_message: None,
-            },
-            None,
-        )
-        .await
-        .unwrap();
-    }
+    kubelet.exit("nightly-once-dump", 0, None);
+    let done: Api<Job> = c.api();
+    eventually("the dump Job to succeed", 60, || async {
+        done.get("nightly-once-dump")
+            .await
+            .ok()
+            .and_then(|j| j.status)
+            .and_then(|s| s.succeeded)
+            == Some(1)
+    })
+    .await;
     let op = start(&c, sink.clone()).await;
     eventually("the snapshot", 120, || async {
         snapshots.get("nightly-once-snap").await.is_ok()
@@ -523,30 +447,14 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
     );
     assert_eq!(status_of(&backups, "nightly").await["phase"], "Running");
     // A cluster may have no CSI snapshotter: the test marks it ready.
-    match &w {
-        Some(w) => {
-            w.snapshot_ready(
-                &SnapshotReadySpec {
-                    name: Some("nightly-once-snap".into()),
-                    namespace: Some(c.ns.clone()),
-                    restore_size: None,
-                },
-                None,
-            )
-            .await
-            .unwrap();
-        }
-        None => {
-            snapshots
-                .patch_status(
-                    "nightly-once-snap",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"readyToUse": true}})),
-                )
-                .await
-                .unwrap();
-        }
-    }
+    snapshots
+        .patch_status(
+            "nightly-once-snap",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyToUse": true}})),
+        )
+        .await
+        .unwrap();
     eventually("the backup published", 60, || async {
         let st = status_of(&backups, "nightly").await;
         st["phase"] == "Completed" && st["backupURL"] == "s3://backups/e2e/nightly-once.sql.gz"
@@ -568,6 +476,7 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
     .await;
     assert!(sink.named("DatabaseBackupFailed").is_empty());
     op.shutdown(Duration::from_secs(5)).await;
+    drop(kubelet);
     c.cleanup().await;
 }
 
@@ -575,7 +484,9 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
 async fn a_model_is_served_and_a_new_uri_rolls_out() {
     let c = Cluster::new("aimodel").await;
     install_crds(&c).await;
-    let _world = world(&c);
+    let kubelet = Kubelet::start(&c);
+    // The model servers start; a GPU node is the kubelet stand-in's to fake.
+    kubelet.ready("llama-");
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
     let models = kind_api(&c, "runbook.dev/v1alpha1", "AIModel");
@@ -610,15 +521,11 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
         services.get("llama").await.is_ok()
     })
     .await;
-    if c.sandbox.is_some() {
-        // The world completes rollouts at once; a real cluster cannot
-        // schedule a GPU pod without GPUs, so there only the objects are checked.
-        eventually("serving", 60, || async {
-            let st = status_of(&models, "llama").await;
-            st["phase"] == "Ready" && st["servedModelUri"] == "s3://models/llama/v1"
-        })
-        .await;
-    }
+    eventually("serving", 60, || async {
+        let st = status_of(&models, "llama").await;
+        st["phase"] == "Ready" && st["servedModelUri"] == "s3://models/llama/v1"
+    })
+    .await;
     models
         .patch(
             "llama",
@@ -640,47 +547,47 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
             == Some("s3://models/llama/v2")
     })
     .await;
-    if c.sandbox.is_some() {
-        eventually("serving v2", 60, || async {
-            status_of(&models, "llama").await["servedModelUri"] == "s3://models/llama/v2"
-        })
-        .await;
-        // A weights download stuck in a crash loop: Degraded and alerted.
-        let pods: Api<Pod> = c.api();
-        pods.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "llama-x", "labels": {"runbook.dev/model": "llama"}},
-                "spec": {"containers": [{"name": "server", "image": "registry.k8s.io/pause:3.9"}]}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-        pods.patch_status(
-            "llama-x",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Pending", "initContainerStatuses": [{
-                "name": "fetch-weights", "image": "busybox", "imageID": "", "ready": false, "restartCount": 3,
-                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "403 Forbidden"}}}]}})),
-        )
-        .await
-        .unwrap();
-        eventually("Degraded", 60, || async {
-            status_of(&models, "llama").await["phase"] == "Degraded"
-        })
-        .await;
-        eventually("the alert", 30, || async {
-            !sink.named("AIModelWeightsDownloadFailing").is_empty()
-        })
-        .await;
-        assert!(
-            events_for(&c, "llama")
-                .await
-                .contains(&"WeightsDownloadFailing".to_string())
-        );
-    }
+    eventually("serving v2", 60, || async {
+        status_of(&models, "llama").await["servedModelUri"] == "s3://models/llama/v2"
+    })
+    .await;
+    // A weights download stuck in a crash loop: Degraded and alerted.
+    let pods: Api<Pod> = c.api();
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "weights-crashloop", "labels": {"runbook.dev/model": "llama"}},
+            "spec": {"initContainers": [{"name": "fetch-weights", "image": "busybox:1.36"}],
+                 "containers": [{"name": "server", "image": "registry.k8s.io/pause:3.9"}]}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    pods.patch_status(
+        "weights-crashloop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Pending", "initContainerStatuses": [{
+            "name": "fetch-weights", "image": "busybox", "imageID": "", "ready": false, "restartCount": 3,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "403 Forbidden"}}}]}})),
+    )
+    .await
+    .unwrap();
+    eventually("Degraded", 60, || async {
+        status_of(&models, "llama").await["phase"] == "Degraded"
+    })
+    .await;
+    eventually("the alert", 30, || async {
+        !sink.named("AIModelWeightsDownloadFailing").is_empty()
+    })
+    .await;
+    assert!(
+        events_for(&c, "llama")
+            .await
+            .contains(&"WeightsDownloadFailing".to_string())
+    );
     op.shutdown(Duration::from_secs(5)).await;
+    drop(kubelet);
     c.cleanup().await;
 }
