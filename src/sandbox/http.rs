@@ -876,20 +876,6 @@ fn parse_body(headers: &http::HeaderMap, body: &Bytes) -> Result<Value, ApiError
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_strings_are_decoded() {
-        let q = query_params(Some("labelSelector=app%3Dweb%2Ctier+in+%28a%29&watch=1&x"));
-        assert_eq!(q["labelSelector"], "app=web,tier in (a)");
-        assert_eq!(q["watch"], "1");
-        assert_eq!(q["x"], "");
-        assert_eq!(percent_decode("%zz%4"), "%zz%4");
-    }
-}
-
 /// The `resourceVersion` of a list or watch. kube-apiserver v1.28 answers
 /// one that is not a number with a 500 and the parser's message.
 fn resource_version(q: &BTreeMap<String, String>) -> Result<Option<u64>, ApiError> {
@@ -917,5 +903,19 @@ fn without_type_meta(item: &[u8]) -> Vec<u8> {
             serde_json::to_vec(&m).unwrap_or_else(|_| item.to_vec())
         }
         Err(_) => item.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_are_decoded() {
+        let q = query_params(Some("labelSelector=app%3Dweb%2Ctier+in+%28a%29&watch=1&x"));
+        assert_eq!(q["labelSelector"], "app=web,tier in (a)");
+        assert_eq!(q["watch"], "1");
+        assert_eq!(q["x"], "");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
     }
 }

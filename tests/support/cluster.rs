@@ -15,6 +15,119 @@ pub struct Cluster {
     pub client: Client,
     pub ns: String,
     pub sandbox: Option<Sandbox>,
+    /// Set once `cleanup` has run; otherwise dropping the cluster (a test
+    /// that failed) tears the test's objects down.
+    cleaned: bool,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        let (Some(path), ns) = (real_cluster(), self.ns.clone()) else {
+            return;
+        };
+        // A failing test unwinds inside its runtime: tear down on a thread
+        // of its own, with a client of its own.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(client) = client_for(&path).await {
+                    teardown(&client, &ns).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn client_for(path: &str) -> Result<Client, String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Remove what a test made on a real cluster: the kinds it defined (groups
+/// named after its namespace), the finalizers that would hold its objects
+/// once no operator runs to remove them (its own kinds' and Runbook's),
+/// and its namespace.
+async fn teardown(client: &Client, ns: &str) {
+    use kube::core::{ApiResource, DynamicObject};
+    let crd_kind = ApiResource {
+        group: "apiextensions.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.k8s.io/v1".into(),
+        kind: "CustomResourceDefinition".into(),
+        plural: "customresourcedefinitions".into(),
+    };
+    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &crd_kind);
+    let own_group = format!("{ns}.");
+    for crd in crds
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let spec = &crd.data["spec"];
+        let group = spec["group"].as_str().unwrap_or_default().to_string();
+        let ours = group.starts_with(&own_group);
+        if !ours && group != "runbook.dev" {
+            continue;
+        }
+        let Some(version) = spec["versions"][0]["name"].as_str() else {
+            continue;
+        };
+        let ar = ApiResource {
+            group: group.clone(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: spec["names"]["kind"].as_str().unwrap_or_default().into(),
+            plural: spec["names"]["plural"].as_str().unwrap_or_default().into(),
+        };
+        let namespaced = spec["scope"] == "Namespaced";
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(client.clone(), ns, &ar)
+        } else {
+            Api::all_with(client.clone(), &ar)
+        };
+        for o in api
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if o.metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| !f.is_empty())
+            {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                let _ = api
+                    .patch(
+                        &name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(
+                            serde_json::json!({"metadata": {"finalizers": null}}),
+                        ),
+                    )
+                    .await;
+            }
+        }
+        if ours {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let _ = crds.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let _ = nss.delete(ns, &DeleteParams::default()).await;
 }
 
 fn unique(test: &str) -> String {
@@ -51,12 +164,10 @@ impl Cluster {
     pub async fn with_config(test: &str, config: SandboxConfig) -> Self {
         let (client, sandbox) = match real_cluster() {
             Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(&path)
-                    .expect("reading RUNBOOK_TEST_KUBECONFIG");
-                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                let client = client_for(&path)
                     .await
-                    .expect("kubeconfig");
-                (Client::try_from(config).expect("client"), None)
+                    .unwrap_or_else(|e| panic!("RUNBOOK_TEST_KUBECONFIG={path}: {e}"));
+                (client, None)
             }
             None => {
                 let s = Sandbox::new(config);
@@ -85,6 +196,7 @@ impl Cluster {
             client,
             ns,
             sandbox,
+            cleaned: false,
         }
     }
 
@@ -98,9 +210,13 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    pub async fn cleanup(self) {
-        let nss: Api<Namespace> = Api::all(self.client.clone());
-        let _ = nss.delete(&self.ns, &DeleteParams::default()).await;
+    /// Remove everything the test made (see `teardown`). A test that
+    /// fails before it gets here is cleaned up when its cluster drops.
+    pub async fn cleanup(mut self) {
+        self.cleaned = true;
+        if self.sandbox.is_none() {
+            teardown(&self.client, &self.ns).await;
+        }
     }
 }
 

@@ -208,7 +208,7 @@ impl Side {
                 continue;
             }
             let template =
-                serde_json::to_value(&job.spec.as_ref().map(|s| &s.template)).unwrap_or_default();
+                serde_json::to_value(job.spec.as_ref().map(|s| &s.template)).unwrap_or_default();
             let pod = json!({"metadata": {"name": name}, "spec": template["spec"]});
             let Some(Fate::Exit { code, message }) = self.fate(&name, &pod) else {
                 continue;
