@@ -220,6 +220,66 @@ fn kubectl_drives_the_sandbox() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("spec.threshold"), "{err}");
 
+    // A Deployment rolls out, gets a new revision, and is rolled back, as
+    // kubectl users do it (no replicas: no kubelet runs pods on either side).
+    let manifest = s.cache.join("web.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 0\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: app, image: \"registry.k8s.io/pause:3.9\"}]}\n",
+    )
+    .unwrap();
+    kubectl(&s, &["apply", "-n", &ns, "-f", manifest.to_str().unwrap()]);
+    let rollout = |s: &Server| {
+        let out = kubectl(
+            s,
+            &[
+                "rollout",
+                "status",
+                "deployment/web",
+                "-n",
+                &ns,
+                "--timeout=60s",
+            ],
+        );
+        assert!(out.contains("successfully rolled out"), "{out}");
+    };
+    rollout(&s);
+    kubectl(
+        &s,
+        &[
+            "set",
+            "image",
+            "deployment/web",
+            "-n",
+            &ns,
+            "app=registry.k8s.io/pause:3.10",
+        ],
+    );
+    rollout(&s);
+    let history = kubectl(&s, &["rollout", "history", "deployment/web", "-n", &ns]);
+    let revisions: Vec<&str> = history
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(revisions, ["1", "2"], "{history}");
+    let out = kubectl(&s, &["rollout", "undo", "deployment/web", "-n", &ns]);
+    assert!(out.contains("rolled back"), "{out}");
+    rollout(&s);
+    let image = kubectl(
+        &s,
+        &[
+            "get",
+            "deployment",
+            "web",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ],
+    );
+    assert_eq!(image.trim(), "registry.k8s.io/pause:3.9");
+
     let out = kubectl(&s, &["delete", "evaluator", "chatbot", "-n", &ns]);
     assert!(out.contains("deleted"), "{out}");
     let gone = kubectl_output(&s, &["get", "evaluator", "chatbot", "-n", &ns]);

@@ -42,6 +42,16 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
                 })?;
         }
     }
+    // The sandbox runs no controllers; the scenarios' world plays the
+    // Deployment controller (each new pod template a new ReplicaSet
+    // revision, rolled out at once), so `kubectl rollout status|history|undo`
+    // work against it.
+    let world = crate::scenario::world::World::new(
+        sandbox.clone(),
+        "default",
+        std::sync::Arc::new(crate::journal::MemoryJournal::default()),
+    );
+    let controllers = world.spawn(Vec::new());
     let served = sandbox
         .serve(args.port)
         .await
@@ -54,6 +64,7 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     }
     super::shutdown_signal().await;
     println!("stopping");
+    controllers.iter().for_each(|t| t.abort());
     served.stop().await;
     Ok(ExitCode::SUCCESS)
 }
