@@ -523,28 +523,37 @@ async fn an_expired_resource_version_is_gone() {
     let mut config = runbook::sandbox::SandboxConfig::default();
     config.store.history_limit = 5;
     let c = Cluster::with_config("expired", config).await;
-    let api: Api<ConfigMap> = c.api();
-    let first = api
-        .create(&PostParams::default(), &cm("e", &[]))
-        .await
-        .unwrap();
-    for i in 0..10 {
-        api.patch(
-            "e",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
-        )
-        .await
-        .unwrap();
+    // A kind defined just now: a real API server's watch cache for it
+    // starts at the current resourceVersion, so "1" is long gone there, as
+    // it is in the sandbox's short history after a few writes.
+    let group = format!("{}.conformance.runbook.dev", c.ns);
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_kind());
+    let crd: DynamicObject = serde_json::from_value(widget_crd(&group)).unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_kind(&group));
+    eventually("the Widget kind to be served", 60, || async {
+        widgets.list(&ListParams::default()).await.is_ok()
+    })
+    .await;
+    let w: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1"), "kind": "Widget",
+        "metadata": {"name": "e"}, "spec": {"size": 1}
+    }))
+    .unwrap();
+    widgets.create(&PostParams::default(), &w).await.unwrap();
+    for i in 2..10 {
+        widgets
+            .patch(
+                "e",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": i}})),
+            )
+            .await
+            .unwrap();
     }
-    // On a real cluster, resourceVersion 1 is long compacted.
-    let old = if cluster::real_cluster().is_some() {
-        "1".to_string()
-    } else {
-        rv(&first)
-    };
-    let mut stream = api
-        .watch(&WatchParams::default().timeout(10), &old)
+    let mut stream = widgets
+        .watch(&WatchParams::default().timeout(10), "1")
         .await
         .unwrap()
         .boxed();
@@ -554,6 +563,26 @@ async fn an_expired_resource_version_is_gone() {
         other => panic!("expected 410 Gone, got {other:?}"),
     }
     c.cleanup().await;
+}
+
+fn crd_kind() -> ApiResource {
+    ApiResource {
+        group: "apiextensions.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.k8s.io/v1".into(),
+        kind: "CustomResourceDefinition".into(),
+        plural: "customresourcedefinitions".into(),
+    }
+}
+
+fn widget_kind(group: &str) -> ApiResource {
+    ApiResource {
+        group: group.into(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    }
 }
 
 #[tokio::test]
