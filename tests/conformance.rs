@@ -527,7 +527,7 @@ async fn an_expired_resource_version_is_gone() {
     // starts at the current resourceVersion, so "1" is long gone there, as
     // it is in the sandbox's short history after a few writes.
     let group = format!("{}.conformance.runbook.dev", c.ns);
-    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_kind());
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster::crd_resource());
     let crd: DynamicObject = serde_json::from_value(widget_crd(&group)).unwrap();
     crds.create(&PostParams::default(), &crd).await.unwrap();
     let widgets: Api<DynamicObject> =
@@ -563,16 +563,6 @@ async fn an_expired_resource_version_is_gone() {
         other => panic!("expected 410 Gone, got {other:?}"),
     }
     c.cleanup().await;
-}
-
-fn crd_kind() -> ApiResource {
-    ApiResource {
-        group: "apiextensions.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiextensions.k8s.io/v1".into(),
-        kind: "CustomResourceDefinition".into(),
-        plural: "customresourcedefinitions".into(),
-    }
 }
 
 fn widget_kind(group: &str) -> ApiResource {
@@ -864,25 +854,10 @@ fn widget_crd(group: &str) -> Value {
 async fn a_crd_serves_its_kind_with_validation_defaults_and_pruning() {
     let c = Cluster::new("crd").await;
     let group = format!("{}.conformance.runbook.dev", c.ns);
-    let crds: Api<DynamicObject> = Api::all_with(
-        c.client.clone(),
-        &ApiResource {
-            group: "apiextensions.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "apiextensions.k8s.io/v1".into(),
-            kind: "CustomResourceDefinition".into(),
-            plural: "customresourcedefinitions".into(),
-        },
-    );
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster::crd_resource());
     let crd: DynamicObject = serde_json::from_value(widget_crd(&group)).unwrap();
     crds.create(&PostParams::default(), &crd).await.unwrap();
-    let ar = ApiResource {
-        group: group.clone(),
-        version: "v1".into(),
-        api_version: format!("{group}/v1"),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    };
+    let ar = widget_kind(&group);
     let widgets: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &ar);
     let w = |spec: Value| -> DynamicObject {
         serde_json::from_value(json!({"apiVersion": format!("{group}/v1"), "kind": "Widget", "metadata": {"name": "w"}, "spec": spec})).unwrap()
@@ -1204,16 +1179,7 @@ async fn events_are_one_resource_in_two_groups() {
 #[tokio::test]
 async fn a_crd_in_a_protected_group_needs_its_api_approved() {
     let c = Cluster::new("protectedgroup").await;
-    let crds: Api<DynamicObject> = Api::all_with(
-        c.client.clone(),
-        &ApiResource {
-            group: "apiextensions.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "apiextensions.k8s.io/v1".into(),
-            kind: "CustomResourceDefinition".into(),
-            plural: "customresourcedefinitions".into(),
-        },
-    );
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster::crd_resource());
     let dry = PostParams {
         dry_run: true,
         ..Default::default()

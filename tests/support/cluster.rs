@@ -47,6 +47,17 @@ impl Drop for Cluster {
     }
 }
 
+/// The CustomResourceDefinition kind, for tests that define kinds.
+pub fn crd_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource {
+        group: "apiextensions.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.k8s.io/v1".into(),
+        kind: "CustomResourceDefinition".into(),
+        plural: "customresourcedefinitions".into(),
+    }
+}
+
 async fn client_for(path: &str) -> Result<Client, String> {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -61,14 +72,7 @@ async fn client_for(path: &str) -> Result<Client, String> {
 /// and its namespace.
 async fn teardown(client: &Client, ns: &str) {
     use kube::core::{ApiResource, DynamicObject};
-    let crd_kind = ApiResource {
-        group: "apiextensions.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiextensions.k8s.io/v1".into(),
-        kind: "CustomResourceDefinition".into(),
-        plural: "customresourcedefinitions".into(),
-    };
-    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &crd_kind);
+    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource());
     let own_group = format!("{ns}.");
     for crd in crds
         .list(&Default::default())

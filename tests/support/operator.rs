@@ -16,6 +16,7 @@ use runbook::policy::{self, Bundle, Origin};
 use runbook::script::ScriptEngine;
 use serde_json::{Value, json};
 
+pub use super::cluster::crd_resource;
 use super::cluster::{Cluster, eventually};
 
 /// The test's own kind: `Widget` in a group named after the namespace, so
@@ -32,16 +33,6 @@ pub fn widget_resource(c: &Cluster) -> ApiResource {
         api_version: format!("{g}/v1"),
         kind: "Widget".into(),
         plural: "widgets".into(),
-    }
-}
-
-pub fn crd_resource() -> ApiResource {
-    ApiResource {
-        group: "apiextensions.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiextensions.k8s.io/v1".into(),
-        kind: "CustomResourceDefinition".into(),
-        plural: "customresourcedefinitions".into(),
     }
 }
 
