@@ -165,7 +165,7 @@ fn merge_lists(field: &str, t: &mut Vec<Value>, p: &[Value]) {
 /// names, in the patch's order, interleaved with the items only the server
 /// had, in the server's order. Two items both known to the server keep the
 /// server's order; where either is new, the patch's item comes first.
-fn order_like_the_api_server<'a>(
+fn order_like_the_api_server(
     merged: &mut Vec<Value>,
     patch_order: &[&Value],
     server_order: &[Value],
