@@ -1207,3 +1207,56 @@ async fn a_crd_in_a_protected_group_needs_its_api_approved() {
     crds.create(&dry, &o).await.unwrap();
     c.cleanup().await;
 }
+
+#[tokio::test]
+async fn workloads_serve_the_scale_subresource() {
+    let c = Cluster::new("scale").await;
+    let api: Api<Deployment> = c.api();
+    let mut d = deployment("web", "registry.k8s.io/pause:3.9");
+    d.spec.replicas = Some(0);
+    api.create(&PostParams::default(), &d).await.unwrap();
+    let scale = api.get_scale("web").await.unwrap();
+    // An omitempty int32: zero replicas is left out.
+    assert_eq!(scale.spec.unwrap().replicas, None);
+    assert_eq!(scale.status.unwrap().selector.as_deref(), Some("app=web"));
+    let scaled = api
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(scaled.spec.unwrap().replicas, Some(3));
+    assert_eq!(
+        api.get("web").await.unwrap().spec.replicas,
+        Some(3)
+    );
+    assert_eq!(
+        code(
+            api.patch_scale(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": -1}})),
+            )
+            .await
+        ),
+        422
+    );
+    // The subresource is in discovery, as kubectl scale looks it up there.
+    let apps = c.client.list_api_group_resources("apps/v1").await.unwrap();
+    let sub = apps
+        .resources
+        .iter()
+        .find(|r| r.name == "deployments/scale")
+        .expect("deployments/scale in discovery");
+    assert_eq!(
+        (
+            sub.group.as_deref(),
+            sub.version.as_deref(),
+            sub.kind.as_str()
+        ),
+        (Some("autoscaling"), Some("v1"), "Scale")
+    );
+    c.cleanup().await;
+}

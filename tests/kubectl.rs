@@ -280,6 +280,104 @@ fn kubectl_drives_the_sandbox() {
     );
     assert_eq!(image.trim(), "registry.k8s.io/pause:3.9");
 
+    // The generators a newcomer types first. kubectl sends their bodies
+    // (and `auth can-i`'s) as protobuf.
+    let account = format!("--serviceaccount={ns}:robot");
+    let generators: [&[&str]; 9] = [
+        &["configmap", "settings", "--from-literal=level=debug"],
+        &[
+            "secret",
+            "generic",
+            "creds",
+            "--from-literal=password=s3cret",
+        ],
+        &[
+            "deployment",
+            "gen",
+            "--image=registry.k8s.io/pause:3.9",
+            "--replicas=0",
+        ],
+        &["job", "once", "--image=busybox:1.36", "--", "true"],
+        &[
+            "cronjob",
+            "nightly",
+            "--image=busybox:1.36",
+            "--schedule=0 1 * * *",
+            "--",
+            "true",
+        ],
+        &["service", "clusterip", "web", "--tcp=80:8080"],
+        &["serviceaccount", "robot"],
+        &["role", "reader", "--verb=get,list", "--resource=pods"],
+        &["rolebinding", "robot-reads", "--role=reader", &account],
+    ];
+    for generator in generators {
+        let mut args = vec!["create", "-n", ns.as_str()];
+        args.extend(generator);
+        let out = kubectl(&s, &args);
+        assert!(out.contains("created"), "{args:?}: {out}");
+    }
+    let get = |what: &[&str]| {
+        let mut args = vec!["get"];
+        args.extend(what);
+        args.extend(["-n", ns.as_str()]);
+        kubectl(&s, &args)
+    };
+    assert_eq!(
+        get(&["configmap", "settings", "-o", "jsonpath={.data.level}"]),
+        "debug"
+    );
+    assert_eq!(
+        get(&["secret", "creds", "-o", "jsonpath={.data.password}"]),
+        "czNjcmV0"
+    );
+    assert_eq!(
+        get(&[
+            "deployment",
+            "gen",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}"
+        ]),
+        "registry.k8s.io/pause:3.9"
+    );
+    assert_eq!(
+        get(&["cronjob", "nightly", "-o", "jsonpath={.spec.schedule}"]),
+        "0 1 * * *"
+    );
+    assert_eq!(
+        get(&[
+            "service",
+            "web",
+            "-o",
+            "jsonpath={.spec.ports[0].targetPort}"
+        ]),
+        "8080"
+    );
+    assert_eq!(
+        get(&[
+            "rolebinding",
+            "robot-reads",
+            "-o",
+            "jsonpath={.subjects[0].name}"
+        ]),
+        "robot"
+    );
+    let created = format!("{ns}-created");
+    let out = kubectl(&s, &["create", "namespace", &created]);
+    assert!(out.contains("created"), "{out}");
+    kubectl(&s, &["delete", "namespace", &created, "--wait=false"]);
+    assert_eq!(
+        kubectl(&s, &["auth", "can-i", "create", "pods", "-n", &ns]).trim(),
+        "yes"
+    );
+    // kubectl scale goes through the scale subresource.
+    let out = kubectl(&s, &["scale", "deployment/gen", "--replicas=2", "-n", &ns]);
+    assert!(out.contains("scaled"), "{out}");
+    assert_eq!(
+        get(&["deployment", "gen", "-o", "jsonpath={.spec.replicas}"]),
+        "2"
+    );
+
     let out = kubectl(&s, &["delete", "evaluator", "chatbot", "-n", &ns]);
     assert!(out.contains("deleted"), "{out}");
     let gone = kubectl_output(&s, &["get", "evaluator", "chatbot", "-n", &ns]);

@@ -134,6 +134,12 @@ pub fn resources(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Optio
                 "kind": d.kind, "verbs": ["get", "patch", "update"]
             }));
         }
+        if d.has_scale() {
+            resources.push(json!({
+                "name": format!("{}/scale", d.plural), "singularName": "", "namespaced": d.namespaced,
+                "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]
+            }));
+        }
     }
     let gv = if group.is_empty() {
         version.to_string()

@@ -21,7 +21,7 @@ use super::store::{
     DeleteOpts, Deleted, EventRenderer, FieldSelector, FieldValidation, Filter, Part, PatchKind,
     Propagation, Store, WriteOpts,
 };
-use super::table;
+use super::{patch, table};
 use crate::labels::Selector;
 
 /// A response body: whole, or a stream of watch lines.
@@ -304,6 +304,7 @@ impl Api {
         match target.sub.as_deref() {
             None => {}
             Some("status") if target.def.status_subresource => {}
+            Some("scale") if target.def.has_scale() => {}
             Some("finalize")
                 if target.def.plural == "namespaces" && target.def.group.is_empty() => {}
             Some(_) => return Err(ApiError::no_resource()),
@@ -414,6 +415,9 @@ impl Api {
                 json!({"allowed": true, "reason": "the sandbox allows every request"})
             };
             return Ok(value_response(StatusCode::CREATED, &review));
+        }
+        if t.sub.as_deref() == Some("scale") {
+            return self.scale(verb, &t, &ns, headers, &body, &opts);
         }
         match verb {
             Verb::Get => {
@@ -631,6 +635,75 @@ impl Api {
                 Ok(json_response(StatusCode::OK, Bytes::from(out)))
             }
         }
+    }
+
+    /// The `scale` subresource: the object's replicas as an autoscaling/v1
+    /// Scale, read and written (`kubectl scale`, autoscalers).
+    fn scale(
+        &self,
+        verb: Verb,
+        t: &Target,
+        ns: &str,
+        headers: &http::HeaderMap,
+        body: &Bytes,
+        opts: &WriteOpts,
+    ) -> Result<Resp, ApiError> {
+        let name = t.name.as_deref().unwrap_or_default();
+        let current: Value =
+            serde_json::from_slice(&self.store.get(&t.def, ns, name)?).unwrap_or_default();
+        let mut scale = scale_of(&current);
+        match verb {
+            Verb::Get => return Ok(value_response(StatusCode::OK, &scale)),
+            Verb::Update => scale = parse_body(headers, body)?,
+            Verb::Patch => {
+                let media = headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|ct| ct.split(';').next())
+                    .unwrap_or("")
+                    .trim();
+                let p = parse_json(body)?;
+                match media {
+                    "application/merge-patch+json" => patch::merge_patch(&mut scale, &p),
+                    "application/strategic-merge-patch+json" => {
+                        patch::strategic_merge(&mut scale, &p)
+                    }
+                    "application/json-patch+json" => patch::json_patch(&mut scale, &p)
+                        .map_err(|e| ApiError::new(422, "Invalid", e))?,
+                    other => {
+                        return Err(ApiError::unsupported_media(format!(
+                            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+                        )));
+                    }
+                }
+            }
+            _ => return Err(ApiError::method_not_allowed()),
+        }
+        let invalid = |why: &str, value: &Value| {
+            ApiError::new(
+                422,
+                "Invalid",
+                format!("Scale.autoscaling \"{name}\" is invalid: spec.replicas: {why}{value}"),
+            )
+        };
+        let replicas = match scale.pointer("/spec/replicas") {
+            None | Some(Value::Null) => 0,
+            Some(v) => match v.as_i64() {
+                Some(n) if n >= 0 => n,
+                _ => return Err(invalid("Invalid value: ", v)),
+            },
+        };
+        let w = self.store.patch(
+            &t.def,
+            ns,
+            name,
+            PatchKind::Merge,
+            json!({"spec": {"replicas": replicas}}),
+            Part::Main,
+            opts,
+        )?;
+        let updated: Value = serde_json::from_slice(&w.bytes).unwrap_or_default();
+        Ok(value_response(StatusCode::OK, &scale_of(&updated)))
     }
 
     fn watch(
@@ -870,8 +943,9 @@ fn parse_body(headers: &http::HeaderMap, body: &Bytes) -> Result<Value, ApiError
     match media {
         "application/json" | "" | "*/*" => parse_json(body),
         "application/yaml" | "application/x-yaml" => parse_yaml_or_json(body),
+        super::protobuf::MEDIA_TYPE => super::protobuf::decode(body),
         other => Err(ApiError::unsupported_media(format!(
-            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json, application/yaml"
+            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf"
         ))),
     }
 }
@@ -904,6 +978,29 @@ fn without_type_meta(item: &[u8]) -> Vec<u8> {
         }
         Err(_) => item.to_vec(),
     }
+}
+
+/// A workload's replicas as an autoscaling/v1 Scale.
+fn scale_of(obj: &Value) -> Value {
+    let meta = &obj["metadata"];
+    let selector: Vec<String> = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    json!({
+        "kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+                     "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"]},
+        // `replicas` is an omitempty int32 there: zero replicas is `{}`.
+        "spec": match obj["spec"]["replicas"].as_i64().unwrap_or(0) {
+            0 => json!({}),
+            n => json!({"replicas": n}),
+        },
+        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector.join(",")},
+    })
 }
 
 #[cfg(test)]

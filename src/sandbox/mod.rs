@@ -14,6 +14,7 @@ pub mod faults;
 pub mod fields;
 pub mod http;
 pub mod patch;
+pub mod protobuf;
 pub mod registry;
 pub mod schema;
 pub mod serve;

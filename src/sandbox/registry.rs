@@ -35,6 +35,16 @@ pub struct ResourceDef {
 pub type ResKey = (String, String);
 
 impl ResourceDef {
+    /// Whether the kind serves the `scale` subresource (autoscaling/v1
+    /// Scale), as the built-in workloads do.
+    pub fn has_scale(&self) -> bool {
+        self.group == "apps"
+            && matches!(
+                self.kind.as_str(),
+                "Deployment" | "ReplicaSet" | "StatefulSet"
+            )
+    }
+
     pub fn key(&self) -> ResKey {
         (self.group.clone(), self.plural.clone())
     }
