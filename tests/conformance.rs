@@ -1228,10 +1228,7 @@ async fn workloads_serve_the_scale_subresource() {
         .await
         .unwrap();
     assert_eq!(scaled.spec.unwrap().replicas, Some(3));
-    assert_eq!(
-        api.get("web").await.unwrap().spec.replicas,
-        Some(3)
-    );
+    assert_eq!(api.get("web").await.unwrap().spec.replicas, Some(3));
     assert_eq!(
         code(
             api.patch_scale(

@@ -359,8 +359,14 @@ fn service(svc: Result<core::v1::Service, Unread>) -> Result<Value, Unread> {
             ("externalName", val(take(&mut s.external_name))),
             ("sessionAffinity", val(take(&mut s.session_affinity))),
             ("loadBalancerIP", val(take(&mut s.load_balancer_ip))),
-            ("externalTrafficPolicy", val(take(&mut s.external_traffic_policy))),
-            ("healthCheckNodePort", val(take(&mut s.health_check_node_port))),
+            (
+                "externalTrafficPolicy",
+                val(take(&mut s.external_traffic_policy)),
+            ),
+            (
+                "healthCheckNodePort",
+                val(take(&mut s.health_check_node_port)),
+            ),
             (
                 "publishNotReadyAddresses",
                 val(take(&mut s.publish_not_ready_addresses)),

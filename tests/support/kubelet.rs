@@ -209,8 +209,10 @@ impl Side {
             }
             let template =
                 serde_json::to_value(job.spec.as_ref().map(|s| &s.template)).unwrap_or_default();
-            let pod = json!({"metadata": {"name": name}, "spec": template["spec"]});
-            let Some(Fate::Exit { code, message }) = self.fate(&name, &pod) else {
+            // A Job's pods are named after it: `NAME-<suffix>`.
+            let pod_name = format!("{name}-");
+            let pod = json!({"metadata": {"name": pod_name}, "spec": template["spec"]});
+            let Some(Fate::Exit { code, message }) = self.fate(&pod_name, &pod) else {
                 continue;
             };
             let key = format!("job/{}", job.metadata.uid.clone().unwrap_or_default());
