@@ -870,3 +870,83 @@ async fn a_blast_radius_limit_holds_actions_past_it() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const LISTER_POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: lister}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  script: lister.rhai
+"#;
+
+/// Reports the kinds of the target and its children as the script sees them.
+const LISTER_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let owned = [];
+    for c in ctx.owned("ConfigMap") { owned.push(`${c.apiVersion} ${c.kind} ${c.metadata.name}`); }
+    owned.sort();
+    [status(#{ target: `${ctx.resource.apiVersion} ${ctx.resource.kind}`, owned: owned })]
+}
+"#;
+
+/// A real API server leaves `apiVersion` and `kind` off listed objects, and
+/// at start-up (as after a failover or a relist) every object is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_listed_at_start_up_carry_their_kind() {
+    let c = Cluster::new("listedkind").await;
+    install_widget_crd(&c).await;
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let w = widgets
+        .create(&PostParams::default(), &widget(&c, "w", json!({})))
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let child: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "w-child", "ownerReferences": [{
+            "apiVersion": format!("{}/v1", widget_group(&c)), "kind": "Widget", "name": "w",
+            "uid": w.metadata.uid, "controller": true}]},
+        "data": {"a": "b"}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &child).await.unwrap();
+    let want = json!({
+        "target": format!("{}/v1 Widget", widget_group(&c)),
+        "owned": ["v1 ConfigMap w-child"],
+    });
+    for run in 0..2 {
+        if run == 1 {
+            widgets
+                .patch_status(
+                    "w",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"target": null, "owned": null}})),
+                )
+                .await
+                .unwrap();
+        }
+        // Start (then restart) the operator on objects that already exist.
+        let op = operator(
+            &c,
+            policies(
+                &c,
+                &[
+                    ("lister.yaml", LISTER_POLICY),
+                    ("lister.rhai", LISTER_SCRIPT),
+                ],
+            ),
+            OperatorConfig::default(),
+        );
+        op.start().await.unwrap();
+        eventually("the kinds in the status", 30, || async {
+            let st = &widgets.get("w").await.unwrap().data["status"];
+            st["target"] == want["target"] && st["owned"] == want["owned"]
+        })
+        .await;
+        op.shutdown(Duration::from_secs(5)).await;
+    }
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
