@@ -2,9 +2,18 @@
 //! reconciles and writes; a standby keeps its caches warm and takes over
 //! within the lease duration after the leader stops renewing. On shutdown
 //! the leader releases the Lease so a standby need not wait.
+//!
+//! No instance compares its clock with another's: the `renewTime` a holder
+//! writes is never read as a time. A leader trusts its lease for four
+//! fifths of the duration after it *sent* its last successful renewal; a
+//! standby waits the same four fifths after it first *saw* the holder's
+//! current record (a new resourceVersion) by its own monotonic clock. As
+//! that sighting comes after the renewal was sent, the two never lead at
+//! once, whatever the clock skew between them, and a standby polls often
+//! enough to take over within the lease duration.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -13,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::clock::Clock;
 
@@ -29,14 +39,14 @@ pub struct Elector {
     api: Api<Lease>,
     config: LeaseConfig,
     clock: Clock,
+    /// Another holder's lease record (its resourceVersion) and when this
+    /// instance first saw it.
+    sighted: Mutex<Option<(String, Instant)>>,
 }
 
-fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
-    let Some(renew) = spec.renew_time.as_ref().map(|t| t.0) else {
-        return true;
-    };
-    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-    renew.as_second() + secs <= now.as_second()
+/// How long a renewal is trusted: four fifths of the lease duration.
+fn trusted(duration: Duration) -> Duration {
+    duration.mul_f64(0.8)
 }
 
 impl Elector {
@@ -45,7 +55,34 @@ impl Elector {
             api: Api::namespaced(client, &config.namespace),
             config,
             clock,
+            sighted: Mutex::new(None),
         }
+    }
+
+    /// Whether the other holder's current record has gone unrenewed for
+    /// longer than it is trusted, by this instance's own clock.
+    fn expired(&self, lease: &Lease, spec: &LeaseSpec) -> bool {
+        let record = lease.metadata.resource_version.clone().unwrap_or_default();
+        let now = Instant::now();
+        let mut sighted = self.sighted.lock().unwrap_or_else(|e| e.into_inner());
+        let since = match &*sighted {
+            Some((seen, at)) if *seen == record => *at,
+            _ => {
+                *sighted = Some((record, now));
+                now
+            }
+        };
+        let duration = spec
+            .lease_duration_seconds
+            .map(|s| Duration::from_secs(s.max(1) as u64))
+            .unwrap_or(self.config.duration);
+        now.duration_since(since) >= trusted(duration)
+    }
+
+    /// How often a standby looks at the Lease: often enough to take over
+    /// soon after the holder's lease runs out.
+    fn standby_poll(&self) -> Duration {
+        (self.config.duration / 15).clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
 
     fn spec(&self, now: Timestamp, transitions: i32, acquired: Option<MicroTime>) -> LeaseSpec {
@@ -82,7 +119,7 @@ impl Elector {
         let spec = existing.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let mine = holder == self.config.identity;
-        if !mine && !holder.is_empty() && !expired(&spec, now) {
+        if !mine && !holder.is_empty() && !self.expired(&existing, &spec) {
             return Ok(false);
         }
         let transitions = spec.lease_transitions.unwrap_or(0) + if mine { 0 } else { 1 };
@@ -139,22 +176,20 @@ impl Elector {
         changed: watch::Sender<bool>,
         mut stop: watch::Receiver<bool>,
     ) {
-        let mut last_renewed: Option<Timestamp> = None;
+        let mut last_renewed: Option<Instant> = None;
         loop {
-            let now = self.clock.now();
+            let sent = Instant::now();
             let lead = match self.try_lead().await {
-                Ok(l) => {
-                    if l {
-                        last_renewed = Some(now);
-                    }
-                    l
+                Ok(true) => {
+                    last_renewed = Some(sent);
+                    true
                 }
+                Ok(false) => false,
                 Err(e) => {
-                    tracing::warn!("leader election: {e}");
-                    // Keep leading only while the last renewal is still valid.
-                    last_renewed.is_some_and(|t| {
-                        t.as_second() + self.config.duration.as_secs() as i64 > now.as_second()
-                    }) && leading.load(Ordering::Acquire)
+                    tracing::warn!("leader election: {}", crate::util::api_error(&e));
+                    // Keep leading only while the last renewal is trusted.
+                    last_renewed.is_some_and(|t| t.elapsed() < trusted(self.config.duration))
+                        && leading.load(Ordering::Acquire)
                 }
             };
             if lead != leading.swap(lead, Ordering::AcqRel) {
@@ -165,8 +200,13 @@ impl Elector {
                 }
                 let _ = changed.send(lead);
             }
+            let pause = if lead {
+                self.config.renew_every
+            } else {
+                self.standby_poll()
+            };
             tokio::select! {
-                _ = tokio::time::sleep(self.config.renew_every) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => break,
             }
         }

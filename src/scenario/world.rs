@@ -92,13 +92,7 @@ pub struct World {
     seen: Mutex<HashSet<String>>,
 }
 
-/// An API error as a person reads it.
-pub fn api_error(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
-        other => other.to_string(),
-    }
-}
+pub use crate::util::api_error;
 
 fn ns_or<'a>(given: Option<&'a str>, default: &'a str) -> &'a str {
     given.unwrap_or(default)
