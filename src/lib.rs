@@ -13,6 +13,7 @@ pub mod clock;
 pub mod controller;
 pub mod crd;
 pub mod decide;
+pub mod events;
 pub mod executor;
 pub mod fixtures;
 pub mod journal;

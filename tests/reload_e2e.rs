@@ -192,6 +192,40 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
             .render()
             .contains("runbook_policy_reload_total{result=\"error\"}")
     );
+    // A second, different mistake: the ConfigMap's Events show it, not
+    // the first one counted twice.
+    let script_error = SCRIPT.replacen("fn reconcile(ctx) {", "fn reconcile(ctx) { let x = ;", 1);
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"data": {"tuned.yaml": policy_yaml(&c, "2"), "tuned.rhai": script_error}}),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually("an Event naming the script's position", 30, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("PolicyInvalid")
+                    && e.note.as_deref().is_some_and(|n| {
+                        positioned(n, &format!("configmap/{}/tuned-policy/tuned.rhai:", c.ns))
+                    })
+            })
+    })
+    .await;
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"tuned.rhai": SCRIPT}})),
+    )
+    .await
+    .unwrap();
     widgets
         .create(&PostParams::default(), &widget(&c, "b", json!({})))
         .await

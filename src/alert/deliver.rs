@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::events::{Event as KubeEvent, EventType, EventWriter, Reporter};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
@@ -20,7 +21,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::Api;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 use super::dispatch::Outbox;
@@ -99,7 +99,7 @@ impl Failure {
 struct Inner {
     config: DeliveryConfig,
     client: Option<kube::Client>,
-    recorder: Option<Recorder>,
+    recorder: Option<EventWriter>,
     http: HttpClient<Https, Full<Bytes>>,
     metrics: Arc<Metrics>,
 }
@@ -137,7 +137,7 @@ impl Delivery {
         config: DeliveryConfig,
     ) -> Self {
         let recorder = client.clone().map(|c| {
-            Recorder::new(
+            EventWriter::new(
                 c,
                 Reporter {
                     controller: "runbook".into(),

@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::events::{Event as KubeEvent, EventType, EventWriter, Reporter};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 
@@ -60,7 +60,7 @@ pub struct Reloader {
     engine: Arc<ScriptEngine>,
     client: Option<kube::Client>,
     metrics: Arc<Metrics>,
-    recorder: Option<Recorder>,
+    recorder: Option<EventWriter>,
     bundles: Mutex<BTreeMap<Origin, BundleState>>,
     /// Where alert receivers' Secrets are read when the routes came from a directory.
     secret_namespace: String,
@@ -90,7 +90,7 @@ impl Reloader {
         identity: &str,
     ) -> Self {
         let recorder = client.clone().map(|c| {
-            Recorder::new(
+            EventWriter::new(
                 c,
                 Reporter {
                     controller: "runbook".into(),

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::events::{EventWriter, Reporter};
 use arc_swap::ArcSwap;
 use futures::{Stream, StreamExt};
 use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -147,7 +147,7 @@ pub struct Context {
     pub resources: Resources,
     pub metrics: Arc<Metrics>,
     pub alerts: Arc<dyn AlertSink>,
-    pub recorder: Recorder,
+    pub recorder: EventWriter,
     pub config: OperatorConfig,
     /// Controllers are running (on the leader).
     pub ready: Arc<AtomicBool>,
@@ -757,7 +757,7 @@ impl Operator {
             instance: Some(config.identity.clone()),
         };
         let ctx = Arc::new(Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: EventWriter::new(client.clone(), reporter),
             resources: Resources::new(client.clone()),
             client,
             engine,

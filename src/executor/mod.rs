@@ -16,11 +16,11 @@ pub mod status;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::events::{Event as KubeEvent, EventType, EventWriter};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use serde_json::{Map, Value, json};
 
 use self::resources::{Resolved, Resources};
@@ -118,7 +118,7 @@ pub struct Exec<'a> {
     pub client: &'a kube::Client,
     pub resources: &'a Resources,
     pub view: &'a dyn ObjectView,
-    pub recorder: Option<&'a Recorder>,
+    pub recorder: Option<&'a EventWriter>,
     pub alerts: &'a dyn AlertSink,
     pub now: Timestamp,
     /// What this process applied lately, for when the cache lags.

@@ -1,0 +1,169 @@
+//! Kubernetes Events (`events.k8s.io/v1`) as Runbook writes them: on
+//! targets (decisions), on policy ConfigMaps (reloads) and for alerts.
+//!
+//! A repeat of the same Event (same object, type, reason, action and
+//! message) within a few minutes bumps the Event's `series` instead of
+//! writing a new object, as Kubernetes' own recorders do. Unlike
+//! kube-runtime's `Recorder`, which keys repeats without the message (a new
+//! error would show up as `(x2)` of the old one), the message is part of
+//! what makes an Event the same: `kubectl describe` always shows the
+//! current error and the current version.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+pub use kube::runtime::events::{Event, EventType, Reporter};
+
+/// How long a written Event takes repeats into its series.
+const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    warning: bool,
+    reason: String,
+    action: String,
+    note: Option<String>,
+    /// apiVersion, kind, namespace, name and uid of the object.
+    regarding: String,
+}
+
+#[derive(Clone, Debug)]
+struct Written {
+    name: String,
+    namespace: String,
+    count: i32,
+    last: Timestamp,
+}
+
+/// Writes Events for one reporting controller and instance.
+pub struct EventWriter {
+    client: Client,
+    reporter: Reporter,
+    written: Mutex<HashMap<Key, Written>>,
+}
+
+impl EventWriter {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            client,
+            reporter,
+            written: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Write `ev` about `regarding`, or count it as a repeat.
+    pub async fn publish(
+        &self,
+        ev: &Event,
+        regarding: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        let now = Timestamp::now();
+        let key = Key {
+            warning: ev.type_ == EventType::Warning,
+            reason: ev.reason.clone(),
+            action: ev.action.clone(),
+            note: ev.note.clone(),
+            regarding: format!(
+                "{:?}/{:?}/{:?}/{:?}/{:?}",
+                regarding.api_version,
+                regarding.kind,
+                regarding.namespace,
+                regarding.name,
+                regarding.uid
+            ),
+        };
+        let repeat = {
+            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            let window = jiff::SignedDuration::try_from(SERIES_WINDOW).unwrap_or_default();
+            written.retain(|_, w| w.last.saturating_add(window).is_ok_and(|end| end > now));
+            written.get(&key).cloned()
+        };
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        if let Some(w) = repeat {
+            let series = EventSeries {
+                count: w.count + 1,
+                last_observed_time: MicroTime(now),
+            };
+            let patch = serde_json::json!({"series": series});
+            let patched = Api::<K8sEvent>::namespaced(self.client.clone(), &w.namespace)
+                .patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            match patched {
+                Ok(_) => {
+                    self.remember(
+                        key,
+                        Written {
+                            count: w.count + 1,
+                            last: now,
+                            ..w
+                        },
+                    );
+                    return Ok(());
+                }
+                // The Event expired or was deleted: write a new one.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let name = format!(
+            "{}.{:x}",
+            regarding
+                .name
+                .as_deref()
+                .unwrap_or(&self.reporter.controller),
+            now.as_nanosecond()
+        );
+        let event = K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            action: Some(ev.action.clone()),
+            reason: Some(ev.reason.clone()),
+            note: ev.note.clone(),
+            type_: Some(if key.warning { "Warning" } else { "Normal" }.into()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            related: ev.secondary.clone(),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        events.create(&PostParams::default(), &event).await?;
+        self.remember(
+            key,
+            Written {
+                name,
+                namespace,
+                count: 1,
+                last: now,
+            },
+        );
+        Ok(())
+    }
+
+    fn remember(&self, key: Key, w: Written) {
+        self.written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, w);
+    }
+}
