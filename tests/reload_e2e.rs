@@ -61,6 +61,21 @@ async fn start_with(
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
 ) -> (Arc<runbook::controller::Operator>, Arc<Reloader>) {
+    let (op, reloader, errors) = start_refusing(c, sources, configure).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    (op, reloader)
+}
+
+/// As `start_with`, returning the errors of the bundles refused at start-up.
+async fn start_refusing(
+    c: &Cluster,
+    sources: SourceConfig,
+    configure: impl FnOnce(Reloader) -> Reloader,
+) -> (
+    Arc<runbook::controller::Operator>,
+    Arc<Reloader>,
+    Vec<String>,
+) {
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
     let reloader = Arc::new(configure(Reloader::new(
@@ -78,11 +93,10 @@ async fn start_with(
         );
     }
     let (set, errors) = reloader.initial(bundles).await;
-    assert!(errors.is_empty(), "{errors:?}");
     let op = operator_with_metrics(c, set, OperatorConfig::default(), metrics);
     op.start().await.unwrap();
     reload::spawn(reloader.clone(), op.clone(), sources);
-    (op, reloader)
+    (op, reloader, errors)
 }
 
 /// Whether `text` holds `prefix` followed by `LINE:COL:`.
@@ -566,6 +580,59 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
         status_threshold(&widgets, "b").await == 1
     })
     .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+/// A bundle refused for a cause in the cluster (here a Secret its alert
+/// routes name does not exist yet) is tried again without an edit, and
+/// loads once the cause is mended; until then nothing of it runs and the
+/// instance is not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_refused_for_a_missing_secret_loads_once_it_exists() {
+    let c = Cluster::new("reloadretry").await;
+    install_widget_crd(&c).await;
+    let routes = "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: team}\nspec:\n  route:\n    receiver: hook\n  receivers:\n    - name: hook\n      webhook:\n        url: {secretKeyRef: {name: hooks, key: url}}\n";
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let mut cm = bundle_cm(&c, &policy_yaml(&c, "1"));
+    cm.data
+        .as_mut()
+        .unwrap()
+        .insert("routes.yaml".into(), routes.into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let (op, reloader, errors) = start_refusing(
+        &c,
+        SourceConfig {
+            dirs: vec![],
+            configmap_namespaces: vec![c.ns.clone()],
+        },
+        |r| r.with_secret_namespace(&c.ns),
+    )
+    .await;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("Secret") && e.contains("hooks")),
+        "{errors:?}"
+    );
+    assert!(op.ctx.policies.load().policies.is_empty());
+    assert_eq!(
+        reloader.never_loaded().len(),
+        1,
+        "not ready: nothing of it runs"
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(c.client.clone(), &c.ns);
+    let s = serde_json::from_value(
+        json!({"metadata": {"name": "hooks"}, "stringData": {"url": "http://127.0.0.1:9/hook"}}),
+    )
+    .unwrap();
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+    eventually("the bundle to load without an edit", 30, || async {
+        op.ctx.policies.load().policies.contains_key("tuned")
+    })
+    .await;
+    assert!(reloader.never_loaded().is_empty());
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;

@@ -265,7 +265,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let shadow: metrics::ShadowLog = Arc::new(move || {
         serde_json::to_string_pretty(&shadow_ctx.shadow_records()).unwrap_or_default()
     });
-    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, op.ctx.synced.clone(), shadow)
+    let ready: metrics::Readiness = {
+        let synced = metrics::ready_when(op.ctx.synced.clone(), "caches not synced yet");
+        let reloader = reloader.clone();
+        Arc::new(move || {
+            synced()?;
+            let never = reloader.never_loaded();
+            if never.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "policy bundles that never loaded (see their PolicyInvalid Events): {}",
+                    never.join(", ")
+                ))
+            }
+        })
+    };
+    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, ready, shadow)
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");

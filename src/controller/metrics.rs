@@ -161,12 +161,26 @@ impl Metrics {
 /// Renders the recent shadow decisions as JSON.
 pub type ShadowLog = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// Whether the instance is ready, or why not (the `/readyz` body).
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Readiness from one flag, with the reason given while it is down.
+pub fn ready_when(flag: Arc<AtomicBool>, otherwise: &'static str) -> Readiness {
+    Arc::new(move || {
+        if flag.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(otherwise.to_string())
+        }
+    })
+}
+
 /// Serve `/metrics`, `/healthz`, `/readyz` and `/shadow` (the recent
 /// decisions of shadow policies, JSON) until the task is dropped.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     shadow: ShadowLog,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
@@ -190,14 +204,10 @@ pub async fn serve(
                             "/healthz" | "/livez" => {
                                 (StatusCode::OK, "text/plain", "ok".to_string())
                             }
-                            "/readyz" if ready.load(Ordering::Acquire) => {
-                                (StatusCode::OK, "text/plain", "ok".to_string())
-                            }
-                            "/readyz" => (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "text/plain",
-                                "caches not synced yet".to_string(),
-                            ),
+                            "/readyz" => match ready() {
+                                Ok(()) => (StatusCode::OK, "text/plain", "ok".to_string()),
+                                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", why),
+                            },
                             "/shadow" => (StatusCode::OK, "application/json", shadow()),
                             _ => (StatusCode::NOT_FOUND, "text/plain", "not found".to_string()),
                         };
@@ -249,15 +259,16 @@ mod tests {
         let (addr, task) = serve(
             "127.0.0.1:0".parse().unwrap(),
             metrics,
-            ready.clone(),
+            ready_when(ready.clone(), "caches not synced yet"),
             shadow,
         )
         .await
         .unwrap();
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        let not_ready = get(addr, "/readyz").await;
         assert!(
-            get(addr, "/readyz").await.starts_with("HTTP/1.1 503"),
-            "not ready before the caches sync"
+            not_ready.starts_with("HTTP/1.1 503") && not_ready.ends_with("caches not synced yet"),
+            "not ready before the caches sync: {not_ready}"
         );
         ready.store(true, Ordering::Release);
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));

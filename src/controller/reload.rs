@@ -7,8 +7,11 @@
 //! kind the API server does not serve) leaves that version serving; the
 //! error, with `file:line:col`, goes to the log, to an Event on the
 //! ConfigMap, and to `runbook_policy_reload_total{result="error"}`. Fixing
-//! the edit brings the new version in. Deleting a bundle removes its
-//! policies (their controllers stop) and touches none of their objects.
+//! the edit brings the new version in. A refusal the cluster may mend by
+//! itself (a Secret or a permission missing, a kind not served yet) is
+//! tried again with backoff, without waiting for an edit. Deleting a
+//! bundle removes its policies (their controllers stop) and touches none
+//! of their objects.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,6 +45,57 @@ pub struct SourceConfig {
 struct BundleState {
     bundle: Bundle,
     good: Option<Arc<Loaded>>,
+    /// Set while the bundle's latest version is refused for a reason the
+    /// cluster may mend by itself (a Secret or a permission missing, a
+    /// kind not served yet): when to try it again, and the pause after.
+    retry: Option<Retry>,
+    /// The errors of the latest refusal, to report a change only once.
+    errors: Vec<String>,
+}
+
+impl BundleState {
+    fn new(bundle: Bundle) -> Self {
+        Self {
+            bundle,
+            good: None,
+            retry: None,
+            errors: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    at: tokio::time::Instant,
+    pause: Duration,
+}
+
+/// The first pause before a refused bundle is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Why a bundle version was refused.
+struct Refusal {
+    errors: Vec<String>,
+    /// Caused by the cluster's state, not the bundle's text: worth trying
+    /// again without an edit.
+    transient: bool,
+}
+
+impl Refusal {
+    fn content(errors: Vec<String>) -> Self {
+        Self {
+            errors,
+            transient: false,
+        }
+    }
+
+    fn cluster(errors: Vec<String>) -> Self {
+        Self {
+            errors,
+            transient: true,
+        }
+    }
 }
 
 /// The outcome of one reload.
@@ -256,7 +310,7 @@ impl Reloader {
         &self,
         bundle: Bundle,
         serve_check: Option<&Operator>,
-    ) -> Result<(), Vec<String>> {
+    ) -> Result<(), Refusal> {
         let engine = self.engine.clone();
         let b = bundle.clone();
         // Compiling (scripts, templates) happens off the async workers.
@@ -265,25 +319,31 @@ impl Reloader {
         } else {
             tokio::task::spawn_blocking(move || load_bundle(&engine, &b, None))
                 .await
-                .map_err(|e| vec![format!("compiling {}: {e}", bundle.origin)])?
+                .map_err(|e| Refusal::cluster(vec![format!("compiling {}: {e}", bundle.origin)]))?
         };
         if !loaded.errors.is_empty() {
-            return Err(loaded.errors.iter().map(|e| e.to_string()).collect());
+            return Err(Refusal::content(
+                loaded.errors.iter().map(|e| e.to_string()).collect(),
+            ));
         }
         if !self.dangerous_kinds {
             let dangers = crate::rbac::dangers_of(loaded.policies.iter());
             if !dangers.is_empty() {
-                return Err(dangers
-                    .into_iter()
-                    .map(|d| {
-                        format!("refused: {d} (start with --allow-dangerous-kinds to accept it)")
-                    })
-                    .collect());
+                return Err(Refusal::content(
+                    dangers
+                        .into_iter()
+                        .map(|d| {
+                            format!(
+                                "refused: {d} (start with --allow-dangerous-kinds to accept it)"
+                            )
+                        })
+                        .collect(),
+                ));
             }
         }
         let secret_errors = self.check_secrets(&loaded).await;
         if !secret_errors.is_empty() {
-            return Err(secret_errors);
+            return Err(Refusal::cluster(secret_errors));
         }
         // Cross-bundle checks: build the whole set with this version in.
         let candidate = Arc::new(loaded);
@@ -304,14 +364,14 @@ impl Reloader {
             .map(|e| e.to_string())
             .collect();
         if !mine.is_empty() {
-            return Err(mine);
+            return Err(Refusal::content(mine));
         }
         if let Some(op) = serve_check {
             let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
             let kept = op
                 .check_kinds(&set)
                 .await
-                .map_err(|e| vec![e.to_string()])?;
+                .map_err(|e| Refusal::cluster(vec![e.to_string()]))?;
             // A policy the edit would stop (it runs now) or that it adds
             // unable to run is refused; one already set aside at start-up
             // for a kind the cluster lacks stays set aside and does not
@@ -331,46 +391,117 @@ impl Reloader {
                 .filter(|n| serving.policies.contains_key(*n) || !before.contains(n))
                 .collect();
             if !refused.is_empty() {
-                return Err(refused
-                    .iter()
-                    .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
-                    .collect());
+                return Err(Refusal::cluster(
+                    refused
+                        .iter()
+                        .map(|n| {
+                            format!("policy {n}: a kind it names is not served by the API server")
+                        })
+                        .collect(),
+                ));
             }
             if self.access_check {
-                self.check_access(op, &kept, &names).await?;
+                self.check_access(op, &kept, &names)
+                    .await
+                    .map_err(Refusal::cluster)?;
             }
         }
         let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
-        bundles.insert(
-            bundle.origin.clone(),
-            BundleState {
-                bundle,
-                good: Some(candidate),
-            },
-        );
+        let mut state = BundleState::new(bundle);
+        state.good = Some(candidate);
+        bundles.insert(state.bundle.origin.clone(), state);
         Ok(())
+    }
+
+    /// Note a refused version of a bundle: log it and put an Event on its
+    /// ConfigMap when the errors are new, and schedule another try when
+    /// the cluster may mend the cause.
+    async fn refused(&self, bundle: Bundle, refusal: &Refusal) {
+        let origin = bundle.origin.clone();
+        let (serving, repeated, retry) = {
+            let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+            let state = bundles
+                .entry(origin.clone())
+                .or_insert_with(|| BundleState::new(bundle.clone()));
+            let repeated = state.bundle == bundle && state.errors == refusal.errors;
+            state.bundle = bundle;
+            state.errors = refusal.errors.clone();
+            state.retry = refusal.transient.then(|| {
+                let pause = match state.retry {
+                    Some(r) if repeated => (r.pause * 2).min(RETRY_MAX),
+                    _ => RETRY_FIRST,
+                };
+                Retry {
+                    at: tokio::time::Instant::now() + pause,
+                    pause,
+                }
+            });
+            (state.good.is_some(), repeated, state.retry)
+        };
+        self.count("error");
+        let what = if serving {
+            "the last good version keeps serving"
+        } else {
+            "none of its policies run until it loads"
+        };
+        let again = retry
+            .map(|r| format!("; trying again in {}s", r.pause.as_secs()))
+            .unwrap_or_default();
+        for e in &refusal.errors {
+            if repeated {
+                tracing::warn!(bundle = %origin, "policy bundle still refused{again}: {e}");
+            } else {
+                tracing::error!(bundle = %origin, "policy bundle refused, {what}{again}: {e}");
+            }
+        }
+        if !repeated {
+            self.event(&origin, true, "PolicyInvalid", &refusal.errors.join("\n"))
+                .await;
+        }
+    }
+
+    /// The bundles of which no version has loaded yet (nothing of them
+    /// runs): `/readyz` is not ready while there are any.
+    pub fn never_loaded(&self) -> Vec<String> {
+        self.bundles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, b)| b.good.is_none())
+            .map(|(o, _)| o.to_string())
+            .collect()
+    }
+
+    /// Try again the bundles refused for a cause the cluster may have
+    /// mended since (a Secret created, a permission granted, a CRD
+    /// installed), each after its backoff.
+    pub async fn retry_due(&self, op: &Operator) -> Vec<Reloaded> {
+        let now = tokio::time::Instant::now();
+        let due: Vec<Bundle> = self
+            .bundles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|b| b.retry.is_some_and(|r| r.at <= now))
+            .map(|b| b.bundle.clone())
+            .collect();
+        let mut out = Vec::new();
+        for b in due {
+            out.push(self.apply(op, b.origin.clone(), Some(b), true).await);
+        }
+        out
     }
 
     /// Load bundles at start-up, before the operator exists.
     pub async fn initial(&self, bundles: Vec<Bundle>) -> (PolicySet, Vec<String>) {
         let mut all_errors = Vec::new();
         for b in bundles {
-            let origin = b.origin.clone();
-            if let Err(errors) = self.try_bundle(b.clone(), None).await {
-                self.count("error");
-                for e in &errors {
-                    tracing::error!(bundle = %origin, "{e}");
+            match self.try_bundle(b.clone(), None).await {
+                Err(refusal) => {
+                    self.refused(b, &refusal).await;
+                    all_errors.extend(refusal.errors);
                 }
-                self.event(&origin, true, "PolicyInvalid", &errors.join("\n"))
-                    .await;
-                all_errors.extend(errors);
-                let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
-                bundles.entry(origin).or_insert(BundleState {
-                    bundle: b,
-                    good: None,
-                });
-            } else {
-                self.count("ok");
+                Ok(()) => self.count("ok"),
             }
         }
         let (set, _) = self.current_set();
@@ -379,6 +510,17 @@ impl Reloader {
 
     /// A bundle changed (`Some`) or went away (`None`): rebuild and swap.
     pub async fn update(&self, op: &Operator, origin: Origin, bundle: Option<Bundle>) -> Reloaded {
+        self.apply(op, origin, bundle, false).await
+    }
+
+    /// `update`, or (`retry`) another try of a refused version.
+    async fn apply(
+        &self,
+        op: &Operator,
+        origin: Origin,
+        bundle: Option<Bundle>,
+        retry: bool,
+    ) -> Reloaded {
         let _gate = self.gate.lock().await;
         match bundle {
             None => {
@@ -399,24 +541,15 @@ impl Reloader {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&origin)
-                    .is_some_and(|s| s.bundle == b && s.good.is_some());
-                if same {
+                    .is_some_and(|s| s.bundle == b && (s.good.is_some() || !s.errors.is_empty()));
+                if same && !retry {
                     return Reloaded::Unchanged;
                 }
-                if let Err(errors) = self.try_bundle(b.clone(), Some(op)).await {
-                    self.count("error");
-                    for e in &errors {
-                        tracing::error!(bundle = %origin, "policy edit refused, the last good version keeps serving: {e}");
-                    }
-                    self.event(&origin, true, "PolicyInvalid", &errors.join("\n"))
-                        .await;
-                    let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
-                    let state = bundles.entry(origin).or_insert(BundleState {
-                        bundle: b.clone(),
-                        good: None,
-                    });
-                    state.bundle = b;
-                    return Reloaded::Refused { errors };
+                if let Err(refusal) = self.try_bundle(b.clone(), Some(op)).await {
+                    self.refused(b, &refusal).await;
+                    return Reloaded::Refused {
+                        errors: refusal.errors,
+                    };
                 }
             }
         }
@@ -535,6 +668,13 @@ pub fn spawn(
             watch_dirs(r, op, sources.dirs).await
         }));
     }
+    let (r, op) = (reloader.clone(), op.clone());
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            r.retry_due(&op).await;
+        }
+    }));
     tasks
 }
 
