@@ -6,6 +6,8 @@
 mod cluster;
 #[path = "support/operator.rs"]
 mod operator;
+#[path = "support/proxy.rs"]
+mod proxy;
 
 use std::time::Duration;
 
@@ -15,8 +17,14 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use operator::*;
+use proxy::Proxy;
+use runbook::alert::LogSink;
 use runbook::controller::OperatorConfig;
+use runbook::controller::metrics::Metrics;
+use runbook::controller::reload::{self, Reloader};
+use runbook::script::ScriptEngine;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 const POLICY: &str = r#"
 apiVersion: runbook.dev/v1alpha1
@@ -665,17 +673,38 @@ async fn one_failing_object_is_reported_and_the_others_carry_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
     let c = Cluster::new("outage").await;
-    let Some(sandbox) = c.sandbox.clone() else {
-        eprintln!("skipped: the outage is injected into the sandbox");
-        return;
-    };
     install_widget_crd(&c).await;
-    let op = operator(
+    // The operator reaches its API server through a proxy the test cuts.
+    let proxy = Proxy::start(&c).await;
+    let metrics = Arc::new(Metrics::new());
+    let op = operator_through(
         &c,
+        proxy.client().await,
         policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
         OperatorConfig::default(),
+        metrics.clone(),
+        Arc::new(LogSink::default()),
     );
-    op.start().await.unwrap();
+    // It starts while the API server is away, and waits for it.
+    proxy.cut();
+    let starting = {
+        let op = op.clone();
+        tokio::spawn(async move { op.start().await })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!starting.is_finished(), "start-up waits for the API server");
+    proxy.restore();
+    starting
+        .await
+        .unwrap()
+        .expect("the operator starts once the API server answers");
+    let reloader = Arc::new(Reloader::new(
+        Arc::new(ScriptEngine::default()),
+        Some(c.client.clone()),
+        metrics,
+        "test",
+    ));
+    let ready = reload::readiness(&op, &reloader);
     let widgets: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
@@ -690,31 +719,41 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
         cms.get("before-config").await.is_ok()
     })
     .await;
-    // The API server goes away: every request fails and every watch drops.
-    sandbox.faults().fail_next(u32::MAX, None, None, 503);
-    sandbox.store().cut_watches();
-    // Meanwhile a widget is created (straight into the store, as if by
-    // another client before the outage was visible to Runbook).
-    let def = sandbox.store().def(&widget_group(&c), "widgets").unwrap();
-    sandbox
-        .store()
+    eventually("ready", 30, || async { ready().is_ok() }).await;
+    // The API server goes away for the operator: every request fails and
+    // every watch drops. Meanwhile another client creates a widget.
+    proxy.cut();
+    widgets
         .create(
-            &def,
-            &c.ns,
-            serde_json::to_value(widget(&c, "during", json!({"size": 2}))).unwrap(),
-            &Default::default(),
+            &PostParams::default(),
+            &widget(&c, "during", json!({"size": 2})),
         )
+        .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    sandbox.faults().clear();
+    eventually("not ready, naming the failing watches", 30, || async {
+        ready().is_err_and(|why| why.contains("watch of") && why.contains("failing for"))
+    })
+    .await;
+    proxy.restore();
+    let back = std::time::Instant::now();
     eventually("recovery", 60, || async {
         cms.get("during-config").await.is_ok()
     })
     .await;
+    let caught_up = back.elapsed();
+    eprintln!(
+        "caught up {:.1} s after the API server came back",
+        caught_up.as_secs_f64()
+    );
+    assert!(
+        caught_up < Duration::from_secs(15),
+        "watches retry at most every 5 s: caught up after {caught_up:?}"
+    );
     eventually("both reconciled", 30, || async {
         widgets.get("during").await.unwrap().data["status"]["phase"] == "Ready"
     })
     .await;
+    eventually("ready again", 30, || async { ready().is_ok() }).await;
     let names: Vec<String> = cms
         .list(&ListParams::default())
         .await

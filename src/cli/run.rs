@@ -11,11 +11,11 @@ use anyhow::Context as _;
 use crate::alert::deliver::{Delivery, DeliveryConfig};
 use crate::alert::dispatch::Dispatcher;
 use crate::clock::Clock;
-use crate::controller::access;
 use crate::controller::leader::LeaseConfig;
 use crate::controller::metrics::{self, Metrics};
 use crate::controller::reload::{self, Reloader, SourceConfig};
 use crate::controller::{Operator, OperatorConfig};
+use crate::controller::{access, health};
 use crate::script::{ScriptEngine, ScriptLimits};
 
 #[derive(clap::Args, Debug)]
@@ -177,7 +177,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     );
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
-        bundles.extend(crate::controller::sources::configmap_bundles(&client, ns).await?);
+        // An API server that is not there yet is waited for, not given up on.
+        let what = format!("reading the policy ConfigMaps in {ns}");
+        let read = health::patiently(&what, || async {
+            crate::controller::sources::configmap_bundles(&client, ns)
+                .await
+                .map_err(|e| crate::util::api_error(&e))
+        });
+        tokio::select! {
+            found = read => bundles.extend(found),
+            _ = super::shutdown_signal() => return Ok(ExitCode::SUCCESS),
+        }
     }
     let (set, errors) = reloader.initial(bundles).await;
     if set.policies.is_empty() {
@@ -265,22 +275,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let shadow: metrics::ShadowLog = Arc::new(move || {
         serde_json::to_string_pretty(&shadow_ctx.shadow_records()).unwrap_or_default()
     });
-    let ready: metrics::Readiness = {
-        let synced = metrics::ready_when(op.ctx.synced.clone(), "caches not synced yet");
-        let reloader = reloader.clone();
-        Arc::new(move || {
-            synced()?;
-            let never = reloader.never_loaded();
-            if never.is_empty() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "policy bundles that never loaded (see their PolicyInvalid Events): {}",
-                    never.join(", ")
-                ))
-            }
-        })
-    };
+    let ready = reload::readiness(&op, &reloader);
     let (addr, _server) = metrics::serve(args.metrics_addr, metrics, ready, shadow)
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;

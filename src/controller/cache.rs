@@ -15,6 +15,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::{Notify, mpsc};
 
+use super::health::{WatchBackoff, WatchHealth, report_watch};
 use super::object::RawObject;
 use crate::kinds::KindRef;
 use crate::observe::CachedObject;
@@ -293,6 +294,7 @@ pub fn spawn_informer(
     kind: KindRef,
     namespace: Option<String>,
     changes: mpsc::UnboundedSender<Change>,
+    health: Arc<WatchHealth>,
 ) -> Informer {
     let cache = Arc::new(KindCache::new(kind.clone()));
     let api: Api<RawObject> = match (&namespace, kind.namespaced()) {
@@ -302,9 +304,13 @@ pub fn spawn_informer(
     let config = watcher::Config::default().page_size(500);
     let c = cache.clone();
     let task = tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
         let mut buffer: Vec<Arc<RawObject>> = Vec::new();
+        let name = c.kind.to_string();
         while let Some(event) = stream.next().await {
+            report_watch(&health, &name, event.as_ref().err());
             let event = event.map(|e| e.modify(|o| o.stamp(&resource)));
             let usable = |o: &RawObject| match &o.undecodable {
                 Some(why) => {
@@ -336,10 +342,7 @@ pub fn spawn_informer(
                     }
                     c.mark_synced();
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(kind = %c.kind, "watch failed, retrying with backoff: {e}")
-                }
+                Ok(_) | Err(_) => {}
             }
         }
     });

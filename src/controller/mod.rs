@@ -1,5 +1,6 @@
 pub mod access;
 pub mod cache;
+pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod object;

@@ -686,7 +686,10 @@ async fn watch_configmaps(
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}=true"));
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut stream = watcher::watcher(api, config)
+        .backoff(super::health::WatchBackoff::default())
+        .boxed();
+    let watch_name = format!("policy ConfigMaps in {namespace}");
     let mut listed: Vec<Origin> = Vec::new();
     let bundle_of = |cm: &ConfigMap| {
         Bundle::from_configmap(
@@ -696,6 +699,7 @@ async fn watch_configmaps(
         )
     };
     while let Some(ev) = stream.next().await {
+        super::health::report_watch(&op.ctx.watches, &watch_name, ev.as_ref().err());
         match ev {
             Ok(Event::Apply(cm)) | Ok(Event::InitApply(cm)) => {
                 let b = bundle_of(&cm);
@@ -723,7 +727,7 @@ async fn watch_configmaps(
                     }
                 }
             }
-            Err(e) => tracing::warn!(%namespace, "watching policy ConfigMaps: {e}"),
+            Err(_) => {}
         }
     }
 }
@@ -758,4 +762,29 @@ async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBu
         while rx.try_recv().is_ok() {}
         reloader.rescan_dirs(&op, &dirs).await;
     }
+}
+
+/// What `/readyz` reports for an operator and its reloader: ready once the
+/// caches are synced, while no watch has failed for long and every policy
+/// bundle has loaded at least once; otherwise why not.
+pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> super::metrics::Readiness {
+    let (op, reloader) = (op.clone(), reloader.clone());
+    Arc::new(move || {
+        if !op.ctx.synced.load(std::sync::atomic::Ordering::Acquire) {
+            return Err("caches not synced yet".into());
+        }
+        let failing = op.ctx.watches.failing_for(super::health::UNREADY_AFTER);
+        if !failing.is_empty() {
+            return Err(failing.join("\n"));
+        }
+        let never = reloader.never_loaded();
+        if never.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "policy bundles that never loaded (see their PolicyInvalid Events): {}",
+                never.join(", ")
+            ))
+        }
+    })
 }

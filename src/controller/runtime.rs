@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 use super::cache::{Change, Informer, spawn_informer};
+use super::health::{WatchBackoff, WatchHealth, report_watch};
 use super::leader::{Elector, LeaseConfig};
 use super::metrics::Metrics;
 use super::object::RawObject;
@@ -156,6 +157,8 @@ pub struct Context {
     /// leader-elected Deployment are not held up by the standby.
     pub synced: Arc<AtomicBool>,
     pub leading: Arc<AtomicBool>,
+    /// Which watches fail, since when: `/readyz` reports them.
+    pub watches: Arc<WatchHealth>,
     pub applied: executor::Applied,
     informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
     targets: Mutex<HashMap<KindRef, TargetController>>,
@@ -769,6 +772,7 @@ impl Operator {
             ready: Arc::new(AtomicBool::new(false)),
             synced: Arc::new(AtomicBool::new(false)),
             leading: Arc::new(AtomicBool::new(false)),
+            watches: Arc::new(WatchHealth::default()),
             applied: executor::Applied::default(),
             informers: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
@@ -875,6 +879,7 @@ impl Operator {
                     k.clone(),
                     self.ctx.config.namespace.clone(),
                     self.ctx.changes.clone(),
+                    self.ctx.watches.clone(),
                 ))
             });
         }
@@ -926,13 +931,19 @@ impl Operator {
                 let writer = reflector::store::Writer::<RawObject>::new(ar.clone());
                 let reader = writer.as_reader();
                 let typed = ar.clone();
+                let (health, watch_name) = (self.ctx.watches.clone(), k.to_string());
                 let objects = reflector::reflector(
                     writer,
-                    watcher::watcher(api, watcher::Config::default().page_size(500))
-                        .map(move |e| e.map(|e| e.modify(|o| o.stamp(&typed)))),
+                    watcher::watcher(api, watcher::Config::default().page_size(500)).map(
+                        move |e| {
+                            report_watch(&health, &watch_name, e.as_ref().err());
+                            e.map(|e| e.modify(|o| o.stamp(&typed)))
+                        },
+                    ),
                 )
                 .applied_objects();
                 let controller = Controller::for_stream_with(objects, reader, ar)
+                    .trigger_backoff(WatchBackoff::default())
                     .with_config(
                         ControllerConfig::default().concurrency(self.ctx.config.concurrency),
                     )
@@ -985,7 +996,19 @@ impl Operator {
 
     /// Start: check kinds, fill caches, then (once leading) reconcile.
     pub async fn start(&self) -> Result<(), StartError> {
-        let set = Arc::new(self.check_kinds(&self.ctx.policies.load_full()).await?);
+        // Discovery waits out an API server that is not there (yet); a
+        // kind it does not serve is an answer, and fails the start.
+        let mut stop = self.ctx.stop.clone();
+        let checked = tokio::select! {
+            r = super::health::patiently("discovering the policies' kinds", || async {
+                match self.check_kinds(&self.ctx.policies.load_full()).await {
+                    Err(StartError::Discovery(e)) => Err(crate::util::api_error(&e)),
+                    other => Ok(other),
+                }
+            }) => r,
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        };
+        let set = Arc::new(checked?);
         self.ctx.policies.store(set.clone());
         self.ensure_informers(&set);
         if let Some(rx) = self

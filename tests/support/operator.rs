@@ -123,6 +123,18 @@ pub fn operator_with_sink(
     metrics: Arc<Metrics>,
     sink: Arc<dyn runbook::alert::AlertSink>,
 ) -> Arc<Operator> {
+    operator_through(c, c.client.clone(), set, config, metrics, sink)
+}
+
+/// An operator that talks to the API server through `client` (a proxy).
+pub fn operator_through(
+    c: &Cluster,
+    client: kube::Client,
+    set: runbook::policy::PolicySet,
+    config: OperatorConfig,
+    metrics: Arc<Metrics>,
+    sink: Arc<dyn runbook::alert::AlertSink>,
+) -> Arc<Operator> {
     if std::env::var("RUNBOOK_TEST_LOG").is_ok() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
@@ -138,7 +150,7 @@ pub fn operator_with_sink(
         ..config
     };
     Arc::new(Operator::new(
-        c.client.clone(),
+        client,
         Arc::new(ScriptEngine::default()),
         set,
         Clock::real(),

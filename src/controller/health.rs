@@ -1,0 +1,189 @@
+//! The health of the operator's watches, and how they back off.
+//!
+//! Every watch (targets, the kinds policies own or read, policy
+//! ConfigMaps) reports its failures and recoveries here. `/readyz` is not
+//! ready while a watch has been failing for longer than a moment, and says
+//! which and why, so a replica that cannot see the cluster is taken out of
+//! rotation and an SRE sees the cause. Watches retry quickly (at most
+//! every few seconds), so the operator catches up soon after the API server
+//! comes back.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
+use tokio::time::Instant;
+
+/// How long a watch may fail before the instance stops being ready.
+pub const UNREADY_AFTER: Duration = Duration::from_secs(10);
+
+/// Watches failing now: since when, and the latest error.
+#[derive(Default)]
+pub struct WatchHealth {
+    failing: Mutex<BTreeMap<String, (Instant, String)>>,
+}
+
+impl WatchHealth {
+    /// The watch `name` failed with `error`. Returns whether it had been
+    /// healthy until now (the first failure of a run, worth a log line at
+    /// error level).
+    pub fn failed(&self, name: &str, error: &str) -> bool {
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match failing.get_mut(name) {
+            Some((_, last)) => {
+                *last = error.to_string();
+                false
+            }
+            None => {
+                failing.insert(name.to_string(), (Instant::now(), error.to_string()));
+                true
+            }
+        }
+    }
+
+    /// The watch `name` delivered again. Returns whether it had been failing.
+    pub fn recovered(&self, name: &str) -> bool {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+            .is_some()
+    }
+
+    /// The watches failing for at least `at_least`, each with its error.
+    pub fn failing_for(&self, at_least: Duration) -> Vec<String> {
+        let now = Instant::now();
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, (since, _))| now.duration_since(*since) >= at_least)
+            .map(|(name, (since, error))| {
+                format!(
+                    "watch of {name} failing for {}s: {error}",
+                    now.duration_since(*since).as_secs()
+                )
+            })
+            .collect()
+    }
+}
+
+/// Note a watch's failure (`Some`) or delivery (`None`) in `health`, with
+/// one log line at error level when it starts failing and one when it
+/// recovers.
+pub fn report_watch(health: &WatchHealth, name: &str, error: Option<&watcher::Error>) {
+    match error {
+        Some(e) => {
+            let message = watch_error(e);
+            if health.failed(name, &message) {
+                tracing::error!(watch = %name, "watch failing, retrying with backoff: {message}");
+            } else {
+                tracing::debug!(watch = %name, "watch still failing: {message}");
+            }
+        }
+        None => {
+            if health.recovered(name) {
+                tracing::info!(watch = %name, "watch recovered");
+            }
+        }
+    }
+}
+
+/// A watch error on one line, with the API server's message where there is one.
+fn watch_error(e: &watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(k)
+        | watcher::Error::WatchStartFailed(k)
+        | watcher::Error::WatchFailed(k) => crate::util::api_error(k),
+        watcher::Error::WatchError(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        other => other.to_string(),
+    }
+}
+
+/// Run `attempt` until it succeeds, pausing 1 s doubling to 30 s between
+/// tries, with a warning naming `what` and the error each time: for steps
+/// that must wait out an API server that is not there yet (start-up during
+/// an outage) rather than give up.
+pub async fn patiently<T, E, F, Fut>(what: &str, mut attempt: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut pause = Duration::from_secs(1);
+    loop {
+        match attempt().await {
+            Ok(v) => return v,
+            Err(e) => {
+                tracing::warn!("{what}: {e}; trying again in {}s", pause.as_secs());
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Backoff between watch retries: 250 ms doubling to at most 5 s, back to
+/// the start once the watch delivers again. (kube-runtime's default climbs
+/// to 30 s, so after an outage of a minute changes waited that long.)
+pub struct WatchBackoff {
+    next: Duration,
+}
+
+const FIRST: Duration = Duration::from_millis(250);
+const LONGEST: Duration = Duration::from_secs(5);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (self.next * 2).min(LONGEST);
+        Some(now)
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = FIRST;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_to_five_seconds_and_resets() {
+        let mut b = WatchBackoff::default();
+        let steps: Vec<u64> = (0..7)
+            .map(|_| b.next().unwrap().as_millis() as u64)
+            .collect();
+        assert_eq!(steps, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next(), Some(FIRST));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_failing_long_enough_is_reported_until_it_recovers() {
+        let h = WatchHealth::default();
+        assert!(h.failed("batch/v1 Job", "connection refused"));
+        assert!(!h.failed("batch/v1 Job", "503 Service Unavailable"));
+        assert!(h.failing_for(UNREADY_AFTER).is_empty(), "a moment is fine");
+        tokio::time::advance(UNREADY_AFTER).await;
+        assert_eq!(
+            h.failing_for(UNREADY_AFTER),
+            ["watch of batch/v1 Job failing for 10s: 503 Service Unavailable"]
+        );
+        assert!(h.recovered("batch/v1 Job"));
+        assert!(h.failing_for(Duration::ZERO).is_empty());
+    }
+}
