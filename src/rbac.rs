@@ -292,6 +292,24 @@ pub fn needs(
         &[],
         "leader election".into(),
     );
+    if !set.routes.is_empty() {
+        add(
+            own.clone(),
+            "",
+            "configmaps",
+            &["create"],
+            &[],
+            "the notification log, so alerts are not sent twice across restarts".into(),
+        );
+        add(
+            own.clone(),
+            "",
+            "configmaps",
+            &["get", "patch"],
+            &[crate::alert::nflog::CONFIGMAP.to_string()],
+            "the notification log, so alerts are not sent twice across restarts".into(),
+        );
+    }
     let policy_namespaces = if !opts.policy_configmaps {
         Vec::new()
     } else if opts.policy_namespaces.is_empty() {

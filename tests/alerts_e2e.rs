@@ -777,3 +777,101 @@ async fn the_operator_fires_and_resolves_alerts_as_objects_change() {
     operator::remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+/// One firing alert, one notification, whatever happens to the operator in
+/// between: the notification log survives a restart (and so a failover),
+/// and the resolution still goes out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_is_not_sent_again_after_a_restart() {
+    logs();
+    let hook = Receiver::start(Behaviour::Accept);
+    let c = Cluster::new("alerts-restart").await;
+    operator::install_widget_crd(&c).await;
+    // A repeat interval far longer than the test: a second notification of
+    // the firing alert can only come from forgetting the first.
+    let routes = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: hook\n    groupBy: ['...']\n    groupWait: 50ms\n    groupInterval: 100ms\n    repeatInterval: 4h\n  receivers:\n    - name: hook\n      webhook: {{url: \"{}\"}}\n",
+        hook.url("/hook")
+    );
+    let start = || async {
+        let set = operator::policies(
+            &c,
+            &[
+                ("size.yaml", ALERTING_POLICY),
+                ("size.rhai", ALERTING_SCRIPT),
+                ("routes.yaml", &routes),
+            ],
+        );
+        let metrics = Arc::new(Metrics::new());
+        let delivery = Delivery::new(Some(c.client.clone()), metrics.clone(), "test", fast());
+        let dispatcher = Arc::new(
+            Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(
+                runbook::alert::nflog::ConfigMapLog::new(c.client.clone(), &c.ns),
+            )),
+        );
+        let flusher = dispatcher.spawn();
+        let op = operator::operator_with_sink(
+            &c,
+            set,
+            runbook::controller::OperatorConfig::default(),
+            metrics,
+            dispatcher,
+        );
+        op.start().await.unwrap();
+        (op, flusher)
+    };
+    let notified = |status: &'static str| {
+        hook.requests()
+            .iter()
+            .filter(|r| {
+                r.body["alerts"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["status"] == status))
+            })
+            .count()
+    };
+    let (op, flusher) = start().await;
+    let widgets: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
+    widgets
+        .create(
+            &PostParams::default(),
+            &operator::widget(&c, "big", json!({"size": 20})),
+        )
+        .await
+        .unwrap();
+    eventually("the alert fires", 30, || async { notified("firing") == 1 }).await;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    eventually("the notification log written", 30, || async {
+        cms.get_opt(runbook::alert::nflog::CONFIGMAP)
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    // The operator goes away and a new one starts; the alert still fires.
+    op.shutdown(Duration::from_secs(5)).await;
+    flusher.abort();
+    let (op, _flusher) = start().await;
+    operator::settle(&op).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(notified("firing"), 1, "the firing alert was not sent again");
+    // It clears: the resolution goes out, once.
+    widgets
+        .patch(
+            "big",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 1}})),
+        )
+        .await
+        .unwrap();
+    eventually("the alert resolves", 30, || async {
+        notified("resolved") == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((notified("firing"), notified("resolved")), (1, 1));
+    op.shutdown(Duration::from_secs(5)).await;
+    operator::remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -10,7 +10,10 @@
 //! since the last notification, or when `repeatInterval` has passed.
 //! Alerts the source no longer raises are resolved, included once in the
 //! next notification, then dropped. Inhibition is applied at flush time.
-//! `tick` does the flushing; `spawn` calls it as time passes.
+//! `tick` does the flushing; `spawn` calls it as time passes. With a
+//! notification log store, what was last sent per group survives the
+//! process (see `nflog`): `restore` reads it back before alerts are
+//! reported, and `spawn` writes it after every flush that notified.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -18,6 +21,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::nflog::{LogStore, NotificationLog, SentRecord};
 use super::notify::{Notification, NotifiedAlert};
 use super::routes::{CompiledRoutes, ReceiverKind, Route};
 use super::sink::{Alert, AlertSink, AlertSource};
@@ -65,6 +69,28 @@ struct Sent {
     resolved: BTreeSet<String>,
 }
 
+impl Sent {
+    fn record(&self) -> SentRecord {
+        SentRecord {
+            at: self.at.as_millisecond(),
+            firing: self.firing.iter().cloned().collect(),
+            resolved: self.resolved.iter().cloned().collect(),
+        }
+    }
+
+    fn from_record(r: &SentRecord) -> Option<Self> {
+        Some(Self {
+            at: Timestamp::from_millisecond(r.at).ok()?,
+            firing: r.firing.iter().cloned().collect(),
+            resolved: r.resolved.iter().cloned().collect(),
+        })
+    }
+}
+
+/// How long a notification log entry of a group that has not formed again
+/// is kept (longer than any sensible repeat interval).
+const LOG_KEPT_MS: i64 = 7 * 24 * 3600 * 1000;
+
 struct Group {
     routes: Arc<CompiledRoutes>,
     route_id: String,
@@ -84,6 +110,11 @@ struct State {
     raised: HashMap<AlertSource, Raised>,
     /// Keyed by routes name, route key, group labels.
     groups: BTreeMap<String, Group>,
+    /// The notification log as last read or written: groups that form
+    /// again take what they last sent from here.
+    log: NotificationLog,
+    /// The log changed since it was last written.
+    log_dirty: bool,
 }
 
 pub struct Dispatcher {
@@ -92,6 +123,7 @@ pub struct Dispatcher {
     clock: Clock,
     /// Wakes the flushing task when a group forms.
     wake: tokio::sync::Notify,
+    store: Option<Arc<dyn LogStore>>,
 }
 
 fn add_ms(t: Timestamp, ms: i64) -> Timestamp {
@@ -122,6 +154,59 @@ impl Dispatcher {
             outbox,
             clock,
             wake: tokio::sync::Notify::new(),
+            store: None,
+        }
+    }
+
+    /// Keep the notification log in `store`, so a restart or a new leader
+    /// does not notify again what was already sent.
+    pub fn with_store(mut self, store: Arc<dyn LogStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Read the notification log back (before alerts are reported: at
+    /// start-up, or when this instance becomes the leader).
+    pub async fn restore(&self) {
+        let Some(store) = &self.store else { return };
+        match store.load().await {
+            Ok(log) => {
+                let mut st = self.lock();
+                for (key, g) in st.groups.iter_mut() {
+                    if g.last.is_empty()
+                        && let Some(entry) = log.get(key)
+                    {
+                        g.last = restored(entry);
+                    }
+                }
+                tracing::info!(groups = log.len(), "notification log restored");
+                st.log = log;
+            }
+            Err(e) => tracing::warn!(
+                "reading the notification log failed; alerts still firing may be notified again: {e}"
+            ),
+        }
+    }
+
+    /// Write the notification log if it changed.
+    async fn persist(&self) {
+        let Some(store) = &self.store else { return };
+        let log = {
+            let mut st = self.lock();
+            if !st.log_dirty {
+                return;
+            }
+            st.log_dirty = false;
+            let oldest = self.clock.now().as_millisecond() - LOG_KEPT_MS;
+            st.log
+                .retain(|_, by_integration| by_integration.values().any(|r| r.at >= oldest));
+            st.log.clone()
+        };
+        if let Err(e) = store.save(log).await {
+            self.lock().log_dirty = true;
+            tracing::warn!(
+                "writing the notification log failed (trying again after the next flush): {e}"
+            );
         }
     }
 
@@ -152,6 +237,7 @@ impl Dispatcher {
                 render_labels(&labels)
             );
             keys.insert(key.clone());
+            let last = st.log.get(&key).map(restored).unwrap_or_default();
             let group = st.groups.entry(key).or_insert_with(|| {
                 formed = true;
                 Group {
@@ -164,7 +250,7 @@ impl Dispatcher {
                     repeat_ms: route.repeat_interval_ms,
                     members: BTreeMap::new(),
                     next_flush: add_ms(now, route.group_wait_ms),
-                    last: BTreeMap::new(),
+                    last,
                 }
             });
             group.routes = routes.clone();
@@ -213,21 +299,32 @@ impl Dispatcher {
                 .flat_map(|(x, alerts)| alerts.values().map(move |a| (x.name.clone(), a.clone())))
                 .collect();
             let mut empty = Vec::new();
+            let mut logged: Vec<(String, BTreeMap<usize, SentRecord>)> = Vec::new();
             for (key, g) in st.groups.iter_mut() {
                 if g.next_flush > now {
                     continue;
                 }
                 g.next_flush = add_ms(now, g.interval_ms);
-                for n in flush(g, &firing, now) {
-                    out.push((g.routes.clone(), n));
-                }
+                let sent = flush(g, &firing, now);
                 g.members.retain(|_, m| m.resolved_at.is_none());
                 if g.members.is_empty() {
                     empty.push(key.clone());
+                } else if !sent.is_empty() {
+                    logged.push((
+                        key.clone(),
+                        g.last.iter().map(|(i, s)| (*i, s.record())).collect(),
+                    ));
                 }
+                out.extend(sent.into_iter().map(|n| (g.routes.clone(), n)));
             }
             for k in empty {
                 st.groups.remove(&k);
+                // Its resolution went out: nothing of it is left to remember.
+                st.log_dirty |= st.log.remove(&k).is_some();
+            }
+            for (k, entry) in logged {
+                st.log.insert(k, entry);
+                st.log_dirty = true;
             }
         }
         let count = out.len();
@@ -248,6 +345,7 @@ impl Dispatcher {
         tokio::spawn(async move {
             loop {
                 d.tick();
+                d.persist().await;
                 match d.next_due() {
                     Some(t) => {
                         let ms = t.as_millisecond() - d.clock.now().as_millisecond();
@@ -375,6 +473,14 @@ fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<N
     out
 }
 
+/// A group's last notifications, as the log kept them.
+fn restored(entry: &BTreeMap<usize, SentRecord>) -> BTreeMap<usize, Sent> {
+    entry
+        .iter()
+        .filter_map(|(i, r)| Some((*i, Sent::from_record(r)?)))
+        .collect()
+}
+
 fn find_route<'a>(r: &'a Route, id: &str) -> Option<&'a Route> {
     if r.id == id {
         return Some(r);
@@ -432,6 +538,10 @@ impl AlertSink for Dispatcher {
         if formed {
             self.wake.notify_one();
         }
+    }
+
+    fn restore(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(Dispatcher::restore(self))
     }
 
     fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool) {

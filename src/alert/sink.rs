@@ -57,6 +57,13 @@ pub trait AlertSink: Send + Sync {
     /// Resolve the alerts of every source `keep` says is gone (its object
     /// was deleted, or its policy removed).
     fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool);
+
+    /// Read back what survives this process (what was last notified),
+    /// before any alert is reported: the operator calls it when it becomes
+    /// the leader.
+    fn restore(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The alerts each source raises now, by fingerprint: what tells a sink

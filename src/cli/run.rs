@@ -260,7 +260,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ..Default::default()
         },
     );
-    let dispatcher = Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()));
+    let dispatcher = Arc::new(
+        Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(
+            crate::alert::nflog::ConfigMapLog::new(client.clone(), &args.operator_namespace),
+        )),
+    );
     let _flusher = dispatcher.spawn();
     let op = Arc::new(Operator::new(
         client,

@@ -1055,6 +1055,8 @@ impl Operator {
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
         self.ctx.metrics.leader.set(1);
+        // What was notified before this leader, so that nothing is sent twice.
+        self.ctx.alerts.restore().await;
         self.ensure_controllers(&set).await;
         self.ctx.ready.store(true, Ordering::Release);
         let ctx = self.ctx.clone();
