@@ -78,6 +78,34 @@ impl Script {
     pub fn fn_pos(&self, name: &str) -> Option<Pos> {
         self.fn_positions.get(name).copied()
     }
+
+    /// The first loop (`loop`, `while`, `do`, `for`) in the body of
+    /// function `name`, if it has one.
+    pub fn loop_in(&self, name: &str) -> Option<Pos> {
+        let start = self.fn_pos(name)?;
+        let end = self
+            .fn_positions
+            .values()
+            .map(|p| (p.line, p.col))
+            .filter(|p| *p > (start.line, start.col))
+            .min();
+        let mut first: Option<Pos> = None;
+        self.ast.walk(&mut |nodes: &[rhai::ASTNode]| {
+            if let Some(rhai::ASTNode::Stmt(
+                s @ (rhai::Stmt::While(..) | rhai::Stmt::Do(..) | rhai::Stmt::For(..)),
+            )) = nodes.last()
+                && let Some(p) = super::error::pos_of(s.position(), self.origin)
+            {
+                let at = (p.line, p.col);
+                let inside = at > (start.line, start.col) && end.is_none_or(|e| at < e);
+                if inside && first.is_none_or(|f| at < (f.line, f.col)) {
+                    first = Some(p);
+                }
+            }
+            true
+        });
+        first
+    }
 }
 
 /// A compiled expression (`readyWhen`, a template interpolation).
@@ -242,10 +270,20 @@ impl ScriptEngine {
                 script.origin,
                 self.limits.wall_time.as_millis(),
             );
-            // Limits can trip where Rhai keeps no position: name the function.
+            // Limits can trip where Rhai keeps no position. A script out of
+            // time is almost always in a loop: point at the loop of the
+            // function (or, failing that, at the function).
             if err.pos.is_none() {
-                err.pos = script.fn_pos(name);
-                err.message = format!("{} (in fn {name})", err.message);
+                match script.loop_in(name).filter(|_| err.kind == ScriptErrorKind::Timeout) {
+                    Some(at) => {
+                        err.pos = Some(at);
+                        err.message = format!("{} (in a loop of fn {name})", err.message);
+                    }
+                    None => {
+                        err.pos = script.fn_pos(name);
+                        err.message = format!("{} (in fn {name})", err.message);
+                    }
+                }
             }
             err
         })
