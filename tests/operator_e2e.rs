@@ -989,3 +989,68 @@ async fn objects_listed_at_start_up_carry_their_kind() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const SIZE_POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: sizer}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  script: sizer.rhai
+"#;
+
+/// The same actions every time; only the status they write changes.
+const SIZE_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    [status(#{ size: ctx.resource.spec.size })]
+}
+"#;
+
+/// `runbook explain` reads the decision record in the status: it must be
+/// the record of the decision that wrote that status, not an older one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_record_is_never_older_than_its_status() {
+    let c = Cluster::new("recordage").await;
+    install_widget_crd(&c).await;
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[("sizer.yaml", SIZE_POLICY), ("sizer.rhai", SIZE_SCRIPT)],
+        ),
+        OperatorConfig::default(),
+    );
+    op.start().await.unwrap();
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets
+        .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
+        .await
+        .unwrap();
+    eventually("size 1", 30, || async {
+        widgets.get("w").await.unwrap().data["status"]["size"] == 1
+    })
+    .await;
+    let first = widgets.get("w").await.unwrap().data["status"]["decision"].clone();
+    widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+    eventually("size 2", 30, || async {
+        widgets.get("w").await.unwrap().data["status"]["size"] == 2
+    })
+    .await;
+    settle(&op).await;
+    let second = widgets.get("w").await.unwrap().data["status"]["decision"].clone();
+    assert_ne!(
+        first["inputsHash"], second["inputsHash"],
+        "the record is that of the decision that wrote size 2"
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -868,10 +868,14 @@ pub async fn execute(
     // The record is that of the last decision that did something. One
     // that repeats it, or that changes nothing at all (typically the
     // reconcile our own status write triggers), keeps the last record as
-    // it was, time and inputs hash included, so it writes nothing.
+    // it was, time and inputs hash included, so it writes nothing. A
+    // decision that changes the status is always recorded: the record must
+    // never be older than the status it sits in.
     let mut compare = out.record.clone();
     compare.time = previous.time.clone();
     compare.inputs_hash = previous.inputs_hash.clone();
+    let status_unchanged =
+        status::merge_diff(&without_decision(&current), &without_decision(&new_status)).is_none();
     let idle = out.writes == 0
         && events.is_empty()
         && problem.is_none()
@@ -879,10 +883,8 @@ pub async fn execute(
         && previous.error.is_none()
         && out.record.policy_version == previous.policy_version
         && out.record.mode == previous.mode
-        && out.record.alert_routes == previous.alert_routes
-        && status::merge_diff(&without_decision(&current), &without_decision(&new_status))
-            .is_none();
-    if previous.time.is_some() && (compare == previous || idle) {
+        && out.record.alert_routes == previous.alert_routes;
+    if previous.time.is_some() && status_unchanged && (compare == previous || idle) {
         out.record = previous.clone();
     } else {
         out.record.time = Some(now.clone());

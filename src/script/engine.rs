@@ -274,7 +274,10 @@ impl ScriptEngine {
             // time is almost always in a loop: point at the loop of the
             // function (or, failing that, at the function).
             if err.pos.is_none() {
-                match script.loop_in(name).filter(|_| err.kind == ScriptErrorKind::Timeout) {
+                match script
+                    .loop_in(name)
+                    .filter(|_| err.kind == ScriptErrorKind::Timeout)
+                {
                     Some(at) => {
                         err.pos = Some(at);
                         err.message = format!("{} (in a loop of fn {name})", err.message);
