@@ -445,13 +445,18 @@ spec:
   script: roller.rhai
 "#;
 
+/// Rolls back once: a rollback to "the previous revision" is not
+/// idempotent (a second one would undo the first), so the script records
+/// that it rolled back and does not again, as a user's script must.
 const ROLLBACK_SCRIPT: &str = r#"
 fn reconcile(ctx) {
     let w = ctx.resource;
-    if w.spec.rollback == true {
-        [rollback(w.spec.deployment, w.spec?.toRevision), status(#{ phase: "RolledBack" })]
-    } else {
+    if w.spec.rollback != true {
         [status(#{ phase: "Idle" })]
+    } else if w.status?.phase == "RolledBack" {
+        []
+    } else {
+        [rollback(w.spec.deployment, w.spec?.toRevision), status(#{ phase: "RolledBack" })]
     }
 }
 "#;

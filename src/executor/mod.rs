@@ -52,7 +52,8 @@ const OWN_REASONS: &[&str] = &[
 /// Why an action failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
-    #[error("{what}: {source}")]
+    /// One line: what was being done, and the API server's message.
+    #[error("{what}: {}", crate::util::api_error(.source))]
     Api {
         what: String,
         #[source]
