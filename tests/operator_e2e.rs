@@ -1059,3 +1059,69 @@ async fn the_decision_record_is_never_older_than_its_status() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+/// A user's own kind named as they like: a plural that is not the kind's
+/// lowercase + "s", and cluster scope. Watches and writes use what
+/// discovery says, not a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_scoped_kind_with_an_odd_plural_is_reconciled() {
+    let c = Cluster::new("oddplural").await;
+    let group = format!("{}.e2e.runbook.dev", c.ns);
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
+    let crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("dbclusters.{group}")},
+        "spec": {"group": group, "scope": "Cluster",
+                 "names": {"kind": "DatabaseCluster", "plural": "dbclusters", "singular": "dbcluster"},
+                 "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let ar = kube::core::ApiResource {
+        group: group.clone(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "DatabaseCluster".into(),
+        plural: "dbclusters".into(),
+    };
+    let clusters: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
+    eventually("the kind to be served", 60, || async {
+        clusters.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    let policy = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: clusters}}\nspec:\n  target: {{apiVersion: {group}/v1, kind: DatabaseCluster}}\n  script: clusters.rhai\n"
+    );
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[
+                ("clusters.yaml", &policy),
+                (
+                    "clusters.rhai",
+                    "fn reconcile(ctx) { [status(#{ seen: ctx.resource.metadata.name })] }",
+                ),
+            ],
+        ),
+        OperatorConfig::default(),
+    );
+    tokio::time::timeout(Duration::from_secs(30), op.start())
+        .await
+        .expect("the operator starts")
+        .unwrap();
+    let db: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1"), "kind": "DatabaseCluster",
+        "metadata": {"name": format!("{}-orders", c.ns)}, "spec": {}
+    }))
+    .unwrap();
+    clusters.create(&PostParams::default(), &db).await.unwrap();
+    let name = format!("{}-orders", c.ns);
+    eventually("the cluster-scoped object reconciled", 30, || async {
+        clusters.get(&name).await.unwrap().data["status"]["seen"] == json!(name)
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}

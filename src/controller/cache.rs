@@ -109,6 +109,8 @@ impl State {
 /// The cached objects of one kind.
 pub struct KindCache {
     pub kind: KindRef,
+    /// Whether the kind lives in namespaces, as discovery says.
+    namespaced: bool,
     state: RwLock<State>,
     synced: AtomicBool,
     synced_notify: Notify,
@@ -120,8 +122,15 @@ fn rv(o: &RawObject) -> &str {
 
 impl KindCache {
     pub fn new(kind: KindRef) -> Self {
+        let namespaced = kind.namespaced();
+        Self::scoped(kind, namespaced)
+    }
+
+    /// A cache for a kind whose scope discovery told.
+    pub fn scoped(kind: KindRef, namespaced: bool) -> Self {
         Self {
             kind,
+            namespaced,
             state: RwLock::new(State::default()),
             synced: AtomicBool::new(false),
             synced_notify: Notify::new(),
@@ -223,7 +232,7 @@ impl KindCache {
                 })
                 .collect()
         };
-        if namespace.is_empty() && !self.kind.namespaced() {
+        if namespace.is_empty() && !self.namespaced {
             return st.by_ns.get("").map(|n| pick("", n)).unwrap_or_default();
         }
         st.by_ns
@@ -295,9 +304,10 @@ pub fn spawn_informer(
     namespace: Option<String>,
     changes: mpsc::UnboundedSender<Change>,
     health: Arc<WatchHealth>,
+    namespaced: bool,
 ) -> Informer {
-    let cache = Arc::new(KindCache::new(kind.clone()));
-    let api: Api<RawObject> = match (&namespace, kind.namespaced()) {
+    let cache = Arc::new(KindCache::scoped(kind.clone(), namespaced));
+    let api: Api<RawObject> = match (&namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
         _ => Api::all_with(client, &resource),
     };

@@ -25,7 +25,7 @@ use super::health::{WatchBackoff, WatchHealth, report_watch};
 use super::leader::{Elector, LeaseConfig};
 use super::metrics::Metrics;
 use super::object::RawObject;
-use super::view::{Dependencies, Source, Sources, TargetKey, Tracking};
+use super::view::{Dependencies, Source, Sources, TargetKey, Tracking, target_ref};
 use crate::alert::AlertSink;
 use crate::clock::Clock;
 use crate::crd::DecisionRecord;
@@ -202,7 +202,10 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
         {
-            map.insert(k.clone(), Source::Targets(t.store.clone()));
+            map.insert(
+                k.clone(),
+                Source::Targets(t.store.clone(), self.resources.served_as(k).0),
+            );
         }
         Sources(map)
     }
@@ -220,7 +223,11 @@ impl Context {
     fn trigger(&self, key: TargetKey) {
         let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = targets.get(&key.kind) {
-            let r = ObjectRef::new_with(&key.name, key.kind.api_resource()).within(&key.namespace);
+            let r = target_ref(
+                &self.resources.served_as(&key.kind).0,
+                &key.namespace,
+                &key.name,
+            );
             if t.trigger.send(r).is_ok() {
                 let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 pending.insert(key);
@@ -246,10 +253,7 @@ impl Context {
             let Some(t) = targets.get(&kind) else {
                 return false;
             };
-            let mut r = ObjectRef::new_with(&s.name, kind.api_resource());
-            if !s.namespace.is_empty() {
-                r = r.within(&s.namespace);
-            }
+            let r = target_ref(&self.resources.served_as(&kind).0, &s.namespace, &s.name);
             t.store
                 .get(&r)
                 .is_some_and(|o| o.meta.uid.as_deref().unwrap_or("") == s.uid)
@@ -873,13 +877,17 @@ impl Operator {
         informers.retain(|k, _| wanted.contains(k));
         for k in wanted {
             informers.entry(k.clone()).or_insert_with(|| {
+                // Plural and scope as discovery found them (a CRD may name
+                // its plural anything, and be cluster-scoped).
+                let (resource, namespaced) = self.ctx.resources.served_as(&k);
                 Arc::new(spawn_informer(
                     self.ctx.client.clone(),
-                    k.api_resource(),
+                    resource,
                     k.clone(),
                     self.ctx.config.namespace.clone(),
                     self.ctx.changes.clone(),
                     self.ctx.watches.clone(),
+                    namespaced,
                 ))
             });
         }
@@ -918,8 +926,8 @@ impl Operator {
                 if targets.contains_key(&k) {
                     continue;
                 }
-                let ar = k.api_resource();
-                let api: Api<RawObject> = match (&self.ctx.config.namespace, k.namespaced()) {
+                let (ar, namespaced) = self.ctx.resources.served_as(&k);
+                let api: Api<RawObject> = match (&self.ctx.config.namespace, namespaced) {
                     (Some(ns), true) => Api::namespaced_with(self.ctx.client.clone(), ns, &ar),
                     _ => Api::all_with(self.ctx.client.clone(), &ar),
                 };

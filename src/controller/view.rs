@@ -32,7 +32,9 @@ pub struct AccessKey {
 #[derive(Clone)]
 pub enum Source {
     Informer(Arc<KindCache>),
-    Targets(Store<RawObject>),
+    /// A target kind's controller store, with the resource its objects
+    /// are keyed under.
+    Targets(Store<RawObject>, kube::core::ApiResource),
 }
 
 /// The caches by kind, as a reconcile sees them.
@@ -48,7 +50,7 @@ impl ObjectView for Sources {
     fn list(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
         match self.0.get(kind) {
             Some(Source::Informer(c)) => c.list(namespace),
-            Some(Source::Targets(s)) => sorted(
+            Some(Source::Targets(s, _)) => sorted(
                 s.state()
                     .into_iter()
                     .filter(|o| {
@@ -65,9 +67,8 @@ impl ObjectView for Sources {
     fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
         match self.0.get(kind)? {
             Source::Informer(c) => c.get(namespace, name),
-            Source::Targets(s) => {
-                let r = kube::runtime::reflector::ObjectRef::new_with(name, kind.api_resource())
-                    .within(namespace);
+            Source::Targets(s, resource) => {
+                let r = target_ref(resource, namespace, name);
                 s.get(&r)
                     .filter(|o| o.undecodable.is_none())
                     .map(|o| o.cached())
@@ -228,5 +229,20 @@ mod tests {
         d.set(&t("a"), vec![]);
         assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("b")]);
         assert!(d.readers_of(&kind, "other", "web").is_empty());
+    }
+}
+
+/// The key of a target in its controller's store: cluster-scoped objects
+/// have no namespace.
+pub fn target_ref(
+    resource: &kube::core::ApiResource,
+    namespace: &str,
+    name: &str,
+) -> kube::runtime::reflector::ObjectRef<RawObject> {
+    let r = kube::runtime::reflector::ObjectRef::new_with(name, resource.clone());
+    if namespace.is_empty() {
+        r
+    } else {
+        r.within(namespace)
     }
 }

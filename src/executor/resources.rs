@@ -55,6 +55,23 @@ impl Resources {
         Ok(r)
     }
 
+    /// What discovery said of a kind already resolved, without asking.
+    pub fn known(&self, kind: &KindRef) -> Option<Resolved> {
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(kind)
+            .cloned()
+    }
+
+    /// The API resource (plural included) and scope of a kind: from
+    /// discovery when it has been resolved, else the usual naming rule.
+    pub fn served_as(&self, kind: &KindRef) -> (ApiResource, bool) {
+        self.known(kind)
+            .map(|r| (r.resource, r.namespaced))
+            .unwrap_or_else(|| (kind.api_resource(), kind.namespaced()))
+    }
+
     /// Forget what discovery said (a CRD may have changed).
     pub fn forget(&self, kind: &KindRef) {
         self.known
