@@ -198,6 +198,21 @@ impl Dependencies {
     }
 }
 
+/// The key of a target in its controller's store: cluster-scoped objects
+/// have no namespace.
+pub fn target_ref(
+    resource: &kube::core::ApiResource,
+    namespace: &str,
+    name: &str,
+) -> kube::runtime::reflector::ObjectRef<RawObject> {
+    let r = kube::runtime::reflector::ObjectRef::new_with(name, resource.clone());
+    if namespace.is_empty() {
+        r
+    } else {
+        r.within(namespace)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,20 +244,5 @@ mod tests {
         d.set(&t("a"), vec![]);
         assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("b")]);
         assert!(d.readers_of(&kind, "other", "web").is_empty());
-    }
-}
-
-/// The key of a target in its controller's store: cluster-scoped objects
-/// have no namespace.
-pub fn target_ref(
-    resource: &kube::core::ApiResource,
-    namespace: &str,
-    name: &str,
-) -> kube::runtime::reflector::ObjectRef<RawObject> {
-    let r = kube::runtime::reflector::ObjectRef::new_with(name, resource.clone());
-    if namespace.is_empty() {
-        r
-    } else {
-        r.within(namespace)
     }
 }
