@@ -322,3 +322,26 @@ fn api_faults_are_retried_and_nothing_is_done_twice() {
     let t = text(&out);
     assert!(out.status.success(), "{t}");
 }
+
+#[test]
+fn simulate_fails_when_an_expectation_fails() {
+    let dir = dir_with(
+        "unmet",
+        &[(
+            "unmet.yaml",
+            &scenario(
+                "unmet",
+                "chatbot-deployment.yaml",
+                "  timeline:\n    - at: 1m\n      expect:\n        - {action: rollback, kind: Deployment, name: chatbot}\n",
+            ),
+        )],
+    );
+    chatbot_objects(&dir);
+    let path = dir.join("unmet.yaml");
+    for command in ["simulate", "test"] {
+        let out = runbook(&[command, path.to_str().unwrap()]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{command}: {t}");
+        assert!(t.contains("rollback"), "{command} names the expectation: {t}");
+    }
+}

@@ -58,7 +58,8 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let mut json = Vec::new();
     for f in files {
         let r = scenario::run_file(&f);
-        if !r.load_errors.is_empty() {
+        // An expectation that failed fails the command, as `runbook test`.
+        if !r.load_errors.is_empty() || !r.passed() {
             code = ExitCode::FAILURE;
         }
         match args.output {
