@@ -1,7 +1,8 @@
-//! Failover between two `runbook run` processes sharing one Lease: when the
-//! leader is killed (`kill -9`, no release), the standby takes the Lease
-//! within the lease duration. On the sandbox the test serves it over HTTP
-//! for the two processes; on a real cluster they use its kubeconfig.
+//! `runbook run` as a process: start-up on a cluster without its
+//! namespace, and failover between two processes sharing one Lease (when
+//! the leader is killed, `kill -9`, no release, the standby takes the Lease
+//! within the lease duration). On the sandbox the test serves it over HTTP
+//! for the processes; on a real cluster they use its kubeconfig.
 //!
 //! `RUNBOOK_FAILOVER_ROUNDS` (default 2) and `RUNBOOK_FAILOVER_LEASE`
 //! (seconds, default 6) set how many kills and the lease duration; each
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{Cluster, eventually, real_cluster};
+use cluster::{Cluster, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -75,20 +76,7 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 async fn the_standby_takes_over_within_the_lease_duration() {
     let c = Cluster::new("failover").await;
     let dir = std::env::temp_dir().join(format!("runbook-failover-{}", c.ns));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    let _served = match (&c.sandbox, real_cluster()) {
-        (Some(sandbox), _) => {
-            let served = sandbox.serve(0).await.unwrap();
-            std::fs::write(&kubeconfig, served.kubeconfig(&c.ns)).unwrap();
-            Some(served)
-        }
-        (None, Some(path)) => {
-            std::fs::copy(path, &kubeconfig).unwrap();
-            None
-        }
-        (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
-    };
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
     let rounds = env_or("RUNBOOK_FAILOVER_ROUNDS", 2);
     let lease = env_or("RUNBOOK_FAILOVER_LEASE", 6);
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
@@ -149,6 +137,57 @@ async fn the_standby_takes_over_within_the_lease_duration() {
         );
     }
     drop(operators);
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}
+
+/// `runbook run` as the README shows it, on a cluster without the operator
+/// namespace: one line naming the namespace and the ways out, exit 1, at
+/// once (it used to retry leader election every five seconds, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_operator_namespace_stops_start_up_with_the_way_out() {
+    let c = Cluster::new("nons").await;
+    let dir = std::env::temp_dir().join(format!("runbook-nons-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let missing = format!("{}-missing", c.ns);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args([
+            "run",
+            "--skip-access-check",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--operator-namespace", &missing, "--namespace", &c.ns])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("RUNBOOK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("runbook run did not stop on a missing operator namespace");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ")
+            && last.contains(&format!("{missing:?} does not exist"))
+            && last.contains(&format!("kubectl create namespace {missing}"))
+            && last.contains("--operator-namespace")
+            && last.contains("--leader-elect=false"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }

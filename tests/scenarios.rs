@@ -342,6 +342,9 @@ fn simulate_fails_when_an_expectation_fails() {
         let out = runbook(&[command, path.to_str().unwrap()]);
         let t = text(&out);
         assert_eq!(out.status.code(), Some(1), "{command}: {t}");
-        assert!(t.contains("rollback"), "{command} names the expectation: {t}");
+        assert!(
+            t.contains("rollback"),
+            "{command} names the expectation: {t}"
+        );
     }
 }

@@ -150,6 +150,29 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
+    if args.leader_elect || args.policy_configmaps {
+        let ns = &args.operator_namespace;
+        let what = format!("looking up the operator namespace {ns}");
+        let found = tokio::select! {
+            found = health::patiently(&what, || async {
+                match kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                    .get_opt(ns)
+                    .await
+                {
+                    Ok(n) => Ok(n.is_some()),
+                    // Least privilege need not allow reading namespaces:
+                    // then the Lease will tell.
+                    Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
+                    Err(e) => Err(crate::util::api_error(&e)),
+                }
+            }) => found,
+            _ = super::shutdown_signal() => return Ok(ExitCode::SUCCESS),
+        };
+        anyhow::ensure!(
+            found,
+            "the operator namespace {ns:?} does not exist (it holds the leader Lease and the policy ConfigMaps): create it with `kubectl create namespace {ns}`, name another with --operator-namespace, or start with --leader-elect=false --policy-configmaps=false"
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     let policy_namespaces = if args.policy_namespaces.is_empty() {
         vec![args.operator_namespace.clone()]

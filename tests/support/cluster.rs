@@ -204,6 +204,30 @@ impl Cluster {
         }
     }
 
+    /// A kubeconfig file for a process (`runbook run`) to reach this
+    /// cluster: the sandbox served on loopback for as long as the returned
+    /// handle lives, or a copy of the real cluster's.
+    pub async fn kubeconfig_file(
+        &self,
+        dir: &std::path::Path,
+    ) -> (std::path::PathBuf, Option<runbook::sandbox::serve::Served>) {
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("kubeconfig");
+        let served = match (&self.sandbox, real_cluster()) {
+            (Some(sandbox), _) => {
+                let served = sandbox.serve(0).await.unwrap();
+                std::fs::write(&path, served.kubeconfig(&self.ns)).unwrap();
+                Some(served)
+            }
+            (None, Some(real)) => {
+                std::fs::copy(real, &path).unwrap();
+                None
+            }
+            (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
+        };
+        (path, served)
+    }
+
     pub fn api<K>(&self) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
