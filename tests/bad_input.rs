@@ -325,3 +325,29 @@ fn a_loopback_url_may_be_written_inline() {
     )]);
     assert!(errs.is_empty(), "{errs:?}");
 }
+
+#[test]
+fn objects_of_the_wrong_shape_are_refused_where_the_script_makes_them() {
+    for (object, wanted) in [
+        (
+            r#"#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: "Chatbot_Eval" } }"#,
+            "metadata.name \"Chatbot_Eval\" is not a valid name",
+        ),
+        (
+            r#"#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: "x", annotations: #{ n: 3 } } }"#,
+            "metadata.annotations.n must be a string, not a number",
+        ),
+        (
+            r#"#{ apiVersion: "batch/v1/Job", kind: "Job", metadata: #{ name: "x" } }"#,
+            "apiVersion \"batch/v1/Job\" is not GROUP/VERSION",
+        ),
+        (
+            r#"#{ apiVersion: "v1", kind: "configmap", metadata: #{ name: "x" } }"#,
+            "kind \"configmap\" is not a kind name",
+        ),
+    ] {
+        let e = runtime_error(&format!("fn reconcile(ctx) {{\n  [apply({object})]\n}}\n"));
+        assert!(e.to_string().starts_with("test/p.rhai:2:"), "{e}");
+        assert!(e.message.contains(wanted), "want {wanted:?} in {e}");
+    }
+}

@@ -1125,3 +1125,71 @@ async fn a_cluster_scoped_kind_with_an_odd_plural_is_reconciled() {
     op.shutdown(Duration::from_secs(5)).await;
     c.cleanup().await;
 }
+
+const SLOPPY_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let w = ctx.resource;
+    let labels = if w.spec?.sloppy == true { "team=ml" } else { #{ team: "ml" } };
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${w.metadata.name}-config`, labels: labels }, data: #{ a: "b" } }),
+     status(#{ phase: "Ready" })]
+}
+"#;
+
+/// A user's script that hands over labels that are not a map (it used to
+/// panic in the executor and end the controller of the whole kind): the
+/// error names the script's place, on that object only, and the kind's
+/// other objects are still reconciled, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_object_from_a_script_fails_that_object_only() {
+    let c = Cluster::new("sloppy").await;
+    install_widget_crd(&c).await;
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[("widget.yaml", POLICY), ("widget.rhai", SLOPPY_SCRIPT)],
+        ),
+        OperatorConfig::default(),
+    );
+    op.start().await.unwrap();
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "sloppy", json!({"sloppy": true})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the error on the object, with the script's place",
+        30,
+        || async {
+            let st = &widgets.get("sloppy").await.unwrap().data["status"];
+            st["conditions"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["type"] == "Degraded"
+                        && c["message"].as_str().is_some_and(|m| {
+                            m.contains("widget.rhai:5:")
+                                && m.contains(
+                                    "metadata.labels must be a map of strings, not a string",
+                                )
+                        })
+                })
+            })
+        },
+    )
+    .await;
+    widgets
+        .create(&PostParams::default(), &widget(&c, "tidy", json!({})))
+        .await
+        .unwrap();
+    eventually("the kind's other objects still reconciled", 30, || async {
+        widgets.get("tidy").await.unwrap().data["status"]["phase"] == "Ready"
+    })
+    .await;
+    assert!(!op.ctx.metrics.render().contains("runbook_panics_total{"));
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub alerts: Family<Labels, Counter>,
     pub alert_queue: Family<Labels, Gauge>,
     pub skipped: Family<Labels, Counter>,
+    /// Reconciles that panicked (a bug, caught: that reconcile fails alone).
+    pub panics: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -68,6 +70,7 @@ impl Metrics {
             alerts: Family::default(),
             alert_queue: Family::default(),
             skipped: Family::default(),
+            panics: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -119,6 +122,11 @@ impl Metrics {
             "policy_reload",
             "Policy loads by result",
             m.policy_reloads.clone(),
+        );
+        registry.register(
+            "panics",
+            "Reconciles that panicked, by kind: each failed alone and was retried",
+            m.panics.clone(),
         );
         registry.register(
             "policy_info",

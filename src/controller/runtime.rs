@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::events::{EventWriter, Reporter};
 use arc_swap::ArcSwap;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -568,7 +568,45 @@ async fn reconcile(
         return Ok(Action::await_change());
     }
     ctx.in_flight.fetch_add(1, Ordering::AcqRel);
-    let result = reconcile_target(&obj, &ctx, &kind, &key).await;
+    // A panic is a bug; it fails this reconcile only (retried with
+    // backoff, counted, reported on the target), never the controller of
+    // the whole kind.
+    let result = match std::panic::AssertUnwindSafe(reconcile_target(&obj, &ctx, &kind, &key))
+        .catch_unwind()
+        .await
+    {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            ctx.metrics
+                .panics
+                .get_or_create(&Metrics::labels(&[("kind", &kind.kind)]))
+                .inc();
+            let message = format!(
+                "internal error while reconciling (a bug in Runbook, please report it): {what}"
+            );
+            tracing::error!(kind = %kind, namespace = %key.namespace, name = %key.name, "{message}");
+            let ev = crate::events::Event {
+                type_: crate::events::EventType::Warning,
+                reason: "InternalError".into(),
+                note: Some(message.clone()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            let reference = crate::executor::object_ref(&obj.value());
+            if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+                tracing::warn!("recording an Event failed: {e}");
+            }
+            Err(ReconcileError {
+                message,
+                label: "panic",
+            })
+        }
+    };
     ctx.in_flight.fetch_sub(1, Ordering::AcqRel);
     ctx.activity.fetch_add(1, Ordering::AcqRel);
     result

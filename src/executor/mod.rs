@@ -296,8 +296,12 @@ fn hash_of(v: &Value) -> String {
 /// Fill in what every child gets: namespace, owner reference, the
 /// managed-by label, the applied-hash annotation.
 pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value {
-    let mut o = object.clone();
-    let meta = o["metadata"].as_object_mut().cloned().unwrap_or_default();
+    let o = object.clone();
+    let meta = o
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     let mut meta = meta;
     if namespaced {
         meta.insert("namespace".into(), target["metadata"]["namespace"].clone());
@@ -316,17 +320,38 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value 
         .collect();
     refs.push(owner);
     meta.insert("ownerReferences".into(), Value::Array(refs));
+    // Scripts' objects are checked where they are made (`apply`), but
+    // nothing here may panic on a shape it did not build: anything that is
+    // not a map is replaced by one.
     let labels = meta.entry("labels").or_insert_with(|| json!({}));
-    if labels.get("app.kubernetes.io/managed-by").is_none() {
-        labels["app.kubernetes.io/managed-by"] = json!("runbook");
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    if let Some(l) = labels.as_object_mut() {
+        l.entry("app.kubernetes.io/managed-by")
+            .or_insert_with(|| json!("runbook"));
     }
     let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+    if !annotations.is_object() {
+        *annotations = json!({});
+    }
     if let Some(a) = annotations.as_object_mut() {
         a.remove(APPLIED_HASH);
     }
-    o["metadata"] = Value::Object(meta);
+    let mut o = match o {
+        Value::Object(mut m) => {
+            m.insert("metadata".into(), Value::Object(meta));
+            Value::Object(m)
+        }
+        _ => json!({"metadata": meta}),
+    };
     let h = hash_of(&o);
-    o["metadata"]["annotations"][APPLIED_HASH] = json!(h);
+    if let Some(a) = o
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        a.insert(APPLIED_HASH.into(), json!(h));
+    }
     o
 }
 

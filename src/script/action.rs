@@ -121,6 +121,81 @@ fn map_json(ctx: &NativeCallContext, what: &str, m: Dynamic) -> RhaiResult<Value
     }
 }
 
+/// What is wrong with the shape of an object a script hands over to be
+/// written, if anything: checked where the script made it, so the error
+/// names that place (and nothing malformed reaches the executor).
+pub fn shape_problem(obj: &Value) -> Option<String> {
+    let kind_of = |v: &Value| match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "map",
+    };
+    let Some(meta) = obj.get("metadata").and_then(Value::as_object) else {
+        return Some("metadata must be a map".into());
+    };
+    match meta.get("name").and_then(Value::as_str) {
+        Some(n) if crate::names::is_dns_subdomain(n) => {}
+        Some(n) => {
+            return Some(format!(
+                "metadata.name {n:?} is not a valid name (lowercase letters, digits, '-' and '.', at most 253 characters)"
+            ));
+        }
+        None => return Some("metadata.name must be a string".into()),
+    }
+    for field in ["labels", "annotations"] {
+        match meta.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                if let Some((k, v)) = m.iter().find(|(_, v)| !v.is_string()) {
+                    return Some(format!(
+                        "metadata.{field}.{k} must be a string, not a {}",
+                        kind_of(v)
+                    ));
+                }
+            }
+            Some(other) => {
+                return Some(format!(
+                    "metadata.{field} must be a map of strings, not a {}",
+                    kind_of(other)
+                ));
+            }
+        }
+    }
+    if let Some(ns) = meta.get("namespace")
+        && !ns.is_string()
+        && !ns.is_null()
+    {
+        return Some(format!(
+            "metadata.namespace must be a string, not a {}",
+            kind_of(ns)
+        ));
+    }
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let version_ok = version.starts_with('v')
+        && version.len() > 1
+        && version
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !version_ok || (api_version.contains('/') && !crate::names::is_dns_subdomain(group)) {
+        return Some(format!(
+            "apiVersion {api_version:?} is not GROUP/VERSION or VERSION (like apps/v1 or v1)"
+        ));
+    }
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    if !kind.starts_with(|c: char| c.is_ascii_uppercase())
+        || !kind.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        return Some(format!(
+            "kind {kind:?} is not a kind name (like Deployment)"
+        ));
+    }
+    None
+}
+
 fn name_of(obj: &Value) -> Option<String> {
     obj.get("metadata")?
         .get("name")?
@@ -192,6 +267,9 @@ pub fn register(engine: &mut Engine) {
                     &ctx,
                     "apply: the object needs metadata.name (names must be deterministic)".into(),
                 );
+            }
+            if let Some(problem) = shape_problem(&object) {
+                return fail(&ctx, format!("apply: {problem}"));
             }
             Ok(make(&ctx, Action::Apply { object }))
         },
