@@ -1193,3 +1193,67 @@ async fn a_malformed_object_from_a_script_fails_that_object_only() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const UNIT_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let w = ctx.resource;
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${w.metadata.name}-config` },
+              data: #{ a: "b", owner: w.spec?.owner } }),
+     status(#{ phase: "Ready", size: w.spec.size })]
+}
+"#;
+
+/// `()` in an object to apply leaves the field out; it does not make every
+/// later reconcile apply the object again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_field_in_an_applied_object_is_left_out_and_applied_once() {
+    let c = Cluster::new("unitfield").await;
+    install_widget_crd(&c).await;
+    let op = operator(
+        &c,
+        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", UNIT_SCRIPT)]),
+        OperatorConfig::default(),
+    );
+    op.start().await.unwrap();
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    widgets
+        .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
+        .await
+        .unwrap();
+    eventually("the child", 30, || async {
+        cms.get("w-config").await.is_ok()
+    })
+    .await;
+    settle(&op).await;
+    let first = cms.get("w-config").await.unwrap();
+    assert_eq!(
+        first.data.clone().unwrap().keys().collect::<Vec<_>>(),
+        ["a"],
+        "the unit field is left out"
+    );
+    for size in 2..5 {
+        widgets
+            .patch(
+                "w",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": size}})),
+            )
+            .await
+            .unwrap();
+        eventually("the reconcile", 30, || async {
+            widgets.get("w").await.unwrap().data["status"]["size"] == size
+        })
+        .await;
+    }
+    settle(&op).await;
+    assert_eq!(
+        cms.get("w-config").await.unwrap().metadata.resource_version,
+        first.metadata.resource_version,
+        "the child was not applied again"
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -296,7 +296,11 @@ fn hash_of(v: &Value) -> String {
 /// Fill in what every child gets: namespace, owner reference, the
 /// managed-by label, the applied-hash annotation.
 pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value {
-    let o = object.clone();
+    let mut o = object.clone();
+    // `()` (null) in an object to apply means "leave the field out": the
+    // API server stores no nulls, so keeping them would make the applied
+    // object differ from the live one forever and re-apply it every time.
+    without_nulls(&mut o);
     let meta = o
         .get("metadata")
         .and_then(Value::as_object)
@@ -353,6 +357,18 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value 
         a.insert(APPLIED_HASH.into(), json!(h));
     }
     o
+}
+
+/// Drop every map entry whose value is null, at any depth.
+fn without_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(without_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
 }
 
 /// Whether applying `desired` to the cached child would change nothing.
