@@ -348,3 +348,19 @@ fn simulate_fails_when_an_expectation_fails() {
         );
     }
 }
+
+#[test]
+fn a_scenario_past_its_wall_clock_limit_fails_instead_of_hanging() {
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["test", "examples/evaluator-drift/week.yaml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUNBOOK_SCENARIO_TIMEOUT", "0")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("did not finish within 0s of wall-clock time"),
+        "{t}"
+    );
+}

@@ -115,14 +115,49 @@ impl Outbox for JournalOutbox {
     }
 }
 
+/// Wall-clock seconds a scenario may run (`RUNBOOK_SCENARIO_TIMEOUT`), so
+/// that one that cannot finish fails instead of hanging the command.
+fn wall_clock_limit() -> std::time::Duration {
+    std::time::Duration::from_secs(
+        std::env::var("RUNBOOK_SCENARIO_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(120),
+    )
+}
+
 /// Run a scenario to its end and check it.
 pub fn run(s: &Scenario) -> Report {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a tokio runtime");
-    rt.block_on(run_async(s))
+    let limit = wall_clock_limit();
+    let scenario = s.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = std::thread::Builder::new()
+        .name(format!("scenario {}", s.name))
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .expect("a tokio runtime");
+            let _ = tx.send(rt.block_on(run_async(&scenario)));
+        });
+    let outcome = match runner {
+        Ok(_) => rx.recv_timeout(limit).ok(),
+        Err(_) => None,
+    };
+    outcome.unwrap_or_else(|| {
+        // The runner is left behind; the command reports and goes on.
+        let mut r = Report::new(s);
+        r.load_errors.push(ScenarioError {
+            file: s.file.clone(),
+            pos: None,
+            message: format!(
+                "the scenario did not finish within {}s of wall-clock time (RUNBOOK_SCENARIO_TIMEOUT); something it waits for never happens: run with RUNBOOK_LOG=runbook=debug to see what the operator is waiting on",
+                limit.as_secs()
+            ),
+        });
+        r
+    })
 }
 
 fn is_crd(o: &Value) -> bool {
