@@ -293,8 +293,7 @@ async fn injected_server_errors_back_off_and_converge() {
     let set = policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]);
     let op = operator(&c, set, OperatorConfig::default());
     op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     sandbox.faults().fail_next(
         4,
@@ -402,8 +401,7 @@ async fn one_leads_and_the_other_takes_over() {
     tokio::spawn(async move { b2.start().await.unwrap() });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!b.is_leading(), "only one leads");
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
         .create(
@@ -541,20 +539,15 @@ async fn a_rollback_writes_back_the_previous_revisions_template() {
     install_widget_crd(&c).await;
     let deps = deployment_with_revisions(&c).await;
     assert_eq!(rev_of(&deps.get("web").await.unwrap()), "3");
-    let op = operator(
+    let op = started(
         &c,
-        policies(
-            &c,
-            &[
-                ("roller.yaml", ROLLBACK_POLICY),
-                ("roller.rhai", ROLLBACK_SCRIPT),
-            ],
-        ),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+        &[
+            ("roller.yaml", ROLLBACK_POLICY),
+            ("roller.rhai", ROLLBACK_SCRIPT),
+        ],
+    )
+    .await;
+    let widgets = widgets(&c);
     widgets
         .create(
             &PostParams::default(),
@@ -605,17 +598,12 @@ fn reconcile(ctx) {
 async fn one_failing_object_is_reported_and_the_others_carry_on() {
     let c = Cluster::new("isolation").await;
     install_widget_crd(&c).await;
-    let op = operator(
+    let op = started(
         &c,
-        policies(
-            &c,
-            &[("widget.yaml", POLICY), ("widget.rhai", FRAGILE_SCRIPT)],
-        ),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+        &[("widget.yaml", POLICY), ("widget.rhai", FRAGILE_SCRIPT)],
+    )
+    .await;
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
         .create(
@@ -710,8 +698,7 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
         "test",
     ));
     let ready = reload::readiness(&op, &reloader);
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
         .create(
@@ -793,14 +780,8 @@ spec:
 async fn a_shadow_policy_decides_and_records_but_writes_nothing() {
     let c = Cluster::new("shadow").await;
     install_widget_crd(&c).await;
-    let op = operator(
-        &c,
-        policies(&c, &[("next.yaml", SHADOW_POLICY), ("widget.rhai", SCRIPT)]),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let op = started(&c, &[("next.yaml", SHADOW_POLICY), ("widget.rhai", SCRIPT)]).await;
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
         .create(
@@ -869,20 +850,15 @@ fn reconcile(ctx) {
 async fn a_blast_radius_limit_holds_actions_past_it() {
     let c = Cluster::new("limits").await;
     install_widget_crd(&c).await;
-    let op = operator(
+    let op = started(
         &c,
-        policies(
-            &c,
-            &[
-                ("limited.yaml", LIMITED_POLICY),
-                ("limited.rhai", LIMITED_SCRIPT),
-            ],
-        ),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+        &[
+            ("limited.yaml", LIMITED_POLICY),
+            ("limited.rhai", LIMITED_SCRIPT),
+        ],
+    )
+    .await;
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
         .create(&PostParams::default(), &widget(&c, "w1", json!({})))
@@ -941,8 +917,7 @@ fn reconcile(ctx) {
 async fn objects_listed_at_start_up_carry_their_kind() {
     let c = Cluster::new("listedkind").await;
     install_widget_crd(&c).await;
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets = widgets(&c);
     let w = widgets
         .create(&PostParams::default(), &widget(&c, "w", json!({})))
         .await
@@ -1017,17 +992,12 @@ fn reconcile(ctx) {
 async fn the_decision_record_is_never_older_than_its_status() {
     let c = Cluster::new("recordage").await;
     install_widget_crd(&c).await;
-    let op = operator(
+    let op = started(
         &c,
-        policies(
-            &c,
-            &[("sizer.yaml", SIZE_POLICY), ("sizer.rhai", SIZE_SCRIPT)],
-        ),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+        &[("sizer.yaml", SIZE_POLICY), ("sizer.rhai", SIZE_SCRIPT)],
+    )
+    .await;
+    let widgets = widgets(&c);
     widgets
         .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
         .await
@@ -1143,17 +1113,12 @@ fn reconcile(ctx) {
 async fn a_malformed_object_from_a_script_fails_that_object_only() {
     let c = Cluster::new("sloppy").await;
     install_widget_crd(&c).await;
-    let op = operator(
+    let op = started(
         &c,
-        policies(
-            &c,
-            &[("widget.yaml", POLICY), ("widget.rhai", SLOPPY_SCRIPT)],
-        ),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+        &[("widget.yaml", POLICY), ("widget.rhai", SLOPPY_SCRIPT)],
+    )
+    .await;
+    let widgets = widgets(&c);
     widgets
         .create(
             &PostParams::default(),
@@ -1209,14 +1174,8 @@ fn reconcile(ctx) {
 async fn a_unit_field_in_an_applied_object_is_left_out_and_applied_once() {
     let c = Cluster::new("unitfield").await;
     install_widget_crd(&c).await;
-    let op = operator(
-        &c,
-        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", UNIT_SCRIPT)]),
-        OperatorConfig::default(),
-    );
-    op.start().await.unwrap();
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let op = started(&c, &[("widget.yaml", POLICY), ("widget.rhai", UNIT_SCRIPT)]).await;
+    let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
         .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))

@@ -164,3 +164,15 @@ pub async fn settle(op: &Operator) {
     op.settle(Duration::from_millis(150), Duration::from_secs(20))
         .await;
 }
+
+/// The test's Widgets, through the test's own client.
+pub fn widgets(c: &Cluster) -> Api<DynamicObject> {
+    Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(c))
+}
+
+/// An operator running the policies in `files` (default settings), started.
+pub async fn started(c: &Cluster, files: &[(&str, &str)]) -> Arc<Operator> {
+    let op = operator(c, policies(c, files), OperatorConfig::default());
+    op.start().await.expect("the operator starts");
+    op
+}
