@@ -99,6 +99,23 @@ async fn start_refusing(
     (op, reloader, errors)
 }
 
+/// Whether a `PolicyInvalid` Event on the ConfigMap `name` has a note
+/// `note` accepts.
+async fn policy_invalid(c: &Cluster, name: &str, note: impl Fn(&str) -> bool) -> bool {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("PolicyInvalid")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.note.as_deref().is_some_and(&note)
+        })
+}
+
 /// Whether `text` holds `prefix` followed by `LINE:COL:`.
 fn positioned(text: &str, prefix: &str) -> bool {
     text.match_indices(prefix).any(|(i, _)| {
@@ -178,27 +195,11 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
     )
     .await
     .unwrap();
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
-    eventually(
-        "an Event on the ConfigMap naming the position",
-        30,
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("PolicyInvalid")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some("tuned-policy")
-                        && e.note.as_deref().is_some_and(|n| {
-                            positioned(n, &format!("configmap/{}/tuned-policy/tuned.yaml:", c.ns))
-                        })
-                })
-        },
-    )
+    eventually("an Event on the ConfigMap naming the position", 30, || {
+        policy_invalid(&c, "tuned-policy", |n| {
+            positioned(n, &format!("configmap/{}/tuned-policy/tuned.yaml:", c.ns))
+        })
+    })
     .await;
     assert!(
         op.ctx
@@ -218,19 +219,10 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
     )
     .await
     .unwrap();
-    eventually("an Event naming the script's position", 30, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("PolicyInvalid")
-                    && e.note.as_deref().is_some_and(|n| {
-                        positioned(n, &format!("configmap/{}/tuned-policy/tuned.rhai:", c.ns))
-                    })
-            })
+    eventually("an Event naming the script's position", 30, || {
+        policy_invalid(&c, "tuned-policy", |n| {
+            positioned(n, &format!("configmap/{}/tuned-policy/tuned.rhai:", c.ns))
+        })
     })
     .await;
     cms.patch(
@@ -555,21 +547,11 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
     )
     .await
     .unwrap();
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
-    eventually("an Event naming the missing permission", 30, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("PolicyInvalid")
-                    && e.note.as_deref().is_some_and(|n| {
-                        n.contains("missing permission: create cronjobs.batch")
-                            && n.contains("policy tuned owns batch/v1 CronJob")
-                    })
-            })
+    eventually("an Event naming the missing permission", 30, || {
+        policy_invalid(&c, "tuned-policy", |n| {
+            n.contains("missing permission: create cronjobs.batch")
+                && n.contains("policy tuned owns batch/v1 CronJob")
+        })
     })
     .await;
     widgets
