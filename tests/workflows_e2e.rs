@@ -7,12 +7,16 @@
 //! Job, StatefulSet and Deployment controllers react; on the sandbox it
 //! drives the scenario world, which plays those controllers. Only the
 //! VolumeSnapshot is marked ready by the test itself, as a cluster may have
-//! no CSI snapshot driver. The assertions are the same on both sides.
+//! no CSI snapshot driver. The assertions are the same on both sides. The
+//! backup also goes through an operator restart and two API outages (a
+//! proxy the test cuts), and nothing is done twice.
 
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/kubelet.rs"]
 mod kubelet;
+#[path = "support/proxy.rs"]
+mod proxy;
 #[path = "support/operator.rs"]
 mod support;
 
@@ -27,6 +31,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubelet::{Fate, Kubelet};
+use proxy::Proxy;
 use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use runbook::controller::metrics::Metrics;
 use runbook::controller::{Operator, OperatorConfig};
@@ -429,11 +434,32 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
             == Some(1)
     })
     .await;
-    let op = start(&c, sink.clone()).await;
+    // The new one starts while its API server is away (it waits), and
+    // loses it again for longer than its watches' patience mid-backup.
+    let proxy = Proxy::start(&c).await;
+    proxy.cut();
+    let op = support::operator_through(
+        &c,
+        proxy.client().await,
+        shipped_policies(),
+        OperatorConfig::default(),
+        Arc::new(Metrics::new()),
+        sink.clone(),
+    );
+    let starting = {
+        let op = op.clone();
+        tokio::spawn(async move { op.start().await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.restore();
+    starting.await.unwrap().expect("the operator starts");
     eventually("the snapshot", 120, || async {
         snapshots.get("nightly-once-snap").await.is_ok()
     })
     .await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    proxy.restore();
     assert_eq!(
         jobs.get("nightly-once-dump").await.unwrap().metadata.uid,
         dump_uid,
