@@ -23,9 +23,27 @@ pub const UNREADY_AFTER: Duration = Duration::from_secs(10);
 #[derive(Default)]
 pub struct WatchHealth {
     failing: Mutex<BTreeMap<String, (Instant, String)>>,
+    /// `runbook_watch_failing{watch}`, when metrics are kept.
+    metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
 }
 
 impl WatchHealth {
+    /// Health that also sets `runbook_watch_failing{watch}`.
+    pub fn with_metrics(metrics: std::sync::Arc<super::metrics::Metrics>) -> Self {
+        Self {
+            failing: Mutex::default(),
+            metrics: Some(metrics),
+        }
+    }
+
+    fn gauge(&self, name: &str, value: i64) {
+        if let Some(m) = &self.metrics {
+            m.watch_failing
+                .get_or_create(&super::metrics::Metrics::labels(&[("watch", name)]))
+                .set(value);
+        }
+    }
+
     /// The watch `name` failed with `error`. Returns whether it had been
     /// healthy until now (the first failure of a run, worth a log line at
     /// error level).
@@ -38,6 +56,7 @@ impl WatchHealth {
             }
             None => {
                 failing.insert(name.to_string(), (Instant::now(), error.to_string()));
+                self.gauge(name, 1);
                 true
             }
         }
@@ -45,11 +64,16 @@ impl WatchHealth {
 
     /// The watch `name` delivered again. Returns whether it had been failing.
     pub fn recovered(&self, name: &str) -> bool {
-        self.failing
+        let was = self
+            .failing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name)
-            .is_some()
+            .is_some();
+        if was {
+            self.gauge(name, 0);
+        }
+        was
     }
 
     /// The watches failing for at least `at_least`, each with its error.
@@ -185,5 +209,23 @@ mod tests {
         );
         assert!(h.recovered("batch/v1 Job"));
         assert!(h.failing_for(Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn the_failing_gauge_follows_the_watch() {
+        let metrics = std::sync::Arc::new(super::super::metrics::Metrics::new());
+        let h = WatchHealth::with_metrics(metrics.clone());
+        h.failed("v1 Pod", "403 Forbidden");
+        assert!(
+            metrics
+                .render()
+                .contains("runbook_watch_failing{watch=\"v1 Pod\"} 1")
+        );
+        h.recovered("v1 Pod");
+        assert!(
+            metrics
+                .render()
+                .contains("runbook_watch_failing{watch=\"v1 Pod\"} 0")
+        );
     }
 }

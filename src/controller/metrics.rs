@@ -44,6 +44,8 @@ pub struct Metrics {
     pub skipped: Family<Labels, Counter>,
     /// Reconciles that panicked (a bug, caught: that reconcile fails alone).
     pub panics: Family<Labels, Counter>,
+    /// 1 while a watch fails (by watch), 0 once it recovers.
+    pub watch_failing: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -71,6 +73,7 @@ impl Metrics {
             alert_queue: Family::default(),
             skipped: Family::default(),
             panics: Family::default(),
+            watch_failing: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -122,6 +125,11 @@ impl Metrics {
             "policy_reload",
             "Policy loads by result",
             m.policy_reloads.clone(),
+        );
+        registry.register(
+            "watch_failing",
+            "1 while a watch fails, by watch (its error is in the log and /readyz)",
+            m.watch_failing.clone(),
         );
         registry.register(
             "panics",

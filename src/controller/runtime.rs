@@ -801,6 +801,7 @@ impl Operator {
             controller: "runbook".into(),
             instance: Some(config.identity.clone()),
         };
+        let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
         let ctx = Arc::new(Context {
             recorder: EventWriter::new(client.clone(), reporter),
             resources: Resources::new(client.clone()),
@@ -814,7 +815,7 @@ impl Operator {
             ready: Arc::new(AtomicBool::new(false)),
             synced: Arc::new(AtomicBool::new(false)),
             leading: Arc::new(AtomicBool::new(false)),
-            watches: Arc::new(WatchHealth::default()),
+            watches,
             applied: executor::Applied::default(),
             informers: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),

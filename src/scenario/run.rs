@@ -373,6 +373,16 @@ async fn run_async(s: &Scenario) -> Report {
             report.failures.push(failure);
         }
     }
+    // A watch that could not run (a kind at a URL the API does not serve,
+    // a refusal) makes every expectation about its objects meaningless:
+    // it fails the scenario, named, rather than passing by silence.
+    for failing in op.ctx.watches.failing_for(Duration::ZERO) {
+        report.failures.push(Failure {
+            pos: None,
+            message: failing,
+            detail: Vec::new(),
+        });
+    }
     op.shutdown(Duration::from_secs(1)).await;
     report.finish(s, journal.entries());
     report
