@@ -267,8 +267,39 @@ fn a_template_that_interpolates_a_missing_field_names_its_place() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "test/p.yaml:9:23: `${resource.spec.bucket}` has no value: a missing field? (write `?? default` where a value may be absent)"
+        "test/p.yaml:9:36: .spec has no field `bucket`; if it may be absent, read it as `?.bucket`, \
+         give a default with `?? value`, or ask first with `\"bucket\" in ...`"
     );
+}
+
+#[test]
+fn a_misspelt_field_in_a_script_is_an_error_at_the_read_and_nothing_is_applied() {
+    // Before strict reads, `treshold` read as `()` and the Job went out with
+    // the argument `--min=`.
+    let script = "fn reconcile(ctx) {\n  let ev = ctx.resource;\n  let job = #{ apiVersion: \"batch/v1\", kind: \"Job\", metadata: #{ name: \"x\" },\n    spec: #{ template: #{ spec: #{ containers: [#{ name: \"c\", image: \"b\", args: [`--min=${ev.spec.treshold}`] }] } } } };\n  [apply(job)]\n}\n";
+    let e = runtime_error(script);
+    assert_eq!(e.kind, ScriptErrorKind::Runtime, "{e}");
+    assert!(e.to_string().starts_with("test/p.rhai:4:"), "{e}");
+    assert!(
+        e.message
+            .contains(".spec has no field `treshold` (did you mean `threshold`?)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn nothing_interpolated_into_text_is_an_error_even_when_the_read_may_be_absent() {
+    let script = "fn reconcile(ctx) {\n  let v = ctx.resource.spec?.version;\n  [status(#{ image: `postgres:${v}` })]\n}\n";
+    let e = runtime_error(script);
+    assert!(e.to_string().starts_with("test/p.rhai:3:"), "{e}");
+    assert!(e.message.contains("was turned into text"), "{e}");
+    // Said to be absent and given a default, it is fine.
+    let w = runtime_world(
+        "fn reconcile(ctx) {\n  let v = ctx.resource.spec?.version ?? \"16\";\n  [status(#{ image: `postgres:${v}` })]\n}\n",
+    );
+    w.add(deployment("chatbot", 1));
+    let d = w.decide("p", &evaluator("chatbot", "chatbot", 0.9));
+    assert_eq!(d.allowed().count(), 1);
 }
 
 #[test]

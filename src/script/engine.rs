@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use rhai::{AST, CallFnOptions, Dynamic, Engine, FuncArgs, OptimizationLevel, Scope};
 
+use std::sync::Arc;
+
 use super::error::{FILE_START, ScriptError, ScriptErrorKind};
+use super::strict::{self, Guards};
 use crate::util::yaml::Pos;
 
 /// The limits every script call runs under.
@@ -66,6 +69,7 @@ pub struct Script {
     /// Where each function is defined.
     fn_positions: std::collections::BTreeMap<String, Pos>,
     origin: Pos,
+    guards: Arc<Guards>,
 }
 
 impl Script {
@@ -114,6 +118,7 @@ pub struct Expr {
     pub file: String,
     pub ast: AST,
     origin: Pos,
+    guards: Arc<Guards>,
 }
 
 /// The shared engine.
@@ -167,6 +172,7 @@ impl ScriptEngine {
             )
         });
         super::obj::register(&mut engine);
+        strict::register(&mut engine);
         super::helpers::register(&mut engine);
         super::ctx::register(&mut engine);
         super::action::register(&mut engine);
@@ -210,6 +216,7 @@ impl ScriptEngine {
         }
         Ok(Script {
             file: file.to_string(),
+            guards: Arc::new(Guards::of(&ast)),
             ast,
             functions,
             fn_positions,
@@ -240,6 +247,7 @@ impl ScriptEngine {
         ast.set_source(file);
         Ok(Expr {
             file: file.to_string(),
+            guards: Arc::new(Guards::of(&ast)),
             ast,
             origin,
         })
@@ -254,7 +262,7 @@ impl ScriptEngine {
     ) -> Result<Dynamic, ScriptError> {
         let mut scope = Scope::new();
         let options = CallFnOptions::new().eval_ast(false).rewind_scope(true);
-        self.with_budget(|| {
+        self.with_budget(&script.guards, || {
             self.engine.call_fn_with_options::<Dynamic>(
                 options,
                 &mut scope,
@@ -294,25 +302,39 @@ impl ScriptEngine {
 
     /// Evaluate an expression with the given variables.
     pub fn eval(&self, expr: &Expr, scope: &mut Scope) -> Result<Dynamic, ScriptError> {
-        self.with_budget(|| self.engine.eval_ast_with_scope::<Dynamic>(scope, &expr.ast))
-            .map_err(|e| {
-                ScriptError::from_eval(
-                    &expr.file,
-                    &e,
-                    expr.origin,
-                    self.limits.wall_time.as_millis(),
-                )
-            })
+        self.with_budget(&expr.guards, || {
+            self.engine.eval_ast_with_scope::<Dynamic>(scope, &expr.ast)
+        })
+        .map_err(|e| {
+            ScriptError::from_eval(
+                &expr.file,
+                &e,
+                expr.origin,
+                self.limits.wall_time.as_millis(),
+            )
+        })
     }
 
-    fn with_budget<T>(&self, f: impl FnOnce() -> T) -> T {
+    /// Run one strict call under the wall-clock budget. `()` turned into
+    /// text anywhere in the call fails it, at the first place it happened.
+    fn with_budget<T>(
+        &self,
+        guards: &Arc<Guards>,
+        f: impl FnOnce() -> Result<T, Box<rhai::EvalAltResult>>,
+    ) -> Result<T, Box<rhai::EvalAltResult>> {
         let previous = DEADLINE.get();
         let deadline = Instant::now() + self.limits.wall_time;
         // A nested call keeps the earlier (outer) deadline.
         DEADLINE.set(Some(previous.map_or(deadline, |p| p.min(deadline))));
-        let out = f();
+        let (out, unit_text) = strict::with(guards, f);
         DEADLINE.set(previous);
-        out
+        match (out, unit_text) {
+            (Ok(_), Some(pos)) => Err(Box::new(rhai::EvalAltResult::ErrorRuntime(
+                strict::UNIT_IN_TEXT.into(),
+                pos,
+            ))),
+            (out, _) => out,
+        }
     }
 }
 

@@ -113,6 +113,10 @@ impl ScriptError {
                 ScriptErrorKind::Limit,
                 "stopped: too many variables".to_string(),
             ),
+            // A message raised by Runbook's own functions reads as it is.
+            EvalAltResult::ErrorRuntime(value, _) if value.is_string() => {
+                (ScriptErrorKind::Runtime, strip_position(&value.to_string()))
+            }
             other => (ScriptErrorKind::Runtime, strip_position(&other.to_string())),
         };
         let message = if context.is_empty() {

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod helpers;
 pub mod obj;
+pub mod strict;
 pub mod template;
 
 pub use action::{Action, ActionValue};

@@ -65,6 +65,61 @@ impl Obj {
             Some(v) => wrap(v, &|| self.child(Seg::Key(key.into()))),
         }
     }
+
+    /// A script's read of `key`: an error at the read when the field is
+    /// absent (or null) and the script did not mark the read as one that
+    /// may find nothing (see `strict`).
+    fn read(&self, ctx: &NativeCallContext, key: &str) -> Result<Dynamic, Box<EvalAltResult>> {
+        let pos = ctx.call_position();
+        match self.value().get(key) {
+            Some(v) if !v.is_null() => Ok(wrap(v, &|| self.child(Seg::Key(key.into())))),
+            _ if super::strict::may_be_absent(pos) => Ok(Dynamic::UNIT),
+            _ => Err(Box::new(EvalAltResult::ErrorRuntime(
+                self.absent(key).into(),
+                pos,
+            ))),
+        }
+    }
+
+    /// Where this view is, as `.spec.containers[0]`, or `the object`.
+    fn place(&self) -> String {
+        if self.path.is_empty() {
+            return "the object".to_string();
+        }
+        let mut out = String::new();
+        for seg in &self.path {
+            match seg {
+                Seg::Key(k) => {
+                    out.push('.');
+                    out.push_str(k);
+                }
+                Seg::Index(i) => out.push_str(&format!("[{i}]")),
+            }
+        }
+        out
+    }
+
+    /// Why reading `key` failed, with the nearest field name there is.
+    fn absent(&self, key: &str) -> String {
+        let here = self.place();
+        let fields: Vec<&str> = self
+            .value()
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, _)| k.as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let hint = crate::util::suggest::closest(key, fields.iter().copied())
+            .map(|k| format!(" (did you mean `{k}`?)"))
+            .unwrap_or_default();
+        format!(
+            "{here} has no field `{key}`{hint}; if it may be absent, read it as `?.{key}`, \
+             give a default with `?? value`, or ask first with `\"{key}\" in ...`"
+        )
+    }
 }
 
 /// Turn a JSON value into a Rhai value, sharing maps as `Obj` views made by
@@ -217,12 +272,14 @@ const READ_ONLY: &str = "objects from ctx are read-only; take a copy you can cha
 /// Register `Obj` with the engine.
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<Obj>("object");
-    engine.register_indexer_get(|o: &mut Obj, key: &str| o.get(key));
+    engine.register_indexer_get(|ctx: NativeCallContext, o: &mut Obj, key: &str| o.read(&ctx, key));
     // Property access on a custom type tries a getter first and falls back
     // to the indexer only after building an error; naming the common
     // Kubernetes fields skips that detour for most reads.
     for name in COMMON_FIELDS {
-        engine.register_get(name, move |o: &mut Obj| o.get(name));
+        engine.register_get(name, move |ctx: NativeCallContext, o: &mut Obj| {
+            o.read(&ctx, name)
+        });
     }
     engine.register_indexer_set(
         |ctx: NativeCallContext,

@@ -4,6 +4,7 @@
 #[allow(unsafe_code)]
 pub mod alloc;
 pub mod hash;
+pub mod suggest;
 pub mod time;
 pub mod yaml;
 
