@@ -664,6 +664,78 @@ async fn one_failing_object_is_reported_and_the_others_carry_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
+    let c = Cluster::new("supervise").await;
+    install_widget_crd(&c).await;
+    let metrics = Arc::new(Metrics::new());
+    let op = operator_through(
+        &c,
+        c.client.clone(),
+        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
+        OperatorConfig::default(),
+        metrics.clone(),
+        Arc::new(LogSink::default()),
+    );
+    op.start().await.expect("the operator starts");
+    let reloader = Arc::new(Reloader::new(
+        Arc::new(ScriptEngine::default()),
+        Some(c.client.clone()),
+        metrics.clone(),
+        "test",
+    ));
+    let ready = reload::readiness(&op, &reloader);
+    let widgets = widgets(&c);
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "first", json!({"size": 1})),
+        )
+        .await
+        .unwrap();
+    eventually("the first widget", 30, || async {
+        cms.get("first-config").await.is_ok()
+    })
+    .await;
+    eventually("ready", 30, || async { ready().is_ok() }).await;
+    // The controller of Widgets ends, as a panic outside a reconcile
+    // would end it: nothing would reconcile a Widget again.
+    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    op.ctx.end_controller(&kind);
+    eventually("/readyz names the controller that ended", 10, || async {
+        ready().is_err_and(|why| {
+            why.contains(&format!("controller of {kind}")) && why.contains("restarting")
+        })
+    })
+    .await;
+    eventually("ready again once it is restarted", 30, || async {
+        ready().is_ok()
+    })
+    .await;
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "second", json!({"size": 2})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "a widget created after the restart is reconciled",
+        30,
+        || async { cms.get("second-config").await.is_ok() },
+    )
+    .await;
+    let text = metrics.render();
+    assert!(
+        text.contains("runbook_controller_restarts_total{kind=\"Widget\"} 1"),
+        "{text}"
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
     let c = Cluster::new("outage").await;
     install_widget_crd(&c).await;

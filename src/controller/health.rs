@@ -23,6 +23,8 @@ pub const UNREADY_AFTER: Duration = Duration::from_secs(10);
 #[derive(Default)]
 pub struct WatchHealth {
     failing: Mutex<BTreeMap<String, (Instant, String)>>,
+    /// Controllers whose task ended and that wait for their restart.
+    ended: Mutex<BTreeMap<String, (Instant, String)>>,
     /// `runbook_watch_failing{watch}`, when metrics are kept.
     metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
 }
@@ -32,6 +34,7 @@ impl WatchHealth {
     pub fn with_metrics(metrics: std::sync::Arc<super::metrics::Metrics>) -> Self {
         Self {
             failing: Mutex::default(),
+            ended: Mutex::default(),
             metrics: Some(metrics),
         }
     }
@@ -74,6 +77,43 @@ impl WatchHealth {
             self.gauge(name, 0);
         }
         was
+    }
+
+    /// The controller `name` is not running, because of `reason`. Returns
+    /// how long it has been down (zero the first time it is told).
+    pub fn controller_ended(&self, name: &str, reason: &str) -> Duration {
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        match ended.get(name) {
+            Some((since, _)) => since.elapsed(),
+            None => {
+                ended.insert(name.to_string(), (Instant::now(), reason.to_string()));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// The controller `name` runs again.
+    pub fn controller_restarted(&self, name: &str) {
+        self.ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    /// The controllers down now, each with why: `/readyz` reports them at
+    /// once (a kind nobody reconciles is not a moment's hiccup).
+    pub fn ended(&self) -> Vec<String> {
+        self.ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(name, (since, reason))| {
+                format!(
+                    "the {name} ended {}s ago ({reason}); restarting it",
+                    since.elapsed().as_secs()
+                )
+            })
+            .collect()
     }
 
     /// The watches failing for at least `at_least`, each with its error.

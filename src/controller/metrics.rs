@@ -46,6 +46,8 @@ pub struct Metrics {
     pub panics: Family<Labels, Counter>,
     /// 1 while a watch fails (by watch), 0 once it recovers.
     pub watch_failing: Family<Labels, Gauge>,
+    /// Target controllers restarted after their task ended, by kind.
+    pub controller_restarts: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -74,6 +76,7 @@ impl Metrics {
             skipped: Family::default(),
             panics: Family::default(),
             watch_failing: Family::default(),
+            controller_restarts: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -130,6 +133,11 @@ impl Metrics {
             "watch_failing",
             "1 while a watch fails, by watch (its error is in the log and /readyz)",
             m.watch_failing.clone(),
+        );
+        registry.register(
+            "controller_restarts",
+            "Target controllers restarted after their task ended, by kind",
+            m.controller_restarts.clone(),
         );
         registry.register(
             "panics",

@@ -773,7 +773,8 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> super::metrics
         if !op.ctx.synced.load(std::sync::atomic::Ordering::Acquire) {
             return Err("caches not synced yet".into());
         }
-        let failing = op.ctx.watches.failing_for(super::health::UNREADY_AFTER);
+        let mut failing = op.ctx.watches.ended();
+        failing.extend(op.ctx.watches.failing_for(super::health::UNREADY_AFTER));
         if !failing.is_empty() {
             return Err(failing.join("\n"));
         }
