@@ -932,6 +932,84 @@ async fn a_crd_serves_its_kind_with_validation_defaults_and_pruning() {
     c.cleanup().await;
 }
 
+#[tokio::test]
+async fn a_crd_deleted_and_made_again_serves_its_kind_again() {
+    let c = Cluster::new("crdagain").await;
+    let group = format!("{}.conformance.runbook.dev", c.ns);
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster::crd_resource());
+    let crd: DynamicObject = serde_json::from_value(widget_crd(&group)).unwrap();
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_kind(&group));
+    let w = |name: &str| -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": format!("{group}/v1"), "kind": "Widget", "metadata": {"name": name}, "spec": {"size": 1}})).unwrap()
+    };
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    eventually("the kind to be served", 30, || async {
+        widgets.list(&ListParams::default()).await.is_ok()
+    })
+    .await;
+    let before = widgets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    crds.delete(&format!("widgets.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the kind to be gone (404)", 30, || async {
+        matches!(widgets.list(&ListParams::default()).await, Err(kube::Error::Api(e)) if e.code == 404)
+    })
+    .await;
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    eventually("the kind to be served again", 30, || async {
+        widgets.list(&ListParams::default()).await.is_ok()
+    })
+    .await;
+    // A watch resumed from before the deletion (as a client's watcher
+    // does after an error) is told that version is gone, so it lists anew.
+    let first = widgets
+        .watch(&kube::api::WatchParams::default().timeout(5), &before)
+        .await
+        .expect("a watch from before the deletion")
+        .boxed()
+        .next()
+        .await;
+    match first {
+        Some(Ok(kube::api::WatchEvent::Error(e))) => assert_eq!(e.code, 410, "{e:?}"),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    // A watch of the kind made again sees what is made from now on.
+    let list = widgets.list(&ListParams::default()).await.unwrap();
+    let from = list.metadata.resource_version.unwrap_or_default();
+    let mut stream = widgets
+        .watch(&kube::api::WatchParams::default().timeout(10), &from)
+        .await
+        .unwrap()
+        .boxed();
+    widgets
+        .create(&PostParams::default(), &w("again"))
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(ev) = stream.next().await {
+            if let Ok(kube::api::WatchEvent::Added(o)) = ev {
+                return o.metadata.name;
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten();
+    assert_eq!(seen.as_deref(), Some("again"));
+    crds.delete(&format!("widgets.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+    c.cleanup().await;
+}
+
 async fn raw(
     c: &Cluster,
     method: &str,

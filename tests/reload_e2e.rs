@@ -102,6 +102,12 @@ async fn start_refusing(
 /// Whether a `PolicyInvalid` Event on the ConfigMap `name` has a note
 /// `note` accepts.
 async fn policy_invalid(c: &Cluster, name: &str, note: impl Fn(&str) -> bool) -> bool {
+    event_on(c, name, "PolicyInvalid", note).await
+}
+
+/// Whether an Event of `reason` on the ConfigMap `name` has a note `note`
+/// accepts.
+async fn event_on(c: &Cluster, name: &str, reason: &str, note: impl Fn(&str) -> bool) -> bool {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
     events
         .list(&ListParams::default())
@@ -110,7 +116,7 @@ async fn policy_invalid(c: &Cluster, name: &str, note: impl Fn(&str) -> bool) ->
         .items
         .iter()
         .any(|e| {
-            e.reason.as_deref() == Some("PolicyInvalid")
+            e.reason.as_deref() == Some(reason)
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
                 && e.note.as_deref().is_some_and(&note)
         })
@@ -615,6 +621,62 @@ async fn a_bundle_refused_for_a_missing_secret_loads_once_it_exists() {
     })
     .await;
     assert!(reloader.never_loaded().is_empty());
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_watch_is_told_on_the_policy_configmap_and_its_recovery_too() {
+    let c = Cluster::new("watchtell").await;
+    install_widget_crd(&c).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    cms.create(
+        &PostParams::default(),
+        &bundle_cm(&c, &policy_yaml(&c, "0.5")),
+    )
+    .await
+    .unwrap();
+    let sources = SourceConfig {
+        configmap_namespaces: vec![c.ns.clone()],
+        ..Default::default()
+    };
+    let (op, _reloader) = start(&c, sources).await;
+    // Someone deletes the CRD of the policy's target: its watch answers
+    // 404 from now on.
+    remove_widget_crd(&c).await;
+    eventually(
+        "a WatchFailing Event on the policy's ConfigMap",
+        60,
+        || async {
+            event_on(&c, "tuned-policy", "WatchFailing", |note| {
+                note.contains("Widget") && note.contains("policy tuned") && note.contains("fails")
+            })
+            .await
+        },
+    )
+    .await;
+    install_widget_crd(&c).await;
+    eventually(
+        "a WatchRecovered Event once the CRD is back",
+        60,
+        || async {
+            event_on(&c, "tuned-policy", "WatchRecovered", |note| {
+                note.contains("Widget")
+            })
+            .await
+        },
+    )
+    .await;
+    // And the policy acts again on what the watch delivers.
+    let widgets = widgets(&c);
+    eventually("a widget reconciled after the recovery", 60, || async {
+        let _ = widgets
+            .create(&PostParams::default(), &widget(&c, "after", json!({})))
+            .await;
+        cms.get("after-out").await.is_ok()
+    })
+    .await;
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;

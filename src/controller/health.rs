@@ -16,6 +16,10 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
+/// How long a watch fails before the policies using it are told (an Event
+/// on their ConfigMap): past a retry or two, well within a user's patience.
+pub const TELL_POLICIES_AFTER: Duration = Duration::from_secs(3);
+
 /// How long a watch may fail before the instance stops being ready.
 pub const UNREADY_AFTER: Duration = Duration::from_secs(10);
 
@@ -113,6 +117,17 @@ impl WatchHealth {
                     since.elapsed().as_secs()
                 )
             })
+            .collect()
+    }
+
+    /// The watches failing for at least `at_least`: name and latest error.
+    pub fn failing_errors(&self, at_least: Duration) -> BTreeMap<String, String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, (since, _))| since.elapsed() >= at_least)
+            .map(|(name, (_, error))| (name.clone(), error.clone()))
             .collect()
     }
 

@@ -125,6 +125,8 @@ pub struct Reloader {
     inline: bool,
     /// Serialises reloads: one set is built at a time.
     gate: tokio::sync::Mutex<()>,
+    /// Failing watches already told to a bundle: (bundle, watch).
+    watch_told: Mutex<std::collections::BTreeSet<(Origin, String)>>,
 }
 
 fn clone_loaded(l: &Loaded) -> Loaded {
@@ -163,6 +165,7 @@ impl Reloader {
             access_check: false,
             inline: false,
             gate: tokio::sync::Mutex::new(()),
+            watch_told: Mutex::default(),
         }
     }
 
@@ -609,6 +612,63 @@ impl Reloader {
         }
     }
 
+    /// Tell each bundle whose policies use a kind whose watch fails: a
+    /// Warning Event `WatchFailing` on its ConfigMap with the API's answer
+    /// (once per failure, after `TELL_POLICIES_AFTER`), and a Normal
+    /// `WatchRecovered` when the watch delivers again. The log line and
+    /// `runbook_watch_failing` come from the watch itself.
+    pub async fn tell_failing_watches(&self, op: &Operator) {
+        let failing = op
+            .ctx
+            .watches
+            .failing_errors(super::health::TELL_POLICIES_AFTER);
+        let mut failed = Vec::new();
+        let mut recovered = Vec::new();
+        {
+            let bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+            let mut told = self.watch_told.lock().unwrap_or_else(|e| e.into_inner());
+            for (origin, state) in bundles.iter() {
+                let Some(good) = &state.good else { continue };
+                for (watch, error) in &failing {
+                    let users: Vec<&str> = good
+                        .policies
+                        .iter()
+                        .filter(|p| {
+                            p.target.to_string() == *watch
+                                || p.kinds.kinds().iter().any(|k| k.to_string() == *watch)
+                        })
+                        .map(|p| p.name.as_str())
+                        .collect();
+                    if !users.is_empty() && told.insert((origin.clone(), watch.clone())) {
+                        failed.push((
+                            origin.clone(),
+                            watch.clone(),
+                            error.clone(),
+                            users.join(", "),
+                        ));
+                    }
+                }
+            }
+            told.retain(|(origin, watch)| {
+                let still = failing.contains_key(watch) && bundles.contains_key(origin);
+                if !still {
+                    recovered.push((origin.clone(), watch.clone()));
+                }
+                still
+            });
+        }
+        for (origin, watch, error, users) in failed {
+            let message = format!(
+                "the watch of {watch} fails: {error}; policy {users} sees no change of that kind until it recovers"
+            );
+            self.event(&origin, true, "WatchFailing", &message).await;
+        }
+        for (origin, watch) in recovered {
+            let message = format!("the watch of {watch} delivers again");
+            self.event(&origin, false, "WatchRecovered", &message).await;
+        }
+    }
+
     /// The directory bundles as they are on disk now.
     pub fn read_dirs(dirs: &[PathBuf]) -> Vec<Bundle> {
         let mut out = Vec::new();
@@ -673,6 +733,7 @@ pub fn spawn(
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             r.retry_due(&op).await;
+            r.tell_failing_watches(&op).await;
         }
     }));
     tasks

@@ -271,6 +271,10 @@ struct Inner {
     dependents: HashMap<String, BTreeSet<(ResKey, ObjKey)>>,
     history: VecDeque<HistEvent>,
     compacted: u64,
+    /// Where the watch cache of a CRD's kind begins: the version its CRD
+    /// was made at. A watch from before it gets 410 Gone, as a real API
+    /// server answers once a CRD is deleted and made again.
+    served_since: HashMap<ResKey, u64>,
     watchers: HashMap<ResKey, Vec<Watcher>>,
     next_watch: u64,
     /// Objects waiting in foreground deletion for their dependents.
@@ -414,6 +418,7 @@ impl Store {
                 dependents: HashMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
+                served_since: HashMap::new(),
                 watchers: HashMap::new(),
                 next_watch: 1,
                 foreground: BTreeSet::new(),
@@ -583,12 +588,13 @@ impl Store {
         };
         match rv {
             Some(rv) if rv > 0 && !send_initial => {
-                if rv < inner.compacted {
-                    let status = ApiError::gone(format!(
-                        "too old resource version: {rv} ({})",
-                        inner.compacted
-                    ))
-                    .to_status();
+                let oldest = inner
+                    .compacted
+                    .max(inner.served_since.get(&key).copied().unwrap_or(0));
+                if rv < oldest {
+                    let status =
+                        ApiError::gone(format!("too old resource version: {rv} ({oldest})"))
+                            .to_status();
                     send(Bytes::from(format!(
                         "{}\n",
                         json!({"type": "ERROR", "object": status})
@@ -788,6 +794,8 @@ impl Store {
             })?;
             obj["status"] = registry::crd_status(&obj, &now);
             if !opts.dry_run {
+                let since = inner.rv;
+                inner.served_since.insert(rd.storage(), since);
                 inner.defs.insert(rd.key(), Arc::new(rd));
             }
         }
