@@ -193,6 +193,33 @@ pub fn crd_plurals(docs: &[Value]) -> BTreeMap<(String, String), (String, bool)>
     out
 }
 
+/// The kinds these policies declare whose resource name is a guess: not
+/// built into Kubernetes and defined by none of the given CRDs. Each note
+/// names the policy, the kind, and what was assumed.
+pub fn guesses(set: &PolicySet, crds: &BTreeMap<(String, String), (String, bool)>) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in set.policies.values() {
+        for k in p.kinds.kinds() {
+            let known = crate::kinds::well_known(k.group(), &k.kind).is_some()
+                || crds.contains_key(&(k.group().to_string(), k.kind.clone()));
+            if known {
+                continue;
+            }
+            let note = format!(
+                "{k} (policy {}): no CRD for it among the paths, so its resource is taken to be \
+                 `{}`, namespaced; put its CRD file among the paths if it names another plural \
+                 or is cluster-scoped",
+                p.name,
+                k.plural()
+            );
+            if !out.contains(&note) {
+                out.push(note);
+            }
+        }
+    }
+    out
+}
+
 /// What the operator needs to run these policies.
 pub fn needs(
     set: &PolicySet,

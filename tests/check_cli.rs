@@ -164,3 +164,53 @@ fn alerts_route_prints_the_receivers_an_alert_reaches() {
     assert_ne!(code, Some(0));
     assert!(stderr.contains("labels are name=value"), "{stderr}");
 }
+
+#[test]
+fn a_user_kind_without_its_crd_is_a_guess_said_so_and_its_crd_settles_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = temp_dir("guess");
+    copy_dir(
+        &root.join("examples/clustered-db/policy"),
+        &dir.join("policy"),
+    );
+    let guess = "note db.example.com/v1 DatabaseCluster (policy database-cluster): no CRD for it \
+                 among the paths, so its resource is taken to be `databaseclusters`";
+    // The policy alone: the plural is a guess, and both commands say so.
+    let check = runbook()
+        .arg("check")
+        .arg(dir.join("policy"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{stdout}");
+    assert!(stdout.contains(guess), "{stdout}");
+    let rbac = runbook()
+        .arg("rbac")
+        .arg(dir.join("policy"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&rbac.stderr);
+    assert!(rbac.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: db.example.com/v1 DatabaseCluster"),
+        "{stderr}"
+    );
+    // Its CRD among the paths, naming a plural no rule could guess and
+    // cluster scope: nothing is guessed, and the rules follow the CRD.
+    let crd = std::fs::read_to_string(root.join("examples/clustered-db/crd.yaml"))
+        .unwrap()
+        .replace("plural: databaseclusters", "plural: dbclusters")
+        .replace("scope: Namespaced", "scope: Cluster");
+    std::fs::write(dir.join("crd.yaml"), crd).unwrap();
+    let rbac = runbook().arg("rbac").arg(&dir).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&rbac.stdout),
+        String::from_utf8_lossy(&rbac.stderr),
+    );
+    assert!(!stderr.contains("note:"), "{stderr}");
+    assert!(stdout.contains("- dbclusters"), "{stdout}");
+    assert!(!stdout.contains("databaseclusters"), "{stdout}");
+    let check = runbook().arg("check").arg(&dir).output().unwrap();
+    assert!(!String::from_utf8_lossy(&check.stdout).contains("note "));
+    let _ = std::fs::remove_dir_all(&dir);
+}

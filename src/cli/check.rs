@@ -73,7 +73,7 @@ pub fn load_paths(
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let (set, errors, scripts, _) = load_paths(&args.paths)?;
+    let (set, errors, scripts, bundles) = load_paths(&args.paths)?;
     for p in set.policies.values() {
         let how = match &p.body {
             Body::Script {
@@ -123,6 +123,10 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             r.receivers.len(),
             r.version
         );
+    }
+    let crds = crate::rbac::crd_plurals(&super::rbac::crd_docs(&bundles));
+    for guess in crate::rbac::guesses(&set, &crds) {
+        println!("note {guess}");
     }
     if errors.is_empty() {
         println!(

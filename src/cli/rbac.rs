@@ -42,7 +42,7 @@ pub struct RbacArgs {
 }
 
 /// CRD documents in the bundles' YAML files.
-fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
+pub fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
     bundles
         .iter()
         .flat_map(|b| b.files.iter())
@@ -89,6 +89,9 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         policy_configmaps: true,
     };
     let crds = rbac::crd_plurals(&crd_docs(&bundles));
+    for guess in rbac::guesses(&set, &crds) {
+        eprintln!("note: {guess}");
+    }
     print!("{}", rbac::render(&rbac::needs(&set, &opts, &crds), &opts));
     Ok(ExitCode::SUCCESS)
 }
