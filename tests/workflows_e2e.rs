@@ -19,6 +19,8 @@ mod kubelet;
 mod proxy;
 #[path = "support/operator.rs"]
 mod support;
+#[path = "support/workflows.rs"]
+mod workflows;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -35,8 +37,8 @@ use proxy::Proxy;
 use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use runbook::controller::metrics::Metrics;
 use runbook::controller::{Operator, OperatorConfig};
-use runbook::kinds::KindRef;
 use serde_json::{Value, json};
+use workflows::*;
 
 /// The alerts firing now, by alert name, with the receivers they reach.
 #[derive(Default)]
@@ -87,69 +89,6 @@ impl AlertSink for Firing {
     }
 }
 
-fn repo() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn shipped_policies() -> runbook::policy::PolicySet {
-    let engine = runbook::script::ScriptEngine::default();
-    let bundle = runbook::policy::Bundle::from_dir(&repo().join("policies")).unwrap();
-    let (set, errors) = runbook::policy::load(&engine, &[bundle]);
-    assert!(errors.is_empty(), "{errors:?}");
-    set
-}
-
-async fn apply_crd(c: &Cluster, crd: Value) {
-    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &support::crd_resource());
-    let name = crd["metadata"]["name"].as_str().unwrap().to_string();
-    api.patch(
-        &name,
-        &PatchParams::apply("runbook-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-}
-
-/// Runbook's CRDs and the VolumeSnapshot CRD, served.
-async fn install_crds(c: &Cluster) {
-    for crd in runbook::crd::all() {
-        apply_crd(c, serde_json::to_value(crd).unwrap()).await;
-    }
-    let vs = std::fs::read_to_string(repo().join("examples/crds/volumesnapshot.yaml")).unwrap();
-    let vs = runbook::util::yaml::parse_documents(&vs).unwrap().remove(0);
-    let snapshots: Api<DynamicObject> =
-        Api::all_with(c.client.clone(), &snapshot_kind().api_resource());
-    if snapshots.list(&Default::default()).await.is_err() {
-        apply_crd(c, vs).await;
-    }
-    for kind in [
-        KindRef::new("runbook.dev/v1alpha1", "Evaluator"),
-        KindRef::new("runbook.dev/v1alpha1", "DatabaseBackup"),
-        KindRef::new("runbook.dev/v1alpha1", "AIModel"),
-        snapshot_kind(),
-    ] {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(c.client.clone(), &c.ns, &kind.api_resource());
-        eventually(&format!("{kind} to be served"), 60, || async {
-            api.list(&Default::default()).await.is_ok()
-        })
-        .await;
-    }
-}
-
-fn snapshot_kind() -> KindRef {
-    KindRef::new("snapshot.storage.k8s.io/v1", "VolumeSnapshot")
-}
-
-fn kind_api(c: &Cluster, api_version: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &KindRef::new(api_version, kind).api_resource(),
-    )
-}
-
 async fn start(c: &Cluster, sink: Arc<Firing>) -> Arc<Operator> {
     let op = support::operator_with_sink(
         c,
@@ -160,23 +99,6 @@ async fn start(c: &Cluster, sink: Arc<Firing>) -> Arc<Operator> {
     );
     op.start().await.expect("the operator starts");
     op
-}
-
-async fn create(c: &Cluster, obj: Value) {
-    let av = obj["apiVersion"].as_str().unwrap().to_string();
-    let kind = obj["kind"].as_str().unwrap().to_string();
-    let o: DynamicObject = serde_json::from_value(obj).unwrap();
-    kind_api(c, &av, &kind)
-        .create(&PostParams::default(), &o)
-        .await
-        .unwrap();
-}
-
-async fn status_of(api: &Api<DynamicObject>, name: &str) -> Value {
-    api.get(name)
-        .await
-        .map(|o| o.data["status"].clone())
-        .unwrap_or(Value::Null)
 }
 
 async fn events_for(c: &Cluster, name: &str) -> Vec<String> {
@@ -355,16 +277,6 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     op.shutdown(Duration::from_secs(5)).await;
     drop(kubelet);
     c.cleanup().await;
-}
-
-fn postgres() -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": "db"},
-        "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
-                 "template": {"metadata": {"labels": {"app": "db"}},
-                              "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
