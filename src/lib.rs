@@ -27,4 +27,5 @@ pub mod sandbox;
 pub mod scenario;
 pub mod schedule;
 pub mod script;
+pub mod telemetry;
 pub mod util;

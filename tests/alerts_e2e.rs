@@ -23,8 +23,8 @@ use runbook::alert::deliver::{Delivery, DeliveryConfig};
 use runbook::alert::dispatch::Dispatcher;
 use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use runbook::clock::Clock;
-use runbook::controller::metrics::Metrics;
 use runbook::policy::{Bundle, Origin};
+use runbook::telemetry::Metrics;
 use serde_json::json;
 
 /// Everything every test logs, at debug level, to look for leaks.

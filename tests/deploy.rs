@@ -225,7 +225,7 @@ async fn the_operator_refuses_a_bundle_declaring_a_dangerous_kind() {
         "    - {apiVersion: v1, kind: Pod}\n    - {apiVersion: v1, kind: Secret}",
     );
     let engine = std::sync::Arc::new(runbook::script::ScriptEngine::default());
-    let metrics = std::sync::Arc::new(runbook::controller::metrics::Metrics::new());
+    let metrics = std::sync::Arc::new(runbook::telemetry::Metrics::new());
     let reloader =
         runbook::controller::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test");
     let bundle = runbook::policy::Bundle::from_dir(&dir).unwrap();

@@ -20,9 +20,9 @@ use operator::*;
 use proxy::Proxy;
 use runbook::alert::LogSink;
 use runbook::controller::OperatorConfig;
-use runbook::controller::metrics::Metrics;
 use runbook::controller::reload::{self, Reloader};
 use runbook::script::ScriptEngine;
+use runbook::telemetry::Metrics;
 use serde_json::{Value, json};
 use std::sync::Arc;
 

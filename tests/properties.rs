@@ -3,8 +3,8 @@
 //! malformed object is refused with a reason rather than written.
 
 use proptest::prelude::*;
-use runbook::controller::object::RawObject;
 use runbook::executor::prepare_child;
+use runbook::observe::RawObject;
 use runbook::script::action::shape_problem;
 use serde_json::{Map, Value, json};
 

@@ -20,9 +20,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use operator::*;
 use runbook::controller::OperatorConfig;
-use runbook::controller::metrics::Metrics;
 use runbook::controller::reload::{self, Reloader, SourceConfig};
 use runbook::script::ScriptEngine;
+use runbook::telemetry::Metrics;
 use serde_json::json;
 
 fn policy_yaml(c: &Cluster, threshold: &str) -> String {

@@ -36,7 +36,7 @@ use kubelet::Kubelet;
 use proxy::Proxy;
 use runbook::alert::LogSink;
 use runbook::controller::OperatorConfig;
-use runbook::controller::metrics::Metrics;
+use runbook::telemetry::Metrics;
 use serde_json::json;
 use workflows::*;
 

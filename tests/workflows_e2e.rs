@@ -35,8 +35,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubelet::{Fate, Kubelet};
 use proxy::Proxy;
 use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
-use runbook::controller::metrics::Metrics;
 use runbook::controller::{Operator, OperatorConfig};
+use runbook::telemetry::Metrics;
 use serde_json::{Value, json};
 use workflows::*;
 

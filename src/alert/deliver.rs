@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use super::dispatch::Outbox;
 use super::notify::{self, Notification};
 use super::routes::{CompiledRoutes, ReceiverKind, Target};
-use crate::controller::metrics::Metrics;
+use crate::telemetry::Metrics;
 
 /// How delivery behaves.
 #[derive(Clone, Debug)]

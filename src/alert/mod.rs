@@ -4,6 +4,7 @@
 pub mod deliver;
 pub mod dispatch;
 pub mod matcher;
+pub mod model;
 pub mod nflog;
 pub mod notify;
 pub mod routes;

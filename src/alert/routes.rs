@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::matcher::Matcher;
-use crate::policy::model::{AlertRoutesDoc, ReceiverSpec, RouteSpec, SecretKeyRef};
+use super::model::{AlertRoutesDoc, ReceiverSpec, RouteSpec, SecretKeyRef};
 use crate::util::time::parse_duration_ms;
 use crate::util::yaml::{Node, NodeValue, Pos};
 
@@ -193,7 +193,7 @@ fn minutes(text: &str) -> Result<u32, String> {
 }
 
 fn time_interval(
-    spec: &crate::policy::model::TimeIntervalSpec,
+    spec: &super::model::TimeIntervalSpec,
     pos: Option<Pos>,
     errors: &mut Vec<RouteError>,
 ) -> TimeInterval {
@@ -679,11 +679,11 @@ mod tests {
 
     #[test]
     fn time_intervals_hold_weekday_and_time_ranges_in_utc() {
-        let spec = crate::policy::model::TimeIntervalSpec {
+        let spec = crate::alert::model::TimeIntervalSpec {
             name: "office".into(),
-            time_intervals: vec![crate::policy::model::TimeRangeSpec {
+            time_intervals: vec![crate::alert::model::TimeRangeSpec {
                 weekdays: vec!["monday:friday".into()],
-                times: vec![crate::policy::model::TimeOfDaySpec {
+                times: vec![crate::alert::model::TimeOfDaySpec {
                     start_time: "09:00".into(),
                     end_time: "17:30".into(),
                 }],
@@ -697,11 +697,11 @@ mod tests {
         assert!(at("2026-11-30T17:29:00Z"));
         assert!(!at("2026-11-30T17:30:00Z"), "the end is exclusive");
         assert!(!at("2026-11-29T12:00:00Z"), "Sunday");
-        let bad = crate::policy::model::TimeIntervalSpec {
+        let bad = crate::alert::model::TimeIntervalSpec {
             name: "bad".into(),
-            time_intervals: vec![crate::policy::model::TimeRangeSpec {
+            time_intervals: vec![crate::alert::model::TimeRangeSpec {
                 weekdays: vec!["funday".into()],
-                times: vec![crate::policy::model::TimeOfDaySpec {
+                times: vec![crate::alert::model::TimeOfDaySpec {
                     start_time: "18:00".into(),
                     end_time: "25:00".into(),
                 }],

@@ -17,12 +17,12 @@ use serde_json::json;
 
 use crate::alert::LogSink;
 use crate::clock::Clock;
-use crate::controller::metrics::Metrics;
 use crate::controller::{Operator, OperatorConfig};
 use crate::kinds::KindRef;
 use crate::policy::{self, Bundle, Origin};
 use crate::sandbox::Sandbox;
 use crate::script::ScriptEngine;
+use crate::telemetry::Metrics;
 
 pub const GROUP: &str = "bench.runbook.dev";
 

@@ -16,11 +16,11 @@ use super::Stats;
 use super::operator::{item_resource, populate};
 use crate::alert::LogSink;
 use crate::clock::Clock;
-use crate::controller::metrics::Metrics;
 use crate::controller::reload::{self, Reloader, SourceConfig};
 use crate::controller::{Operator, OperatorConfig};
 use crate::sandbox::Sandbox;
 use crate::script::ScriptEngine;
+use crate::telemetry::Metrics;
 
 fn policy(n: usize) -> String {
     format!(

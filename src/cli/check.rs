@@ -72,6 +72,22 @@ pub fn load_paths(
     Ok((set, errors, scripts, bundles))
 }
 
+/// CRD documents in the bundles' YAML files.
+pub fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
+    bundles
+        .iter()
+        .flat_map(|b| b.files.iter())
+        .filter(|(name, _)| name.ends_with(".yaml") || name.ends_with(".yml"))
+        .filter_map(|(_, text)| crate::util::yaml::parse_documents(text).ok())
+        .flatten()
+        .chain(
+            crate::crd::all()
+                .into_iter()
+                .filter_map(|c| serde_json::to_value(c).ok()),
+        )
+        .collect()
+}
+
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let (set, errors, scripts, bundles) = load_paths(&args.paths)?;
     for p in set.policies.values() {
@@ -124,7 +140,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             r.version
         );
     }
-    let crds = crate::rbac::crd_plurals(&super::rbac::crd_docs(&bundles));
+    let crds = crate::rbac::crd_plurals(&crd_docs(&bundles));
     for guess in crate::rbac::guesses(&set, &crds) {
         println!("note {guess}");
     }

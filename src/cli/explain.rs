@@ -9,8 +9,8 @@ use kube::Api;
 use kube::discovery::{Discovery, Scope};
 use serde_json::Value;
 
-use crate::controller::object::RawObject;
 use crate::crd::DecisionRecord;
+use crate::observe::RawObject;
 
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {

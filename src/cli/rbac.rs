@@ -41,22 +41,6 @@ pub struct RbacArgs {
     pub allow_dangerous_kinds: bool,
 }
 
-/// CRD documents in the bundles' YAML files.
-pub fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
-    bundles
-        .iter()
-        .flat_map(|b| b.files.iter())
-        .filter(|(name, _)| name.ends_with(".yaml") || name.ends_with(".yml"))
-        .filter_map(|(_, text)| crate::util::yaml::parse_documents(text).ok())
-        .flatten()
-        .chain(
-            crate::crd::all()
-                .into_iter()
-                .filter_map(|c| serde_json::to_value(c).ok()),
-        )
-        .collect()
-}
-
 pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
     let (set, errors, _, bundles) = super::check::load_paths(&args.paths)?;
     if !errors.is_empty() {
@@ -88,7 +72,7 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         policy_namespaces: args.policy_namespaces,
         policy_configmaps: true,
     };
-    let crds = rbac::crd_plurals(&crd_docs(&bundles));
+    let crds = rbac::crd_plurals(&super::check::crd_docs(&bundles));
     for guess in rbac::guesses(&set, &crds) {
         eprintln!("note: {guess}");
     }

@@ -12,11 +12,11 @@ use crate::alert::deliver::{Delivery, DeliveryConfig};
 use crate::alert::dispatch::Dispatcher;
 use crate::clock::Clock;
 use crate::controller::leader::LeaseConfig;
-use crate::controller::metrics::{self, Metrics};
 use crate::controller::reload::{self, Reloader, SourceConfig};
 use crate::controller::{Operator, OperatorConfig};
 use crate::controller::{access, health};
 use crate::script::{ScriptEngine, ScriptLimits};
+use crate::telemetry::{self, Metrics};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -299,11 +299,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         config,
     ));
     let shadow_ctx = op.ctx.clone();
-    let shadow: metrics::ShadowLog = Arc::new(move || {
+    let shadow: telemetry::ShadowLog = Arc::new(move || {
         serde_json::to_string_pretty(&shadow_ctx.shadow_records()).unwrap_or_default()
     });
     let ready = reload::readiness(&op, &reloader);
-    let (addr, _server) = metrics::serve(args.metrics_addr, metrics, ready, shadow)
+    let (addr, _server) = telemetry::serve(args.metrics_addr, metrics, ready, shadow)
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");

@@ -16,9 +16,9 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::{Notify, mpsc};
 
 use super::health::{WatchBackoff, WatchHealth, report_watch};
-use super::object::RawObject;
 use crate::kinds::KindRef;
 use crate::observe::CachedObject;
+use crate::observe::RawObject;
 
 /// (namespace, name).
 pub type ObjKey = (String, String);

@@ -30,12 +30,12 @@ pub struct WatchHealth {
     /// Controllers whose task ended and that wait for their restart.
     ended: Mutex<BTreeMap<String, (Instant, String)>>,
     /// `runbook_watch_failing{watch}`, when metrics are kept.
-    metrics: Option<std::sync::Arc<super::metrics::Metrics>>,
+    metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
 }
 
 impl WatchHealth {
     /// Health that also sets `runbook_watch_failing{watch}`.
-    pub fn with_metrics(metrics: std::sync::Arc<super::metrics::Metrics>) -> Self {
+    pub fn with_metrics(metrics: std::sync::Arc<crate::telemetry::Metrics>) -> Self {
         Self {
             failing: Mutex::default(),
             ended: Mutex::default(),
@@ -46,7 +46,7 @@ impl WatchHealth {
     fn gauge(&self, name: &str, value: i64) {
         if let Some(m) = &self.metrics {
             m.watch_failing
-                .get_or_create(&super::metrics::Metrics::labels(&[("watch", name)]))
+                .get_or_create(&crate::telemetry::Metrics::labels(&[("watch", name)]))
                 .set(value);
         }
     }
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn the_failing_gauge_follows_the_watch() {
-        let metrics = std::sync::Arc::new(super::super::metrics::Metrics::new());
+        let metrics = std::sync::Arc::new(crate::telemetry::Metrics::new());
         let h = WatchHealth::with_metrics(metrics.clone());
         h.failed("v1 Pod", "403 Forbidden");
         assert!(

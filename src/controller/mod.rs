@@ -2,8 +2,6 @@ pub mod access;
 pub mod cache;
 pub mod health;
 pub mod leader;
-pub mod metrics;
-pub mod object;
 pub mod runtime;
 pub mod view;
 pub use runtime::{Context, Operator, OperatorConfig, StartError};

@@ -26,13 +26,13 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 
-use super::metrics::Metrics;
 use super::runtime::Operator;
 use super::sources::POLICY_LABEL;
 use crate::alert::routes::{ReceiverKind, Target};
 use crate::policy::compile::{LoadError, Loaded, load_bundle};
 use crate::policy::{Bundle, Origin, PolicySet};
 use crate::script::ScriptEngine;
+use crate::telemetry::Metrics;
 
 /// Where bundles come from.
 #[derive(Clone, Debug, Default)]
@@ -828,7 +828,7 @@ async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBu
 /// What `/readyz` reports for an operator and its reloader: ready once the
 /// caches are synced, while no watch has failed for long and every policy
 /// bundle has loaded at least once; otherwise why not.
-pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> super::metrics::Readiness {
+pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemetry::Readiness {
     let (op, reloader) = (op.clone(), reloader.clone());
     Arc::new(move || {
         if !op.ctx.synced.load(std::sync::atomic::Ordering::Acquire) {

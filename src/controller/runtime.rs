@@ -23,8 +23,6 @@ use tokio::sync::{mpsc, watch};
 use super::cache::{Change, Informer, spawn_informer};
 use super::health::{WatchBackoff, WatchHealth, report_watch};
 use super::leader::{Elector, LeaseConfig};
-use super::metrics::Metrics;
-use super::object::RawObject;
 use super::view::{Dependencies, Source, Sources, TargetKey, Tracking, target_ref};
 use crate::alert::AlertSink;
 use crate::clock::Clock;
@@ -33,9 +31,11 @@ use crate::decide::{self, Observed};
 use crate::executor::resources::{Resolved, Resources};
 use crate::executor::{self, Exec, Mode};
 use crate::kinds::KindRef;
+use crate::observe::RawObject;
 use crate::policy::compile::{CircuitBreaker, CompiledPolicy};
 use crate::policy::{self, PolicySet};
 use crate::script::ScriptEngine;
+use crate::telemetry::Metrics;
 
 /// How the operator runs.
 #[derive(Clone, Debug)]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use kube::runtime::reflector::Store;
 
 use super::cache::KindCache;
-use super::object::RawObject;
 use crate::kinds::KindRef;
+use crate::observe::RawObject;
 use crate::observe::{CachedObject, ObjectView};
 
 /// A target: its kind, namespace and name.

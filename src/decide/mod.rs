@@ -304,7 +304,7 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         None => "once".into(),
     };
     Ctx(Arc::new(CtxData {
-        resource: observed.target.dynamic(),
+        resource: crate::script::obj::of(&observed.target),
         params: policy.params_dyn.clone(),
         now: observed.now.as_second(),
         due: sched.is_some_and(|s| s.due),

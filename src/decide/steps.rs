@@ -64,7 +64,7 @@ impl Run<'_> {
         self.observed
             .view
             .get(kind, self.observed.target.namespace(), name)
-            .map(|o| o.dynamic())
+            .map(|o| crate::script::obj::of(&o))
             .unwrap_or(Dynamic::UNIT)
     }
 
@@ -294,7 +294,7 @@ pub fn decide(
         engine,
         observed,
         vars: vec![
-            ("resource", observed.target.dynamic()),
+            ("resource", crate::script::obj::of(&observed.target)),
             ("ctx", Dynamic::from(ctx.clone())),
             ("params", policy.params_dyn.clone()),
             ("run", Dynamic::from(run.clone())),

@@ -7,8 +7,8 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::ExecError;
-use crate::controller::object::RawObject;
 use crate::kinds::KindRef;
+use crate::observe::RawObject;
 use crate::script::helpers::revision_of;
 
 /// What a rollback did.

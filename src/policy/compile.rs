@@ -10,9 +10,8 @@ use rhai::Dynamic;
 use serde_json::Value;
 
 use super::bundle::{Bundle, Origin};
-use super::model::{
-    API_VERSION, AlertRoutesDoc, Header, Limits, Mode, PolicyDoc, ScheduleSpec, StepSpec,
-};
+use super::model::{API_VERSION, Header, Limits, Mode, PolicyDoc, ScheduleSpec, StepSpec};
+use crate::alert::model::AlertRoutesDoc;
 use crate::alert::routes::{self, CompiledRoutes};
 use crate::kinds::{DeclaredKinds, KindName, KindRef, Role};
 use crate::labels::Selector;

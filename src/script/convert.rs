@@ -2,8 +2,10 @@
 //! JSON; anything that has no JSON form (a function pointer, an action, a
 //! NaN) is an error rather than a silent `null`.
 
-use rhai::{Array, Dynamic, ImmutableString, Map};
+use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 use serde_json::{Number, Value};
+
+use super::obj::Obj;
 
 /// Convert a JSON value into a Rhai value.
 pub fn to_dynamic(v: &Value) -> Dynamic {
@@ -59,7 +61,7 @@ pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
         }
         return Ok(Value::Array(out));
     }
-    if let Some(o) = v.read_lock::<super::obj::Obj>() {
+    if let Some(o) = v.read_lock::<Obj>() {
         return Ok(o.value().clone());
     }
     if v.is_map() {
@@ -74,6 +76,30 @@ pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
         "{path} is a {}, which has no JSON form",
         v.type_name()
     ))
+}
+
+/// Run `f` on the JSON behind a Rhai value: directly for an `Obj`, through
+/// a conversion for anything else.
+pub fn with_json<R>(d: &Dynamic, f: impl FnOnce(&Value) -> R) -> Result<R, String> {
+    if let Some(o) = d.read_lock::<Obj>() {
+        return Ok(f(o.value()));
+    }
+    let v = to_json(d, "value")?;
+    Ok(f(&v))
+}
+
+/// Register the conversions between views and maps: `to_map` (a copy a
+/// script may change) and comparing a view with a map.
+pub fn register(engine: &mut Engine) {
+    engine.register_fn("to_map", |o: &mut Obj| -> Dynamic { to_dynamic(o.value()) });
+    engine.register_fn("to_map", |m: Map| m);
+    engine.register_fn("to_map", |_: ()| Dynamic::UNIT);
+    engine.register_fn("==", |a: &mut Obj, b: Map| {
+        with_json(&Dynamic::from_map(b), |v| v == a.value()).unwrap_or(false)
+    });
+    engine.register_fn("!=", |a: &mut Obj, b: Map| {
+        !with_json(&Dynamic::from_map(b), |v| v == a.value()).unwrap_or(false)
+    });
 }
 
 #[cfg(test)]

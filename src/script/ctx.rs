@@ -59,7 +59,7 @@ impl Ctx {
     }
 
     fn array(objs: impl IntoIterator<Item = Arc<CachedObject>>) -> Array {
-        objs.into_iter().map(|o| o.dynamic()).collect()
+        objs.into_iter().map(|o| super::obj::of(&o)).collect()
     }
 
     /// Children of the target of one kind, sorted by name.
@@ -202,7 +202,7 @@ pub fn register(engine: &mut Engine) {
             Ok(c.0
                 .view
                 .get(&k, &c.0.namespace, name)
-                .map(|o| o.dynamic())
+                .map(|o| super::obj::of(&o))
                 .unwrap_or(Dynamic::UNIT))
         },
     );
@@ -233,7 +233,7 @@ pub fn register(engine: &mut Engine) {
         "owned_by",
         |call: NativeCallContext, c: &mut Ctx, kind: &str, owner: Dynamic| -> RhaiResult<Array> {
             let k = c.kind(&call, kind)?;
-            let uid = match crate::script::obj::with_json(&owner, |j| {
+            let uid = match super::convert::with_json(&owner, |j| {
                 j.pointer("/metadata/uid")
                     .and_then(|u| u.as_str())
                     .map(str::to_string)
@@ -259,7 +259,7 @@ pub fn register(engine: &mut Engine) {
                     call.call_position(),
                 ))
             })?;
-            let found = crate::script::obj::with_json(&obj, |j| {
+            let found = super::convert::with_json(&obj, |j| {
                 (
                     workload_selector(j),
                     j.pointer("/metadata/uid")

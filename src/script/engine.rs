@@ -172,6 +172,7 @@ impl ScriptEngine {
             )
         });
         super::obj::register(&mut engine);
+        super::convert::register(&mut engine);
         strict::register(&mut engine);
         super::helpers::register(&mut engine);
         super::ctx::register(&mut engine);

@@ -5,8 +5,7 @@
 use rhai::{Dynamic, Engine, EvalAltResult, INT, Map, NativeCallContext};
 use serde_json::Value;
 
-use super::convert::{to_dynamic, to_json};
-use super::obj::with_json;
+use super::convert::{to_dynamic, to_json, with_json};
 
 type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
 

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, ImmutableString, Map, NativeCallContext};
+use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, ImmutableString, NativeCallContext};
 use serde_json::Value;
 
 /// One step from an object to a value inside it.
@@ -146,20 +146,15 @@ fn wrap(v: &Value, view: &dyn Fn() -> Obj) -> Dynamic {
     }
 }
 
+/// A cached object as a script sees it: a read-only view, no copy.
+pub fn of(object: &crate::observe::CachedObject) -> Dynamic {
+    view(object.shared())
+}
+
 /// Wrap a whole object.
 pub fn view(root: Arc<Value>) -> Dynamic {
     let v = root.clone();
     wrap(&v, &|| Obj::new(root.clone()))
-}
-
-/// Run `f` on the JSON behind a Rhai value: directly for an `Obj`, through
-/// a conversion for anything else.
-pub fn with_json<R>(d: &Dynamic, f: impl FnOnce(&Value) -> R) -> Result<R, String> {
-    if let Some(o) = d.read_lock::<Obj>() {
-        return Ok(f(o.value()));
-    }
-    let v = super::convert::to_json(d, "value")?;
-    Ok(f(&v))
 }
 
 /// Field names common across Kubernetes objects and Runbook's kinds.
@@ -320,21 +315,10 @@ pub fn register(engine: &mut Engine) {
     engine.register_fn("is_empty", |o: &mut Obj| {
         o.value().as_object().is_none_or(|m| m.is_empty())
     });
-    engine.register_fn("to_map", |o: &mut Obj| -> Dynamic {
-        super::convert::to_dynamic(o.value())
-    });
-    engine.register_fn("to_map", |m: Map| m);
-    engine.register_fn("to_map", |_: ()| Dynamic::UNIT);
     engine.register_fn("to_string", |o: &mut Obj| o.value().to_string());
     engine.register_fn("to_debug", |o: &mut Obj| o.value().to_string());
     engine.register_fn("==", |a: &mut Obj, b: Obj| a.value() == b.value());
     engine.register_fn("!=", |a: &mut Obj, b: Obj| a.value() != b.value());
-    engine.register_fn("==", |a: &mut Obj, b: Map| {
-        with_json(&Dynamic::from_map(b), |v| v == a.value()).unwrap_or(false)
-    });
-    engine.register_fn("!=", |a: &mut Obj, b: Map| {
-        !with_json(&Dynamic::from_map(b), |v| v == a.value()).unwrap_or(false)
-    });
 }
 
 #[cfg(test)]

@@ -283,6 +283,18 @@ pub fn parse_node(text: &str) -> Result<Node, YamlError> {
     parse::<Node>(text)
 }
 
+/// The `metadata` of one of Runbook's own YAML documents (a policy, alert
+/// routes): a name, and labels and annotations for people and tools.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

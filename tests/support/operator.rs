@@ -10,10 +10,10 @@ use kube::api::{ApiResource, PostParams};
 use kube::core::DynamicObject;
 use runbook::alert::LogSink;
 use runbook::clock::Clock;
-use runbook::controller::metrics::Metrics;
 use runbook::controller::{Operator, OperatorConfig};
 use runbook::policy::{self, Bundle, Origin};
 use runbook::script::ScriptEngine;
+use runbook::telemetry::Metrics;
 use serde_json::{Value, json};
 
 pub use super::cluster::crd_resource;

@@ -17,7 +17,7 @@ use kube::core::{ApiResource, DynamicResourceScope, Resource};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::observe::CachedObject;
+use super::CachedObject;
 
 #[derive(Clone, Debug)]
 pub struct RawObject {

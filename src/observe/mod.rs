@@ -7,10 +7,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use rhai::Dynamic;
 use serde_json::Value;
 
 use crate::kinds::KindRef;
+
+pub mod object;
+pub use object::RawObject;
 
 /// One object as cached, immutable: a new resourceVersion is a new
 /// `CachedObject`. Scripts see it through a read-only view that shares the
@@ -36,9 +38,9 @@ impl CachedObject {
         &self.value
     }
 
-    /// The object as a Rhai value: a read-only view, no copy.
-    pub fn dynamic(&self) -> Dynamic {
-        crate::script::obj::view(self.value.clone())
+    /// The JSON, shared (a script's view of the object holds it).
+    pub fn shared(&self) -> Arc<Value> {
+        self.value.clone()
     }
 
     pub fn name(&self) -> &str {
