@@ -32,7 +32,8 @@ use crate::executor::resources::{Resolved, Resources};
 use crate::executor::{self, Exec, Mode};
 use crate::kinds::KindRef;
 use crate::observe::RawObject;
-use crate::policy::compile::{CircuitBreaker, CompiledPolicy};
+use crate::policy::compile::CompiledPolicy;
+use crate::policy::limits::Breaker;
 use crate::policy::{self, PolicySet};
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
@@ -87,46 +88,6 @@ pub struct ShadowRecord {
     pub time: String,
     pub target: String,
     pub record: DecisionRecord,
-}
-
-#[derive(Default)]
-struct Breaker {
-    window: VecDeque<(i64, bool)>,
-    open_until: Option<i64>,
-}
-
-impl Breaker {
-    fn open(&mut self, cfg: &CircuitBreaker, now_ms: i64) -> Option<String> {
-        match self.open_until {
-            Some(t) if now_ms < t => Some(format!(
-                "writes suspended by the circuit breaker for {} more (error rate above {:.0}%)",
-                crate::util::time::render_duration_ms(t - now_ms),
-                cfg.error_rate * 100.0
-            )),
-            Some(_) => {
-                self.open_until = None;
-                self.window.clear();
-                None
-            }
-            None => None,
-        }
-    }
-
-    fn record(&mut self, cfg: &CircuitBreaker, now_ms: i64, failed: bool) {
-        self.window.push_back((now_ms, failed));
-        while self
-            .window
-            .front()
-            .is_some_and(|(t, _)| *t < now_ms - cfg.window_ms)
-        {
-            self.window.pop_front();
-        }
-        let n = self.window.len();
-        let failures = self.window.iter().filter(|(_, f)| *f).count();
-        if n >= cfg.min_requests as usize && failures as f64 / n as f64 >= cfg.error_rate {
-            self.open_until = Some(now_ms + cfg.cooldown_ms);
-        }
-    }
 }
 
 struct TargetController {
@@ -1383,29 +1344,6 @@ async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cb() -> CircuitBreaker {
-        CircuitBreaker {
-            error_rate: 0.5,
-            window_ms: 60_000,
-            min_requests: 4,
-            cooldown_ms: 30_000,
-        }
-    }
-
-    #[test]
-    fn the_breaker_opens_when_errors_spike_and_closes_after_its_cooldown() {
-        let mut b = Breaker::default();
-        let cfg = cb();
-        for (t, failed) in [(0, true), (1, false), (2, true)] {
-            b.record(&cfg, t, failed);
-        }
-        assert!(b.open(&cfg, 3).is_none(), "too few reconciles to judge");
-        b.record(&cfg, 3, true);
-        let why = b.open(&cfg, 4).expect("3 of 4 failed");
-        assert!(why.contains("suspended"), "{why}");
-        assert!(b.open(&cfg, 30_004).is_none(), "closed after the cooldown");
-    }
 
     #[test]
     fn backoff_grows_is_capped_and_jitters() {

@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::kinds::{KindRef, Role};
 use crate::observe::{CachedObject, ObjectView};
 use crate::policy::compile::{Body, CompiledPolicy, ScheduleSource};
+use crate::policy::limits::{Recent, Verb};
 use crate::policy::model::Mode;
 use crate::schedule::Schedule;
 use crate::script::action::{Action, ActionValue};
@@ -269,31 +270,6 @@ pub fn check_permission(
     }
 }
 
-/// Times of recent rate-limited actions of one verb, from the decision
-/// record in the target's status.
-pub fn recent_actions(target: &Value, verb: &str) -> Vec<Timestamp> {
-    target
-        .pointer(&format!("/status/decision/recentActions/{verb}"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.as_str().and_then(time::parse))
-        .collect()
-}
-
-/// Whether the policy's limit for `verb` allows one more action now.
-pub fn limit_allows(policy: &CompiledPolicy, target: &Value, verb: &str, now: Timestamp) -> bool {
-    let Some(limit) = policy.limits.for_verb(verb) else {
-        return true;
-    };
-    let since = now.as_millisecond() - limit.per_ms;
-    let used = recent_actions(target, verb)
-        .into_iter()
-        .filter(|t| t.as_millisecond() > since)
-        .count();
-    used < limit.count as usize
-}
-
 fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&ScheduleState>) -> Ctx {
     let run = match sched {
         Some(s) => s
@@ -317,11 +293,14 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         target_uid: observed.target.uid().to_string(),
         view: observed.view.clone(),
         kinds: policy.kinds.clone(),
-        limited: ["rollback", "delete", "patch", "apply"]
-            .into_iter()
-            .filter(|v| !limit_allows(policy, observed.target.value(), v, observed.now))
-            .map(str::to_string)
-            .collect(),
+        limited: {
+            let recent = Recent::of(observed.target.value());
+            Verb::ALL
+                .into_iter()
+                .filter(|v| !recent.allows(&policy.limits, *v, observed.now))
+                .map(|v| v.as_str().to_string())
+                .collect()
+        },
     }))
 }
 

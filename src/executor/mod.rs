@@ -13,7 +13,7 @@ pub mod resources;
 pub mod rollback;
 pub mod status;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::events::{Event as KubeEvent, EventType, EventWriter};
@@ -33,6 +33,7 @@ use crate::kinds::KindRef;
 use crate::observe::RawObject;
 use crate::observe::{CachedObject, ObjectView};
 use crate::policy::compile::CompiledPolicy;
+use crate::policy::limits::{Recent, Verb};
 use crate::script::action::Action;
 use crate::util::time;
 
@@ -384,28 +385,6 @@ pub fn apply_is_noop(desired: &Value, live: Option<&CachedObject>) -> bool {
     same_hash && status::is_subset(desired, live.value())
 }
 
-fn recent_from(
-    target: &Value,
-    policy: &CompiledPolicy,
-    now: Timestamp,
-) -> BTreeMap<String, Vec<String>> {
-    let mut out = BTreeMap::new();
-    for verb in ["rollback", "delete", "patch", "apply"] {
-        if let Some(limit) = policy.limits.for_verb(verb) {
-            let since = now.as_millisecond() - limit.per_ms;
-            let kept: Vec<String> = crate::decide::recent_actions(target, verb)
-                .into_iter()
-                .filter(|t| t.as_millisecond() > since)
-                .map(time::format)
-                .collect();
-            if !kept.is_empty() {
-                out.insert(verb.to_string(), kept);
-            }
-        }
-    }
-    out
-}
-
 async fn api_for(
     x: &Exec<'_>,
     kind: &KindRef,
@@ -592,7 +571,7 @@ pub async fn execute(
         .and_then(|d| serde_json::from_value::<DecisionRecord>(d).ok())
         .unwrap_or_default();
     let mut out = Outcome::default();
-    let mut recent = recent_from(t, policy, x.now);
+    let mut recent = Recent::of(t);
     let mut fields = Map::new();
     let mut conditions: Vec<(String, String, String, String)> = Vec::new();
     let mut events: Vec<(bool, String, String)> = Vec::new();
@@ -759,26 +738,26 @@ pub async fn execute(
                         }
                         Mode::Enforce => {}
                     }
-                    if let Some(limit) = policy.limits.for_verb(verb) {
-                        let used = recent.get(verb).map_or(0, Vec::len);
-                        if used >= limit.count as usize {
-                            let m = format!("{verb} limit {limit} reached for this object");
-                            if let Some(j) = x.journal {
-                                j.record(journal_entry(
-                                    x,
-                                    policy,
-                                    a,
-                                    (&tkind, &ns, &name),
-                                    "limited",
-                                    Value::Null,
-                                    Some(&m),
-                                ));
-                            }
-                            out.limited.push(m.clone());
-                            out.record.actions.push(record(a, tgt, "limited", Some(m)));
-                            out.results.push((verb, "limited"));
-                            continue;
+                    let limited = Verb::parse(verb)
+                        .filter(|v| !recent.allows(&policy.limits, *v, x.now))
+                        .and_then(|v| policy.limits.get(v));
+                    if let Some(limit) = limited {
+                        let m = format!("{verb} limit {limit} reached for this object");
+                        if let Some(j) = x.journal {
+                            j.record(journal_entry(
+                                x,
+                                policy,
+                                a,
+                                (&tkind, &ns, &name),
+                                "limited",
+                                Value::Null,
+                                Some(&m),
+                            ));
                         }
+                        out.limited.push(m.clone());
+                        out.record.actions.push(record(a, tgt, "limited", Some(m)));
+                        out.results.push((verb, "limited"));
+                        continue;
                     }
                     match write(x, policy, t, &ns, a).await {
                         Ok(wrote) => {
@@ -796,11 +775,8 @@ pub async fn execute(
                             }
                             if wrote.is_some() {
                                 out.writes += 1;
-                                if policy.limits.for_verb(verb).is_some() {
-                                    recent
-                                        .entry(verb.to_string())
-                                        .or_default()
-                                        .push(now.clone());
+                                if let Some(v) = Verb::parse(verb) {
+                                    recent.note(&policy.limits, v, x.now);
                                 }
                             }
                             out.record.actions.push(record(a, tgt, "ok", None));
@@ -906,7 +882,7 @@ pub async fn execute(
     out.record.mode = Some(mode.as_str().to_string());
     out.record.alert_routes = route_names.into_iter().collect();
     out.record.error = out.error.clone();
-    out.record.recent_actions = recent;
+    out.record.recent_actions = recent.to_record(&policy.limits, x.now);
     // The record is that of the last decision that did something. One
     // that repeats it, or that changes nothing at all (typically the
     // reconcile our own status write triggers), keeps the last record as

@@ -10,6 +10,7 @@ use rhai::Dynamic;
 use serde_json::Value;
 
 use super::bundle::{Bundle, Origin};
+use super::limits::{CircuitBreaker, CompiledLimits, RateLimit, Verb};
 use super::model::{API_VERSION, Header, Limits, Mode, PolicyDoc, ScheduleSpec, StepSpec};
 use crate::alert::model::AlertRoutesDoc;
 use crate::alert::routes::{self, CompiledRoutes};
@@ -60,72 +61,6 @@ pub enum ScheduleSource {
         path: Vec<String>,
         default: Option<Schedule>,
     },
-}
-
-/// `N/duration`: at most N actions per target in the window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RateLimit {
-    pub count: u32,
-    pub per_ms: i64,
-}
-
-impl fmt::Display for RateLimit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}",
-            self.count,
-            crate::util::time::render_duration_ms(self.per_ms)
-        )
-    }
-}
-
-impl RateLimit {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (n, d) = text.split_once('/').ok_or_else(|| {
-            format!("{text:?}: a limit is written count/window, such as \"1/6h\"")
-        })?;
-        let count: u32 = n
-            .trim()
-            .parse()
-            .map_err(|_| format!("{text:?}: {n:?} is not a count"))?;
-        let per_ms = parse_duration_ms(d)?;
-        if per_ms <= 0 {
-            return Err(format!("{text:?}: the window must be positive"));
-        }
-        Ok(Self { count, per_ms })
-    }
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct CircuitBreaker {
-    pub error_rate: f64,
-    pub window_ms: i64,
-    pub min_requests: u32,
-    pub cooldown_ms: i64,
-}
-
-/// Blast-radius limits, compiled.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CompiledLimits {
-    pub rollback: Option<RateLimit>,
-    pub delete: Option<RateLimit>,
-    pub patch: Option<RateLimit>,
-    pub apply: Option<RateLimit>,
-    pub circuit_breaker: Option<CircuitBreaker>,
-}
-
-impl CompiledLimits {
-    /// The limit for an action verb, if any.
-    pub fn for_verb(&self, verb: &str) -> Option<RateLimit> {
-        match verb {
-            "rollback" => self.rollback,
-            "delete" => self.delete,
-            "patch" => self.patch,
-            "apply" => self.apply,
-            _ => None,
-        }
-    }
 }
 
 /// One compiled declarative step.
@@ -438,15 +373,16 @@ fn compile_schedule(
 
 fn compile_limits(cx: &mut Ctx, file: &str, node: &Node, limits: &Limits) -> CompiledLimits {
     let mut out = CompiledLimits::default();
-    for (key, text, slot) in [
-        ("rollback", &limits.rollback, &mut out.rollback),
-        ("delete", &limits.delete, &mut out.delete),
-        ("patch", &limits.patch, &mut out.patch),
-        ("apply", &limits.apply, &mut out.apply),
+    for (verb, text) in [
+        (Verb::Rollback, &limits.rollback),
+        (Verb::Delete, &limits.delete),
+        (Verb::Patch, &limits.patch),
+        (Verb::Apply, &limits.apply),
     ] {
+        let key = verb.as_str();
         if let Some(t) = text {
             match RateLimit::parse(t) {
-                Ok(l) => *slot = Some(l),
+                Ok(l) => *out.slot(verb) = Some(l),
                 Err(e) => cx.error(
                     file,
                     pos_at(node, &["spec", "limits", key]),

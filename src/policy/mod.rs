@@ -4,13 +4,15 @@
 
 pub mod bundle;
 pub mod compile;
+pub mod limits;
 pub mod model;
 pub mod set;
 
 pub use bundle::{Bundle, Origin};
 pub use compile::{
-    Body, CompiledPolicy, CompiledStep, LoadError, Loaded, RateLimit, ScheduleSource, load_bundle,
+    Body, CompiledPolicy, CompiledStep, LoadError, Loaded, ScheduleSource, load_bundle,
 };
+pub use limits::{RateLimit, Verb};
 pub use model::Mode;
 pub use set::PolicySet;
 
