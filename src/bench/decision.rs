@@ -29,7 +29,14 @@ pub const JOB: &str = "chatbot-eval-5a2b";
 
 impl Setup {
     pub fn new(policies: &std::path::Path, score: f64) -> Self {
-        let engine = ScriptEngine::default();
+        // The budget stops runaway scripts; here it would only turn a
+        // thread the machine set aside for a moment into a failed run, so
+        // the decisions measured get a generous one (containment has its
+        // own benchmark, under the default).
+        let engine = ScriptEngine::new(crate::script::ScriptLimits {
+            wall_time: std::time::Duration::from_secs(1),
+            ..Default::default()
+        });
         let bundle = Bundle::from_dir(policies).expect("policies directory");
         let (set, errors) = policy::load(&engine, &[bundle]);
         assert!(errors.is_empty(), "policies must load: {errors:?}");
