@@ -11,11 +11,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use super::model::{CompleteSpec, PodReadySpec, RuleSpec, SnapshotReadySpec, glob};
 use crate::clock::Clock;
+use crate::controller::health::WatchBackoff;
 use crate::journal::{Entry, Journal, MemoryJournal};
 use crate::sandbox::Sandbox;
 use crate::sandbox::registry::ResourceDef;
@@ -518,7 +519,7 @@ impl World {
             let w = self.clone();
             let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &deps.resource);
             tasks.push(tokio::spawn(async move {
-                let mut stream = watcher(api, watcher::Config::default()).boxed();
+                let mut stream = watched(api);
                 while let Some(ev) = stream.next().await {
                     if let Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) = ev
                         && let Err(e) = w.rollout(&d).await
@@ -546,7 +547,7 @@ impl World {
             let w = self.clone();
             let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &s.resource);
             tasks.push(tokio::spawn(async move {
-                let mut stream = watcher(api, watcher::Config::default()).boxed();
+                let mut stream = watched(api);
                 while let Some(ev) = stream.next().await {
                     let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev else {
                         continue;
@@ -723,6 +724,18 @@ impl World {
 }
 
 const REVISION: &str = "deployment.kubernetes.io/revision";
+
+/// A watch of every object of `api` that waits between failed attempts. A
+/// watch that retries at once never yields when its client is gone (at a
+/// runtime's shutdown, the sandbox's buffer answers at once), and a task
+/// that never yields holds the runtime's shutdown forever.
+fn watched(
+    api: Api<DynamicObject>,
+) -> futures::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>> {
+    watcher(api, watcher::Config::default())
+        .backoff(WatchBackoff::default())
+        .boxed()
+}
 
 fn without_hash(template: &Value) -> Value {
     let mut t = template.clone();
