@@ -87,6 +87,22 @@ fn rv<K: kube::Resource>(k: &K) -> String {
     k.meta().resource_version.clone().unwrap_or_default()
 }
 
+/// What `/readyz` would answer for `op` (with a reloader that has loaded
+/// nothing yet, so only the operator's own state counts).
+fn readiness(
+    c: &Cluster,
+    op: &Arc<runbook::controller::Operator>,
+    metrics: &Arc<Metrics>,
+) -> runbook::telemetry::Readiness {
+    let reloader = Arc::new(Reloader::new(
+        Arc::new(ScriptEngine::default()),
+        Some(c.client.clone()),
+        metrics.clone(),
+        "test",
+    ));
+    reload::readiness(op, &reloader)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_cr_gets_its_children_and_status() {
     let (c, op, widgets, cms) = setup("children").await;
@@ -272,13 +288,19 @@ async fn an_action_on_an_undeclared_kind_is_refused_and_reported() {
             })
     })
     .await;
-    let metrics = op.ctx.metrics.render();
-    let refusals: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("runbook_refusals_total{policy=\"widget\",action=\"apply\"} "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
-    assert!(refusals >= 1, "{metrics}");
+    // The status write lands a moment before the reconcile counts it.
+    eventually("the refusal counted", 10, || async {
+        op.ctx
+            .metrics
+            .render()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("runbook_refusals_total{policy=\"widget\",action=\"apply\"} ")
+            })
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .is_some_and(|n| n >= 1)
+    })
+    .await;
     teardown(c, op).await;
 }
 
@@ -677,13 +699,7 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
         Arc::new(LogSink::default()),
     );
     op.start().await.expect("the operator starts");
-    let reloader = Arc::new(Reloader::new(
-        Arc::new(ScriptEngine::default()),
-        Some(c.client.clone()),
-        metrics.clone(),
-        "test",
-    ));
-    let ready = reload::readiness(&op, &reloader);
+    let ready = readiness(&c, &op, &metrics);
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
@@ -763,13 +779,7 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
         .await
         .unwrap()
         .expect("the operator starts once the API server answers");
-    let reloader = Arc::new(Reloader::new(
-        Arc::new(ScriptEngine::default()),
-        Some(c.client.clone()),
-        metrics,
-        "test",
-    ));
-    let ready = reload::readiness(&op, &reloader);
+    let ready = readiness(&c, &op, &metrics);
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     widgets
