@@ -30,8 +30,7 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, eventually};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kubelet::Kubelet;
 use proxy::Proxy;
 use runbook::alert::LogSink;
@@ -86,16 +85,7 @@ async fn the_api_server_away_for_a_minute_mid_backup_is_waited_out_and_nothing_i
     let c = Cluster::new("restart").await;
     install_crds(&c).await;
     let kubelet = Kubelet::start(&c);
-    let pvcs: Api<PersistentVolumeClaim> = c.api();
-    pvcs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "data-db-0"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    create(&c, postgres()).await;
+    database(&c).await;
     kubelet.ready("db-");
     let proxy = Proxy::start(&c).await;
     let op = support::operator_through(
@@ -108,17 +98,7 @@ async fn the_api_server_away_for_a_minute_mid_backup_is_waited_out_and_nothing_i
     );
     op.start().await.expect("the operator starts");
     let backups = kind_api(&c, "runbook.dev/v1alpha1", "DatabaseBackup");
-    create(
-        &c,
-        json!({
-            "apiVersion": "runbook.dev/v1alpha1", "kind": "DatabaseBackup",
-            "metadata": {"name": "nightly"},
-            "spec": {"database": {"statefulSet": "db"}, "pvc": "data-db-0",
-                     "dump": {"image": "busybox:1.36", "command": ["sh", "-c", "echo dumped"]},
-                     "volumeSnapshotClassName": "csi-snapclass", "destination": "s3://backups/e2e"}
-        }),
-    )
-    .await;
+    create(&c, nightly_backup()).await;
     let jobs: Api<Job> = c.api();
     eventually("the dump Job", 120, || async {
         jobs.get("nightly-once-dump").await.is_ok()

@@ -29,7 +29,7 @@ use std::time::Duration;
 use cluster::{Cluster, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubelet::{Fate, Kubelet};
@@ -286,28 +286,9 @@ async fn a_backup_runs_in_order_and_a_restarted_operator_resumes_it() {
     let kubelet = Kubelet::start(&c);
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
-    let pvcs: Api<PersistentVolumeClaim> = c.api();
-    pvcs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "data-db-0"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    create(&c, postgres()).await;
+    database(&c).await;
     let backups = kind_api(&c, "runbook.dev/v1alpha1", "DatabaseBackup");
-    create(
-        &c,
-        json!({
-            "apiVersion": "runbook.dev/v1alpha1", "kind": "DatabaseBackup",
-            "metadata": {"name": "nightly"},
-            "spec": {"database": {"statefulSet": "db"}, "pvc": "data-db-0",
-                     "dump": {"image": "busybox:1.36", "command": ["sh", "-c", "echo dumped"]},
-                     "volumeSnapshotClassName": "csi-snapclass", "destination": "s3://backups/e2e"}
-        }),
-    )
-    .await;
+    create(&c, nightly_backup()).await;
     let jobs: Api<Job> = c.api();
     // Nothing is dumped while the database is not ready.
     eventually("waiting on the database", 30, || async {

@@ -3,6 +3,7 @@
 //! and short ways to make and read objects of any kind.
 #![allow(dead_code)]
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use runbook::kinds::KindRef;
 use serde_json::{Value, json};
@@ -96,5 +97,31 @@ pub fn postgres() -> Value {
         "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
                  "template": {"metadata": {"labels": {"app": "db"}},
                               "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
+    })
+}
+
+/// The database a backup needs: its volume (PVC `data-db-0`) and the
+/// StatefulSet `db`.
+pub async fn database(c: &Cluster) {
+    let pvcs: Api<PersistentVolumeClaim> = c.api();
+    pvcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "data-db-0"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    create(c, postgres()).await;
+}
+
+/// The DatabaseBackup `nightly` of that database, run once.
+pub fn nightly_backup() -> Value {
+    json!({
+        "apiVersion": "runbook.dev/v1alpha1", "kind": "DatabaseBackup",
+        "metadata": {"name": "nightly"},
+        "spec": {"database": {"statefulSet": "db"}, "pvc": "data-db-0",
+                 "dump": {"image": "busybox:1.36", "command": ["sh", "-c", "echo dumped"]},
+                 "volumeSnapshotClassName": "csi-snapclass", "destination": "s3://backups/e2e"}
     })
 }
