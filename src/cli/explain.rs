@@ -48,7 +48,7 @@ pub fn render(kind: &str, obj: &Value) -> String {
         }
     );
     let status = &obj["status"];
-    match status.get("decision").cloned().and_then(|d| serde_json::from_value::<DecisionRecord>(d).ok()) {
+    match DecisionRecord::of(obj) {
         None => out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n"),
         Some(d) => {
             out.push_str(&format!(

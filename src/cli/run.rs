@@ -235,9 +235,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             policy_configmaps: args.policy_configmaps,
             ..Default::default()
         };
-        let served = access::served_kinds(&client, &set).await;
-        let needs = crate::rbac::needs(&set, &opts, &served);
-        match access::check(&client, &needs, watched.as_deref()).await {
+        match access::missing_for(&client, &set, &opts, watched.as_deref()).await {
             Ok(missing) if missing.is_empty() => {
                 tracing::info!("the service account holds every permission the policies need")
             }

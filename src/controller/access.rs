@@ -54,6 +54,22 @@ pub async fn served_kinds(
     out
 }
 
+/// The permissions the operator's identity lacks to run `set`: the
+/// resources as discovery serves them, the needs `runbook rbac` derives
+/// with `opts`, each verb asked with a SelfSubjectAccessReview. The one
+/// check, at start-up and on every policy edit. `Err` when the API server
+/// could not answer.
+pub async fn missing_for(
+    client: &kube::Client,
+    set: &PolicySet,
+    opts: &crate::rbac::Options,
+    watched: Option<&str>,
+) -> Result<Vec<Missing>, kube::Error> {
+    let served = served_kinds(client, set).await;
+    let needs = crate::rbac::needs(set, opts, &served);
+    check(client, &needs, watched).await
+}
+
 /// Ask about every verb of every need; return what is not allowed.
 /// `watched` is the namespace the operator reconciles (None: all).
 pub async fn check(

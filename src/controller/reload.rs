@@ -200,9 +200,8 @@ impl Reloader {
             watch_namespaces: op.ctx.config.namespace.iter().cloned().collect(),
             ..Default::default()
         };
-        let served = super::access::served_kinds(client, &only).await;
-        let needs = crate::rbac::needs(&only, &opts, &served);
-        match super::access::check(client, &needs, op.ctx.config.namespace.as_deref()).await {
+        let watched = op.ctx.config.namespace.as_deref();
+        match super::access::missing_for(client, &only, &opts, watched).await {
             Ok(missing) if missing.is_empty() => Ok(()),
             Ok(missing) => Err(missing
                 .iter()

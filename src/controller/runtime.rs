@@ -224,7 +224,7 @@ pub struct Context {
     /// Targets whose status this process wrote, with the resourceVersion
     /// they had before: until the cache shows a newer version, a reconcile
     /// would decide on a status that no longer is.
-    written: Mutex<HashMap<TargetKey, String>>,
+    written: crate::observe::OwnWrites<TargetKey, String>,
     /// Where action outcomes are written down, when someone listens (scenarios).
     journal: std::sync::OnceLock<Arc<dyn crate::journal::Journal>>,
     in_flight: AtomicUsize,
@@ -724,17 +724,14 @@ async fn reconcile_target(
     {
         // Read our own writes: deciding on a status the cache has not
         // caught up with would repeat what the last decision did.
-        let mut written = ctx.written.lock().unwrap_or_else(|e| e.into_inner());
-        match written.get(key) {
+        match ctx.written.pending(key) {
             Some(before) if before == obj.resource_version() => {
                 tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
                 // The watch event of that write reconciles again; the
                 // requeue is a backstop.
                 return Ok(Action::requeue(Duration::from_secs(30)));
             }
-            Some(_) => {
-                written.remove(key);
-            }
+            Some(_) => ctx.written.settled(key),
             None => {}
         }
     }
@@ -795,9 +792,7 @@ async fn reconcile_target(
         let outcome = run_policy(ctx, p, &set, &target, &resolved, key, false).await;
         if outcome.status_written {
             ctx.written
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), obj.resource_version().to_string());
+                .remember(key.clone(), obj.resource_version().to_string());
         }
         let result = if outcome.error.is_some() {
             "error"
@@ -928,7 +923,7 @@ impl Operator {
             pending: Mutex::new(HashSet::new()),
             shadow: Mutex::new(VecDeque::new()),
             journal: std::sync::OnceLock::new(),
-            written: Mutex::new(HashMap::new()),
+            written: Default::default(),
             in_flight: AtomicUsize::new(0),
             activity: AtomicU64::new(0),
             changes,

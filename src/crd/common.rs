@@ -80,6 +80,15 @@ pub struct DecisionRecord {
     pub error: Option<String>,
 }
 
+impl DecisionRecord {
+    /// The record in an object's `status.decision`, if it holds one that
+    /// reads as a record (the one place it is parsed).
+    pub fn of(object: &serde_json::Value) -> Option<Self> {
+        let d = object.get("status")?.get("decision")?;
+        Self::deserialize(d).ok()
+    }
+}
+
 /// One action of a decision and its outcome.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

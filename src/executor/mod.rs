@@ -13,7 +13,7 @@ pub mod resources;
 pub mod rollback;
 pub mod status;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::events::{Event as KubeEvent, EventType, EventWriter};
@@ -133,42 +133,7 @@ pub struct Exec<'a> {
 /// not show yet: (kind, namespace, name) -> applied hash. Without it, a
 /// reconcile that runs before the cache catches up would apply the same
 /// object again (harmless, but a write).
-#[derive(Default)]
-pub struct Applied(std::sync::Mutex<std::collections::HashMap<(KindRef, String, String), String>>);
-
-impl Applied {
-    fn remember(&self, kind: &KindRef, ns: &str, name: &str, hash: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            (kind.clone(), ns.to_string(), name.to_string()),
-            hash.to_string(),
-        );
-    }
-
-    fn just_applied(&self, kind: &KindRef, ns: &str, name: &str, hash: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(kind.clone(), ns.to_string(), name.to_string()))
-            .is_some_and(|h| h == hash)
-    }
-
-    /// The cache shows the object now (or it is gone): stop remembering it.
-    fn settled(&self, kind: &KindRef, ns: &str, name: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&(
-            kind.clone(),
-            ns.to_string(),
-            name.to_string(),
-        ));
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub type Applied = crate::observe::OwnWrites<(KindRef, String, String), String>;
 
 /// What executing a decision did.
 #[derive(Clone, Debug, Default)]
@@ -432,7 +397,7 @@ async fn write(
             let live = x.view.get(&kind, ns, &name);
             if apply_is_noop(&desired, live.as_deref()) {
                 if let Some(a) = x.applied {
-                    a.settled(&kind, ns, &name);
+                    a.settled(&(kind.clone(), ns.to_string(), name.clone()));
                 }
                 return Ok(None);
             }
@@ -445,8 +410,10 @@ async fn write(
             });
             let cache_lags = live_hash.as_deref() != Some(hash.as_str());
             if cache_lags
-                && x.applied
-                    .is_some_and(|a| a.just_applied(&kind, ns, &name, &hash))
+                && x.applied.is_some_and(|a| {
+                    a.pending(&(kind.clone(), ns.to_string(), name.clone()))
+                        .is_some_and(|h| h == hash)
+                })
             {
                 return Ok(None);
             }
@@ -456,7 +423,7 @@ async fn write(
                     ExecError::api(&format!("apply {}", target_string(&kind, ns, &name)), e)
                 })?;
             if let Some(a) = x.applied {
-                a.remember(&kind, ns, &name, &hash);
+                a.remember((kind.clone(), ns.to_string(), name.clone()), hash.clone());
             }
             Ok(Some(desired))
         }
@@ -544,6 +511,133 @@ async fn publish(x: &Exec<'_>, target: &Value, warning: bool, reason: &str, mess
     }
 }
 
+/// An alert's labels as they leave: what the decision gave, with the
+/// policy and the object it is about, and `alertname` and `severity`
+/// defaulted.
+fn alert_labels(
+    given: &BTreeMap<String, String>,
+    source: &AlertSource,
+) -> BTreeMap<String, String> {
+    let mut labels = given.clone();
+    labels
+        .entry("alertname".into())
+        .or_insert_with(|| "RunbookAlert".into());
+    labels.insert("policy".into(), source.policy.clone());
+    labels.insert("kind".into(), source.kind.clone());
+    labels.insert("namespace".into(), source.namespace.clone());
+    labels.insert("name".into(), source.name.clone());
+    labels
+        .entry("severity".into())
+        .or_insert_with(|| "warning".into());
+    labels
+}
+
+/// The decision record to write. It is that of the last decision that
+/// did something: one that repeats it, or that changes nothing at all
+/// (`quiet`: no write, no Event, no problem; typically the reconcile our
+/// own status write triggers), keeps the last record as it was, time and
+/// inputs hash included, so it writes nothing. A decision that changes the
+/// status is always recorded: the record is never older than the status
+/// it sits in.
+fn record_to_keep(
+    mut record: DecisionRecord,
+    previous: &DecisionRecord,
+    status_unchanged: bool,
+    quiet: bool,
+    now: &str,
+) -> DecisionRecord {
+    let mut compare = record.clone();
+    compare.time = previous.time.clone();
+    compare.inputs_hash = previous.inputs_hash.clone();
+    let idle = quiet
+        && record.error.is_none()
+        && previous.error.is_none()
+        && record.policy_version == previous.policy_version
+        && record.mode == previous.mode
+        && record.alert_routes == previous.alert_routes;
+    if previous.time.is_some() && status_unchanged && (compare == *previous || idle) {
+        previous.clone()
+    } else {
+        record.time = Some(now.to_string());
+        record
+    }
+}
+
+/// What is wrong after a decision, as the reason and message of its
+/// `Degraded` condition: a decide error first, then a failed action, a
+/// refused one, one held by its limit.
+fn problem_of(decide_error: Option<&DecideError>, out: &Outcome) -> Option<(&'static str, String)> {
+    match (
+        decide_error,
+        &out.error,
+        out.refused.first(),
+        out.limited.first(),
+    ) {
+        (Some(e), _, _, _) => Some((
+            match e {
+                DecideError::Schedule { .. } => "ScheduleError",
+                _ => "ScriptError",
+            },
+            e.to_string(),
+        )),
+        (None, Some(e), _, _) => Some(("ActionFailed", e.clone())),
+        (None, None, Some((_, r)), _) => Some(("ActionRefused", r.clone())),
+        (None, None, None, Some(l)) => Some(("ActionLimited", l.clone())),
+        _ => None,
+    }
+}
+
+/// The status a decision leaves, from the current one: its fields (none
+/// when an action failed), its conditions, `Degraded` for a problem (or
+/// cleared when Runbook had set it), and `observedGeneration`. Pure.
+fn next_status(
+    current: &Value,
+    fields: Option<&Map<String, Value>>,
+    conditions: &[(String, String, String, String)],
+    problem: Option<&(&'static str, String)>,
+    generation: Option<i64>,
+    now: &str,
+) -> Value {
+    let mut new_status = current.clone();
+    if let Some(fields) = fields {
+        status::merge_fields(&mut new_status, fields);
+    }
+    for (ty, st, reason, message) in conditions {
+        status::set_condition(&mut new_status, ty, st, reason, message, generation, now);
+    }
+    match problem {
+        Some((reason, message)) => status::set_condition(
+            &mut new_status,
+            "Degraded",
+            "True",
+            reason,
+            message,
+            generation,
+            now,
+        ),
+        None => {
+            let ours = status::condition(&new_status, "Degraded").is_some_and(|c| {
+                c["status"] == "True" && OWN_REASONS.contains(&c["reason"].as_str().unwrap_or(""))
+            });
+            if ours {
+                status::set_condition(
+                    &mut new_status,
+                    "Degraded",
+                    "False",
+                    "Reconciled",
+                    "the last decision was carried out",
+                    generation,
+                    now,
+                );
+            }
+        }
+    }
+    if let Some(g) = generation {
+        new_status["observedGeneration"] = json!(g);
+    }
+    new_status
+}
+
 /// Carry out a decision (or report why none could be made).
 #[allow(clippy::too_many_arguments)]
 pub async fn execute(
@@ -565,11 +659,7 @@ pub async fn execute(
     let now = time::format(x.now);
     let generation = t.pointer("/metadata/generation").and_then(Value::as_i64);
     let current = t.get("status").cloned().unwrap_or(json!({}));
-    let previous = current
-        .get("decision")
-        .cloned()
-        .and_then(|d| serde_json::from_value::<DecisionRecord>(d).ok())
-        .unwrap_or_default();
+    let previous = DecisionRecord::of(t).unwrap_or_default();
     let mut out = Outcome::default();
     let mut recent = Recent::of(t);
     let mut fields = Map::new();
@@ -584,6 +674,31 @@ pub async fn execute(
         namespace: ns.clone(),
         name: name.clone(),
         uid: target.uid().to_string(),
+    };
+
+    // One action's outcome goes to three places: the decision record, the
+    // (verb, result) pairs metrics count, and the journal when someone
+    // listens (with what was written, or its own word for the result).
+    let settle = |out: &mut Outcome,
+                  a: &Action,
+                  tgt: Option<String>,
+                  result: &'static str,
+                  detail: Option<String>,
+                  journal: Option<(&'static str, Value)>| {
+        if let Some(j) = x.journal {
+            let (said, wrote) = journal.unwrap_or((result, Value::Null));
+            j.record(journal_entry(
+                x,
+                policy,
+                a,
+                (&tkind, &ns, &name),
+                said,
+                wrote,
+                detail.as_deref(),
+            ));
+        }
+        out.record.actions.push(record(a, tgt, result, detail));
+        out.results.push((a.verb(), result));
     };
 
     let (inputs_hash, decide_error) = match decision {
@@ -657,17 +772,7 @@ pub async fn execute(
                     labels,
                     annotations,
                 } => {
-                    let mut labels = labels.clone();
-                    labels
-                        .entry("alertname".into())
-                        .or_insert_with(|| "RunbookAlert".into());
-                    labels.insert("policy".into(), policy.name.clone());
-                    labels.insert("kind".into(), tkind.kind.clone());
-                    labels.insert("namespace".into(), ns.clone());
-                    labels.insert("name".into(), name.clone());
-                    labels
-                        .entry("severity".into())
-                        .or_insert_with(|| "warning".into());
+                    let labels = alert_labels(labels, &source);
                     if let Some(r) = routes {
                         for rcv in r.receivers_for(&labels) {
                             route_names.insert(format!("{}/{rcv}", r.name));
@@ -703,37 +808,11 @@ pub async fn execute(
                     }
                     match &mode {
                         Mode::Shadow => {
-                            if let Some(j) = x.journal {
-                                j.record(journal_entry(
-                                    x,
-                                    policy,
-                                    a,
-                                    (&tkind, &ns, &name),
-                                    "shadow",
-                                    Value::Null,
-                                    None,
-                                ));
-                            }
-                            out.record.actions.push(record(a, tgt, "shadow", None));
-                            out.results.push((verb, "shadow"));
+                            settle(&mut out, a, tgt, "shadow", None, None);
                             continue;
                         }
                         Mode::Suspended(why) => {
-                            if let Some(j) = x.journal {
-                                j.record(journal_entry(
-                                    x,
-                                    policy,
-                                    a,
-                                    (&tkind, &ns, &name),
-                                    "suspended",
-                                    Value::Null,
-                                    Some(why),
-                                ));
-                            }
-                            out.record
-                                .actions
-                                .push(record(a, tgt, "suspended", Some(why.clone())));
-                            out.results.push((verb, "suspended"));
+                            settle(&mut out, a, tgt, "suspended", Some(why.clone()), None);
                             continue;
                         }
                         Mode::Enforce => {}
@@ -743,63 +822,32 @@ pub async fn execute(
                         .and_then(|v| policy.limits.get(v));
                     if let Some(limit) = limited {
                         let m = format!("{verb} limit {limit} reached for this object");
-                        if let Some(j) = x.journal {
-                            j.record(journal_entry(
-                                x,
-                                policy,
-                                a,
-                                (&tkind, &ns, &name),
-                                "limited",
-                                Value::Null,
-                                Some(&m),
-                            ));
-                        }
                         out.limited.push(m.clone());
-                        out.record.actions.push(record(a, tgt, "limited", Some(m)));
-                        out.results.push((verb, "limited"));
+                        settle(&mut out, a, tgt, "limited", Some(m), None);
                         continue;
                     }
                     match write(x, policy, t, &ns, a).await {
-                        Ok(wrote) => {
-                            if let Some(j) = x.journal {
-                                let result = if wrote.is_some() { "ok" } else { "unchanged" };
-                                j.record(journal_entry(
-                                    x,
-                                    policy,
-                                    a,
-                                    (&tkind, &ns, &name),
-                                    result,
-                                    wrote.clone().unwrap_or(Value::Null),
-                                    None,
-                                ));
+                        Ok(Some(wrote)) => {
+                            out.writes += 1;
+                            if let Some(v) = Verb::parse(verb) {
+                                recent.note(&policy.limits, v, x.now);
                             }
-                            if wrote.is_some() {
-                                out.writes += 1;
-                                if let Some(v) = Verb::parse(verb) {
-                                    recent.note(&policy.limits, v, x.now);
-                                }
-                            }
-                            out.record.actions.push(record(a, tgt, "ok", None));
-                            out.results.push((verb, "ok"));
+                            settle(&mut out, a, tgt, "ok", None, Some(("ok", wrote)));
                         }
+                        // Nothing needed doing: "ok" in the record, told
+                        // apart in the journal.
+                        Ok(None) => settle(
+                            &mut out,
+                            a,
+                            tgt,
+                            "ok",
+                            None,
+                            Some(("unchanged", Value::Null)),
+                        ),
                         Err(e) => {
                             let m = e.to_string();
-                            if let Some(j) = x.journal {
-                                j.record(journal_entry(
-                                    x,
-                                    policy,
-                                    a,
-                                    (&tkind, &ns, &name),
-                                    "failed",
-                                    Value::Null,
-                                    Some(&m),
-                                ));
-                            }
                             out.error_label = Some(e.metric_label());
-                            out.record
-                                .actions
-                                .push(record(a, tgt, "failed", Some(m.clone())));
-                            out.results.push((verb, "failed"));
+                            settle(&mut out, a, tgt, "failed", Some(m.clone()), None);
                             out.error = Some(m);
                         }
                     }
@@ -821,61 +869,15 @@ pub async fn execute(
     }
 
     // The status the decision leaves.
-    let mut new_status = current.clone();
-    if out.error.is_none() {
-        status::merge_fields(&mut new_status, &fields);
-    }
-    for (ty, st, reason, message) in &conditions {
-        status::set_condition(&mut new_status, ty, st, reason, message, generation, &now);
-    }
-    let problem = match (
-        &decide_error,
-        &out.error,
-        out.refused.first(),
-        out.limited.first(),
-    ) {
-        (Some(e), _, _, _) => Some((
-            match e {
-                DecideError::Schedule { .. } => "ScheduleError",
-                _ => "ScriptError",
-            },
-            e.to_string(),
-        )),
-        (None, Some(e), _, _) => Some(("ActionFailed", e.clone())),
-        (None, None, Some((_, r)), _) => Some(("ActionRefused", r.clone())),
-        (None, None, None, Some(l)) => Some(("ActionLimited", l.clone())),
-        _ => None,
-    };
-    match &problem {
-        Some((reason, message)) => status::set_condition(
-            &mut new_status,
-            "Degraded",
-            "True",
-            reason,
-            message,
-            generation,
-            &now,
-        ),
-        None => {
-            let ours = status::condition(&new_status, "Degraded").is_some_and(|c| {
-                c["status"] == "True" && OWN_REASONS.contains(&c["reason"].as_str().unwrap_or(""))
-            });
-            if ours {
-                status::set_condition(
-                    &mut new_status,
-                    "Degraded",
-                    "False",
-                    "Reconciled",
-                    "the last decision was carried out",
-                    generation,
-                    &now,
-                );
-            }
-        }
-    }
-    if let Some(g) = generation {
-        new_status["observedGeneration"] = json!(g);
-    }
+    let problem = problem_of(decide_error, &out);
+    let mut new_status = next_status(
+        &current,
+        (out.error.is_none()).then_some(&fields),
+        &conditions,
+        problem.as_ref(),
+        generation,
+        &now,
+    );
     out.record.policy = policy.name.clone();
     out.record.policy_version = policy.version.clone();
     out.record.inputs_hash = inputs_hash;
@@ -883,30 +885,16 @@ pub async fn execute(
     out.record.alert_routes = route_names.into_iter().collect();
     out.record.error = out.error.clone();
     out.record.recent_actions = recent.to_record(&policy.limits, x.now);
-    // The record is that of the last decision that did something. One
-    // that repeats it, or that changes nothing at all (typically the
-    // reconcile our own status write triggers), keeps the last record as
-    // it was, time and inputs hash included, so it writes nothing. A
-    // decision that changes the status is always recorded: the record must
-    // never be older than the status it sits in.
-    let mut compare = out.record.clone();
-    compare.time = previous.time.clone();
-    compare.inputs_hash = previous.inputs_hash.clone();
     let status_unchanged =
         status::merge_diff(&without_decision(&current), &without_decision(&new_status)).is_none();
-    let idle = out.writes == 0
-        && events.is_empty()
-        && problem.is_none()
-        && out.record.error.is_none()
-        && previous.error.is_none()
-        && out.record.policy_version == previous.policy_version
-        && out.record.mode == previous.mode
-        && out.record.alert_routes == previous.alert_routes;
-    if previous.time.is_some() && status_unchanged && (compare == previous || idle) {
-        out.record = previous.clone();
-    } else {
-        out.record.time = Some(now.clone());
-    }
+    let quiet = out.writes == 0 && events.is_empty() && problem.is_none();
+    out.record = record_to_keep(
+        std::mem::take(&mut out.record),
+        &previous,
+        status_unchanged,
+        quiet,
+        &now,
+    );
     new_status["decision"] = serde_json::to_value(&out.record).unwrap_or(Value::Null);
 
     if mode == Mode::Shadow {
@@ -932,24 +920,8 @@ pub async fn execute(
     }
 
     if let Some(patch) = status::merge_diff(&current, &new_status) {
-        let api: Api<RawObject> = if target_kind.namespaced {
-            Api::namespaced_with(x.client.clone(), &ns, &target_kind.resource)
-        } else {
-            Api::all_with(x.client.clone(), &target_kind.resource)
-        };
-        tracing::debug!(target = %target_string(&tkind, &ns, &name), patch = %patch, "writing status");
-        let body = json!({"status": patch});
-        let pp = PatchParams {
-            field_manager: Some(MANAGER.into()),
-            ..Default::default()
-        };
-        let result = if target_kind.status_subresource {
-            api.patch_status(&name, &pp, &Patch::Merge(&body)).await
-        } else {
-            api.patch(&name, &pp, &Patch::Merge(&body)).await
-        };
-        match result {
-            Ok(_) => {
+        match write_status(x, target_kind, &ns, &name, &patch).await {
+            Ok(()) => {
                 out.writes += 1;
                 out.status_written = true;
                 if let Some(j) = x.journal {
@@ -978,6 +950,34 @@ pub async fn execute(
     out
 }
 
+/// Write a status patch to the target, through its status subresource
+/// when it has one.
+async fn write_status(
+    x: &Exec<'_>,
+    target_kind: &Resolved,
+    ns: &str,
+    name: &str,
+    patch: &Value,
+) -> Result<(), kube::Error> {
+    let api: Api<RawObject> = if target_kind.namespaced {
+        Api::namespaced_with(x.client.clone(), ns, &target_kind.resource)
+    } else {
+        Api::all_with(x.client.clone(), &target_kind.resource)
+    };
+    tracing::debug!(target = %format!("{}/{name}", target_kind.resource.kind), namespace = %ns, patch = %patch, "writing status");
+    let body = json!({"status": patch});
+    let pp = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    let result = if target_kind.status_subresource {
+        api.patch_status(name, &pp, &Patch::Merge(&body)).await
+    } else {
+        api.patch(name, &pp, &Patch::Merge(&body)).await
+    };
+    result.map(|_| ())
+}
+
 /// A status without its decision record.
 fn without_decision(status: &Value) -> Value {
     let mut s = status.clone();
@@ -985,4 +985,140 @@ fn without_decision(status: &Value) -> Value {
         m.remove("decision");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: &str = "2026-11-29T10:00:00Z";
+
+    fn conditions(status: &Value) -> Vec<(String, String, String)> {
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["type"].as_str().unwrap_or("").to_string(),
+                    c["status"].as_str().unwrap_or("").to_string(),
+                    c["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_decision_sets_its_fields_conditions_and_generation() {
+        let current = json!({"phase": "Pending", "keep": 1});
+        let mut fields = Map::new();
+        fields.insert("phase".into(), json!("Healthy"));
+        fields.insert("gone".into(), Value::Null);
+        let conds = vec![(
+            "Ready".to_string(),
+            "True".to_string(),
+            "ScoreAboveThreshold".to_string(),
+            "ok".to_string(),
+        )];
+        let next = next_status(&current, Some(&fields), &conds, None, Some(3), NOW);
+        assert_eq!(next["phase"], "Healthy");
+        assert_eq!(next["keep"], 1);
+        assert_eq!(next["observedGeneration"], 3);
+        assert_eq!(
+            conditions(&next),
+            [(
+                "Ready".to_string(),
+                "True".to_string(),
+                "ScoreAboveThreshold".to_string()
+            )]
+        );
+    }
+
+    #[test]
+    fn a_problem_is_degraded_and_a_later_clean_decision_clears_only_ours() {
+        let problem = ("ActionFailed", "apply failed".to_string());
+        // A failed action keeps the decision's fields out.
+        let mut fields = Map::new();
+        fields.insert("phase".into(), json!("Healthy"));
+        let failed = next_status(&json!({}), None, &[], Some(&problem), None, NOW);
+        assert!(failed.get("phase").is_none());
+        assert_eq!(
+            conditions(&failed),
+            [(
+                "Degraded".to_string(),
+                "True".to_string(),
+                "ActionFailed".to_string()
+            )]
+        );
+        let clean = next_status(&failed, Some(&fields), &[], None, None, NOW);
+        assert_eq!(
+            conditions(&clean),
+            [(
+                "Degraded".to_string(),
+                "False".to_string(),
+                "Reconciled".to_string()
+            )]
+        );
+        // A Degraded someone else set is left alone.
+        let theirs =
+            json!({"conditions": [{"type": "Degraded", "status": "True", "reason": "Theirs"}]});
+        let kept = next_status(&theirs, Some(&fields), &[], None, None, NOW);
+        assert_eq!(conditions(&kept)[0].2, "Theirs");
+    }
+
+    #[test]
+    fn a_decision_that_changes_nothing_keeps_the_last_record_as_it_was() {
+        let previous = DecisionRecord {
+            policy: "p".into(),
+            policy_version: "v1".into(),
+            inputs_hash: "old".into(),
+            time: Some("2026-11-29T09:00:00Z".into()),
+            ..Default::default()
+        };
+        let mut this = previous.clone();
+        this.inputs_hash = "new".into();
+        this.time = None;
+        // Nothing changed: the old record, time and inputs hash included.
+        assert_eq!(
+            record_to_keep(this.clone(), &previous, true, true, NOW),
+            previous
+        );
+        // The status changed: this decision is recorded, at `now`.
+        let kept = record_to_keep(this.clone(), &previous, false, true, NOW);
+        assert_eq!(kept.time.as_deref(), Some(NOW));
+        assert_eq!(kept.inputs_hash, "new");
+        // A new policy version is news even when nothing else is.
+        let mut newer = this;
+        newer.policy_version = "v2".into();
+        newer.actions.push(ActionRecord {
+            action: "apply".into(),
+            target: None,
+            result: "ok".into(),
+            message: None,
+        });
+        assert_eq!(
+            record_to_keep(newer, &previous, true, true, NOW).policy_version,
+            "v2"
+        );
+    }
+
+    #[test]
+    fn alerts_carry_their_object_and_default_name_and_severity() {
+        let source = AlertSource {
+            policy: "drift".into(),
+            api_version: "runbook.dev/v1alpha1".into(),
+            kind: "Evaluator".into(),
+            namespace: "ml".into(),
+            name: "chatbot".into(),
+            uid: "u".into(),
+        };
+        let given: BTreeMap<String, String> =
+            [("severity".to_string(), "critical".to_string())].into();
+        let labels = alert_labels(&given, &source);
+        assert_eq!(labels["alertname"], "RunbookAlert");
+        assert_eq!(labels["severity"], "critical");
+        assert_eq!(labels["policy"], "drift");
+        assert_eq!(labels["namespace"], "ml");
+        assert_eq!(labels["name"], "chatbot");
+    }
 }

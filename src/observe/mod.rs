@@ -78,6 +78,48 @@ pub fn owner_uids(v: &Value) -> impl Iterator<Item = &str> {
         .filter_map(|r| r.get("uid").and_then(Value::as_str))
 }
 
+/// What this process wrote that its watch caches may not show yet, by
+/// object, with what identifies the write (the hash applied, or the
+/// version written over). Deciding before the cache catches up would
+/// repeat the write: the executor keeps one for children it applied, the
+/// runtime one for status it wrote.
+pub struct OwnWrites<K, V>(std::sync::Mutex<std::collections::HashMap<K, V>>);
+
+impl<K, V> Default for OwnWrites<K, V> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::new(std::collections::HashMap::new()))
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> OwnWrites<K, V> {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<K, V>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This process wrote `key`, identified by `write`.
+    pub fn remember(&self, key: K, write: V) {
+        self.map().insert(key, write);
+    }
+
+    /// The write of `key` the cache may not show yet.
+    pub fn pending(&self, key: &K) -> Option<V> {
+        self.map().get(key).cloned()
+    }
+
+    /// The cache shows `key` as written (or it is gone): forget it.
+    pub fn settled(&self, key: &K) {
+        self.map().remove(key);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map().is_empty()
+    }
+}
+
 /// Read access to cached objects of the kinds a policy declared.
 pub trait ObjectView: Send + Sync {
     /// Every object of `kind` in `namespace`, sorted by name.
