@@ -22,7 +22,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("sandbox") => return runtime().block_on(sandbox_child(count(1))),
         Some("operator") => {
-            runbook::util::alloc::enable();
+            runbook::bench::alloc::enable();
             let (n, kc) = (
                 count(1),
                 std::path::PathBuf::from(args.get(2).cloned().unwrap_or_default()),
@@ -77,5 +77,5 @@ fn main() {
 
 /// The allocator the `runbook` binary uses.
 #[global_allocator]
-static ALLOC: runbook::util::alloc::Counting<mimalloc::MiMalloc> =
-    runbook::util::alloc::Counting(mimalloc::MiMalloc);
+static ALLOC: runbook::bench::alloc::Counting<mimalloc::MiMalloc> =
+    runbook::bench::alloc::Counting(mimalloc::MiMalloc);

@@ -5,8 +5,8 @@
 // system allocator spent a third of the operator benchmark's time there.
 /// mimalloc, counted so that `runbook bench` can report the live heap.
 #[global_allocator]
-static ALLOC: runbook::util::alloc::Counting<mimalloc::MiMalloc> =
-    runbook::util::alloc::Counting(mimalloc::MiMalloc);
+static ALLOC: runbook::bench::alloc::Counting<mimalloc::MiMalloc> =
+    runbook::bench::alloc::Counting(mimalloc::MiMalloc);
 
 fn main() -> std::process::ExitCode {
     runbook::cli::main()

@@ -709,7 +709,7 @@ async fn the_operator_fires_and_resolves_alerts_as_objects_change() {
     let op = operator::operator_with_sink(
         &c,
         set,
-        runbook::controller::OperatorConfig::default(),
+        runbook::runtime::OperatorConfig::default(),
         metrics,
         dispatcher,
     );
@@ -813,7 +813,7 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
         let op = operator::operator_with_sink(
             &c,
             set,
-            runbook::controller::OperatorConfig::default(),
+            runbook::runtime::OperatorConfig::default(),
             metrics,
             dispatcher,
         );

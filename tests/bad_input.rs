@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use runbook::fixtures::{deployment, evaluator};
+use runbook::bench::fixtures::{deployment, evaluator};
 use runbook::policy::{self, Bundle, Origin};
 use runbook::script::{ScriptEngine, ScriptErrorKind};
 

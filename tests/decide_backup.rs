@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use runbook::fixtures::{backup, owned_by, pvc, statefulset, with};
+use runbook::bench::fixtures::{backup, owned_by, pvc, statefulset, with};
 use runbook::script::Action;
 use serde_json::{Value, json};
 

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use runbook::fixtures::{self, JobState, deployment, evaluator, job, job_pod, replicaset, with};
+use runbook::bench::fixtures::{
+    self, JobState, deployment, evaluator, job, job_pod, replicaset, with,
+};
 use serde_json::json;
 
 const JOB: &str = "chatbot-eval-5a2b";

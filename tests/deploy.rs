@@ -226,8 +226,7 @@ async fn the_operator_refuses_a_bundle_declaring_a_dangerous_kind() {
     );
     let engine = std::sync::Arc::new(runbook::script::ScriptEngine::default());
     let metrics = std::sync::Arc::new(runbook::telemetry::Metrics::new());
-    let reloader =
-        runbook::controller::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test");
+    let reloader = runbook::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test");
     let bundle = runbook::policy::Bundle::from_dir(&dir).unwrap();
     let (set, errors) = reloader.initial(vec![bundle.clone()]).await;
     assert!(set.policies.is_empty(), "the bundle is refused as a whole");
@@ -237,8 +236,8 @@ async fn the_operator_refuses_a_bundle_declaring_a_dangerous_kind() {
             && e.contains("--allow-dangerous-kinds")),
         "{errors:?}"
     );
-    let allowed = runbook::controller::reload::Reloader::new(engine, None, metrics, "test")
-        .with_dangerous_kinds(true);
+    let allowed =
+        runbook::reload::Reloader::new(engine, None, metrics, "test").with_dangerous_kinds(true);
     let (set, errors) = allowed.initial(vec![bundle]).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert!(set.policies.contains_key("backup-ordering"));
@@ -344,10 +343,10 @@ async fn the_startup_check_names_a_missing_permission() {
     );
     assert!(errors.is_empty(), "{errors:?}");
     let opts = runbook::rbac::Options::default();
-    let served = runbook::controller::access::served_kinds(&c.client, &set).await;
+    let served = runbook::runtime::access::served_kinds(&c.client, &set).await;
     let needs = runbook::rbac::needs(&set, &opts, &served);
     if let Some(sandbox) = &c.sandbox {
-        let missing = runbook::controller::access::check(&c.client, &needs, None)
+        let missing = runbook::runtime::access::check(&c.client, &needs, None)
             .await
             .unwrap();
         assert!(missing.is_empty(), "{missing:?}");
@@ -357,7 +356,7 @@ async fn the_startup_check_names_a_missing_permission() {
             resource: "jobs".into(),
             namespace: None,
         });
-        let missing = runbook::controller::access::check(&c.client, &needs, None)
+        let missing = runbook::runtime::access::check(&c.client, &needs, None)
             .await
             .unwrap();
         assert_eq!(missing.len(), 1, "{missing:?}");
@@ -383,7 +382,7 @@ async fn the_startup_check_names_a_missing_permission() {
         assert_eq!(cluster::code::<()>(Err(err)), 403);
     } else {
         // Whatever the test user lacks is reported, not an error.
-        runbook::controller::access::check(&c.client, &needs, None)
+        runbook::runtime::access::check(&c.client, &needs, None)
             .await
             .unwrap();
     }

@@ -24,13 +24,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("labels", &["names"]),
     ("kinds", &[]),
     ("schedule", &[]),
-    ("journal", &[]),
+    // Metrics, the journal of outcomes, and the health endpoints.
     ("telemetry", &[]),
+    // Kubernetes Events, as every part of Runbook writes them.
     ("events", &[]),
     // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel).
     ("crd", &["schedule", "util"]),
-    // Observe: cached objects and the views a decision reads.
-    ("observe", &["kinds", "util"]),
+    // Observe: watch caches, the views a decision reads, the dependencies
+    // that wake targets, discovery, watch health.
+    ("observe", &["kinds", "telemetry", "util"]),
     // Scripts: the hardened Rhai engine, `ctx`, helpers, actions.
     ("script", &["kinds", "labels", "names", "observe", "util"]),
     // Alerts: routing, grouping, delivery.
@@ -51,16 +53,17 @@ const LAYERS: &[(&str, &[&str])] = &[
             "crd", "kinds", "observe", "policy", "schedule", "script", "util",
         ],
     ),
-    // Act: a decision turned into writes.
+    // Act: a decision planned into writes (pure), and the one writer that
+    // performs them.
     (
-        "executor",
+        "act",
         &[
             "alert",
             "crd",
             "decide",
             "events",
-            "journal",
             "kinds",
+            "names",
             "observe",
             "policy",
             "script",
@@ -68,17 +71,16 @@ const LAYERS: &[(&str, &[&str])] = &[
             "util",
         ],
     ),
-    // Runtime: watches, controllers, leader election, reload, health.
+    // Runtime: controllers, the queue, leader election, permissions.
     (
-        "controller",
+        "runtime",
         &[
+            "act",
             "alert",
             "clock",
             "crd",
             "decide",
             "events",
-            "executor",
-            "journal",
             "kinds",
             "names",
             "observe",
@@ -89,37 +91,52 @@ const LAYERS: &[(&str, &[&str])] = &[
             "util",
         ],
     ),
-    // Off the operator's path: the in-memory API server, scenarios, test
-    // fixtures and benchmarks. Nothing above may use them.
+    // Hot reload: bundles from ConfigMaps and directories swapped in whole.
+    (
+        "reload",
+        &[
+            "alert",
+            "events",
+            "kinds",
+            "observe",
+            "policy",
+            "rbac",
+            "runtime",
+            "script",
+            "telemetry",
+            "util",
+        ],
+    ),
+    // Off the operator's path: the in-memory API server, scenarios, and
+    // the benchmarks with their fixtures. Nothing above may use them.
     ("sandbox", &["clock", "labels", "names", "observe", "util"]),
     (
         "scenario",
         &[
             "alert",
             "clock",
-            "controller",
             "crd",
-            "journal",
             "observe",
             "policy",
+            "reload",
+            "runtime",
             "sandbox",
             "script",
             "telemetry",
             "util",
         ],
     ),
-    ("fixtures", &["clock", "kinds", "observe", "util"]),
     (
         "bench",
         &[
             "alert",
             "clock",
-            "controller",
             "decide",
-            "fixtures",
             "kinds",
             "observe",
             "policy",
+            "reload",
+            "runtime",
             "sandbox",
             "scenario",
             "script",
@@ -134,12 +151,12 @@ const LAYERS: &[(&str, &[&str])] = &[
             "alert",
             "bench",
             "clock",
-            "controller",
             "crd",
-            "journal",
             "observe",
             "policy",
             "rbac",
+            "reload",
+            "runtime",
             "sandbox",
             "scenario",
             "script",

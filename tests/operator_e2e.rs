@@ -19,8 +19,8 @@ use kube::core::DynamicObject;
 use operator::*;
 use proxy::Proxy;
 use runbook::alert::LogSink;
-use runbook::controller::OperatorConfig;
-use runbook::controller::reload::{self, Reloader};
+use runbook::reload::{self, Reloader};
+use runbook::runtime::OperatorConfig;
 use runbook::script::ScriptEngine;
 use runbook::telemetry::Metrics;
 use serde_json::{Value, json};
@@ -63,7 +63,7 @@ async fn setup(
     test: &str,
 ) -> (
     Cluster,
-    std::sync::Arc<runbook::controller::Operator>,
+    std::sync::Arc<runbook::runtime::Operator>,
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
@@ -77,7 +77,7 @@ async fn setup(
     (c, op, widgets, cms)
 }
 
-async fn teardown(c: Cluster, op: std::sync::Arc<runbook::controller::Operator>) {
+async fn teardown(c: Cluster, op: std::sync::Arc<runbook::runtime::Operator>) {
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;
@@ -91,7 +91,7 @@ fn rv<K: kube::Resource>(k: &K) -> String {
 /// nothing yet, so only the operator's own state counts).
 fn readiness(
     c: &Cluster,
-    op: &Arc<runbook::controller::Operator>,
+    op: &Arc<runbook::runtime::Operator>,
     metrics: &Arc<Metrics>,
 ) -> runbook::telemetry::Readiness {
     let reloader = Arc::new(Reloader::new(
@@ -391,7 +391,7 @@ async fn a_change_of_spec_is_applied_to_the_child() {
 async fn one_leads_and_the_other_takes_over() {
     let c = Cluster::new("leader").await;
     install_widget_crd(&c).await;
-    let lease = |id: &str| runbook::controller::leader::LeaseConfig {
+    let lease = |id: &str| runbook::runtime::leader::LeaseConfig {
         namespace: c.ns.clone(),
         name: "runbook-leader".into(),
         identity: id.into(),
@@ -884,7 +884,7 @@ async fn a_shadow_policy_decides_and_records_but_writes_nothing() {
         rec.record
             .actions
             .iter()
-            .any(|a| a.action == "apply" && a.result == "shadow"),
+            .any(|a| a.action == "apply" && a.result == runbook::crd::ActionResult::Shadow),
         "{:?}",
         rec.record.actions
     );

@@ -3,7 +3,7 @@
 //! malformed object is refused with a reason rather than written.
 
 use proptest::prelude::*;
-use runbook::executor::prepare_child;
+use runbook::act::prepare_child;
 use runbook::observe::RawObject;
 use runbook::script::action::shape_problem;
 use serde_json::{Map, Value, json};

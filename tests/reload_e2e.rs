@@ -19,8 +19,8 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use operator::*;
-use runbook::controller::OperatorConfig;
-use runbook::controller::reload::{self, Reloader, SourceConfig};
+use runbook::reload::{self, Reloader, SourceConfig};
+use runbook::runtime::OperatorConfig;
 use runbook::script::ScriptEngine;
 use runbook::telemetry::Metrics;
 use serde_json::json;
@@ -51,7 +51,7 @@ async fn status_threshold(widgets: &Api<DynamicObject>, name: &str) -> serde_jso
 async fn start(
     c: &Cluster,
     sources: SourceConfig,
-) -> (Arc<runbook::controller::Operator>, Arc<Reloader>) {
+) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>) {
     start_with(c, sources, |r| r).await
 }
 
@@ -60,7 +60,7 @@ async fn start_with(
     c: &Cluster,
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
-) -> (Arc<runbook::controller::Operator>, Arc<Reloader>) {
+) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>) {
     let (op, reloader, errors) = start_refusing(c, sources, configure).await;
     assert!(errors.is_empty(), "{errors:?}");
     (op, reloader)
@@ -71,11 +71,7 @@ async fn start_refusing(
     c: &Cluster,
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
-) -> (
-    Arc<runbook::controller::Operator>,
-    Arc<Reloader>,
-    Vec<String>,
-) {
+) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>, Vec<String>) {
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
     let reloader = Arc::new(configure(Reloader::new(
@@ -87,7 +83,7 @@ async fn start_refusing(
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         bundles.extend(
-            runbook::controller::sources::configmap_bundles(&c.client, ns)
+            runbook::reload::sources::configmap_bundles(&c.client, ns)
                 .await
                 .unwrap(),
         );

@@ -34,7 +34,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kubelet::Kubelet;
 use proxy::Proxy;
 use runbook::alert::LogSink;
-use runbook::controller::OperatorConfig;
+use runbook::runtime::OperatorConfig;
 use runbook::telemetry::Metrics;
 use serde_json::json;
 use workflows::*;

@@ -35,7 +35,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubelet::{Fate, Kubelet};
 use proxy::Proxy;
 use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
-use runbook::controller::{Operator, OperatorConfig};
+use runbook::runtime::{Operator, OperatorConfig};
 use runbook::telemetry::Metrics;
 use serde_json::{Value, json};
 use workflows::*;

@@ -33,7 +33,7 @@ impl Alert {
 }
 
 /// The (policy, object) an alert comes from.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AlertSource {
     pub policy: String,
     pub api_version: String,

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{Stats, measure, native};
+use crate::bench::fixtures::{self, JobState};
 use crate::decide::{self, Decision, Observed};
-use crate::fixtures::{self, JobState};
 use crate::observe::{CachedObject, MemoryView};
 use crate::policy::{self, Bundle, PolicySet};
 use crate::script::ScriptEngine;

@@ -92,7 +92,7 @@ pub async fn operator_child(kubeconfig: &Path, n: usize) {
     let kind = item_kind();
     loop {
         let finished = match op.ctx.sources().0.get(&kind) {
-            Some(crate::controller::view::Source::Targets(store, _)) => store
+            Some(crate::observe::view::Source::Targets(store, _)) => store
                 .state()
                 .iter()
                 .filter(|o| o.json.contains(r#""phase":"Done""#))
@@ -109,11 +109,11 @@ pub async fn operator_child(kubeconfig: &Path, n: usize) {
     println!(
         "STEADY {} {}",
         status_kb("VmRSS:") * 1024,
-        crate::util::alloc::live()
+        crate::bench::alloc::live()
     );
     // Peaks from here on.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    crate::util::alloc::reset_peak();
+    crate::bench::alloc::reset_peak();
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -122,7 +122,7 @@ pub async fn operator_child(kubeconfig: &Path, n: usize) {
     println!(
         "PEAK {} {}",
         status_kb("VmHWM:") * 1024,
-        crate::util::alloc::peak()
+        crate::bench::alloc::peak()
     );
     op.shutdown(Duration::from_secs(5)).await;
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::script::action::Action;
+use crate::script::action::{Action, Condition, EventType};
 use crate::script::helpers::{job_failed, job_succeeded, revision_of, termination_message};
 use crate::util::time;
 
@@ -24,17 +24,17 @@ pub struct Inputs<'a> {
 }
 
 fn condition(type_: &str, status: bool, reason: &str, message: String) -> Action {
-    Action::Condition {
+    Action::Condition(Condition {
         type_: type_.into(),
-        status: if status { "True" } else { "False" }.into(),
+        status: status.into(),
         reason: reason.into(),
         message,
-    }
+    })
 }
 
 fn event(reason: &str, message: String) -> Action {
     Action::Event {
-        type_: "Warning".into(),
+        type_: EventType::Warning,
         reason: reason.into(),
         message,
     }

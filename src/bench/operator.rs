@@ -17,9 +17,9 @@ use serde_json::json;
 
 use crate::alert::LogSink;
 use crate::clock::Clock;
-use crate::controller::{Operator, OperatorConfig};
 use crate::kinds::KindRef;
 use crate::policy::{self, Bundle, Origin};
+use crate::runtime::{Operator, OperatorConfig};
 use crate::sandbox::Sandbox;
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;

@@ -16,8 +16,8 @@ use super::Stats;
 use super::operator::{item_resource, populate};
 use crate::alert::LogSink;
 use crate::clock::Clock;
-use crate::controller::reload::{self, Reloader, SourceConfig};
-use crate::controller::{Operator, OperatorConfig};
+use crate::reload::{self, Reloader, SourceConfig};
+use crate::runtime::{Operator, OperatorConfig};
 use crate::sandbox::Sandbox;
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
@@ -99,7 +99,7 @@ async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
         metrics.clone(),
         "bench",
     ));
-    let bundles = crate::controller::sources::configmap_bundles(&client, ns)
+    let bundles = crate::reload::sources::configmap_bundles(&client, ns)
         .await
         .expect("bundles");
     let (set, errors) = reloader.initial(bundles).await;

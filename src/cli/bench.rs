@@ -31,7 +31,7 @@ pub struct BenchArgs {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.child.first().map(String::as_str) == Some("operator") {
-        crate::util::alloc::enable();
+        crate::bench::alloc::enable();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

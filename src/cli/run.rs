@@ -11,10 +11,11 @@ use anyhow::Context as _;
 use crate::alert::deliver::{Delivery, DeliveryConfig};
 use crate::alert::dispatch::Dispatcher;
 use crate::clock::Clock;
-use crate::controller::leader::LeaseConfig;
-use crate::controller::reload::{self, Reloader, SourceConfig};
-use crate::controller::{Operator, OperatorConfig};
-use crate::controller::{access, health};
+use crate::observe::health;
+use crate::reload::{self, Reloader, SourceConfig};
+use crate::runtime::access;
+use crate::runtime::leader::LeaseConfig;
+use crate::runtime::{Operator, OperatorConfig};
 use crate::script::{ScriptEngine, ScriptLimits};
 use crate::telemetry::{self, Metrics};
 
@@ -203,7 +204,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // An API server that is not there yet is waited for, not given up on.
         let what = format!("reading the policy ConfigMaps in {ns}");
         let read = health::patiently(&what, || async {
-            crate::controller::sources::configmap_bundles(&client, ns)
+            crate::reload::sources::configmap_bundles(&client, ns)
                 .await
                 .map_err(|e| crate::util::api_error(&e))
         });

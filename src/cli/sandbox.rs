@@ -49,7 +49,7 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     let world = crate::scenario::world::World::new(
         sandbox.clone(),
         "default",
-        std::sync::Arc::new(crate::journal::MemoryJournal::default()),
+        std::sync::Arc::new(crate::telemetry::journal::MemoryJournal::default()),
     );
     let controllers = world.spawn(Vec::new());
     let served = sandbox

@@ -98,11 +98,53 @@ pub struct ActionRecord {
     /// `apiVersion Kind namespace/name` of the object acted on, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
-    /// ok, refused, shadow, limited or failed.
-    pub result: String,
+    pub result: ActionResult,
     /// Why, when the result is not ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// What became of an action.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionResult {
+    /// Carried out, or nothing needed doing.
+    #[default]
+    Ok,
+    /// The policy may not do it (an undeclared kind, another namespace).
+    Refused,
+    /// Held back by the policy's rate limit.
+    Limited,
+    /// Decided by a shadow policy: recorded, not carried out.
+    Shadow,
+    /// Held back while the policy's circuit breaker is open.
+    Suspended,
+    /// Not tried: an action before it failed.
+    Skipped,
+    /// Tried, and the API server (or discovery) refused it: the message
+    /// says why.
+    Failed,
+}
+
+impl ActionResult {
+    /// The name records, metrics and scenarios use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionResult::Ok => "ok",
+            ActionResult::Refused => "refused",
+            ActionResult::Limited => "limited",
+            ActionResult::Shadow => "shadow",
+            ActionResult::Suspended => "suspended",
+            ActionResult::Skipped => "skipped",
+            ActionResult::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for ActionResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
 }
 
 /// State of one declarative step.

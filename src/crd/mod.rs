@@ -14,7 +14,7 @@ mod evaluator;
 
 pub use aimodel::{AIModel, AIModelSpec, AIModelStatus, WeightsVolume};
 pub use backup::{DatabaseBackup, DatabaseBackupSpec, DatabaseBackupStatus, DatabaseRef, DumpSpec};
-pub use common::{ActionRecord, DecisionRecord, StepState, StepStatus};
+pub use common::{ActionRecord, ActionResult, DecisionRecord, StepState, StepStatus};
 pub use evaluator::{
     Benchmark, Evaluator, EvaluatorAlert, EvaluatorSpec, EvaluatorStatus, RollbackRecord,
     ScoreSample, TargetRef,

@@ -13,7 +13,7 @@ use super::{Observed, ScheduleState, run_id};
 use crate::crd::{StepState, StepStatus};
 use crate::kinds::KindRef;
 use crate::policy::compile::{CompiledPolicy, CompiledRetention, CompiledStep};
-use crate::script::action::{Action, ActionValue};
+use crate::script::action::{Action, ActionValue, Condition, EventType};
 use crate::script::ctx::Ctx;
 use crate::script::engine::{Expr, ScriptEngine};
 use crate::script::error::{ScriptError, ScriptErrorKind};
@@ -137,7 +137,7 @@ impl Run<'_> {
                 other => other.to_string(),
             };
             self.actions.push(act(Action::Event {
-                type_: type_.clone(),
+                type_: *type_,
                 reason: reason.clone(),
                 message,
             }));
@@ -230,12 +230,12 @@ fn read_progress(status: &Value) -> Vec<StepStatus> {
 }
 
 fn condition(type_: &str, status: bool, reason: &str, message: &str) -> ActionValue {
-    act(Action::Condition {
+    act(Action::Condition(Condition {
         type_: type_.into(),
-        status: if status { "True" } else { "False" }.into(),
+        status: status.into(),
         reason: reason.into(),
         message: message.into(),
-    })
+    }))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -424,7 +424,7 @@ pub fn decide(
             r.actions
                 .push(condition("Progressing", false, "StepFailed", message));
             r.actions.push(act(Action::Event {
-                type_: "Warning".into(),
+                type_: EventType::Warning,
                 reason: "StepFailed".into(),
                 message: message.clone(),
             }));

@@ -11,7 +11,11 @@ use serde_json::Value;
 
 use crate::kinds::KindRef;
 
+pub mod cache;
+pub mod discovery;
+pub mod health;
 pub mod object;
+pub mod view;
 pub use object::RawObject;
 
 /// One object as cached, immutable: a new resourceVersion is a new

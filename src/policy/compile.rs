@@ -17,6 +17,7 @@ use crate::alert::routes::{self, CompiledRoutes};
 use crate::kinds::{DeclaredKinds, KindName, KindRef, Role};
 use crate::labels::Selector;
 use crate::schedule::Schedule;
+use crate::script::action::EventType;
 use crate::script::engine::{Expr, Script, ScriptEngine};
 use crate::script::error::ScriptError;
 use crate::script::template::Template;
@@ -71,7 +72,7 @@ pub struct CompiledStep {
     pub status: Option<Template>,
     pub delete: Option<(KindRef, Template)>,
     pub alert: Option<Template>,
-    pub event: Option<(String, String, Template)>,
+    pub event: Option<(EventType, String, Template)>,
     pub ready_when: Option<Expr>,
     pub failed_when: Option<Expr>,
     pub timeout_ms: Option<i64>,
@@ -663,16 +664,21 @@ fn compile_step(
     };
     let event = match &step.event {
         Some(e) => {
-            if e.type_ != "Normal" && e.type_ != "Warning" {
-                cx.error(
-                    file,
-                    pos_at(node, &["event", "type"]),
-                    "event type must be Normal or Warning",
-                );
-                ok = false;
-            }
+            let type_ = match e.type_.as_str() {
+                "Warning" => EventType::Warning,
+                "Normal" => EventType::Normal,
+                _ => {
+                    cx.error(
+                        file,
+                        pos_at(node, &["event", "type"]),
+                        "event type must be Normal or Warning",
+                    );
+                    ok = false;
+                    EventType::Normal
+                }
+            };
             Some((
-                e.type_.clone(),
+                type_,
                 e.reason.clone(),
                 template(cx, file, source, &e.message, functions)?,
             ))

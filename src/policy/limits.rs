@@ -15,39 +15,7 @@ use serde_json::Value;
 
 use crate::util::time::{self, parse_duration_ms};
 
-/// The actions a limit applies to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Verb {
-    Rollback,
-    Delete,
-    Patch,
-    Apply,
-}
-
-impl Verb {
-    /// Every limited verb, in the order records list them.
-    pub const ALL: [Verb; 4] = [Verb::Rollback, Verb::Delete, Verb::Patch, Verb::Apply];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Rollback => "rollback",
-            Verb::Delete => "delete",
-            Verb::Patch => "patch",
-            Verb::Apply => "apply",
-        }
-    }
-
-    /// The verb an action or a script names, if it is a limited one.
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.as_str() == text)
-    }
-}
-
-impl fmt::Display for Verb {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::script::action::Verb;
 
 /// `N/duration`: at most N actions per target in the window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::model::{Expectation, FinalSpec, Scenario, ScenarioError, glob, subset};
 use super::world::World;
-use crate::journal::Entry;
+use crate::telemetry::journal::Entry;
 use crate::util::yaml::Pos;
 
 /// A failed expectation (or world event, or policy error).

@@ -16,13 +16,13 @@ use crate::alert::notify::{self, Notification};
 use crate::alert::sink::ActiveAlerts;
 use crate::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use crate::clock::Clock;
-use crate::controller::reload::{Reloaded, Reloader};
-use crate::controller::{Operator, OperatorConfig};
-use crate::journal::{Entry, Journal, MemoryJournal};
 use crate::policy::Bundle;
+use crate::reload::{Reloaded, Reloader};
+use crate::runtime::{Operator, OperatorConfig};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
+use crate::telemetry::journal::{Entry, Journal, MemoryJournal};
 
 /// Alerts as the journal sees them: when each starts and stops firing,
 /// and the receivers its routes reach; then on to the dispatcher.

@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 
 use super::model::{CompleteSpec, PodReadySpec, RuleSpec, SnapshotReadySpec, glob};
 use crate::clock::Clock;
-use crate::controller::health::WatchBackoff;
-use crate::journal::{Entry, Journal, MemoryJournal};
+use crate::observe::health::WatchBackoff;
 use crate::sandbox::Sandbox;
 use crate::sandbox::registry::ResourceDef;
+use crate::telemetry::journal::{Entry, Journal, MemoryJournal};
 use crate::util::time;
 
 /// Kinds the sandbox serves, by kind name.

@@ -30,12 +30,7 @@ pub enum Action {
         fields: serde_json::Map<String, Value>,
     },
     /// Set one standard condition on the target.
-    Condition {
-        type_: String,
-        status: String,
-        reason: String,
-        message: String,
-    },
+    Condition(Condition),
     /// `kubectl rollout undo` a Deployment, to a revision or the previous one.
     Rollback {
         deployment: String,
@@ -48,7 +43,7 @@ pub enum Action {
     },
     /// Record a Kubernetes Event on the target.
     Event {
-        type_: String,
+        type_: EventType,
         reason: String,
         message: String,
     },
@@ -72,9 +67,101 @@ impl Action {
         }
     }
 
-    /// Whether the action writes to the API server.
-    pub fn is_write(&self) -> bool {
-        !matches!(self, Action::Alert { .. } | Action::Requeue { .. })
+    /// The verb of an action that writes to another object than the
+    /// target: the ones limits count.
+    pub fn limited_verb(&self) -> Option<Verb> {
+        match self {
+            Action::Apply { .. } => Some(Verb::Apply),
+            Action::Delete { .. } => Some(Verb::Delete),
+            Action::Patch { .. } => Some(Verb::Patch),
+            Action::Rollback { .. } => Some(Verb::Rollback),
+            _ => None,
+        }
+    }
+}
+
+/// The actions that write to objects other than the target, which rate
+/// limits count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verb {
+    Rollback,
+    Delete,
+    Patch,
+    Apply,
+}
+
+impl Verb {
+    /// Every limited verb, in the order records list them.
+    pub const ALL: [Verb; 4] = [Verb::Rollback, Verb::Delete, Verb::Patch, Verb::Apply];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Rollback => "rollback",
+            Verb::Delete => "delete",
+            Verb::Patch => "patch",
+            Verb::Apply => "apply",
+        }
+    }
+
+    /// The verb an action or a script names, if it is a limited one.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The status of a standard condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::True, Self::False, Self::Unknown]
+            .into_iter()
+            .find(|s| s.as_str() == text)
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(b: bool) -> Self {
+        if b { Self::True } else { Self::False }
+    }
+}
+
+/// One standard condition (`type`, `status`, `reason`, `message`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub type_: String,
+    pub status: ConditionStatus,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The type of an Event: `Normal` or `Warning`.
+pub use kube::runtime::events::EventType;
+
+/// An Event type as scripts and records write it.
+pub fn event_type_str(t: &EventType) -> &'static str {
+    match t {
+        EventType::Normal => "Normal",
+        EventType::Warning => "Warning",
     }
 }
 
@@ -347,21 +434,22 @@ pub fn register(engine: &mut Engine) {
     engine.register_fn(
         "condition",
         |ctx: NativeCallContext, type_: &str, status: Dynamic, reason: &str, message: &str| -> RhaiResult<ActionValue> {
-            let status = if let Ok(b) = status.as_bool() {
-                if b { "True" } else { "False" }.to_string()
-            } else {
-                let s = status.to_string();
-                match s.as_str() {
-                    "True" | "False" | "Unknown" => s,
-                    _ => return fail(&ctx, format!("condition status must be true, false, \"True\", \"False\" or \"Unknown\", not {s:?}")),
+            let status = match status.as_bool() {
+                Ok(b) => ConditionStatus::from(b),
+                Err(_) => {
+                    let s = status.to_string();
+                    match ConditionStatus::parse(&s) {
+                        Some(st) => st,
+                        None => return fail(&ctx, format!("condition status must be true, false, \"True\", \"False\" or \"Unknown\", not {s:?}")),
+                    }
                 }
             };
-            Ok(make(&ctx, Action::Condition {
+            Ok(make(&ctx, Action::Condition(Condition {
                 type_: type_.to_string(),
                 status,
                 reason: reason.to_string(),
                 message: message.to_string(),
-            }))
+            })))
         },
     );
 
@@ -453,16 +541,20 @@ pub fn register(engine: &mut Engine) {
          reason: &str,
          message: &str|
          -> RhaiResult<ActionValue> {
-            if type_ != "Normal" && type_ != "Warning" {
-                return fail(
-                    &ctx,
-                    format!("event type must be \"Normal\" or \"Warning\", not {type_:?}"),
-                );
-            }
+            let type_ = match type_ {
+                "Normal" => EventType::Normal,
+                "Warning" => EventType::Warning,
+                other => {
+                    return fail(
+                        &ctx,
+                        format!("event type must be \"Normal\" or \"Warning\", not {other:?}"),
+                    );
+                }
+            };
             Ok(make(
                 &ctx,
                 Action::Event {
-                    type_: type_.into(),
+                    type_,
                     reason: reason.into(),
                     message: message.into(),
                 },

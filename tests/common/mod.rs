@@ -142,12 +142,9 @@ pub fn rollbacks(d: &Decision) -> Vec<(String, Option<i64>)> {
 
 pub fn condition<'a>(d: &'a Decision, type_: &str) -> Option<(&'a str, &'a str, &'a str)> {
     d.actions.iter().rev().find_map(|p| match &p.action {
-        Action::Condition {
-            type_: t,
-            status,
-            reason,
-            message,
-        } if t == type_ => Some((status.as_str(), reason.as_str(), message.as_str())),
+        Action::Condition(c) if c.type_ == type_ => {
+            Some((c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+        }
         _ => None,
     })
 }

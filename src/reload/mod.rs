@@ -13,6 +13,8 @@
 //! bundle removes its policies (their controllers stop) and touches none
 //! of their objects.
 
+pub mod sources;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -26,11 +28,11 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 
-use super::runtime::Operator;
-use super::sources::POLICY_LABEL;
+use self::sources::POLICY_LABEL;
 use crate::alert::routes::{ReceiverKind, Target};
 use crate::policy::compile::{LoadError, Loaded, load_bundle};
 use crate::policy::{Bundle, Origin, PolicySet};
+use crate::runtime::Operator;
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
 
@@ -201,7 +203,7 @@ impl Reloader {
             ..Default::default()
         };
         let watched = op.ctx.config.namespace.as_deref();
-        match super::access::missing_for(client, &only, &opts, watched).await {
+        match crate::runtime::access::missing_for(client, &only, &opts, watched).await {
             Ok(missing) if missing.is_empty() => Ok(()),
             Ok(missing) => Err(missing
                 .iter()
@@ -620,7 +622,7 @@ impl Reloader {
         let failing = op
             .ctx
             .watches
-            .failing_errors(super::health::TELL_POLICIES_AFTER);
+            .failing_errors(crate::observe::health::TELL_POLICIES_AFTER);
         let mut failed = Vec::new();
         let mut recovered = Vec::new();
         {
@@ -747,7 +749,7 @@ async fn watch_configmaps(
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}=true"));
     let mut stream = watcher::watcher(api, config)
-        .backoff(super::health::WatchBackoff::default())
+        .backoff(crate::observe::health::WatchBackoff::default())
         .boxed();
     let watch_name = format!("policy ConfigMaps in {namespace}");
     let mut listed: Vec<Origin> = Vec::new();
@@ -759,7 +761,7 @@ async fn watch_configmaps(
         )
     };
     while let Some(ev) = stream.next().await {
-        super::health::report_watch(&op.ctx.watches, &watch_name, ev.as_ref().err());
+        crate::observe::health::report_watch(&op.ctx.watches, &watch_name, ev.as_ref().err());
         match ev {
             Ok(Event::Apply(cm)) | Ok(Event::InitApply(cm)) => {
                 let b = bundle_of(&cm);
@@ -834,7 +836,11 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemet
             return Err("caches not synced yet".into());
         }
         let mut failing = op.ctx.watches.ended();
-        failing.extend(op.ctx.watches.failing_for(super::health::UNREADY_AFTER));
+        failing.extend(
+            op.ctx
+                .watches
+                .failing_for(crate::observe::health::UNREADY_AFTER),
+        );
         if !failing.is_empty() {
             return Err(failing.join("\n"));
         }

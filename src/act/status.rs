@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::script::action::Condition;
+
 /// Merge `fields` into `status` with JSON merge patch semantics (null removes).
 pub fn merge_fields(status: &mut Value, fields: &Map<String, Value>) {
     if !status.is_object() {
@@ -29,29 +31,24 @@ pub fn accumulate(into: &mut Map<String, Value>, fields: &Map<String, Value>) {
 
 /// Set one condition: `lastTransitionTime` changes only when the status
 /// does; `observedGeneration` is the target's generation.
-pub fn set_condition(
-    status: &mut Value,
-    type_: &str,
-    cond_status: &str,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: &str,
-) {
+pub fn set_condition(status: &mut Value, c: &Condition, generation: Option<i64>, now: &str) {
     if !status.is_object() {
         *status = json!({});
     }
     if !status["conditions"].is_array() {
         status["conditions"] = json!([]);
     }
-    let list = status["conditions"].as_array_mut().expect("an array");
-    let mut c = json!({"type": type_, "status": cond_status, "reason": reason, "message": message});
+    let Some(list) = status["conditions"].as_array_mut() else {
+        return;
+    };
+    let mut new =
+        json!({"type": c.type_, "status": c.status, "reason": c.reason, "message": c.message});
     if let Some(g) = generation {
-        c["observedGeneration"] = json!(g);
+        new["observedGeneration"] = json!(g);
     }
-    match list.iter_mut().find(|c| c["type"] == type_) {
+    match list.iter_mut().find(|e| e["type"] == c.type_.as_str()) {
         Some(existing) => {
-            let transition = if existing["status"] == cond_status {
+            let transition = if existing["status"] == c.status.as_str() {
                 existing
                     .get("lastTransitionTime")
                     .cloned()
@@ -59,12 +56,12 @@ pub fn set_condition(
             } else {
                 json!(now)
             };
-            c["lastTransitionTime"] = transition;
-            *existing = c;
+            new["lastTransitionTime"] = transition;
+            *existing = new;
         }
         None => {
-            c["lastTransitionTime"] = json!(now);
-            list.push(c);
+            new["lastTransitionTime"] = json!(now);
+            list.push(new);
         }
     }
 }
@@ -133,6 +130,8 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::script::action::ConditionStatus;
 
     #[test]
     fn a_null_from_a_later_status_action_removes_the_field() {
@@ -168,16 +167,27 @@ mod tests {
         );
     }
 
-    use super::*;
-
     #[test]
     fn a_condition_keeps_its_transition_time_while_its_status_holds() {
+        let ready = |status, reason: &str, message: &str| Condition {
+            type_: "Ready".into(),
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        };
         let mut s = json!({});
-        set_condition(&mut s, "Ready", "True", "Ok", "fine", Some(1), "t1");
-        set_condition(&mut s, "Ready", "True", "Ok", "still fine", Some(2), "t2");
+        set_condition(
+            &mut s,
+            &ready(ConditionStatus::True, "Ok", "fine"),
+            Some(1),
+            "t1",
+        );
+        let still = ready(ConditionStatus::True, "Ok", "still fine");
+        set_condition(&mut s, &still, Some(2), "t2");
         assert_eq!(condition(&s, "Ready").unwrap()["lastTransitionTime"], "t1");
         assert_eq!(condition(&s, "Ready").unwrap()["observedGeneration"], 2);
-        set_condition(&mut s, "Ready", "False", "Bad", "broke", Some(2), "t3");
+        let broke = ready(ConditionStatus::False, "Bad", "broke");
+        set_condition(&mut s, &broke, Some(2), "t3");
         assert_eq!(condition(&s, "Ready").unwrap()["lastTransitionTime"], "t3");
     }
 

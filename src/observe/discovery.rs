@@ -17,6 +17,13 @@ pub struct Resolved {
     pub status_subresource: bool,
 }
 
+impl Resolved {
+    /// The kind, as policies name it.
+    pub fn kind_ref(&self) -> KindRef {
+        KindRef::new(&self.resource.api_version, &self.resource.kind)
+    }
+}
+
 /// Discovery results, by kind.
 pub struct Resources {
     client: kube::Client,

@@ -135,7 +135,7 @@ pub async fn rollback(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{deployment, replicaset};
+    use crate::bench::fixtures::{deployment, replicaset};
 
     #[test]
     fn the_previous_revision_is_the_highest_below_the_current_one() {

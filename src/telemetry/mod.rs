@@ -1,6 +1,8 @@
 //! Prometheus metrics, and the HTTP endpoint that serves them with
 //! `/healthz` and `/readyz`.
 
+pub mod journal;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

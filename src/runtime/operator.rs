@@ -12,26 +12,25 @@ use crate::events::{EventWriter, Reporter};
 use arc_swap::ArcSwap;
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::cache::{Change, Informer, spawn_informer};
-use super::health::{WatchBackoff, WatchHealth, report_watch};
 use super::leader::{Elector, LeaseConfig};
-use super::view::{Dependencies, Source, Sources, TargetKey, Tracking, target_ref};
+use crate::act::{self, Exec, Mode};
 use crate::alert::AlertSink;
 use crate::clock::Clock;
 use crate::crd::DecisionRecord;
 use crate::decide::{self, Observed};
-use crate::executor::resources::{Resolved, Resources};
-use crate::executor::{self, Exec, Mode};
 use crate::kinds::KindRef;
 use crate::observe::RawObject;
+use crate::observe::cache::{Change, Informer, spawn_informer};
+use crate::observe::discovery::{Resolved, Resources};
+use crate::observe::health::{WatchBackoff, WatchHealth, report_watch};
+use crate::observe::view::{Dependencies, Source, Sources, TargetKey, Tracking, target_ref};
 use crate::policy::compile::CompiledPolicy;
 use crate::policy::limits::Breaker;
 use crate::policy::{self, PolicySet};
@@ -213,7 +212,7 @@ pub struct Context {
     pub leading: Arc<AtomicBool>,
     /// Which watches fail, since when: `/readyz` reports them.
     pub watches: Arc<WatchHealth>,
-    pub applied: executor::Applied,
+    pub applied: act::Applied,
     informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
     targets: Mutex<HashMap<KindRef, TargetController>>,
     deps: Mutex<Dependencies>,
@@ -226,7 +225,7 @@ pub struct Context {
     /// would decide on a status that no longer is.
     written: crate::observe::OwnWrites<TargetKey, String>,
     /// Where action outcomes are written down, when someone listens (scenarios).
-    journal: std::sync::OnceLock<Arc<dyn crate::journal::Journal>>,
+    journal: std::sync::OnceLock<Arc<dyn crate::telemetry::journal::Journal>>,
     in_flight: AtomicUsize,
     activity: AtomicU64,
     changes: mpsc::UnboundedSender<Change>,
@@ -235,7 +234,7 @@ pub struct Context {
 
 impl Context {
     /// Write every action's outcome to `journal` from now on (once).
-    pub fn set_journal(&self, journal: Arc<dyn crate::journal::Journal>) {
+    pub fn set_journal(&self, journal: Arc<dyn crate::telemetry::journal::Journal>) {
         let _ = self.journal.set(journal);
     }
 
@@ -262,6 +261,17 @@ impl Context {
             );
         }
         Sources(map)
+    }
+
+    /// The writer of this process, at the clock's time.
+    pub fn writer(&self) -> act::Writer<'_> {
+        act::Writer {
+            client: &self.client,
+            recorder: Some(&self.recorder),
+            journal: self.journal.get().map(|j| j.as_ref()),
+            applied: Some(&self.applied),
+            now: self.clock.now(),
+        }
     }
 
     /// Shadow decisions, newest last.
@@ -433,56 +443,29 @@ fn finalizer_name(policy: &str) -> String {
     format!("runbook.dev/{name}")
 }
 
-fn finalizers(v: &Value) -> Vec<String> {
-    v.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f.as_str().map(str::to_string))
-        .collect()
+/// A warning Event on a target.
+fn warning(reason: &str, message: String) -> act::plan::Note {
+    act::plan::Note {
+        type_: crate::events::EventType::Warning,
+        reason: reason.into(),
+        message,
+    }
 }
 
-async fn patch_finalizers(
+/// Add or remove one of the target's finalizers (counted as a write).
+async fn finalizers(
     ctx: &Context,
-    r: &Resolved,
+    kind: &Resolved,
     target: &Value,
     add: Option<&str>,
     remove: Option<&str>,
 ) -> Result<(), ReconcileError> {
-    let ns = target["metadata"]["namespace"].as_str().unwrap_or_default();
-    let name = target["metadata"]["name"].as_str().unwrap_or_default();
-    let current = finalizers(target);
-    let mut ops = vec![
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": target["metadata"]["resourceVersion"]}),
-    ];
-    if let Some(f) = add {
-        if target.pointer("/metadata/finalizers").is_some() {
-            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": f}));
-        } else {
-            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [f]}));
-        }
-    }
-    if let Some(f) = remove
-        && let Some(i) = current.iter().position(|x| x == f)
-    {
-        ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")}));
-    }
-    let ops: json_patch::Patch =
-        serde_json::from_value(Value::Array(ops)).map_err(|e| ReconcileError {
-            message: e.to_string(),
-            label: "internal",
-        })?;
-    let api: Api<RawObject> = if r.namespaced {
-        Api::namespaced_with(ctx.client.clone(), ns, &r.resource)
-    } else {
-        Api::all_with(ctx.client.clone(), &r.resource)
-    };
     ctx.metrics.writes.inc();
-    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+    ctx.writer()
+        .finalizers(kind, target, add, remove)
         .await
-        .map(|_| ())
         .map_err(|e| ReconcileError {
-            message: format!("updating the finalizers of {ns}/{name}: {e}"),
+            message: e.to_string(),
             label: "finalizer",
         })
 }
@@ -495,7 +478,7 @@ async fn run_policy(
     resolved: &Resolved,
     key: &TargetKey,
     finalizing: bool,
-) -> executor::Outcome {
+) -> act::Outcome {
     let now: Timestamp = ctx.clock.now();
     let tracking = Arc::new(Tracking::new(ctx.sources()));
     let observed = Observed {
@@ -542,16 +525,15 @@ async fn run_policy(
         .set(matches!(mode, Mode::Suspended(_)) as i64);
     let routes = set.routes_for(p);
     let exec = Exec {
-        client: &ctx.client,
+        writer: act::Writer {
+            now,
+            ..ctx.writer()
+        },
         resources: &ctx.resources,
         view: &tracking.sources,
-        recorder: Some(&ctx.recorder),
         alerts: ctx.alerts.as_ref(),
-        now,
-        applied: Some(&ctx.applied),
-        journal: ctx.journal.get().map(|j| j.as_ref()),
     };
-    let outcome = executor::execute(
+    let outcome = act::execute(
         &exec,
         p,
         routes.as_ref(),
@@ -635,7 +617,7 @@ async fn reconcile(
         .values()
         .any(|p| p.target != kind && p.kinds.declares(&kind));
     if watched_by_others {
-        let _ = ctx.changes.send(super::cache::Change {
+        let _ = ctx.changes.send(crate::observe::cache::Change {
             kind: kind.clone(),
             namespace: key.namespace.clone(),
             name: key.name.clone(),
@@ -644,7 +626,7 @@ async fn reconcile(
                 .owner_references
                 .iter()
                 .flatten()
-                .map(|o| super::cache::OwnerRef {
+                .map(|o| crate::observe::cache::OwnerRef {
                     api_version: o.api_version.clone(),
                     kind: o.kind.clone(),
                     name: o.name.clone(),
@@ -660,17 +642,8 @@ async fn reconcile(
             .get_or_create(&Metrics::labels(&[("kind", &kind.kind)]))
             .inc();
         if obj.meta.name.is_some() {
-            let ev = kube::runtime::events::Event {
-                type_: kube::runtime::events::EventType::Warning,
-                reason: "Undecodable".into(),
-                note: Some(format!("Runbook skips this object: {why}")),
-                action: "Reconcile".into(),
-                secondary: None,
-            };
-            let reference = crate::executor::object_ref(&obj.value());
-            if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-                tracing::warn!("recording an Event failed: {e}");
-            }
+            let note = warning("Undecodable", format!("Runbook skips this object: {why}"));
+            ctx.writer().event(&obj.value(), &note).await;
         }
         return Ok(Action::await_change());
     }
@@ -693,17 +666,8 @@ async fn reconcile(
                 "internal error while reconciling (a bug in Runbook, please report it): {what}"
             );
             tracing::error!(kind = %kind, namespace = %key.namespace, name = %key.name, "{message}");
-            let ev = crate::events::Event {
-                type_: crate::events::EventType::Warning,
-                reason: "InternalError".into(),
-                note: Some(message.clone()),
-                action: "Reconcile".into(),
-                secondary: None,
-            };
-            let reference = crate::executor::object_ref(&obj.value());
-            if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-                tracing::warn!("recording an Event failed: {e}");
-            }
+            let note = warning("InternalError", message.clone());
+            ctx.writer().event(&obj.value(), &note).await;
             Err(ReconcileError {
                 message,
                 label: "panic",
@@ -760,7 +724,7 @@ async fn reconcile_target(
         })?;
     let started = Instant::now();
     let deleting = t.pointer("/metadata/deletionTimestamp").is_some();
-    let present = finalizers(t);
+    let present = act::writer::finalizers_of(t);
     let mut requeue: Option<i64> = None;
     let mut error: Option<(String, &'static str)> = None;
     for p in &policies {
@@ -778,7 +742,7 @@ async fn reconcile_target(
             if let Some(e) = outcome.error {
                 error = Some((e, outcome.error_label.unwrap_or("finalize")));
             } else if !work_left && writes_allowed {
-                patch_finalizers(ctx, &resolved, t, None, Some(&fin)).await?;
+                finalizers(ctx, &resolved, t, None, Some(&fin)).await?;
             } else {
                 requeue = Some(requeue.map_or(5_000, |r| r.min(5_000)));
             }
@@ -786,7 +750,7 @@ async fn reconcile_target(
         }
         if p.has_finalizer() && writes_allowed && !present.contains(&fin) {
             // The watch event of this write reconciles again.
-            patch_finalizers(ctx, &resolved, t, Some(&fin), None).await?;
+            finalizers(ctx, &resolved, t, Some(&fin), None).await?;
             return Ok(Action::await_change());
         }
         let outcome = run_policy(ctx, p, &set, &target, &resolved, key, false).await;
@@ -914,7 +878,7 @@ impl Operator {
             synced: Arc::new(AtomicBool::new(false)),
             leading: Arc::new(AtomicBool::new(false)),
             watches,
-            applied: executor::Applied::default(),
+            applied: act::Applied::default(),
             informers: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
             deps: Mutex::new(Dependencies::default()),
@@ -1031,7 +995,7 @@ impl Operator {
     }
 
     async fn wait_informers(&self) {
-        let caches: Vec<Arc<super::cache::KindCache>> = self
+        let caches: Vec<Arc<crate::observe::cache::KindCache>> = self
             .ctx
             .informers
             .lock()
@@ -1086,7 +1050,7 @@ impl Operator {
         // kind it does not serve is an answer, and fails the start.
         let mut stop = self.ctx.stop.clone();
         let checked = tokio::select! {
-            r = super::health::patiently("discovering the policies' kinds", || async {
+            r = crate::observe::health::patiently("discovering the policies' kinds", || async {
                 match self.check_kinds(&self.ctx.policies.load_full()).await {
                     Err(StartError::Discovery(e)) => Err(crate::util::api_error(&e)),
                     other => Ok(other),

@@ -1,0 +1,404 @@
+//! Act: a decision carried out. Three parts, in order:
+//!
+//! 1. [`plan`] (pure): the decision and the cached state in, the steps out
+//!    — each a write to make, or a result to record without one
+//!    (refused, shadow, suspended, limited, unchanged);
+//! 2. [`writer`]: the one code that writes to the API server for a
+//!    decision, performing the plan's writes in order (after a failed one,
+//!    the writes that follow are skipped); the journal hears every outcome
+//!    there;
+//! 3. [`conclude`] (pure): the steps' results in, the target's new status,
+//!    its decision record and the Events to write out.
+//!
+//! A no-op reconcile makes no request at all; shadow mode and an open
+//! circuit breaker write nothing but the record (shadow not even that).
+
+pub mod conclude;
+pub mod plan;
+pub mod rollback;
+pub mod status;
+pub mod writer;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use serde_json::{Value, json};
+
+use self::conclude::Done;
+pub use self::plan::{APPLIED_HASH, apply_is_noop, prepare_child};
+use self::plan::{Discovered, Failed, Plan, Todo};
+pub use self::writer::{MANAGER, Writer};
+use crate::alert::AlertSink;
+use crate::alert::routes::CompiledRoutes;
+use crate::crd::{ActionResult, DecisionRecord};
+use crate::decide::{DecideError, Decision};
+use crate::kinds::KindRef;
+use crate::observe::discovery::{Resolved, Resources};
+use crate::observe::{CachedObject, ObjectView};
+use crate::policy::compile::CompiledPolicy;
+use crate::telemetry::journal::Entry;
+
+/// Why an action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// One line: what was being done, and the API server's message.
+    #[error("{what}: {}", crate::util::api_error(.source))]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Rollback(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ExecError {
+    pub fn api(what: &str, source: kube::Error) -> Self {
+        Self::Api {
+            what: what.to_string(),
+            source,
+        }
+    }
+
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ExecError::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => match s.code {
+                409 => "conflict",
+                422 => "invalid",
+                403 => "forbidden",
+                404 => "not_found",
+                c if c >= 500 => "server",
+                _ => "api",
+            },
+            ExecError::Api { .. } => "transport",
+            ExecError::Rollback(_) => "rollback",
+            ExecError::Invalid(_) => "invalid",
+        }
+    }
+}
+
+impl From<&ExecError> for Failed {
+    fn from(e: &ExecError) -> Self {
+        Failed {
+            message: e.to_string(),
+            label: e.metric_label(),
+        }
+    }
+}
+
+/// How a decision may act.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    /// Decide and record, write nothing.
+    Shadow,
+    /// Writes suspended (circuit breaker open): record why.
+    Suspended(String),
+}
+
+impl Mode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::Suspended(_) => "suspended",
+        }
+    }
+}
+
+/// A child by kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChildKey {
+    pub kind: KindRef,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ChildKey {
+    pub fn new(kind: &KindRef, namespace: &str, name: &str) -> Self {
+        Self {
+            kind: kind.clone(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+/// Children applied by this process whose new version the watch cache may
+/// not show yet, with the hash applied. Without it, a reconcile that runs
+/// before the cache catches up would apply the same object again
+/// (harmless, but a write).
+pub type Applied = crate::observe::OwnWrites<ChildKey, String>;
+
+/// What carrying out a decision needs.
+pub struct Exec<'a> {
+    pub writer: Writer<'a>,
+    pub resources: &'a Resources,
+    /// The caches the decision read, for what its writes would change.
+    pub view: &'a dyn ObjectView,
+    pub alerts: &'a dyn AlertSink,
+}
+
+/// What executing a decision did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub record: DecisionRecord,
+    /// API write requests made (0 for a no-op reconcile).
+    pub writes: u32,
+    /// The error that ended the reconcile: a decide error or a failed action.
+    pub error: Option<String>,
+    pub error_label: Option<&'static str>,
+    /// (verb, reason) of each refused action.
+    pub refused: Vec<(String, String)>,
+    pub limited: Vec<String>,
+    /// (verb, result) of each action on another object and each refused
+    /// one, for metrics.
+    pub results: Vec<(&'static str, &'static str)>,
+    /// When the decision wants to run again.
+    pub requeue_ms: Option<i64>,
+    /// Whether the target's status was written.
+    pub status_written: bool,
+}
+
+/// The `ObjectReference` Events point at.
+pub fn object_ref(target: &Value) -> ObjectReference {
+    let m = &target["metadata"];
+    let s = |v: &Value| v.as_str().map(str::to_string);
+    ObjectReference {
+        api_version: s(&target["apiVersion"]),
+        kind: s(&target["kind"]),
+        name: s(&m["name"]),
+        namespace: s(&m["namespace"]),
+        uid: s(&m["uid"]),
+        resource_version: s(&m["resourceVersion"]),
+        field_path: None,
+    }
+}
+
+/// Ask discovery about each kind (it remembers what it was told).
+async fn discover(resources: &Resources, kinds: Vec<KindRef>) -> Discovered {
+    let mut out = Discovered::new();
+    for k in kinds {
+        let answer = resources
+            .resolve(&k)
+            .await
+            .map_err(|e| Failed::from(&ExecError::api(&format!("discovering {k}"), e)));
+        out.insert(k, answer);
+    }
+    out
+}
+
+/// Carry out the plan's steps in order; after a failed write, the writes
+/// that follow are skipped. Returns each step's result and the failure.
+async fn carry_out(
+    w: &Writer<'_>,
+    policy: &CompiledPolicy,
+    target: &Value,
+    plan: &Plan,
+) -> (Vec<Done>, Option<Failed>) {
+    let mut done = Vec::with_capacity(plan.steps.len());
+    let mut failure: Option<Failed> = None;
+    for step in &plan.steps {
+        if failure.is_some() && step.writes_elsewhere() {
+            let why = "an earlier action failed".to_string();
+            done.push(Done::new(ActionResult::Skipped, Some(why)));
+            continue;
+        }
+        let tell = |result: &str, fields: Value, detail: Option<&str>| {
+            w.observe(|| w.step_entry(policy, target, step, result, fields, detail))
+        };
+        let d = match &step.todo {
+            Todo::Refused(r) => {
+                w.observe(|| {
+                    let mut e = w.step_entry(policy, target, step, "refused", Value::Null, Some(r));
+                    e.action = "refusal".into();
+                    e.fields = json!({"action": step.action.verb()});
+                    e
+                });
+                Done::new(ActionResult::Refused, Some(r.clone()))
+            }
+            Todo::Record(result, detail) => {
+                if step.action.limited_verb().is_some() {
+                    tell(result.as_str(), Value::Null, detail.as_deref());
+                }
+                Done::new(*result, detail.clone())
+            }
+            Todo::Unchanged => {
+                tell("unchanged", Value::Null, None);
+                Done::new(ActionResult::Ok, None)
+            }
+            Todo::Write(write) => match w.write(write).await {
+                Ok(Some(wrote)) => {
+                    tell("ok", wrote, None);
+                    Done {
+                        result: ActionResult::Ok,
+                        detail: None,
+                        wrote: true,
+                    }
+                }
+                Ok(None) => {
+                    tell("unchanged", Value::Null, None);
+                    Done::new(ActionResult::Ok, None)
+                }
+                Err(e) => fail(&mut failure, Failed::from(&e), tell),
+            },
+            Todo::Fail(f) => fail(&mut failure, f.clone(), tell),
+        };
+        done.push(d);
+    }
+    (done, failure)
+}
+
+/// A step that failed: told, and kept as the decision's failure.
+fn fail(failure: &mut Option<Failed>, f: Failed, tell: impl Fn(&str, Value, Option<&str>)) -> Done {
+    tell("failed", Value::Null, Some(&f.message));
+    let d = Done::new(ActionResult::Failed, Some(f.message.clone()));
+    *failure = Some(f);
+    d
+}
+
+/// What the outcome counts of the steps: refusals, limits, results.
+fn tally(out: &mut Outcome, plan: &Plan, done: &[Done]) {
+    for (s, d) in plan.steps.iter().zip(done) {
+        let verb = s.action.verb();
+        if let Todo::Refused(r) = &s.todo {
+            out.refused.push((verb.to_string(), r.clone()));
+        } else if s.action.limited_verb().is_none() {
+            continue;
+        }
+        if d.result == ActionResult::Limited {
+            out.limited.push(d.detail.clone().unwrap_or_default());
+        }
+        out.writes += u32::from(d.wrote);
+        out.results.push((verb, d.result.as_str()));
+    }
+}
+
+/// Carry out a decision (or report why none could be made).
+pub async fn execute(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    routes: Option<&Arc<CompiledRoutes>>,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    decision: Result<&Decision, &DecideError>,
+    mode: Mode,
+) -> Outcome {
+    let w = &x.writer;
+    let t = target.value();
+    let actions = decision.map(|d| d.actions.as_slice()).unwrap_or_default();
+    let discovered = match mode {
+        Mode::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
+        _ => Discovered::new(),
+    };
+    let plan = plan::plan(&plan::Input {
+        policy,
+        target,
+        actions,
+        mode: &mode,
+        view: x.view,
+        discovered: &discovered,
+        applied: w.applied,
+        routes: routes.map(|r| r.as_ref()),
+        now: w.now,
+    });
+    if let Some(own) = w.applied {
+        plan.settled.iter().for_each(|k| own.settled(k));
+    }
+    let (done, failure) = carry_out(w, policy, t, &plan).await;
+    let decide_error = decision.err();
+    if let Some(e) = decide_error {
+        w.observe(|| {
+            let k = plan::kind_of(t);
+            Entry::new(w.now, "error", "failed")
+                .policy(&policy.name)
+                .object(&k.api_version, &k.kind, target.namespace(), target.name())
+                .detail(e.to_string())
+        });
+    }
+    let previous_hash = DecisionRecord::of(t).unwrap_or_default().inputs_hash;
+    let end = conclude::conclude(&conclude::Input {
+        policy,
+        target: t,
+        plan: &plan,
+        done: &done,
+        decide_error,
+        failed: failure.as_ref().map(|f| f.message.as_str()),
+        inputs_hash: decision.map_or(previous_hash.as_str(), |d| d.inputs_hash.as_str()),
+        mode: &mode,
+        now: w.now,
+    });
+    let mut out = Outcome {
+        record: end.record.clone(),
+        error: decide_error
+            .map(|e| e.to_string())
+            .or(failure.as_ref().map(|f| f.message.clone())),
+        error_label: decide_error
+            .map(|e| e.metric_label())
+            .or(failure.as_ref().map(|f| f.label)),
+        ..Outcome::default()
+    };
+    tally(&mut out, &plan, &done);
+    if mode == Mode::Shadow {
+        return out;
+    }
+    for note in &end.events {
+        w.event(t, note).await;
+    }
+    // A decision that failed says nothing about its alerts: keep them as
+    // they were rather than resolve them.
+    if decision.is_ok() {
+        x.alerts.report(&plan.source, routes, plan.alerts.clone());
+    }
+    if let Some(patch) = &end.patch {
+        finish_status(x, policy, target, target_kind, &plan, &end, patch, &mut out).await;
+    }
+    out
+}
+
+/// Write the status the decision ends with.
+#[allow(clippy::too_many_arguments)]
+async fn finish_status(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    plan: &Plan,
+    end: &conclude::Conclusion,
+    patch: &Value,
+    out: &mut Outcome,
+) {
+    let w = &x.writer;
+    let (ns, name) = (target.namespace(), target.name());
+    let kind = plan::kind_of(target.value());
+    match w.status(target_kind, ns, name, patch).await {
+        Ok(()) => {
+            out.writes += 1;
+            out.status_written = true;
+            w.observe(|| {
+                let mut set = Value::Object(plan.fields.clone());
+                if let Some(c) = end.status.get("conditions") {
+                    set["conditions"] = c.clone();
+                }
+                Entry::new(w.now, "status", "ok")
+                    .policy(&policy.name)
+                    .object(&kind.api_version, &kind.kind, ns, name)
+                    .fields(set)
+            });
+        }
+        Err(e) => {
+            let m = format!(
+                "writing the status of {}: {e}",
+                plan::target_string(&kind, ns, name)
+            );
+            out.error_label.get_or_insert("status");
+            out.error.get_or_insert(m);
+        }
+    }
+}

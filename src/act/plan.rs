@@ -1,0 +1,903 @@
+//! The plan: a decision turned into the writes it needs, with nothing
+//! performed. Pure: the target, the cached children, what discovery said of
+//! the kinds involved and what this process wrote lately go in; steps come
+//! out, each a write to make or a result to record without one.
+//!
+//! Everything that decides *whether* to write is here: refusals, shadow
+//! mode and an open circuit breaker, rate limits, and the comparison with
+//! the cache that makes a no-op reconcile cost zero writes. The writer
+//! (`writer.rs`) only performs what the plan says.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use jiff::Timestamp;
+use serde_json::{Map, Value, json};
+
+use super::status;
+use super::{Applied, ChildKey, Mode};
+use crate::alert::routes::CompiledRoutes;
+use crate::alert::{Alert, AlertSource};
+use crate::crd::ActionResult;
+use crate::decide::Planned;
+use crate::kinds::KindRef;
+use crate::observe::discovery::Resolved;
+use crate::observe::{CachedObject, ObjectView};
+use crate::policy::compile::CompiledPolicy;
+use crate::policy::limits::Recent;
+use crate::script::action::{Action, Condition, EventType};
+
+/// Annotation holding the hash of what Runbook last applied to a child.
+pub const APPLIED_HASH: &str = "runbook.dev/applied-hash";
+
+/// What discovery answered for each kind the decision writes (an error
+/// fails the action that needed it, at its turn).
+pub type Discovered = HashMap<KindRef, Result<Resolved, Failed>>;
+
+/// Why a write could not be prepared: the message a person reads, and the
+/// label metrics count it under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    pub message: String,
+    pub label: &'static str,
+}
+
+impl Failed {
+    /// A kind the policy does not declare, or names ambiguously.
+    fn invalid(message: String) -> Self {
+        Self {
+            message,
+            label: "invalid",
+        }
+    }
+}
+
+/// What a plan is made from.
+pub struct Input<'a> {
+    pub policy: &'a CompiledPolicy,
+    pub target: &'a CachedObject,
+    /// The decision's actions (none when it could not be made).
+    pub actions: &'a [Planned],
+    pub mode: &'a Mode,
+    /// The cached objects the decision's writes would change.
+    pub view: &'a dyn ObjectView,
+    pub discovered: &'a Discovered,
+    /// Children this process applied that the cache may not show yet.
+    pub applied: Option<&'a Applied>,
+    pub routes: Option<&'a CompiledRoutes>,
+    pub now: Timestamp,
+}
+
+/// One write to the API server.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Server-side apply of a child, ready to send (owner, labels, hash).
+    Apply {
+        kind: Resolved,
+        key: ChildKey,
+        object: Value,
+        hash: String,
+    },
+    Delete {
+        kind: Resolved,
+        namespace: String,
+        name: String,
+    },
+    /// A JSON merge patch of a declared object.
+    Patch {
+        kind: Resolved,
+        namespace: String,
+        name: String,
+        patch: Value,
+    },
+    /// `kubectl rollout undo`: the writer reads the Deployment and its
+    /// ReplicaSets fresh from the API server, as a rollback must.
+    Rollback {
+        namespace: String,
+        deployment: String,
+        revision: Option<i64>,
+    },
+}
+
+/// What a step comes to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Todo {
+    /// The policy may not do this (undeclared kind, other namespace).
+    Refused(String),
+    /// Recorded with this result and detail; nothing to write.
+    Record(ActionResult, Option<String>),
+    /// The cluster already is as the action wants it.
+    Unchanged,
+    Write(Box<Write>),
+    /// The write could not be prepared (discovery failed, a kind the
+    /// policy does not declare): it fails at its turn.
+    Fail(Failed),
+}
+
+/// One action of the decision and what to do about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub action: Action,
+    /// `apiVersion Kind namespace/name` of the object acted on.
+    pub target: Option<String>,
+    pub todo: Todo,
+}
+
+impl Step {
+    /// Whether the action writes to another object (a failed write before
+    /// it means it is skipped).
+    pub fn writes_elsewhere(&self) -> bool {
+        self.action.limited_verb().is_some() && !matches!(self.todo, Todo::Refused(_))
+    }
+}
+
+/// A decision as steps, with what it says of the target itself.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    /// Status fields to merge (a null removes one).
+    pub fields: Map<String, Value>,
+    pub conditions: Vec<Condition>,
+    /// Events the decision asked for.
+    pub events: Vec<Note>,
+    pub alerts: Vec<Alert>,
+    /// `routes/receiver` of every receiver the alerts reach.
+    pub routes: BTreeSet<String>,
+    pub source: AlertSource,
+    /// Children the cache now shows as this process applied them: no
+    /// longer pending in the read-your-own-writes cache.
+    pub settled: Vec<ChildKey>,
+}
+
+/// An Event to write on the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub type_: EventType,
+    pub reason: String,
+    pub message: String,
+}
+
+/// `apiVersion Kind namespace/name` (or without a namespace).
+pub fn target_string(kind: &KindRef, ns: &str, name: &str) -> String {
+    if ns.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {ns}/{name}")
+    }
+}
+
+/// The kind an applied object names.
+pub fn kind_of(object: &Value) -> KindRef {
+    KindRef::new(
+        object["apiVersion"].as_str().unwrap_or(""),
+        object["kind"].as_str().unwrap_or(""),
+    )
+}
+
+/// The kinds whose discovery the decision's writes need, in order.
+pub fn kinds_to_discover(policy: &CompiledPolicy, actions: &[Planned]) -> Vec<KindRef> {
+    let mut out: Vec<KindRef> = Vec::new();
+    for p in actions.iter().filter(|p| p.refusal.is_none()) {
+        let kind = match &p.action {
+            Action::Apply { object } => Some(kind_of(object)),
+            Action::Delete { kind, .. } | Action::Patch { kind, .. } => {
+                policy.kinds.resolve(kind).ok()
+            }
+            _ => None,
+        };
+        if let Some(k) = kind.filter(|k| !out.contains(k)) {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// The target kind and identity of the object an action is about.
+fn action_target(a: &Action, ns: &str, target: &CachedObject) -> Option<String> {
+    match a {
+        Action::Apply { object } => Some(target_string(
+            &kind_of(object),
+            ns,
+            object["metadata"]["name"].as_str().unwrap_or(""),
+        )),
+        Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
+            Some(format!("{kind} {ns}/{name}"))
+        }
+        Action::Rollback { deployment, .. } => {
+            Some(format!("apps/v1 Deployment {ns}/{deployment}"))
+        }
+        Action::Status { .. } | Action::Condition { .. } | Action::Event { .. } => {
+            Some(target_string(&kind_of(target.value()), ns, target.name()))
+        }
+        Action::Alert { .. } | Action::Requeue { .. } => None,
+    }
+}
+
+/// An alert's labels as they leave: what the decision gave, with the
+/// policy and the object it is about, and `alertname` and `severity`
+/// defaulted.
+pub fn alert_labels(
+    given: &BTreeMap<String, String>,
+    source: &AlertSource,
+) -> BTreeMap<String, String> {
+    let mut labels = given.clone();
+    labels
+        .entry("alertname".into())
+        .or_insert_with(|| "RunbookAlert".into());
+    labels.insert("policy".into(), source.policy.clone());
+    labels.insert("kind".into(), source.kind.clone());
+    labels.insert("namespace".into(), source.namespace.clone());
+    labels.insert("name".into(), source.name.clone());
+    labels
+        .entry("severity".into())
+        .or_insert_with(|| "warning".into());
+    labels
+}
+
+/// Plan a decision.
+pub fn plan(input: &Input<'_>) -> Plan {
+    let t = input.target;
+    let ns = t.namespace().to_string();
+    let tkind = kind_of(t.value());
+    let mut plan = Plan {
+        source: AlertSource {
+            policy: input.policy.name.clone(),
+            api_version: tkind.api_version.clone(),
+            kind: tkind.kind.clone(),
+            namespace: ns.clone(),
+            name: t.name().to_string(),
+            uid: t.uid().to_string(),
+        },
+        ..Plan::default()
+    };
+    // Limits count the writes this plan makes, as if each succeeds: a
+    // failed one skips every write after it anyway.
+    let mut recent = Recent::of(t.value());
+    for p in input.actions {
+        let a = &p.action;
+        // A requeue says when to come back; there is nothing to record.
+        if matches!(a, Action::Requeue { .. }) && p.refusal.is_none() {
+            continue;
+        }
+        let target = action_target(a, &ns, t);
+        let todo = match &p.refusal {
+            Some(r) => Todo::Refused(r.clone()),
+            None => about_target(input, &mut plan, a)
+                .unwrap_or_else(|| elsewhere(input, &mut plan, &mut recent, &ns, a)),
+        };
+        plan.steps.push(Step {
+            action: a.clone(),
+            target,
+            todo,
+        });
+    }
+    plan
+}
+
+/// The step of an action about the target itself (status, a condition,
+/// an Event, an alert), gathered into the plan; `None` for the others.
+fn about_target(input: &Input<'_>, plan: &mut Plan, a: &Action) -> Option<Todo> {
+    let ok = Todo::Record(ActionResult::Ok, None);
+    Some(match a {
+        Action::Status { fields } => {
+            // Nulls are kept: they remove the field from the status.
+            status::accumulate(&mut plan.fields, fields);
+            ok
+        }
+        Action::Condition(c) => {
+            plan.conditions.push(c.clone());
+            ok
+        }
+        Action::Event {
+            type_,
+            reason,
+            message,
+        } => {
+            plan.events.push(Note {
+                type_: *type_,
+                reason: reason.clone(),
+                message: message.clone(),
+            });
+            match input.mode {
+                Mode::Enforce => ok,
+                _ => Todo::Record(ActionResult::Shadow, None),
+            }
+        }
+        Action::Alert {
+            labels,
+            annotations,
+        } => {
+            let labels = alert_labels(labels, &plan.source);
+            if let Some(r) = input.routes {
+                for rcv in r.receivers_for(&labels) {
+                    plan.routes.insert(format!("{}/{rcv}", r.name));
+                }
+            }
+            plan.alerts.push(Alert {
+                labels,
+                annotations: annotations.clone(),
+                starts_at: input.now,
+            });
+            match input.mode {
+                Mode::Shadow => Todo::Record(ActionResult::Shadow, None),
+                _ => ok,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// The step of an action on another object: held back by the mode or a
+/// limit, unchanged, or a write.
+fn elsewhere(
+    input: &Input<'_>,
+    plan: &mut Plan,
+    recent: &mut Recent,
+    ns: &str,
+    a: &Action,
+) -> Todo {
+    match input.mode {
+        Mode::Shadow => return Todo::Record(ActionResult::Shadow, None),
+        Mode::Suspended(why) => return Todo::Record(ActionResult::Suspended, Some(why.clone())),
+        Mode::Enforce => {}
+    }
+    let limits = &input.policy.limits;
+    let verb = a.limited_verb();
+    if let Some((v, limit)) = verb
+        .filter(|v| !recent.allows(limits, *v, input.now))
+        .and_then(|v| Some((v, limits.get(v)?)))
+    {
+        return Todo::Record(
+            ActionResult::Limited,
+            Some(format!("{v} limit {limit} reached for this object")),
+        );
+    }
+    let todo = write_of(input, plan, ns, a);
+    if let (Todo::Write(_), Some(v)) = (&todo, verb) {
+        recent.note(limits, v, input.now);
+    }
+    todo
+}
+
+fn discovered(input: &Input<'_>, kind: &KindRef) -> Result<Resolved, Failed> {
+    match input.discovered.get(kind) {
+        Some(r) => r.clone(),
+        None => Err(Failed {
+            message: format!("discovering {kind}: it was not looked up"),
+            label: "discovery",
+        }),
+    }
+}
+
+/// The write an action needs, or why none is needed or possible.
+fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
+    let policy = input.policy;
+    let target = input.target.value();
+    let found = |kind: &KindRef| discovered(input, kind);
+    match a {
+        Action::Apply { object } => {
+            let kind = kind_of(object);
+            let r = match found(&kind) {
+                Ok(r) => r,
+                Err(e) => return Todo::Fail(e),
+            };
+            let desired = prepare_child(object, target, r.namespaced);
+            let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+            let hash = applied_hash(&desired).unwrap_or_default().to_string();
+            let key = ChildKey::new(&kind, ns, name);
+            let live = input.view.get(&kind, ns, name);
+            if apply_is_noop(&desired, live.as_deref()) {
+                plan.settled.push(key);
+                return Todo::Unchanged;
+            }
+            // Applied by this process a moment ago, not in the cache yet.
+            let cache_lags = live.as_deref().and_then(|l| applied_hash(l.value())) != Some(&hash);
+            if cache_lags
+                && input
+                    .applied
+                    .is_some_and(|own| own.pending(&key).is_some_and(|h| h == hash))
+            {
+                return Todo::Unchanged;
+            }
+            Todo::Write(Box::new(Write::Apply {
+                kind: r,
+                key,
+                object: desired,
+                hash,
+            }))
+        }
+        Action::Delete { kind, name } => {
+            let k = match policy.kinds.resolve(kind) {
+                Ok(k) => k,
+                Err(e) => return Todo::Fail(Failed::invalid(e)),
+            };
+            if input.view.get(&k, ns, name).is_none() {
+                return Todo::Unchanged;
+            }
+            match found(&k) {
+                Ok(r) => Todo::Write(Box::new(Write::Delete {
+                    kind: r,
+                    namespace: ns.to_string(),
+                    name: name.clone(),
+                })),
+                Err(e) => Todo::Fail(e),
+            }
+        }
+        Action::Patch { kind, name, patch } => {
+            let k = match policy.kinds.resolve(kind) {
+                Ok(k) => k,
+                Err(e) => return Todo::Fail(Failed::invalid(e)),
+            };
+            if let Some(live) = input.view.get(&k, ns, name) {
+                let mut after = live.value().clone();
+                json_patch::merge(&mut after, patch);
+                if &after == live.value() {
+                    return Todo::Unchanged;
+                }
+            }
+            match found(&k) {
+                Ok(r) => Todo::Write(Box::new(Write::Patch {
+                    kind: r,
+                    namespace: ns.to_string(),
+                    name: name.clone(),
+                    patch: patch.clone(),
+                })),
+                Err(e) => Todo::Fail(e),
+            }
+        }
+        Action::Rollback {
+            deployment,
+            revision,
+        } => Todo::Write(Box::new(Write::Rollback {
+            namespace: ns.to_string(),
+            deployment: deployment.clone(),
+            revision: *revision,
+        })),
+        _ => Todo::Record(ActionResult::Ok, None),
+    }
+}
+
+fn applied_hash(v: &Value) -> Option<&str> {
+    v.pointer("/metadata/annotations")
+        .and_then(|a| a.get(APPLIED_HASH))
+        .and_then(Value::as_str)
+}
+
+fn hash_of(v: &Value) -> String {
+    crate::util::hash::json_hash(v, 16)
+}
+
+/// Fill in what every child gets: namespace, owner reference, the
+/// managed-by label, the applied-hash annotation.
+pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value {
+    let mut o = object.clone();
+    // `()` (null) in an object to apply means "leave the field out": the
+    // API server stores no nulls, so keeping them would make the applied
+    // object differ from the live one forever and re-apply it every time.
+    without_nulls(&mut o);
+    let mut meta = o
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    if namespaced {
+        meta.insert("namespace".into(), target["metadata"]["namespace"].clone());
+    }
+    let owner = json!({
+        "apiVersion": target["apiVersion"], "kind": target["kind"], "name": target["metadata"]["name"],
+        "uid": target["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true
+    });
+    let mut refs: Vec<Value> = meta
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["uid"] != owner["uid"] && r["controller"] != true)
+        .collect();
+    refs.push(owner);
+    meta.insert("ownerReferences".into(), Value::Array(refs));
+    // Scripts' objects are checked where they are made (`apply`), but
+    // nothing here may panic on a shape it did not build: anything that is
+    // not a map is replaced by one.
+    with_map(&mut meta, "labels", |l| {
+        l.entry("app.kubernetes.io/managed-by")
+            .or_insert_with(|| json!("runbook"));
+    });
+    with_map(&mut meta, "annotations", |a| {
+        a.remove(APPLIED_HASH);
+    });
+    let mut o = match o {
+        Value::Object(mut m) => {
+            m.insert("metadata".into(), Value::Object(meta));
+            Value::Object(m)
+        }
+        _ => json!({"metadata": meta}),
+    };
+    let h = hash_of(&o);
+    if let Some(a) = o
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        a.insert(APPLIED_HASH.into(), json!(h));
+    }
+    o
+}
+
+/// Change the map under `key`, made one first if it is absent or anything
+/// else.
+fn with_map(
+    meta: &mut Map<String, Value>,
+    key: &str,
+    change: impl FnOnce(&mut Map<String, Value>),
+) {
+    let v = meta.entry(key).or_insert_with(|| json!({}));
+    if !v.is_object() {
+        *v = json!({});
+    }
+    if let Some(m) = v.as_object_mut() {
+        change(m);
+    }
+}
+
+/// Drop every map entry whose value is null, at any depth.
+fn without_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(without_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
+}
+
+/// Whether applying `desired` to the cached child would change nothing.
+pub fn apply_is_noop(desired: &Value, live: Option<&CachedObject>) -> bool {
+    let Some(live) = live else { return false };
+    applied_hash(live.value()) == applied_hash(desired) && status::is_subset(desired, live.value())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Objects in, steps out: no client, no clock but the one given.
+    use super::*;
+    use crate::kinds::KindName;
+    use crate::observe::MemoryView;
+    use crate::policy::{self, Bundle, Origin};
+    use crate::script::ScriptEngine;
+    use kube::core::ApiResource;
+    use std::sync::Arc;
+
+    const POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: widget}
+spec:
+  target: {apiVersion: example.com/v1, kind: Widget}
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  mutates: [{apiVersion: apps/v1, kind: Deployment}]
+  script: widget.rhai
+  limits: {rollback: 1/1h}
+"#;
+
+    fn policy() -> CompiledPolicy {
+        let engine = ScriptEngine::default();
+        let files = [
+            ("widget.yaml", POLICY),
+            ("widget.rhai", "fn reconcile(ctx) { [] }"),
+        ];
+        let bundle = Bundle::new(
+            Origin::Inline("plan".into()),
+            files
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        let (set, errors) = policy::load(&engine, &[bundle]);
+        assert!(errors.is_empty(), "{errors:?}");
+        set.policies["widget"].as_ref().clone()
+    }
+
+    fn widget(status: Value) -> Arc<CachedObject> {
+        CachedObject::new(json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u-1", "generation": 1},
+            "status": status,
+        }))
+    }
+
+    fn resolved(api_version: &str, kind: &str, plural: &str) -> Resolved {
+        Resolved {
+            resource: ApiResource::from_gvk_with_plural(
+                &kube::core::GroupVersionKind::gvk(
+                    KindRef::new(api_version, kind).group(),
+                    KindRef::new(api_version, kind).version(),
+                    kind,
+                ),
+                plural,
+            ),
+            namespaced: true,
+            status_subresource: false,
+        }
+    }
+
+    fn discovered() -> Discovered {
+        [
+            (
+                KindRef::new("v1", "ConfigMap"),
+                Ok(resolved("v1", "ConfigMap", "configmaps")),
+            ),
+            (
+                KindRef::new("apps/v1", "Deployment"),
+                Ok(resolved("apps/v1", "Deployment", "deployments")),
+            ),
+        ]
+        .into()
+    }
+
+    fn planned(action: Action) -> Planned {
+        Planned {
+            action,
+            origin: None,
+            refusal: None,
+        }
+    }
+
+    fn config_map(name: &str, x: &str) -> Action {
+        Action::Apply {
+            object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": name}, "data": {"x": x}}),
+        }
+    }
+
+    /// Plan `actions` against `target`, with the view holding `live`.
+    fn plan_of(target: &CachedObject, live: &[Value], mode: Mode, actions: Vec<Action>) -> Plan {
+        let view = MemoryView::new();
+        for v in live {
+            view.insert(v.clone());
+        }
+        let actions: Vec<Planned> = actions.into_iter().map(planned).collect();
+        plan(&Input {
+            policy: &policy(),
+            target,
+            actions: &actions,
+            mode: &mode,
+            view: &view,
+            discovered: &discovered(),
+            applied: None,
+            routes: None,
+            now: "2026-11-29T10:00:00Z".parse().unwrap(),
+        })
+    }
+
+    /// The write of step `i`, if it is one.
+    fn write(p: &Plan, i: usize) -> Option<&Write> {
+        match &p.steps.get(i)?.todo {
+            Todo::Write(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    fn todos(p: &Plan) -> Vec<&Todo> {
+        p.steps.iter().map(|s| &s.todo).collect()
+    }
+
+    #[test]
+    fn a_new_child_is_applied_with_its_owner_label_and_hash() {
+        let w = widget(json!({}));
+        let p = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let Some(Write::Apply {
+            key, object, hash, ..
+        }) = write(&p, 0)
+        else {
+            panic!("an apply, got {:?}", todos(&p));
+        };
+        assert_eq!(p.steps.len(), 1);
+        assert_eq!(
+            key,
+            &ChildKey::new(&KindRef::new("v1", "ConfigMap"), "ns", "w-a")
+        );
+        assert_eq!(object["metadata"]["namespace"], "ns");
+        assert_eq!(object["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(
+            object["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "runbook"
+        );
+        assert_eq!(
+            object["metadata"]["annotations"][APPLIED_HASH],
+            hash.as_str()
+        );
+        assert_eq!(p.steps[0].target.as_deref(), Some("v1 ConfigMap ns/w-a"));
+    }
+
+    #[test]
+    fn a_child_the_cache_shows_as_applied_is_not_written_again() {
+        let w = widget(json!({}));
+        let first = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let Some(Write::Apply { object, .. }) = write(&first, 0) else {
+            panic!("an apply");
+        };
+        let mut live = object.clone();
+        live["metadata"]["resourceVersion"] = json!("7");
+        let again = plan_of(
+            &w,
+            &[live.clone()],
+            Mode::Enforce,
+            vec![config_map("w-a", "1")],
+        );
+        assert_eq!(todos(&again), [&Todo::Unchanged]);
+        assert_eq!(again.settled.len(), 1, "no longer pending");
+        // A changed child is written.
+        let changed = plan_of(&w, &[live], Mode::Enforce, vec![config_map("w-a", "2")]);
+        assert!(matches!(write(&changed, 0), Some(Write::Apply { .. })));
+    }
+
+    #[test]
+    fn deleting_what_is_gone_and_patching_to_what_is_are_unchanged() {
+        let w = widget(json!({}));
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                                "metadata": {"name": "web", "namespace": "ns"}, "spec": {"replicas": 2}});
+        let delete = Action::Delete {
+            kind: KindName::parse("ConfigMap"),
+            name: "w-old".into(),
+        };
+        let same = Action::Patch {
+            kind: KindName::parse("Deployment"),
+            name: "web".into(),
+            patch: json!({"spec": {"replicas": 2}}),
+        };
+        let scale = Action::Patch {
+            kind: KindName::parse("Deployment"),
+            name: "web".into(),
+            patch: json!({"spec": {"replicas": 3}}),
+        };
+        let p = plan_of(&w, &[deployment], Mode::Enforce, vec![delete, same, scale]);
+        assert_eq!(todos(&p)[..2], [&Todo::Unchanged, &Todo::Unchanged]);
+        assert!(matches!(
+            write(&p, 2),
+            Some(Write::Patch { name, patch, .. }) if name == "web" && patch["spec"]["replicas"] == 3
+        ));
+    }
+
+    #[test]
+    fn a_limit_holds_the_write_past_it_with_the_limit_named() {
+        let rollback = || Action::Rollback {
+            deployment: "web".into(),
+            revision: None,
+        };
+        let fresh = widget(json!({}));
+        let p = plan_of(&fresh, &[], Mode::Enforce, vec![rollback(), rollback()]);
+        assert!(matches!(write(&p, 0), Some(Write::Rollback { .. })));
+        assert_eq!(
+            p.steps[1].todo,
+            Todo::Record(
+                ActionResult::Limited,
+                Some("rollback limit 1/1h00m reached for this object".into())
+            )
+        );
+        // A rollback recorded ten minutes ago counts too.
+        let recent = widget(
+            json!({"decision": {"policy": "widget", "policyVersion": "v", "inputsHash": "h",
+            "recentActions": {"rollback": ["2026-11-29T09:50:00Z"]}}}),
+        );
+        let p = plan_of(&recent, &[], Mode::Enforce, vec![rollback()]);
+        assert!(matches!(
+            p.steps[0].todo,
+            Todo::Record(ActionResult::Limited, _)
+        ));
+    }
+
+    #[test]
+    fn shadow_and_suspended_modes_write_nothing() {
+        let w = widget(json!({}));
+        let shadow = plan_of(&w, &[], Mode::Shadow, vec![config_map("w-a", "1")]);
+        assert_eq!(todos(&shadow), [&Todo::Record(ActionResult::Shadow, None)]);
+        let open = Mode::Suspended("3 errors in 1m".into());
+        let suspended = plan_of(&w, &[], open, vec![config_map("w-a", "1")]);
+        assert_eq!(
+            todos(&suspended),
+            [&Todo::Record(
+                ActionResult::Suspended,
+                Some("3 errors in 1m".into())
+            )]
+        );
+    }
+
+    #[test]
+    fn what_the_decision_says_of_the_target_is_gathered_not_written() {
+        let w = widget(json!({}));
+        let status = Action::Status {
+            fields: json!({"phase": "Ready"}).as_object().cloned().unwrap(),
+        };
+        let ready = Action::Condition(Condition {
+            type_: "Ready".into(),
+            status: crate::script::action::ConditionStatus::True,
+            reason: "Done".into(),
+            message: "all there".into(),
+        });
+        let event = Action::Event {
+            type_: EventType::Normal,
+            reason: "Made".into(),
+            message: "made it".into(),
+        };
+        let alert = Action::Alert {
+            labels: [("severity".to_string(), "critical".to_string())].into(),
+            annotations: Default::default(),
+        };
+        let requeue = Action::Requeue { after_ms: 1000 };
+        let p = plan_of(
+            &w,
+            &[],
+            Mode::Enforce,
+            vec![status, ready, event, alert, requeue],
+        );
+        assert_eq!(p.steps.len(), 4, "a requeue is not a step");
+        assert!(
+            p.steps
+                .iter()
+                .all(|s| s.todo == Todo::Record(ActionResult::Ok, None))
+        );
+        assert_eq!(p.fields["phase"], "Ready");
+        assert_eq!(p.conditions[0].type_, "Ready");
+        assert_eq!(p.events[0].reason, "Made");
+        assert_eq!(p.alerts[0].labels["severity"], "critical");
+        assert_eq!(p.alerts[0].labels["alertname"], "RunbookAlert");
+        assert_eq!(p.alerts[0].labels["name"], "w");
+    }
+
+    #[test]
+    fn a_refusal_and_an_unknown_kind_are_steps_that_write_nothing() {
+        let w = widget(json!({}));
+        let mut refused = planned(config_map("w-a", "1"));
+        refused.refusal = Some("v1 Secret is not declared".into());
+        let undeclared = planned(Action::Delete {
+            kind: KindName::parse("Secret"),
+            name: "s".into(),
+        });
+        let mut undiscovered = planned(Action::Apply {
+            object: json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}}),
+        });
+        undiscovered.refusal = None;
+        let view = MemoryView::new();
+        let actions = vec![refused, undeclared, undiscovered];
+        let p = plan(&Input {
+            policy: &policy(),
+            target: &w,
+            actions: &actions,
+            mode: &Mode::Enforce,
+            view: &view,
+            discovered: &discovered(),
+            applied: None,
+            routes: None,
+            now: "2026-11-29T10:00:00Z".parse().unwrap(),
+        });
+        assert_eq!(
+            p.steps[0].todo,
+            Todo::Refused("v1 Secret is not declared".into())
+        );
+        assert!(matches!(&p.steps[1].todo, Todo::Fail(f) if f.label == "invalid"));
+        assert!(
+            matches!(&p.steps[2].todo, Todo::Fail(f) if f.message.starts_with("discovering batch/v1 Job"))
+        );
+    }
+
+    #[test]
+    fn alerts_carry_their_object_and_default_name_and_severity() {
+        let source = AlertSource {
+            policy: "drift".into(),
+            api_version: "runbook.dev/v1alpha1".into(),
+            kind: "Evaluator".into(),
+            namespace: "ml".into(),
+            name: "chatbot".into(),
+            uid: "u".into(),
+        };
+        let given: BTreeMap<String, String> =
+            [("severity".to_string(), "critical".to_string())].into();
+        let labels = alert_labels(&given, &source);
+        assert_eq!(labels["alertname"], "RunbookAlert");
+        assert_eq!(labels["severity"], "critical");
+        assert_eq!(labels["policy"], "drift");
+        assert_eq!(labels["namespace"], "ml");
+        assert_eq!(labels["name"], "chatbot");
+    }
+}

@@ -1,0 +1,268 @@
+//! The writer: the one place a decision's writes reach the API server
+//! (children applied, deleted and patched, rollbacks, the target's status
+//! and finalizers, Events), and where the journal hears what became of
+//! each. It decides nothing: the plan said what to write.
+
+use jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::plan::{Note, Step, Write, kind_of, target_string};
+use super::{Applied, ExecError, rollback};
+use crate::events::{Event, EventWriter};
+use crate::observe::RawObject;
+use crate::observe::discovery::Resolved;
+use crate::policy::compile::CompiledPolicy;
+use crate::script::action::{Action, event_type_str};
+use crate::telemetry::journal::{Entry, Journal};
+
+/// The field manager of every write.
+pub const MANAGER: &str = "runbook";
+
+/// Writes for one reconcile.
+#[derive(Clone, Copy)]
+pub struct Writer<'a> {
+    pub client: &'a kube::Client,
+    /// Where Events go (none: Events are only journaled).
+    pub recorder: Option<&'a EventWriter>,
+    /// Who hears every outcome (scenarios), if anyone.
+    pub journal: Option<&'a dyn Journal>,
+    /// What this process applied lately, for when the cache lags.
+    pub applied: Option<&'a Applied>,
+    pub now: Timestamp,
+}
+
+fn api(client: &kube::Client, kind: &Resolved, ns: &str) -> Api<RawObject> {
+    if kind.namespaced {
+        Api::namespaced_with(client.clone(), ns, &kind.resource)
+    } else {
+        Api::all_with(client.clone(), &kind.resource)
+    }
+}
+
+/// The identity of the target of an object: kind, namespace, name.
+fn identity(target: &Value) -> (String, String, String, String) {
+    let m = &target["metadata"];
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    (
+        s(&target["apiVersion"]),
+        s(&target["kind"]),
+        s(&m["namespace"]),
+        s(&m["name"]),
+    )
+}
+
+impl Writer<'_> {
+    /// Tell the journal, if anyone listens.
+    pub fn observe(&self, entry: impl FnOnce() -> Entry) {
+        if let Some(j) = self.journal {
+            j.record(entry());
+        }
+    }
+
+    /// The journal entry of a step's outcome, `fields` saying what it wrote.
+    pub fn step_entry(
+        &self,
+        policy: &CompiledPolicy,
+        target: &Value,
+        step: &Step,
+        result: &str,
+        fields: Value,
+        detail: Option<&str>,
+    ) -> Entry {
+        let (tversion, tkind, ns, tname) = identity(target);
+        let (api_version, kind, name) = match &step.action {
+            Action::Apply { object } => {
+                let k = kind_of(object);
+                let name = object["metadata"]["name"].as_str().unwrap_or("");
+                (k.api_version, k.kind, name.to_string())
+            }
+            Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
+                match policy.kinds.resolve(kind) {
+                    Ok(k) => (k.api_version, k.kind, name.clone()),
+                    Err(_) => (String::new(), kind.to_string(), name.clone()),
+                }
+            }
+            Action::Rollback { deployment, .. } => {
+                ("apps/v1".into(), "Deployment".into(), deployment.clone())
+            }
+            _ => (tversion, tkind, tname),
+        };
+        Entry::new(self.now, step.action.verb(), result)
+            .policy(&policy.name)
+            .object(&api_version, &kind, &ns, &name)
+            .fields(fields)
+            .detail(detail.unwrap_or(""))
+    }
+
+    /// Perform one write: `Ok(None)` when nothing needed doing after all,
+    /// else what was written (the applied object, a rollback's revisions).
+    pub async fn write(&self, w: &Write) -> Result<Option<Value>, ExecError> {
+        match w {
+            Write::Apply {
+                kind,
+                key,
+                object,
+                hash,
+            } => {
+                let what = || {
+                    format!(
+                        "apply {}",
+                        target_string(&key.kind, &key.namespace, &key.name)
+                    )
+                };
+                api(self.client, kind, &key.namespace)
+                    .patch(
+                        &key.name,
+                        &PatchParams::apply(MANAGER).force(),
+                        &Patch::Apply(object),
+                    )
+                    .await
+                    .map_err(|e| ExecError::api(&what(), e))?;
+                if let Some(own) = self.applied {
+                    own.remember(key.clone(), hash.clone());
+                }
+                Ok(Some(object.clone()))
+            }
+            Write::Delete {
+                kind,
+                namespace,
+                name,
+            } => match api(self.client, kind, namespace)
+                .delete(name, &DeleteParams::background())
+                .await
+            {
+                Ok(_) => Ok(Some(Value::Null)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                Err(e) => {
+                    let what = target_string(&kind.kind_ref(), namespace, name);
+                    Err(ExecError::api(&format!("delete {what}"), e))
+                }
+            },
+            Write::Patch {
+                kind,
+                namespace,
+                name,
+                patch,
+            } => {
+                let pp = PatchParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                };
+                api(self.client, kind, namespace)
+                    .patch(name, &pp, &Patch::Merge(patch))
+                    .await
+                    .map_err(|e| {
+                        let what = target_string(&kind.kind_ref(), namespace, name);
+                        ExecError::api(&format!("patch {what}"), e)
+                    })?;
+                Ok(Some(patch.clone()))
+            }
+            Write::Rollback {
+                namespace,
+                deployment,
+                revision,
+            } => match rollback::rollback(self.client, namespace, deployment, *revision, MANAGER)
+                .await?
+            {
+                rollback::RolledBack::To { from, to } => {
+                    Ok(Some(json!({"fromRevision": from, "toRevision": to})))
+                }
+                rollback::RolledBack::AlreadyAt(_) => Ok(None),
+            },
+        }
+    }
+
+    /// Merge `patch` into the target's status, through its status
+    /// subresource when it has one.
+    pub async fn status(
+        &self,
+        kind: &Resolved,
+        ns: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<(), kube::Error> {
+        tracing::debug!(target = %format!("{}/{name}", kind.resource.kind), namespace = %ns, patch = %patch, "writing status");
+        let body = json!({"status": patch});
+        let pp = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let api = api(self.client, kind, ns);
+        let result = if kind.status_subresource {
+            api.patch_status(name, &pp, &Patch::Merge(&body)).await
+        } else {
+            api.patch(name, &pp, &Patch::Merge(&body)).await
+        };
+        result.map(|_| ())
+    }
+
+    /// Add or remove one finalizer of the target, guarded by its
+    /// resourceVersion (a concurrent change fails the write instead of
+    /// losing a finalizer someone else added).
+    pub async fn finalizers(
+        &self,
+        kind: &Resolved,
+        target: &Value,
+        add: Option<&str>,
+        remove: Option<&str>,
+    ) -> Result<(), ExecError> {
+        let (_, _, ns, name) = identity(target);
+        let present = finalizers_of(target);
+        let mut ops = vec![
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": target["metadata"]["resourceVersion"]}),
+        ];
+        if let Some(f) = add {
+            if target.pointer("/metadata/finalizers").is_some() {
+                ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": f}));
+            } else {
+                ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [f]}));
+            }
+        }
+        if let Some(i) = remove.and_then(|f| present.iter().position(|x| x == f)) {
+            ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")}));
+        }
+        let ops: json_patch::Patch = serde_json::from_value(Value::Array(ops))
+            .map_err(|e| ExecError::Invalid(e.to_string()))?;
+        api(self.client, kind, &ns)
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(ops))
+            .await
+            .map(|_| ())
+            .map_err(|e| ExecError::api(&format!("updating the finalizers of {ns}/{name}"), e))
+    }
+
+    /// Write an Event on `regarding` (journaled first, so a scenario sees
+    /// it even without a recorder).
+    pub async fn event(&self, regarding: &Value, note: &Note) {
+        let type_ = event_type_str(&note.type_);
+        self.observe(|| {
+            let (api_version, kind, ns, name) = identity(regarding);
+            Entry::new(self.now, "event", "ok")
+                .object(&api_version, &kind, &ns, &name)
+                .fields(json!({"type": type_, "reason": note.reason, "message": note.message}))
+                .detail(format!("{type_} {}: {}", note.reason, note.message))
+        });
+        let Some(rec) = self.recorder else { return };
+        let ev = Event {
+            type_: note.type_,
+            reason: note.reason.clone(),
+            note: Some(note.message.chars().take(1024).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = rec.publish(&ev, &super::object_ref(regarding)).await {
+            tracing::warn!("recording an Event failed: {e}");
+        }
+    }
+}
+
+/// The finalizers an object carries.
+pub fn finalizers_of(v: &Value) -> Vec<String> {
+    v.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str().map(str::to_string))
+        .collect()
+}
