@@ -102,3 +102,280 @@ proptest! {
         prop_assert!(o.undecodable.is_some() || v["metadata"]["name"].is_string());
     }
 }
+
+/// A script that turns whatever its target's spec says into actions: the
+/// property test's random action values, as a user's script might build
+/// them with every mistake of type and shape.
+const ACTOR: &str = r#"
+fn reconcile(ctx) {
+    let out = [];
+    for a in ctx.resource.spec.actions {
+        let v = a.verb;
+        if v == "apply" { out.push(apply(a.arg)); }
+        else if v == "patch" { out.push(patch(a.kind, a.name, a.arg)); }
+        else if v == "delete" { out.push(delete(a.kind, a.name)); }
+        else if v == "status" { out.push(status(a.arg)); }
+        else if v == "condition" { out.push(condition(a.name, a.arg, "Because", "said so")); }
+        else if v == "event" { out.push(event(a.name, "Because", "said so")); }
+        else if v == "rollback" { out.push(rollback(a.name)); }
+        else if v == "alert" { out.push(alert(a.arg)); }
+        else if v == "requeue" { out.push(requeue(a.arg)); }
+    }
+    out
+}
+"#;
+
+const ACTOR_POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: actor}
+spec:
+  target: {apiVersion: fuzz.example.com/v1, kind: Actor}
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  mutates: [{apiVersion: apps/v1, kind: Deployment}]
+  script: actor.rhai
+  limits: {delete: 2/1h}
+"#;
+
+/// An argument a script means well with, for `verb`.
+fn good_arg(verb: &'static str) -> BoxedStrategy<Value> {
+    let name = prop_oneof![Just("a"), Just("b"), Just("c"), Just("t-1")];
+    match verb {
+        "apply" => (name, "[a-z]{0,3}")
+            .prop_map(|(n, x)| {
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": n}, "data": {"x": x}})
+            })
+            .boxed(),
+        "patch" => "[a-z]{0,3}"
+            .prop_map(|x| json!({"data": {"x": x}}))
+            .boxed(),
+        "status" => "[A-Za-z]{0,6}"
+            .prop_map(|p| json!({"phase": p}))
+            .boxed(),
+        "condition" => prop_oneof![Just(json!(true)), Just(json!("Unknown"))].boxed(),
+        "alert" => Just(json!({"labels": {"severity": "critical"}})).boxed(),
+        "requeue" => Just(json!("5m")).boxed(),
+        _ => Just(Value::Null).boxed(),
+    }
+}
+
+/// One action value a script hands over: a verb, and arguments of any
+/// shape (mostly the right one).
+fn action_value() -> impl Strategy<Value = Value> {
+    let verb = prop_oneof![
+        Just("apply"),
+        Just("patch"),
+        Just("delete"),
+        Just("status"),
+        Just("condition"),
+        Just("event"),
+        Just("rollback"),
+        Just("alert"),
+        Just("requeue"),
+    ];
+    let name = prop_oneof![
+        3 => prop_oneof![Just(json!("a")), Just(json!("b")), Just(json!("web")), Just(json!("Warning")), Just(json!("Ready"))],
+        1 => any_json(),
+    ];
+    let kind = prop_oneof![
+        3 => prop_oneof![Just(json!("ConfigMap")), Just(json!("v1/ConfigMap")), Just(json!("Deployment"))],
+        1 => prop_oneof![Just(json!("Secret")), any_json()],
+    ];
+    verb.prop_flat_map(move |verb| {
+        let arg = prop_oneof![3 => good_arg(verb), 1 => script_object(), 1 => any_json()];
+        (
+            Just(verb),
+            name.clone(),
+            kind.clone(),
+            arg,
+            prop::bool::weighted(0.9),
+        )
+    })
+    .prop_map(|(verb, name, kind, arg, with_kind)| {
+        let mut a = json!({"verb": verb, "name": name, "arg": arg});
+        if with_kind {
+            a["kind"] = kind;
+        }
+        a
+    })
+}
+
+/// What the API server may answer a write with, besides success.
+fn api_answer() -> impl Strategy<Value = (Option<runbook::sandbox::faults::Verb>, u16)> {
+    use runbook::sandbox::faults::Verb;
+    let verb = prop_oneof![
+        Just(None),
+        Just(Some(Verb::Patch)),
+        Just(Some(Verb::Delete)),
+        Just(Some(Verb::Get)),
+        Just(Some(Verb::List)),
+        Just(Some(Verb::Create)),
+    ];
+    let code = prop_oneof![
+        Just(404u16),
+        Just(409),
+        Just(422),
+        Just(403),
+        Just(500),
+        Just(503)
+    ];
+    (verb, code)
+}
+
+/// The sandbox for one case: the Actor kind, and the objects the cache
+/// also shows (ConfigMaps `a` and `b`, the Deployment `web`).
+async fn world(live: &[Value]) -> runbook::sandbox::Sandbox {
+    use kube::api::{DynamicObject, PostParams};
+    let sandbox = runbook::sandbox::Sandbox::new(Default::default());
+    let client = sandbox.client();
+    let crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "actors.fuzz.example.com"},
+        "spec": {"group": "fuzz.example.com", "scope": "Namespaced",
+                 "names": {"kind": "Actor", "plural": "actors"},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                               "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    let crds: kube::Api<DynamicObject> = kube::Api::all_with(
+        client.clone(),
+        &kube::core::ApiResource::erase::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(&()),
+    );
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    for v in live {
+        let kind = runbook::kinds::KindRef::new(
+            v["apiVersion"].as_str().unwrap(),
+            v["kind"].as_str().unwrap(),
+        );
+        let api: kube::Api<DynamicObject> =
+            kube::Api::namespaced_with(client.clone(), "ns", &kind.api_resource());
+        let _ = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(v.clone()).unwrap(),
+            )
+            .await;
+    }
+    sandbox
+}
+
+fn live_objects() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "ns"}, "data": {"x": "1"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b", "namespace": "ns"}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "web", "namespace": "ns",
+                            "annotations": {"deployment.kubernetes.io/revision": "2"}},
+               "spec": {"selector": {"matchLabels": {"app": "web"}},
+                        "template": {"metadata": {"labels": {"app": "web"}},
+                                     "spec": {"containers": [{"name": "c", "image": "x"}]}}}}),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Whatever action values a script hands over, whatever the caches
+    /// show and whatever the API server answers: decide either decides or
+    /// fails at a place in the script, and planning and writing carry the
+    /// decision out or fail it with one readable line, never a panic.
+    #[test]
+    fn any_decision_goes_through_decide_plan_and_write_without_a_panic(
+        actions in prop::collection::vec(action_value(), 0..6),
+        cached in prop::collection::vec(script_object(), 0..3),
+        answers in prop::collection::vec(api_answer(), 0..3),
+    ) {
+        use runbook::act::{self, Exec, Mode, Writer};
+        use runbook::decide::{self, Observed};
+        use runbook::observe::{CachedObject, MemoryView};
+        use std::sync::Arc;
+
+        let engine = runbook::script::ScriptEngine::default();
+        let bundle = runbook::policy::Bundle::new(
+            runbook::policy::Origin::Inline("props".into()),
+            [("actor.yaml", ACTOR_POLICY), ("actor.rhai", ACTOR)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        let (set, errors) = runbook::policy::load(&engine, &[bundle]);
+        prop_assert!(errors.is_empty(), "{errors:?}");
+        let policy = set.policies["actor"].clone();
+        let target = CachedObject::new(json!({
+            "apiVersion": "fuzz.example.com/v1", "kind": "Actor",
+            "metadata": {"name": "t", "namespace": "ns", "uid": "u-1", "generation": 1, "resourceVersion": "1"},
+            "spec": {"actions": actions},
+        }));
+        let view = Arc::new(MemoryView::new());
+        for o in live_objects().into_iter().chain(cached) {
+            let mut o = o;
+            if o["metadata"].is_object() {
+                o["metadata"]["namespace"] = json!("ns");
+            }
+            view.insert(o);
+        }
+        let now = "2026-11-29T10:00:00Z".parse().unwrap();
+        let observed = Observed { target: target.clone(), view: view.clone(), now };
+        let decision = decide::decide(&engine, &policy, &observed);
+        if let Err(e) = &decision {
+            let m = e.to_string();
+            let place = regex::Regex::new(r"^props/actor\.rhai:\d+:\d+: ").unwrap();
+            prop_assert!(place.is_match(&m), "a script error names its place: {m}");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let outcome = rt.block_on(async {
+            let sandbox = world(&live_objects()).await;
+            let mut target_obj = target.value().clone();
+            target_obj["metadata"].as_object_mut().unwrap().remove("uid");
+            target_obj["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+            let actors: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+                sandbox.client(),
+                "ns",
+                &runbook::kinds::KindRef::new("fuzz.example.com/v1", "Actor").api_resource(),
+            );
+            actors
+                .create(&Default::default(), &serde_json::from_value(target_obj).unwrap())
+                .await
+                .unwrap();
+            for (verb, code) in &answers {
+                sandbox.faults().fail_next(1, *verb, None, *code);
+            }
+            let client = sandbox.client();
+            let resources = runbook::observe::discovery::Resources::new(client.clone());
+            let kind = resources
+                .resolve(&runbook::kinds::KindRef::new("fuzz.example.com/v1", "Actor"))
+                .await
+                .unwrap();
+            let applied = act::Applied::default();
+            let sink = runbook::alert::LogSink::default();
+            let exec = Exec {
+                writer: Writer { client: &client, recorder: None, journal: None, applied: Some(&applied), now },
+                resources: &resources,
+                view: view.as_ref(),
+                alerts: &sink,
+            };
+            act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Mode::Enforce).await
+        });
+        let steps = decision.as_ref().map(|d| d.actions.iter().filter(|p| !matches!(p.action, runbook::script::Action::Requeue { .. })).count()).unwrap_or(0);
+        prop_assert_eq!(outcome.record.actions.len(), steps, "every action is recorded");
+        if let Some(e) = &outcome.error {
+            prop_assert!(!e.contains('\n') && !e.contains("Status {"), "one line, no Debug dump: {e}");
+            prop_assert!(outcome.error_label.is_some());
+        }
+        for a in &outcome.record.actions {
+            if a.result == runbook::crd::ActionResult::Failed || a.result == runbook::crd::ActionResult::Refused {
+                prop_assert!(a.message.as_deref().is_some_and(|m| !m.is_empty()), "{a:?}");
+            }
+        }
+    }
+}

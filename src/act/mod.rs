@@ -394,8 +394,9 @@ async fn finish_status(
         }
         Err(e) => {
             let m = format!(
-                "writing the status of {}: {e}",
-                plan::target_string(&kind, ns, name)
+                "writing the status of {}: {}",
+                plan::target_string(&kind, ns, name),
+                crate::util::api_error(&e)
             );
             out.error_label.get_or_insert("status");
             out.error.get_or_insert(m);

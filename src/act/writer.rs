@@ -252,7 +252,7 @@ impl Writer<'_> {
             secondary: None,
         };
         if let Err(e) = rec.publish(&ev, &super::object_ref(regarding)).await {
-            tracing::warn!("recording an Event failed: {e}");
+            tracing::warn!("recording an Event failed: {}", crate::util::api_error(&e));
         }
     }
 }

@@ -380,10 +380,12 @@ impl Inner {
                 action: "Alert".into(),
                 secondary: None,
             };
-            recorder
-                .publish(&ev, &reference)
-                .await
-                .map_err(|e| Failure::transient(format!("recording an Event: {e}")))?;
+            recorder.publish(&ev, &reference).await.map_err(|e| {
+                Failure::transient(format!(
+                    "recording an Event: {}",
+                    crate::util::api_error(&e)
+                ))
+            })?;
         }
         Ok(())
     }
@@ -427,8 +429,9 @@ impl Inner {
                 key.name
             ))),
             Err(e) => Err(Failure::transient(format!(
-                "reading Secret {ns}/{}: {e}",
-                key.name
+                "reading Secret {ns}/{}: {}",
+                key.name,
+                crate::util::api_error(&e)
             ))),
         }
     }

@@ -250,7 +250,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     missing[0]
                 );
             }
-            Err(e) => tracing::warn!("could not check permissions (SelfSubjectAccessReview): {e}"),
+            Err(e) => tracing::warn!(
+                "could not check permissions (SelfSubjectAccessReview): {}",
+                crate::util::api_error(&e)
+            ),
         }
     }
 

@@ -165,7 +165,10 @@ impl Elector {
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
         {
-            tracing::warn!("releasing the leader lease failed: {e}");
+            tracing::warn!(
+                "releasing the leader lease failed: {}",
+                crate::util::api_error(&e)
+            );
         }
     }
 

@@ -69,7 +69,7 @@ impl Default for OperatorConfig {
 pub enum StartError {
     #[error("{0}")]
     MissingKinds(String),
-    #[error("discovery failed: {0}")]
+    #[error("discovery failed: {}", crate::util::api_error(.0))]
     Discovery(kube::Error),
 }
 
@@ -719,7 +719,7 @@ async fn reconcile_target(
         .resolve(kind)
         .await
         .map_err(|e| ReconcileError {
-            message: format!("discovering {kind}: {e}"),
+            message: format!("discovering {kind}: {}", crate::util::api_error(&e)),
             label: "discovery",
         })?;
     let started = Instant::now();

@@ -474,7 +474,10 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
                 .into_iter()
                 .filter(|o| super::model::glob(&f.name, o.metadata.name.as_deref().unwrap_or("")))
                 .collect(),
-            Err(e) => return fail(format!("at the end: list {}: {e}", f.kind), Vec::new()),
+            Err(e) => {
+                let e = crate::util::api_error(&e);
+                return fail(format!("at the end: list {}: {e}", f.kind), Vec::new());
+            }
         }
     } else {
         api.get_opt(&f.name)
