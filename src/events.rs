@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::util::lock;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
@@ -81,7 +82,7 @@ impl EventWriter {
             ),
         };
         let repeat = {
-            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            let mut written = lock(&self.written);
             let window = jiff::SignedDuration::try_from(SERIES_WINDOW).unwrap_or_default();
             written.retain(|_, w| w.last.saturating_add(window).is_ok_and(|end| end > now));
             written.get(&key).cloned()
@@ -161,9 +162,6 @@ impl EventWriter {
     }
 
     fn remember(&self, key: Key, w: Written) {
-        self.written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, w);
+        lock(&self.written).insert(key, w);
     }
 }

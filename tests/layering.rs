@@ -25,9 +25,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kinds", &[]),
     ("schedule", &[]),
     // Metrics, the journal of outcomes, and the health endpoints.
-    ("telemetry", &[]),
+    ("telemetry", &["util"]),
     // Kubernetes Events, as every part of Runbook writes them.
-    ("events", &[]),
+    ("events", &["util"]),
     // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel).
     ("crd", &["schedule", "util"]),
     // Observe: watch caches, the views a decision reads, the dependencies

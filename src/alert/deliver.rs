@@ -159,7 +159,7 @@ impl Delivery {
     }
 
     fn queue(&self, key: (String, String, usize)) -> mpsc::Sender<Job> {
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let mut queues = crate::util::lock(&self.queues);
         if let Some(tx) = queues.get(&key)
             && !tx.is_closed()
         {

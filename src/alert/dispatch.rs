@@ -41,13 +41,13 @@ pub struct RecordingOutbox {
 
 impl RecordingOutbox {
     pub fn take(&self) -> Vec<Notification> {
-        std::mem::take(&mut *self.sent.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *crate::util::lock(&self.sent))
     }
 }
 
 impl Outbox for RecordingOutbox {
     fn send(&self, _routes: &Arc<CompiledRoutes>, n: Notification) {
-        self.sent.lock().unwrap_or_else(|e| e.into_inner()).push(n);
+        crate::util::lock(&self.sent).push(n);
     }
 }
 
@@ -211,7 +211,7 @@ impl Dispatcher {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.state)
     }
 
     /// Put `alert` into the groups of every route it reaches (and take it

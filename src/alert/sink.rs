@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use jiff::Timestamp;
 
 use super::routes::CompiledRoutes;
+use crate::util::lock;
 
 /// One alert as a policy raised it (labels include policy, kind,
 /// namespace and name).
@@ -75,7 +76,7 @@ impl ActiveAlerts {
     /// Record the complete set `source` raises now; the alerts that started
     /// and those that resolved.
     pub fn update(&self, source: &AlertSource, alerts: &[Alert]) -> (Vec<Alert>, Vec<Alert>) {
-        let mut active = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut active = lock(&self.0);
         let before = active.remove(source).unwrap_or_default();
         let mut now = BTreeMap::new();
         let mut started = Vec::new();
@@ -99,7 +100,7 @@ impl ActiveAlerts {
 
     /// The sources with alerts that `keep` says are gone.
     pub fn gone(&self, keep: &dyn Fn(&AlertSource) -> bool) -> Vec<AlertSource> {
-        let active = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let active = lock(&self.0);
         active.keys().filter(|s| !keep(s)).cloned().collect()
     }
 }

@@ -8,6 +8,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
 
 use crate::kinds::KindRef;
+use crate::util::lock;
 
 /// A kind as the API server serves it.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,12 +41,7 @@ impl Resources {
 
     /// Resolve a kind, asking the API server the first time.
     pub async fn resolve(&self, kind: &KindRef) -> Result<Resolved, kube::Error> {
-        if let Some(r) = self
-            .known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(kind)
-        {
+        if let Some(r) = lock(&self.known).get(kind) {
             return Ok(r.clone());
         }
         let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind);
@@ -55,20 +51,13 @@ impl Resources {
             namespaced: caps.scope == Scope::Namespaced,
             status_subresource: caps.subresources.iter().any(|(s, _)| s.plural == "status"),
         };
-        self.known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(kind.clone(), r.clone());
+        lock(&self.known).insert(kind.clone(), r.clone());
         Ok(r)
     }
 
     /// What discovery said of a kind already resolved, without asking.
     pub fn known(&self, kind: &KindRef) -> Option<Resolved> {
-        self.known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(kind)
-            .cloned()
+        lock(&self.known).get(kind).cloned()
     }
 
     /// The API resource (plural included) and scope of a kind: from
@@ -81,9 +70,6 @@ impl Resources {
 
     /// Forget what discovery said (a CRD may have changed).
     pub fn forget(&self, kind: &KindRef) {
-        self.known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(kind);
+        lock(&self.known).remove(kind);
     }
 }

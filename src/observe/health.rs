@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::util::lock;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use tokio::time::Instant;
@@ -55,7 +56,7 @@ impl WatchHealth {
     /// healthy until now (the first failure of a run, worth a log line at
     /// error level).
     pub fn failed(&self, name: &str, error: &str) -> bool {
-        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failing = lock(&self.failing);
         match failing.get_mut(name) {
             Some((_, last)) => {
                 *last = error.to_string();
@@ -71,12 +72,7 @@ impl WatchHealth {
 
     /// The watch `name` delivered again. Returns whether it had been failing.
     pub fn recovered(&self, name: &str) -> bool {
-        let was = self
-            .failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name)
-            .is_some();
+        let was = lock(&self.failing).remove(name).is_some();
         if was {
             self.gauge(name, 0);
         }
@@ -86,7 +82,7 @@ impl WatchHealth {
     /// The controller `name` is not running, because of `reason`. Returns
     /// how long it has been down (zero the first time it is told).
     pub fn controller_ended(&self, name: &str, reason: &str) -> Duration {
-        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ended = lock(&self.ended);
         match ended.get(name) {
             Some((since, _)) => since.elapsed(),
             None => {
@@ -98,18 +94,13 @@ impl WatchHealth {
 
     /// The controller `name` runs again.
     pub fn controller_restarted(&self, name: &str) {
-        self.ended
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        lock(&self.ended).remove(name);
     }
 
     /// The controllers down now, each with why: `/readyz` reports them at
     /// once (a kind nobody reconciles is not a moment's hiccup).
     pub fn ended(&self) -> Vec<String> {
-        self.ended
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.ended)
             .iter()
             .map(|(name, (since, reason))| {
                 format!(
@@ -122,9 +113,7 @@ impl WatchHealth {
 
     /// The watches failing for at least `at_least`: name and latest error.
     pub fn failing_errors(&self, at_least: Duration) -> BTreeMap<String, String> {
-        self.failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.failing)
             .iter()
             .filter(|(_, (since, _))| since.elapsed() >= at_least)
             .map(|(name, (_, error))| (name.clone(), error.clone()))
@@ -134,9 +123,7 @@ impl WatchHealth {
     /// The watches failing for at least `at_least`, each with its error.
     pub fn failing_for(&self, at_least: Duration) -> Vec<String> {
         let now = Instant::now();
-        self.failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.failing)
             .iter()
             .filter(|(_, (since, _))| now.duration_since(*since) >= at_least)
             .map(|(name, (since, error))| {

@@ -97,7 +97,7 @@ impl<K, V> Default for OwnWrites<K, V> {
 
 impl<K: std::hash::Hash + Eq, V: Clone> OwnWrites<K, V> {
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<K, V>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.0)
     }
 
     /// This process wrote `key`, identified by `write`.

@@ -11,6 +11,7 @@ use super::cache::KindCache;
 use crate::kinds::KindRef;
 use crate::observe::RawObject;
 use crate::observe::{CachedObject, ObjectView};
+use crate::util::lock;
 
 /// A target: its kind, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -103,18 +104,15 @@ impl Tracking {
     }
 
     fn note(&self, kind: &KindRef, namespace: &str, name: Option<&str>) {
-        self.accessed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(AccessKey {
-                kind: kind.clone(),
-                namespace: namespace.to_string(),
-                name: name.map(str::to_string),
-            });
+        lock(&self.accessed).push(AccessKey {
+            kind: kind.clone(),
+            namespace: namespace.to_string(),
+            name: name.map(str::to_string),
+        });
     }
 
     pub fn take(&self) -> Vec<AccessKey> {
-        std::mem::take(&mut *self.accessed.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *lock(&self.accessed))
     }
 }
 

@@ -35,6 +35,7 @@ use crate::policy::{Bundle, Origin, PolicySet};
 use crate::runtime::Operator;
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
+use crate::util::lock;
 
 /// Where bundles come from.
 #[derive(Clone, Debug, Default)]
@@ -300,7 +301,7 @@ impl Reloader {
 
     /// The set built from every bundle's last good version.
     pub fn current_set(&self) -> (PolicySet, Vec<LoadError>) {
-        let bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+        let bundles = lock(&self.bundles);
         let loaded: Vec<Loaded> = bundles
             .values()
             .filter_map(|b| b.good.as_deref().map(clone_loaded))
@@ -352,7 +353,7 @@ impl Reloader {
         // Cross-bundle checks: build the whole set with this version in.
         let candidate = Arc::new(loaded);
         let (set, errors) = {
-            let bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+            let bundles = lock(&self.bundles);
             let mut loaded: Vec<Loaded> = bundles
                 .iter()
                 .filter(|(o, _)| **o != bundle.origin)
@@ -381,10 +382,7 @@ impl Reloader {
             // for a kind the cluster lacks stays set aside and does not
             // hold up edits of the rest of its bundle.
             let serving = op.ctx.policies.load_full();
-            let before: Vec<String> = self
-                .bundles
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+            let before: Vec<String> = lock(&self.bundles)
                 .get(&bundle.origin)
                 .and_then(|b| b.good.as_deref())
                 .map(|l| l.policies.iter().map(|p| p.name.clone()).collect())
@@ -410,7 +408,7 @@ impl Reloader {
                     .map_err(Refusal::cluster)?;
             }
         }
-        let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bundles = lock(&self.bundles);
         let mut state = BundleState::new(bundle);
         state.good = Some(candidate);
         bundles.insert(state.bundle.origin.clone(), state);
@@ -423,7 +421,7 @@ impl Reloader {
     async fn refused(&self, bundle: Bundle, refusal: &Refusal) {
         let origin = bundle.origin.clone();
         let (serving, repeated, retry) = {
-            let mut bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
+            let mut bundles = lock(&self.bundles);
             let state = bundles
                 .entry(origin.clone())
                 .or_insert_with(|| BundleState::new(bundle.clone()));
@@ -467,9 +465,7 @@ impl Reloader {
     /// The bundles of which no version has loaded yet (nothing of them
     /// runs): `/readyz` is not ready while there are any.
     pub fn never_loaded(&self) -> Vec<String> {
-        self.bundles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.bundles)
             .iter()
             .filter(|(_, b)| b.good.is_none())
             .map(|(o, _)| o.to_string())
@@ -481,10 +477,7 @@ impl Reloader {
     /// installed), each after its backoff.
     pub async fn retry_due(&self, op: &Operator) -> Vec<Reloaded> {
         let now = tokio::time::Instant::now();
-        let due: Vec<Bundle> = self
-            .bundles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let due: Vec<Bundle> = lock(&self.bundles)
             .values()
             .filter(|b| b.retry.is_some_and(|r| r.at <= now))
             .map(|b| b.bundle.clone())
@@ -528,22 +521,14 @@ impl Reloader {
         let _gate = self.gate.lock().await;
         match bundle {
             None => {
-                let removed = self
-                    .bundles
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&origin)
-                    .is_some();
+                let removed = lock(&self.bundles).remove(&origin).is_some();
                 if !removed {
                     return Reloaded::Unchanged;
                 }
                 tracing::info!(bundle = %origin, "policy bundle removed");
             }
             Some(b) => {
-                let same = self
-                    .bundles
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                let same = lock(&self.bundles)
                     .get(&origin)
                     .is_some_and(|s| s.bundle == b && (s.good.is_some() || !s.errors.is_empty()));
                 if same && !retry {
@@ -626,8 +611,8 @@ impl Reloader {
         let mut failed = Vec::new();
         let mut recovered = Vec::new();
         {
-            let bundles = self.bundles.lock().unwrap_or_else(|e| e.into_inner());
-            let mut told = self.watch_told.lock().unwrap_or_else(|e| e.into_inner());
+            let bundles = lock(&self.bundles);
+            let mut told = lock(&self.watch_told);
             for (origin, state) in bundles.iter() {
                 let Some(good) = &state.good else { continue };
                 for (watch, error) in &failing {
@@ -686,10 +671,7 @@ impl Reloader {
     pub async fn rescan_dirs(&self, op: &Operator, dirs: &[PathBuf]) -> Vec<Reloaded> {
         let fresh = Self::read_dirs(dirs);
         let mut out = Vec::new();
-        let known: Vec<Origin> = self
-            .bundles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let known: Vec<Origin> = lock(&self.bundles)
             .keys()
             .filter(|o| matches!(o, Origin::Dir(p) if dirs.iter().any(|d| p.starts_with(d))))
             .cloned()
@@ -775,10 +757,7 @@ async fn watch_configmaps(
             Ok(Event::Init) => listed.clear(),
             Ok(Event::InitDone) => {
                 // ConfigMaps deleted while the watch was down.
-                let known: Vec<Origin> = reloader
-                    .bundles
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                let known: Vec<Origin> = lock(&reloader.bundles)
                     .keys()
                     .filter(|o| matches!(o, Origin::ConfigMap { namespace: ns, .. } if *ns == namespace))
                     .cloned()

@@ -36,6 +36,7 @@ use crate::policy::limits::Breaker;
 use crate::policy::{self, PolicySet};
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
+use crate::util::lock;
 
 /// How the operator runs.
 #[derive(Clone, Debug)]
@@ -159,7 +160,7 @@ fn spawn_target(ctx: &Arc<Context>, k: &KindRef) -> TargetController {
             Ok(()) => "its event stream ended".to_string(),
             Err(panic) => format!("it panicked: {}", panic_message(&*panic)),
         };
-        *why.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        *lock(&why) = Some(reason);
     });
     TargetController {
         store,
@@ -241,20 +242,10 @@ impl Context {
     /// The caches a reconcile reads, by kind.
     pub fn sources(&self) -> Sources {
         let mut map = HashMap::new();
-        for (k, i) in self
-            .informers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (k, i) in lock(&self.informers).iter() {
             map.insert(k.clone(), Source::Informer(i.cache.clone()));
         }
-        for (k, t) in self
-            .targets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (k, t) in lock(&self.targets).iter() {
             map.insert(
                 k.clone(),
                 Source::Targets(t.store.clone(), self.resources.served_as(k).0),
@@ -276,16 +267,11 @@ impl Context {
 
     /// Shadow decisions, newest last.
     pub fn shadow_records(&self) -> Vec<ShadowRecord> {
-        self.shadow
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        lock(&self.shadow).iter().cloned().collect()
     }
 
     fn trigger(&self, key: TargetKey) {
-        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let targets = lock(&self.targets);
         if let Some(t) = targets.get(&key.kind) {
             let r = target_ref(
                 &self.resources.served_as(&key.kind).0,
@@ -293,7 +279,7 @@ impl Context {
                 &key.name,
             );
             if t.trigger.send(r).is_ok() {
-                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                let mut pending = lock(&self.pending);
                 pending.insert(key);
                 self.metrics.queue_depth.set(pending.len() as i64);
             }
@@ -308,16 +294,13 @@ impl Context {
         if *self.stop.borrow() {
             return;
         }
-        let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut targets = lock(&self.targets);
         for (k, t) in targets.iter_mut() {
             if !t.task.is_finished() {
                 continue;
             }
             let name = format!("controller of {k}");
-            let reason = t
-                .ended
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+            let reason = lock(&t.ended)
                 .clone()
                 .unwrap_or_else(|| "it was stopped".into());
             let down = self.watches.controller_ended(&name, &reason);
@@ -343,12 +326,7 @@ impl Context {
     /// supervision): the supervisor restarts it.
     #[doc(hidden)]
     pub fn end_controller(&self, kind: &KindRef) {
-        if let Some(t) = self
-            .targets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(kind)
-        {
+        if let Some(t) = lock(&self.targets).get(kind) {
             t.task.abort();
         }
     }
@@ -361,7 +339,7 @@ impl Context {
             return;
         }
         let set = self.policies.load_full();
-        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let targets = lock(&self.targets);
         let alive = |s: &crate::alert::AlertSource| {
             if !set.policies.contains_key(&s.policy) {
                 return false;
@@ -380,12 +358,7 @@ impl Context {
 
     /// Reconcile every target of these kinds (all kinds if empty) again.
     pub fn resync(&self, kinds: &[KindRef]) {
-        for (k, t) in self
-            .targets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (k, t) in lock(&self.targets).iter() {
             if kinds.is_empty() || kinds.contains(k) {
                 let _ = t.resync.send(());
             }
@@ -401,7 +374,7 @@ impl Context {
 
     /// Every target currently cached, of the given kinds.
     pub fn target_keys(&self, kinds: &[KindRef]) -> Vec<TargetKey> {
-        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let targets = lock(&self.targets);
         let mut out = Vec::new();
         for (k, t) in targets.iter().filter(|(k, _)| kinds.contains(k)) {
             for o in t.store.state() {
@@ -427,7 +400,7 @@ impl Context {
 
     /// Targets waiting after a change.
     pub fn pending(&self) -> usize {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.pending).len()
     }
 }
 
@@ -497,18 +470,13 @@ async fn run_policy(
         .script_seconds
         .get_or_create(&policy_label)
         .observe(started.elapsed().as_secs_f64());
-    ctx.deps
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .set(key, tracking.take());
+    lock(&ctx.deps).set(key, tracking.take());
     let now_ms = now.as_millisecond();
     let mode = match p.mode {
         policy::Mode::Shadow => Mode::Shadow,
         policy::Mode::Enforce => {
             let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
-                ctx.breakers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                lock(&ctx.breakers)
                     .entry(p.name.clone())
                     .or_default()
                     .open(cb, now_ms)
@@ -564,16 +532,14 @@ async fn run_policy(
     }
     ctx.metrics.writes.inc_by(u64::from(outcome.writes));
     if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
-        ctx.breakers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&ctx.breakers)
             .entry(p.name.clone())
             .or_default()
             .record(cb, now_ms, outcome.error.is_some());
     }
     if mode == Mode::Shadow {
         tracing::info!(policy = %p.name, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
-        let mut log = ctx.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        let mut log = lock(&ctx.shadow);
         log.push_back(ShadowRecord {
             time: crate::util::time::format(now),
             target: format!("{} {}/{}", key.kind, key.namespace, key.name),
@@ -601,7 +567,7 @@ async fn reconcile(
         name: obj.meta.name.clone().unwrap_or_default(),
     };
     {
-        let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = lock(&ctx.pending);
         pending.remove(&key);
         ctx.metrics.queue_depth.set(pending.len() as i64);
     }
@@ -708,10 +674,7 @@ async fn reconcile_target(
         .filter(|p| p.selector.is_empty() || p.selector.matches_object(t))
         .collect();
     if policies.is_empty() {
-        ctx.deps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .forget(key);
+        lock(&ctx.deps).forget(key);
         return Ok(Action::await_change());
     }
     let resolved = ctx
@@ -782,10 +745,7 @@ async fn reconcile_target(
     if let Some((message, label)) = error {
         return Err(ReconcileError { message, label });
     }
-    ctx.failures
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(key);
+    lock(&ctx.failures).remove(key);
     Ok(match requeue {
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
@@ -804,7 +764,7 @@ fn error_policy(
         name: obj.meta.name.clone().unwrap_or_default(),
     };
     let n = {
-        let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = lock(&ctx.failures);
         let n = f.entry(key.clone()).or_insert(0);
         *n += 1;
         *n
@@ -974,7 +934,7 @@ impl Operator {
                 }
             }
         }
-        let mut informers = self.ctx.informers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut informers = lock(&self.ctx.informers);
         informers.retain(|k, _| wanted.contains(k));
         for k in wanted {
             informers.entry(k.clone()).or_insert_with(|| {
@@ -995,11 +955,7 @@ impl Operator {
     }
 
     async fn wait_informers(&self) {
-        let caches: Vec<Arc<crate::observe::cache::KindCache>> = self
-            .ctx
-            .informers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let caches: Vec<Arc<crate::observe::cache::KindCache>> = lock(&self.ctx.informers)
             .values()
             .map(|i| i.cache.clone())
             .collect();
@@ -1012,7 +968,7 @@ impl Operator {
         let wanted = set.target_kinds();
         let mut new_stores = Vec::new();
         {
-            let mut targets = self.ctx.targets.lock().unwrap_or_else(|e| e.into_inner());
+            let mut targets = lock(&self.ctx.targets);
             let stale: Vec<KindRef> = targets
                 .keys()
                 .filter(|k| !wanted.contains(k))
@@ -1061,25 +1017,12 @@ impl Operator {
         let set = Arc::new(checked?);
         self.ctx.policies.store(set.clone());
         self.ensure_informers(&set);
-        if let Some(rx) = self
-            .changes_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            self.tasks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
+        if let Some(rx) = lock(&self.changes_rx).take() {
+            lock(&self.tasks).push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
         }
         self.wait_informers().await;
         self.ctx.synced.store(true, Ordering::Release);
-        let leading_tx = self
-            .leading_tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .expect("start runs once");
+        let leading_tx = lock(&self.leading_tx).take().expect("start runs once");
         match self.ctx.config.lease.clone() {
             None => {
                 self.ctx.leading.store(true, Ordering::Release);
@@ -1092,10 +1035,7 @@ impl Operator {
                     leading_tx,
                     self.ctx.stop.clone(),
                 ));
-                self.tasks
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(task);
+                lock(&self.tasks).push(task);
             }
         }
         let mut leading = self.leading_rx.clone();
@@ -1111,20 +1051,17 @@ impl Operator {
         self.ctx.ready.store(true, Ordering::Release);
         let ctx = self.ctx.clone();
         let mut stop = self.ctx.stop.clone();
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tokio::spawn(async move {
-                let mut every = tokio::time::interval(ALERT_SWEEP);
-                let mut supervise = tokio::time::interval(SUPERVISE_EVERY);
-                loop {
-                    tokio::select! {
-                        _ = every.tick() => ctx.sweep_alerts(),
-                        _ = supervise.tick() => ctx.restart_ended(),
-                        _ = stop.wait_for(|s| *s) => return,
-                    }
+        lock(&self.tasks).push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(ALERT_SWEEP);
+            let mut supervise = tokio::time::interval(SUPERVISE_EVERY);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => ctx.sweep_alerts(),
+                    _ = supervise.tick() => ctx.restart_ended(),
+                    _ = stop.wait_for(|s| *s) => return,
                 }
-            }));
+            }
+        }));
         self.publish_policy_info(&set);
         Ok(())
     }
@@ -1209,8 +1146,7 @@ impl Operator {
         while self.ctx.in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let tasks: Vec<tokio::task::JoinHandle<()>> =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let tasks: Vec<tokio::task::JoinHandle<()>> = std::mem::take(&mut *lock(&self.tasks));
         for t in tasks {
             let _ = tokio::time::timeout(
                 deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1),
@@ -1218,22 +1154,12 @@ impl Operator {
             )
             .await;
         }
-        let controllers: Vec<TargetController> = self
-            .ctx
-            .targets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, t)| t)
-            .collect();
+        let controllers: Vec<TargetController> =
+            lock(&self.ctx.targets).drain().map(|(_, t)| t).collect();
         for t in controllers {
             let _ = tokio::time::timeout(Duration::from_secs(2), t.task).await;
         }
-        self.ctx
-            .informers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        lock(&self.ctx.informers).clear();
         self.ctx.ready.store(false, Ordering::Release);
         self.ctx.synced.store(false, Ordering::Release);
         self.ctx.metrics.leader.set(0);
@@ -1286,12 +1212,7 @@ async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
                 });
             }
         }
-        keys.extend(
-            ctx.deps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .readers_of(&ch.kind, &ch.namespace, &ch.name),
-        );
+        keys.extend(lock(&ctx.deps).readers_of(&ch.kind, &ch.namespace, &ch.name));
         keys.sort();
         keys.dedup();
         for k in keys {

@@ -449,7 +449,7 @@ impl Store {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.inner)
     }
 
     fn now(&self) -> String {

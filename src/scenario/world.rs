@@ -563,7 +563,7 @@ impl World {
                     }) else {
                         continue;
                     };
-                    if !w.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(uid) {
+                    if !crate::util::lock(&w.seen).insert(uid) {
                         continue;
                     }
                     let (w, rule, after) = (w.clone(), rule.clone(), *after);

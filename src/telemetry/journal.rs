@@ -5,6 +5,7 @@
 
 use std::sync::Mutex;
 
+use crate::util::lock;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
@@ -88,18 +89,12 @@ pub struct MemoryJournal {
 
 impl MemoryJournal {
     pub fn entries(&self) -> Vec<Entry> {
-        self.entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.entries).clone()
     }
 }
 
 impl Journal for MemoryJournal {
     fn record(&self, entry: Entry) {
-        self.entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(entry);
+        lock(&self.entries).push(entry);
     }
 }

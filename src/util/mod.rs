@@ -6,6 +6,13 @@ pub mod suggest;
 pub mod time;
 pub mod yaml;
 
+/// Lock a mutex, taking over the data a panicking thread left behind:
+/// every lock in Runbook guards data that is valid between any two of its
+/// statements, and a panic is caught and reported where it happens.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// An API error as a person reads it, on one line: the server's message,
 /// code and reason (never a Debug dump).
 pub fn api_error(e: &kube::Error) -> String {
