@@ -606,6 +606,7 @@ impl Reloader {
     pub async fn tell_failing_watches(&self, op: &Operator) {
         let failing = op
             .ctx
+            .health
             .watches
             .failing_errors(crate::observe::health::TELL_POLICIES_AFTER);
         let mut failed = Vec::new();
@@ -743,7 +744,11 @@ async fn watch_configmaps(
         )
     };
     while let Some(ev) = stream.next().await {
-        crate::observe::health::report_watch(&op.ctx.watches, &watch_name, ev.as_ref().err());
+        crate::observe::health::report_watch(
+            &op.ctx.health.watches,
+            &watch_name,
+            ev.as_ref().err(),
+        );
         match ev {
             Ok(Event::Apply(cm)) | Ok(Event::InitApply(cm)) => {
                 let b = bundle_of(&cm);
@@ -811,12 +816,18 @@ async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBu
 pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemetry::Readiness {
     let (op, reloader) = (op.clone(), reloader.clone());
     Arc::new(move || {
-        if !op.ctx.synced.load(std::sync::atomic::Ordering::Acquire) {
+        if !op
+            .ctx
+            .health
+            .synced
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             return Err("caches not synced yet".into());
         }
-        let mut failing = op.ctx.watches.ended();
+        let mut failing = op.ctx.health.watches.ended();
         failing.extend(
             op.ctx
+                .health
                 .watches
                 .failing_for(crate::observe::health::UNREADY_AFTER),
         );

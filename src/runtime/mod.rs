@@ -4,6 +4,11 @@
 //! that is `decide`'s, and every write is `act`'s.
 
 pub mod access;
+mod context;
+mod controllers;
 pub mod leader;
 pub mod operator;
-pub use operator::{Context, Operator, OperatorConfig, StartError};
+mod reconcile;
+pub use context::{Context, Health, OperatorConfig, ShadowRecord};
+pub use operator::{Operator, StartError};
+pub use reconcile::{ReconcileError, backoff};

@@ -376,7 +376,7 @@ async fn run_async(s: &Scenario) -> Report {
     // A watch that could not run (a kind at a URL the API does not serve,
     // a refusal) makes every expectation about its objects meaningless:
     // it fails the scenario, named, rather than passing by silence.
-    for failing in op.ctx.watches.failing_for(Duration::ZERO) {
+    for failing in op.ctx.health.watches.failing_for(Duration::ZERO) {
         report.failures.push(Failure {
             pos: None,
             message: failing,

@@ -1,0 +1,284 @@
+//! The context every reconcile shares, in cohesive parts: the shared
+//! services (client, engine, policies, clock, discovery, metrics, alerts,
+//! Events), what health reports, the watches running, the work queue, and
+//! what reconciles remember from one to the next.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::{mpsc, watch};
+
+use crate::observe::RawObject;
+
+use super::leader::LeaseConfig;
+use crate::act;
+use crate::alert::AlertSink;
+use crate::clock::Clock;
+use crate::crd::DecisionRecord;
+use crate::events::EventWriter;
+use crate::kinds::KindRef;
+use crate::observe::OwnWrites;
+use crate::observe::cache::{Change, Informer};
+use crate::observe::discovery::Resources;
+use crate::observe::health::WatchHealth;
+use crate::observe::view::{Dependencies, Source, Sources, TargetKey, target_ref};
+use crate::policy::PolicySet;
+use crate::policy::limits::Breaker;
+use crate::script::ScriptEngine;
+use crate::telemetry::Metrics;
+use crate::telemetry::journal::Journal;
+use crate::util::lock;
+
+/// How the operator runs.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    /// Watch and reconcile only this namespace (None: every namespace).
+    pub namespace: Option<String>,
+    pub concurrency: u16,
+    /// Names this instance in the Lease and in Events.
+    pub identity: String,
+    /// Leader election; None runs as the only instance.
+    pub lease: Option<LeaseConfig>,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            concurrency: 16,
+            identity: "runbook".into(),
+            lease: None,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A decision of a shadow policy, kept for inspection.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ShadowRecord {
+    pub time: String,
+    pub target: String,
+    pub record: DecisionRecord,
+}
+
+/// Everything a reconcile shares: no globals. The shared services first,
+/// then four parts, each with one job.
+pub struct Context {
+    pub client: Client,
+    pub engine: Arc<ScriptEngine>,
+    pub policies: ArcSwap<PolicySet>,
+    pub clock: Clock,
+    pub resources: Resources,
+    pub metrics: Arc<Metrics>,
+    pub alerts: Arc<dyn AlertSink>,
+    pub recorder: EventWriter,
+    pub config: OperatorConfig,
+    /// What `/readyz` and the leader's metrics report.
+    pub health: Health,
+    /// The watches and controllers running.
+    pub(super) running: Running,
+    /// Work waiting, failing and in flight.
+    pub(super) queue: Queue,
+    /// What reconciles remember from one to the next.
+    pub(super) memory: Memory,
+    pub(super) stop: watch::Receiver<bool>,
+}
+
+/// What `/readyz` and the leader's metrics report.
+#[derive(Default)]
+pub struct Health {
+    /// Controllers are running (on the leader).
+    pub ready: Arc<AtomicBool>,
+    /// Policies loaded and watch caches filled: what `/readyz` reports, on
+    /// the leader and on standbys alike, so rolling updates of a
+    /// leader-elected Deployment are not held up by the standby.
+    pub synced: Arc<AtomicBool>,
+    pub leading: Arc<AtomicBool>,
+    /// Which watches fail, since when: `/readyz` reports them.
+    pub watches: Arc<WatchHealth>,
+}
+
+/// The watches running: an informer per kind policies own or read, a
+/// controller per target kind.
+#[derive(Default)]
+pub(super) struct Running {
+    pub informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
+    pub targets: Mutex<HashMap<KindRef, TargetController>>,
+}
+
+/// Work waiting, failing and in flight.
+pub(super) struct Queue {
+    /// Targets triggered and not reconciled yet.
+    pub pending: Mutex<HashSet<TargetKey>>,
+    /// Failed reconciles in a row, by target, for the backoff.
+    pub failures: Mutex<HashMap<TargetKey, u32>>,
+    pub in_flight: AtomicUsize,
+    /// Moves whenever a reconcile finishes.
+    pub activity: AtomicU64,
+    /// Changes of cached objects, to route to the targets they concern.
+    pub changes: mpsc::UnboundedSender<Change>,
+}
+
+/// What reconciles remember from one to the next.
+#[derive(Default)]
+pub(super) struct Memory {
+    /// What each target's last decision looked up.
+    pub deps: Mutex<Dependencies>,
+    pub breakers: Mutex<HashMap<String, Breaker>>,
+    /// Targets whose status this process wrote, with the resourceVersion
+    /// they had before: until the cache shows a newer version, a reconcile
+    /// would decide on a status that no longer is.
+    pub written: OwnWrites<TargetKey, String>,
+    /// Children this process applied that the cache may not show yet.
+    pub applied: act::Applied,
+    pub shadow: Mutex<VecDeque<ShadowRecord>>,
+    /// Where action outcomes are written down, when someone listens (scenarios).
+    pub journal: std::sync::OnceLock<Arc<dyn Journal>>,
+}
+
+impl Context {
+    /// Write every action's outcome to `journal` from now on (once).
+    pub fn set_journal(&self, journal: Arc<dyn Journal>) {
+        let _ = self.memory.journal.set(journal);
+    }
+
+    /// The caches a reconcile reads, by kind.
+    pub fn sources(&self) -> Sources {
+        let mut map = HashMap::new();
+        for (k, i) in lock(&self.running.informers).iter() {
+            map.insert(k.clone(), Source::Informer(i.cache.clone()));
+        }
+        for (k, t) in lock(&self.running.targets).iter() {
+            map.insert(
+                k.clone(),
+                Source::Targets(t.store.clone(), self.resources.served_as(k).0),
+            );
+        }
+        Sources(map)
+    }
+
+    /// The writer of this process, at the clock's time.
+    pub fn writer(&self) -> act::Writer<'_> {
+        act::Writer {
+            client: &self.client,
+            recorder: Some(&self.recorder),
+            journal: self.memory.journal.get().map(|j| j.as_ref()),
+            applied: Some(&self.memory.applied),
+            now: self.clock.now(),
+        }
+    }
+
+    /// Shadow decisions, newest last.
+    pub fn shadow_records(&self) -> Vec<ShadowRecord> {
+        lock(&self.memory.shadow).iter().cloned().collect()
+    }
+
+    pub(super) fn trigger(&self, key: TargetKey) {
+        let targets = lock(&self.running.targets);
+        if let Some(t) = targets.get(&key.kind) {
+            let r = target_ref(
+                &self.resources.served_as(&key.kind).0,
+                &key.namespace,
+                &key.name,
+            );
+            if t.trigger.send(r).is_ok() {
+                let mut pending = lock(&self.queue.pending);
+                pending.insert(key);
+                self.metrics.queue_depth.set(pending.len() as i64);
+            }
+        }
+    }
+
+    /// Resolve the alerts of objects that are gone (or were replaced by a
+    /// new object of the same name) and of policies no longer loaded.
+    /// Only the leader's caches are complete enough to say so.
+    pub fn sweep_alerts(&self) {
+        if !self.health.leading.load(Ordering::Acquire)
+            || !self.health.ready.load(Ordering::Acquire)
+        {
+            return;
+        }
+        let set = self.policies.load_full();
+        let targets = lock(&self.running.targets);
+        let alive = |s: &crate::alert::AlertSource| {
+            if !set.policies.contains_key(&s.policy) {
+                return false;
+            }
+            let kind = KindRef::new(s.api_version.clone(), s.kind.clone());
+            let Some(t) = targets.get(&kind) else {
+                return false;
+            };
+            let r = target_ref(&self.resources.served_as(&kind).0, &s.namespace, &s.name);
+            t.store
+                .get(&r)
+                .is_some_and(|o| o.meta.uid.as_deref().unwrap_or("") == s.uid)
+        };
+        self.alerts.retain(&alive);
+    }
+
+    /// Reconcile every target of these kinds (all kinds if empty) again.
+    pub fn resync(&self, kinds: &[KindRef]) {
+        for (k, t) in lock(&self.running.targets).iter() {
+            if kinds.is_empty() || kinds.contains(k) {
+                let _ = t.resync.send(());
+            }
+        }
+    }
+
+    /// Reconcile these targets again.
+    pub fn requeue(&self, keys: impl IntoIterator<Item = TargetKey>) {
+        for k in keys {
+            self.trigger(k);
+        }
+    }
+
+    /// Every target currently cached, of the given kinds.
+    pub fn target_keys(&self, kinds: &[KindRef]) -> Vec<TargetKey> {
+        let targets = lock(&self.running.targets);
+        let mut out = Vec::new();
+        for (k, t) in targets.iter().filter(|(k, _)| kinds.contains(k)) {
+            for o in t.store.state() {
+                out.push(TargetKey {
+                    kind: k.clone(),
+                    namespace: o.meta.namespace.clone().unwrap_or_default(),
+                    name: o.meta.name.clone().unwrap_or_default(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Reconciles running right now.
+    pub fn in_flight(&self) -> usize {
+        self.queue.in_flight.load(Ordering::Acquire)
+    }
+
+    /// A counter that moves whenever a reconcile finishes.
+    pub fn activity(&self) -> u64 {
+        self.queue.activity.load(Ordering::Acquire)
+    }
+
+    /// Targets waiting after a change.
+    pub fn pending(&self) -> usize {
+        lock(&self.queue.pending).len()
+    }
+}
+
+pub(super) struct TargetController {
+    pub store: Store<RawObject>,
+    pub trigger: mpsc::UnboundedSender<ObjectRef<RawObject>>,
+    pub resync: mpsc::UnboundedSender<()>,
+    pub task: tokio::task::JoinHandle<()>,
+    /// Why the task ended, when it ended on its own.
+    pub ended: Arc<Mutex<Option<String>>>,
+    /// How many times this kind's controller was restarted.
+    pub restarts: u32,
+}
