@@ -371,40 +371,9 @@ fn discovered(input: &Input<'_>, kind: &KindRef) -> Result<Resolved, Failed> {
 /// The write an action needs, or why none is needed or possible.
 fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
     let policy = input.policy;
-    let target = input.target.value();
     let found = |kind: &KindRef| discovered(input, kind);
     match a {
-        Action::Apply { object } => {
-            let kind = kind_of(object);
-            let r = match found(&kind) {
-                Ok(r) => r,
-                Err(e) => return Todo::Fail(e),
-            };
-            let desired = prepare_child(object, target, r.namespaced);
-            let name = desired["metadata"]["name"].as_str().unwrap_or_default();
-            let hash = applied_hash(&desired).unwrap_or_default().to_string();
-            let key = ChildKey::new(&kind, ns, name);
-            let live = input.view.get(&kind, ns, name);
-            if apply_is_noop(&desired, live.as_deref()) {
-                plan.settled.push(key);
-                return Todo::Unchanged;
-            }
-            // Applied by this process a moment ago, not in the cache yet.
-            let cache_lags = live.as_deref().and_then(|l| applied_hash(l.value())) != Some(&hash);
-            if cache_lags
-                && input
-                    .applied
-                    .is_some_and(|own| own.pending(&key).is_some_and(|h| h == hash))
-            {
-                return Todo::Unchanged;
-            }
-            Todo::Write(Box::new(Write::Apply {
-                kind: r,
-                key,
-                object: desired,
-                hash,
-            }))
-        }
+        Action::Apply { object } => apply_of(input, plan, ns, object),
         Action::Delete { kind, name } => {
             let k = match policy.kinds.resolve(kind) {
                 Ok(k) => k,
@@ -454,6 +423,36 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
         })),
         _ => Todo::Record(ActionResult::Ok, None),
     }
+}
+
+/// The server-side apply of a child, or why none is needed.
+fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Todo {
+    let kind = kind_of(object);
+    let r = match discovered(input, &kind) {
+        Ok(r) => r,
+        Err(e) => return Todo::Fail(e),
+    };
+    let desired = prepare_child(object, input.target.value(), r.namespaced);
+    let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+    let hash = applied_hash(&desired).unwrap_or_default().to_string();
+    let key = ChildKey::new(&kind, ns, name);
+    let live = input.view.get(&kind, ns, name);
+    if apply_is_noop(&desired, live.as_deref()) {
+        plan.settled.push(key);
+        return Todo::Unchanged;
+    }
+    // Applied by this process a moment ago, not in the cache yet.
+    let cache_lags = live.as_deref().and_then(|l| applied_hash(l.value())) != Some(&hash);
+    let pending = |own: &Applied| own.pending(&key).is_some_and(|h| h == hash);
+    if cache_lags && input.applied.is_some_and(pending) {
+        return Todo::Unchanged;
+    }
+    Todo::Write(Box::new(Write::Apply {
+        kind: r,
+        key,
+        object: desired,
+        hash,
+    }))
 }
 
 fn applied_hash(v: &Value) -> Option<&str> {

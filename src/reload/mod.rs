@@ -331,27 +331,47 @@ impl Reloader {
                 loaded.errors.iter().map(|e| e.to_string()).collect(),
             ));
         }
-        if !self.dangerous_kinds {
-            let dangers = crate::rbac::dangers_of(loaded.policies.iter());
-            if !dangers.is_empty() {
-                return Err(Refusal::content(
-                    dangers
-                        .into_iter()
-                        .map(|d| {
-                            format!(
-                                "refused: {d} (start with --allow-dangerous-kinds to accept it)"
-                            )
-                        })
-                        .collect(),
-                ));
-            }
-        }
+        self.check_dangers(&loaded)?;
         let secret_errors = self.check_secrets(&loaded).await;
         if !secret_errors.is_empty() {
             return Err(Refusal::cluster(secret_errors));
         }
-        // Cross-bundle checks: build the whole set with this version in.
         let candidate = Arc::new(loaded);
+        let set = self.check_with_the_rest(&bundle, &candidate)?;
+        if let Some(op) = serve_check {
+            self.check_serving(op, &bundle, &candidate, &set).await?;
+        }
+        let mut bundles = lock(&self.bundles);
+        let mut state = BundleState::new(bundle);
+        state.good = Some(candidate);
+        bundles.insert(state.bundle.origin.clone(), state);
+        Ok(())
+    }
+
+    /// A bundle declaring a dangerous kind is refused unless allowed.
+    fn check_dangers(&self, loaded: &Loaded) -> Result<(), Refusal> {
+        if self.dangerous_kinds {
+            return Ok(());
+        }
+        let dangers = crate::rbac::dangers_of(loaded.policies.iter());
+        if dangers.is_empty() {
+            return Ok(());
+        }
+        Err(Refusal::content(
+            dangers
+                .into_iter()
+                .map(|d| format!("refused: {d} (start with --allow-dangerous-kinds to accept it)"))
+                .collect(),
+        ))
+    }
+
+    /// Cross-bundle checks: the whole set built with this version in; the
+    /// errors about this bundle refuse it.
+    fn check_with_the_rest(
+        &self,
+        bundle: &Bundle,
+        candidate: &Arc<Loaded>,
+    ) -> Result<PolicySet, Refusal> {
         let (set, errors) = {
             let bundles = lock(&self.bundles);
             let mut loaded: Vec<Loaded> = bundles
@@ -359,7 +379,7 @@ impl Reloader {
                 .filter(|(o, _)| **o != bundle.origin)
                 .filter_map(|(_, b)| b.good.as_deref().map(clone_loaded))
                 .collect();
-            loaded.push(clone_loaded(&candidate));
+            loaded.push(clone_loaded(candidate));
             PolicySet::build(loaded)
         };
         let ours: Vec<String> = candidate.policies.iter().map(|p| p.file.clone()).collect();
@@ -368,50 +388,50 @@ impl Reloader {
             .filter(|e| e.file.is_empty() || ours.contains(&e.file))
             .map(|e| e.to_string())
             .collect();
-        if !mine.is_empty() {
-            return Err(Refusal::content(mine));
+        if mine.is_empty() {
+            Ok(set)
+        } else {
+            Err(Refusal::content(mine))
         }
-        if let Some(op) = serve_check {
-            let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
-            let kept = op
-                .check_kinds(&set)
+    }
+
+    /// What the running operator can serve: a policy the edit would stop
+    /// (it runs now) or that it adds unable to run is refused; one already
+    /// set aside at start-up for a kind the cluster lacks stays set aside
+    /// and does not hold up edits of the rest of its bundle. Then the
+    /// permissions the new version needs.
+    async fn check_serving(
+        &self,
+        op: &Operator,
+        bundle: &Bundle,
+        candidate: &Loaded,
+        set: &PolicySet,
+    ) -> Result<(), Refusal> {
+        let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
+        let kept = op
+            .check_kinds(set)
+            .await
+            .map_err(|e| Refusal::cluster(vec![e.to_string()]))?;
+        let serving = op.ctx.policies.load_full();
+        let before: Vec<String> = lock(&self.bundles)
+            .get(&bundle.origin)
+            .and_then(|b| b.good.as_deref())
+            .map(|l| l.policies.iter().map(|p| p.name.clone()).collect())
+            .unwrap_or_default();
+        let refused: Vec<String> = names
+            .iter()
+            .filter(|n| !kept.policies.contains_key(*n))
+            .filter(|n| serving.policies.contains_key(*n) || !before.contains(n))
+            .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
+            .collect();
+        if !refused.is_empty() {
+            return Err(Refusal::cluster(refused));
+        }
+        if self.access_check {
+            self.check_access(op, &kept, &names)
                 .await
-                .map_err(|e| Refusal::cluster(vec![e.to_string()]))?;
-            // A policy the edit would stop (it runs now) or that it adds
-            // unable to run is refused; one already set aside at start-up
-            // for a kind the cluster lacks stays set aside and does not
-            // hold up edits of the rest of its bundle.
-            let serving = op.ctx.policies.load_full();
-            let before: Vec<String> = lock(&self.bundles)
-                .get(&bundle.origin)
-                .and_then(|b| b.good.as_deref())
-                .map(|l| l.policies.iter().map(|p| p.name.clone()).collect())
-                .unwrap_or_default();
-            let refused: Vec<&String> = names
-                .iter()
-                .filter(|n| !kept.policies.contains_key(*n))
-                .filter(|n| serving.policies.contains_key(*n) || !before.contains(n))
-                .collect();
-            if !refused.is_empty() {
-                return Err(Refusal::cluster(
-                    refused
-                        .iter()
-                        .map(|n| {
-                            format!("policy {n}: a kind it names is not served by the API server")
-                        })
-                        .collect(),
-                ));
-            }
-            if self.access_check {
-                self.check_access(op, &kept, &names)
-                    .await
-                    .map_err(Refusal::cluster)?;
-            }
+                .map_err(Refusal::cluster)?;
         }
-        let mut bundles = lock(&self.bundles);
-        let mut state = BundleState::new(bundle);
-        state.good = Some(candidate);
-        bundles.insert(state.bundle.origin.clone(), state);
         Ok(())
     }
 

@@ -70,6 +70,84 @@ pub async fn missing_for(
     check(client, &needs, watched).await
 }
 
+/// One question to the API server: may this identity do that?
+struct Ask {
+    /// The permission as `runbook rbac` describes it.
+    described: String,
+    cluster_scoped: bool,
+    why: Vec<String>,
+    attrs: ResourceAttributes,
+}
+
+/// Every verb on every name of a need, as questions.
+fn asks_of(n: &Need, watched: Option<&str>) -> Vec<Ask> {
+    let namespace = match &n.scope {
+        Scope::Watched => watched.map(str::to_string),
+        Scope::Cluster => None,
+        Scope::Namespace(ns) => Some(ns.clone()),
+    };
+    let (resource, sub) = match n.resource.split_once('/') {
+        Some((r, s)) => (r.to_string(), Some(s.to_string())),
+        None => (n.resource.clone(), None),
+    };
+    let names: Vec<Option<String>> = if n.names.is_empty() {
+        vec![None]
+    } else {
+        n.names.iter().cloned().map(Some).collect()
+    };
+    let mut out = Vec::new();
+    for verb in &n.verbs {
+        for name in &names {
+            out.push(Ask {
+                described: n.describe(verb),
+                cluster_scoped: n.scope == Scope::Cluster,
+                why: n.why.iter().cloned().collect(),
+                attrs: ResourceAttributes {
+                    namespace: namespace.clone(),
+                    verb: Some(verb.clone()),
+                    group: Some(n.group.clone()),
+                    resource: Some(resource.clone()),
+                    subresource: sub.clone(),
+                    name: name.clone(),
+                    ..Default::default()
+                },
+            });
+        }
+    }
+    out
+}
+
+/// Ask one question; `Some` names the permission when it is not allowed.
+async fn ask(api: Api<SelfSubjectAccessReview>, q: Ask) -> Result<Option<Missing>, kube::Error> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(q.attrs.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = api.create(&PostParams::default(), &review).await?;
+    if answer.status.is_some_and(|s| s.allowed) {
+        return Ok(None);
+    }
+    let mut permission = match &q.attrs.name {
+        Some(name) => {
+            let what = q.described.split(" named ").next().unwrap_or(&q.described);
+            format!("{what} named {name}")
+        }
+        None => q.described.clone(),
+    };
+    permission.push_str(&match &q.attrs.namespace {
+        Some(ns) => format!(" in namespace {ns}"),
+        None if q.cluster_scoped => String::new(),
+        None => " in all namespaces".to_string(),
+    });
+    Ok(Some(Missing {
+        permission,
+        why: q.why,
+    }))
+}
+
 /// Ask about every verb of every need; return what is not allowed.
 /// `watched` is the namespace the operator reconciles (None: all).
 pub async fn check(
@@ -78,71 +156,9 @@ pub async fn check(
     watched: Option<&str>,
 ) -> Result<Vec<Missing>, kube::Error> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let mut asks = Vec::new();
-    for n in needs {
-        let namespace = match &n.scope {
-            Scope::Watched => watched.map(str::to_string),
-            Scope::Cluster => None,
-            Scope::Namespace(ns) => Some(ns.clone()),
-        };
-        let (resource, sub) = match n.resource.split_once('/') {
-            Some((r, s)) => (r.to_string(), Some(s.to_string())),
-            None => (n.resource.clone(), None),
-        };
-        let names: Vec<Option<String>> = if n.names.is_empty() {
-            vec![None]
-        } else {
-            n.names.iter().cloned().map(Some).collect()
-        };
-        for verb in &n.verbs {
-            for name in &names {
-                asks.push((
-                    n.describe(verb),
-                    n.scope == Scope::Cluster,
-                    n.why.iter().cloned().collect::<Vec<String>>(),
-                    ResourceAttributes {
-                        namespace: namespace.clone(),
-                        verb: Some(verb.clone()),
-                        group: Some(n.group.clone()),
-                        resource: Some(resource.clone()),
-                        subresource: sub.clone(),
-                        name: name.clone(),
-                        ..Default::default()
-                    },
-                ));
-            }
-        }
-    }
+    let asks: Vec<Ask> = needs.iter().flat_map(|n| asks_of(n, watched)).collect();
     let results: Vec<Result<Option<Missing>, kube::Error>> = futures::stream::iter(asks)
-        .map(|(described, cluster_scoped, why, attrs)| {
-            let api = api.clone();
-            async move {
-                let review = SelfSubjectAccessReview {
-                    spec: SelfSubjectAccessReviewSpec {
-                        resource_attributes: Some(attrs.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                let answer = api.create(&PostParams::default(), &review).await?;
-                let allowed = answer.status.is_some_and(|s| s.allowed);
-                Ok((!allowed).then(|| {
-                    let mut permission = described.clone();
-                    if let Some(name) = &attrs.name {
-                        permission = format!(
-                            "{} named {name}",
-                            described.split(" named ").next().unwrap_or(&described)
-                        );
-                    }
-                    permission.push_str(&match &attrs.namespace {
-                        Some(ns) => format!(" in namespace {ns}"),
-                        None if cluster_scoped => String::new(),
-                        None => " in all namespaces".to_string(),
-                    });
-                    Missing { permission, why }
-                }))
-            }
-        })
+        .map(|q| ask(api.clone(), q))
         .buffered(16)
         .collect()
         .await;

@@ -70,6 +70,16 @@ async fn finalizers(
         })
 }
 
+/// Which of a policy's functions a reconcile runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hook {
+    /// `reconcile` (or the steps): the target is alive.
+    Reconcile,
+    /// `finalize`: the target is being deleted and holds our finalizer.
+    Finalize,
+}
+
+/// One policy's decision on one target, carried out.
 async fn run_policy(
     ctx: &Context,
     p: &CompiledPolicy,
@@ -77,7 +87,7 @@ async fn run_policy(
     target: &Arc<crate::observe::CachedObject>,
     resolved: &Resolved,
     key: &TargetKey,
-    finalizing: bool,
+    hook: Hook,
 ) -> act::Outcome {
     let now: Timestamp = ctx.clock.now();
     let tracking = Arc::new(Tracking::new(ctx.sources()));
@@ -87,38 +97,16 @@ async fn run_policy(
         now,
     };
     let started = Instant::now();
-    let decision = if finalizing {
-        decide::finalize(&ctx.engine, p, &observed)
-    } else {
-        decide::decide(&ctx.engine, p, &observed)
+    let decision = match hook {
+        Hook::Reconcile => decide::decide(&ctx.engine, p, &observed),
+        Hook::Finalize => decide::finalize(&ctx.engine, p, &observed),
     };
-    let policy_label = Metrics::labels(&[("policy", &p.name)]);
     ctx.metrics
         .script_seconds
-        .get_or_create(&policy_label)
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
         .observe(started.elapsed().as_secs_f64());
     lock(&ctx.memory.deps).set(key, tracking.take());
-    let now_ms = now.as_millisecond();
-    let mode = match p.mode {
-        policy::Mode::Shadow => Mode::Shadow,
-        policy::Mode::Enforce => {
-            let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
-                lock(&ctx.memory.breakers)
-                    .entry(p.name.clone())
-                    .or_default()
-                    .open(cb, now_ms)
-            });
-            match open {
-                Some(why) => Mode::Suspended(why),
-                None => Mode::Enforce,
-            }
-        }
-    };
-    ctx.metrics
-        .circuit_open
-        .get_or_create(&policy_label)
-        .set(matches!(mode, Mode::Suspended(_)) as i64);
-    let routes = set.routes_for(p);
+    let mode = mode_of(ctx, p, now);
     let exec = Exec {
         writer: act::Writer {
             now,
@@ -128,59 +116,95 @@ async fn run_policy(
         view: &tracking.sources,
         alerts: ctx.alerts.as_ref(),
     };
-    let outcome = act::execute(
+    let routes = set.routes_for(p);
+    let decided = decision.as_ref();
+    let mut outcome = act::execute(
         &exec,
         p,
         routes.as_ref(),
         target,
         resolved,
-        decision.as_ref(),
+        decided,
         mode.clone(),
     )
     .await;
     if let Err(e) = &decision {
         tracing::warn!(policy = %p.name, "{e}");
     }
-    for (verb, result) in &outcome.results {
-        ctx.metrics
-            .actions
-            .get_or_create(&Metrics::labels(&[
-                ("policy", &p.name),
-                ("action", verb),
-                ("result", result),
-            ]))
-            .inc();
-    }
-    for (verb, _) in &outcome.refused {
-        ctx.metrics
-            .refusals
-            .get_or_create(&Metrics::labels(&[("policy", &p.name), ("action", verb)]))
-            .inc();
-    }
-    ctx.metrics.writes.inc_by(u64::from(outcome.writes));
-    if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
-        lock(&ctx.memory.breakers)
-            .entry(p.name.clone())
-            .or_default()
-            .record(cb, now_ms, outcome.error.is_some());
-    }
+    count(ctx, p, now, &outcome);
     if mode == Mode::Shadow {
-        tracing::info!(policy = %p.name, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
-        let mut log = lock(&ctx.memory.shadow);
-        log.push_back(ShadowRecord {
-            time: crate::util::time::format(now),
-            target: format!("{} {}/{}", key.kind, key.namespace, key.name),
-            record: outcome.record.clone(),
-        });
-        while log.len() > 1000 {
-            log.pop_front();
-        }
+        keep_shadow(ctx, p, key, now, &outcome);
     }
-    let mut outcome = outcome;
     if let Ok(d) = &decision {
         outcome.requeue_ms = d.requeue_after_ms;
     }
     outcome
+}
+
+/// How a policy may act now: shadow, enforcing, or suspended while its
+/// circuit breaker is open.
+fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Mode {
+    let mode = match p.mode {
+        policy::Mode::Shadow => Mode::Shadow,
+        policy::Mode::Enforce => {
+            let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
+                lock(&ctx.memory.breakers)
+                    .entry(p.name.clone())
+                    .or_default()
+                    .open(cb, now.as_millisecond())
+            });
+            open.map_or(Mode::Enforce, Mode::Suspended)
+        }
+    };
+    ctx.metrics
+        .circuit_open
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .set(matches!(mode, Mode::Suspended(_)) as i64);
+    mode
+}
+
+/// Count what a decision did (metrics, and the circuit breaker's errors).
+fn count(ctx: &Context, p: &CompiledPolicy, now: Timestamp, outcome: &act::Outcome) {
+    let m = &ctx.metrics;
+    for (verb, result) in &outcome.results {
+        let labels = [
+            ("policy", p.name.as_str()),
+            ("action", verb),
+            ("result", result),
+        ];
+        m.actions.get_or_create(&Metrics::labels(&labels)).inc();
+    }
+    for (verb, _) in &outcome.refused {
+        let labels = [("policy", p.name.as_str()), ("action", verb.as_str())];
+        m.refusals.get_or_create(&Metrics::labels(&labels)).inc();
+    }
+    m.writes.inc_by(u64::from(outcome.writes));
+    if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
+        lock(&ctx.memory.breakers)
+            .entry(p.name.clone())
+            .or_default()
+            .record(cb, now.as_millisecond(), outcome.error.is_some());
+    }
+}
+
+/// Keep a shadow policy's decision for inspection (the newest thousand).
+fn keep_shadow(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    key: &TargetKey,
+    now: Timestamp,
+    outcome: &act::Outcome,
+) {
+    tracing::info!(policy = %p.name, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
+    let mut log = lock(&ctx.memory.shadow);
+    log.push_back(ShadowRecord {
+        time: crate::util::time::format(now),
+        target: format!("{} {}/{}", key.kind, key.namespace, key.name),
+        record: outcome.record.clone(),
+    });
+    while log.len() > 1000 {
+        log.pop_front();
+    }
 }
 
 /// What a caught panic said.
@@ -192,51 +216,28 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
+fn key_of(kind: &KindRef, obj: &RawObject) -> TargetKey {
+    TargetKey {
+        kind: kind.clone(),
+        namespace: obj.meta.namespace.clone().unwrap_or_default(),
+        name: obj.meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Reconcile one target (what the kind's controller calls).
 pub(super) async fn reconcile(
     obj: Arc<RawObject>,
     ctx: Arc<Context>,
     kind: KindRef,
 ) -> Result<Action, ReconcileError> {
-    let key = TargetKey {
-        kind: kind.clone(),
-        namespace: obj.meta.namespace.clone().unwrap_or_default(),
-        name: obj.meta.name.clone().unwrap_or_default(),
-    };
+    let key = key_of(&kind, &obj);
     {
         let mut pending = lock(&ctx.queue.pending);
         pending.remove(&key);
         ctx.metrics.queue_depth.set(pending.len() as i64);
     }
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
-    // A target kind that other policies own, read or mutate has no cache
-    // of its own sending changes (its controller's store serves it), so
-    // its changes, which each bring a reconcile here, are passed on: a
-    // DatabaseBackup's progress wakes the DatabaseCluster that owns it.
-    let watched_by_others = ctx
-        .policies
-        .load()
-        .policies
-        .values()
-        .any(|p| p.target != kind && p.kinds.declares(&kind));
-    if watched_by_others {
-        let _ = ctx.queue.changes.send(crate::observe::cache::Change {
-            kind: kind.clone(),
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            owners: obj
-                .meta
-                .owner_references
-                .iter()
-                .flatten()
-                .map(|o| crate::observe::cache::OwnerRef {
-                    api_version: o.api_version.clone(),
-                    kind: o.kind.clone(),
-                    name: o.name.clone(),
-                    uid: o.uid.clone(),
-                })
-                .collect(),
-        });
-    }
+    pass_on_change(&ctx, &kind, &key, &obj);
     if let Some(why) = &obj.undecodable {
         tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");
         ctx.metrics
@@ -260,25 +261,98 @@ pub(super) async fn reconcile(
         Ok(r) => r,
         Err(panic) => {
             let what = panic_message(&*panic);
-            ctx.metrics
-                .panics
-                .get_or_create(&Metrics::labels(&[("kind", &kind.kind)]))
-                .inc();
-            let message = format!(
-                "internal error while reconciling (a bug in Runbook, please report it): {what}"
-            );
-            tracing::error!(kind = %kind, namespace = %key.namespace, name = %key.name, "{message}");
-            let note = warning("InternalError", message.clone());
-            ctx.writer().event(&obj.value(), &note).await;
-            Err(ReconcileError {
-                message,
-                label: "panic",
-            })
+            Err(caught(&ctx, &obj, &key, what).await)
         }
     };
     ctx.queue.in_flight.fetch_sub(1, Ordering::AcqRel);
     ctx.queue.activity.fetch_add(1, Ordering::AcqRel);
     result
+}
+
+/// A target kind that other policies own, read or mutate has no cache of
+/// its own sending changes (its controller's store serves it), so its
+/// changes, which each bring a reconcile here, are passed on: a
+/// DatabaseBackup's progress wakes the DatabaseCluster that owns it.
+fn pass_on_change(ctx: &Context, kind: &KindRef, key: &TargetKey, obj: &RawObject) {
+    let watched_by_others = ctx
+        .policies
+        .load()
+        .policies
+        .values()
+        .any(|p| p.target != *kind && p.kinds.declares(kind));
+    if !watched_by_others {
+        return;
+    }
+    let owners = obj.meta.owner_references.iter().flatten();
+    let _ = ctx.queue.changes.send(crate::observe::cache::Change {
+        kind: kind.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        owners: owners
+            .map(|o| crate::observe::cache::OwnerRef {
+                api_version: o.api_version.clone(),
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+                uid: o.uid.clone(),
+            })
+            .collect(),
+    });
+}
+
+/// A panic caught in a reconcile: counted, logged, told on the target.
+async fn caught(ctx: &Context, obj: &RawObject, key: &TargetKey, what: String) -> ReconcileError {
+    ctx.metrics
+        .panics
+        .get_or_create(&Metrics::labels(&[("kind", &key.kind.kind)]))
+        .inc();
+    let message =
+        format!("internal error while reconciling (a bug in Runbook, please report it): {what}");
+    tracing::error!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "{message}");
+    let note = warning("InternalError", message.clone());
+    ctx.writer().event(&obj.value(), &note).await;
+    ReconcileError {
+        message,
+        label: "panic",
+    }
+}
+
+/// Read our own writes: deciding on a status the cache has not caught up
+/// with would repeat what the last decision did.
+fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
+    match ctx.memory.written.pending(key) {
+        Some(before) if before == obj.resource_version() => {
+            tracing::debug!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
+            true
+        }
+        Some(_) => {
+            ctx.memory.written.settled(key);
+            false
+        }
+        None => false,
+    }
+}
+
+/// What the policies of one reconcile leave to do: when to come back, and
+/// the error to retry on.
+#[derive(Default)]
+struct Next {
+    requeue_ms: Option<i64>,
+    error: Option<(String, &'static str)>,
+}
+
+impl Next {
+    fn requeue(&mut self, ms: i64) {
+        self.requeue_ms = Some(self.requeue_ms.map_or(ms, |r| r.min(ms)));
+    }
+}
+
+/// What one target's reconcile shares between its policies.
+struct Target<'a> {
+    obj: &'a RawObject,
+    cached: Arc<crate::observe::CachedObject>,
+    key: &'a TargetKey,
+    resolved: Resolved,
+    set: Arc<PolicySet>,
 }
 
 async fn reconcile_target(
@@ -287,27 +361,17 @@ async fn reconcile_target(
     kind: &KindRef,
     key: &TargetKey,
 ) -> Result<Action, ReconcileError> {
-    {
-        // Read our own writes: deciding on a status the cache has not
-        // caught up with would repeat what the last decision did.
-        match ctx.memory.written.pending(key) {
-            Some(before) if before == obj.resource_version() => {
-                tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
-                // The watch event of that write reconciles again; the
-                // requeue is a backstop.
-                return Ok(Action::requeue(Duration::from_secs(30)));
-            }
-            Some(_) => ctx.memory.written.settled(key),
-            None => {}
-        }
+    if cache_lags(ctx, obj, key) {
+        // The watch event of that write reconciles again; the requeue is a
+        // backstop.
+        return Ok(Action::requeue(Duration::from_secs(30)));
     }
     let set = ctx.policies.load_full();
-    let target = obj.cached();
-    let t = target.value();
+    let cached = obj.cached();
     let policies: Vec<Arc<CompiledPolicy>> = set
         .for_target(kind)
         .into_iter()
-        .filter(|p| p.selector.is_empty() || p.selector.matches_object(t))
+        .filter(|p| p.selector.is_empty() || p.selector.matches_object(cached.value()))
         .collect();
     if policies.is_empty() {
         lock(&ctx.memory.deps).forget(key);
@@ -321,72 +385,102 @@ async fn reconcile_target(
             message: format!("discovering {kind}: {}", crate::util::api_error(&e)),
             label: "discovery",
         })?;
-    let started = Instant::now();
-    let deleting = t.pointer("/metadata/deletionTimestamp").is_some();
-    let present = act::writer::finalizers_of(t);
-    let mut requeue: Option<i64> = None;
-    let mut error: Option<(String, &'static str)> = None;
+    let target = Target {
+        obj,
+        cached,
+        key,
+        resolved,
+        set,
+    };
+    let deleting = obj.meta.deletion_timestamp.is_some();
+    let present = act::writer::finalizers_of(target.cached.value());
+    let mut next = Next::default();
     for p in &policies {
         let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %kind.kind, namespace = %key.namespace, name = %key.name);
         let _enter = span.enter();
         let fin = finalizer_name(&p.name);
         let writes_allowed = p.mode == policy::Mode::Enforce;
         if deleting {
-            if !present.contains(&fin) {
-                continue;
-            }
-            let outcome = run_policy(ctx, p, &set, &target, &resolved, key, true).await;
-            // Finalize is done when it asks for no more writes.
-            let work_left = !outcome.results.is_empty();
-            if let Some(e) = outcome.error {
-                error = Some((e, outcome.error_label.unwrap_or("finalize")));
-            } else if !work_left && writes_allowed {
-                finalizers(ctx, &resolved, t, None, Some(&fin)).await?;
-            } else {
-                requeue = Some(requeue.map_or(5_000, |r| r.min(5_000)));
+            if present.contains(&fin) {
+                finalize_policy(ctx, p, &target, &fin, &mut next).await?;
             }
             continue;
         }
         if p.has_finalizer() && writes_allowed && !present.contains(&fin) {
             // The watch event of this write reconciles again.
-            finalizers(ctx, &resolved, t, Some(&fin), None).await?;
+            finalizers(
+                ctx,
+                &target.resolved,
+                target.cached.value(),
+                Some(&fin),
+                None,
+            )
+            .await?;
             return Ok(Action::await_change());
         }
-        let outcome = run_policy(ctx, p, &set, &target, &resolved, key, false).await;
-        if outcome.status_written {
-            ctx.memory
-                .written
-                .remember(key.clone(), obj.resource_version().to_string());
-        }
-        let result = if outcome.error.is_some() {
-            "error"
-        } else {
-            "ok"
-        };
-        ctx.metrics
-            .reconciles
-            .get_or_create(&Metrics::labels(&[("policy", &p.name), ("result", result)]))
-            .inc();
-        ctx.metrics
-            .reconcile_seconds
-            .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
-            .observe(started.elapsed().as_secs_f64());
-        if let Some(ms) = outcome.requeue_ms {
-            requeue = Some(requeue.map_or(ms, |r| r.min(ms)));
-        }
-        if let Some(e) = outcome.error {
-            tracing::warn!("{e}");
-            error = Some((e, outcome.error_label.unwrap_or("error")));
-        }
+        reconcile_policy(ctx, p, &target, &mut next).await;
     }
-    if let Some((message, label)) = error {
+    if let Some((message, label)) = next.error {
         return Err(ReconcileError { message, label });
     }
     lock(&ctx.queue.failures).remove(key);
-    Ok(match requeue {
+    Ok(match next.requeue_ms {
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
     })
+}
+
+/// A policy's `finalize` on a target being deleted; once it asks for no
+/// more writes, its finalizer is removed.
+async fn finalize_policy(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    fin: &str,
+    next: &mut Next,
+) -> Result<(), ReconcileError> {
+    let (set, cached) = (&t.set, &t.cached);
+    let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Finalize).await;
+    let work_left = !outcome.results.is_empty();
+    if let Some(e) = outcome.error {
+        next.error = Some((e, outcome.error_label.unwrap_or("finalize")));
+    } else if !work_left && p.mode == policy::Mode::Enforce {
+        finalizers(ctx, &t.resolved, cached.value(), None, Some(fin)).await?;
+    } else {
+        next.requeue(5_000);
+    }
+    Ok(())
+}
+
+/// A policy's decision on a live target, counted.
+async fn reconcile_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next) {
+    let started = Instant::now();
+    let (set, cached) = (&t.set, &t.cached);
+    let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Reconcile).await;
+    if outcome.status_written {
+        let before = t.obj.resource_version().to_string();
+        ctx.memory.written.remember(t.key.clone(), before);
+    }
+    let result = if outcome.error.is_some() {
+        "error"
+    } else {
+        "ok"
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&Metrics::labels(&[("policy", &p.name), ("result", result)]))
+        .inc();
+    ctx.metrics
+        .reconcile_seconds
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .observe(started.elapsed().as_secs_f64());
+    if let Some(ms) = outcome.requeue_ms {
+        next.requeue(ms);
+    }
+    if let Some(e) = outcome.error {
+        tracing::warn!("{e}");
+        next.error = Some((e, outcome.error_label.unwrap_or("error")));
+    }
 }
 
 pub(super) fn error_policy(
@@ -395,11 +489,7 @@ pub(super) fn error_policy(
     ctx: Arc<Context>,
     kind: &KindRef,
 ) -> Action {
-    let key = TargetKey {
-        kind: kind.clone(),
-        namespace: obj.meta.namespace.clone().unwrap_or_default(),
-        name: obj.meta.name.clone().unwrap_or_default(),
-    };
+    let key = key_of(kind, &obj);
     let n = {
         let mut f = lock(&ctx.queue.failures);
         let n = f.entry(key.clone()).or_insert(0);
