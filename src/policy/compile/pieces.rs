@@ -1,0 +1,231 @@
+//! The small pieces of a policy: its schedule, its limits, and the Rhai
+//! expressions and templates its steps are made of, each compiled once
+//! with its position in the file.
+
+use super::{Ctx, ScheduleSource, pos_at};
+use crate::kinds::KindRef;
+use crate::policy::limits::{CircuitBreaker, CompiledLimits, RateLimit, Verb};
+use crate::policy::model::{Limits, ScheduleSpec};
+use crate::schedule::Schedule;
+use crate::script::engine::Expr;
+use crate::script::template::Template;
+use crate::util::time::parse_duration_ms;
+use crate::util::yaml::{Node, Pos};
+
+pub(super) fn compile_schedule(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &ScheduleSpec,
+) -> Option<ScheduleSource> {
+    let pos = pos_at(node, &["spec", "schedule"]);
+    let parse = |cx: &mut Ctx, text: &str| match Schedule::parse(text) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            cx.error(file, pos, format!("spec.schedule: {e}"));
+            None
+        }
+    };
+    match (&spec.cron, &spec.from_field) {
+        (Some(_), Some(_)) => {
+            cx.error(file, pos, "spec.schedule: give cron or fromField, not both");
+            None
+        }
+        (Some(c), None) => parse(cx, c).map(ScheduleSource::Fixed),
+        (None, Some(field)) => {
+            let path: Vec<String> = field.split('.').map(str::to_string).collect();
+            if path.iter().any(|p| p.is_empty()) {
+                cx.error(file, pos, format!("spec.schedule.fromField: {field:?} is not a dotted path such as spec.schedule"));
+                return None;
+            }
+            let default = match &spec.default {
+                Some(d) => Some(parse(cx, d)?),
+                None => None,
+            };
+            Some(ScheduleSource::FromField { path, default })
+        }
+        (None, None) => {
+            cx.error(file, pos, "spec.schedule: give cron or fromField");
+            None
+        }
+    }
+}
+
+pub(super) fn compile_limits(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    limits: &Limits,
+) -> CompiledLimits {
+    let mut out = CompiledLimits::default();
+    for (verb, text) in [
+        (Verb::Rollback, &limits.rollback),
+        (Verb::Delete, &limits.delete),
+        (Verb::Patch, &limits.patch),
+        (Verb::Apply, &limits.apply),
+    ] {
+        let key = verb.as_str();
+        if let Some(t) = text {
+            match RateLimit::parse(t) {
+                Ok(l) => *out.slot(verb) = Some(l),
+                Err(e) => cx.error(
+                    file,
+                    pos_at(node, &["spec", "limits", key]),
+                    format!("spec.limits.{key}: {e}"),
+                ),
+            }
+        }
+    }
+    if let Some(cb) = &limits.circuit_breaker {
+        let pos = pos_at(node, &["spec", "limits", "circuitBreaker"]);
+        if !(cb.error_rate > 0.0 && cb.error_rate <= 1.0) {
+            cx.error(
+                file,
+                pos,
+                "spec.limits.circuitBreaker.errorRate must be in (0, 1]",
+            );
+        }
+        match (
+            parse_duration_ms(&cb.window),
+            parse_duration_ms(&cb.cooldown),
+        ) {
+            (Ok(window_ms), Ok(cooldown_ms)) => {
+                out.circuit_breaker = Some(CircuitBreaker {
+                    error_rate: cb.error_rate,
+                    window_ms,
+                    min_requests: cb.min_requests.max(1),
+                    cooldown_ms,
+                })
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                cx.error(file, pos, format!("spec.limits.circuitBreaker: {e}"))
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn expr(
+    cx: &mut Ctx,
+    file: &str,
+    source: &str,
+    node: &Node,
+    what: &str,
+    functions: Option<&rhai::AST>,
+) -> Option<Expr> {
+    let Some(text) = node.as_str() else {
+        cx.error(
+            file,
+            Some(node.pos),
+            format!("{what} must be a Rhai expression in a string"),
+        );
+        return None;
+    };
+    let origin = Pos {
+        line: node.pos.line,
+        col: node.pos.col + quote_offset(source, node.pos),
+    };
+    match cx
+        .engine
+        .compile_expr(&cx.bundle.display_path(file), text, origin, functions)
+    {
+        Ok(e) => Some(e),
+        Err(e) => {
+            cx.errors.push(e.into());
+            None
+        }
+    }
+}
+
+fn quote_offset(source: &str, pos: Pos) -> u32 {
+    let line = source
+        .lines()
+        .nth(pos.line.saturating_sub(1) as usize)
+        .unwrap_or("");
+    match line.chars().nth(pos.col.saturating_sub(1) as usize) {
+        Some('\'') | Some('"') => 1,
+        _ => 0,
+    }
+}
+
+pub(super) fn template(
+    cx: &mut Ctx,
+    file: &str,
+    source: &str,
+    node: &Node,
+    functions: Option<&rhai::AST>,
+) -> Option<Template> {
+    match Template::compile(
+        cx.engine,
+        &cx.bundle.display_path(file),
+        source,
+        node,
+        functions,
+    ) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            cx.errors.push(e.into());
+            None
+        }
+    }
+}
+
+/// Kind named by a template's literal apiVersion/kind.
+pub(super) fn template_kind(t: &Template) -> Option<KindRef> {
+    let av = t.literal_at(&["apiVersion"])?.as_str()?;
+    let kind = t.literal_at(&["kind"])?.as_str()?;
+    Some(KindRef::new(av, kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::compile::tests::errors_of;
+
+    const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  script: p.rhai\n";
+
+    #[test]
+    fn a_schedule_takes_cron_or_a_field_and_names_its_mistakes() {
+        let both = format!("{HEAD}  schedule: {{cron: '@hourly', fromField: spec.every}}\n");
+        assert_eq!(
+            errors_of(&both),
+            ["p.yaml:7:13: spec.schedule: give cron or fromField, not both"]
+        );
+        let neither = format!("{HEAD}  schedule: {{}}\n");
+        assert_eq!(
+            errors_of(&neither),
+            ["p.yaml:7:13: spec.schedule: give cron or fromField"]
+        );
+        let path = format!("{HEAD}  schedule: {{fromField: spec..every}}\n");
+        assert!(
+            errors_of(&path)[0].contains("is not a dotted path"),
+            "{:?}",
+            errors_of(&path)
+        );
+        let cron = format!("{HEAD}  schedule: {{cron: 'every tuesday'}}\n");
+        assert!(errors_of(&cron)[0].starts_with("p.yaml:7:13: spec.schedule: "));
+        let good = format!("{HEAD}  schedule: {{fromField: spec.every, default: '@daily'}}\n");
+        assert!(errors_of(&good).is_empty());
+    }
+
+    #[test]
+    fn limits_and_the_circuit_breaker_are_checked_where_they_are_written() {
+        let rate = format!("{HEAD}  limits: {{rollback: 'often'}}\n");
+        assert!(
+            errors_of(&rate)[0].starts_with("p.yaml:7:22: spec.limits.rollback: "),
+            "{:?}",
+            errors_of(&rate)
+        );
+        let breaker = format!(
+            "{HEAD}  limits:\n    circuitBreaker: {{errorRate: 1.5, window: 1m, cooldown: soon, minRequests: 3}}\n"
+        );
+        let errors = errors_of(&breaker);
+        assert!(
+            errors[0].ends_with("spec.limits.circuitBreaker.errorRate must be in (0, 1]"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains("spec.limits.circuitBreaker: "),
+            "{errors:?}"
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! One `Policy` document compiled: its header and kinds, its body (a
+//! script, or steps with their compensation and retention), schedule,
+//! limits, params and selector, and the version that covers every file it
+//! uses.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::pieces::{compile_limits, compile_schedule, template};
+use super::steps::{StepCx, compile_step, step_nodes};
+use super::{Body, CompiledPolicy, CompiledRetention, Ctx, parse_doc, pos_at};
+use crate::kinds::DeclaredKinds;
+use crate::labels::Selector;
+use crate::policy::model::{API_VERSION, PolicyDoc, PolicySpec};
+use crate::script::engine::Script;
+use crate::util::hash::short_hex;
+use crate::util::yaml::{Node, Pos};
+
+/// Compile a policy document (`None`: its errors are recorded).
+pub(super) fn load_policy(
+    cx: &mut Ctx,
+    file: &str,
+    text: &str,
+    offset: u32,
+) -> Option<CompiledPolicy> {
+    let (doc, node) = parse_doc::<PolicyDoc>(cx, file, text, offset)?;
+    let errors_before = cx.errors.len();
+    let source = cx.bundle.files.get(file).cloned().unwrap_or_default();
+    check_header(cx, file, &node, &doc);
+    let spec = &doc.spec;
+    let kinds = DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates);
+    let mut used: BTreeSet<String> = BTreeSet::from([file.to_string()]);
+    let body = match (&spec.script, spec.steps.is_empty()) {
+        (Some(_), false) => {
+            let m = "spec: give script or steps, not both";
+            cx.error(file, pos_at(&node, &["spec", "script"]), m);
+            None
+        }
+        (None, true) => {
+            cx.error(
+                file,
+                pos_at(&node, &["spec"]),
+                "spec: give a script or steps",
+            );
+            None
+        }
+        (Some(script), true) => script_body(cx, file, &node, spec, script, &mut used),
+        (None, false) => steps_body(cx, file, &source, &node, spec, &kinds, &mut used),
+    };
+    let schedule = match &spec.schedule {
+        Some(s) => compile_schedule(cx, file, &node, s),
+        None => None,
+    };
+    let limits = compile_limits(cx, file, &node, &spec.limits);
+    let params = params_of(cx, file, &node, spec);
+    let selector = selector_of(cx, file, &node, spec);
+    if cx.errors.len() > errors_before {
+        return None;
+    }
+    Some(CompiledPolicy {
+        name: doc.metadata.name.clone(),
+        file: cx.bundle.display_path(file),
+        origin: cx.bundle.origin.clone(),
+        version: version_of(cx, file, text, &used),
+        target: spec.target.clone(),
+        selector,
+        kinds: Arc::new(kinds),
+        schedule,
+        body: body?,
+        params_dyn: crate::script::obj::view(Arc::new(params.clone())),
+        params,
+        alerts: spec.alerts.clone(),
+        mode: spec.mode,
+        limits,
+        priority: spec.priority,
+    })
+}
+
+/// The apiVersion, a DNS name, kinds that name something, and a target
+/// the policy does not also own.
+fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
+    if doc.api_version != API_VERSION {
+        let m = format!("apiVersion: want {API_VERSION}");
+        cx.error(file, pos_at(node, &["apiVersion"]), m);
+    }
+    let name = &doc.metadata.name;
+    if !crate::names::is_dns_subdomain(name) {
+        let m = format!(
+            "metadata.name {name:?} must be a DNS subdomain (lowercase letters, digits, '-', '.')"
+        );
+        cx.error(file, pos_at(node, &["metadata", "name"]), m);
+    }
+    let spec = &doc.spec;
+    for (key, k) in std::iter::once(("target", &spec.target))
+        .chain(spec.owns.iter().map(|k| ("owns", k)))
+        .chain(spec.reads.iter().map(|k| ("reads", k)))
+        .chain(spec.mutates.iter().map(|k| ("mutates", k)))
+    {
+        if k.kind.is_empty() || k.api_version.is_empty() {
+            let m = format!("spec.{key}: apiVersion and kind must not be empty");
+            cx.error(file, pos_at(node, &["spec", key]), m);
+        }
+    }
+    if spec.owns.contains(&spec.target) {
+        let m = "spec.owns: a policy cannot own its own target kind";
+        cx.error(file, pos_at(node, &["spec", "owns"]), m);
+    }
+}
+
+/// A script body: the script in this bundle, defining `reconcile`; what
+/// goes with steps only is refused.
+fn script_body(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &PolicySpec,
+    script: &str,
+    used: &mut BTreeSet<String>,
+) -> Option<Body> {
+    used.insert(script.to_string());
+    let steps_only = [
+        (
+            !spec.on_failure.is_empty(),
+            "onFailure",
+            "spec.onFailure goes with steps; a script handles its own failures",
+        ),
+        (
+            spec.retention.is_some(),
+            "retention",
+            "spec.retention goes with steps; a script deletes its own old children",
+        ),
+        (
+            spec.functions.is_some(),
+            "functions",
+            "spec.functions goes with steps; a script defines its own functions",
+        ),
+    ];
+    for (given, key, message) in steps_only {
+        if given {
+            cx.error(file, pos_at(node, &["spec", key]), message);
+        }
+    }
+    if !cx.bundle.files.contains_key(script) {
+        let m = format!("spec.script: {script:?} is not in this bundle");
+        cx.error(file, pos_at(node, &["spec", "script"]), m);
+        return None;
+    }
+    let s = cx.script(script)?;
+    if !s.has_fn("reconcile") {
+        let m = "the script defines no fn reconcile(ctx)";
+        cx.error(script, Some(Pos { line: 1, col: 1 }), m);
+        return None;
+    }
+    Some(Body::Script {
+        has_finalize: s.has_fn("finalize"),
+        source: cx.bundle.files[script].as_str().into(),
+        script: s,
+    })
+}
+
+/// A steps body: the steps, their compensation (which runs once and does
+/// not wait), and the retention of old runs.
+fn steps_body(
+    cx: &mut Ctx,
+    file: &str,
+    source: &str,
+    node: &Node,
+    spec: &PolicySpec,
+    kinds: &DeclaredKinds,
+    used: &mut BTreeSet<String>,
+) -> Option<Body> {
+    let functions: Option<Arc<Script>> = match &spec.functions {
+        None => None,
+        Some(f) if !cx.bundle.files.contains_key(f) => {
+            let m = format!("spec.functions: {f:?} is not in this bundle");
+            cx.error(file, pos_at(node, &["spec", "functions"]), m);
+            None
+        }
+        Some(f) => {
+            used.insert(f.clone());
+            cx.script(f)
+        }
+    };
+    let mut sx = StepCx {
+        file,
+        source,
+        kinds,
+        used,
+        functions: functions.as_ref().map(|s| &s.ast),
+    };
+    let mut all_ok = true;
+    let mut names = BTreeSet::new();
+    let mut steps = Vec::new();
+    let nodes = step_nodes(node, "steps");
+    for (i, step) in spec.steps.iter().enumerate() {
+        let n = nodes.get(i).copied().unwrap_or(node);
+        if !names.insert(step.name.clone()) {
+            let m = format!("step name {:?} is used twice", step.name);
+            cx.error(file, Some(n.pos), m);
+            all_ok = false;
+        }
+        match compile_step(cx, &mut sx, n, step) {
+            Some(s) => steps.push(s),
+            None => all_ok = false,
+        }
+    }
+    let mut on_failure = Vec::new();
+    let nodes = step_nodes(node, "onFailure");
+    for (i, step) in spec.on_failure.iter().enumerate() {
+        let n = nodes.get(i).copied().unwrap_or(node);
+        if step.ready_when.is_some() || step.failed_when.is_some() || step.timeout.is_some() {
+            let m = format!(
+                "onFailure step {}: compensation runs once and does not wait; drop readyWhen, failedWhen and timeout",
+                step.name
+            );
+            cx.error(file, Some(n.pos), m);
+            all_ok = false;
+        }
+        match compile_step(cx, &mut sx, n, step) {
+            Some(s) => on_failure.push(s),
+            None => all_ok = false,
+        }
+    }
+    let retention = match &spec.retention {
+        None => None,
+        Some(r) => match template(cx, file, source, &r.keep, sx.functions) {
+            Some(keep) => Some(CompiledRetention {
+                keep,
+                label: r.label.clone(),
+            }),
+            None => {
+                all_ok = false;
+                None
+            }
+        },
+    };
+    all_ok.then_some(Body::Steps {
+        steps,
+        on_failure,
+        retention,
+    })
+}
+
+/// `spec.params`, a map (empty when absent).
+fn params_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Value {
+    let params = spec
+        .params
+        .as_ref()
+        .map(Node::to_json)
+        .unwrap_or(Value::Object(Default::default()));
+    if !params.is_object() {
+        let m = "spec.params must be a map";
+        cx.error(file, pos_at(node, &["spec", "params"]), m);
+    }
+    params
+}
+
+/// `spec.selector`, its keys and values as labels allow.
+fn selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Selector {
+    for (k, v) in &spec.selector {
+        if let Err(e) = crate::labels::check_key(k).and_then(|_| crate::labels::check_value(v)) {
+            cx.error(
+                file,
+                pos_at(node, &["spec", "selector"]),
+                format!("spec.selector: {e}"),
+            );
+        }
+    }
+    Selector::from_map(spec.selector.iter())
+}
+
+/// The version covers every file the policy uses, so editing a script or
+/// template changes it as surely as editing the policy.
+fn version_of(cx: &Ctx, file: &str, text: &str, used: &BTreeSet<String>) -> String {
+    let mut hashed = String::from(text);
+    for f in used.iter().filter(|f| *f != file) {
+        hashed.push('\u{0}');
+        hashed.push_str(f);
+        hashed.push('\u{0}');
+        hashed.push_str(cx.bundle.files.get(f).map(String::as_str).unwrap_or(""));
+    }
+    short_hex(hashed.as_bytes(), 12)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::compile::tests::{errors_in, errors_of, load};
+
+    const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n";
+
+    #[test]
+    fn the_header_names_what_is_wrong_where() {
+        let text = "apiVersion: runbook.dev/v1\nkind: Policy\nmetadata: {name: My_Policy}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  owns: [{apiVersion: v1, kind: ConfigMap}]\n  script: p.rhai\n";
+        let errors = errors_of(text);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e == "p.yaml:1:13: apiVersion: want runbook.dev/v1alpha1"),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e
+                .starts_with("p.yaml:3:18: metadata.name \"My_Policy\" must be a DNS subdomain")),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.ends_with("spec.owns: a policy cannot own its own target kind")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_policy_has_a_script_or_steps_and_what_goes_with_each() {
+        assert_eq!(
+            errors_of(HEAD),
+            ["p.yaml:5:3: spec: give a script or steps"]
+        );
+        let both =
+            format!("{HEAD}  script: p.rhai\n  steps: [{{name: a, status: {{phase: x}}}}]\n");
+        assert!(errors_of(&both)[0].ends_with("spec: give script or steps, not both"));
+        let extras =
+            format!("{HEAD}  script: p.rhai\n  functions: f.rhai\n  retention: {{keep: 3}}\n");
+        let errors = errors_of(&extras);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("spec.functions goes with steps")),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("spec.retention goes with steps")),
+            "{errors:?}"
+        );
+        let missing = format!("{HEAD}  script: gone.rhai\n");
+        assert!(
+            errors_of(&missing)[0].ends_with("spec.script: \"gone.rhai\" is not in this bundle")
+        );
+        let no_reconcile = format!("{HEAD}  script: q.rhai\n");
+        let errors = errors_in(&[
+            ("p.yaml", &no_reconcile),
+            ("q.rhai", "fn other(ctx) { [] }"),
+        ]);
+        assert_eq!(
+            errors,
+            ["q.rhai:1:1: the script defines no fn reconcile(ctx)"]
+        );
+    }
+
+    #[test]
+    fn the_version_changes_with_every_file_the_policy_uses() {
+        let policy = format!("{HEAD}  script: p.rhai\n");
+        let one = load(&[("p.yaml", &policy), ("p.rhai", "fn reconcile(ctx) { [] }")]);
+        let two = load(&[("p.yaml", &policy), ("p.rhai", "fn reconcile(ctx) { [ ] }")]);
+        let unrelated = load(&[
+            ("p.yaml", &policy),
+            ("p.rhai", "fn reconcile(ctx) { [] }"),
+            ("other.rhai", "fn x() { 1 }"),
+        ]);
+        assert_ne!(one.policies[0].version, two.policies[0].version);
+        assert_eq!(one.policies[0].version, unrelated.policies[0].version);
+    }
+
+    #[test]
+    fn steps_are_named_once_and_compensation_does_not_wait() {
+        let steps = format!(
+            "{HEAD}  steps:\n    - {{name: a, status: {{phase: x}}}}\n    - {{name: a, status: {{phase: y}}}}\n  onFailure:\n    - {{name: undo, status: {{phase: z}}, timeout: 5m}}\n"
+        );
+        let errors = errors_of(&steps);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e == "p.yaml:8:7: step name \"a\" is used twice"),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("onFailure step undo: compensation runs once")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn params_must_be_a_map_and_selector_labels_valid() {
+        let text =
+            format!("{HEAD}  script: p.rhai\n  params: [1, 2]\n  selector: {{'bad key!': x}}\n");
+        let errors = errors_of(&text);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.ends_with("spec.params must be a map")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e.contains("spec.selector: ")),
+            "{errors:?}"
+        );
+    }
+}
