@@ -447,16 +447,12 @@ pub fn decide(
             on_failure,
             retention,
         } => {
-            let out = steps::decide(
-                engine,
-                policy,
-                list,
+            let body = steps::Body {
+                steps: list,
                 on_failure,
-                retention.as_ref(),
-                observed,
-                &ctx,
-                sched.as_ref(),
-            )?;
+                retention: retention.as_ref(),
+            };
+            let out = steps::decide(engine, policy, &body, observed, &ctx, sched.as_ref())?;
             let actions = plan(policy, &ns, None, out.actions);
             Ok(finish(
                 policy,

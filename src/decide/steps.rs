@@ -238,44 +238,37 @@ fn condition(type_: &str, status: bool, reason: &str, message: &str) -> ActionVa
     }))
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn decide(
-    engine: &ScriptEngine,
-    policy: &CompiledPolicy,
-    steps: &[CompiledStep],
-    on_failure: &[CompiledStep],
-    retention: Option<&CompiledRetention>,
-    observed: &Observed,
-    ctx: &Ctx,
-    sched: Option<&ScheduleState>,
-) -> Result<StepsOutcome, ScriptError> {
-    let now: Timestamp = observed.now;
-    let target = observed.target.value();
-    let status = target.get("status").cloned().unwrap_or(Value::Null);
-    let phase = status.get("phase").and_then(Value::as_str).unwrap_or("");
-    let current_run = status
-        .get("run")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let running = phase == "Running";
+/// A steps policy's body, as compiled.
+pub struct Body<'a> {
+    pub steps: &'a [CompiledStep],
+    pub on_failure: &'a [CompiledStep],
+    pub retention: Option<&'a CompiledRetention>,
+}
 
-    // Which run this reconcile works on. A fire time while a run is still in
-    // progress is skipped, like a CronJob with concurrencyPolicy: Forbid.
-    let (run, fresh) = match (sched, &current_run) {
-        (Some(s), _) if s.due && !running => {
-            (s.fire.map(run_id).unwrap_or_else(|| "once".into()), true)
-        }
-        (_, Some(r)) => (r.clone(), false),
-        (None, None) => ("once".to_string(), true),
-        (Some(s), None) => (s.last.map(run_id).unwrap_or_else(|| "once".into()), true),
-    };
-    let mut progress = if fresh {
+/// Which run this reconcile works on, and whether it starts now. A fire
+/// time while a run is still in progress is skipped, like a CronJob with
+/// concurrencyPolicy: Forbid.
+fn which_run(sched: Option<&ScheduleState>, status: &Value) -> (String, bool) {
+    let running = status.get("phase").and_then(Value::as_str) == Some("Running");
+    let current = status.get("run").and_then(Value::as_str);
+    let once = || "once".to_string();
+    match (sched, current) {
+        (Some(s), _) if s.due && !running => (s.fire.map(run_id).unwrap_or_else(once), true),
+        (_, Some(r)) => (r.to_string(), false),
+        (None, None) => (once(), true),
+        (Some(s), None) => (s.last.map(run_id).unwrap_or_else(once), true),
+    }
+}
+
+/// The progress of each of the policy's steps, by name (a fresh run
+/// starts with none).
+fn aligned_progress(steps: &[CompiledStep], status: &Value, fresh: bool) -> Vec<StepStatus> {
+    let progress = if fresh {
         Vec::new()
     } else {
-        read_progress(&status)
+        read_progress(status)
     };
-    // Keep progress aligned with the policy's steps by name.
-    let mut aligned: Vec<StepStatus> = steps
+    steps
         .iter()
         .map(|s| {
             progress
@@ -287,132 +280,162 @@ pub fn decide(
                     ..Default::default()
                 })
         })
-        .collect();
-    progress.clear();
+        .collect()
+}
 
-    let mut r = Run {
-        engine,
-        observed,
-        vars: vec![
-            ("resource", crate::script::obj::of(&observed.target)),
-            ("ctx", Dynamic::from(ctx.clone())),
-            ("params", policy.params_dyn.clone()),
-            ("run", Dynamic::from(run.clone())),
-        ],
-        actions: Vec::new(),
-    };
+/// Where the walk through the steps stopped.
+#[derive(Default)]
+struct Walk {
+    requeue: Option<i64>,
+    /// The step that failed, and why.
+    failure: Option<(usize, String)>,
+    /// The step not ready yet.
+    waiting_on: Option<usize>,
+}
 
-    if let Some(ret) = retention {
-        r.retain(policy, ret, &run)?;
+/// What became of one step's turn.
+enum Turn {
+    Ready,
+    /// Not ready; come back after this long at the latest.
+    Waiting(Option<i64>),
+    Failed(String),
+}
+
+/// Run one step's turn: emit its work, then see whether it failed, is
+/// ready, or is waiting (or has waited too long).
+fn turn(
+    r: &mut Run<'_>,
+    step: &CompiledStep,
+    progress: &mut StepStatus,
+    now: Timestamp,
+) -> Result<Turn, ScriptError> {
+    let starting = progress.state == StepState::Pending;
+    if starting {
+        progress.state = StepState::Running;
+        progress.start_time = Some(time::format(now));
+        progress.end_time = None;
+        progress.message = None;
     }
-    let finished = !fresh && (phase == "Completed" || phase == "Failed");
-    if finished {
-        // A failed run's alerts keep firing until a later run replaces it
-        // (alerts resolve when a reconcile no longer raises them); its
-        // other compensations ran once, when it failed.
-        if phase == "Failed" {
-            for comp in on_failure.iter().filter(|c| c.alert.is_some()) {
-                let only_alert = CompiledStep {
-                    name: comp.name.clone(),
-                    alert: comp.alert.clone(),
-                    apply: None,
-                    status: None,
-                    delete: None,
-                    event: None,
-                    ready_when: None,
-                    failed_when: None,
-                    timeout_ms: None,
-                    message: None,
-                };
-                if let (_, Some(a)) = r.emit(&only_alert, true)? {
-                    r.actions.push(a);
-                }
-            }
-        }
-        return Ok(StepsOutcome {
-            actions: r.actions,
-            requeue_after_ms: None,
-        });
-    }
-
-    let mut requeue = None;
-    let mut failure: Option<(usize, String)> = None;
-    let mut waiting_on: Option<usize> = None;
-    for (i, step) in steps.iter().enumerate() {
-        if aligned[i].state == StepState::Succeeded {
-            continue;
-        }
-        let starting = aligned[i].state == StepState::Pending;
-        if starting {
-            aligned[i].state = StepState::Running;
-            aligned[i].start_time = Some(time::format(now));
-            aligned[i].end_time = None;
-            aligned[i].message = None;
-        }
-        let (it, apply) = r.emit(step, starting)?;
-        if let Some(e) = &step.failed_when
-            && r.truth(e, &it, "failedWhen")?
-        {
-            let message = match &step.message {
-                Some(t) => match r.render(t, &it)? {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                },
-                None => format!("step {} failed", step.name),
-            };
-            failure = Some((i, message));
-            break;
-        }
-        let ready = match (&step.ready_when, &step.apply, &step.delete) {
-            (Some(e), _, _) => r.truth(e, &it, "readyWhen")?,
-            (None, Some(_), _) => !it.is_unit(),
-            (None, None, Some(_)) => it.is_unit(),
-            (None, None, None) => true,
+    let (it, apply) = r.emit(step, starting)?;
+    if let Some(e) = &step.failed_when
+        && r.truth(e, &it, "failedWhen")?
+    {
+        let message = match &step.message {
+            Some(t) => match r.render(t, &it)? {
+                Value::String(s) => s,
+                other => other.to_string(),
+            },
+            None => format!("step {} failed", step.name),
         };
-        // A finished step's object is left alone; one still awaited is
-        // applied again, which changes nothing unless it drifted.
-        if let Some(a) = apply
-            && (!ready || it.is_unit())
-        {
-            r.actions.push(a);
-        }
-        if ready {
-            aligned[i].state = StepState::Succeeded;
-            aligned[i].end_time = Some(time::format(now));
+        return Ok(Turn::Failed(message));
+    }
+    let ready = match (&step.ready_when, &step.apply, &step.delete) {
+        (Some(e), _, _) => r.truth(e, &it, "readyWhen")?,
+        (None, Some(_), _) => !it.is_unit(),
+        (None, None, Some(_)) => it.is_unit(),
+        (None, None, None) => true,
+    };
+    // A finished step's object is left alone; one still awaited is
+    // applied again, which changes nothing unless it drifted.
+    if let Some(a) = apply
+        && (!ready || it.is_unit())
+    {
+        r.actions.push(a);
+    }
+    if ready {
+        return Ok(Turn::Ready);
+    }
+    let Some(limit) = step.timeout_ms else {
+        return Ok(Turn::Waiting(None));
+    };
+    let started = progress
+        .start_time
+        .as_deref()
+        .and_then(time::parse)
+        .unwrap_or(now);
+    let deadline = started.as_millisecond() + limit;
+    if now.as_millisecond() >= deadline {
+        let took = time::render_duration_ms(limit);
+        return Ok(Turn::Failed(format!(
+            "step {} timed out after {took}",
+            step.name
+        )));
+    }
+    Ok(Turn::Waiting(Some(deadline - now.as_millisecond())))
+}
+
+/// Walk the steps in order up to the first that is not done.
+fn walk(
+    r: &mut Run<'_>,
+    steps: &[CompiledStep],
+    progress: &mut [StepStatus],
+    now: Timestamp,
+) -> Result<Walk, ScriptError> {
+    let mut w = Walk::default();
+    for (i, step) in steps.iter().enumerate() {
+        if progress[i].state == StepState::Succeeded {
             continue;
         }
-        if let Some(limit) = step.timeout_ms {
-            let started = aligned[i]
-                .start_time
-                .as_deref()
-                .and_then(time::parse)
-                .unwrap_or(now);
-            let deadline = started.as_millisecond() + limit;
-            if now.as_millisecond() >= deadline {
-                failure = Some((
-                    i,
-                    format!(
-                        "step {} timed out after {}",
-                        step.name,
-                        time::render_duration_ms(limit)
-                    ),
-                ));
+        match turn(r, step, &mut progress[i], now)? {
+            Turn::Ready => {
+                progress[i].state = StepState::Succeeded;
+                progress[i].end_time = Some(time::format(now));
+            }
+            Turn::Waiting(requeue) => {
+                w.requeue = requeue;
+                w.waiting_on = Some(i);
                 break;
             }
-            requeue = Some(deadline - now.as_millisecond());
+            Turn::Failed(message) => {
+                w.failure = Some((i, message));
+                break;
+            }
         }
-        waiting_on = Some(i);
-        break;
     }
+    Ok(w)
+}
 
-    let mut fields = serde_json::Map::new();
-    fields.insert("run".into(), json!(run));
-    match (&failure, waiting_on) {
+/// A failed run's alerts keep firing until a later run replaces it (alerts
+/// resolve when a reconcile no longer raises them); its other
+/// compensations ran once, when it failed.
+fn alerts_of_failed_run(r: &mut Run<'_>, on_failure: &[CompiledStep]) -> Result<(), ScriptError> {
+    for comp in on_failure.iter().filter(|c| c.alert.is_some()) {
+        let only_alert = CompiledStep {
+            name: comp.name.clone(),
+            alert: comp.alert.clone(),
+            apply: None,
+            status: None,
+            delete: None,
+            event: None,
+            ready_when: None,
+            failed_when: None,
+            timeout_ms: None,
+            message: None,
+        };
+        if let (_, Some(a)) = r.emit(&only_alert, true)? {
+            r.actions.push(a);
+        }
+    }
+    Ok(())
+}
+
+/// The run's phase, current step and conditions (and the compensation of
+/// a failed run).
+fn close(
+    r: &mut Run<'_>,
+    body: &Body<'_>,
+    w: &Walk,
+    progress: &mut [StepStatus],
+    fields: &mut serde_json::Map<String, Value>,
+    now: Timestamp,
+) -> Result<(), ScriptError> {
+    let steps = body.steps;
+    match (&w.failure, w.waiting_on) {
         (Some((i, message)), _) => {
-            aligned[*i].state = StepState::Failed;
-            aligned[*i].end_time = Some(time::format(now));
-            aligned[*i].message = Some(message.clone());
-            for comp in on_failure {
+            progress[*i].state = StepState::Failed;
+            progress[*i].end_time = Some(time::format(now));
+            progress[*i].message = Some(message.clone());
+            for comp in body.on_failure {
                 if let (_, Some(a)) = r.emit(comp, true)? {
                     r.actions.push(a);
                 }
@@ -439,25 +462,70 @@ pub fn decide(
                 .push(condition("Ready", false, "StepRunning", &message));
         }
         (None, None) => {
+            let done = "all steps succeeded";
             fields.insert("phase".into(), json!("Completed"));
             fields.insert("currentStep".into(), Value::Null);
+            r.actions.push(condition("Ready", true, "Completed", done));
             r.actions
-                .push(condition("Ready", true, "Completed", "all steps succeeded"));
-            r.actions.push(condition(
-                "Progressing",
-                false,
-                "Completed",
-                "all steps succeeded",
-            ));
+                .push(condition("Progressing", false, "Completed", done));
         }
     }
+    Ok(())
+}
+
+/// Decide a steps policy: retention first, then the steps in order.
+pub fn decide(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    body: &Body<'_>,
+    observed: &Observed,
+    ctx: &Ctx,
+    sched: Option<&ScheduleState>,
+) -> Result<StepsOutcome, ScriptError> {
+    let now: Timestamp = observed.now;
+    let status = observed
+        .target
+        .value()
+        .get("status")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let phase = status.get("phase").and_then(Value::as_str).unwrap_or("");
+    let (run, fresh) = which_run(sched, &status);
+    let mut progress = aligned_progress(body.steps, &status, fresh);
+    let mut r = Run {
+        engine,
+        observed,
+        vars: vec![
+            ("resource", crate::script::obj::of(&observed.target)),
+            ("ctx", Dynamic::from(ctx.clone())),
+            ("params", policy.params_dyn.clone()),
+            ("run", Dynamic::from(run.clone())),
+        ],
+        actions: Vec::new(),
+    };
+    if let Some(ret) = body.retention {
+        r.retain(policy, ret, &run)?;
+    }
+    if !fresh && (phase == "Completed" || phase == "Failed") {
+        if phase == "Failed" {
+            alerts_of_failed_run(&mut r, body.on_failure)?;
+        }
+        return Ok(StepsOutcome {
+            actions: r.actions,
+            requeue_after_ms: None,
+        });
+    }
+    let w = walk(&mut r, body.steps, &mut progress, now)?;
+    let mut fields = serde_json::Map::new();
+    fields.insert("run".into(), json!(run));
+    close(&mut r, body, &w, &mut progress, &mut fields, now)?;
     fields.insert(
         "steps".into(),
-        serde_json::to_value(&aligned).unwrap_or(Value::Null),
+        serde_json::to_value(&progress).unwrap_or(Value::Null),
     );
     r.actions.push(act(Action::Status { fields }));
     Ok(StepsOutcome {
         actions: r.actions,
-        requeue_after_ms: requeue,
+        requeue_after_ms: w.requeue,
     })
 }
