@@ -341,7 +341,13 @@ pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<ActionValue>("Action");
     engine.register_fn("to_string", |a: &mut ActionValue| format!("{:?}", a.action));
     engine.register_get("verb", |a: &mut ActionValue| a.action.verb().to_string());
+    register_children(engine);
+    register_target(engine);
+    register_others(engine);
+}
 
+/// `apply`, `delete` and `patch`: objects other than the target.
+fn register_children(engine: &mut Engine) {
     engine.register_fn(
         "apply",
         |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
@@ -420,7 +426,10 @@ pub fn register(engine: &mut Engine) {
             ))
         },
     );
+}
 
+/// `status` and `condition`: the target itself.
+fn register_target(engine: &mut Engine) {
     engine.register_fn(
         "status",
         |ctx: NativeCallContext, fields: Dynamic| -> RhaiResult<ActionValue> {
@@ -452,7 +461,16 @@ pub fn register(engine: &mut Engine) {
             })))
         },
     );
+}
 
+/// `rollback`, `alert`, `event` and `requeue`.
+fn register_others(engine: &mut Engine) {
+    register_rollback(engine);
+    register_signals(engine);
+}
+
+/// `rollback`, to the previous revision or a given one.
+fn register_rollback(engine: &mut Engine) {
     engine.register_fn(
         "rollback",
         |ctx: NativeCallContext, name: &str| -> RhaiResult<ActionValue> {
@@ -495,7 +513,10 @@ pub fn register(engine: &mut Engine) {
             ))
         },
     );
+}
 
+/// `alert`, `event` and `requeue`.
+fn register_signals(engine: &mut Engine) {
     engine.register_fn(
         "alert",
         |ctx: NativeCallContext, spec: Dynamic| -> RhaiResult<ActionValue> {

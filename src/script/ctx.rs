@@ -166,6 +166,12 @@ pub fn workload_selector(obj: &serde_json::Value) -> Option<Selector> {
 /// Register `ctx`'s properties and methods.
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<Ctx>("Ctx");
+    register_properties(engine);
+    register_lookups(engine);
+}
+
+/// `ctx`'s properties: the target, params, the clock and schedule, the policy.
+fn register_properties(engine: &mut Engine) {
     engine.register_get("resource", |c: &mut Ctx| c.0.resource.clone());
     engine.register_get("params", |c: &mut Ctx| c.0.params.clone());
     engine.register_get("now", |c: &mut Ctx| c.0.now as INT);
@@ -184,10 +190,19 @@ pub fn register(engine: &mut Engine) {
         m.insert("version".into(), c.0.policy_version.clone().into());
         m
     });
+}
 
+/// `ctx`'s lookups in the caches: `owned`, `get`, `list`, `pods_of`, and `allowed`.
+fn register_lookups(engine: &mut Engine) {
     engine.register_fn("allowed", |c: &mut Ctx, verb: &str| {
         !c.0.limited.iter().any(|v| v == verb)
     });
+    register_reads(engine);
+    register_relations(engine);
+}
+
+/// `owned`, `get` and `list`: objects of the declared kinds.
+fn register_reads(engine: &mut Engine) {
     engine.register_fn(
         "owned",
         |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
@@ -229,6 +244,10 @@ pub fn register(engine: &mut Engine) {
             ))
         },
     );
+}
+
+/// `owned_by` and `pods_of`: objects by their owner or a workload's selector.
+fn register_relations(engine: &mut Engine) {
     engine.register_fn(
         "owned_by",
         |call: NativeCallContext, c: &mut Ctx, kind: &str, owner: Dynamic| -> RhaiResult<Array> {

@@ -130,6 +130,12 @@ fn on<R>(
 
 /// Register the helpers.
 pub fn register(engine: &mut Engine) {
+    register_readiness(engine);
+    register_values(engine);
+}
+
+/// What objects say of themselves: readiness, Jobs, conditions, termination messages, revisions.
+fn register_readiness(engine: &mut Engine) {
     engine.register_fn("is_ready", |c: NativeCallContext, obj: Dynamic| {
         on(&c, &obj, false, is_ready)
     });
@@ -175,6 +181,10 @@ pub fn register(engine: &mut Engine) {
                 .unwrap_or(Dynamic::UNIT))
         },
     );
+}
+
+/// Values: JSON, durations, hashes, times, label matching.
+fn register_values(engine: &mut Engine) {
     engine.register_fn(
         "parse_json",
         |ctx: NativeCallContext, text: &str| -> RhaiResult<Dynamic> {

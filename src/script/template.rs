@@ -218,6 +218,32 @@ fn display(v: &Dynamic) -> String {
     v.to_string()
 }
 
+/// Where the `${` expression starting at `start` ends: the index of its
+/// closing brace (braces inside quotes do not count), and whether there is
+/// one.
+fn closing_brace(chars: &[char], start: usize) -> (usize, bool) {
+    let mut depth = 1;
+    let mut quote: Option<char> = None;
+    for (j, &c) in chars.iter().enumerate().skip(start) {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None => match c {
+                '"' | '\'' => quote = Some(c),
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return (j, true);
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+    (chars.len(), false)
+}
+
 /// Split `text` (the inside of the backticks) into literal parts and
 /// `${...}` expressions, compiling each expression at its own position.
 fn compile_interp(
@@ -234,33 +260,12 @@ fn compile_interp(
     while i < chars.len() {
         if chars[i] == '$' && chars.get(i + 1) == Some(&'{') {
             let start = i + 2;
-            let mut depth = 1;
-            let mut j = start;
-            let mut quote: Option<char> = None;
-            while j < chars.len() {
-                let c = chars[j];
-                match quote {
-                    Some(q) if c == q => quote = None,
-                    Some(_) => {}
-                    None => match c {
-                        '"' | '\'' => quote = Some(c),
-                        '{' => depth += 1,
-                        '}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        _ => {}
-                    },
-                }
-                j += 1;
-            }
+            let (j, closed) = closing_brace(&chars, start);
             let pos = Pos {
                 line: origin.line,
                 col: origin.col + start as u32,
             };
-            if depth != 0 {
+            if !closed {
                 return Err(ScriptError {
                     file: file.to_string(),
                     pos: Some(Pos {
