@@ -220,29 +220,32 @@ pub fn guesses(set: &PolicySet, crds: &BTreeMap<(String, String), (String, bool)
     out
 }
 
-/// What the operator needs to run these policies.
-pub fn needs(
-    set: &PolicySet,
-    opts: &Options,
-    crds: &BTreeMap<(String, String), (String, bool)>,
-) -> Vec<Need> {
-    let mut needs: Vec<Need> = Vec::new();
-    let mut add = |scope: Scope,
-                   group: &str,
-                   resource: &str,
-                   verbs: &[&str],
-                   names: &[String],
-                   why: String| {
-        if let Some(n) = needs.iter_mut().find(|n| {
+/// Needs as they are found, the same (scope, group, resource, names)
+/// merged into one.
+#[derive(Default)]
+struct Needs(Vec<Need>);
+
+impl Needs {
+    fn add(
+        &mut self,
+        scope: Scope,
+        group: &str,
+        resource: &str,
+        verbs: &[&str],
+        names: &[String],
+        why: String,
+    ) {
+        let same = |n: &&mut Need| {
             n.scope == scope
                 && n.group == group
                 && n.resource == resource
                 && n.names.iter().cloned().collect::<Vec<_>>() == names
-        }) {
+        };
+        if let Some(n) = self.0.iter_mut().find(same) {
             n.verbs.extend(verbs.iter().map(|v| v.to_string()));
             n.why.insert(why);
         } else {
-            needs.push(Need {
+            self.0.push(Need {
                 scope,
                 group: group.to_string(),
                 resource: resource.to_string(),
@@ -251,171 +254,181 @@ pub fn needs(
                 why: [why].into(),
             });
         }
-    };
-    for p in set.policies.values() {
-        for role in [
+    }
+
+    /// Every kind a policy declares, by its role: read all; targets get
+    /// finalizers and status, owned kinds are written, mutated ones patched.
+    fn kinds(&mut self, set: &PolicySet, crds: &BTreeMap<(String, String), (String, bool)>) {
+        let roles = [
             KindRole::Target,
             KindRole::Owns,
             KindRole::Reads,
             KindRole::Mutates,
-        ] {
-            for k in p.kinds.with_role(role) {
-                let (plural, namespaced) = resource_of(k, crds);
-                let scope = if namespaced {
-                    Scope::Watched
-                } else {
-                    Scope::Cluster
-                };
-                let why = format!("policy {} {} {k}", p.name, role.as_str());
-                add(scope.clone(), k.group(), &plural, READ, &[], why.clone());
-                match role {
-                    // Finalizers are patched onto targets; status goes
-                    // through the status subresource.
-                    KindRole::Target => {
-                        add(
-                            scope.clone(),
-                            k.group(),
-                            &plural,
-                            &["patch", "update"],
-                            &[],
-                            why.clone(),
-                        );
-                        add(
-                            scope,
-                            k.group(),
-                            &format!("{plural}/status"),
-                            &["get", "patch", "update"],
-                            &[],
-                            why,
-                        );
+        ];
+        for p in set.policies.values() {
+            for role in roles {
+                for k in p.kinds.with_role(role) {
+                    let (plural, namespaced) = resource_of(k, crds);
+                    let scope = if namespaced {
+                        Scope::Watched
+                    } else {
+                        Scope::Cluster
+                    };
+                    let why = format!("policy {} {} {k}", p.name, role.as_str());
+                    let g = k.group();
+                    self.add(scope.clone(), g, &plural, READ, &[], why.clone());
+                    match role {
+                        // Finalizers are patched onto targets; status goes
+                        // through the status subresource.
+                        KindRole::Target => {
+                            let status = format!("{plural}/status");
+                            self.add(
+                                scope.clone(),
+                                g,
+                                &plural,
+                                &["patch", "update"],
+                                &[],
+                                why.clone(),
+                            );
+                            self.add(scope, g, &status, &["get", "patch", "update"], &[], why);
+                        }
+                        KindRole::Owns => self.add(scope, g, &plural, WRITE, &[], why),
+                        KindRole::Mutates => {
+                            self.add(scope, g, &plural, &["patch", "update"], &[], why)
+                        }
+                        KindRole::Reads => {}
                     }
-                    KindRole::Owns => add(scope, k.group(), &plural, WRITE, &[], why),
-                    KindRole::Mutates => {
-                        add(scope, k.group(), &plural, &["patch", "update"], &[], why)
-                    }
-                    KindRole::Reads => {}
                 }
             }
         }
     }
-    if !set.policies.is_empty() {
-        for group in ["", "events.k8s.io"] {
-            add(
-                Scope::Watched,
-                group,
-                "events",
-                &["create", "patch"],
-                &[],
-                "Events on the objects policies reconcile".into(),
-            );
+
+    /// Events on targets, the leader Lease, and the notification log.
+    fn operator(&mut self, set: &PolicySet, opts: &Options) {
+        if !set.policies.is_empty() {
+            for group in ["", "events.k8s.io"] {
+                let why = "Events on the objects policies reconcile".to_string();
+                self.add(
+                    Scope::Watched,
+                    group,
+                    "events",
+                    &["create", "patch"],
+                    &[],
+                    why,
+                );
+            }
+        }
+        let own = Scope::Namespace(opts.namespace.clone());
+        let lease = ["create", "get", "patch", "update"];
+        self.add(
+            own.clone(),
+            "coordination.k8s.io",
+            "leases",
+            &lease,
+            &[],
+            "leader election".into(),
+        );
+        if !set.routes.is_empty() {
+            let why = "the notification log, so alerts are not sent twice across restarts";
+            let log = [crate::alert::nflog::CONFIGMAP.to_string()];
+            self.add(own.clone(), "", "configmaps", &["create"], &[], why.into());
+            self.add(own, "", "configmaps", &["get", "patch"], &log, why.into());
         }
     }
-    let own = Scope::Namespace(opts.namespace.clone());
-    add(
-        own.clone(),
-        "coordination.k8s.io",
-        "leases",
-        &["create", "get", "patch", "update"],
-        &[],
-        "leader election".into(),
-    );
-    if !set.routes.is_empty() {
-        add(
-            own.clone(),
-            "",
-            "configmaps",
-            &["create"],
-            &[],
-            "the notification log, so alerts are not sent twice across restarts".into(),
-        );
-        add(
-            own.clone(),
-            "",
-            "configmaps",
-            &["get", "patch"],
-            &[crate::alert::nflog::CONFIGMAP.to_string()],
-            "the notification log, so alerts are not sent twice across restarts".into(),
-        );
-    }
-    let policy_namespaces = if !opts.policy_configmaps {
-        Vec::new()
-    } else if opts.policy_namespaces.is_empty() {
-        vec![opts.namespace.clone()]
-    } else {
-        opts.policy_namespaces.clone()
-    };
-    for ns in &policy_namespaces {
-        let scope = Scope::Namespace(ns.clone());
-        add(
-            scope.clone(),
-            "",
-            "configmaps",
-            READ,
-            &[],
-            "policy bundles (ConfigMaps labelled runbook.dev/policy=true)".into(),
-        );
-        for group in ["", "events.k8s.io"] {
-            add(
-                scope.clone(),
-                group,
-                "events",
-                &["create", "patch"],
-                &[],
-                "Events on policy ConfigMaps that fail to load".into(),
-            );
-        }
-    }
-    // Secrets: only those alert receivers name, only to read them.
-    let mut secrets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut secret_why: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for routes in set.routes.values() {
-        for (rname, receiver) in &routes.receivers {
-            for kind in &receiver.kinds {
-                let (ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. }) = kind
-                else {
-                    continue;
-                };
-                let Target::Secret { key, .. } = url else {
-                    continue;
-                };
-                let ns = key
-                    .namespace
-                    .clone()
-                    .or_else(|| routes.secret_namespace.clone())
-                    .unwrap_or_else(|| opts.namespace.clone());
-                secrets
-                    .entry(ns.clone())
-                    .or_default()
-                    .insert(key.name.clone());
-                secret_why
-                    .entry(ns)
-                    .or_default()
-                    .insert(format!("alert routes {} receiver {rname}", routes.name));
+
+    /// Policy ConfigMaps, and Events on those that fail to load.
+    fn policy_sources(&mut self, opts: &Options) {
+        let namespaces = if !opts.policy_configmaps {
+            Vec::new()
+        } else if opts.policy_namespaces.is_empty() {
+            vec![opts.namespace.clone()]
+        } else {
+            opts.policy_namespaces.clone()
+        };
+        for ns in &namespaces {
+            let scope = Scope::Namespace(ns.clone());
+            let why = "policy bundles (ConfigMaps labelled runbook.dev/policy=true)";
+            self.add(scope.clone(), "", "configmaps", READ, &[], why.into());
+            for group in ["", "events.k8s.io"] {
+                let why = "Events on policy ConfigMaps that fail to load".to_string();
+                self.add(
+                    scope.clone(),
+                    group,
+                    "events",
+                    &["create", "patch"],
+                    &[],
+                    why,
+                );
             }
         }
     }
-    for (ns, names) in secrets {
-        let names: Vec<String> = names.into_iter().collect();
-        for why in secret_why.remove(&ns).unwrap_or_default() {
-            add(
-                Scope::Namespace(ns.clone()),
-                "",
-                "secrets",
-                &["get"],
-                &names,
-                why,
-            );
+
+    /// Secrets: only those alert receivers name, only to read them.
+    fn secrets(&mut self, set: &PolicySet, opts: &Options) {
+        let mut secrets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut secret_why: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for routes in set.routes.values() {
+            for (rname, receiver) in &routes.receivers {
+                for kind in &receiver.kinds {
+                    let (ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. }) =
+                        kind
+                    else {
+                        continue;
+                    };
+                    let Target::Secret { key, .. } = url else {
+                        continue;
+                    };
+                    let ns = key
+                        .namespace
+                        .clone()
+                        .or_else(|| routes.secret_namespace.clone())
+                        .unwrap_or_else(|| opts.namespace.clone());
+                    secrets
+                        .entry(ns.clone())
+                        .or_default()
+                        .insert(key.name.clone());
+                    let why = format!("alert routes {} receiver {rname}", routes.name);
+                    secret_why.entry(ns).or_default().insert(why);
+                }
+            }
+        }
+        for (ns, names) in secrets {
+            let names: Vec<String> = names.into_iter().collect();
+            for why in secret_why.remove(&ns).unwrap_or_default() {
+                self.add(
+                    Scope::Namespace(ns.clone()),
+                    "",
+                    "secrets",
+                    &["get"],
+                    &names,
+                    why,
+                );
+            }
         }
     }
-    add(
+}
+
+/// What the operator needs to run these policies.
+pub fn needs(
+    set: &PolicySet,
+    opts: &Options,
+    crds: &BTreeMap<(String, String), (String, bool)>,
+) -> Vec<Need> {
+    let mut needs = Needs::default();
+    needs.kinds(set, crds);
+    needs.operator(set, opts);
+    needs.policy_sources(opts);
+    needs.secrets(set, opts);
+    let why = "the start-up permission check".to_string();
+    needs.add(
         Scope::Cluster,
         "authorization.k8s.io",
         "selfsubjectaccessreviews",
         &["create"],
         &[],
-        "the start-up permission check".into(),
+        why,
     );
-    needs
+    needs.0
 }
 
 fn rules(needs: &[&Need]) -> Vec<PolicyRule> {
