@@ -432,118 +432,129 @@ fn matchers(nodes: &[Node], what: &str, errors: &mut Vec<RouteError>) -> Vec<Mat
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every route of a tree is checked against.
+struct Defined<'a> {
+    receivers: &'a BTreeMap<String, Receiver>,
+    intervals: &'a BTreeMap<String, TimeInterval>,
+}
+
+/// A route's receiver: its own (defined in receivers), else its parent's;
+/// the root must name one.
+fn receiver_of(
+    spec: &RouteSpec,
+    id: &str,
+    parent: Option<&Route>,
+    defined: &Defined<'_>,
+    pos: Option<Pos>,
+    errors: &mut Vec<RouteError>,
+) -> String {
+    match (&spec.receiver, parent) {
+        (Some(n), _) => {
+            let name = n.as_str().unwrap_or_default().to_string();
+            if !defined.receivers.contains_key(&name) {
+                let m = format!("{id}: receiver {name:?} is not defined in receivers");
+                errors.push(err(Some(n.pos), m));
+            }
+            name
+        }
+        (None, Some(p)) => p.receiver.clone(),
+        (None, None) => {
+            errors.push(err(pos, "the root route needs a receiver"));
+            String::new()
+        }
+    }
+}
+
+/// The root matches everything; time intervals must be defined.
+fn check_route(
+    spec: &RouteSpec,
+    id: &str,
+    is_root: bool,
+    defined: &Defined<'_>,
+    pos: Option<Pos>,
+    errors: &mut Vec<RouteError>,
+) {
+    if is_root && !spec.matchers.is_empty() {
+        let m = "the root route matches every alert; it cannot have matchers";
+        errors.push(err(pos, m));
+    }
+    let named = spec
+        .mute_time_intervals
+        .iter()
+        .chain(&spec.active_time_intervals);
+    for name in named {
+        if !defined.intervals.contains_key(name) {
+            let m = format!("{id}: time interval {name:?} is not defined in timeIntervals");
+            errors.push(err(pos, m));
+        }
+    }
+}
+
+/// Compile a route and its children; what a route does not say it takes
+/// from its parent (or Alertmanager's defaults, for the root).
 fn route(
     spec: &RouteSpec,
     id: String,
     parent: Option<&Route>,
-    receivers: &BTreeMap<String, Receiver>,
-    intervals: &BTreeMap<String, TimeInterval>,
+    defined: &Defined<'_>,
     pos: Option<Pos>,
     errors: &mut Vec<RouteError>,
 ) -> Route {
-    let receiver = match &spec.receiver {
-        Some(n) => {
-            let name = n.as_str().unwrap_or_default().to_string();
-            if !receivers.contains_key(&name) {
-                errors.push(err(
-                    Some(n.pos),
-                    format!("{id}: receiver {name:?} is not defined in receivers"),
-                ));
-            }
-            name
-        }
-        None => match parent {
-            Some(p) => p.receiver.clone(),
-            None => {
-                errors.push(err(pos, "the root route needs a receiver"));
-                String::new()
-            }
-        },
-    };
-    if parent.is_none() && !spec.matchers.is_empty() {
-        errors.push(err(
-            pos,
-            "the root route matches every alert; it cannot have matchers",
-        ));
-    }
-    for name in spec
-        .mute_time_intervals
-        .iter()
-        .chain(&spec.active_time_intervals)
-    {
-        if !intervals.contains_key(name) {
-            errors.push(err(
-                pos,
-                format!("{id}: time interval {name:?} is not defined in timeIntervals"),
-            ));
-        }
-    }
+    let receiver = receiver_of(spec, &id, parent, defined, pos, errors);
+    check_route(spec, &id, parent.is_none(), defined, pos, errors);
     let own = matchers(&spec.matchers, &id, errors);
     let key = match parent {
         None => "{}".to_string(),
-        Some(p) => format!(
-            "{}/{{{}}}",
-            p.key,
-            own.iter()
-                .map(|m| m.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
+        Some(p) => {
+            let own: Vec<String> = own.iter().map(|m| m.to_string()).collect();
+            format!("{}/{{{}}}", p.key, own.join(","))
+        }
     };
+    let mut timing = |given: &Option<String>, inherited: Option<i64>, default, what| {
+        duration(given, inherited.unwrap_or(default), what, pos, errors)
+    };
+    let group_wait_ms = timing(
+        &spec.group_wait,
+        parent.map(|p| p.group_wait_ms),
+        DEFAULT_GROUP_WAIT_MS,
+        "groupWait",
+    );
+    let group_interval_ms = timing(
+        &spec.group_interval,
+        parent.map(|p| p.group_interval_ms),
+        DEFAULT_GROUP_INTERVAL_MS,
+        "groupInterval",
+    );
+    let repeat_interval_ms = timing(
+        &spec.repeat_interval,
+        parent.map(|p| p.repeat_interval_ms),
+        DEFAULT_REPEAT_INTERVAL_MS,
+        "repeatInterval",
+    );
+    let group_by = spec
+        .group_by
+        .clone()
+        .or_else(|| parent.map(|p| p.group_by.clone()));
     let mut r = Route {
         id: id.clone(),
         key,
         receiver,
         matchers: own,
-        group_by: spec
-            .group_by
-            .clone()
-            .or_else(|| parent.map(|p| p.group_by.clone()))
-            .unwrap_or_default(),
-        group_wait_ms: duration(
-            &spec.group_wait,
-            parent.map_or(DEFAULT_GROUP_WAIT_MS, |p| p.group_wait_ms),
-            "groupWait",
-            pos,
-            errors,
-        ),
-        group_interval_ms: duration(
-            &spec.group_interval,
-            parent.map_or(DEFAULT_GROUP_INTERVAL_MS, |p| p.group_interval_ms),
-            "groupInterval",
-            pos,
-            errors,
-        ),
-        repeat_interval_ms: duration(
-            &spec.repeat_interval,
-            parent.map_or(DEFAULT_REPEAT_INTERVAL_MS, |p| p.repeat_interval_ms),
-            "repeatInterval",
-            pos,
-            errors,
-        ),
+        group_by: group_by.unwrap_or_default(),
+        group_wait_ms,
+        group_interval_ms,
+        repeat_interval_ms,
         continue_: spec.continue_,
         routes: Vec::new(),
         mute_time_intervals: spec.mute_time_intervals.clone(),
         active_time_intervals: spec.active_time_intervals.clone(),
     };
-    let children: Vec<Route> = spec
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(i, child)| {
-            let child_pos = child.receiver.as_ref().map(|n| n.pos).or(pos);
-            route(
-                child,
-                format!("{id}.routes[{i}]"),
-                Some(&r),
-                receivers,
-                intervals,
-                child_pos,
-                errors,
-            )
-        })
-        .collect();
+    let mut children = Vec::with_capacity(spec.routes.len());
+    for (i, child) in spec.routes.iter().enumerate() {
+        let child_pos = child.receiver.as_ref().map(|n| n.pos).or(pos);
+        let child_id = format!("{id}.routes[{i}]");
+        children.push(route(child, child_id, Some(&r), defined, child_pos, errors));
+    }
     r.routes = children;
     r
 }
@@ -569,12 +580,15 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
         .map(|t| (t.name.clone(), time_interval(t, intervals_pos, &mut errors)))
         .collect();
     let root_pos = node.at(&["spec", "route"]).map(|n| n.pos);
+    let defined = Defined {
+        receivers: &receivers,
+        intervals: &intervals,
+    };
     let root = route(
         &doc.spec.route,
         "route".into(),
         None,
-        &receivers,
-        &intervals,
+        &defined,
         root_pos,
         &mut errors,
     );
