@@ -36,6 +36,22 @@ struct Key {
     regarding: String,
 }
 
+impl Key {
+    fn of(ev: &Event, regarding: &ObjectReference) -> Self {
+        let r = regarding;
+        Self {
+            warning: ev.type_ == EventType::Warning,
+            reason: ev.reason.clone(),
+            action: ev.action.clone(),
+            note: ev.note.clone(),
+            regarding: format!(
+                "{:?}/{:?}/{:?}/{:?}/{:?}",
+                r.api_version, r.kind, r.namespace, r.name, r.uid
+            ),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Written {
     name: String,
@@ -67,65 +83,66 @@ impl EventWriter {
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
         let now = Timestamp::now();
-        let key = Key {
-            warning: ev.type_ == EventType::Warning,
-            reason: ev.reason.clone(),
-            action: ev.action.clone(),
-            note: ev.note.clone(),
-            regarding: format!(
-                "{:?}/{:?}/{:?}/{:?}/{:?}",
-                regarding.api_version,
-                regarding.kind,
-                regarding.namespace,
-                regarding.name,
-                regarding.uid
-            ),
-        };
+        let key = Key::of(ev, regarding);
         let repeat = {
             let mut written = lock(&self.written);
             let window = jiff::SignedDuration::try_from(SERIES_WINDOW).unwrap_or_default();
             written.retain(|_, w| w.last.saturating_add(window).is_ok_and(|end| end > now));
             written.get(&key).cloned()
         };
+        if let Some(w) = repeat
+            && self.bump(&key, w, now).await?
+        {
+            return Ok(());
+        }
+        self.create(key, ev, regarding, now).await
+    }
+
+    /// Count a repeat in the series of the Event already written; `false`
+    /// when that Event is gone (it expired, or was deleted).
+    async fn bump(&self, key: &Key, w: Written, now: Timestamp) -> Result<bool, kube::Error> {
+        let series = EventSeries {
+            count: w.count + 1,
+            last_observed_time: MicroTime(now),
+        };
+        let patch = serde_json::json!({"series": series});
+        let patched = Api::<K8sEvent>::namespaced(self.client.clone(), &w.namespace)
+            .patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        match patched {
+            Ok(_) => {
+                let count = w.count + 1;
+                self.remember(
+                    key.clone(),
+                    Written {
+                        count,
+                        last: now,
+                        ..w
+                    },
+                );
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Write a new Event.
+    async fn create(
+        &self,
+        key: Key,
+        ev: &Event,
+        regarding: &ObjectReference,
+        now: Timestamp,
+    ) -> Result<(), kube::Error> {
         let namespace = regarding
             .namespace
             .clone()
             .unwrap_or_else(|| "default".into());
-        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        if let Some(w) = repeat {
-            let series = EventSeries {
-                count: w.count + 1,
-                last_observed_time: MicroTime(now),
-            };
-            let patch = serde_json::json!({"series": series});
-            let patched = Api::<K8sEvent>::namespaced(self.client.clone(), &w.namespace)
-                .patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
-            match patched {
-                Ok(_) => {
-                    self.remember(
-                        key,
-                        Written {
-                            count: w.count + 1,
-                            last: now,
-                            ..w
-                        },
-                    );
-                    return Ok(());
-                }
-                // The Event expired or was deleted: write a new one.
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let name = format!(
-            "{}.{:x}",
-            regarding
-                .name
-                .as_deref()
-                .unwrap_or(&self.reporter.controller),
-            now.as_nanosecond()
-        );
+        let controller = &self.reporter.controller;
+        let about = regarding.name.as_deref().unwrap_or(controller);
+        let name = format!("{about}.{:x}", now.as_nanosecond());
+        let instance = self.reporter.instance.clone();
         let event = K8sEvent {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -139,25 +156,19 @@ impl EventWriter {
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
             related: ev.secondary.clone(),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
+            reporting_controller: Some(controller.clone()),
+            reporting_instance: Some(instance.unwrap_or_else(|| controller.clone())),
             ..Default::default()
         };
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
         events.create(&PostParams::default(), &event).await?;
-        self.remember(
-            key,
-            Written {
-                name,
-                namespace,
-                count: 1,
-                last: now,
-            },
-        );
+        let written = Written {
+            name,
+            namespace,
+            count: 1,
+            last: now,
+        };
+        self.remember(key, written);
         Ok(())
     }
 
