@@ -137,6 +137,148 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client
     Ok(kube::Client::try_from(config)?)
 }
 
+/// Whether the operator namespace exists (it holds the Lease and the
+/// policy ConfigMaps), waiting out an API server that is not there yet;
+/// `None` when told to stop meanwhile.
+async fn operator_namespace_exists(args: &RunArgs, client: &kube::Client) -> Option<bool> {
+    let ns = &args.operator_namespace;
+    let what = format!("looking up the operator namespace {ns}");
+    tokio::select! {
+        found = health::patiently(&what, || async {
+            match kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                .get_opt(ns)
+                .await
+            {
+                Ok(n) => Ok(n.is_some()),
+                // Least privilege need not allow reading namespaces: then
+                // the Lease will tell.
+                Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
+                Err(e) => Err(crate::util::api_error(&e)),
+            }
+        }) => Some(found),
+        _ = super::shutdown_signal() => None,
+    }
+}
+
+/// Where policy bundles come from.
+fn sources_of(args: &RunArgs) -> SourceConfig {
+    let policy_namespaces = if args.policy_namespaces.is_empty() {
+        vec![args.operator_namespace.clone()]
+    } else {
+        args.policy_namespaces.clone()
+    };
+    SourceConfig {
+        dirs: args.policy_dirs.clone(),
+        configmap_namespaces: if args.policy_configmaps {
+            policy_namespaces
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// Every bundle at start-up: the directories, then the ConfigMaps (an API
+/// server that is not there yet is waited for); `None` when told to stop.
+async fn initial_bundles(
+    client: &kube::Client,
+    sources: &SourceConfig,
+) -> Option<Vec<crate::policy::Bundle>> {
+    let mut bundles = Reloader::read_dirs(&sources.dirs);
+    for ns in &sources.configmap_namespaces {
+        let what = format!("reading the policy ConfigMaps in {ns}");
+        let read = health::patiently(&what, || async {
+            crate::reload::sources::configmap_bundles(client, ns)
+                .await
+                .map_err(|e| crate::util::api_error(&e))
+        });
+        tokio::select! {
+            found = read => bundles.extend(found),
+            _ = super::shutdown_signal() => return None,
+        }
+    }
+    Some(bundles)
+}
+
+/// The namespace reconciled (`None`: every namespace).
+fn watched(args: &RunArgs) -> Option<String> {
+    if args.all_namespaces {
+        None
+    } else {
+        args.namespace.clone()
+    }
+}
+
+/// The start-up permission check: every permission the policies need, or
+/// an error naming the first one missing.
+async fn check_access(
+    args: &RunArgs,
+    client: &kube::Client,
+    set: &crate::policy::PolicySet,
+    sources: &SourceConfig,
+) -> anyhow::Result<()> {
+    let watched = watched(args);
+    let opts = crate::rbac::Options {
+        namespace: args.operator_namespace.clone(),
+        watch_namespaces: watched.iter().cloned().collect(),
+        policy_namespaces: sources.configmap_namespaces.clone(),
+        policy_configmaps: args.policy_configmaps,
+        ..Default::default()
+    };
+    match access::missing_for(client, set, &opts, watched.as_deref()).await {
+        Ok(missing) if missing.is_empty() => {
+            tracing::info!("the service account holds every permission the policies need")
+        }
+        Ok(missing) => {
+            for m in &missing {
+                tracing::error!("missing permission: {m}");
+            }
+            anyhow::bail!(
+                "missing {} permission(s) the policies need, first: {}; grant them with the output of `runbook rbac` (or start with --skip-access-check)",
+                missing.len(),
+                missing[0]
+            );
+        }
+        Err(e) => tracing::warn!(
+            "could not check permissions (SelfSubjectAccessReview): {}",
+            crate::util::api_error(&e)
+        ),
+    }
+    Ok(())
+}
+
+fn operator_config(args: &RunArgs) -> OperatorConfig {
+    OperatorConfig {
+        namespace: watched(args),
+        concurrency: args.concurrency,
+        identity: identity(args),
+        lease: args.leader_elect.then(|| LeaseConfig {
+            namespace: args.operator_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: identity(args),
+            duration: Duration::from_secs(args.lease_duration),
+            renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The alert dispatcher, its notification log in the operator namespace.
+fn dispatcher(args: &RunArgs, client: &kube::Client, metrics: &Arc<Metrics>) -> Arc<Dispatcher> {
+    let delivery = Delivery::new(
+        Some(client.clone()),
+        metrics.clone(),
+        &identity(args),
+        DeliveryConfig {
+            queue_capacity: args.alert_queue_capacity,
+            max_attempts: args.alert_max_attempts,
+            secret_namespace: args.operator_namespace.clone(),
+            ..Default::default()
+        },
+    );
+    let log = crate::alert::nflog::ConfigMapLog::new(client.clone(), &args.operator_namespace);
+    Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     let client = client(args.kubeconfig.as_ref()).await?;
@@ -153,21 +295,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if args.leader_elect || args.policy_configmaps {
         let ns = &args.operator_namespace;
-        let what = format!("looking up the operator namespace {ns}");
-        let found = tokio::select! {
-            found = health::patiently(&what, || async {
-                match kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-                    .get_opt(ns)
-                    .await
-                {
-                    Ok(n) => Ok(n.is_some()),
-                    // Least privilege need not allow reading namespaces:
-                    // then the Lease will tell.
-                    Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
-                    Err(e) => Err(crate::util::api_error(&e)),
-                }
-            }) => found,
-            _ = super::shutdown_signal() => return Ok(ExitCode::SUCCESS),
+        let Some(found) = operator_namespace_exists(&args, &client).await else {
+            return Ok(ExitCode::SUCCESS);
         };
         anyhow::ensure!(
             found,
@@ -175,19 +304,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let metrics = Arc::new(Metrics::new());
-    let policy_namespaces = if args.policy_namespaces.is_empty() {
-        vec![args.operator_namespace.clone()]
-    } else {
-        args.policy_namespaces.clone()
-    };
-    let sources = SourceConfig {
-        dirs: args.policy_dirs.clone(),
-        configmap_namespaces: if args.policy_configmaps {
-            policy_namespaces
-        } else {
-            Vec::new()
-        },
-    };
+    let sources = sources_of(&args);
     let reloader = Arc::new(
         Reloader::new(
             engine.clone(),
@@ -199,20 +316,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_dangerous_kinds(args.allow_dangerous_kinds)
         .with_access_check(!args.skip_access_check),
     );
-    let mut bundles = Reloader::read_dirs(&sources.dirs);
-    for ns in &sources.configmap_namespaces {
-        // An API server that is not there yet is waited for, not given up on.
-        let what = format!("reading the policy ConfigMaps in {ns}");
-        let read = health::patiently(&what, || async {
-            crate::reload::sources::configmap_bundles(&client, ns)
-                .await
-                .map_err(|e| crate::util::api_error(&e))
-        });
-        tokio::select! {
-            found = read => bundles.extend(found),
-            _ = super::shutdown_signal() => return Ok(ExitCode::SUCCESS),
-        }
-    }
+    let Some(bundles) = initial_bundles(&client, &sources).await else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let (set, errors) = reloader.initial(bundles).await;
     if set.policies.is_empty() {
         tracing::warn!(
@@ -222,74 +328,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             sources.dirs
         );
     }
-
     if !args.skip_access_check {
-        let watched = if args.all_namespaces {
-            None
-        } else {
-            args.namespace.clone()
-        };
-        let opts = crate::rbac::Options {
-            namespace: args.operator_namespace.clone(),
-            watch_namespaces: watched.iter().cloned().collect(),
-            policy_namespaces: sources.configmap_namespaces.clone(),
-            policy_configmaps: args.policy_configmaps,
-            ..Default::default()
-        };
-        match access::missing_for(&client, &set, &opts, watched.as_deref()).await {
-            Ok(missing) if missing.is_empty() => {
-                tracing::info!("the service account holds every permission the policies need")
-            }
-            Ok(missing) => {
-                for m in &missing {
-                    tracing::error!("missing permission: {m}");
-                }
-                anyhow::bail!(
-                    "missing {} permission(s) the policies need, first: {}; grant them with the output of `runbook rbac` (or start with --skip-access-check)",
-                    missing.len(),
-                    missing[0]
-                );
-            }
-            Err(e) => tracing::warn!(
-                "could not check permissions (SelfSubjectAccessReview): {}",
-                crate::util::api_error(&e)
-            ),
-        }
+        check_access(&args, &client, &set, &sources).await?;
     }
-
-    let config = OperatorConfig {
-        namespace: if args.all_namespaces {
-            None
-        } else {
-            args.namespace.clone()
-        },
-        concurrency: args.concurrency,
-        identity: identity(&args),
-        lease: args.leader_elect.then(|| LeaseConfig {
-            namespace: args.operator_namespace.clone(),
-            name: args.lease_name.clone(),
-            identity: identity(&args),
-            duration: Duration::from_secs(args.lease_duration),
-            renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
-        }),
-        ..Default::default()
-    };
-    let delivery = Delivery::new(
-        Some(client.clone()),
-        metrics.clone(),
-        &identity(&args),
-        DeliveryConfig {
-            queue_capacity: args.alert_queue_capacity,
-            max_attempts: args.alert_max_attempts,
-            secret_namespace: args.operator_namespace.clone(),
-            ..Default::default()
-        },
-    );
-    let dispatcher = Arc::new(
-        Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(
-            crate::alert::nflog::ConfigMapLog::new(client.clone(), &args.operator_namespace),
-        )),
-    );
+    let dispatcher = dispatcher(&args, &client, &metrics);
     let _flusher = dispatcher.spawn();
     let op = Arc::new(Operator::new(
         client,
@@ -298,7 +340,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Clock::real(),
         dispatcher,
         metrics.clone(),
-        config,
+        operator_config(&args),
     ));
     let shadow_ctx = op.ctx.clone();
     let shadow: telemetry::ShadowLog = Arc::new(move || {
@@ -309,11 +351,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");
-    let start = op.start();
+    serve(&args, op, reloader, sources).await
+}
+
+/// Start (once leading), reconcile until told to stop or the Lease is
+/// lost, then shut down within the grace period.
+async fn serve(
+    args: &RunArgs,
+    op: Arc<Operator>,
+    reloader: Arc<Reloader>,
+    sources: SourceConfig,
+) -> anyhow::Result<ExitCode> {
+    let grace = Duration::from_secs(args.shutdown_grace);
     tokio::select! {
-        r = start => r.map_err(|e| anyhow::anyhow!("{e}"))?,
+        r = op.start() => r.map_err(|e| anyhow::anyhow!("{e}"))?,
         _ = super::shutdown_signal() => {
-            op.shutdown(Duration::from_secs(args.shutdown_grace)).await;
+            op.shutdown(grace).await;
             return Ok(ExitCode::SUCCESS);
         }
     }
@@ -326,7 +379,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         }
     };
-    op.shutdown(Duration::from_secs(args.shutdown_grace)).await;
+    op.shutdown(grace).await;
     tracing::info!("stopped");
     Ok(code)
 }
