@@ -370,6 +370,46 @@ async fn server_side_apply_is_idempotent_and_tracks_owners() {
     c.cleanup().await;
 }
 
+/// Every page of a list shows the objects as they were when its first
+/// page was listed: an object made since is not in a later page, one
+/// changed since is as it was, one deleted since is still there.
+#[tokio::test]
+async fn later_pages_of_a_list_show_the_objects_as_they_were() {
+    let c = Cluster::new("pages").await;
+    let api: Api<ConfigMap> = c.api();
+    let names = |items: &[ConfigMap]| -> Vec<String> {
+        items
+            .iter()
+            .map(|o| o.metadata.name.clone().unwrap())
+            .collect()
+    };
+    for name in ["a", "b", "c", "d"] {
+        api.create(&PostParams::default(), &cm(name, &[]))
+            .await
+            .unwrap();
+    }
+    let page1 = api.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(names(&page1.items), ["a", "b"]);
+    let token = page1.metadata.continue_.clone().expect("a continue token");
+    api.create(&PostParams::default(), &cm("bb", &[]))
+        .await
+        .unwrap();
+    let changed = Patch::Merge(json!({"data": {"changed": "yes"}}));
+    api.patch("c", &PatchParams::default(), &changed)
+        .await
+        .unwrap();
+    api.delete("d", &Default::default()).await.unwrap();
+    let later = ListParams::default().limit(10).continue_token(&token);
+    let page2 = api.list(&later).await.unwrap();
+    assert_eq!(names(&page2.items), ["c", "d", "kube-root-ca.crt"]);
+    let c_then = page2.items[0].data.clone().unwrap_or_default();
+    assert!(!c_then.contains_key("changed"), "c as it was: {c_then:?}");
+    // A new list sees the changes.
+    let now = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(names(&now.items), ["a", "b", "bb", "c", "kube-root-ca.crt"]);
+    c.cleanup().await;
+}
+
 #[tokio::test]
 async fn label_and_field_selectors_and_paging() {
     let c = Cluster::new("selectors").await;
