@@ -315,61 +315,18 @@ impl Inner {
             .ok_or_else(|| ApiError::not_found(def, name))?;
         let mut obj: Value =
             serde_json::from_slice(&stored.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
-        if let Some(uid) = &opts.precondition_uid
-            && uid.as_str() != stored.uid.as_ref()
-        {
-            return Err(ApiError::conflict_msg(
-                def,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    stored.uid
-                ),
-            ));
-        }
-        if let Some(rv) = &opts.precondition_rv
-            && rv != &stored.rv.to_string()
-        {
-            return Err(ApiError::conflict_msg(
-                def,
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    stored.rv
-                ),
-            ));
-        }
+        check_preconditions(def, name, &stored, opts)?;
         if opts.dry_run {
             return Ok(Deleted::Gone(stored.bytes));
         }
-        let is_namespace = def.key() == (String::new(), "namespaces".to_string());
         if obj.pointer("/metadata/deletionTimestamp").is_some() {
             // Already going; a second delete changes nothing.
             return Ok(Deleted::Pending(stored.bytes));
         }
+        let is_namespace = def.key() == (String::new(), "namespaces".to_string());
         let propagation = opts.propagation.unwrap_or_default();
         if propagation == Propagation::Orphan {
-            let deps: Vec<(ResKey, ObjKey)> = self
-                .dependents
-                .remove(stored.uid.as_ref())
-                .map(|d| d.into_iter().collect())
-                .unwrap_or_default();
-            for (res, k) in deps {
-                let Some(ddef) = self.defs.get(&res).cloned() else {
-                    continue;
-                };
-                let Some(s) = self.objects.get(&res).and_then(|m| m.get(&k)).cloned() else {
-                    continue;
-                };
-                let mut v: Value = serde_json::from_slice(&s.bytes).unwrap_or_default();
-                if let Some(refs) = v
-                    .pointer_mut("/metadata/ownerReferences")
-                    .and_then(Value::as_array_mut)
-                {
-                    refs.retain(|r| r["uid"] != stored.uid.as_ref());
-                }
-                self.commit(&ddef, k, v, EventType::Modified, config);
-            }
+            self.orphan_dependents(&stored.uid, config);
         }
         let mut finalizers = finalizers_of(&obj);
         let has_dependents = self
@@ -400,48 +357,12 @@ impl Inner {
         if finalizers.iter().any(|f| f == "foregroundDeletion") {
             self.foreground.insert((def.storage(), key.clone()));
         }
+        if propagation == Propagation::Foreground {
+            self.delete_dependents(&stored.uid, config, now);
+        }
         if is_namespace {
             self.terminating.insert(name.to_string());
-        }
-        if propagation == Propagation::Foreground {
-            let deps: Vec<(ResKey, ObjKey)> = self
-                .dependents
-                .get(stored.uid.as_ref())
-                .map(|d| d.iter().cloned().collect())
-                .unwrap_or_default();
-            for (res, k) in deps {
-                if let Some(ddef) = self.defs.get(&res).cloned() {
-                    let fg = DeleteOpts {
-                        propagation: Some(Propagation::Foreground),
-                        ..Default::default()
-                    };
-                    let _ = self.delete_one(&ddef, &k.0, &k.1, &fg, config, now);
-                }
-            }
-            self.finish_foreground(config, now);
-        }
-        if is_namespace {
-            let contents: Vec<(Arc<ResourceDef>, ObjKey)> = self
-                .objects
-                .iter()
-                .flat_map(|(res, m)| {
-                    let d = self.defs.get(res).cloned();
-                    m.keys()
-                        .filter(|k| k.0 == name)
-                        .filter_map(move |k| d.clone().map(|d| (d, k.clone())))
-                })
-                .collect();
-            for (d, k) in contents {
-                let _ = self.delete_one(&d, &k.0, &k.1, &DeleteOpts::default(), config, now);
-            }
-            self.finish_namespaces(config, now);
-            if !self
-                .objects
-                .get(&def.storage())
-                .is_some_and(|m| m.contains_key(&key))
-            {
-                return Ok(Deleted::Gone(bytes));
-            }
+            self.empty_namespace(name, config, now);
         }
         let current = self
             .objects
@@ -452,6 +373,70 @@ impl Inner {
             Some(b) => Deleted::Pending(b),
             None => Deleted::Gone(bytes),
         })
+    }
+
+    /// Orphan deletion: the dependents lose their reference to the owner.
+    fn orphan_dependents(&mut self, owner_uid: &str, config: &StoreConfig) {
+        let deps: Vec<(ResKey, ObjKey)> = self
+            .dependents
+            .remove(owner_uid)
+            .map(|d| d.into_iter().collect())
+            .unwrap_or_default();
+        for (res, k) in deps {
+            let Some(ddef) = self.defs.get(&res).cloned() else {
+                continue;
+            };
+            let Some(s) = self.objects.get(&res).and_then(|m| m.get(&k)).cloned() else {
+                continue;
+            };
+            let mut v: Value = serde_json::from_slice(&s.bytes).unwrap_or_default();
+            if let Some(refs) = v
+                .pointer_mut("/metadata/ownerReferences")
+                .and_then(Value::as_array_mut)
+            {
+                refs.retain(|r| r["uid"] != owner_uid);
+            }
+            self.commit(&ddef, k, v, EventType::Modified, config);
+        }
+    }
+
+    /// Foreground deletion: every dependent is deleted (in the foreground
+    /// too) before the owner goes.
+    fn delete_dependents(&mut self, owner_uid: &str, config: &StoreConfig, now: &str) {
+        let deps: Vec<(ResKey, ObjKey)> = self
+            .dependents
+            .get(owner_uid)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default();
+        for (res, k) in deps {
+            if let Some(ddef) = self.defs.get(&res).cloned() {
+                let fg = DeleteOpts {
+                    propagation: Some(Propagation::Foreground),
+                    ..Default::default()
+                };
+                let _ = self.delete_one(&ddef, &k.0, &k.1, &fg, config, now);
+            }
+        }
+        self.finish_foreground(config, now);
+    }
+
+    /// A terminating namespace: everything in it is deleted, then the
+    /// namespace goes once it is empty.
+    fn empty_namespace(&mut self, name: &str, config: &StoreConfig, now: &str) {
+        let contents: Vec<(Arc<ResourceDef>, ObjKey)> = self
+            .objects
+            .iter()
+            .flat_map(|(res, m)| {
+                let d = self.defs.get(res).cloned();
+                m.keys()
+                    .filter(|k| k.0 == name)
+                    .filter_map(move |k| d.clone().map(|d| (d, k.clone())))
+            })
+            .collect();
+        for (d, k) in contents {
+            let _ = self.delete_one(&d, &k.0, &k.1, &DeleteOpts::default(), config, now);
+        }
+        self.finish_namespaces(config, now);
     }
 
     /// Owners in foreground deletion whose dependents are all gone lose the
@@ -510,5 +495,118 @@ impl Inner {
                 self.remove(&def, (String::new(), ns), None, config, now);
             }
         }
+    }
+}
+
+/// A delete's preconditions: the uid and resourceVersion it names.
+fn check_preconditions(
+    def: &ResourceDef,
+    name: &str,
+    stored: &Stored,
+    opts: &DeleteOpts,
+) -> Result<(), ApiError> {
+    if let Some(uid) = &opts.precondition_uid
+        && uid.as_str() != stored.uid.as_ref()
+    {
+        let m = format!(
+            "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+            stored.uid
+        );
+        return Err(ApiError::conflict_msg(def, name, &m));
+    }
+    if let Some(rv) = &opts.precondition_rv
+        && rv != &stored.rv.to_string()
+    {
+        let m = format!(
+            "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+            stored.rv
+        );
+        return Err(ApiError::conflict_msg(def, name, &m));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{config_map, def, store};
+    use super::*;
+
+    fn exists(s: &Store, name: &str) -> bool {
+        s.get(&def(s, "", "configmaps"), "ns", name).is_ok()
+    }
+
+    #[test]
+    fn a_finalizer_holds_a_delete_until_it_is_removed() {
+        let s = store();
+        let cms = def(&s, "", "configmaps");
+        config_map(&s, "held", json!({"finalizers": ["example.com/keep"]})).unwrap();
+        let d = s
+            .delete(&cms, "ns", "held", &DeleteOpts::default())
+            .unwrap();
+        let Deleted::Pending(b) = d else {
+            panic!("held by its finalizer");
+        };
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert!(v["metadata"]["deletionTimestamp"].is_string());
+        let opts = WriteOpts::default();
+        let release = json!({"metadata": {"finalizers": null}});
+        s.patch(
+            &cms,
+            "ns",
+            "held",
+            PatchKind::Merge,
+            release,
+            Part::Main,
+            &opts,
+        )
+        .unwrap();
+        assert!(!exists(&s, "held"));
+    }
+
+    #[test]
+    fn dependents_go_with_their_owner_unless_orphaned() {
+        let s = store();
+        let cms = def(&s, "", "configmaps");
+        let owner = config_map(&s, "owner", json!({})).unwrap();
+        let uid = owner["metadata"]["uid"].clone();
+        let refs = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}]);
+        config_map(&s, "child", json!({"ownerReferences": refs})).unwrap();
+        s.delete(&cms, "ns", "owner", &DeleteOpts::default())
+            .unwrap();
+        assert!(!exists(&s, "child"), "collected with its owner");
+
+        let owner = config_map(&s, "owner2", json!({})).unwrap();
+        let uid = owner["metadata"]["uid"].clone();
+        let refs = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner2", "uid": uid}]);
+        config_map(&s, "kept", json!({"ownerReferences": refs})).unwrap();
+        let orphan = DeleteOpts {
+            propagation: Some(Propagation::Orphan),
+            ..Default::default()
+        };
+        s.delete(&cms, "ns", "owner2", &orphan).unwrap();
+        let kept: Value = serde_json::from_slice(&s.get(&cms, "ns", "kept").unwrap()).unwrap();
+        assert!(
+            kept["metadata"]
+                .get("ownerReferences")
+                .is_none_or(|r| r.as_array().is_some_and(Vec::is_empty))
+        );
+    }
+
+    #[test]
+    fn a_delete_checks_its_preconditions() {
+        let s = store();
+        let cms = def(&s, "", "configmaps");
+        config_map(&s, "a", json!({})).unwrap();
+        let wrong = DeleteOpts {
+            precondition_uid: Some("not-its-uid".into()),
+            ..Default::default()
+        };
+        let e = s.delete(&cms, "ns", "a", &wrong).unwrap_err();
+        assert_eq!(e.code, 409);
+        assert!(
+            e.message
+                .contains("Precondition failed: UID in precondition: not-its-uid")
+        );
+        assert!(exists(&s, "a"));
     }
 }

@@ -251,10 +251,9 @@ pub(super) fn default_builtin(def: &ResourceDef, obj: &mut Value, uid: &str) {
 /// The counts a workload's status must keep consistent, as kube-apiserver's
 /// apps validation checks them on every status write: none negative, none
 /// above `replicas`, and no more available replicas than ready ones.
-pub(super) fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
-    let mut causes = Vec::new();
-    let count = |f: &str| status.get(f).and_then(Value::as_i64);
-    let counts: &[&str] = match kind {
+/// The counts of a workload kind's status (none may be negative).
+fn status_counts(kind: &str) -> &'static [&'static str] {
+    match kind {
         "Deployment" => &[
             "replicas",
             "updatedReplicas",
@@ -280,17 +279,13 @@ pub(super) fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
             "observedGeneration",
             "collisionCount",
         ],
-    };
-    for f in counts {
-        if let Some(n) = count(f).filter(|n| *n < 0) {
-            causes.push(Cause::invalid(
-                format!("status.{f}"),
-                &json!(n),
-                "must be greater than or equal to 0",
-            ));
-        }
     }
-    let (bounded, above_replicas, above_ready): (&[&str], &str, &str) = match kind {
+}
+
+/// The counts no larger than `replicas`, and the messages the API server
+/// gives for one above `replicas` and for more available than ready.
+fn status_bounds(kind: &str) -> (&'static [&'static str], &'static str, &'static str) {
+    match kind {
         "Deployment" => (
             &["updatedReplicas", "readyReplicas", "availableReplicas"],
             "cannot be greater than status.replicas",
@@ -311,7 +306,19 @@ pub(super) fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
             "cannot be greater than status.replicas",
             "cannot be greater than status.readyReplicas",
         ),
-    };
+    }
+}
+
+pub(super) fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let count = |f: &str| status.get(f).and_then(Value::as_i64);
+    for f in status_counts(kind) {
+        if let Some(n) = count(f).filter(|n| *n < 0) {
+            let m = "must be greater than or equal to 0";
+            causes.push(Cause::invalid(format!("status.{f}"), &json!(n), m));
+        }
+    }
+    let (bounded, above_replicas, above_ready) = status_bounds(kind);
     let replicas = count("replicas").unwrap_or(0);
     for f in bounded {
         if let Some(n) = count(f).filter(|n| *n > replicas) {
@@ -322,8 +329,8 @@ pub(super) fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
             ));
         }
     }
-    if let Some(n) = count("availableReplicas").filter(|n| *n > count("readyReplicas").unwrap_or(0))
-    {
+    let ready = count("readyReplicas").unwrap_or(0);
+    if let Some(n) = count("availableReplicas").filter(|n| *n > ready) {
         causes.push(Cause::invalid(
             "status.availableReplicas",
             &json!(n),
@@ -335,131 +342,130 @@ pub(super) fn workload_status_causes(kind: &str, status: &Value) -> Vec<Cause> {
 
 pub(super) fn validate_builtin(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    let check_pod_spec =
-        |spec: &Value, path: &str, causes: &mut Vec<Cause>, restart_never_or_onfailure: bool| {
-            match spec.get("containers").and_then(Value::as_array) {
-                Some(cs) if !cs.is_empty() => {
-                    for (i, c) in cs.iter().enumerate() {
-                        match c.get("name").and_then(Value::as_str) {
-                            None | Some("") => {
-                                causes.push(Cause::required(format!("{path}.containers[{i}].name")))
-                            }
-                            Some(n) if !names::is_dns_label(n) => causes.push(Cause::invalid(
-                                format!("{path}.containers[{i}].name"),
-                                &json!(n),
-                                "must be a DNS label",
-                            )),
-                            _ => {}
-                        }
-                        if c.get("image")
-                            .and_then(Value::as_str)
-                            .is_none_or(str::is_empty)
-                        {
-                            causes.push(Cause::required(format!("{path}.containers[{i}].image")));
-                        }
-                    }
-                }
-                _ => causes.push(Cause::required(format!("{path}.containers"))),
-            }
-            if restart_never_or_onfailure {
-                let rp = spec
-                    .get("restartPolicy")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Always");
-                if rp != "Never" && rp != "OnFailure" {
-                    causes.push(Cause::unsupported(
-                        format!("{path}.restartPolicy"),
-                        &json!(rp),
-                        &[json!("OnFailure"), json!("Never")],
-                    ));
-                }
-            }
-        };
-    let workload_selector = |causes: &mut Vec<Cause>| {
-        let sel = obj
-            .pointer("/spec/selector/matchLabels")
-            .and_then(Value::as_object);
-        let labels = obj
-            .pointer("/spec/template/metadata/labels")
-            .and_then(Value::as_object);
-        match sel {
-            None if obj.pointer("/spec/selector/matchExpressions").is_none() => {
-                causes.push(Cause::required("spec.selector"))
-            }
-            Some(sel)
-                if !sel
-                    .iter()
-                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)) =>
-            {
-                causes.push(Cause::invalid(
-                    "spec.template.metadata.labels",
-                    &Value::Object(labels.cloned().unwrap_or_default()),
-                    "`selector` does not match template `labels`",
-                ));
-            }
-            Some(_) => {}
-            None => {}
-        }
-    };
+    let template = &obj["spec"]["template"]["spec"];
     match (def.group.as_str(), def.kind.as_str()) {
-        ("", "Pod") => check_pod_spec(&obj["spec"], "spec", &mut causes, false),
+        ("", "Pod") => pod_spec_causes(&obj["spec"], "spec", false, &mut causes),
         ("apps", "Deployment") | ("apps", "ReplicaSet") | ("apps", "StatefulSet") => {
-            workload_selector(&mut causes);
+            selector_causes(obj, &mut causes);
             causes.extend(workload_status_causes(def.kind.as_str(), &obj["status"]));
-            check_pod_spec(
-                &obj["spec"]["template"]["spec"],
-                "spec.template.spec",
-                &mut causes,
-                false,
-            );
+            pod_spec_causes(template, "spec.template.spec", false, &mut causes);
         }
-        ("batch", "Job") => check_pod_spec(
-            &obj["spec"]["template"]["spec"],
-            "spec.template.spec",
-            &mut causes,
-            true,
-        ),
-        ("", "ConfigMap") | ("", "Secret") => {
-            for field in ["data", "binaryData", "stringData"] {
-                for k in obj
-                    .get(field)
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flat_map(|m| m.keys())
-                {
-                    if k.is_empty()
-                        || !k
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                    {
-                        causes.push(Cause::invalid(format!("{field}[{k}]"), &json!(k), "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
-                    }
-                }
-            }
-        }
-        ("", "Service") => {
-            for (i, p) in obj
-                .pointer("/spec/ports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                if p.get("port")
-                    .and_then(Value::as_i64)
-                    .is_none_or(|n| !(1..=65535).contains(&n))
-                {
-                    causes.push(Cause::invalid(
-                        format!("spec.ports[{i}].port"),
-                        &p["port"],
-                        "must be between 1 and 65535, inclusive",
-                    ));
-                }
-            }
-        }
+        ("batch", "Job") => pod_spec_causes(template, "spec.template.spec", true, &mut causes),
+        ("", "ConfigMap") | ("", "Secret") => config_key_causes(obj, &mut causes),
+        ("", "Service") => port_causes(obj, &mut causes),
         _ => {}
     }
     causes
+}
+
+/// A Pod spec needs containers, each with a DNS-label name and an image;
+/// a Job's restarts only on failure or never.
+fn pod_spec_causes(spec: &Value, path: &str, job: bool, causes: &mut Vec<Cause>) {
+    match spec.get("containers").and_then(Value::as_array) {
+        Some(cs) if !cs.is_empty() => {
+            for (i, c) in cs.iter().enumerate() {
+                let at = format!("{path}.containers[{i}]");
+                match c.get("name").and_then(Value::as_str) {
+                    None | Some("") => causes.push(Cause::required(format!("{at}.name"))),
+                    Some(n) if !names::is_dns_label(n) => causes.push(Cause::invalid(
+                        format!("{at}.name"),
+                        &json!(n),
+                        "must be a DNS label",
+                    )),
+                    _ => {}
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(Cause::required(format!("{at}.image")));
+                }
+            }
+        }
+        _ => causes.push(Cause::required(format!("{path}.containers"))),
+    }
+    let restart = spec
+        .get("restartPolicy")
+        .and_then(Value::as_str)
+        .unwrap_or("Always");
+    if job && restart != "Never" && restart != "OnFailure" {
+        causes.push(Cause::unsupported(
+            format!("{path}.restartPolicy"),
+            &json!(restart),
+            &[json!("OnFailure"), json!("Never")],
+        ));
+    }
+}
+
+/// A workload's selector must be given and match its template's labels.
+fn selector_causes(obj: &Value, causes: &mut Vec<Cause>) {
+    let sel = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object);
+    let labels = obj
+        .pointer("/spec/template/metadata/labels")
+        .and_then(Value::as_object);
+    match sel {
+        None if obj.pointer("/spec/selector/matchExpressions").is_none() => {
+            causes.push(Cause::required("spec.selector"))
+        }
+        Some(sel)
+            if !sel
+                .iter()
+                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)) =>
+        {
+            causes.push(Cause::invalid(
+                "spec.template.metadata.labels",
+                &Value::Object(labels.cloned().unwrap_or_default()),
+                "`selector` does not match template `labels`",
+            ));
+        }
+        _ => {}
+    }
+}
+
+/// ConfigMap and Secret keys: alphanumerics, '-', '_' and '.'.
+fn config_key_causes(obj: &Value, causes: &mut Vec<Cause>) {
+    let valid = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    for field in ["data", "binaryData", "stringData"] {
+        let keys = obj
+            .get(field)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flat_map(|m| m.keys());
+        for k in keys.filter(|k| !valid(k)) {
+            causes.push(Cause::invalid(
+                format!("{field}[{k}]"),
+                &json!(k),
+                "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+            ));
+        }
+    }
+}
+
+/// A Service's ports are between 1 and 65535.
+fn port_causes(obj: &Value, causes: &mut Vec<Cause>) {
+    let ports = obj
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    for (i, p) in ports.enumerate() {
+        if p.get("port")
+            .and_then(Value::as_i64)
+            .is_none_or(|n| !(1..=65535).contains(&n))
+        {
+            causes.push(Cause::invalid(
+                format!("spec.ports[{i}].port"),
+                &p["port"],
+                "must be between 1 and 65535, inclusive",
+            ));
+        }
+    }
 }
 
 impl Inner {
@@ -501,5 +507,72 @@ impl Inner {
         } else {
             Err(ApiError::invalid(def, name, causes))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{def, store};
+    use super::*;
+
+    fn fields(causes: &[Cause]) -> Vec<&str> {
+        causes.iter().map(|c| c.field.as_str()).collect()
+    }
+
+    #[test]
+    fn a_pod_template_needs_named_containers_with_images() {
+        let s = store();
+        let jobs = def(&s, "batch", "jobs");
+        let job = json!({"spec": {"template": {"spec": {"containers": [{"name": "Bad_Name"}]}}}});
+        assert_eq!(
+            fields(&validate_builtin(&jobs, &job)),
+            [
+                "spec.template.spec.containers[0].name",
+                "spec.template.spec.containers[0].image",
+                "spec.template.spec.restartPolicy"
+            ]
+        );
+        let pods = def(&s, "", "pods");
+        assert_eq!(
+            fields(&validate_builtin(&pods, &json!({"spec": {}}))),
+            ["spec.containers"]
+        );
+    }
+
+    #[test]
+    fn a_workload_selector_matches_its_template_and_its_counts_hold() {
+        let s = store();
+        let sets = def(&s, "apps", "statefulsets");
+        let set = json!({"spec": {"selector": {"matchLabels": {"app": "db"}},
+                                  "template": {"metadata": {"labels": {"app": "web"}},
+                                               "spec": {"containers": [{"name": "c", "image": "x"}]}}},
+                         "status": {"replicas": 1, "readyReplicas": 2, "availableReplicas": -1}});
+        assert_eq!(
+            fields(&validate_builtin(&sets, &set)),
+            [
+                "spec.template.metadata.labels",
+                "status.availableReplicas",
+                "status.readyReplicas"
+            ]
+        );
+        let counts = workload_status_causes(
+            "Deployment",
+            &json!({"replicas": 2, "readyReplicas": 1, "availableReplicas": 2}),
+        );
+        assert_eq!(counts[0].message, "Invalid value: 2: cannot be greater than readyReplicas");
+    }
+
+    #[test]
+    fn config_keys_and_service_ports_are_checked() {
+        let s = store();
+        let cms = def(&s, "", "configmaps");
+        let bad = json!({"data": {"ok.key": "1", "no/slash": "2"}});
+        assert_eq!(fields(&validate_builtin(&cms, &bad)), ["data[no/slash]"]);
+        let svcs = def(&s, "", "services");
+        let svc = json!({"spec": {"ports": [{"port": 80}, {"port": 70000}]}});
+        assert_eq!(
+            fields(&validate_builtin(&svcs, &svc)),
+            ["spec.ports[1].port"]
+        );
     }
 }

@@ -24,32 +24,7 @@ impl Store {
         if def.namespaced {
             inner.check_namespace(ns, true)?;
         }
-        let meta = meta_mut(&mut obj);
-        if def.namespaced {
-            meta.insert("namespace".into(), json!(ns));
-        } else {
-            meta.remove("namespace");
-        }
-        let mut name = meta
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if name.is_empty() {
-            let Some(prefix) = meta
-                .get("generateName")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-            else {
-                return Err(ApiError::invalid(
-                    def,
-                    "",
-                    vec![Cause::required("metadata.name")],
-                ));
-            };
-            name = inner.generate_name(def, ns, &prefix);
-            meta.insert("name".into(), json!(name));
-        }
+        let name = inner.name_new(def, ns, &mut obj)?;
         validate_meta(def, &obj, &name)?;
         let key = (ns.to_string(), name.clone());
         if inner
@@ -62,36 +37,7 @@ impl Store {
         inner.seq += 1;
         let uid = uid_from(inner.seq);
         let now = self.now();
-        let meta = meta_mut(&mut obj);
-        meta.insert("uid".into(), json!(uid));
-        meta.insert("creationTimestamp".into(), json!(now));
-        for k in [
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "resourceVersion",
-            "selfLink",
-        ] {
-            meta.remove(k);
-        }
-        if def.has_generation {
-            meta.insert("generation".into(), json!(1));
-        } else {
-            meta.remove("generation");
-        }
-        // Status is the server's (and the controllers') to write: a create
-        // starts it afresh, as the API server's create strategies do.
-        if def.status_subresource
-            && let Some(m) = obj.as_object_mut()
-        {
-            match (def.group.as_str(), def.kind.as_str()) {
-                ("", "Pod") => m.insert("status".into(), json!({"phase": "Pending"})),
-                ("", "Namespace") => m.insert("status".into(), json!({"phase": "Active"})),
-                ("", "PersistentVolumeClaim") => {
-                    m.insert("status".into(), json!({"phase": "Pending"}))
-                }
-                _ => m.remove("status"),
-            };
-        }
+        stamp_new(def, &mut obj, &uid, &now);
         default_builtin(def, &mut obj, &uid);
         inner.validate_content(def, &mut obj, opts, &mut warnings, &name)?;
         if def.key()
@@ -100,25 +46,7 @@ impl Store {
                 "customresourcedefinitions".to_string(),
             )
         {
-            let rd = registry::from_crd(&obj).map_err(|errs| {
-                ApiError::invalid(
-                    def,
-                    &name,
-                    errs.into_iter()
-                        .map(|(f, m)| Cause {
-                            field: f,
-                            reason: "FieldValueInvalid",
-                            message: m,
-                        })
-                        .collect(),
-                )
-            })?;
-            obj["status"] = registry::crd_status(&obj, &now);
-            if !opts.dry_run {
-                let since = inner.rv;
-                inner.served_since.insert(rd.storage(), since);
-                inner.defs.insert(rd.key(), Arc::new(rd));
-            }
+            inner.define(def, &mut obj, &name, &now, opts.dry_run)?;
         }
         if let Some(manager) = &opts.field_manager {
             let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
@@ -208,67 +136,7 @@ impl Store {
             ));
         }
         if kind == PatchKind::Apply {
-            let Some(manager) = opts.field_manager.clone().filter(|m| !m.is_empty()) else {
-                return Err(ApiError::bad_request(
-                    "PATCH, fieldManager is required for apply patches",
-                ));
-            };
-            check_identity(def, &body, ns, Some(name))?;
-            let exists = self.get(def, ns, name).is_ok();
-            if !exists {
-                if part == Part::Status {
-                    return Err(ApiError::not_found(def, name));
-                }
-                let mut obj = body.clone();
-                meta_mut(&mut obj).insert("name".into(), json!(name));
-                let created_opts = WriteOpts {
-                    field_manager: None,
-                    ..opts.clone()
-                };
-                let now = self.now();
-                let api_version = body["apiVersion"].as_str().unwrap_or_default().to_string();
-                let applied =
-                    fields::apply(&json!({}), &body, &manager, true, &api_version, None, &now)
-                        .map_err(|_| {
-                            ApiError::internal("apply to an empty object cannot conflict")
-                        })?;
-                fields::write_managed(&mut obj, &applied.managed);
-                return self.create(def, ns, obj, &created_opts);
-            }
-            let now = self.now();
-            let force = opts.force;
-            let def2 = def.clone();
-            let name2 = name.to_string();
-            return self.modify_with(def, ns, name, part, opts, move |old| {
-                let api_version = body["apiVersion"].as_str().unwrap_or_default().to_string();
-                let sub = (part == Part::Status).then_some("status");
-                let applied_cfg = match part {
-                    // The status subresource takes only status from an apply.
-                    Part::Status => json!({"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": name2}, "status": body.get("status").cloned().unwrap_or(json!({}))}),
-                    Part::Main => body,
-                };
-                match fields::apply(old, &applied_cfg, &manager, force, &api_version, sub, &now) {
-                    Ok(a) => {
-                        let mut o = a.object;
-                        fields::write_managed(&mut o, &a.managed);
-                        Ok(o)
-                    }
-                    Err(conflicts) => {
-                        let n = conflicts.len();
-                        let lines: Vec<String> = conflicts.iter().map(|c| format!("conflict with \"{}\": {}", c.manager, c.path)).collect();
-                        let mut e = ApiError::conflict_msg(&def2, &name2, &format!(
-                            "Apply failed with {n} conflict{}: {}",
-                            if n == 1 { "" } else { "s" },
-                            lines.join("\n")
-                        ));
-                        e.message = format!("Apply failed with {n} conflict{}: {}", if n == 1 { "" } else { "s" }, lines.join("\n"));
-                        e.details["causes"] = Value::Array(
-                            conflicts.iter().map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.path})).collect(),
-                        );
-                        Err(WriteFail::Api(e))
-                    }
-                }
-            });
+            return self.apply(def, ns, name, body, part, opts);
         }
         let manager = opts.field_manager.clone();
         let def2 = def.clone();
@@ -287,7 +155,7 @@ impl Store {
                         )));
                     }
                 }
-                PatchKind::Apply => unreachable!("handled above"),
+                PatchKind::Apply => return Err(Failed(ApiError::internal("apply is not a merge"))),
             }
             if let Some(rv) = meta_str(&body, "resourceVersion")
                 && meta_str(old, "resourceVersion") != Some(rv)
@@ -295,6 +163,64 @@ impl Store {
                 return Err(Conflicted);
             }
             Ok((new, manager))
+        })
+    }
+
+    /// A server-side apply: create the object when it is absent, else
+    /// merge the applied configuration, its fields owned by `manager`.
+    fn apply(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        body: Value,
+        part: Part,
+        opts: &WriteOpts,
+    ) -> Result<Written, ApiError> {
+        let Some(manager) = opts.field_manager.clone().filter(|m| !m.is_empty()) else {
+            return Err(ApiError::bad_request(
+                "PATCH, fieldManager is required for apply patches",
+            ));
+        };
+        check_identity(def, &body, ns, Some(name))?;
+        let api_version = body["apiVersion"].as_str().unwrap_or_default().to_string();
+        if self.get(def, ns, name).is_err() {
+            if part == Part::Status {
+                return Err(ApiError::not_found(def, name));
+            }
+            let mut obj = body.clone();
+            meta_mut(&mut obj).insert("name".into(), json!(name));
+            let created_opts = WriteOpts {
+                field_manager: None,
+                ..opts.clone()
+            };
+            let now = self.now();
+            let applied =
+                fields::apply(&json!({}), &body, &manager, true, &api_version, None, &now)
+                    .map_err(|_| ApiError::internal("apply to an empty object cannot conflict"))?;
+            fields::write_managed(&mut obj, &applied.managed);
+            return self.create(def, ns, obj, &created_opts);
+        }
+        let now = self.now();
+        let force = opts.force;
+        let (def2, name2) = (def.clone(), name.to_string());
+        self.modify_with(def, ns, name, part, opts, move |old| {
+            let sub = (part == Part::Status).then_some("status");
+            let applied_cfg = match part {
+                // The status subresource takes only status from an apply.
+                Part::Status => json!({"apiVersion": body["apiVersion"], "kind": body["kind"],
+                                       "metadata": {"name": name2},
+                                       "status": body.get("status").cloned().unwrap_or(json!({}))}),
+                Part::Main => body,
+            };
+            match fields::apply(old, &applied_cfg, &manager, force, &api_version, sub, &now) {
+                Ok(a) => {
+                    let mut o = a.object;
+                    fields::write_managed(&mut o, &a.managed);
+                    Ok(o)
+                }
+                Err(conflicts) => Err(WriteFail::Api(conflict_error(&def2, &name2, &conflicts))),
+            }
         })
     }
 
@@ -355,90 +281,15 @@ impl Store {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
         let mut warnings = Vec::new();
-        // Identity the client cannot change.
-        let om = old["metadata"].clone();
-        {
-            let meta = meta_mut(&mut new);
-            for k in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "namespace",
-                "name",
-            ] {
-                match om.get(k) {
-                    Some(v) => {
-                        meta.insert(k.into(), v.clone());
-                    }
-                    None => {
-                        meta.remove(k);
-                    }
-                }
-            }
-            meta.insert("resourceVersion".into(), om["resourceVersion"].clone());
-            meta.remove("selfLink");
-        }
-        new["apiVersion"] = old["apiVersion"].clone();
-        new["kind"] = old["kind"].clone();
-        match part {
-            Part::Status => {
-                // Only status changes through the status subresource.
-                let status = new.get("status").cloned();
-                let managed = new.pointer("/metadata/managedFields").cloned();
-                new = old.clone();
-                match status {
-                    Some(s) => new["status"] = s,
-                    None => {
-                        if let Some(m) = new.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-                if let Some(m) = managed {
-                    meta_mut(&mut new).insert("managedFields".into(), m);
-                }
-            }
-            Part::Main if def.status_subresource => match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(m) = new.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            },
-            Part::Main => {}
-        }
+        keep_identity(&old, &mut new);
+        keep_other_part(def, part, &old, &mut new);
         if part == Part::Main {
             validate_meta(def, &new, name)?;
-            // No new finalizers on an object that is going away.
-            if om.get("deletionTimestamp").is_some() {
-                let before = finalizers_of(&old);
-                if finalizers_of(&new).iter().any(|f| !before.contains(f)) {
-                    return Err(ApiError::invalid(
-                        def,
-                        name,
-                        vec![Cause::forbidden(
-                            "metadata.finalizers",
-                            "no new finalizers can be added if the object is being deleted",
-                        )],
-                    ));
-                }
-            }
+            no_new_finalizers_while_deleting(def, name, &old, &new)?;
         }
         inner.validate_content(def, &mut new, opts, &mut warnings, name)?;
         if def.has_generation {
-            let strip: &[&str] = if def.status_subresource {
-                &["metadata", "status"]
-            } else {
-                &["metadata"]
-            };
-            let gen_old = om["generation"].as_i64().unwrap_or(1);
-            let g = if without(&old, strip) != without(&new, strip) {
-                gen_old + 1
-            } else {
-                gen_old
-            };
+            let g = next_generation(def, &old, &new);
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
         let is_crd = def.key()
@@ -447,19 +298,7 @@ impl Store {
                 "customresourcedefinitions".to_string(),
             );
         if is_crd && part == Part::Main {
-            let rd = registry::from_crd(&new).map_err(|errs| {
-                ApiError::invalid(
-                    def,
-                    name,
-                    errs.into_iter()
-                        .map(|(f, m)| Cause {
-                            field: f,
-                            reason: "FieldValueInvalid",
-                            message: m,
-                        })
-                        .collect(),
-                )
-            })?;
+            let rd = crd_def(def, &new, name)?;
             if !opts.dry_run {
                 inner.defs.insert(rd.key(), Arc::new(rd));
             }
@@ -498,7 +337,216 @@ impl Store {
     }
 }
 
+/// Identity the client cannot change: uid, times, namespace, name, the
+/// resourceVersion it is checked against, apiVersion and kind.
+fn keep_identity(old: &Value, new: &mut Value) {
+    let om = &old["metadata"];
+    let meta = meta_mut(new);
+    for k in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "namespace",
+        "name",
+    ] {
+        match om.get(k) {
+            Some(v) => meta.insert(k.into(), v.clone()),
+            None => meta.remove(k),
+        };
+    }
+    meta.insert("resourceVersion".into(), om["resourceVersion"].clone());
+    meta.remove("selfLink");
+    new["apiVersion"] = old["apiVersion"].clone();
+    new["kind"] = old["kind"].clone();
+}
+
+/// What a write through one part may not change: through the status
+/// subresource only status changes; through the main resource of a kind
+/// with a status subresource, status stays as it was.
+fn keep_other_part(def: &ResourceDef, part: Part, old: &Value, new: &mut Value) {
+    let set_status = |obj: &mut Value, status: Option<Value>| match status {
+        Some(s) => obj["status"] = s,
+        None => {
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
+    };
+    match part {
+        Part::Status => {
+            let status = new.get("status").cloned();
+            let managed = new.pointer("/metadata/managedFields").cloned();
+            *new = old.clone();
+            set_status(new, status);
+            if let Some(m) = managed {
+                meta_mut(new).insert("managedFields".into(), m);
+            }
+        }
+        Part::Main if def.status_subresource => set_status(new, old.get("status").cloned()),
+        Part::Main => {}
+    }
+}
+
+/// No new finalizers on an object that is going away.
+fn no_new_finalizers_while_deleting(
+    def: &ResourceDef,
+    name: &str,
+    old: &Value,
+    new: &Value,
+) -> Result<(), ApiError> {
+    if old["metadata"].get("deletionTimestamp").is_none() {
+        return Ok(());
+    }
+    let before = finalizers_of(old);
+    if finalizers_of(new).iter().all(|f| before.contains(f)) {
+        return Ok(());
+    }
+    let why = "no new finalizers can be added if the object is being deleted";
+    Err(ApiError::invalid(
+        def,
+        name,
+        vec![Cause::forbidden("metadata.finalizers", why)],
+    ))
+}
+
+/// The generation counts changes of the spec (of anything but metadata and
+/// a status with its own subresource).
+fn next_generation(def: &ResourceDef, old: &Value, new: &Value) -> i64 {
+    let strip: &[&str] = if def.status_subresource {
+        &["metadata", "status"]
+    } else {
+        &["metadata"]
+    };
+    let gen_old = old["metadata"]["generation"].as_i64().unwrap_or(1);
+    if without(old, strip) != without(new, strip) {
+        gen_old + 1
+    } else {
+        gen_old
+    }
+}
+
+/// The kind a CustomResourceDefinition defines, or why it is invalid.
+fn crd_def(def: &ResourceDef, obj: &Value, name: &str) -> Result<ResourceDef, ApiError> {
+    registry::from_crd(obj).map_err(|errs| {
+        let causes = errs
+            .into_iter()
+            .map(|(f, m)| Cause {
+                field: f,
+                reason: "FieldValueInvalid",
+                message: m,
+            })
+            .collect();
+        ApiError::invalid(def, name, causes)
+    })
+}
+
+/// A server-side apply's conflicts, as the API server reports them.
+fn conflict_error(def: &ResourceDef, name: &str, conflicts: &[fields::Conflict]) -> ApiError {
+    let n = conflicts.len();
+    let lines: Vec<String> = conflicts
+        .iter()
+        .map(|c| format!("conflict with \"{}\": {}", c.manager, c.path))
+        .collect();
+    let message = format!(
+        "Apply failed with {n} conflict{}: {}",
+        if n == 1 { "" } else { "s" },
+        lines.join("\n")
+    );
+    let mut e = ApiError::conflict_msg(def, name, &message);
+    e.message = message;
+    e.details["causes"] = conflicts
+        .iter()
+        .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.path}))
+        .collect();
+    e
+}
+
+/// What the server sets on a new object: uid, creation time, generation,
+/// and a fresh status (status is the server's and the controllers' to
+/// write: a create starts it afresh, as the API server's create strategies
+/// do).
+fn stamp_new(def: &ResourceDef, obj: &mut Value, uid: &str, now: &str) {
+    let meta = meta_mut(obj);
+    meta.insert("uid".into(), json!(uid));
+    meta.insert("creationTimestamp".into(), json!(now));
+    for k in [
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "resourceVersion",
+        "selfLink",
+    ] {
+        meta.remove(k);
+    }
+    if def.has_generation {
+        meta.insert("generation".into(), json!(1));
+    } else {
+        meta.remove("generation");
+    }
+    if def.status_subresource
+        && let Some(m) = obj.as_object_mut()
+    {
+        match (def.group.as_str(), def.kind.as_str()) {
+            ("", "Pod") | ("", "PersistentVolumeClaim") => {
+                m.insert("status".into(), json!({"phase": "Pending"}))
+            }
+            ("", "Namespace") => m.insert("status".into(), json!({"phase": "Active"})),
+            _ => m.remove("status"),
+        };
+    }
+}
+
 impl Inner {
+    /// The new object's namespace (or none, cluster-scoped) and its name,
+    /// made from `generateName` when it has none.
+    fn name_new(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        obj: &mut Value,
+    ) -> Result<String, ApiError> {
+        let meta = meta_mut(obj);
+        if def.namespaced {
+            meta.insert("namespace".into(), json!(ns));
+        } else {
+            meta.remove("namespace");
+        }
+        let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
+        if !name.is_empty() {
+            return Ok(name.to_string());
+        }
+        let Some(prefix) = meta.get("generateName").and_then(Value::as_str) else {
+            return Err(ApiError::invalid(
+                def,
+                "",
+                vec![Cause::required("metadata.name")],
+            ));
+        };
+        let prefix = prefix.to_string();
+        let name = self.generate_name(def, ns, &prefix);
+        meta_mut(obj).insert("name".into(), json!(name));
+        Ok(name)
+    }
+
+    /// A new CustomResourceDefinition: its kind is served from now on.
+    fn define(
+        &mut self,
+        def: &ResourceDef,
+        obj: &mut Value,
+        name: &str,
+        now: &str,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let rd = crd_def(def, obj, name)?;
+        obj["status"] = registry::crd_status(obj, now);
+        if !dry_run {
+            let since = self.rv;
+            self.served_since.insert(rd.storage(), since);
+            self.defs.insert(rd.key(), Arc::new(rd));
+        }
+        Ok(())
+    }
+
     pub(super) fn check_namespace(&self, ns: &str, for_create: bool) -> Result<(), ApiError> {
         if ns.is_empty() {
             return Err(ApiError::bad_request(
@@ -545,5 +593,106 @@ impl Inner {
                 return name;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{config_map, def, store};
+    use super::*;
+
+    #[test]
+    fn a_create_gets_identity_and_a_generated_name_and_refuses_a_second() {
+        let s = store();
+        let made = config_map(&s, "", json!({"generateName": "web-"})).unwrap();
+        let name = made["metadata"]["name"].as_str().unwrap();
+        assert!(
+            name.starts_with("web-") && name.len() == "web-".len() + 5,
+            "{name}"
+        );
+        assert_eq!(made["metadata"]["uid"].as_str().unwrap().len(), 36);
+        assert!(made["metadata"]["resourceVersion"].is_string());
+        assert_eq!(config_map(&s, name, json!({})).unwrap_err().code, 409);
+        assert_eq!(config_map(&s, "", json!({})).unwrap_err().code, 422);
+    }
+
+    #[test]
+    fn the_generation_counts_spec_changes_and_status_goes_through_its_part() {
+        let s = store();
+        let deploys = def(&s, "apps", "deployments");
+        let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                       "spec": {"selector": {"matchLabels": {"app": "web"}},
+                                "template": {"metadata": {"labels": {"app": "web"}},
+                                             "spec": {"containers": [{"name": "c", "image": "x"}]}}}});
+        s.create(&deploys, "ns", d, &WriteOpts::default()).unwrap();
+        let patch = |body: Value, part: Part| {
+            let w = s.patch(
+                &deploys,
+                "ns",
+                "web",
+                PatchKind::Merge,
+                body,
+                part,
+                &WriteOpts::default(),
+            );
+            serde_json::from_slice::<Value>(&w.unwrap().bytes).unwrap()
+        };
+        let labelled = patch(json!({"metadata": {"labels": {"x": "y"}}}), Part::Main);
+        assert_eq!(
+            labelled["metadata"]["generation"], 1,
+            "metadata is not the spec"
+        );
+        let scaled = patch(json!({"spec": {"replicas": 3}}), Part::Main);
+        assert_eq!(scaled["metadata"]["generation"], 2);
+        let ignored = patch(json!({"status": {"replicas": 3}}), Part::Main);
+        assert!(
+            ignored.get("status").is_none(),
+            "status only through its subresource"
+        );
+        let status = patch(
+            json!({"status": {"replicas": 3}, "spec": {"replicas": 9}}),
+            Part::Status,
+        );
+        assert_eq!(status["status"]["replicas"], 3);
+        assert_eq!(
+            status["spec"]["replicas"], 3,
+            "the status subresource leaves the spec"
+        );
+    }
+
+    #[test]
+    fn a_stale_resource_version_conflicts_and_an_apply_owns_its_fields() {
+        let s = store();
+        let cms = def(&s, "", "configmaps");
+        config_map(&s, "a", json!({})).unwrap();
+        let stale = json!({"metadata": {"resourceVersion": "1"}, "data": {"x": "1"}});
+        let r = s.patch(
+            &cms,
+            "ns",
+            "a",
+            PatchKind::Merge,
+            stale,
+            Part::Main,
+            &WriteOpts::default(),
+        );
+        assert_eq!(r.unwrap_err().code, 409);
+        let apply = |manager: &str, x: &str, force: bool| {
+            let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"x": x}});
+            let opts = WriteOpts {
+                field_manager: Some(manager.into()),
+                force,
+                ..Default::default()
+            };
+            s.patch(&cms, "ns", "a", PatchKind::Apply, body, Part::Main, &opts)
+        };
+        apply("one", "1", false).unwrap();
+        let conflict = apply("two", "2", false).unwrap_err();
+        assert_eq!(conflict.code, 409);
+        assert!(
+            conflict.message.contains("conflict with \"one\""),
+            "{}",
+            conflict.message
+        );
+        assert!(apply("two", "2", true).is_ok(), "forced");
     }
 }
