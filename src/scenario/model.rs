@@ -394,176 +394,263 @@ pub fn is_scenario(text: &str) -> bool {
     text.lines().any(|l| l.trim() == "kind: Scenario")
 }
 
-/// Read and check a scenario file: files exist, events and expectations
-/// are well formed, times parse. Kinds are checked when the cluster is up.
-pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
-    let file = path.display().to_string();
-    let err = |pos: Option<Pos>, message: String| ScenarioError {
-        file: file.clone(),
-        pos,
-        message,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| vec![err(None, e.to_string())])?;
-    let doc: ScenarioDoc = yaml::parse(&text).map_err(|e| {
-        let message = if e.path.is_empty() {
-            e.message.clone()
-        } else {
-            format!("{}: {}", e.path, e.message)
-        };
-        vec![err(Some(e.pos), message)]
-    })?;
-    let node = yaml::parse_node(&text).map_err(|e| vec![err(Some(e.pos), e.message)])?;
-    let mut errors = Vec::new();
-    if doc.kind != "Scenario" || !doc.api_version.starts_with("runbook.dev/") {
-        errors.push(err(
-            Some(node.pos),
-            "not a Scenario (want apiVersion runbook.dev/v1alpha1, kind Scenario)".into(),
-        ));
+/// What loading one scenario file carries along: where it is, and the
+/// errors found so far.
+struct Loader {
+    file: String,
+    dir: PathBuf,
+    errors: Vec<ScenarioError>,
+}
+
+impl Loader {
+    fn fail(&mut self, pos: Option<Pos>, message: impl Into<String>) {
+        self.errors.push(ScenarioError {
+            file: self.file.clone(),
+            pos,
+            message: message.into(),
+        });
     }
-    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let pos_of = |p: &[&str]| node.at(p).map(|n| n.pos);
-    let policy_dirs: Vec<PathBuf> = doc
-        .spec
-        .policies
-        .as_ref()
-        .map(OneOrMany::items)
-        .unwrap_or_else(|| vec![".".into()])
-        .iter()
-        .map(|p| dir.join(p))
-        .collect();
-    if policy_dirs.is_empty() {
-        errors.push(err(
-            pos_of(&["spec", "policies"]),
-            "policies: name at least one directory".into(),
-        ));
-    }
-    for p in &policy_dirs {
-        if !p.is_dir() {
-            errors.push(err(
-                pos_of(&["spec", "policies"]),
-                format!("policies: {} is not a directory", p.display()),
-            ));
-        }
-    }
-    let policies = policy_dirs.first().cloned().unwrap_or_else(|| dir.clone());
-    let more_policies: Vec<PathBuf> = policy_dirs.iter().skip(1).cloned().collect();
-    let read_objects = |name: &str, pos: Option<Pos>, errors: &mut Vec<ScenarioError>| {
-        let p = dir.join(name);
-        match std::fs::read_to_string(&p) {
-            Ok(t) => match yaml::parse_documents(&t) {
-                Ok(docs) => Some(docs),
-                Err(e) => {
-                    errors.push(ScenarioError {
-                        file: p.display().to_string(),
-                        pos: Some(e.pos),
-                        message: e.message,
-                    });
-                    None
-                }
-            },
+
+    /// The objects of a file beside the scenario.
+    fn read_objects(&mut self, name: &str, pos: Option<Pos>) -> Option<Vec<Value>> {
+        let p = self.dir.join(name);
+        let text = match std::fs::read_to_string(&p) {
+            Ok(t) => t,
             Err(e) => {
-                errors.push(err(pos, format!("{}: {e}", p.display())));
+                self.fail(pos, format!("{}: {e}", p.display()));
+                return None;
+            }
+        };
+        match yaml::parse_documents(&text) {
+            Ok(docs) => Some(docs),
+            Err(e) => {
+                self.errors.push(ScenarioError {
+                    file: p.display().to_string(),
+                    pos: Some(e.pos),
+                    message: e.message,
+                });
                 None
             }
         }
-    };
-    let object_nodes = items(&node, &["spec", "objects"]);
-    let mut objects = Vec::new();
-    for (i, name) in doc.spec.objects.iter().enumerate() {
-        let pos = object_nodes.get(i).map(|n| n.pos);
-        if let Some(docs) = read_objects(name, pos, &mut errors) {
-            objects.push((name.clone(), docs));
-        }
     }
-    let duration = |text: &str, pos: Option<Pos>, what: &str, errors: &mut Vec<ScenarioError>| {
+
+    /// A duration that is not negative (0 after an error).
+    fn duration(&mut self, text: &str, pos: Option<Pos>, what: &str) -> i64 {
         match parse_duration_ms(text) {
             Ok(ms) if ms >= 0 => ms,
             Ok(_) => {
-                errors.push(err(pos, format!("{what} must not be negative")));
+                self.fail(pos, format!("{what} must not be negative"));
                 0
             }
             Err(e) => {
-                errors.push(err(pos, format!("{what}: {e}")));
+                self.fail(pos, format!("{what}: {e}"));
                 0
             }
         }
+    }
+
+    /// The policy directories (the scenario's own by default).
+    fn policy_dirs(&mut self, doc: &ScenarioDoc, node: &Node) -> Vec<PathBuf> {
+        let pos = node.at(&["spec", "policies"]).map(|n| n.pos);
+        let named = doc.spec.policies.as_ref().map(OneOrMany::items);
+        let dirs: Vec<PathBuf> = named
+            .unwrap_or_else(|| vec![".".into()])
+            .iter()
+            .map(|p| self.dir.join(p))
+            .collect();
+        if dirs.is_empty() {
+            self.fail(pos, "policies: name at least one directory");
+        }
+        for p in &dirs {
+            if !p.is_dir() {
+                self.fail(pos, format!("policies: {} is not a directory", p.display()));
+            }
+        }
+        dirs
+    }
+
+    fn objects(&mut self, doc: &ScenarioDoc, node: &Node) -> Vec<(String, Vec<Value>)> {
+        let nodes = items(node, &["spec", "objects"]);
+        let mut objects = Vec::new();
+        for (i, name) in doc.spec.objects.iter().enumerate() {
+            let pos = nodes.get(i).map(|n| n.pos);
+            if let Some(docs) = self.read_objects(name, pos) {
+                objects.push((name.clone(), docs));
+            }
+        }
+        objects
+    }
+
+    /// The standing rules: each does exactly one thing, after a delay.
+    fn rules(&mut self, doc: &ScenarioDoc, node: &Node) -> Vec<(RuleSpec, i64, Pos)> {
+        let nodes = items(node, &["spec", "rules"]);
+        let mut rules = Vec::new();
+        for (i, r) in doc.spec.rules.iter().enumerate() {
+            let pos = nodes.get(i).map(|n| n.pos).unwrap_or_default();
+            let after = r
+                .after
+                .as_deref()
+                .map_or(0, |a| self.duration(a, Some(pos), "after"));
+            let does = [
+                r.complete.is_some(),
+                r.snapshot_ready.is_some(),
+                r.pod_ready.is_some(),
+                r.ignore,
+            ];
+            if does.iter().filter(|a| **a).count() != 1 {
+                let m = "a rule does exactly one of complete, snapshotReady, podReady, ignore";
+                self.fail(Some(pos), m);
+            }
+            rules.push((r.clone(), after, pos));
+        }
+        rules
+    }
+
+    /// The timeline, in order, its world events and expectations checked.
+    fn steps(&mut self, doc: &ScenarioDoc, node: &Node, policies: &Path) -> Vec<Step> {
+        let nodes = items(node, &["spec", "timeline"]);
+        let mut steps = Vec::new();
+        let mut last = -1;
+        for (i, s) in doc.spec.timeline.iter().enumerate() {
+            let step_node = nodes.get(i).copied();
+            let pos = step_node.map(|n| n.pos).unwrap_or_default();
+            let at = self.duration(&s.at, Some(pos), "at");
+            if at < last {
+                self.fail(
+                    Some(pos),
+                    format!("step at {} comes before the step above it", s.at),
+                );
+            }
+            last = at;
+            let sub = |key: &str| step_node.map(|n| items(n, &[key])).unwrap_or_default();
+            let world_nodes = sub("world");
+            let mut world = Vec::new();
+            for (j, w) in s.world.iter().enumerate() {
+                let wpos = world_nodes.get(j).map(|n| n.pos).unwrap_or(pos);
+                self.check_world(w, wpos, policies);
+                world.push((w.clone(), wpos));
+            }
+            let expect_nodes = sub("expect");
+            let mut expect = Vec::new();
+            for (j, e) in s.expect.iter().enumerate() {
+                let epos = expect_nodes.get(j).map(|n| n.pos).unwrap_or(pos);
+                match normalise(e) {
+                    Ok(e) => expect.push((e, epos)),
+                    Err(m) => self.fail(Some(epos), m),
+                }
+            }
+            steps.push(Step {
+                at_ms: at,
+                pos,
+                world,
+                expect,
+            });
+        }
+        steps
+    }
+
+    /// A world event: its files exist, its shape is one the world knows.
+    fn check_world(&mut self, w: &WorldEvent, pos: Pos, policies: &Path) {
+        match w {
+            WorldEvent::Create(c) => match (&c.file, &c.object) {
+                (Some(f), None) => {
+                    self.read_objects(f, Some(pos));
+                }
+                (None, Some(o)) if o.is_object() => {}
+                _ => self.fail(Some(pos), "create: give either file or object"),
+            },
+            WorldEvent::EditPolicy(e) => {
+                let given = [e.content.is_some(), e.replace.is_some(), e.delete];
+                if given.iter().filter(|g| **g).count() != 1 {
+                    let m = "editPolicy: give exactly one of content, replace, delete";
+                    self.fail(Some(pos), m);
+                }
+                let path = policies.join(&e.file);
+                if (e.replace.is_some() || e.delete) && !path.is_file() {
+                    self.fail(
+                        Some(pos),
+                        format!("editPolicy: {} is not a file", path.display()),
+                    );
+                }
+            }
+            WorldEvent::Fail(f) => {
+                if let Some(v) = &f.verb
+                    && crate::sandbox::faults::Verb::parse(v).is_none()
+                {
+                    self.fail(Some(pos), format!("fail: unknown verb {v:?}"));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Read and check a scenario file: files exist, events and expectations
+/// are well formed, times parse. Kinds are checked when the cluster is up.
+pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
+    let mut l = Loader {
+        file: path.display().to_string(),
+        dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        errors: Vec::new(),
     };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            l.fail(None, e.to_string());
+            return Err(l.errors);
+        }
+    };
+    let doc: ScenarioDoc = match yaml::parse(&text) {
+        Ok(d) => d,
+        Err(e) => {
+            let at = if e.path.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", e.path)
+            };
+            l.fail(Some(e.pos), format!("{at}{}", e.message));
+            return Err(l.errors);
+        }
+    };
+    let node = match yaml::parse_node(&text) {
+        Ok(n) => n,
+        Err(e) => {
+            l.fail(Some(e.pos), e.message);
+            return Err(l.errors);
+        }
+    };
+    if doc.kind != "Scenario" || !doc.api_version.starts_with("runbook.dev/") {
+        let m = "not a Scenario (want apiVersion runbook.dev/v1alpha1, kind Scenario)";
+        l.fail(Some(node.pos), m);
+    }
+    let pos_of = |p: &[&str]| node.at(p).map(|n| n.pos);
+    let policy_dirs = l.policy_dirs(&doc, &node);
+    let policies = policy_dirs
+        .first()
+        .cloned()
+        .unwrap_or_else(|| l.dir.clone());
+    let objects = l.objects(&doc, &node);
     let start = match &doc.spec.start {
-        None => "2026-01-01T00:00:00Z".parse().expect("a valid time"),
+        None => "2026-01-01T00:00:00Z"
+            .parse()
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH),
         Some(s) => s.parse().unwrap_or_else(|e| {
-            errors.push(err(pos_of(&["spec", "start"]), format!("start: {e}")));
+            l.fail(pos_of(&["spec", "start"]), format!("start: {e}"));
             jiff::Timestamp::UNIX_EPOCH
         }),
     };
-    let rule_nodes = items(&node, &["spec", "rules"]);
-    let mut rules = Vec::new();
-    for (i, r) in doc.spec.rules.iter().enumerate() {
-        let pos = rule_nodes.get(i).map(|n| n.pos).unwrap_or_default();
-        let after = r
-            .after
-            .as_deref()
-            .map_or(0, |a| duration(a, Some(pos), "after", &mut errors));
-        let actions = [
-            r.complete.is_some(),
-            r.snapshot_ready.is_some(),
-            r.pod_ready.is_some(),
-            r.ignore,
-        ];
-        if actions.iter().filter(|a| **a).count() != 1 {
-            errors.push(err(
-                Some(pos),
-                "a rule does exactly one of complete, snapshotReady, podReady, ignore".into(),
-            ));
-        }
-        rules.push((r.clone(), after, pos));
-    }
-    let step_nodes = items(&node, &["spec", "timeline"]);
-    let mut steps = Vec::new();
-    let mut last = -1;
-    for (i, s) in doc.spec.timeline.iter().enumerate() {
-        let step_node = step_nodes.get(i).copied();
-        let pos = step_node.map(|n| n.pos).unwrap_or_default();
-        let at = duration(&s.at, Some(pos), "at", &mut errors);
-        if at < last {
-            errors.push(err(
-                Some(pos),
-                format!("step at {} comes before the step above it", s.at),
-            ));
-        }
-        last = at;
-        let sub = |key: &str| step_node.map(|n| items(n, &[key])).unwrap_or_default();
-        let world_nodes = sub("world");
-        let mut world = Vec::new();
-        for (j, w) in s.world.iter().enumerate() {
-            let wpos = world_nodes.get(j).map(|n| n.pos).unwrap_or(pos);
-            check_world(w, wpos, &dir, &policies, &mut errors, &err, &read_objects);
-            world.push((w.clone(), wpos));
-        }
-        let expect_nodes = sub("expect");
-        let mut expect = Vec::new();
-        for (j, e) in s.expect.iter().enumerate() {
-            let epos = expect_nodes.get(j).map(|n| n.pos).unwrap_or(pos);
-            match normalise(e) {
-                Ok(e) => expect.push((e, epos)),
-                Err(m) => errors.push(err(Some(epos), m)),
-            }
-        }
-        steps.push(Step {
-            at_ms: at,
-            pos,
-            world,
-            expect,
-        });
-    }
+    let rules = l.rules(&doc, &node);
+    let steps = l.steps(&doc, &node, &policies);
+    let last = steps.last().map_or(0, |s| s.at_ms).max(0);
     let until_ms = match &doc.spec.until {
-        Some(u) => duration(u, pos_of(&["spec", "until"]), "until", &mut errors),
-        None => last.max(0) + 60_000,
+        Some(u) => l.duration(u, pos_of(&["spec", "until"]), "until"),
+        None => last + 60_000,
     };
     if until_ms < last {
-        errors.push(err(
+        l.fail(
             pos_of(&["spec", "until"]),
-            "until comes before the last step".into(),
-        ));
+            "until comes before the last step",
+        );
     }
     let final_nodes = items(&node, &["spec", "final"]);
     let final_ = doc
@@ -578,15 +665,15 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
             )
         })
         .collect();
-    if !errors.is_empty() {
-        return Err(errors);
+    if !l.errors.is_empty() {
+        return Err(l.errors);
     }
     Ok(Scenario {
         name: doc.metadata.name,
-        file,
-        dir,
+        file: l.file,
+        dir: l.dir,
         policies,
-        more_policies,
+        more_policies: policy_dirs.iter().skip(1).cloned().collect(),
         objects,
         namespace: doc.spec.namespace.unwrap_or_else(|| "default".into()),
         start,
@@ -595,58 +682,6 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         steps,
         final_,
     })
-}
-
-/// Reads an object file named by a scenario, reporting problems at a position.
-type ReadObjects<'a> = &'a dyn Fn(&str, Option<Pos>, &mut Vec<ScenarioError>) -> Option<Vec<Value>>;
-
-#[allow(clippy::too_many_arguments)]
-fn check_world(
-    w: &WorldEvent,
-    pos: Pos,
-    dir: &Path,
-    policies: &Path,
-    errors: &mut Vec<ScenarioError>,
-    err: &dyn Fn(Option<Pos>, String) -> ScenarioError,
-    read_objects: ReadObjects<'_>,
-) {
-    match w {
-        WorldEvent::Create(c) => match (&c.file, &c.object) {
-            (Some(f), None) => {
-                read_objects(f, Some(pos), errors);
-            }
-            (None, Some(o)) if o.is_object() => {}
-            _ => errors.push(err(Some(pos), "create: give either file or object".into())),
-        },
-        WorldEvent::EditPolicy(e) => {
-            let given = [e.content.is_some(), e.replace.is_some(), e.delete];
-            if given.iter().filter(|g| **g).count() != 1 {
-                errors.push(err(
-                    Some(pos),
-                    "editPolicy: give exactly one of content, replace, delete".into(),
-                ));
-            }
-            let exists = policies.join(&e.file).is_file();
-            if (e.replace.is_some() || e.delete) && !exists {
-                errors.push(err(
-                    Some(pos),
-                    format!(
-                        "editPolicy: {} is not a file",
-                        policies.join(&e.file).display()
-                    ),
-                ));
-            }
-        }
-        WorldEvent::Fail(f) => {
-            if let Some(v) = &f.verb
-                && crate::sandbox::faults::Verb::parse(v).is_none()
-            {
-                errors.push(err(Some(pos), format!("fail: unknown verb {v:?}")));
-            }
-        }
-        _ => {}
-    }
-    let _ = dir;
 }
 
 /// Fill in the sugar (`none`, `toRevision`, `reason`) and check the action.

@@ -203,41 +203,29 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
     errors
 }
 
-async fn run_async(s: &Scenario) -> Report {
-    let t0 = tokio::time::Instant::now();
-    let clock = Clock::tokio(s.start);
-    let sandbox = Sandbox::new(SandboxConfig {
-        clock: clock.clone(),
-        bookmark_interval: Duration::from_secs(3600),
-        ..Default::default()
-    });
-    let journal = Arc::new(MemoryJournal::default());
-    let mut report = Report::new(s);
-    let load_error = |file: &str, message: String| ScenarioError {
+fn load_error(file: &str, message: String) -> ScenarioError {
+    ScenarioError {
         file: file.to_string(),
         pos: None,
         message,
-    };
+    }
+}
 
-    // The cluster: Runbook's CRDs and the scenario's, the namespace, the objects.
-    let world = World::new(sandbox.clone(), &s.namespace, journal.clone());
-    let mut crds: Vec<(String, Value)> = crate::crd::all()
-        .into_iter()
-        .map(|c| {
-            (
-                "runbook crds".to_string(),
-                serde_json::to_value(c).unwrap_or_default(),
-            )
-        })
-        .collect();
+/// The cluster a scenario starts with: Runbook's CRDs and the scenario's,
+/// its namespace, its objects. What cannot be made is a load error.
+async fn build_cluster(s: &Scenario, world: Arc<World>, report: &mut Report) -> Arc<World> {
+    let runbook = crate::crd::all().into_iter().map(|c| {
+        (
+            "runbook crds".to_string(),
+            serde_json::to_value(c).unwrap_or_default(),
+        )
+    });
+    let mut crds: Vec<(String, Value)> = runbook.collect();
     let mut others: Vec<(String, Value)> = Vec::new();
     for (file, docs) in &s.objects {
         for d in docs {
-            if is_crd(d) {
-                crds.push((file.clone(), d.clone()));
-            } else {
-                others.push((file.clone(), d.clone()));
-            }
+            let list = if is_crd(d) { &mut crds } else { &mut others };
+            list.push((file.clone(), d.clone()));
         }
     }
     for (file, crd) in crds {
@@ -248,15 +236,17 @@ async fn run_async(s: &Scenario) -> Report {
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
         kube::Api::all(world.client.clone());
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": s.namespace}});
-    if namespaces
+    let exists = namespaces
         .get_opt(&s.namespace)
         .await
         .ok()
         .flatten()
-        .is_none()
-        && !others
-            .iter()
-            .any(|(_, o)| o["kind"] == "Namespace" && o["metadata"]["name"] == s.namespace.as_str())
+        .is_some();
+    let given = others
+        .iter()
+        .any(|(_, o)| o["kind"] == "Namespace" && o["metadata"]["name"] == s.namespace.as_str());
+    if !exists
+        && !given
         && let Err(e) = world.create(ns).await
     {
         report.load_errors.push(load_error(&s.file, e));
@@ -269,10 +259,78 @@ async fn run_async(s: &Scenario) -> Report {
             report.load_errors.push(load_error(&file, e));
         }
     }
+    world
+}
+
+/// The scenario's policy bundles: the first (which `editPolicy` edits)
+/// and the others.
+fn bundles_of(s: &Scenario) -> Result<Vec<Bundle>, ScenarioError> {
+    std::iter::once(&s.policies)
+        .chain(&s.more_policies)
+        .map(|dir| {
+            Bundle::from_dir(dir).map_err(|e| load_error(&dir.display().to_string(), e.to_string()))
+        })
+        .collect()
+}
+
+/// The operator a scenario runs: the real one, its alerts and actions
+/// written to the journal.
+fn operator_for(
+    world: &World,
+    engine: Arc<ScriptEngine>,
+    set: crate::policy::PolicySet,
+    metrics: Arc<Metrics>,
+    journal: &Arc<MemoryJournal>,
+    clock: &Clock,
+) -> Arc<Operator> {
+    let outbox = JournalOutbox {
+        journal: journal.clone(),
+        clock: clock.clone(),
+    };
+    let dispatcher = Arc::new(Dispatcher::new(Arc::new(outbox), clock.clone()));
+    let _flusher = dispatcher.spawn();
+    let sink = Arc::new(JournalSink {
+        inner: dispatcher,
+        journal: journal.clone(),
+        clock: clock.clone(),
+        active: ActiveAlerts::default(),
+    });
+    let config = OperatorConfig {
+        namespace: None,
+        concurrency: 4,
+        identity: "runbook".into(),
+        lease: None,
+        backoff_base: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(300),
+    };
+    let op = Operator::new(
+        world.client.clone(),
+        engine,
+        set,
+        clock.clone(),
+        sink,
+        metrics,
+        config,
+    );
+    op.ctx.set_journal(journal.clone());
+    Arc::new(op)
+}
+
+async fn run_async(s: &Scenario) -> Report {
+    let t0 = tokio::time::Instant::now();
+    let clock = Clock::tokio(s.start);
+    let sandbox = Sandbox::new(SandboxConfig {
+        clock: clock.clone(),
+        bookmark_interval: Duration::from_secs(3600),
+        ..Default::default()
+    });
+    let journal = Arc::new(MemoryJournal::default());
+    let mut report = Report::new(s);
+    let world = World::new(sandbox.clone(), &s.namespace, journal.clone());
+    let world = build_cluster(s, world, &mut report).await;
     if !report.load_errors.is_empty() {
         return report;
     }
-
     // The policies, loaded the way the operator loads them.
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
@@ -284,27 +342,14 @@ async fn run_async(s: &Scenario) -> Report {
     )
     .compile_inline()
     .with_secret_namespace(&s.namespace);
-    let mut bundle = match Bundle::from_dir(&s.policies) {
+    let bundles = match bundles_of(s) {
         Ok(b) => b,
         Err(e) => {
-            report
-                .load_errors
-                .push(load_error(&s.policies.display().to_string(), e.to_string()));
+            report.load_errors.push(e);
             return report;
         }
     };
-    let mut bundles = vec![bundle.clone()];
-    for dir in &s.more_policies {
-        match Bundle::from_dir(dir) {
-            Ok(b) => bundles.push(b),
-            Err(e) => {
-                report
-                    .load_errors
-                    .push(load_error(&dir.display().to_string(), e.to_string()));
-                return report;
-            }
-        }
-    }
+    let mut bundle = bundles[0].clone();
     let (set, errors) = reloader.initial(bundles).await;
     if !errors.is_empty() {
         report
@@ -312,49 +357,17 @@ async fn run_async(s: &Scenario) -> Report {
             .extend(errors.into_iter().map(|e| load_error("", e)));
         return report;
     }
-
-    let dispatcher = Arc::new(Dispatcher::new(
-        Arc::new(JournalOutbox {
-            journal: journal.clone(),
-            clock: clock.clone(),
-        }),
-        clock.clone(),
-    ));
-    let _flusher = dispatcher.spawn();
-    let sink = Arc::new(JournalSink {
-        inner: dispatcher,
-        journal: journal.clone(),
-        clock: clock.clone(),
-        active: ActiveAlerts::default(),
-    });
-    let op = Arc::new(Operator::new(
-        world.client.clone(),
-        engine,
-        set,
-        clock.clone(),
-        sink,
-        metrics,
-        OperatorConfig {
-            namespace: None,
-            concurrency: 4,
-            identity: "runbook".into(),
-            lease: None,
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
-        },
-    ));
-    op.ctx.set_journal(journal.clone());
-    let _world = world.spawn(
-        s.rules
-            .iter()
-            .map(|(r, after, _)| (r.clone(), *after))
-            .collect(),
-    );
+    let op = operator_for(&world, engine, set, metrics, &journal, &clock);
+    let rules = s
+        .rules
+        .iter()
+        .map(|(r, after, _)| (r.clone(), *after))
+        .collect();
+    let _world = world.spawn(rules);
     if let Err(e) = op.start().await {
         report.load_errors.push(load_error(&s.file, e.to_string()));
         return report;
     }
-
     for step in &s.steps {
         tokio::time::sleep_until(t0 + Duration::from_millis(step.at_ms as u64)).await;
         for (ev, pos) in &step.world {
@@ -388,6 +401,7 @@ async fn run_async(s: &Scenario) -> Report {
     report
 }
 
+/// Carry out one world event of the timeline.
 async fn apply(
     ev: &WorldEvent,
     world: &Arc<World>,
@@ -397,47 +411,17 @@ async fn apply(
     s: &Scenario,
 ) -> Result<(), String> {
     match ev {
-        WorldEvent::Create(c) => {
-            let objects = match (&c.file, &c.object) {
-                (Some(f), _) => {
-                    let text = std::fs::read_to_string(s.dir.join(f)).map_err(|e| e.to_string())?;
-                    crate::util::yaml::parse_documents(&text).map_err(|e| e.to_string())?
-                }
-                (None, Some(o)) => vec![o.clone()],
-                _ => Vec::new(),
-            };
-            for o in objects {
-                let what = format!(
-                    "created {} {}",
-                    o["kind"].as_str().unwrap_or(""),
-                    o["metadata"]["name"].as_str().unwrap_or("")
-                );
-                world.create(o).await?;
-                world.note(what, None);
-            }
-        }
+        WorldEvent::Create(c) => create(c, world, s).await?,
         WorldEvent::Update(u) => {
+            let (av, ns) = (u.api_version.as_deref(), u.namespace.as_deref());
             world
-                .update(
-                    u.api_version.as_deref(),
-                    &u.kind,
-                    u.namespace.as_deref(),
-                    &u.name,
-                    &u.patch,
-                    u.status,
-                )
+                .update(av, &u.kind, ns, &u.name, &u.patch, u.status)
                 .await?;
             world.note(format!("updated {} {}: {}", u.kind, u.name, u.patch), None);
         }
         WorldEvent::Delete(d) => {
-            world
-                .delete(
-                    d.api_version.as_deref(),
-                    &d.kind,
-                    d.namespace.as_deref(),
-                    &d.name,
-                )
-                .await?;
+            let (av, ns) = (d.api_version.as_deref(), d.namespace.as_deref());
+            world.delete(av, &d.kind, ns, &d.name).await?;
             world.note(format!("deleted {} {}", d.kind, d.name), None);
         }
         WorldEvent::Complete(c) => {
@@ -449,58 +433,88 @@ async fn apply(
         WorldEvent::SnapshotReady(r) => {
             world.snapshot_ready(r, None).await?;
         }
-        WorldEvent::Fail(f) => {
-            let verb = f
-                .verb
-                .as_deref()
-                .and_then(crate::sandbox::faults::Verb::parse);
-            world
-                .sandbox
-                .faults()
-                .fail_next(f.count, verb, f.resource.as_deref(), f.code);
-            world.note(
-                format!(
-                    "the API fails the next {} {} {} with {}",
-                    f.count,
-                    f.verb.as_deref().unwrap_or("request(s)"),
-                    f.resource.as_deref().unwrap_or("of any resource"),
-                    f.code
-                ),
-                None,
-            );
-        }
-        WorldEvent::EditPolicy(e) => {
-            if e.delete {
-                bundle.files.remove(&e.file);
-            } else if let Some(c) = &e.content {
-                bundle.files.insert(e.file.clone(), c.clone());
-            } else if let Some(r) = &e.replace {
-                let text = bundle
-                    .files
-                    .get(&e.file)
-                    .ok_or_else(|| format!("{} is not in the policy directory", e.file))?;
-                if !text.contains(&r.from) {
-                    return Err(format!("{} does not contain {:?}", e.file, r.from));
-                }
-                let new = text.replacen(&r.from, &r.to, 1);
-                bundle.files.insert(e.file.clone(), new);
-            }
-            let outcome = reloader
-                .update(op, bundle.origin.clone(), Some(bundle.clone()))
-                .await;
-            let detail = match outcome {
-                Reloaded::Swapped { version } => {
-                    format!("policy {} edited: version {version} in force", e.file)
-                }
-                Reloaded::Refused { errors } => format!(
-                    "policy {} edit refused, the last good version keeps serving: {}",
-                    e.file,
-                    errors.join("; ")
-                ),
-                Reloaded::Unchanged => format!("policy {} unchanged", e.file),
-            };
-            world.note(detail, None);
-        }
+        WorldEvent::Fail(f) => fail_requests(f, world),
+        WorldEvent::EditPolicy(e) => edit_policy(e, world, op, reloader, bundle).await?,
     }
+    Ok(())
+}
+
+/// Create the objects of a file, or one given inline.
+async fn create(c: &super::model::CreateSpec, world: &World, s: &Scenario) -> Result<(), String> {
+    let objects = match (&c.file, &c.object) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(s.dir.join(f)).map_err(|e| e.to_string())?;
+            crate::util::yaml::parse_documents(&text).map_err(|e| e.to_string())?
+        }
+        (None, Some(o)) => vec![o.clone()],
+        _ => Vec::new(),
+    };
+    for o in objects {
+        let kind = o["kind"].as_str().unwrap_or("").to_string();
+        let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
+        world.create(o).await?;
+        world.note(format!("created {kind} {name}"), None);
+    }
+    Ok(())
+}
+
+/// The API server fails the next requests.
+fn fail_requests(f: &super::model::FailSpec, world: &World) {
+    let verb = f
+        .verb
+        .as_deref()
+        .and_then(crate::sandbox::faults::Verb::parse);
+    let faults = world.sandbox.faults();
+    faults.fail_next(f.count, verb, f.resource.as_deref(), f.code);
+    world.note(
+        format!(
+            "the API fails the next {} {} {} with {}",
+            f.count,
+            f.verb.as_deref().unwrap_or("request(s)"),
+            f.resource.as_deref().unwrap_or("of any resource"),
+            f.code
+        ),
+        None,
+    );
+}
+
+/// Edit a file of the policy bundle and reload it as the operator would.
+async fn edit_policy(
+    e: &super::model::EditPolicySpec,
+    world: &World,
+    op: &Operator,
+    reloader: &Reloader,
+    bundle: &mut Bundle,
+) -> Result<(), String> {
+    if e.delete {
+        bundle.files.remove(&e.file);
+    } else if let Some(c) = &e.content {
+        bundle.files.insert(e.file.clone(), c.clone());
+    } else if let Some(r) = &e.replace {
+        let text = bundle
+            .files
+            .get(&e.file)
+            .ok_or_else(|| format!("{} is not in the policy directory", e.file))?;
+        if !text.contains(&r.from) {
+            return Err(format!("{} does not contain {:?}", e.file, r.from));
+        }
+        let new = text.replacen(&r.from, &r.to, 1);
+        bundle.files.insert(e.file.clone(), new);
+    }
+    let outcome = reloader
+        .update(op, bundle.origin.clone(), Some(bundle.clone()))
+        .await;
+    let detail = match outcome {
+        Reloaded::Swapped { version } => {
+            format!("policy {} edited: version {version} in force", e.file)
+        }
+        Reloaded::Refused { errors } => format!(
+            "policy {} edit refused, the last good version keeps serving: {}",
+            e.file,
+            errors.join("; ")
+        ),
+        Reloaded::Unchanged => format!("policy {} unchanged", e.file),
+    };
+    world.note(detail, None);
     Ok(())
 }

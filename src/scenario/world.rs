@@ -317,44 +317,7 @@ impl World {
         let name = job.metadata.name.clone().unwrap_or_default();
         let now = time::format(self.clock.now());
         let pods = self.served(Some("v1"), "Pod")?;
-        let pod_name = format!(
-            "{name}-{}",
-            &crate::util::hash::short_hex(name.as_bytes(), 5)
-        );
-        let template = &job.data["spec"]["template"];
-        let mut labels = template["metadata"]["labels"].clone();
-        if !labels.is_object() {
-            labels = json!({});
-        }
-        labels["job-name"] = json!(name);
-        let containers: Vec<Value> = template["spec"]["containers"]
-            .as_array()
-            .cloned()
-            .unwrap_or_else(|| vec![json!({"name": "main", "image": "busybox"})]);
-        let (exit, reason, phase) = if spec.succeeded {
-            (0, "Completed", "Succeeded")
-        } else {
-            (1, "Error", "Failed")
-        };
-        let statuses: Vec<Value> = containers
-            .iter()
-            .map(|c| {
-                let mut term = json!({"exitCode": exit, "reason": reason, "startedAt": now, "finishedAt": now});
-                if let Some(m) = &spec.termination_message {
-                    term["message"] = json!(m);
-                }
-                json!({"name": c["name"], "image": c["image"], "ready": false, "restartCount": 0,
-                       "state": {"terminated": term}})
-            })
-            .collect();
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
-                                              "uid": job.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
-            "spec": {"restartPolicy": "Never", "containers": containers},
-            "status": {"phase": phase, "containerStatuses": statuses},
-        });
+        let (pod_name, pod) = job_pod(job, ns, spec, &now);
         if self
             .api(&pods, ns)
             .get_opt(&pod_name)
@@ -721,6 +684,52 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The pod a finished Job leaves: its template's containers, terminated
+/// with the Job's exit code and termination message.
+fn job_pod(job: &DynamicObject, ns: &str, spec: &CompleteSpec, now: &str) -> (String, Value) {
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let pod_name = format!(
+        "{name}-{}",
+        &crate::util::hash::short_hex(name.as_bytes(), 5)
+    );
+    let template = &job.data["spec"]["template"];
+    let mut labels = template["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels["job-name"] = json!(name);
+    let containers: Vec<Value> = template["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| vec![json!({"name": "main", "image": "busybox"})]);
+    let (exit, reason, phase) = if spec.succeeded {
+        (0, "Completed", "Succeeded")
+    } else {
+        (1, "Error", "Failed")
+    };
+    let statuses: Vec<Value> = containers
+        .iter()
+        .map(|c| {
+            let mut term =
+                json!({"exitCode": exit, "reason": reason, "startedAt": now, "finishedAt": now});
+            if let Some(m) = &spec.termination_message {
+                term["message"] = json!(m);
+            }
+            json!({"name": c["name"], "image": c["image"], "ready": false, "restartCount": 0,
+                   "state": {"terminated": term}})
+        })
+        .collect();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                          "uid": job.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"restartPolicy": "Never", "containers": containers},
+        "status": {"phase": phase, "containerStatuses": statuses},
+    });
+    (pod_name, pod)
 }
 
 const REVISION: &str = "deployment.kubernetes.io/revision";

@@ -559,7 +559,10 @@ mod tests {
             "Deployment",
             &json!({"replicas": 2, "readyReplicas": 1, "availableReplicas": 2}),
         );
-        assert_eq!(counts[0].message, "Invalid value: 2: cannot be greater than readyReplicas");
+        assert_eq!(
+            counts[0].message,
+            "Invalid value: 2: cannot be greater than readyReplicas"
+        );
     }
 
     #[test]
