@@ -336,6 +336,62 @@ impl Api {
         body: Bytes,
     ) -> Result<Resp, ApiError> {
         let verb = Self::verb(method, &t, q)?;
+        if let Some(answer) = self.fault(verb, &t) {
+            return answer;
+        }
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let c = Call {
+            ns: t.namespace.clone().unwrap_or_default(),
+            part: if t.sub.as_deref() == Some("status") {
+                Part::Status
+            } else {
+                Part::Main
+            },
+            opts: write_opts(q, headers)?,
+            table: accept.contains("as=Table"),
+            t: &t,
+            q,
+            headers,
+            body,
+        };
+        if t.def.kind == "SelfSubjectAccessReview" {
+            return self.access_review(verb, &c);
+        }
+        if t.sub.as_deref() == Some("scale") {
+            return self.scale(verb, &t, &c.ns, headers, &c.body, &c.opts);
+        }
+        match verb {
+            Verb::Get => self.get(&c),
+            Verb::List => self.list(&c),
+            Verb::Watch => self.watch(&t, q, c.table),
+            Verb::Create => {
+                if t.sub.is_some() {
+                    return Err(ApiError::method_not_allowed());
+                }
+                let obj = parse_body(headers, &c.body)?;
+                let w = self.store.create(&t.def, &c.ns, obj, &c.opts)?;
+                Ok(c.written(StatusCode::CREATED, w))
+            }
+            Verb::Update => {
+                let obj = parse_body(headers, &c.body)?;
+                let name = t.name.as_deref().unwrap_or_default();
+                let w = self
+                    .store
+                    .update(&t.def, &c.ns, name, obj, c.part, &c.opts)?;
+                Ok(c.written(StatusCode::OK, w))
+            }
+            Verb::Patch => self.patch(&c),
+            Verb::Delete => self.delete(&c),
+            Verb::DeleteCollection => self.delete_collection(&c),
+        }
+    }
+
+    /// A request the sandbox was told to refuse (403) or fail (an injected
+    /// status code), answered as the real server would.
+    fn fault(&self, verb: Verb, t: &Target) -> Option<Result<Resp, ApiError>> {
         let resource = match &t.sub {
             Some(sub) => format!("{}/{sub}", t.def.plural),
             None => t.def.plural.clone(),
@@ -353,288 +409,207 @@ impl Api {
                 Some(ns) => format!(" in the namespace \"{ns}\""),
                 None => " at the cluster scope".to_string(),
             };
-            return Err(ApiError::forbidden(format!(
+            return Some(Err(ApiError::forbidden(format!(
                 "{full} is forbidden: User \"sandbox\" cannot {} resource \"{resource}\" in API group \"{}\"{whose}",
                 verb.as_str(),
                 t.def.group
-            )));
+            ))));
         }
-        if let Some(code) = self.faults.take(verb, &t.def.plural) {
-            let reason = match code {
-                429 => "TooManyRequests",
-                500 => "InternalError",
-                503 => "ServiceUnavailable",
-                504 => "Timeout",
-                409 => "Conflict",
-                _ => "InternalError",
-            };
-            let mut r = error_response(&ApiError::new(
-                code,
-                reason,
-                format!("injected fault: {} {} failed", verb.as_str(), t.def.plural),
-            ));
-            if code == 429 {
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            return Ok(r);
-        }
-        let ns = t.namespace.clone().unwrap_or_default();
-        let part = if t.sub.as_deref() == Some("status") {
-            Part::Status
-        } else {
-            Part::Main
+        let code = self.faults.take(verb, &t.def.plural)?;
+        let reason = match code {
+            429 => "TooManyRequests",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            409 => "Conflict",
+            _ => "InternalError",
         };
-        let opts = write_opts(q, headers)?;
-        let accept = headers
-            .get(header::ACCEPT)
+        let message = format!("injected fault: {} {} failed", verb.as_str(), t.def.plural);
+        let mut r = error_response(&ApiError::new(code, reason, message));
+        if code == 429 {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        Some(Ok(r))
+    }
+
+    /// A SelfSubjectAccessReview: allowed, unless the sandbox was told to
+    /// deny it.
+    fn access_review(&self, verb: Verb, c: &Call<'_>) -> Result<Resp, ApiError> {
+        if verb != Verb::Create {
+            return Err(ApiError::method_not_allowed());
+        }
+        let mut review = parse_body(c.headers, &c.body)?;
+        let a = &review["spec"]["resourceAttributes"];
+        let text = |k: &str| a[k].as_str().unwrap_or("").to_string();
+        let resource = match a["subresource"].as_str().filter(|s| !s.is_empty()) {
+            Some(sub) => format!("{}/{sub}", text("resource")),
+            None => text("resource"),
+        };
+        let namespace = text("namespace");
+        let ns = Some(namespace.as_str()).filter(|s| !s.is_empty());
+        let denied = Verb::parse(&text("verb"))
+            .is_some_and(|v| self.faults.is_denied(v, &text("group"), &resource, ns));
+        review["status"] = if denied {
+            json!({"allowed": false, "reason": "the sandbox was told to deny it"})
+        } else {
+            json!({"allowed": true, "reason": "the sandbox allows every request"})
+        };
+        Ok(value_response(StatusCode::CREATED, &review))
+    }
+
+    fn get(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
+        let t = c.t;
+        let bytes = self
+            .store
+            .get(&t.def, &c.ns, t.name.as_deref().unwrap_or_default())?;
+        let bytes = table::at_version(&t.def, &t.version, bytes);
+        if !c.table {
+            return Ok(json_response(StatusCode::OK, bytes));
+        }
+        let now = self.store.clock().now();
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        let rv = self.store.current_rv();
+        let tv = table::table(
+            &t.def,
+            &t.version,
+            std::slice::from_ref(&v),
+            rv,
+            now,
+            include_object(c.q),
+        );
+        Ok(value_response(StatusCode::OK, &tv))
+    }
+
+    fn list(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
+        let (t, q) = (c.t, c.q);
+        let filter = filter(t, q)?;
+        resource_version(q)?;
+        let limit = q
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|l| *l > 0);
+        let cont = q
+            .get("continue")
+            .map(String::as_str)
+            .filter(|c| !c.is_empty());
+        let listed = self.store.list(&t.def, &filter, limit, cont)?;
+        if c.table {
+            let now = self.store.clock().now();
+            let items: Vec<Value> = listed
+                .items
+                .iter()
+                .map(|b| serde_json::from_slice(b).unwrap_or_default())
+                .collect();
+            let mut tv = table::table(
+                &t.def,
+                &t.version,
+                &items,
+                listed.rv,
+                now,
+                include_object(q),
+            );
+            if let Some(c) = &listed.continue_token {
+                tv["metadata"]["continue"] = json!(c);
+            }
+            return Ok(value_response(StatusCode::OK, &tv));
+        }
+        let mut meta = json!({"resourceVersion": listed.rv.to_string()});
+        if let Some(c) = &listed.continue_token {
+            meta["continue"] = json!(c);
+        }
+        if let Some(r) = listed.remaining {
+            meta["remainingItemCount"] = json!(r);
+        }
+        let items = listed
+            .items
+            .into_iter()
+            .map(|item| without_type_meta(&table::at_version(&t.def, &t.version, item)));
+        Ok(list_response(t, &meta, items))
+    }
+
+    fn patch(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
+        let ct = c
+            .headers
+            .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        let table = accept.contains("as=Table");
-        if t.def.kind == "SelfSubjectAccessReview" {
-            if verb != Verb::Create {
-                return Err(ApiError::method_not_allowed());
+        let kind = match ct.split(';').next().unwrap_or("").trim() {
+            "application/merge-patch+json" => PatchKind::Merge,
+            "application/json-patch+json" => PatchKind::Json,
+            "application/strategic-merge-patch+json" => PatchKind::Strategic,
+            "application/apply-patch+yaml" | "application/apply-patch+json" => PatchKind::Apply,
+            other => {
+                return Err(ApiError::unsupported_media(format!(
+                    "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
+                )));
             }
-            let mut review = parse_body(headers, &body)?;
-            let a = &review["spec"]["resourceAttributes"];
-            let resource = match a["subresource"].as_str().filter(|s| !s.is_empty()) {
-                Some(sub) => format!("{}/{sub}", a["resource"].as_str().unwrap_or("")),
-                None => a["resource"].as_str().unwrap_or("").to_string(),
-            };
-            let denied = Verb::parse(a["verb"].as_str().unwrap_or("")).is_some_and(|v| {
-                self.faults.is_denied(
-                    v,
-                    a["group"].as_str().unwrap_or(""),
-                    &resource,
-                    a["namespace"].as_str().filter(|s| !s.is_empty()),
-                )
-            });
-            review["status"] = if denied {
-                json!({"allowed": false, "reason": "the sandbox was told to deny it"})
-            } else {
-                json!({"allowed": true, "reason": "the sandbox allows every request"})
-            };
-            return Ok(value_response(StatusCode::CREATED, &review));
+        };
+        let patch_body = match kind {
+            PatchKind::Apply => parse_yaml_or_json(&c.body)?,
+            _ => parse_json(&c.body)?,
+        };
+        match kind {
+            PatchKind::Json if !patch_body.is_array() => {
+                return Err(ApiError::bad_request(
+                    "a JSON patch must be an array of operations",
+                ));
+            }
+            PatchKind::Merge | PatchKind::Strategic | PatchKind::Apply
+                if !patch_body.is_object() =>
+            {
+                return Err(ApiError::bad_request("the patch must be a JSON object"));
+            }
+            _ => {}
         }
-        if t.sub.as_deref() == Some("scale") {
-            return self.scale(verb, &t, &ns, headers, &body, &opts);
+        let t = c.t;
+        let name = t.name.as_deref().unwrap_or_default();
+        let w = self
+            .store
+            .patch(&t.def, &c.ns, name, kind, patch_body, c.part, &c.opts)?;
+        let code = if w.created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        Ok(c.written(code, w))
+    }
+
+    fn delete(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
+        let t = c.t;
+        if t.sub.is_some() {
+            return Err(ApiError::method_not_allowed());
         }
-        match verb {
-            Verb::Get => {
-                let bytes = self
-                    .store
-                    .get(&t.def, &ns, t.name.as_deref().unwrap_or_default())?;
-                let bytes = table::at_version(&t.def, &t.version, bytes);
-                if table {
-                    let now = self.store.clock().now();
-                    let v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-                    return Ok(value_response(
-                        StatusCode::OK,
-                        &table::table(
-                            &t.def,
-                            &t.version,
-                            std::slice::from_ref(&v),
-                            self.store.current_rv(),
-                            now,
-                            include_object(q),
-                        ),
-                    ));
+        let d = delete_opts(c.q, &c.body)?;
+        let name = t.name.clone().unwrap_or_default();
+        match self.store.delete(&t.def, &c.ns, &name, &d)? {
+            Deleted::Pending(b) => Ok(json_response(
+                StatusCode::OK,
+                table::at_version(&t.def, &t.version, b),
+            )),
+            Deleted::Gone(b) => {
+                let v: Value = serde_json::from_slice(&b).unwrap_or_default();
+                let mut details =
+                    json!({"name": name, "kind": t.def.plural, "uid": v["metadata"]["uid"]});
+                if !t.def.group.is_empty() {
+                    details["group"] = json!(t.def.group);
                 }
-                Ok(json_response(StatusCode::OK, bytes))
-            }
-            Verb::List => {
-                let filter = filter(&t, q)?;
-                resource_version(q)?;
-                let limit = q
-                    .get("limit")
-                    .and_then(|l| l.parse::<usize>().ok())
-                    .filter(|l| *l > 0);
-                let listed = self.store.list(
-                    &t.def,
-                    &filter,
-                    limit,
-                    q.get("continue")
-                        .map(String::as_str)
-                        .filter(|c| !c.is_empty()),
-                )?;
-                if table {
-                    let now = self.store.clock().now();
-                    let items: Vec<Value> = listed
-                        .items
-                        .iter()
-                        .map(|b| serde_json::from_slice(b).unwrap_or_default())
-                        .collect();
-                    let mut tv = table::table(
-                        &t.def,
-                        &t.version,
-                        &items,
-                        listed.rv,
-                        now,
-                        include_object(q),
-                    );
-                    if let Some(c) = &listed.continue_token {
-                        tv["metadata"]["continue"] = json!(c);
-                    }
-                    return Ok(value_response(StatusCode::OK, &tv));
-                }
-                let mut out =
-                    Vec::with_capacity(listed.items.iter().map(Bytes::len).sum::<usize>() + 256);
-                let mut meta = json!({"resourceVersion": listed.rv.to_string()});
-                if let Some(c) = &listed.continue_token {
-                    meta["continue"] = json!(c);
-                }
-                if let Some(r) = listed.remaining {
-                    meta["remainingItemCount"] = json!(r);
-                }
-                out.extend_from_slice(
-                    format!(
-                        "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
-                        t.def.list_kind,
-                        t.def.api_version(&t.version),
-                        meta
-                    )
-                    .as_bytes(),
-                );
-                for (i, item) in listed.items.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    let item = table::at_version(&t.def, &t.version, item);
-                    out.extend_from_slice(&without_type_meta(&item));
-                }
-                out.extend_from_slice(b"]}");
-                Ok(json_response(StatusCode::OK, Bytes::from(out)))
-            }
-            Verb::Watch => self.watch(&t, q, table),
-            Verb::Create => {
-                if t.sub.is_some() {
-                    return Err(ApiError::method_not_allowed());
-                }
-                let obj = parse_body(headers, &body)?;
-                let w = self.store.create(&t.def, &ns, obj, &opts)?;
-                Ok(with_warnings(
-                    json_response(
-                        StatusCode::CREATED,
-                        table::at_version(&t.def, &t.version, w.bytes),
-                    ),
-                    &w.warnings,
-                ))
-            }
-            Verb::Update => {
-                let obj = parse_body(headers, &body)?;
-                let w = self.store.update(
-                    &t.def,
-                    &ns,
-                    t.name.as_deref().unwrap_or_default(),
-                    obj,
-                    part,
-                    &opts,
-                )?;
-                Ok(with_warnings(
-                    json_response(
-                        StatusCode::OK,
-                        table::at_version(&t.def, &t.version, w.bytes),
-                    ),
-                    &w.warnings,
-                ))
-            }
-            Verb::Patch => {
-                let ct = headers
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                let media = ct.split(';').next().unwrap_or("").trim();
-                let kind = match media {
-                    "application/merge-patch+json" => PatchKind::Merge,
-                    "application/json-patch+json" => PatchKind::Json,
-                    "application/strategic-merge-patch+json" => PatchKind::Strategic,
-                    "application/apply-patch+yaml" | "application/apply-patch+json" => {
-                        PatchKind::Apply
-                    }
-                    other => {
-                        return Err(ApiError::unsupported_media(format!(
-                            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
-                        )));
-                    }
-                };
-                let patch_body = match kind {
-                    PatchKind::Apply => parse_yaml_or_json(&body)?,
-                    _ => parse_json(&body)?,
-                };
-                match kind {
-                    PatchKind::Json if !patch_body.is_array() => {
-                        return Err(ApiError::bad_request(
-                            "a JSON patch must be an array of operations",
-                        ));
-                    }
-                    PatchKind::Merge | PatchKind::Strategic | PatchKind::Apply
-                        if !patch_body.is_object() =>
-                    {
-                        return Err(ApiError::bad_request("the patch must be a JSON object"));
-                    }
-                    _ => {}
-                }
-                let w = self.store.patch(
-                    &t.def,
-                    &ns,
-                    t.name.as_deref().unwrap_or_default(),
-                    kind,
-                    patch_body,
-                    part,
-                    &opts,
-                )?;
-                let code = if w.created {
-                    StatusCode::CREATED
-                } else {
-                    StatusCode::OK
-                };
-                Ok(with_warnings(
-                    json_response(code, table::at_version(&t.def, &t.version, w.bytes)),
-                    &w.warnings,
-                ))
-            }
-            Verb::Delete => {
-                if t.sub.is_some() {
-                    return Err(ApiError::method_not_allowed());
-                }
-                let d = delete_opts(q, &body)?;
-                let name = t.name.clone().unwrap_or_default();
-                match self.store.delete(&t.def, &ns, &name, &d)? {
-                    Deleted::Pending(b) => Ok(json_response(
-                        StatusCode::OK,
-                        table::at_version(&t.def, &t.version, b),
-                    )),
-                    Deleted::Gone(b) => {
-                        let v: Value = serde_json::from_slice(&b).unwrap_or_default();
-                        let mut details = json!({"name": name, "kind": t.def.plural, "uid": v["metadata"]["uid"]});
-                        if !t.def.group.is_empty() {
-                            details["group"] = json!(t.def.group);
-                        }
-                        Ok(value_response(
-                            StatusCode::OK,
-                            &json!({
-                                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details
-                            }),
-                        ))
-                    }
-                }
-            }
-            Verb::DeleteCollection => {
-                let d = delete_opts(q, &body)?;
-                let f = filter(&t, q)?;
-                let items = self.store.delete_collection(&t.def, &f, &d)?;
-                let mut out = Vec::new();
-                out.extend_from_slice(format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{}\"}},\"items\":[", t.def.list_kind, t.def.api_version(&t.version), self.store.current_rv()).as_bytes());
-                for (i, item) in items.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(&item);
-                }
-                out.extend_from_slice(b"]}");
-                Ok(json_response(StatusCode::OK, Bytes::from(out)))
+                let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Success", "details": details});
+                Ok(value_response(StatusCode::OK, &status))
             }
         }
+    }
+
+    fn delete_collection(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
+        let d = delete_opts(c.q, &c.body)?;
+        let f = filter(c.t, c.q)?;
+        let items = self.store.delete_collection(&c.t.def, &f, &d)?;
+        let meta = json!({"resourceVersion": self.store.current_rv().to_string()});
+        Ok(list_response(
+            c.t,
+            &meta,
+            items.into_iter().map(|b| b.to_vec()),
+        ))
     }
 
     /// The `scale` subresource: the object's replicas as an autoscaling/v1
@@ -804,6 +779,50 @@ impl Api {
         );
         Ok(r)
     }
+}
+
+/// One request on a resource, parsed.
+struct Call<'a> {
+    t: &'a Target,
+    ns: String,
+    q: &'a BTreeMap<String, String>,
+    headers: &'a http::HeaderMap,
+    body: Bytes,
+    part: Part,
+    opts: WriteOpts,
+    /// Asked as a Table (what `kubectl get` prints).
+    table: bool,
+}
+
+impl Call<'_> {
+    /// The answer to a write: the object at the version asked, with the
+    /// server's warnings.
+    fn written(&self, code: StatusCode, w: super::store::Written) -> Resp {
+        let bytes = table::at_version(&self.t.def, &self.t.version, w.bytes);
+        with_warnings(json_response(code, bytes), &w.warnings)
+    }
+}
+
+/// A list of the target's kind, written out from items already serialised.
+fn list_response(t: &Target, meta: &Value, items: impl Iterator<Item = Vec<u8>>) -> Resp {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(
+        format!(
+            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
+            t.def.list_kind,
+            t.def.api_version(&t.version),
+            meta
+        )
+        .as_bytes(),
+    );
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&item);
+    }
+    out.extend_from_slice(b"]}");
+    json_response(StatusCode::OK, Bytes::from(out))
 }
 
 fn is_true(v: Option<&String>) -> bool {
