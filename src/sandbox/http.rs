@@ -163,77 +163,11 @@ impl Api {
             .split('/')
             .filter(|s| !s.is_empty())
             .collect();
-        let get_only = || {
-            if method == Method::GET {
-                Ok(())
-            } else {
-                Err(ApiError::method_not_allowed())
+        if let Some(answer) = self.meta_path(&segs) {
+            if method != Method::GET {
+                return Err(ApiError::method_not_allowed());
             }
-        };
-        match segs.as_slice() {
-            ["version"] => {
-                get_only()?;
-                return Ok(value_response(StatusCode::OK, &super::discovery::version()));
-            }
-            ["healthz"] | ["readyz"] | ["livez"] => {
-                get_only()?;
-                let mut r = Response::new(SandboxBody::Full(Some(Bytes::from_static(b"ok"))));
-                r.headers_mut()
-                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-                return Ok(r);
-            }
-            ["api"] => {
-                get_only()?;
-                return Ok(value_response(
-                    StatusCode::OK,
-                    &super::discovery::core_versions(),
-                ));
-            }
-            ["apis"] => {
-                get_only()?;
-                return Ok(value_response(
-                    StatusCode::OK,
-                    &super::discovery::groups(&self.store.defs()),
-                ));
-            }
-            ["apis", group] => {
-                get_only()?;
-                return super::discovery::group(&self.store.defs(), group)
-                    .map(|v| value_response(StatusCode::OK, &v))
-                    .ok_or_else(ApiError::no_resource);
-            }
-            ["api", "v1"] => {
-                get_only()?;
-                return super::discovery::resources(&self.store.defs(), "", "v1")
-                    .map(|v| value_response(StatusCode::OK, &v))
-                    .ok_or_else(ApiError::no_resource);
-            }
-            ["apis", group, version] => {
-                get_only()?;
-                return super::discovery::resources(&self.store.defs(), group, version)
-                    .map(|v| value_response(StatusCode::OK, &v))
-                    .ok_or_else(ApiError::no_resource);
-            }
-            ["openapi", "v3"] => {
-                get_only()?;
-                return Ok(value_response(
-                    StatusCode::OK,
-                    &super::discovery::openapi_root(&self.store.defs()),
-                ));
-            }
-            ["openapi", "v3", "api", version] => {
-                get_only()?;
-                return super::discovery::openapi_gv(&self.store.defs(), "", version)
-                    .map(|v| value_response(StatusCode::OK, &v))
-                    .ok_or_else(ApiError::no_resource);
-            }
-            ["openapi", "v3", "apis", group, version] => {
-                get_only()?;
-                return super::discovery::openapi_gv(&self.store.defs(), group, version)
-                    .map(|v| value_response(StatusCode::OK, &v))
-                    .ok_or_else(ApiError::no_resource);
-            }
-            _ => {}
+            return answer;
         }
         let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
             ["api", v, rest @ ..] => ("", v, rest),
@@ -242,6 +176,38 @@ impl Api {
         };
         let target = self.target(group, version, rest)?;
         self.resource(method, target, q, headers, body).await
+    }
+
+    /// The paths that are not resources: version, health, discovery,
+    /// OpenAPI (`None` for a resource path).
+    fn meta_path(&self, segs: &[&str]) -> Option<Result<Resp, ApiError>> {
+        use super::discovery as d;
+        let ok = |v: Value| Ok(value_response(StatusCode::OK, &v));
+        let found = |v: Option<Value>| {
+            v.map(|v| value_response(StatusCode::OK, &v))
+                .ok_or_else(ApiError::no_resource)
+        };
+        let defs = || self.store.defs();
+        Some(match segs {
+            ["version"] => ok(d::version()),
+            ["healthz"] | ["readyz"] | ["livez"] => {
+                let mut r = Response::new(SandboxBody::Full(Some(Bytes::from_static(b"ok"))));
+                r.headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                Ok(r)
+            }
+            ["api"] => ok(d::core_versions()),
+            ["apis"] => ok(d::groups(&defs())),
+            ["apis", group] => found(d::group(&defs(), group)),
+            ["api", "v1"] => found(d::resources(&defs(), "", "v1")),
+            ["apis", group, version] => found(d::resources(&defs(), group, version)),
+            ["openapi", "v3"] => ok(d::openapi_root(&defs())),
+            ["openapi", "v3", "api", version] => found(d::openapi_gv(&defs(), "", version)),
+            ["openapi", "v3", "apis", group, version] => {
+                found(d::openapi_gv(&defs(), group, version))
+            }
+            _ => return None,
+        })
     }
 
     fn lookup(
@@ -716,58 +682,24 @@ impl Api {
                 version: t.version.clone(),
             })
         };
-        let api_version = t.def.api_version(&t.version);
-        let kind = t.def.kind.clone();
-        let bookmark = {
-            let (api_version, kind) = (api_version.clone(), kind.clone());
-            move |rv: u64, initial_end: bool| -> Bytes {
-                let mut meta = json!({"resourceVersion": rv.to_string()});
-                if initial_end {
-                    meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-                }
-                Bytes::from(format!(
-                    "{}\n",
-                    json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version, "metadata": meta}})
-                ))
-            }
-        };
+        let bookmark = bookmarker(t.def.api_version(&t.version), t.def.kind.clone());
         let initial: Option<Box<dyn Fn(u64) -> Bytes + Send>> = if send_initial {
             let b = bookmark.clone();
             Some(Box::new(move |rv| b(rv, true)))
         } else {
             None
         };
-        let mut stream = self
+        let stream = self
             .store
             .watch(&t.def, filter, rv, send_initial, renderer, initial)?;
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        let store = self.store.clone();
-        let def = t.def.clone();
-        let interval = self.bookmark_interval;
-        tokio::spawn(async move {
-            let deadline = tokio::time::sleep(timeout);
-            tokio::pin!(deadline);
-            let mut tick = tokio::time::interval(interval);
-            tick.tick().await;
-            loop {
-                tokio::select! {
-                    biased;
-                    line = stream.rx.recv() => match line {
-                        Some(l) => {
-                            stream.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                            if tx.send(l).await.is_err() { break; }
-                        }
-                        None => break,
-                    },
-                    _ = &mut deadline => break,
-                    _ = tick.tick(), if bookmarks && !table_mode => {
-                        if !store.send_to_watch(&def, stream.id, |rv| bookmark(rv, false)) { break; }
-                    }
-                    _ = tx.closed() => break,
-                }
-            }
-            store.stop_watch(&def, stream.id);
-        });
+        let feed = Feed {
+            store: self.store.clone(),
+            def: t.def.clone(),
+            timeout,
+            bookmarks: (bookmarks && !table_mode).then_some(self.bookmark_interval),
+        };
+        tokio::spawn(feed.run(stream, tx, bookmark));
         let mut r = Response::new(SandboxBody::Stream(rx));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -778,6 +710,63 @@ impl Api {
             HeaderValue::from_static("chunked"),
         );
         Ok(r)
+    }
+}
+
+/// A BOOKMARK event of a kind, at a resourceVersion (marking the end of
+/// the initial events when asked).
+fn bookmarker(api_version: String, kind: String) -> impl Fn(u64, bool) -> Bytes + Clone + Send {
+    move |rv: u64, initial_end: bool| -> Bytes {
+        let mut meta = json!({"resourceVersion": rv.to_string()});
+        if initial_end {
+            meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        let object = json!({"kind": kind, "apiVersion": api_version, "metadata": meta});
+        Bytes::from(format!(
+            "{}\n",
+            json!({"type": "BOOKMARK", "object": object})
+        ))
+    }
+}
+
+/// What feeds one watch's response: its events, bookmarks every interval
+/// when asked, until its timeout or until the client goes.
+struct Feed {
+    store: Arc<Store>,
+    def: Arc<ResourceDef>,
+    timeout: Duration,
+    bookmarks: Option<Duration>,
+}
+
+impl Feed {
+    async fn run(
+        self,
+        mut stream: super::store::WatchStream,
+        tx: mpsc::Sender<Bytes>,
+        bookmark: impl Fn(u64, bool) -> Bytes + Send,
+    ) {
+        let deadline = tokio::time::sleep(self.timeout);
+        tokio::pin!(deadline);
+        let mut tick = tokio::time::interval(self.bookmarks.unwrap_or(Duration::from_secs(3600)));
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                biased;
+                line = stream.rx.recv() => match line {
+                    Some(l) => {
+                        stream.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                        if tx.send(l).await.is_err() { break; }
+                    }
+                    None => break,
+                },
+                _ = &mut deadline => break,
+                _ = tick.tick(), if self.bookmarks.is_some() => {
+                    if !self.store.send_to_watch(&self.def, stream.id, |rv| bookmark(rv, false)) { break; }
+                }
+                _ = tx.closed() => break,
+            }
+        }
+        self.store.stop_watch(&self.def, stream.id);
     }
 }
 
