@@ -108,6 +108,8 @@ fn type_cause(path: &str, v: &Value, want: &str) -> Cause {
     }
 }
 
+/// Check `v` against `schema` at `path`, pruning unknown fields and
+/// applying defaults, as the API server does for a custom resource.
 fn walk(schema: &Value, v: &mut Value, path: &str, out: &mut Outcome) {
     let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true;
     if v.is_null() {
@@ -144,147 +146,136 @@ fn walk(schema: &Value, v: &mut Value, path: &str, out: &mut Outcome) {
         out.causes.push(Cause::unsupported(path, v, allowed));
     }
     match v {
-        Value::Number(_) => {
-            let x = num(v).unwrap_or(0.0);
-            let excl_max = schema["exclusiveMaximum"] == true;
-            let excl_min = schema["exclusiveMinimum"] == true;
-            if let Some(max) = schema.get("maximum").and_then(num)
-                && (x > max || (excl_max && x == max))
-            {
-                let rel = if excl_max {
-                    "less than"
-                } else {
-                    "less than or equal to"
-                };
-                out.causes.push(Cause::invalid(
-                    path,
-                    v,
-                    format!("{path} in body should be {rel} {}", fmt_num(max)),
-                ));
-            }
-            if let Some(min) = schema.get("minimum").and_then(num)
-                && (x < min || (excl_min && x == min))
-            {
-                let rel = if excl_min {
-                    "greater than"
-                } else {
-                    "greater than or equal to"
-                };
-                out.causes.push(Cause::invalid(
-                    path,
-                    v,
-                    format!("{path} in body should be {rel} {}", fmt_num(min)),
-                ));
-            }
-        }
-        Value::String(s) => {
-            let s = s.clone();
-            let shown = Value::String(s.clone());
-            let len = s.chars().count() as u64;
-            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
-                && len > max
-            {
-                out.causes.push(Cause {
-                    field: path.into(),
-                    reason: "FieldValueTooLong",
-                    message: format!("Too long: may not be more than {max} bytes"),
-                });
-            }
-            if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
-                && len < min
-            {
-                out.causes.push(Cause::invalid(
-                    path,
-                    &shown,
-                    format!("{path} in body should be at least {min} chars long"),
-                ));
-            }
-            if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
-                match regex::Regex::new(p) {
-                    Ok(re) if !re.is_match(&s) => out.causes.push(Cause::invalid(
-                        path,
-                        &shown,
-                        format!("{path} in body should match '{p}'"),
-                    )),
-                    _ => {}
-                }
-            }
-        }
-        Value::Array(items) => {
-            let n = items.len() as u64;
-            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
-                && n > max
-            {
-                out.causes.push(Cause {
-                    field: path.into(),
-                    reason: "FieldValueTooMany",
-                    message: format!("Too many: {n}: must have at most {max} items"),
-                });
-            }
-            if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
-                && n < min
-            {
-                out.causes.push(Cause::invalid(
-                    path,
-                    &Value::from(n),
-                    format!("{path} in body should have at least {min} items"),
-                ));
-            }
-            if let Some(item_schema) = schema.get("items") {
-                for (i, item) in items.iter_mut().enumerate() {
-                    walk(item_schema, item, &format!("{path}[{i}]"), out);
-                }
-            }
-        }
-        Value::Object(map) => {
-            let props = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties");
-            let keys: Vec<String> = map.keys().cloned().collect();
-            for key in keys {
-                let child = join(path, &key);
-                let s = props.and_then(|p| p.get(&key)).or(match additional {
-                    Some(a) if a.is_object() => Some(a),
-                    _ => None,
-                });
-                match s {
-                    Some(s) => {
-                        if let Some(c) = map.get_mut(&key) {
-                            walk(s, c, &child, out);
-                        }
-                    }
-                    None if preserve || additional == Some(&Value::Bool(true)) => {}
-                    None => {
-                        map.remove(&key);
-                        out.unknown.push(child);
-                    }
-                }
-            }
-            // A null produced above for a non-nullable field is dropped.
-            map.retain(|_, v| {
-                !v.is_null() || schema["x-kubernetes-preserve-unknown-fields"] == true
-            });
-            apply_defaults_and_required(schema, map, path, out);
-            let n = map.len() as u64;
-            if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64)
-                && n > max
-            {
-                out.causes.push(Cause::invalid(
-                    path,
-                    &Value::from(n),
-                    format!("{path} in body should have at most {max} properties"),
-                ));
-            }
-            if let Some(min) = schema.get("minProperties").and_then(Value::as_u64)
-                && n < min
-            {
-                out.causes.push(Cause::invalid(
-                    path,
-                    &Value::from(n),
-                    format!("{path} in body should have at least {min} properties"),
-                ));
-            }
-        }
+        Value::Number(_) => number(schema, v, path, out),
+        Value::String(s) => string(schema, &s.clone(), path, out),
+        Value::Array(items) => array(schema, items, path, out),
+        Value::Object(map) => object(schema, map, path, out),
         _ => {}
+    }
+}
+
+/// `minimum` and `maximum`, exclusive or not.
+fn number(schema: &Value, v: &Value, path: &str, out: &mut Outcome) {
+    let x = num(v).unwrap_or(0.0);
+    let bound = |key: &str, exclusive_key: &str, beyond: &dyn Fn(f64) -> bool| {
+        let exclusive = schema[exclusive_key] == true;
+        let limit = schema.get(key).and_then(num)?;
+        (beyond(limit) || (exclusive && x == limit)).then_some((limit, exclusive))
+    };
+    if let Some((max, excl)) = bound("maximum", "exclusiveMaximum", &|m| x > m) {
+        let rel = if excl {
+            "less than"
+        } else {
+            "less than or equal to"
+        };
+        let m = format!("{path} in body should be {rel} {}", fmt_num(max));
+        out.causes.push(Cause::invalid(path, v, m));
+    }
+    if let Some((min, excl)) = bound("minimum", "exclusiveMinimum", &|m| x < m) {
+        let rel = if excl {
+            "greater than"
+        } else {
+            "greater than or equal to"
+        };
+        let m = format!("{path} in body should be {rel} {}", fmt_num(min));
+        out.causes.push(Cause::invalid(path, v, m));
+    }
+}
+
+/// `maxLength`, `minLength` and `pattern`.
+fn string(schema: &Value, s: &str, path: &str, out: &mut Outcome) {
+    let shown = Value::String(s.to_string());
+    let len = s.chars().count() as u64;
+    if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+        && len > max
+    {
+        out.causes.push(Cause {
+            field: path.into(),
+            reason: "FieldValueTooLong",
+            message: format!("Too long: may not be more than {max} bytes"),
+        });
+    }
+    if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+        && len < min
+    {
+        let m = format!("{path} in body should be at least {min} chars long");
+        out.causes.push(Cause::invalid(path, &shown, m));
+    }
+    if let Some(p) = schema.get("pattern").and_then(Value::as_str)
+        && regex::Regex::new(p).is_ok_and(|re| !re.is_match(s))
+    {
+        let m = format!("{path} in body should match '{p}'");
+        out.causes.push(Cause::invalid(path, &shown, m));
+    }
+}
+
+/// `maxItems`, `minItems`, and each item against `items`.
+fn array(schema: &Value, items: &mut [Value], path: &str, out: &mut Outcome) {
+    let n = items.len() as u64;
+    if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+        && n > max
+    {
+        out.causes.push(Cause {
+            field: path.into(),
+            reason: "FieldValueTooMany",
+            message: format!("Too many: {n}: must have at most {max} items"),
+        });
+    }
+    if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+        && n < min
+    {
+        let m = format!("{path} in body should have at least {min} items");
+        out.causes.push(Cause::invalid(path, &Value::from(n), m));
+    }
+    if let Some(item_schema) = schema.get("items") {
+        for (i, item) in items.iter_mut().enumerate() {
+            walk(item_schema, item, &format!("{path}[{i}]"), out);
+        }
+    }
+}
+
+/// Each field against its property (or `additionalProperties`), unknown
+/// fields pruned unless preserved, defaults and required fields, and the
+/// property count.
+fn object(schema: &Value, map: &mut serde_json::Map<String, Value>, path: &str, out: &mut Outcome) {
+    let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true;
+    let props = schema.get("properties").and_then(Value::as_object);
+    let additional = schema.get("additionalProperties");
+    let keys: Vec<String> = map.keys().cloned().collect();
+    for key in keys {
+        let child = join(path, &key);
+        let s = props.and_then(|p| p.get(&key)).or(match additional {
+            Some(a) if a.is_object() => Some(a),
+            _ => None,
+        });
+        match s {
+            Some(s) => {
+                if let Some(c) = map.get_mut(&key) {
+                    walk(s, c, &child, out);
+                }
+            }
+            None if preserve || additional == Some(&Value::Bool(true)) => {}
+            None => {
+                map.remove(&key);
+                out.unknown.push(child);
+            }
+        }
+    }
+    // A null produced above for a non-nullable field is dropped.
+    map.retain(|_, v| !v.is_null() || preserve);
+    apply_defaults_and_required(schema, map, path, out);
+    let n = map.len() as u64;
+    if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64)
+        && n > max
+    {
+        let m = format!("{path} in body should have at most {max} properties");
+        out.causes.push(Cause::invalid(path, &Value::from(n), m));
+    }
+    if let Some(min) = schema.get("minProperties").and_then(Value::as_u64)
+        && n < min
+    {
+        let m = format!("{path} in body should have at least {min} properties");
+        out.causes.push(Cause::invalid(path, &Value::from(n), m));
     }
 }
 
