@@ -339,66 +339,74 @@ fn api_approval(group: &str, annotation: &Value) -> Option<String> {
     }
 }
 
-pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
+/// What the API server refuses in a CustomResourceDefinition: a group
+/// that is not a domain, a plural that is not a label, no kind, a protected
+/// group without approval, a name that is not `plural.group`, an unknown
+/// scope, not exactly one storage version.
+fn crd_problems(crd: &Value) -> Vec<(String, String)> {
     let mut errors: Vec<(String, String)> = Vec::new();
     let spec = &crd["spec"];
     let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    let group = s(&spec["group"]);
-    let names = &spec["names"];
-    let plural = s(&names["plural"]);
-    let kind = s(&names["kind"]);
+    let (group, plural, kind) = (
+        s(&spec["group"]),
+        s(&spec["names"]["plural"]),
+        s(&spec["names"]["kind"]),
+    );
     let name = s(&crd["metadata"]["name"]);
+    let mut problem = |field: &str, message: String| errors.push((field.to_string(), message));
     if group.is_empty() || !crate::names::is_dns_subdomain(&group) || !group.contains('.') {
-        errors.push((
-            "spec.group".into(),
-            format!("Invalid value: {group:?}: should be a domain with at least one dot"),
-        ));
+        let m = format!("Invalid value: {group:?}: should be a domain with at least one dot");
+        problem("spec.group", m);
     }
     if plural.is_empty() || !crate::names::is_dns_label(&plural) {
-        errors.push((
-            "spec.names.plural".into(),
-            format!("Invalid value: {plural:?}: a lowercase RFC 1123 label is required"),
-        ));
+        let m = format!("Invalid value: {plural:?}: a lowercase RFC 1123 label is required");
+        problem("spec.names.plural", m);
     }
     if kind.is_empty() {
-        errors.push(("spec.names.kind".into(), "Required value".into()));
+        problem("spec.names.kind", "Required value".into());
     }
     if let Some(e) = api_approval(&group, &crd["metadata"]["annotations"][API_APPROVED]) {
-        errors.push((format!("metadata.annotations[{API_APPROVED}]"), e));
+        problem(&format!("metadata.annotations[{API_APPROVED}]"), e);
     }
     if name != format!("{plural}.{group}") {
-        errors.push((
-            "metadata.name".into(),
-            format!("Invalid value: {name:?}: must be spec.names.plural+\".\"+spec.group"),
-        ));
+        let m = format!("Invalid value: {name:?}: must be spec.names.plural+\".\"+spec.group");
+        problem("metadata.name", m);
     }
     let scope = s(&spec["scope"]);
     if scope != "Namespaced" && scope != "Cluster" {
-        errors.push((
-            "spec.scope".into(),
-            format!("Unsupported value: {scope:?}: supported values: \"Cluster\", \"Namespaced\""),
-        ));
+        let m =
+            format!("Unsupported value: {scope:?}: supported values: \"Cluster\", \"Namespaced\"");
+        problem("spec.scope", m);
     }
     let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    let storage = versions.iter().filter(|v| v["storage"] == true).count();
+    let one_storage = "Invalid value: must have exactly one version marked as storage version";
     if versions.is_empty() {
-        errors.push((
-            "spec.versions".into(),
-            "Invalid value: must have exactly one version marked as storage version".into(),
-        ));
+        problem("spec.versions", one_storage.into());
     }
-    let storage: Vec<&Value> = versions.iter().filter(|v| v["storage"] == true).collect();
-    if !versions.is_empty() && storage.len() != 1 {
-        errors.push((
-            "spec.versions".into(),
-            "Invalid value: must have exactly one version marked as storage version".into(),
-        ));
+    if !versions.is_empty() && storage != 1 {
+        problem("spec.versions", one_storage.into());
     }
+    errors
+}
+
+/// The kind a valid CustomResourceDefinition serves.
+pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
+    let errors = crd_problems(crd);
     if !errors.is_empty() {
         return Err(errors);
     }
-    let mut served: Vec<String> = Vec::new();
-    let storage_name = s(&storage[0]["name"]);
-    served.push(storage_name.clone());
+    let spec = &crd["spec"];
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let names = &spec["names"];
+    let kind = s(&names["kind"]);
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    let storage_name = versions
+        .iter()
+        .find(|v| v["storage"] == true)
+        .map(|v| s(&v["name"]))
+        .unwrap_or_default();
+    let mut served: Vec<String> = vec![storage_name.clone()];
     let mut schemas = BTreeMap::new();
     let mut columns = BTreeMap::new();
     let mut status = false;
@@ -413,9 +421,7 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
         if let Some(cols) = v["additionalPrinterColumns"].as_array() {
             columns.insert(vn.clone(), cols.clone());
         }
-        if v.pointer("/subresources/status").is_some() {
-            status = true;
-        }
+        status |= v.pointer("/subresources/status").is_some();
     }
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
@@ -424,20 +430,15 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
             .filter_map(|x| x.as_str().map(str::to_string))
             .collect()
     };
+    let or = |v: &Value, default: String| v.as_str().map(str::to_string).unwrap_or(default);
     Ok(ResourceDef {
-        group,
+        group: s(&spec["group"]),
         versions: served,
-        list_kind: names["listKind"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{kind}List")),
-        singular: names["singular"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| kind.to_ascii_lowercase()),
+        list_kind: or(&names["listKind"], format!("{kind}List")),
+        singular: or(&names["singular"], kind.to_ascii_lowercase()),
+        plural: s(&names["plural"]),
         kind,
-        plural,
-        namespaced: scope == "Namespaced",
+        namespaced: s(&spec["scope"]) == "Namespaced",
         short_names: strings(&names["shortNames"]),
         categories: strings(&names["categories"]),
         status_subresource: status,
@@ -445,7 +446,7 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
         dns_label_names: false,
         schemas,
         columns,
-        crd: Some(name),
+        crd: Some(s(&crd["metadata"]["name"])),
     })
 }
 
