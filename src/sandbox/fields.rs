@@ -517,26 +517,8 @@ pub fn apply(
         .map(|m| m.fields.clone())
         .unwrap_or_default();
 
-    let mut conflicts = Vec::new();
-    let mut conflict_paths = Vec::new();
-    for path in new_set.leaves() {
-        if path.last().map(String::as_str) == Some(".") {
-            continue;
-        }
-        let (lv, av) = (resolve(live, &path), resolve(applied, &path));
-        if lv.is_none() || lv == av {
-            continue;
-        }
-        for m in managed.iter().filter(|m| !mine(m) && m.manager != manager) {
-            if m.fields.touches(&path) {
-                conflicts.push(Conflict {
-                    manager: m.manager.clone(),
-                    path: render_path(&path),
-                });
-                conflict_paths.push(path.clone());
-            }
-        }
-    }
+    let (conflicts, conflict_paths) =
+        conflicts_of(live, applied, &new_set, &managed, manager, &mine);
     if !conflicts.is_empty() && !force {
         return Err(conflicts);
     }
@@ -566,13 +548,12 @@ pub fn apply(
     }
     let changed_set = prev_set != new_set;
     match managed.iter_mut().find(|m| mine(m)) {
-        Some(m) => {
-            if changed_set {
-                m.fields = new_set;
-                m.time = now.to_string();
-                m.api_version = api_version.to_string();
-            }
+        Some(m) if changed_set => {
+            m.fields = new_set;
+            m.time = now.to_string();
+            m.api_version = api_version.to_string();
         }
+        Some(_) => {}
         None => managed.push(Managed {
             manager: manager.to_string(),
             operation: "Apply".into(),
@@ -584,6 +565,39 @@ pub fn apply(
     }
     managed.retain(|m| !m.fields.is_empty());
     Ok(Applied { object, managed })
+}
+
+/// The fields an apply would change that other managers own: each with
+/// its owner (for the error), and their paths (for a forced apply).
+fn conflicts_of(
+    live: &Value,
+    applied: &Value,
+    new_set: &FieldSet,
+    managed: &[Managed],
+    manager: &str,
+    mine: &dyn Fn(&Managed) -> bool,
+) -> (Vec<Conflict>, Vec<Vec<String>>) {
+    let mut conflicts = Vec::new();
+    let mut paths = Vec::new();
+    for path in new_set.leaves() {
+        if path.last().map(String::as_str) == Some(".") {
+            continue;
+        }
+        let (lv, av) = (resolve(live, &path), resolve(applied, &path));
+        if lv.is_none() || lv == av {
+            continue;
+        }
+        for m in managed.iter().filter(|m| !mine(m) && m.manager != manager) {
+            if m.fields.touches(&path) {
+                conflicts.push(Conflict {
+                    manager: m.manager.clone(),
+                    path: render_path(&path),
+                });
+                paths.push(path.clone());
+            }
+        }
+    }
+    (conflicts, paths)
 }
 
 /// Record an update (PUT or non-apply patch) by `manager`: it takes the
