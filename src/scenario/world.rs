@@ -498,10 +498,11 @@ impl World {
             let Ok(s) = self.served(rule.api_version.as_deref(), &rule.kind) else {
                 continue;
             };
-            match by_kind.iter_mut().find(|(k, _)| {
+            let same = |k: &Served| {
                 k.resource.api_version == s.resource.api_version
                     && k.resource.kind == s.resource.kind
-            }) {
+            };
+            match by_kind.iter_mut().find(|(k, _)| same(k)) {
                 Some((_, rs)) => rs.push((rule, after)),
                 None => by_kind.push((s, vec![(rule, after)])),
             }
@@ -512,56 +513,71 @@ impl World {
             tasks.push(tokio::spawn(async move {
                 let mut stream = watched(api);
                 while let Some(ev) = stream.next().await {
-                    let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev else {
-                        continue;
-                    };
-                    let name = o.metadata.name.clone().unwrap_or_default();
-                    let uid = o.metadata.uid.clone().unwrap_or_default();
-                    let value = serde_json::to_value(&o).unwrap_or_default();
-                    let Some((rule, after)) = rules.iter().find(|(r, _)| {
-                        glob(&r.name, &name)
-                            && r.fields
-                                .as_ref()
-                                .is_none_or(|f| super::model::subset(f, &value))
-                    }) else {
-                        continue;
-                    };
-                    if !crate::util::lock(&w.seen).insert(uid) {
-                        continue;
+                    if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
+                        w.claim(&rules, &o);
                     }
-                    let (w, rule, after) = (w.clone(), rule.clone(), *after);
-                    let ns = o.metadata.namespace.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(after as u64)).await;
-                        let r = if let Some(c) = &rule.complete {
-                            let c = CompleteSpec {
-                                namespace: ns.clone(),
-                                ..c.clone()
-                            };
-                            w.complete(&c, Some(&name)).await
-                        } else if let Some(s) = &rule.snapshot_ready {
-                            let s = SnapshotReadySpec {
-                                namespace: ns.clone(),
-                                ..s.clone()
-                            };
-                            w.snapshot_ready(&s, Some(&name)).await
-                        } else if let Some(p) = &rule.pod_ready {
-                            let p = PodReadySpec {
-                                namespace: ns.clone(),
-                                ..p.clone()
-                            };
-                            w.pod_ready(&p, Some(&name)).await
-                        } else {
-                            Ok(0)
-                        };
-                        if let Err(e) = r {
-                            w.note(format!("rule on {} {name} failed: {e}", rule.kind), None);
-                        }
-                    });
                 }
             }));
         }
         tasks
+    }
+
+    /// The first rule matching an object claims it (once per object): what
+    /// it says happens after its delay.
+    fn claim(self: &Arc<Self>, rules: &[(RuleSpec, i64)], o: &DynamicObject) {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let uid = o.metadata.uid.clone().unwrap_or_default();
+        let value = serde_json::to_value(o).unwrap_or_default();
+        let matches = |r: &RuleSpec| {
+            glob(&r.name, &name)
+                && r.fields
+                    .as_ref()
+                    .is_none_or(|f| super::model::subset(f, &value))
+        };
+        let Some((rule, after)) = rules.iter().find(|(r, _)| matches(r)) else {
+            return;
+        };
+        if !crate::util::lock(&self.seen).insert(uid) {
+            return;
+        }
+        let (w, rule, after) = (self.clone(), rule.clone(), *after);
+        let ns = o.metadata.namespace.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after as u64)).await;
+            if let Err(e) = w.carry_out(&rule, ns, &name).await {
+                w.note(format!("rule on {} {name} failed: {e}", rule.kind), None);
+            }
+        });
+    }
+
+    /// What a rule does to the object it claimed.
+    async fn carry_out(
+        &self,
+        rule: &RuleSpec,
+        ns: Option<String>,
+        name: &str,
+    ) -> Result<usize, String> {
+        if let Some(c) = &rule.complete {
+            let c = CompleteSpec {
+                namespace: ns,
+                ..c.clone()
+            };
+            self.complete(&c, Some(name)).await
+        } else if let Some(s) = &rule.snapshot_ready {
+            let s = SnapshotReadySpec {
+                namespace: ns,
+                ..s.clone()
+            };
+            self.snapshot_ready(&s, Some(name)).await
+        } else if let Some(p) = &rule.pod_ready {
+            let p = PodReadySpec {
+                namespace: ns,
+                ..p.clone()
+            };
+            self.pod_ready(&p, Some(name)).await
+        } else {
+            Ok(0)
+        }
     }
 
     /// What the Deployment controller does with revisions: the ReplicaSet
@@ -570,15 +586,54 @@ impl World {
     async fn rollout(&self, d: &DynamicObject) -> Result<(), String> {
         let ns = d.metadata.namespace.clone().unwrap_or_default();
         let name = d.metadata.name.clone().unwrap_or_default();
+        let deps = self.served(Some("apps/v1"), "Deployment")?;
+        let revision = self.revision_for(d).await?;
+        let have = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REVISION))
+            .cloned();
+        if have.as_deref() != Some(revision.to_string().as_str()) {
+            let patch = json!({"metadata": {"annotations": {REVISION: revision.to_string()}}});
+            self.api(&deps, &ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .map_err(|e| api_error(&e))?;
+            let what = format!("rolled out revision {revision}");
+            self.reacted(what, Some((&deps.resource, &ns, &name)));
+        }
+        // Every rollout completes at once with all replicas available,
+        // unless the scenario sets the Deployment's status itself after
+        // this generation was observed.
+        let generation = d.metadata.generation.unwrap_or(0);
+        if d.data["status"]["observedGeneration"].as_i64() != Some(generation) {
+            let replicas = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
+            let status = json!({"observedGeneration": generation, "replicas": replicas,
+                                "updatedReplicas": replicas, "readyReplicas": replicas,
+                                "availableReplicas": replicas,
+                                "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}]});
+            let (av, ns) = (Some("apps/v1"), Some(ns.as_str()));
+            self.update(av, "Deployment", ns, &name, &status, true)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The revision of a Deployment's template: the ReplicaSet with that
+    /// template, renumbered as the newest when it is an older one, or made
+    /// when there is none.
+    async fn revision_for(&self, d: &DynamicObject) -> Result<i64, String> {
+        let ns = d.metadata.namespace.clone().unwrap_or_default();
         let uid = d.metadata.uid.clone().unwrap_or_default();
         let rss = self.served(Some("apps/v1"), "ReplicaSet")?;
-        let deps = self.served(Some("apps/v1"), "Deployment")?;
         let template = without_hash(&d.data["spec"]["template"]);
         let api = self.api(&rss, &ns);
-        let owned: Vec<DynamicObject> = api
+        let listed = api
             .list(&Default::default())
             .await
-            .map_err(|e| api_error(&e))?
+            .map_err(|e| api_error(&e))?;
+        let owned: Vec<DynamicObject> = listed
             .items
             .into_iter()
             .filter(|r| {
@@ -601,89 +656,45 @@ impl World {
         let current = owned
             .iter()
             .find(|r| without_hash(&r.data["spec"]["template"]) == template);
-        let revision = match current {
+        Ok(match current {
             Some(r) if rev(r) == max && max > 0 => max,
             Some(r) => {
                 let rs_name = r.metadata.name.clone().unwrap_or_default();
-                let next = max + 1;
-                api.patch(
-                    &rs_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(
-                        json!({"metadata": {"annotations": {REVISION: next.to_string()}}}),
-                    ),
-                )
-                .await
-                .map_err(|e| api_error(&e))?;
-                next
+                let patch = json!({"metadata": {"annotations": {REVISION: (max + 1).to_string()}}});
+                api.patch(&rs_name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map_err(|e| api_error(&e))?;
+                max + 1
             }
             None => {
-                let hash = crate::util::hash::json_hash(&template, 10);
-                let mut t = template.clone();
-                t["metadata"]["labels"]["pod-template-hash"] = json!(hash);
-                let mut selector = d.data["spec"]["selector"].clone();
-                if selector["matchLabels"].is_object() {
-                    selector["matchLabels"]["pod-template-hash"] = json!(hash);
-                }
-                let next = max + 1;
-                let rs = json!({
-                    "apiVersion": "apps/v1", "kind": "ReplicaSet",
-                    "metadata": {"name": format!("{name}-{hash}"), "namespace": ns,
-                                 "labels": t["metadata"]["labels"],
-                                 "annotations": {REVISION: next.to_string()},
-                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
-                                                      "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-                    "spec": {"replicas": d.data["spec"]["replicas"].as_i64().unwrap_or(1),
-                             "selector": selector, "template": t},
-                });
-                self.create(rs).await?;
-                next
+                self.create(replica_set(d, &template, max + 1)).await?;
+                max + 1
             }
-        };
-        let have = d
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REVISION))
-            .cloned();
-        if have.as_deref() != Some(revision.to_string().as_str()) {
-            self.api(&deps, &ns)
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(
-                        json!({"metadata": {"annotations": {REVISION: revision.to_string()}}}),
-                    ),
-                )
-                .await
-                .map_err(|e| api_error(&e))?;
-            self.reacted(
-                format!("rolled out revision {revision}"),
-                Some((&deps.resource, &ns, &name)),
-            );
-        }
-        // Every rollout completes at once with all replicas available,
-        // unless the scenario sets the Deployment's status itself after
-        // this generation was observed.
-        let generation = d.metadata.generation.unwrap_or(0);
-        if d.data["status"]["observedGeneration"].as_i64() != Some(generation) {
-            let replicas = d.data["spec"]["replicas"].as_i64().unwrap_or(1);
-            let status = json!({"observedGeneration": generation, "replicas": replicas,
-                                "updatedReplicas": replicas, "readyReplicas": replicas,
-                                "availableReplicas": replicas,
-                                "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}]});
-            self.update(
-                Some("apps/v1"),
-                "Deployment",
-                Some(&ns),
-                &name,
-                &status,
-                true,
-            )
-            .await?;
-        }
-        Ok(())
+        })
     }
+}
+
+/// The ReplicaSet a Deployment's controller makes for a new template.
+fn replica_set(d: &DynamicObject, template: &Value, revision: i64) -> Value {
+    let ns = d.metadata.namespace.clone().unwrap_or_default();
+    let name = d.metadata.name.clone().unwrap_or_default();
+    let hash = crate::util::hash::json_hash(template, 10);
+    let mut t = template.clone();
+    t["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+    let mut selector = d.data["spec"]["selector"].clone();
+    if selector["matchLabels"].is_object() {
+        selector["matchLabels"]["pod-template-hash"] = json!(hash);
+    }
+    json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": format!("{name}-{hash}"), "namespace": ns,
+                     "labels": t["metadata"]["labels"],
+                     "annotations": {REVISION: revision.to_string()},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                          "uid": d.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"replicas": d.data["spec"]["replicas"].as_i64().unwrap_or(1),
+                 "selector": selector, "template": t},
+    })
 }
 
 /// The pod a finished Job leaves: its template's containers, terminated
