@@ -74,12 +74,137 @@ fn num(f: f64) -> String {
     format!("{f}")
 }
 
-/// Decide for an Evaluator whose run may have finished.
-pub fn decide(i: &Inputs) -> Vec<Action> {
+/// What a decision has found so far: the phase, status fields, actions.
+struct Verdict {
+    phase: String,
+    fields: Map<String, Value>,
+    actions: Vec<Action>,
+}
+
+impl Verdict {
+    /// A problem: Degraded, with the error in status, a condition and an Event.
+    fn degraded(&mut self, reason: &str, message: String) {
+        self.phase = "Degraded".into();
+        self.fields.insert("lastError".into(), json!(message));
+        self.actions
+            .push(condition("Ready", false, reason, message.clone()));
+        self.actions.push(event(reason, message));
+    }
+}
+
+/// The revision to roll back to: the last good one (if it is not the bad
+/// one and still exists), else the highest below the bad one.
+fn rollback_target(i: &Inputs, st: &Value, ran_on: i64) -> Option<i64> {
+    let last_good = st.get("lastGoodRevision").and_then(Value::as_i64);
+    let dep_uid = i.deployment["metadata"]["uid"].as_str();
+    let revisions: Vec<i64> = i
+        .replicasets
+        .iter()
+        .filter(|rs| crate::observe::owner_uids(rs).any(|u| Some(u) == dep_uid))
+        .filter_map(|rs| revision_of(rs))
+        .collect();
+    match last_good {
+        Some(g) if g != ran_on && revisions.contains(&g) => Some(g),
+        _ => revisions.iter().copied().filter(|r| *r < ran_on).max(),
+    }
+}
+
+/// A score read: kept in the history, then healthy, or rolled back (unless
+/// already, or there is no earlier revision, or the limit withholds it).
+fn scored(i: &Inputs, st: &Value, v: &mut Verdict, score: f64, ran_on: i64) {
+    let threshold = i.evaluator["spec"]["threshold"].as_f64().unwrap_or(1.0);
+    v.fields.insert("lastScore".into(), json!(score));
+    v.fields.insert("lastError".into(), Value::Null);
+    let mut history = st
+        .get("scoreHistory")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    history.push(json!({"time": time::format_secs(i.now), "score": score, "revision": ran_on}));
+    let limit = i.evaluator["spec"]["historyLimit"].as_u64().unwrap_or(10) as usize;
+    while history.len() > limit {
+        history.remove(0);
+    }
+    v.fields
+        .insert("scoreHistory".into(), Value::Array(history));
+    let (s, t) = (num(score), num(threshold));
+    if score >= threshold {
+        v.phase = "Healthy".into();
+        v.fields.insert("lastGoodRevision".into(), json!(ran_on));
+        let m = format!("score {s} >= {t} at revision {ran_on}");
+        v.actions
+            .push(condition("Ready", true, "ScoreAboveThreshold", m));
+        return;
+    }
+    if st
+        .pointer("/lastRollback/fromRevision")
+        .and_then(Value::as_i64)
+        == Some(ran_on)
+    {
+        v.phase = "RolledBack".into();
+        return;
+    }
+    let msg = format!("score {s} < {t} at revision {ran_on}");
+    match rollback_target(i, st, ran_on) {
+        None => v.degraded(
+            "NoRollbackTarget",
+            format!("{msg}; no earlier revision to roll back to"),
+        ),
+        Some(_) if !i.rollback_allowed => v.degraded(
+            "RollbackLimited",
+            format!("{msg}; rollback withheld by the policy's rollback limit"),
+        ),
+        Some(to) => {
+            v.phase = "RolledBack".into();
+            let dep_name = i.deployment["metadata"]["name"].as_str().unwrap_or("");
+            v.actions.push(Action::Rollback {
+                deployment: dep_name.into(),
+                revision: Some(to),
+            });
+            v.fields.insert(
+                "lastRollback".into(),
+                json!({"fromRevision": ran_on, "toRevision": to, "time": time::format_secs(i.now), "score": score}),
+            );
+            let m = format!("{msg}: rolled back to revision {to}");
+            v.actions
+                .push(condition("Ready", false, "RolledBack", m.clone()));
+            v.actions.push(event("RolledBack", m));
+        }
+    }
+}
+
+/// A run's Job that finished: failed, or succeeded with a score (or none).
+fn finished(i: &Inputs, st: &Value, v: &mut Verdict, job: &Value) {
+    let job_name = job["metadata"]["name"].as_str().unwrap_or("");
+    if job_failed(job) {
+        v.degraded(
+            "BenchmarkFailed",
+            format!("benchmark Job {job_name} failed"),
+        );
+        return;
+    }
+    let ran_on: i64 = job
+        .pointer("/metadata/annotations/runbook.dev~1revision")
+        .and_then(Value::as_str)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let pods: Vec<&Value> = i
+        .pods
+        .iter()
+        .copied()
+        .filter(|p| selector_matches(job, p))
+        .collect();
+    match read_score(&pods) {
+        Err(e) => v.degraded("NoScore", e),
+        Ok(score) => scored(i, st, v, score, ran_on),
+    }
+}
+
+/// The alert a rolled-back or degraded Evaluator raises.
+fn alert(i: &Inputs, st: &Value, v: &Verdict) -> Option<Action> {
     let ev = i.evaluator;
-    let st = ev.get("status").cloned().unwrap_or(json!({}));
     let name = ev["metadata"]["name"].as_str().unwrap_or("");
-    let threshold = ev["spec"]["threshold"].as_f64().unwrap_or(1.0);
+    let dep_name = i.deployment["metadata"]["name"].as_str().unwrap_or("");
     let labels = ev
         .pointer("/spec/alert/labels")
         .and_then(Value::as_object)
@@ -88,213 +213,89 @@ pub fn decide(i: &Inputs) -> Vec<Action> {
     let team = labels
         .get("team")
         .and_then(Value::as_str)
-        .unwrap_or(i.default_team)
-        .to_string();
-    let dep_name = i.deployment["metadata"]["name"].as_str().unwrap_or("");
-    let mut actions = Vec::new();
-    let mut fields = Map::new();
+        .unwrap_or(i.default_team);
+    let mut base: BTreeMap<String, String> = BTreeMap::from([
+        ("team".to_string(), team.to_string()),
+        ("evaluator".to_string(), name.to_string()),
+        ("deployment".to_string(), dep_name.to_string()),
+    ]);
+    for (k, val) in &labels {
+        base.insert(k.clone(), val.as_str().unwrap_or_default().to_string());
+    }
+    let threshold = ev["spec"]["threshold"].as_f64().unwrap_or(1.0);
+    let (alertname, severity, annotations) = match v.phase.as_str() {
+        "RolledBack" => {
+            let rb = v
+                .fields
+                .get("lastRollback")
+                .or_else(|| st.get("lastRollback"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let show = |x: &Value| match x {
+                Value::Null => "".to_string(),
+                Value::Number(n) if n.is_f64() => num(n.as_f64().unwrap_or_default()),
+                other => other.to_string(),
+            };
+            let (from, to) = (show(&rb["fromRevision"]), show(&rb["toRevision"]));
+            let summary = format!("{dep_name} rolled back from revision {from} to {to}");
+            let description = format!(
+                "benchmark score {} fell below the threshold {}",
+                show(&rb["score"]),
+                num(threshold)
+            );
+            let annotations = BTreeMap::from([
+                ("summary".to_string(), summary),
+                ("description".to_string(), description),
+            ]);
+            ("EvaluatorRolledBack", "critical", annotations)
+        }
+        "Degraded" => {
+            let why = v
+                .fields
+                .get("lastError")
+                .and_then(Value::as_str)
+                .or_else(|| st.get("lastError").and_then(Value::as_str))
+                .unwrap_or("degraded");
+            let summary = BTreeMap::from([("summary".to_string(), format!("{name}: {why}"))]);
+            ("EvaluatorDegraded", "warning", summary)
+        }
+        _ => return None,
+    };
+    base.insert("alertname".into(), alertname.into());
+    base.insert("severity".into(), severity.into());
+    Some(Action::Alert {
+        labels: base,
+        annotations,
+    })
+}
+
+/// Decide for an Evaluator whose run may have finished.
+pub fn decide(i: &Inputs) -> Vec<Action> {
+    let st = i.evaluator.get("status").cloned().unwrap_or(json!({}));
     let current_run = st.get("currentRun").and_then(Value::as_str);
     let current = i
         .jobs
         .iter()
         .find(|j| j["metadata"]["name"].as_str() == current_run);
-    let mut phase = st
-        .get("phase")
-        .and_then(Value::as_str)
-        .unwrap_or("Pending")
-        .to_string();
-    let mut finished = false;
-    if let Some(job) = current {
-        let job_name = job["metadata"]["name"].as_str().unwrap_or("");
-        if job_failed(job) {
-            phase = "Degraded".into();
-            finished = true;
-            let msg = format!("benchmark Job {job_name} failed");
-            fields.insert("lastError".into(), json!(msg));
-            actions.push(condition("Ready", false, "BenchmarkFailed", msg.clone()));
-            actions.push(event("BenchmarkFailed", msg));
-        } else if job_succeeded(job) {
-            finished = true;
-            let ran_on: i64 = job
-                .pointer("/metadata/annotations/runbook.dev~1revision")
-                .and_then(Value::as_str)
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(0);
-            let pods: Vec<&Value> = i
-                .pods
-                .iter()
-                .copied()
-                .filter(|p| selector_matches(job, p))
-                .collect();
-            match read_score(&pods) {
-                Err(e) => {
-                    phase = "Degraded".into();
-                    fields.insert("lastError".into(), json!(e));
-                    actions.push(condition("Ready", false, "NoScore", e.clone()));
-                    actions.push(event("NoScore", e));
-                }
-                Ok(score) => {
-                    fields.insert("lastScore".into(), json!(score));
-                    fields.insert("lastError".into(), Value::Null);
-                    let mut history = st
-                        .get("scoreHistory")
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default();
-                    history.push(json!({"time": time::format_secs(i.now), "score": score, "revision": ran_on}));
-                    let limit = ev["spec"]["historyLimit"].as_u64().unwrap_or(10) as usize;
-                    while history.len() > limit {
-                        history.remove(0);
-                    }
-                    fields.insert("scoreHistory".into(), Value::Array(history));
-                    let (s, t) = (num(score), num(threshold));
-                    if score >= threshold {
-                        phase = "Healthy".into();
-                        fields.insert("lastGoodRevision".into(), json!(ran_on));
-                        actions.push(condition(
-                            "Ready",
-                            true,
-                            "ScoreAboveThreshold",
-                            format!("score {s} >= {t} at revision {ran_on}"),
-                        ));
-                    } else if st
-                        .pointer("/lastRollback/fromRevision")
-                        .and_then(Value::as_i64)
-                        == Some(ran_on)
-                    {
-                        phase = "RolledBack".into();
-                    } else {
-                        let last_good = st.get("lastGoodRevision").and_then(Value::as_i64);
-                        let dep_uid = i.deployment["metadata"]["uid"].as_str();
-                        let revisions: Vec<i64> = i
-                            .replicasets
-                            .iter()
-                            .filter(|rs| crate::observe::owner_uids(rs).any(|u| Some(u) == dep_uid))
-                            .filter_map(|rs| revision_of(rs))
-                            .collect();
-                        let to = match last_good {
-                            Some(g) if g != ran_on && revisions.contains(&g) => Some(g),
-                            _ => revisions.iter().copied().filter(|r| *r < ran_on).max(),
-                        };
-                        let msg = format!("score {s} < {t} at revision {ran_on}");
-                        match to {
-                            None => {
-                                phase = "Degraded".into();
-                                let e = format!("{msg}; no earlier revision to roll back to");
-                                fields.insert("lastError".into(), json!(e));
-                                actions.push(condition(
-                                    "Ready",
-                                    false,
-                                    "NoRollbackTarget",
-                                    e.clone(),
-                                ));
-                                actions.push(event("NoRollbackTarget", e));
-                            }
-                            Some(_) if !i.rollback_allowed => {
-                                phase = "Degraded".into();
-                                let e = format!(
-                                    "{msg}; rollback withheld by the policy's rollback limit"
-                                );
-                                fields.insert("lastError".into(), json!(e));
-                                actions.push(condition(
-                                    "Ready",
-                                    false,
-                                    "RollbackLimited",
-                                    e.clone(),
-                                ));
-                                actions.push(event("RollbackLimited", e));
-                            }
-                            Some(to) => {
-                                phase = "RolledBack".into();
-                                actions.push(Action::Rollback {
-                                    deployment: dep_name.into(),
-                                    revision: Some(to),
-                                });
-                                fields.insert(
-                                    "lastRollback".into(),
-                                    json!({"fromRevision": ran_on, "toRevision": to, "time": time::format_secs(i.now), "score": score}),
-                                );
-                                let m = format!("{msg}: rolled back to revision {to}");
-                                actions.push(condition("Ready", false, "RolledBack", m.clone()));
-                                actions.push(event("RolledBack", m));
-                            }
-                        }
-                    }
-                }
-            }
-        }
+    let phase = st.get("phase").and_then(Value::as_str).unwrap_or("Pending");
+    let mut v = Verdict {
+        phase: phase.to_string(),
+        fields: Map::new(),
+        actions: Vec::new(),
+    };
+    let done = current.filter(|job| job_failed(job) || job_succeeded(job));
+    if let Some(job) = done {
+        finished(i, &st, &mut v, job);
+        v.fields.insert("currentRun".into(), Value::Null);
+        let m = "waiting for the next scheduled run".to_string();
+        v.actions.push(condition("Progressing", false, "Idle", m));
     }
-    if finished {
-        fields.insert("currentRun".into(), Value::Null);
-        actions.push(condition(
-            "Progressing",
-            false,
-            "Idle",
-            "waiting for the next scheduled run".into(),
-        ));
-    }
-    fields.insert("phase".into(), json!(phase));
-    actions.push(Action::Status {
-        fields: fields.clone(),
+    v.fields.insert("phase".into(), json!(v.phase));
+    v.actions.push(Action::Status {
+        fields: v.fields.clone(),
     });
-    let mut base: BTreeMap<String, String> = BTreeMap::from([
-        ("team".to_string(), team),
-        ("evaluator".to_string(), name.to_string()),
-        ("deployment".to_string(), dep_name.to_string()),
-    ]);
-    for (k, v) in &labels {
-        base.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+    if let Some(a) = alert(i, &st, &v) {
+        v.actions.push(a);
     }
-    if phase == "RolledBack" {
-        let rb = fields
-            .get("lastRollback")
-            .or_else(|| st.get("lastRollback"))
-            .cloned()
-            .unwrap_or(Value::Null);
-        let show = |v: &Value| match v {
-            Value::Null => "".to_string(),
-            Value::Number(n) if n.is_f64() => num(n.as_f64().unwrap_or_default()),
-            other => other.to_string(),
-        };
-        let mut l = base.clone();
-        l.insert("alertname".into(), "EvaluatorRolledBack".into());
-        l.insert("severity".into(), "critical".into());
-        let annotations = BTreeMap::from([
-            (
-                "summary".to_string(),
-                format!(
-                    "{dep_name} rolled back from revision {} to {}",
-                    show(&rb["fromRevision"]),
-                    show(&rb["toRevision"])
-                ),
-            ),
-            (
-                "description".to_string(),
-                format!(
-                    "benchmark score {} fell below the threshold {}",
-                    show(&rb["score"]),
-                    num(threshold)
-                ),
-            ),
-        ]);
-        actions.push(Action::Alert {
-            labels: l,
-            annotations,
-        });
-    } else if phase == "Degraded" {
-        let mut l = base;
-        l.insert("alertname".into(), "EvaluatorDegraded".into());
-        l.insert("severity".into(), "warning".into());
-        let why = fields
-            .get("lastError")
-            .and_then(Value::as_str)
-            .or_else(|| st.get("lastError").and_then(Value::as_str))
-            .unwrap_or("degraded");
-        let annotations = BTreeMap::from([("summary".to_string(), format!("{name}: {why}"))]);
-        actions.push(Action::Alert {
-            labels: l,
-            annotations,
-        });
-    }
-    actions
+    v.actions
 }
