@@ -76,10 +76,9 @@ pub async fn run(edits: usize, targets: usize) -> ReloadFigures {
     }
 }
 
-async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
-    let sandbox = Sandbox::default();
-    let ns = "reload";
-    populate(&sandbox, ns, targets.max(1));
+/// The operator running the tuned policy from its ConfigMap, hot reload
+/// on, every target reconciled once.
+async fn operator(sandbox: &Sandbox, ns: &str, targets: usize) -> Arc<Operator> {
     let client = sandbox.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let cm: ConfigMap = serde_json::from_value(json!({
@@ -104,35 +103,49 @@ async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
         .expect("bundles");
     let (set, errors) = reloader.initial(bundles).await;
     assert!(errors.is_empty(), "{errors:?}");
+    let config = OperatorConfig {
+        namespace: Some(ns.into()),
+        ..Default::default()
+    };
+    let sink = Arc::new(LogSink::default());
     let op = Arc::new(Operator::new(
-        client.clone(),
+        client,
         engine,
         set,
         Clock::real(),
-        Arc::new(LogSink::default()),
+        sink,
         metrics,
-        OperatorConfig {
-            namespace: Some(ns.into()),
-            ..Default::default()
-        },
+        config,
     ));
     op.start().await.expect("the operator starts");
-    let _tasks = reload::spawn(
-        reloader,
-        op.clone(),
-        SourceConfig {
-            dirs: vec![],
-            configmap_namespaces: vec![ns.into()],
-        },
-    );
+    let sources = SourceConfig {
+        dirs: vec![],
+        configmap_namespaces: vec![ns.into()],
+    };
+    // The reload tasks run as long as the runtime does.
+    let _tasks = reload::spawn(reloader, op.clone(), sources);
     let deadline = Instant::now() + Duration::from_secs(600);
-    while seen(&sandbox, ns, 0) < targets.max(1) && Instant::now() < deadline {
+    while seen(sandbox, ns, 0) < targets && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     op.settle(Duration::from_millis(200), Duration::from_secs(60))
         .await;
+    op
+}
 
-    // Latency of single edits, watched on one target.
+/// Edit the policy to version `i`.
+async fn edit(cms: &Api<ConfigMap>, i: usize) {
+    let p = json!({"data": {"tuned.yaml": policy(i)}});
+    cms.patch("tuned", &PatchParams::default(), &Patch::Merge(p))
+        .await
+        .expect("edit");
+}
+
+/// Latency of single edits, watched on one target: edit, then wait for the
+/// target's status to show the new version (and every target to settle).
+async fn edit_latency(sandbox: &Sandbox, ns: &str, edits: usize, targets: usize) -> Stats {
+    let client = sandbox.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let items: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
     let probe = "item-00000";
     let start_rv = items
@@ -142,26 +155,18 @@ async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
         .metadata
         .resource_version
         .unwrap_or_default();
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={probe}"))
+        .disable_bookmarks();
     let mut stream = items
-        .watch(
-            &WatchParams::default()
-                .fields(&format!("metadata.name={probe}"))
-                .disable_bookmarks(),
-            &start_rv,
-        )
+        .watch(&params, &start_rv)
         .await
         .expect("watch")
         .boxed();
     let mut samples = Vec::with_capacity(edits);
     for i in 1..=edits {
         let t0 = Instant::now();
-        cms.patch(
-            "tuned",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"tuned.yaml": policy(i)}})),
-        )
-        .await
-        .expect("edit");
+        edit(&cms, i).await;
         loop {
             match stream.try_next().await {
                 Ok(Some(WatchEvent::Modified(o))) if o.data["status"]["seen"] == json!(i) => break,
@@ -172,28 +177,30 @@ async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
         samples.push(t0.elapsed());
         // Let every target settle before the next edit.
         let wait = Instant::now() + Duration::from_secs(120);
-        while seen(&sandbox, ns, i) < targets.max(1) && Instant::now() < wait {
+        while seen(sandbox, ns, i) < targets && Instant::now() < wait {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    drop(stream);
-    let latency = if samples.is_empty() {
+    if samples.is_empty() {
         Stats::from_samples(vec![Duration::ZERO])
     } else {
         Stats::from_samples(samples)
-    };
+    }
+}
 
+async fn phase(edits: usize, targets: usize) -> (Stats, Duration) {
+    let sandbox = Sandbox::default();
+    let ns = "reload";
+    let targets = targets.max(1);
+    populate(&sandbox, ns, targets);
+    let op = operator(&sandbox, ns, targets).await;
+    let latency = edit_latency(&sandbox, ns, edits, targets).await;
     // All targets of the changed policy.
+    let cms: Api<ConfigMap> = Api::namespaced(sandbox.client(), ns);
     let next = edits + 1;
     let t0 = Instant::now();
-    cms.patch(
-        "tuned",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"tuned.yaml": policy(next)}})),
-    )
-    .await
-    .expect("edit");
-    while seen(&sandbox, ns, next) < targets.max(1) && t0.elapsed() < Duration::from_secs(600) {
+    edit(&cms, next).await;
+    while seen(&sandbox, ns, next) < targets && t0.elapsed() < Duration::from_secs(600) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let requeue_all = t0.elapsed();

@@ -9,7 +9,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, Wat
 use serde_json::{Value, json};
 
 use super::{Stats, measure_async};
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, Store};
 
 /// A ConfigMap whose JSON is about 1 KB.
 pub fn kilobyte_configmap(name: &str) -> Value {
@@ -49,6 +49,69 @@ pub fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// A namespace filled with `count` kilobyte ConfigMaps, written straight
+/// into the store.
+fn fill(store: &Store, ns: &str, count: usize, prefix: &str) {
+    let ns_def = store.def("", "namespaces").expect("namespaces");
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+    store
+        .create(&ns_def, "", namespace, &Default::default())
+        .expect("namespace");
+    let cm_def = store.def("", "configmaps").expect("configmaps");
+    for k in 0..count {
+        let mut o = kilobyte_configmap(&format!("{prefix}-{k:07}"));
+        o["metadata"]["namespace"] = json!(ns);
+        store
+            .create(&cm_def, ns, o, &Default::default())
+            .expect("create");
+    }
+}
+
+/// One write seen by 100 open watches: the time until all have it.
+async fn fanout(client: &kube::Client, rounds: usize) -> Stats {
+    let fan_api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let start_rv = fan_api
+        .get("probe")
+        .await
+        .expect("get")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let mut streams = Vec::new();
+    let params = WatchParams::default()
+        .fields("metadata.name=probe")
+        .disable_bookmarks();
+    for _ in 0..100 {
+        let s = fan_api.watch(&params, &start_rv).await.expect("watch");
+        streams.push(s.boxed());
+    }
+    let mut samples = Vec::new();
+    for round in 0..rounds {
+        let t = Instant::now();
+        let p = json!({"data": {"fan": round.to_string()}});
+        fan_api
+            .patch("probe", &PatchParams::default(), &Patch::Merge(p))
+            .await
+            .expect("patch");
+        let want = round.to_string();
+        for s in streams.iter_mut() {
+            loop {
+                match s.next().await {
+                    Some(Ok(WatchEvent::Modified(o)))
+                        if o.data.as_ref().and_then(|d| d.get("fan")) == Some(&want) =>
+                    {
+                        break;
+                    }
+                    Some(Ok(_)) => continue,
+                    other => panic!("watch ended: {other:?}"),
+                }
+            }
+        }
+        samples.push(t.elapsed());
+    }
+    Stats::from_samples(samples)
+}
+
 /// Run them all; `scale` 1.0 is the full size (10,000 listed, 100,000 stored).
 pub async fn run(scale: f64) -> SandboxFigures {
     let n = |x: usize| ((x as f64 * scale) as usize).max(1);
@@ -77,108 +140,22 @@ pub async fn run(scale: f64) -> SandboxFigures {
     .await;
 
     // A list of 10,000 objects, decoded by the client.
-    let list_ns = "list";
     let store = sandbox.store().clone();
-    let ns_def = store.def("", "namespaces").expect("namespaces");
-    store
-        .create(
-            &ns_def,
-            "",
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": list_ns}}),
-            &Default::default(),
-        )
-        .expect("namespace");
-    let cm_def = store.def("", "configmaps").expect("configmaps");
     let listed = n(10_000);
-    for k in 0..listed {
-        let mut o = kilobyte_configmap(&format!("cm-{k:06}"));
-        o["metadata"]["namespace"] = json!(list_ns);
-        store
-            .create(&cm_def, list_ns, o, &Default::default())
-            .expect("create");
-    }
-    let list_api: Api<ConfigMap> = Api::namespaced(client.clone(), list_ns);
+    fill(&store, "list", listed, "cm");
+    let list_api: Api<ConfigMap> = Api::namespaced(client.clone(), "list");
     let list_10k = measure_async(2, n(20).max(3), || async {
         let l = list_api.list(&ListParams::default()).await.expect("list");
         assert_eq!(l.items.len(), listed);
         l
     })
     .await;
-
-    // One write seen by 100 open watches.
-    let fan_api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let start_rv = fan_api
-        .get("probe")
-        .await
-        .expect("get")
-        .metadata
-        .resource_version
-        .unwrap_or_default();
-    let mut streams = Vec::new();
-    for _ in 0..100 {
-        let s = fan_api
-            .watch(
-                &WatchParams::default()
-                    .fields("metadata.name=probe")
-                    .disable_bookmarks(),
-                &start_rv,
-            )
-            .await
-            .expect("watch");
-        streams.push(s.boxed());
-    }
-    let mut samples = Vec::new();
-    for round in 0..n(50).max(5) {
-        let t = Instant::now();
-        fan_api
-            .patch(
-                "probe",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"data": {"fan": round.to_string()}})),
-            )
-            .await
-            .expect("patch");
-        for s in streams.iter_mut() {
-            loop {
-                match s.next().await {
-                    Some(Ok(WatchEvent::Modified(o)))
-                        if o.data
-                            .as_ref()
-                            .and_then(|d| d.get("fan"))
-                            .map(String::as_str)
-                            == Some(&round.to_string()) =>
-                    {
-                        break;
-                    }
-                    Some(Ok(_)) => continue,
-                    other => panic!("watch ended: {other:?}"),
-                }
-            }
-        }
-        samples.push(t.elapsed());
-    }
-    let fanout_100 = Stats::from_samples(samples);
-    drop(streams);
+    let fanout_100 = fanout(&client, n(50).max(5)).await;
 
     // Memory: 100,000 objects of 1 KB.
     let before = rss_bytes();
-    let mem_ns = "memory";
-    store
-        .create(
-            &ns_def,
-            "",
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": mem_ns}}),
-            &Default::default(),
-        )
-        .expect("namespace");
     let stored = n(100_000);
-    for k in 0..stored {
-        let mut o = kilobyte_configmap(&format!("m-{k:07}"));
-        o["metadata"]["namespace"] = json!(mem_ns);
-        store
-            .create(&cm_def, mem_ns, o, &Default::default())
-            .expect("create");
-    }
+    fill(&store, "memory", stored, "m");
     let after = rss_bytes();
     SandboxFigures {
         get,
