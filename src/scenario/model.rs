@@ -403,6 +403,36 @@ struct Loader {
 }
 
 impl Loader {
+    /// The scenario document, typed and as a positioned tree.
+    fn parse(&mut self, path: &Path) -> Option<(ScenarioDoc, Node)> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail(None, e.to_string());
+                return None;
+            }
+        };
+        let doc: ScenarioDoc = match yaml::parse(&text) {
+            Ok(d) => d,
+            Err(e) => {
+                let at = if e.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}: ", e.path)
+                };
+                self.fail(Some(e.pos), format!("{at}{}", e.message));
+                return None;
+            }
+        };
+        match yaml::parse_node(&text) {
+            Ok(n) => Some((doc, n)),
+            Err(e) => {
+                self.fail(Some(e.pos), e.message);
+                None
+            }
+        }
+    }
+
     fn fail(&mut self, pos: Option<Pos>, message: impl Into<String>) {
         self.errors.push(ScenarioError {
             file: self.file.clone(),
@@ -593,31 +623,8 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
         errors: Vec::new(),
     };
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => {
-            l.fail(None, e.to_string());
-            return Err(l.errors);
-        }
-    };
-    let doc: ScenarioDoc = match yaml::parse(&text) {
-        Ok(d) => d,
-        Err(e) => {
-            let at = if e.path.is_empty() {
-                String::new()
-            } else {
-                format!("{}: ", e.path)
-            };
-            l.fail(Some(e.pos), format!("{at}{}", e.message));
-            return Err(l.errors);
-        }
-    };
-    let node = match yaml::parse_node(&text) {
-        Ok(n) => n,
-        Err(e) => {
-            l.fail(Some(e.pos), e.message);
-            return Err(l.errors);
-        }
+    let Some((doc, node)) = l.parse(path) else {
+        return Err(l.errors);
     };
     if doc.kind != "Scenario" || !doc.api_version.starts_with("runbook.dev/") {
         let m = "not a Scenario (want apiVersion runbook.dev/v1alpha1, kind Scenario)";

@@ -316,6 +316,30 @@ fn operator_for(
     Arc::new(op)
 }
 
+/// The scenario's policies as the operator loads them, and the bundle
+/// `editPolicy` edits; their errors are load errors.
+async fn policies(
+    s: &Scenario,
+    reloader: &Reloader,
+    report: &mut Report,
+) -> Option<(Bundle, crate::policy::PolicySet)> {
+    let bundles = match bundles_of(s) {
+        Ok(b) => b,
+        Err(e) => {
+            report.load_errors.push(e);
+            return None;
+        }
+    };
+    let bundle = bundles[0].clone();
+    let (set, errors) = reloader.initial(bundles).await;
+    if !errors.is_empty() {
+        let errors = errors.into_iter().map(|e| load_error("", e));
+        report.load_errors.extend(errors);
+        return None;
+    }
+    Some((bundle, set))
+}
+
 async fn run_async(s: &Scenario) -> Report {
     let t0 = tokio::time::Instant::now();
     let clock = Clock::tokio(s.start);
@@ -342,21 +366,9 @@ async fn run_async(s: &Scenario) -> Report {
     )
     .compile_inline()
     .with_secret_namespace(&s.namespace);
-    let bundles = match bundles_of(s) {
-        Ok(b) => b,
-        Err(e) => {
-            report.load_errors.push(e);
-            return report;
-        }
-    };
-    let mut bundle = bundles[0].clone();
-    let (set, errors) = reloader.initial(bundles).await;
-    if !errors.is_empty() {
-        report
-            .load_errors
-            .extend(errors.into_iter().map(|e| load_error("", e)));
+    let Some((mut bundle, set)) = policies(s, &reloader, &mut report).await else {
         return report;
-    }
+    };
     let op = operator_for(&world, engine, set, metrics, &journal, &clock);
     let rules = s
         .rules
