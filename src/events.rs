@@ -76,6 +76,15 @@ impl EventWriter {
         }
     }
 
+    /// Events written by Runbook, as the instance `identity`.
+    pub fn of_runbook(client: Client, identity: &str) -> Self {
+        let reporter = Reporter {
+            controller: "runbook".into(),
+            instance: Some(identity.to_string()),
+        };
+        Self::new(client, reporter)
+    }
+
     /// Write `ev` about `regarding`, or count it as a repeat.
     pub async fn publish(
         &self,

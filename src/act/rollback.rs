@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::ExecError;
 use crate::kinds::KindRef;
 use crate::observe::RawObject;
-use crate::script::helpers::revision_of;
+use crate::script::helpers::{revision_of, without_hash};
 
 /// What a rollback did.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,17 +51,6 @@ pub fn pick<'a>(
                 })
         }
     }
-}
-
-fn without_hash(template: &Value) -> Value {
-    let mut t = template.clone();
-    if let Some(labels) = t
-        .pointer_mut("/metadata/labels")
-        .and_then(Value::as_object_mut)
-    {
-        labels.remove("pod-template-hash");
-    }
-    t
 }
 
 /// Roll `deployment` back. The Deployment and its ReplicaSets are read

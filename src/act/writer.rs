@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use super::plan::{Note, Step, Write, kind_of, target_string};
 use super::{Applied, ExecError, rollback};
 use crate::events::{Event, EventWriter};
-use crate::observe::RawObject;
 use crate::observe::discovery::Resolved;
+use crate::observe::{RawObject, finalizers_of};
 use crate::policy::compile::CompiledPolicy;
 use crate::script::action::{Action, event_type_str};
 use crate::telemetry::journal::{Entry, Journal};
@@ -255,14 +255,4 @@ impl Writer<'_> {
             tracing::warn!("recording an Event failed: {}", crate::util::api_error(&e));
         }
     }
-}
-
-/// The finalizers an object carries.
-pub fn finalizers_of(v: &Value) -> Vec<String> {
-    v.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f.as_str().map(str::to_string))
-        .collect()
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::{Event as KubeEvent, EventType, EventWriter, Reporter};
+use crate::events::{Event as KubeEvent, EventType, EventWriter};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
@@ -136,15 +136,7 @@ impl Delivery {
         identity: &str,
         config: DeliveryConfig,
     ) -> Self {
-        let recorder = client.clone().map(|c| {
-            EventWriter::new(
-                c,
-                Reporter {
-                    controller: "runbook".into(),
-                    instance: Some(identity.to_string()),
-                },
-            )
-        });
+        let recorder = client.clone().map(|c| EventWriter::of_runbook(c, identity));
         Self {
             inner: Arc::new(Inner {
                 config,

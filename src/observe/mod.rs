@@ -72,6 +72,16 @@ fn meta_str<'a>(v: &'a Value, key: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// The finalizers an object carries.
+pub fn finalizers_of(v: &Value) -> Vec<String> {
+    v.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str().map(str::to_string))
+        .collect()
+}
+
 /// The uids an object's ownerReferences name.
 pub fn owner_uids(v: &Value) -> impl Iterator<Item = &str> {
     v.get("metadata")

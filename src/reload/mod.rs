@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::{Event as KubeEvent, EventType, EventWriter, Reporter};
+use crate::events::{Event as KubeEvent, EventType, EventWriter};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::Api;
@@ -148,15 +148,7 @@ impl Reloader {
         metrics: Arc<Metrics>,
         identity: &str,
     ) -> Self {
-        let recorder = client.clone().map(|c| {
-            EventWriter::new(
-                c,
-                Reporter {
-                    controller: "runbook".into(),
-                    instance: Some(identity.to_string()),
-                },
-            )
-        });
+        let recorder = client.clone().map(|c| EventWriter::of_runbook(c, identity));
         Self {
             engine,
             client,

@@ -15,7 +15,7 @@ use super::controllers::{SUPERVISE_EVERY, spawn_target};
 use super::leader::Elector;
 use crate::alert::AlertSink;
 use crate::clock::Clock;
-use crate::events::{EventWriter, Reporter};
+use crate::events::EventWriter;
 use crate::kinds::KindRef;
 use crate::observe::cache::{Change, spawn_informer};
 use crate::observe::discovery::Resources;
@@ -61,13 +61,9 @@ impl Operator {
         let (stop, stop_rx) = watch::channel(false);
         let (changes, changes_rx) = mpsc::unbounded_channel();
         let (leading_tx, leading_rx) = watch::channel(false);
-        let reporter = Reporter {
-            controller: "runbook".into(),
-            instance: Some(config.identity.clone()),
-        };
         let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
         let ctx = Arc::new(Context {
-            recorder: EventWriter::new(client.clone(), reporter),
+            recorder: EventWriter::of_runbook(client.clone(), &config.identity),
             resources: Resources::new(client.clone()),
             client,
             engine,

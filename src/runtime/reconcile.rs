@@ -393,7 +393,7 @@ async fn reconcile_target(
         set,
     };
     let deleting = obj.meta.deletion_timestamp.is_some();
-    let present = act::writer::finalizers_of(target.cached.value());
+    let present = crate::observe::finalizers_of(target.cached.value());
     let mut next = Next::default();
     for p in &policies {
         let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %kind.kind, namespace = %key.namespace, name = %key.name);

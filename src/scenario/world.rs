@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::observe::health::WatchBackoff;
 use crate::sandbox::Sandbox;
 use crate::sandbox::registry::ResourceDef;
+use crate::script::helpers::without_hash;
 use crate::telemetry::journal::{Entry, Journal, MemoryJournal};
 use crate::util::time;
 
@@ -755,15 +756,4 @@ fn watched(
     watcher(api, watcher::Config::default())
         .backoff(WatchBackoff::default())
         .boxed()
-}
-
-fn without_hash(template: &Value) -> Value {
-    let mut t = template.clone();
-    if let Some(labels) = t
-        .pointer_mut("/metadata/labels")
-        .and_then(Value::as_object_mut)
-    {
-        labels.remove("pod-template-hash");
-    }
-    t
 }

@@ -92,6 +92,19 @@ pub fn termination_message(pod: &Value) -> Option<String> {
     None
 }
 
+/// A pod template without the `pod-template-hash` label the Deployment
+/// controller adds: templates compare equal as the Deployment wrote them.
+pub fn without_hash(template: &Value) -> Value {
+    let mut t = template.clone();
+    if let Some(labels) = t
+        .pointer_mut("/metadata/labels")
+        .and_then(Value::as_object_mut)
+    {
+        labels.remove("pod-template-hash");
+    }
+    t
+}
+
 pub fn revision_of(obj: &Value) -> Option<i64> {
     at(
         obj,

@@ -41,7 +41,7 @@ pub enum Part {
 }
 
 /// Column offset of a scalar's content: 1 when the scalar is quoted.
-fn quote_offset(source: &str, pos: Pos) -> u32 {
+pub fn quote_offset(source: &str, pos: Pos) -> u32 {
     let line = source
         .lines()
         .nth(pos.line.saturating_sub(1) as usize)

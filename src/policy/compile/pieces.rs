@@ -8,7 +8,7 @@ use crate::policy::limits::{CircuitBreaker, CompiledLimits, RateLimit, Verb};
 use crate::policy::model::{Limits, ScheduleSpec};
 use crate::schedule::Schedule;
 use crate::script::engine::Expr;
-use crate::script::template::Template;
+use crate::script::template::{Template, quote_offset};
 use crate::util::time::parse_duration_ms;
 use crate::util::yaml::{Node, Pos};
 
@@ -134,17 +134,6 @@ pub(super) fn expr(
             cx.errors.push(e.into());
             None
         }
-    }
-}
-
-fn quote_offset(source: &str, pos: Pos) -> u32 {
-    let line = source
-        .lines()
-        .nth(pos.line.saturating_sub(1) as usize)
-        .unwrap_or("");
-    match line.chars().nth(pos.col.saturating_sub(1) as usize) {
-        Some('\'') | Some('"') => 1,
-        _ => 0,
     }
 }
 

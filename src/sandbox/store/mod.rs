@@ -121,14 +121,7 @@ pub(super) fn owners_of(v: &Value) -> Box<[Box<str>]> {
     crate::observe::owner_uids(v).map(Into::into).collect()
 }
 
-pub(super) fn finalizers_of(v: &Value) -> Vec<String> {
-    v.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f.as_str().map(str::to_string))
-        .collect()
-}
+pub(super) use crate::observe::finalizers_of;
 
 pub(super) fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
     if !v.get("metadata").is_some_and(Value::is_object) {
