@@ -2,7 +2,7 @@
 //! JSON; anything that has no JSON form (a function pointer, an action, a
 //! NaN) is an error rather than a silent `null`.
 
-use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
+use rhai::{Array, Dynamic, Engine, Map};
 use serde_json::{Number, Value};
 
 use super::obj::Obj;
@@ -10,13 +10,6 @@ use super::obj::Obj;
 /// Convert a JSON value into a Rhai value.
 pub fn to_dynamic(v: &Value) -> Dynamic {
     match v {
-        Value::Null => Dynamic::UNIT,
-        Value::Bool(b) => Dynamic::from_bool(*b),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => Dynamic::from_int(i),
-            None => Dynamic::from_float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Value::String(s) => Dynamic::from(ImmutableString::from(s.as_str())),
         Value::Array(items) => {
             let arr: Array = items.iter().map(to_dynamic).collect();
             Dynamic::from_array(arr)
@@ -28,6 +21,7 @@ pub fn to_dynamic(v: &Value) -> Dynamic {
             }
             Dynamic::from_map(m)
         }
+        scalar => super::obj::scalar(scalar),
     }
 }
 

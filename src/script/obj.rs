@@ -126,13 +126,6 @@ impl Obj {
 /// `view` and arrays as arrays of shared elements.
 fn wrap(v: &Value, view: &dyn Fn() -> Obj) -> Dynamic {
     match v {
-        Value::Null => Dynamic::UNIT,
-        Value::Bool(b) => Dynamic::from_bool(*b),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => Dynamic::from_int(i),
-            None => Dynamic::from_float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Value::String(s) => Dynamic::from(ImmutableString::from(s.as_str())),
         Value::Object(_) => Dynamic::from(view()),
         Value::Array(items) => {
             let base = view();
@@ -143,6 +136,21 @@ fn wrap(v: &Value, view: &dyn Fn() -> Obj) -> Dynamic {
                 .collect();
             Dynamic::from_array(arr)
         }
+        scalar => self::scalar(scalar),
+    }
+}
+
+/// A JSON scalar as a Rhai value: null is `()`, integers stay integers
+/// (maps and arrays are the caller's to convert; they give `()` here).
+pub fn scalar(v: &Value) -> Dynamic {
+    match v {
+        Value::Bool(b) => Dynamic::from_bool(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Dynamic::from_int(i),
+            None => Dynamic::from_float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => Dynamic::from(ImmutableString::from(s.as_str())),
+        Value::Null | Value::Object(_) | Value::Array(_) => Dynamic::UNIT,
     }
 }
 
