@@ -411,3 +411,47 @@ fn the_reader_sees_grouped_and_nested_paths() {
         "use crate::a; "
     );
 }
+
+/// The files that may write to the API server, and why. A decision's
+/// writes all go through `act` (its writer, and the rollback it performs);
+/// the rest is the operator's own bookkeeping. Off the operator's path,
+/// the scenario world and the benchmarks write as clients do.
+const WRITERS: &[(&str, &str)] = &[
+    ("act/writer.rs", "every write a decision makes"),
+    ("act/rollback.rs", "the rollback the writer performs"),
+    ("events.rs", "Events, written once and counted as a series"),
+    ("runtime/leader.rs", "the leader Lease"),
+    (
+        "runtime/access.rs",
+        "SelfSubjectAccessReviews (a question, stored nowhere)",
+    ),
+    ("alert/nflog.rs", "the notification log ConfigMap"),
+    ("scenario/world.rs", "what a scenario's world does"),
+    ("bench/operator.rs", "benchmark fixtures"),
+    ("bench/reload.rs", "benchmark fixtures"),
+    ("bench/sandbox.rs", "benchmark fixtures"),
+];
+
+/// Writes to the API server take `PatchParams`, `PostParams` or
+/// `DeleteParams`: only the files above may build them.
+#[test]
+fn only_the_writers_write_to_the_api() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut wrong = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(src()).unwrap().display().to_string();
+        if rel.starts_with("sandbox/") || WRITERS.iter().any(|(w, _)| *w == rel) {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        for params in ["PatchParams", "PostParams", "DeleteParams"] {
+            if code.contains(params) {
+                wrong.push(format!(
+                    "{rel} uses {params}: write through act::Writer, or list it in WRITERS with why"
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "\n{}\n", wrong.join("\n"));
+}
