@@ -369,12 +369,7 @@ impl Needs {
         let mut secret_why: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for routes in set.routes.values() {
             for (rname, receiver) in &routes.receivers {
-                for kind in &receiver.kinds {
-                    let (ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. }) =
-                        kind
-                    else {
-                        continue;
-                    };
+                for url in receiver.kinds.iter().flat_map(ReceiverKind::targets) {
                     let Target::Secret { key, .. } = url else {
                         continue;
                     };

@@ -2,6 +2,8 @@
 //! Secrets on the cluster (the sandbox, or RUNBOOK_TEST_KUBECONFIG), and
 //! the dispatcher driven on a controlled clock.
 
+#[path = "support/alertmanager.rs"]
+mod alertmanager;
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/operator.rs"]
@@ -871,6 +873,112 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!((notified("firing"), notified("resolved")), (1, 1));
+    op.shutdown(Duration::from_secs(5)).await;
+    operator::remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+/// The operator's alerts in a team's own Alertmanager (two of them, an HA
+/// pair): firing with their labels, source link and times, pushed again
+/// while they fire so Alertmanager does not expire them, resolved when the
+/// object no longer raises them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_reach_a_real_alertmanager_pair_and_resolve_there() {
+    let pair = (
+        alertmanager::Alertmanager::start(),
+        alertmanager::Alertmanager::start(),
+    );
+    let (a, b) = match pair {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("skipped: no Alertmanager to run: {e}");
+            return;
+        }
+    };
+    let c = Cluster::new("alerts-am").await;
+    operator::install_widget_crd(&c).await;
+    let routes = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: am\n    groupBy: ['...']\n    groupWait: 0s\n    groupInterval: 200ms\n  receivers:\n    - name: am\n      alertmanager:\n        urls: [\"{}\", \"{}\"]\n        resendInterval: 2s\n",
+        a.url(),
+        b.url()
+    );
+    let set = operator::policies(
+        &c,
+        &[
+            ("size.yaml", ALERTING_POLICY),
+            ("size.rhai", ALERTING_SCRIPT),
+            ("routes.yaml", &routes),
+        ],
+    );
+    let metrics = Arc::new(Metrics::new());
+    let delivery = Delivery::new(Some(c.client.clone()), metrics.clone(), "test", fast());
+    let dispatcher = Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()));
+    let _flusher = dispatcher.spawn();
+    let config = runbook::runtime::OperatorConfig::default();
+    let op = operator::operator_with_sink(&c, set, config, metrics, dispatcher);
+    op.start().await.unwrap();
+    let widgets: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
+    widgets
+        .create(
+            &PostParams::default(),
+            &operator::widget(&c, "big", json!({"size": 20})),
+        )
+        .await
+        .unwrap();
+    let ours = [("alertname", "WidgetTooBig"), ("name", "big")];
+    for am in [&a, &b] {
+        eventually("the alert is active in Alertmanager", 30, || async {
+            am.alert(&ours)
+                .is_some_and(|x| x["status"]["state"] == "active")
+        })
+        .await;
+    }
+    let held = a.alert(&ours).unwrap();
+    assert_eq!(held["labels"]["policy"], "widget-size");
+    assert_eq!(held["labels"]["kind"], "Widget");
+    assert_eq!(held["labels"]["namespace"], json!(c.ns));
+    assert_eq!(held["labels"]["team"], "ml");
+    assert_eq!(held["labels"]["severity"], "warning");
+    assert_eq!(held["annotations"]["summary"], "big is too big");
+    assert_eq!(
+        held["generatorURL"],
+        json!(format!("runbook://explain/Widget/big?namespace={}", c.ns))
+    );
+    // Pushed again while it fires: Alertmanager's copy keeps being updated.
+    let updated = |x: &serde_json::Value| x["updatedAt"].as_str().unwrap_or("").to_string();
+    let first = updated(&held);
+    eventually("the alert is pushed again", 20, || async {
+        a.alert(&ours).is_some_and(|x| updated(&x) != first)
+    })
+    .await;
+
+    // The condition clears: resolved in both, well before Alertmanager
+    // would have let it expire by itself (its endsAt, 8 s after a push).
+    let expires = a.alert(&ours).unwrap()["endsAt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    widgets
+        .patch(
+            "big",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 1}})),
+        )
+        .await
+        .unwrap();
+    for am in [&a, &b] {
+        eventually("the alert resolves in Alertmanager", 30, || async {
+            am.alert(&ours).is_none()
+        })
+        .await;
+    }
+    let gone_at = jiff::Timestamp::now();
+    let expires: jiff::Timestamp = expires.parse().unwrap();
+    assert!(
+        gone_at < expires,
+        "resolved by Runbook at {gone_at}, not expired at {expires}"
+    );
     op.shutdown(Duration::from_secs(5)).await;
     operator::remove_widget_crd(&c).await;
     c.cleanup().await;

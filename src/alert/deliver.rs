@@ -104,11 +104,15 @@ struct Inner {
     metrics: Arc<Metrics>,
 }
 
+/// One delivery queue: by routes document, receiver, integration, and (for
+/// Alertmanager) URL.
+type QueueKey = (String, String, usize, usize);
+
 /// The delivery queues; the dispatcher's outbox in the operator.
 pub struct Delivery {
     inner: Arc<Inner>,
     runtime: tokio::runtime::Handle,
-    queues: Mutex<HashMap<(String, String, usize), mpsc::Sender<Job>>>,
+    queues: Mutex<HashMap<QueueKey, mpsc::Sender<Job>>>,
 }
 
 fn http_client() -> HttpClient<Https, Full<Bytes>> {
@@ -150,7 +154,7 @@ impl Delivery {
         }
     }
 
-    fn queue(&self, key: (String, String, usize)) -> mpsc::Sender<Job> {
+    fn queue(&self, key: QueueKey) -> mpsc::Sender<Job> {
         let mut queues = crate::util::lock(&self.queues);
         if let Some(tx) = queues.get(&key)
             && !tx.is_closed()
@@ -177,22 +181,51 @@ impl Outbox for Delivery {
         if *kind == ReceiverKind::Null {
             return;
         }
-        let receiver_name = n.receiver.clone();
-        let group = n.group_key.clone();
-        let job = Job {
-            notification: n,
-            integration: kind.clone(),
-            secret_namespace: routes
-                .secret_namespace
-                .clone()
-                .unwrap_or_else(|| self.inner.config.secret_namespace.clone()),
+        let secret_namespace = routes
+            .secret_namespace
+            .clone()
+            .unwrap_or_else(|| self.inner.config.secret_namespace.clone());
+        // Each Alertmanager of an HA pair gets every alert, each on its own
+        // queue: one that is down holds up nothing for the other.
+        let jobs: Vec<(usize, ReceiverKind)> = match kind {
+            ReceiverKind::Alertmanager {
+                urls,
+                timeout_ms,
+                resend_ms,
+            } => urls
+                .iter()
+                .enumerate()
+                .map(|(j, url)| {
+                    let one = ReceiverKind::Alertmanager {
+                        urls: vec![url.clone()],
+                        timeout_ms: *timeout_ms,
+                        resend_ms: *resend_ms,
+                    };
+                    (j, one)
+                })
+                .collect(),
+            other => vec![(0, other.clone())],
         };
-        let tx = self.queue((routes.name.clone(), receiver_name.clone(), i));
-        match tx.try_send(job) {
-            Ok(()) => self.inner.depth(&receiver_name, 1),
+        for (j, integration) in jobs {
+            let job = Job {
+                notification: n.clone(),
+                integration,
+                secret_namespace: secret_namespace.clone(),
+            };
+            self.enqueue((routes.name.clone(), n.receiver.clone(), i, j), job);
+        }
+    }
+}
+
+impl Delivery {
+    fn enqueue(&self, key: QueueKey, job: Job) {
+        let receiver = key.1.clone();
+        let group = job.notification.group_key.clone();
+        match self.queue(key).try_send(job) {
+            Ok(()) => self.inner.depth(&receiver, 1),
             Err(_) => {
-                self.inner.count(&receiver_name, "dropped");
-                tracing::warn!(receiver = %receiver_name, group = %group, "alert notification dropped: the receiver's queue is full");
+                self.inner.count(&receiver, "dropped");
+                tracing::warn!(receiver = %receiver, group = %group, "alert notification dropped: the receiver's queue is full");
             }
         }
     }
@@ -202,6 +235,17 @@ async fn work(inner: Arc<Inner>, receiver: String, mut rx: mpsc::Receiver<Job>) 
     while let Some(job) = rx.recv().await {
         inner.depth(&receiver, -1);
         inner.deliver(&job).await;
+    }
+}
+
+/// Where Alertmanager takes alerts, from its base URL (or the endpoint
+/// itself, given whole).
+fn alerts_endpoint(base: &str) -> String {
+    let base = base.trim_end_matches('/');
+    if base.ends_with("/api/v2/alerts") {
+        base.to_string()
+    } else {
+        format!("{base}/api/v2/alerts")
     }
 }
 
@@ -308,6 +352,19 @@ impl Inner {
                 self.post(&url, &body, *timeout_ms).await
             }
             ReceiverKind::Event { reason } => self.events(n, reason).await,
+            ReceiverKind::Alertmanager {
+                urls,
+                timeout_ms,
+                resend_ms,
+            } => {
+                for url in urls {
+                    let base = self.resolve(url, &job.secret_namespace).await?;
+                    let url = alerts_endpoint(&base);
+                    let body = notify::alertmanager_payload(n, *resend_ms);
+                    self.post(&url, &body, *timeout_ms).await?;
+                }
+                Ok(())
+            }
             ReceiverKind::Log { level } => {
                 let text = notify::text(n);
                 match level.as_str() {

@@ -246,7 +246,10 @@ impl Dispatcher {
                     receiver: route.receiver.clone(),
                     key: format!("{}:{}", route.key, render_labels(&labels)),
                     labels,
-                    interval_ms: route.group_interval_ms,
+                    // Alertmanager expects firing alerts pushed again every
+                    // resend interval: its groups flush that often.
+                    interval_ms: resend_of(routes, &route.receiver)
+                        .map_or(route.group_interval_ms, |r| r.min(route.group_interval_ms)),
                     repeat_ms: route.repeat_interval_ms,
                     members: BTreeMap::new(),
                     next_flush: add_ms(now, route.group_wait_ms),
@@ -431,6 +434,12 @@ fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<N
                 .collect()
         };
         let (firing, resolved) = (set(true), set(false));
+        // Alertmanager is told again every resend interval, or it expires
+        // the alerts; a notification's other receivers every repeat interval.
+        let repeat_ms = match kind {
+            ReceiverKind::Alertmanager { resend_ms, .. } => *resend_ms,
+            _ => g.repeat_ms,
+        };
         let needed = match g.last.get(&i) {
             None => !firing.is_empty(),
             Some(last) => {
@@ -441,7 +450,7 @@ fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<N
                 } else if !resolved.is_empty() && !resolved.is_subset(&last.resolved) {
                     true
                 } else {
-                    now.as_millisecond() - last.at.as_millisecond() >= g.repeat_ms
+                    now.as_millisecond() - last.at.as_millisecond() >= repeat_ms
                 }
             }
         };
@@ -471,6 +480,20 @@ fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<N
         });
     }
     out
+}
+
+/// The shortest resend interval of a receiver's Alertmanager integrations.
+fn resend_of(routes: &CompiledRoutes, receiver: &str) -> Option<i64> {
+    routes
+        .receivers
+        .get(receiver)?
+        .kinds
+        .iter()
+        .filter_map(|k| match k {
+            ReceiverKind::Alertmanager { resend_ms, .. } => Some(*resend_ms),
+            _ => None,
+        })
+        .min()
 }
 
 /// A group's last notifications, as the log kept them.
@@ -594,9 +617,13 @@ spec:
 "#;
 
     fn routes() -> Arc<CompiledRoutes> {
+        routes_from(ROUTES)
+    }
+
+    fn routes_from(yaml: &str) -> Arc<CompiledRoutes> {
         let bundle = Bundle::new(
             Origin::Inline("t".into()),
-            [("routes.yaml".to_string(), ROUTES.to_string())].into(),
+            [("routes.yaml".to_string(), yaml.to_string())].into(),
         );
         let engine = crate::script::ScriptEngine::default();
         let mut loaded = crate::policy::compile::load_bundle(&engine, &bundle, None);
@@ -638,6 +665,9 @@ spec:
 
     impl World {
         fn new() -> Self {
+            Self::with(routes())
+        }
+        fn with(routes: Arc<CompiledRoutes>) -> Self {
             let clock = Clock::manual("2026-11-29T10:00:00Z".parse().unwrap());
             let outbox = Arc::new(RecordingOutbox::default());
             let d = Dispatcher::new(outbox.clone(), clock.clone());
@@ -645,7 +675,7 @@ spec:
                 clock,
                 outbox,
                 d,
-                routes: routes(),
+                routes,
             }
         }
         fn raise(&self, name: &str, alerts: &[&[(&str, &str)]]) {
@@ -759,6 +789,48 @@ spec:
     }
 
     #[test]
+    fn a_receiver_two_matching_routes_name_is_notified_once_per_route() {
+        // As Alertmanager does (and `amtool config routes test` lists it twice).
+        let w = World::with(routes_from(
+            r#"
+apiVersion: runbook.dev/v1alpha1
+kind: AlertRoutes
+metadata: {name: twice}
+spec:
+  route:
+    receiver: log
+    groupWait: 0s
+    routes:
+      - matchers: ['severity = "critical"']
+        receiver: pager
+        continue: true
+      - matchers: ['team = "ml"']
+        receiver: pager
+  receivers:
+    - {name: log, log: {}}
+    - {name: pager, log: {}}
+"#,
+        ));
+        w.raise(
+            "a",
+            &[&[
+                ("alertname", "Drift"),
+                ("severity", "critical"),
+                ("team", "ml"),
+            ]],
+        );
+        let sent = w.at(1);
+        assert_eq!(
+            summary(&sent),
+            [
+                ("pager".into(), "firing".into(), 1, 0),
+                ("pager".into(), "firing".into(), 1, 0),
+            ]
+        );
+        assert_ne!(sent[0].group_key, sent[1].group_key, "one group per route");
+    }
+
+    #[test]
     fn a_firing_source_alert_inhibits_matching_targets_with_equal_labels() {
         let w = World::new();
         w.raise(
@@ -815,5 +887,41 @@ spec:
         w.d.retain(&|s| s.name != "a");
         let sent = w.at(330);
         assert_eq!(summary(&sent), [("ml".into(), "resolved".into(), 0, 1)]);
+    }
+
+    /// Alertmanager resolves an alert nobody pushes again: the dispatcher
+    /// pushes firing alerts to it every resend interval, however long the
+    /// route's repeat interval, and the resolution once.
+    #[test]
+    fn alertmanager_hears_of_firing_alerts_every_resend_interval() {
+        let text = ROUTES
+            .replace("receiver: log\n    groupBy", "receiver: am\n    groupBy")
+            .replace(
+                "    - name: log\n      log: {}",
+                "    - name: log\n      log: {}\n    - name: am\n      alertmanager: {url: \"http://127.0.0.1:9093\", resendInterval: 1m}",
+            );
+        let bundle = Bundle::new(
+            Origin::Inline("t".into()),
+            [("routes.yaml".to_string(), text)].into(),
+        );
+        let engine = crate::script::ScriptEngine::default();
+        let mut loaded = crate::policy::compile::load_bundle(&engine, &bundle, None);
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        let w = World {
+            routes: Arc::new(loaded.routes.remove(0)),
+            ..World::new()
+        };
+        w.raise("a", &[&[("alertname", "Drift")]]);
+        assert_eq!(summary(&w.at(30)), [("am".into(), "firing".into(), 1, 0)]);
+        // The group flushes every minute (not every 5m) and tells again.
+        assert!(w.at(60).is_empty(), "not a minute yet");
+        assert_eq!(summary(&w.at(90)), [("am".into(), "firing".into(), 1, 0)]);
+        assert_eq!(summary(&w.at(150)), [("am".into(), "firing".into(), 1, 0)]);
+        w.raise("a", &[]);
+        assert_eq!(
+            summary(&w.at(210)),
+            [("am".into(), "resolved".into(), 0, 1)]
+        );
+        assert!(w.at(270).is_empty(), "resolved once, then gone");
     }
 }

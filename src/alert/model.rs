@@ -65,6 +65,8 @@ pub struct ReceiverSpec {
     pub event: Option<EventReceiverSpec>,
     #[serde(default)]
     pub log: Option<LogReceiverSpec>,
+    #[serde(default)]
+    pub alertmanager: Option<AlertmanagerSpec>,
 }
 
 /// A URL given inline (only for `http://127.0.0.1`-style test receivers is
@@ -112,6 +114,27 @@ pub struct SlackSpec {
     /// Notify when alerts resolve (default false, as in Alertmanager).
     #[serde(default)]
     pub send_resolved: Option<bool>,
+}
+
+/// Alerts pushed to Prometheus' Alertmanager (`/api/v2/alerts`), as
+/// Prometheus pushes them: every alert to every URL (an HA pair gets both).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AlertmanagerSpec {
+    /// One Alertmanager: its base URL (inline for loopback, else a
+    /// `secretKeyRef`).
+    #[serde(default)]
+    pub url: Option<Node>,
+    /// Several Alertmanagers, each getting every alert.
+    #[serde(default)]
+    pub urls: Vec<Node>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// How often firing alerts are pushed again (default 1m); Alertmanager
+    /// resolves an alert that is not pushed again by its `endsAt`, four
+    /// resend intervals after the last push.
+    #[serde(default)]
+    pub resend_interval: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

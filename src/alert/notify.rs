@@ -75,6 +75,51 @@ fn common<'a>(
     out
 }
 
+/// Where an alert came from, as a URI for Alertmanager's `generatorURL`:
+/// the `runbook explain` of the object, `runbook://explain/KIND/NAME`
+/// with its namespace (Alertmanager shows it as the alert's source link).
+pub fn generator_url(s: &AlertSource) -> String {
+    let mut url = format!("runbook://explain/{}/{}", s.kind, s.name);
+    if !s.namespace.is_empty() {
+        url.push_str(&format!("?namespace={}", s.namespace));
+    }
+    url
+}
+
+/// The body Alertmanager's `POST /api/v2/alerts` takes, as Prometheus sends
+/// it: every alert of the notification with its labels and annotations,
+/// `startsAt`, and `endsAt` (when it resolved, or, while it fires, four
+/// resend intervals from now, so Alertmanager resolves an alert nobody
+/// pushes again).
+pub fn alertmanager_payload(n: &Notification, resend_ms: i64) -> Value {
+    let expires = n
+        .time
+        .checked_add(jiff::SignedDuration::from_millis(4 * resend_ms))
+        .unwrap_or(n.time);
+    let precise = |t: Timestamp| t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+    let alerts: Vec<Value> = n
+        .alerts
+        .iter()
+        .map(|a| {
+            let starts = a.alert.starts_at;
+            // Alertmanager refuses the whole batch for an alert that does
+            // not end after it starts (one resolved within its millisecond).
+            let after = starts
+                .checked_add(jiff::SignedDuration::from_millis(1))
+                .unwrap_or(starts);
+            let ends = a.ends_at.unwrap_or(expires).max(after);
+            json!({
+                "labels": a.alert.labels,
+                "annotations": a.alert.annotations,
+                "startsAt": precise(starts),
+                "endsAt": precise(ends),
+                "generatorURL": generator_url(&a.source),
+            })
+        })
+        .collect();
+    Value::Array(alerts)
+}
+
 /// The webhook body (Alertmanager's version 4). `max_alerts` > 0 keeps
 /// that many alerts and counts the rest in `truncatedAlerts`.
 pub fn webhook_payload(n: &Notification, max_alerts: u32) -> Value {
@@ -270,5 +315,37 @@ mod tests {
         );
         assert!(text.contains("• RolledBack happened [critical]"), "{text}");
         assert!(text.contains("Evaluator prod/chatbot (policy p)"), "{text}");
+    }
+
+    #[test]
+    fn alertmanager_gets_each_alert_as_prometheus_sends_it() {
+        let mut n = notification(vec![
+            alert("Drift", "critical", false),
+            alert("Old", "warning", true),
+        ]);
+        n.time = "2026-11-29T12:00:00Z".parse().unwrap();
+        let body = alertmanager_payload(&n, 60_000);
+        let [firing, resolved] = body.as_array().unwrap().as_slice() else {
+            panic!("two alerts: {body}");
+        };
+        assert_eq!(firing["labels"]["alertname"], "Drift");
+        assert_eq!(firing["annotations"]["summary"], "Drift happened");
+        assert_eq!(firing["startsAt"], "2026-11-29T10:00:00.000Z");
+        // Firing: it ends four resend intervals from now unless pushed again.
+        assert_eq!(firing["endsAt"], "2026-11-29T12:04:00.000Z");
+        assert_eq!(resolved["endsAt"], "2026-11-29T11:00:00.000Z");
+        assert_eq!(
+            firing["generatorURL"],
+            "runbook://explain/Evaluator/chatbot?namespace=prod"
+        );
+    }
+
+    #[test]
+    fn an_alert_resolved_as_it_started_still_ends_after_it_starts() {
+        let mut quick = alert("Blip", "info", true);
+        quick.ends_at = Some(quick.alert.starts_at);
+        let body = alertmanager_payload(&notification(vec![quick]), 60_000);
+        assert_eq!(body[0]["startsAt"], "2026-11-29T10:00:00.000Z");
+        assert_eq!(body[0]["endsAt"], "2026-11-29T10:00:00.001Z");
     }
 }

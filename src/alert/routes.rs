@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::matcher::Matcher;
-use super::model::{AlertRoutesDoc, ReceiverSpec, RouteSpec, SecretKeyRef};
+use super::model::{AlertRoutesDoc, AlertmanagerSpec, ReceiverSpec, RouteSpec, SecretKeyRef};
 use crate::util::time::parse_duration_ms;
 use crate::util::yaml::{Node, NodeValue, Pos};
 
@@ -67,6 +67,13 @@ pub enum ReceiverKind {
     Log {
         level: String,
     },
+    /// Prometheus' Alertmanager: every alert pushed to each URL, firing ones
+    /// again every `resend_ms`.
+    Alertmanager {
+        urls: Vec<Target>,
+        timeout_ms: i64,
+        resend_ms: i64,
+    },
     /// A receiver with no integration: alerts routed to it are dropped
     /// (Alertmanager's "null" receiver).
     Null,
@@ -84,12 +91,22 @@ impl ReceiverKind {
         }
     }
 
+    /// The URLs an integration sends to (inline or from Secrets).
+    pub fn targets(&self) -> Vec<&Target> {
+        match self {
+            ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. } => vec![url],
+            ReceiverKind::Alertmanager { urls, .. } => urls.iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub fn kind_name(&self) -> &'static str {
         match self {
             ReceiverKind::Webhook { .. } => "webhook",
             ReceiverKind::Slack { .. } => "slack",
             ReceiverKind::Event { .. } => "event",
             ReceiverKind::Log { .. } => "log",
+            ReceiverKind::Alertmanager { .. } => "alertmanager",
             ReceiverKind::Null => "none",
         }
     }
@@ -230,6 +247,8 @@ const DEFAULT_GROUP_WAIT_MS: i64 = 30_000;
 const DEFAULT_GROUP_INTERVAL_MS: i64 = 300_000;
 const DEFAULT_REPEAT_INTERVAL_MS: i64 = 4 * 3_600_000;
 const DEFAULT_TIMEOUT_MS: i64 = 10_000;
+/// How often Prometheus pushes firing alerts to Alertmanager again.
+const DEFAULT_RESEND_MS: i64 = 60_000;
 
 fn err(pos: Option<Pos>, message: impl Into<String>) -> RouteError {
     RouteError {
@@ -249,6 +268,8 @@ fn duration(
         None => inherited,
         Some(t) => match parse_duration_ms(t) {
             Ok(ms) if ms > 0 => ms,
+            // As in Alertmanager, a group may notify at once.
+            Ok(0) if what == "groupWait" => 0,
             Ok(_) => {
                 errors.push(err(pos, format!("{what} must be positive")));
                 inherited
@@ -401,6 +422,11 @@ fn receiver(
         }
         kinds.push(ReceiverKind::Log { level });
     }
+    if let Some(a) = &spec.alertmanager
+        && let Some(am) = alertmanager(a, index, pos, errors)
+    {
+        kinds.push(am);
+    }
     if kinds.is_empty() {
         kinds.push(ReceiverKind::Null);
     }
@@ -408,6 +434,48 @@ fn receiver(
         name: spec.name.clone(),
         kinds,
     }
+}
+
+/// An `alertmanager` receiver: one URL or several, each checked as a
+/// webhook's is.
+fn alertmanager(
+    a: &AlertmanagerSpec,
+    index: usize,
+    pos: Option<Pos>,
+    errors: &mut Vec<RouteError>,
+) -> Option<ReceiverKind> {
+    let what = format!("receivers[{index}].alertmanager");
+    let nodes: Vec<&Node> = a.url.iter().chain(&a.urls).collect();
+    if nodes.is_empty() {
+        errors.push(err(pos, format!("{what}: give url or urls")));
+        return None;
+    }
+    let urls: Vec<Target> = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| target_of(n, &format!("{what}.urls[{i}]"), errors))
+        .collect();
+    let resend_ms = duration(
+        &a.resend_interval,
+        DEFAULT_RESEND_MS,
+        "alertmanager resendInterval",
+        pos,
+        errors,
+    );
+    if resend_ms <= 0 {
+        errors.push(err(pos, format!("{what}.resendInterval must be positive")));
+    }
+    (urls.len() == nodes.len()).then(|| ReceiverKind::Alertmanager {
+        urls,
+        timeout_ms: duration(
+            &a.timeout,
+            DEFAULT_TIMEOUT_MS,
+            "alertmanager timeout",
+            pos,
+            errors,
+        ),
+        resend_ms: resend_ms.max(1),
+    })
 }
 
 fn matchers(nodes: &[Node], what: &str, errors: &mut Vec<RouteError>) -> Vec<Matcher> {
@@ -675,6 +743,17 @@ impl CompiledRoutes {
         out
     }
 
+    /// The receiver of each route an alert reaches, in routing order: a
+    /// receiver named by two matching routes is notified twice, once per
+    /// route, as Alertmanager does (what `runbook alerts route` prints, and
+    /// what `amtool config routes test` prints).
+    pub fn receivers_per_route(&self, labels: &BTreeMap<String, String>) -> Vec<String> {
+        self.routes_for(labels)
+            .into_iter()
+            .map(|r| r.receiver.clone())
+            .collect()
+    }
+
     /// The receiver names an alert reaches, in routing order, deduplicated.
     pub fn receivers_for(&self, labels: &BTreeMap<String, String>) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -736,5 +815,70 @@ mod tests {
             "a name, not an address"
         );
         assert!(!loopback("http://user@example.com/"));
+    }
+
+    fn compile_text(text: &str) -> Result<CompiledRoutes, Vec<RouteError>> {
+        let doc: AlertRoutesDoc = crate::util::yaml::parse(text).unwrap();
+        let node = crate::util::yaml::parse_node(text).unwrap();
+        compile(&doc, &node)
+    }
+
+    const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: t}\nspec:\n  route: {receiver: am}\n  receivers:\n";
+
+    #[test]
+    fn an_alertmanager_receiver_takes_urls_as_a_webhook_does() {
+        let pair = format!(
+            "{HEAD}    - name: am\n      alertmanager:\n        urls: ['http://127.0.0.1:9093', {{secretKeyRef: {{name: s, key: k}}}}]\n        resendInterval: 30s\n"
+        );
+        let routes = compile_text(&pair).unwrap();
+        let [
+            ReceiverKind::Alertmanager {
+                urls,
+                resend_ms,
+                timeout_ms,
+            },
+        ] = routes.receivers["am"].kinds.as_slice()
+        else {
+            panic!("an alertmanager integration");
+        };
+        assert_eq!(urls.len(), 2);
+        assert_eq!((*resend_ms, *timeout_ms), (30_000, DEFAULT_TIMEOUT_MS));
+        assert_eq!(
+            routes.receivers["am"].kinds[0].targets().len(),
+            2,
+            "rbac and the Secret check see both"
+        );
+
+        let none = format!("{HEAD}    - name: am\n      alertmanager: {{resendInterval: 1m}}\n");
+        let errors = compile_text(&none).unwrap_err();
+        assert_eq!(
+            errors[0].message,
+            "receivers[0].alertmanager: give url or urls"
+        );
+        assert_eq!(errors[0].pos.map(|p| p.line), Some(7));
+
+        let public = format!(
+            "{HEAD}    - name: am\n      alertmanager: {{url: 'http://alertmanager.monitoring:9093'}}\n"
+        );
+        let errors = compile_text(&public).unwrap_err();
+        assert!(
+            errors[0]
+                .message
+                .contains("only loopback URLs may be written inline"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_receiver_two_routes_name_is_listed_once_per_route() {
+        let text = "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: t}\nspec:\n  route:\n    receiver: r0\n    routes:\n      - {matchers: ['severity=\"critical\"'], receiver: r1, continue: true}\n      - {matchers: ['team=\"ml\"'], receiver: r1}\n  receivers: [{name: r0}, {name: r1}]\n";
+        let routes = compile_text(text).unwrap();
+        let labels: BTreeMap<String, String> = [
+            ("severity".into(), "critical".into()),
+            ("team".into(), "ml".into()),
+        ]
+        .into();
+        assert_eq!(routes.receivers_per_route(&labels), ["r1", "r1"]);
+        assert_eq!(routes.receivers_for(&labels), ["r1"]);
     }
 }

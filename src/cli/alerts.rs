@@ -91,7 +91,7 @@ fn route(args: RouteArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    let receivers = routes.receivers_for(&labels);
+    let receivers = routes.receivers_per_route(&labels);
     println!("{}", receivers.join(","));
     if args.verbose {
         for r in routes.routes_for(&labels) {

@@ -233,12 +233,7 @@ impl Reloader {
         let mut errors = Vec::new();
         for routes in &loaded.routes {
             for receiver in routes.receivers.values() {
-                for kind in &receiver.kinds {
-                    let (ReceiverKind::Webhook { url, .. } | ReceiverKind::Slack { url, .. }) =
-                        kind
-                    else {
-                        continue;
-                    };
+                for url in receiver.kinds.iter().flat_map(ReceiverKind::targets) {
                     let Target::Secret { key, pos } = url else {
                         continue;
                     };
