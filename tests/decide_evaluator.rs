@@ -200,8 +200,8 @@ fn the_rollback_limit_withholds_a_second_rollback_within_its_window() {
     let w = world_at_revision(5).at("2026-11-29T12:00:30Z");
     let ev = with(
         running(JOB),
-        json!({"status": {"decision": {"policy": "evaluator-drift", "policyVersion": "x", "inputsHash": "y",
-               "recentActions": {"rollback": ["2026-11-29T09:00:00Z"]}}}}),
+        json!({"status": {"decisions": [{"policy": "evaluator-drift", "policyVersion": "x", "inputsHash": "y",
+               "recentActions": {"rollback": ["2026-11-29T09:00:00Z"]}}]}}),
     );
     w.add(job(&ev, JOB, 5, JobState::Succeeded));
     w.add(job_pod(JOB, r#"{"score": 0.6}"#));

@@ -41,7 +41,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "policy",
         &[
-            "alert", "kinds", "labels", "names", "schedule", "script", "util",
+            "alert", "crd", "kinds", "labels", "names", "schedule", "script", "util",
         ],
     ),
     // Least privilege derived from policies.

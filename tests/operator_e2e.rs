@@ -129,8 +129,8 @@ async fn a_new_cr_gets_its_children_and_status() {
     let w = widgets.get("w1").await.unwrap();
     let st = &w.data["status"];
     assert_eq!(st["observedGeneration"], 1);
-    assert_eq!(st["decision"]["policy"], "widget");
-    assert_eq!(st["decision"]["mode"], "enforce");
+    assert_eq!(st["decisions"][0]["policy"], "widget");
+    assert_eq!(st["decisions"][0]["mode"], "enforce");
     let ready: Vec<&Value> = st["conditions"]
         .as_array()
         .unwrap()
@@ -267,7 +267,7 @@ async fn an_action_on_an_undeclared_kind_is_refused_and_reported() {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(c.client.clone(), &c.ns);
     assert!(secrets.get("leak").await.is_err(), "nothing was written");
     let w = widgets.get("w1").await.unwrap();
-    let refused: Vec<&Value> = w.data["status"]["decision"]["actions"]
+    let refused: Vec<&Value> = w.data["status"]["decisions"][0]["actions"]
         .as_array()
         .unwrap()
         .iter()
@@ -896,7 +896,7 @@ async fn a_shadow_policy_decides_and_records_but_writes_nothing() {
     assert!(
         w.data
             .get("status")
-            .is_none_or(|s| s.is_null() || s.get("decision").is_none()),
+            .is_none_or(|s| s.is_null() || s.get("decisions").is_none()),
         "nor writes status: {:?}",
         w.data
     );
@@ -961,7 +961,7 @@ async fn a_blast_radius_limit_holds_actions_past_it() {
     );
     let w = widgets.get("w1").await.unwrap();
     assert_eq!(
-        w.data["status"]["decision"]["recentActions"]["apply"]
+        w.data["status"]["decisions"][0]["recentActions"]["apply"]
             .as_array()
             .unwrap()
             .len(),
@@ -1088,7 +1088,7 @@ async fn the_decision_record_is_never_older_than_its_status() {
         widgets.get("w").await.unwrap().data["status"]["size"] == 1
     })
     .await;
-    let first = widgets.get("w").await.unwrap().data["status"]["decision"].clone();
+    let first = widgets.get("w").await.unwrap().data["status"]["decisions"][0].clone();
     widgets
         .patch(
             "w",
@@ -1102,7 +1102,7 @@ async fn the_decision_record_is_never_older_than_its_status() {
     })
     .await;
     settle(&op).await;
-    let second = widgets.get("w").await.unwrap().data["status"]["decision"].clone();
+    let second = widgets.get("w").await.unwrap().data["status"]["decisions"][0].clone();
     assert_ne!(
         first["inputsHash"], second["inputsHash"],
         "the record is that of the decision that wrote size 2"

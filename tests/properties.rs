@@ -65,7 +65,7 @@ proptest! {
     /// The executor never panics on an object, whatever its shape.
     #[test]
     fn preparing_any_object_never_panics(obj in prop_oneof![any_json(), script_object()]) {
-        let child = prepare_child(&obj, &target(), true);
+        let child = prepare_child(&obj, &target(), true, "p");
         prop_assert!(child["metadata"]["labels"]["app.kubernetes.io/managed-by"].is_string());
         prop_assert!(child["metadata"]["annotations"]["runbook.dev/applied-hash"].is_string());
     }

@@ -166,7 +166,8 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
         status_threshold(&widgets, "a").await == 1
     })
     .await;
-    let v1 = widgets.get("a").await.unwrap().data["status"]["decision"]["policyVersion"].clone();
+    let v1 =
+        widgets.get("a").await.unwrap().data["status"]["decisions"][0]["policyVersion"].clone();
 
     // Edit the threshold: the next reconcile uses it.
     let patch = |yaml: String| json!({"data": {"tuned.yaml": yaml}});
@@ -181,7 +182,8 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
         status_threshold(&widgets, "a").await == 2
     })
     .await;
-    let v2 = widgets.get("a").await.unwrap().data["status"]["decision"]["policyVersion"].clone();
+    let v2 =
+        widgets.get("a").await.unwrap().data["status"]["decisions"][0]["policyVersion"].clone();
     assert_ne!(v1, v2, "the decision record names the new version");
     assert_eq!(
         cms.get("a-out").await.unwrap().data.unwrap()["threshold"],

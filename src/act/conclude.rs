@@ -106,12 +106,14 @@ pub fn problem_of(
 
 /// The status a decision leaves, from the current one: its fields (none
 /// when an action failed), its conditions, `Degraded` for a problem (or
-/// cleared when Runbook had set it), and `observedGeneration`.
+/// cleared when Runbook had set it and no other policy on the target
+/// still has one: `others_troubled`), and `observedGeneration`.
 pub fn next_status(
     current: &Value,
     fields: Option<&Map<String, Value>>,
     conditions: &[Condition],
     problem: Option<&(&'static str, String)>,
+    others_troubled: bool,
     generation: Option<i64>,
     now: &str,
 ) -> Value {
@@ -139,7 +141,7 @@ pub fn next_status(
             let ours = status::condition(&new_status, "Degraded").is_some_and(|c| {
                 c["status"] == "True" && OWN_REASONS.contains(&c["reason"].as_str().unwrap_or(""))
             });
-            if ours {
+            if ours && !others_troubled {
                 status::set_condition(
                     &mut new_status,
                     &degraded(
@@ -190,11 +192,11 @@ pub fn record_to_keep(
     }
 }
 
-/// A status without its decision record.
+/// A status without its decision records.
 fn without_decision(status: &Value) -> Value {
     let mut s = status.clone();
     if let Some(m) = s.as_object_mut() {
-        m.remove("decision");
+        m.remove("decisions");
     }
     s
 }
@@ -219,20 +221,24 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let now = crate::util::time::format(input.now);
     let generation = t.pointer("/metadata/generation").and_then(Value::as_i64);
     let current = t.get("status").cloned().unwrap_or(json!({}));
-    let previous = DecisionRecord::of(t).unwrap_or_default();
+    let previous = DecisionRecord::of(t, &input.policy.name).unwrap_or_default();
     let failed = input.failed.map(str::to_string);
     let error = input.decide_error.map(|e| e.to_string()).or(failed);
     let problem = problem_of(input.decide_error, input.failed, input.plan, input.done);
+    let others_troubled = DecisionRecord::all(t)
+        .iter()
+        .any(|d| d.policy != input.policy.name && d.has_problem());
     let mut new_status = next_status(
         &current,
         input.failed.is_none().then_some(&input.plan.fields),
         &input.plan.conditions,
         problem.as_ref(),
+        others_troubled,
         generation,
         &now,
     );
     let limits = &input.policy.limits;
-    let mut recent = Recent::of(t);
+    let mut recent = Recent::of(t, &input.policy.name);
     for (s, d) in input.plan.steps.iter().zip(input.done) {
         if let (true, Some(v)) = (d.wrote, s.action.limited_verb()) {
             recent.note(limits, v, input.now);
@@ -254,7 +260,7 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let wrote = input.done.iter().any(|d| d.wrote);
     let quiet = !wrote && input.plan.events.is_empty() && problem.is_none();
     let record = record_to_keep(record, &previous, status_unchanged, quiet, &now);
-    new_status["decision"] = serde_json::to_value(&record).unwrap_or(Value::Null);
+    new_status["decisions"] = record.upsert_into(current.get("decisions"));
     let mut events = input.plan.events.clone();
     if let Some((reason, message)) = &problem
         && previous.error.as_deref() != Some(message.as_str())
@@ -311,7 +317,7 @@ mod tests {
             reason: "ScoreAboveThreshold".into(),
             message: "ok".into(),
         }];
-        let next = next_status(&current, Some(&fields), &conds, None, Some(3), NOW);
+        let next = next_status(&current, Some(&fields), &conds, None, false, Some(3), NOW);
         assert_eq!(next["phase"], "Healthy");
         assert_eq!(next["keep"], 1);
         assert_eq!(next["observedGeneration"], 3);
@@ -331,7 +337,7 @@ mod tests {
         // A failed action keeps the decision's fields out.
         let mut fields = Map::new();
         fields.insert("phase".into(), json!("Healthy"));
-        let failed = next_status(&json!({}), None, &[], Some(&problem), None, NOW);
+        let failed = next_status(&json!({}), None, &[], Some(&problem), false, None, NOW);
         assert!(failed.get("phase").is_none());
         assert_eq!(
             conditions(&failed),
@@ -341,7 +347,7 @@ mod tests {
                 "ActionFailed".to_string()
             )]
         );
-        let clean = next_status(&failed, Some(&fields), &[], None, None, NOW);
+        let clean = next_status(&failed, Some(&fields), &[], None, false, None, NOW);
         assert_eq!(
             conditions(&clean),
             [(
@@ -353,7 +359,7 @@ mod tests {
         // A Degraded someone else set is left alone.
         let theirs =
             json!({"conditions": [{"type": "Degraded", "status": "True", "reason": "Theirs"}]});
-        let kept = next_status(&theirs, Some(&fields), &[], None, None, NOW);
+        let kept = next_status(&theirs, Some(&fields), &[], None, false, None, NOW);
         assert_eq!(conditions(&kept)[0].2, "Theirs");
     }
 

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use self::conclude::Done;
 pub use self::plan::{APPLIED_HASH, apply_is_noop, prepare_child};
 use self::plan::{Discovered, Failed, Plan, Todo};
-pub use self::writer::{MANAGER, Writer};
+pub use self::writer::{MANAGER, Writer, manager_of};
 use crate::alert::AlertSink;
 use crate::alert::routes::CompiledRoutes;
 use crate::crd::{ActionResult, DecisionRecord};
@@ -164,6 +164,8 @@ pub struct Outcome {
     pub requeue_ms: Option<i64>,
     /// Whether the target's status was written.
     pub status_written: bool,
+    /// The target as the status write left it, for the next policy on it.
+    pub target_after: Option<Value>,
 }
 
 /// The `ObjectReference` Events point at.
@@ -322,7 +324,9 @@ pub async fn execute(
                 .detail(e.to_string())
         });
     }
-    let previous_hash = DecisionRecord::of(t).unwrap_or_default().inputs_hash;
+    let previous_hash = DecisionRecord::of(t, &policy.name)
+        .unwrap_or_default()
+        .inputs_hash;
     let end = conclude::conclude(&conclude::Input {
         policy,
         target: t,
@@ -378,9 +382,10 @@ async fn finish_status(
     let (ns, name) = (target.namespace(), target.name());
     let kind = plan::kind_of(target.value());
     match w.status(target_kind, ns, name, patch).await {
-        Ok(()) => {
+        Ok(after) => {
             out.writes += 1;
             out.status_written = true;
+            out.target_after = Some(after);
             w.observe(|| {
                 let mut set = Value::Object(plan.fields.clone());
                 if let Some(c) = end.status.get("conditions") {

@@ -21,7 +21,7 @@ use crate::crd::ActionResult;
 use crate::decide::Planned;
 use crate::kinds::KindRef;
 use crate::observe::discovery::Resolved;
-use crate::observe::{CachedObject, ObjectView};
+use crate::observe::{CachedObject, ObjectView, POLICY_LABEL, policy_label_value, policy_of_child};
 use crate::policy::compile::CompiledPolicy;
 use crate::policy::limits::Recent;
 use crate::script::action::{Action, Condition, EventType};
@@ -251,7 +251,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     };
     // Limits count the writes this plan makes, as if each succeeds: a
     // failed one skips every write after it anyway.
-    let mut recent = Recent::of(t.value());
+    let mut recent = Recent::of(t.value(), &input.policy.name);
     for p in input.actions {
         let a = &p.action;
         // A requeue says when to come back; there is nothing to record.
@@ -379,8 +379,11 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                 Ok(k) => k,
                 Err(e) => return Todo::Fail(Failed::invalid(e)),
             };
-            if input.view.get(&k, ns, name).is_none() {
+            let Some(live) = input.view.get(&k, ns, name) else {
                 return Todo::Unchanged;
+            };
+            if let Some(refusal) = anothers_child(input, "delete", &k, &live) {
+                return refusal;
             }
             match found(&k) {
                 Ok(r) => Todo::Write(Box::new(Write::Delete {
@@ -397,6 +400,9 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                 Err(e) => return Todo::Fail(Failed::invalid(e)),
             };
             if let Some(live) = input.view.get(&k, ns, name) {
+                if let Some(refusal) = anothers_child(input, "patch", &k, &live) {
+                    return refusal;
+                }
                 let mut after = live.value().clone();
                 json_patch::merge(&mut after, patch);
                 if &after == live.value() {
@@ -425,6 +431,26 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
     }
 }
 
+/// A refusal to touch a child another policy on the target made: each
+/// policy changes and cleans up only its own work.
+fn anothers_child(
+    input: &Input<'_>,
+    verb: &str,
+    kind: &KindRef,
+    live: &CachedObject,
+) -> Option<Todo> {
+    let mine = policy_label_value(&input.policy.name);
+    if live.belongs_to(&mine) {
+        return None;
+    }
+    let other = policy_of_child(live.value()).unwrap_or_default();
+    Some(Todo::Refused(format!(
+        "{verb} of {kind} {}/{} refused: it is the work of policy {other:?} ({POLICY_LABEL}), not of this one",
+        live.namespace(),
+        live.name()
+    )))
+}
+
 /// The server-side apply of a child, or why none is needed.
 fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Todo {
     let kind = kind_of(object);
@@ -432,11 +458,22 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
         Ok(r) => r,
         Err(e) => return Todo::Fail(e),
     };
-    let desired = prepare_child(object, input.target.value(), r.namespaced);
+    let desired = prepare_child(
+        object,
+        input.target.value(),
+        r.namespaced,
+        &policy_label_value(&input.policy.name),
+    );
     let name = desired["metadata"]["name"].as_str().unwrap_or_default();
     let hash = applied_hash(&desired).unwrap_or_default().to_string();
     let key = ChildKey::new(&kind, ns, name);
     let live = input.view.get(&kind, ns, name);
+    if let Some(refusal) = live
+        .as_deref()
+        .and_then(|l| anothers_child(input, "apply", &kind, l))
+    {
+        return refusal;
+    }
     if apply_is_noop(&desired, live.as_deref()) {
         plan.settled.push(key);
         return Todo::Unchanged;
@@ -466,8 +503,10 @@ fn hash_of(v: &Value) -> String {
 }
 
 /// Fill in what every child gets: namespace, owner reference, the
-/// managed-by label, the applied-hash annotation.
-pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value {
+/// managed-by label and the label of the policy that made it (its value
+/// `policy`, see [`crate::observe::policy_label_value`]), the applied-hash
+/// annotation.
+pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &str) -> Value {
     let mut o = object.clone();
     // `()` (null) in an object to apply means "leave the field out": the
     // API server stores no nulls, so keeping them would make the applied
@@ -501,6 +540,7 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool) -> Value 
     with_map(&mut meta, "labels", |l| {
         l.entry("app.kubernetes.io/managed-by")
             .or_insert_with(|| json!("runbook"));
+        l.insert(POLICY_LABEL.into(), json!(policy));
     });
     with_map(&mut meta, "annotations", |a| {
         a.remove(APPLIED_HASH);
@@ -774,10 +814,17 @@ spec:
                 Some("rollback limit 1/1h00m reached for this object".into())
             )
         );
-        // A rollback recorded ten minutes ago counts too.
+        // Another policy's rollback on the target is its own to count.
+        let theirs = widget(
+            json!({"decisions": [{"policy": "other", "policyVersion": "v", "inputsHash": "h",
+            "recentActions": {"rollback": ["2026-11-29T09:50:00Z"]}}]}),
+        );
+        let p = plan_of(&theirs, &[], Mode::Enforce, vec![rollback()]);
+        assert!(matches!(write(&p, 0), Some(Write::Rollback { .. })));
+        // This policy's rollback ten minutes ago counts.
         let recent = widget(
-            json!({"decision": {"policy": "widget", "policyVersion": "v", "inputsHash": "h",
-            "recentActions": {"rollback": ["2026-11-29T09:50:00Z"]}}}),
+            json!({"decisions": [{"policy": "widget", "policyVersion": "v", "inputsHash": "h",
+            "recentActions": {"rollback": ["2026-11-29T09:50:00Z"]}}]}),
         );
         let p = plan_of(&recent, &[], Mode::Enforce, vec![rollback()]);
         assert!(matches!(

@@ -17,8 +17,23 @@ use crate::policy::compile::CompiledPolicy;
 use crate::script::action::{Action, event_type_str};
 use crate::telemetry::journal::{Entry, Journal};
 
-/// The field manager of every write.
+/// The field manager of Runbook's own writes; a policy's writes use
+/// [`manager_of`] it.
 pub const MANAGER: &str = "runbook";
+
+/// The field manager of a policy's writes, `runbook/POLICY`, so
+/// `kubectl get --show-managed-fields` tells which policy wrote what
+/// (at most 128 characters, as the API server allows).
+pub fn manager_of(policy: &str) -> String {
+    let m = format!("{MANAGER}/{policy}");
+    if m.len() <= 128 {
+        return m;
+    }
+    let cut = policy.char_indices().take_while(|(i, _)| *i < 100).count();
+    let head: String = policy.chars().take(cut).collect();
+    let hash = crate::util::hash::short_hex(policy.as_bytes(), 8);
+    format!("{MANAGER}/{head}-{hash}")
+}
 
 /// Writes for one reconcile.
 #[derive(Clone, Copy)]
@@ -31,6 +46,8 @@ pub struct Writer<'a> {
     /// What this process applied lately, for when the cache lags.
     pub applied: Option<&'a Applied>,
     pub now: Timestamp,
+    /// The field manager of every write ([`manager_of`] the policy).
+    pub manager: &'a str,
 }
 
 fn api(client: &kube::Client, kind: &Resolved, ns: &str) -> Api<RawObject> {
@@ -115,7 +132,7 @@ impl Writer<'_> {
                 api(self.client, kind, &key.namespace)
                     .patch(
                         &key.name,
-                        &PatchParams::apply(MANAGER).force(),
+                        &PatchParams::apply(self.manager).force(),
                         &Patch::Apply(object),
                     )
                     .await
@@ -147,7 +164,7 @@ impl Writer<'_> {
                 patch,
             } => {
                 let pp = PatchParams {
-                    field_manager: Some(MANAGER.into()),
+                    field_manager: Some(self.manager.into()),
                     ..Default::default()
                 };
                 api(self.client, kind, namespace)
@@ -163,8 +180,14 @@ impl Writer<'_> {
                 namespace,
                 deployment,
                 revision,
-            } => match rollback::rollback(self.client, namespace, deployment, *revision, MANAGER)
-                .await?
+            } => match rollback::rollback(
+                self.client,
+                namespace,
+                deployment,
+                *revision,
+                self.manager,
+            )
+            .await?
             {
                 rollback::RolledBack::To { from, to } => {
                     Ok(Some(json!({"fromRevision": from, "toRevision": to})))
@@ -175,18 +198,19 @@ impl Writer<'_> {
     }
 
     /// Merge `patch` into the target's status, through its status
-    /// subresource when it has one.
+    /// subresource when it has one; the target as the API server returns
+    /// it after the write.
     pub async fn status(
         &self,
         kind: &Resolved,
         ns: &str,
         name: &str,
         patch: &Value,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Value, kube::Error> {
         tracing::debug!(target = %format!("{}/{name}", kind.resource.kind), namespace = %ns, patch = %patch, "writing status");
         let body = json!({"status": patch});
         let pp = PatchParams {
-            field_manager: Some(MANAGER.into()),
+            field_manager: Some(self.manager.into()),
             ..Default::default()
         };
         let api = api(self.client, kind, ns);
@@ -195,7 +219,7 @@ impl Writer<'_> {
         } else {
             api.patch(name, &pp, &Patch::Merge(&body)).await
         };
-        result.map(|_| ())
+        result.map(|o| o.value())
     }
 
     /// Add or remove one finalizer of the target, guarded by its
@@ -226,7 +250,14 @@ impl Writer<'_> {
         let ops: json_patch::Patch = serde_json::from_value(Value::Array(ops))
             .map_err(|e| ExecError::Invalid(e.to_string()))?;
         api(self.client, kind, &ns)
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(ops))
+            .patch(
+                &name,
+                &PatchParams {
+                    field_manager: Some(self.manager.into()),
+                    ..Default::default()
+                },
+                &Patch::<()>::Json(ops),
+            )
             .await
             .map(|_| ())
             .map_err(|e| ExecError::api(&format!("updating the finalizers of {ns}/{name}"), e))

@@ -133,6 +133,8 @@ pub struct CompiledRoutes {
     pub version: String,
     /// The file it came from, for errors.
     pub file: String,
+    /// Where it is named (`metadata.name`), for errors.
+    pub pos: Option<Pos>,
     /// Where its `secretKeyRef`s without a namespace are read: the
     /// namespace of the ConfigMap it came from, else the operator's.
     pub secret_namespace: Option<String>,
@@ -684,6 +686,7 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
             name: doc.metadata.name.clone(),
             version: String::new(),
             file: String::new(),
+            pos: node.at(&["metadata", "name"]).map(|n| n.pos),
             secret_namespace: None,
             root,
             receivers,

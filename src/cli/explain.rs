@@ -48,37 +48,52 @@ pub fn render(kind: &str, obj: &Value) -> String {
         }
     );
     let status = &obj["status"];
-    match DecisionRecord::of(obj) {
-        None => out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n"),
-        Some(d) => {
-            out.push_str(&format!(
-                "  policy:       {} (version {}, {})\n",
-                d.policy,
-                d.policy_version,
-                d.mode.as_deref().unwrap_or("enforce")
-            ));
-            out.push_str(&format!("  decided:      {}\n", d.time.as_deref().unwrap_or("-")));
-            out.push_str(&format!("  inputs hash:  {}\n", d.inputs_hash));
-            if d.actions.is_empty() {
-                out.push_str("  actions:      none\n");
-            } else {
-                out.push_str("  actions:\n");
-                for a in &d.actions {
-                    out.push_str(&format!("    {:<9} {:<9} {}", a.result, a.action, a.target.as_deref().unwrap_or("")));
-                    if let Some(m) = &a.message {
-                        out.push_str(&format!("\n              {m}"));
-                    }
-                    out.push('\n');
+    let records = DecisionRecord::all(obj);
+    if records.is_empty() {
+        out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n");
+    }
+    for d in &records {
+        out.push_str(&format!(
+            "  policy:       {} (version {}, {})\n",
+            d.policy,
+            d.policy_version,
+            d.mode.as_deref().unwrap_or("enforce")
+        ));
+        out.push_str(&format!(
+            "  decided:      {}\n",
+            d.time.as_deref().unwrap_or("-")
+        ));
+        out.push_str(&format!("  inputs hash:  {}\n", d.inputs_hash));
+        if d.actions.is_empty() {
+            out.push_str("  actions:      none\n");
+        } else {
+            out.push_str("  actions:\n");
+            for a in &d.actions {
+                out.push_str(&format!(
+                    "    {:<9} {:<9} {}",
+                    a.result,
+                    a.action,
+                    a.target.as_deref().unwrap_or("")
+                ));
+                if let Some(m) = &a.message {
+                    out.push_str(&format!("\n              {m}"));
                 }
+                out.push('\n');
             }
-            if !d.alert_routes.is_empty() {
-                out.push_str(&format!("  alerts to:    {}\n", d.alert_routes.join(", ")));
-            }
-            for (verb, times) in &d.recent_actions {
-                out.push_str(&format!("  recent {verb}s (limited): {}\n", times.join(", ")));
-            }
-            out.push_str(&format!("  error:        {}\n", d.error.as_deref().unwrap_or("-")));
         }
+        if !d.alert_routes.is_empty() {
+            out.push_str(&format!("  alerts to:    {}\n", d.alert_routes.join(", ")));
+        }
+        for (verb, times) in &d.recent_actions {
+            out.push_str(&format!(
+                "  recent {verb}s (limited): {}\n",
+                times.join(", ")
+            ));
+        }
+        out.push_str(&format!(
+            "  error:        {}\n",
+            d.error.as_deref().unwrap_or("-")
+        ));
     }
     if let Some(conds) = status.get("conditions").and_then(Value::as_array) {
         out.push_str("  conditions:\n");
@@ -133,7 +148,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     if args.output == "json" {
         println!(
             "{}",
-            serde_json::to_string_pretty(&value["status"]["decision"])?
+            serde_json::to_string_pretty(&value["status"]["decisions"])?
         );
     } else {
         print!("{}", render(&ar.kind, &value));
@@ -149,10 +164,12 @@ mod tests {
     #[test]
     fn a_record_renders_with_each_action_and_its_result() {
         let obj = json!({"metadata": {"name": "chatbot", "namespace": "ml"}, "status": {
-            "decision": {"policy": "evaluator-drift", "policyVersion": "abc", "inputsHash": "h", "time": "t", "mode": "enforce",
+            "decisions": [{"policy": "evaluator-drift", "policyVersion": "abc", "inputsHash": "h", "time": "t", "mode": "enforce",
                 "actions": [{"action": "rollback", "target": "apps/v1 Deployment ml/chatbot", "result": "ok"},
                             {"action": "apply", "target": "v1 Secret ml/x", "result": "refused", "message": "not declared"}],
                 "alertRoutes": ["default/events"]},
+                {"policy": "retrain-on-drift", "policyVersion": "def", "inputsHash": "i", "time": "t2",
+                "actions": [{"action": "apply", "target": "batch/v1 Job ml/chatbot-collect-1", "result": "ok"}]}],
             "conditions": [{"type": "Ready", "status": "False", "reason": "RolledBack", "message": "score low"}]}});
         let text = render("Evaluator", &obj);
         assert!(text.starts_with("Evaluator ml/chatbot\n"));
@@ -160,5 +177,16 @@ mod tests {
         assert!(text.contains("refused   apply"));
         assert!(text.contains("not declared"));
         assert!(text.contains("Ready=False (RolledBack) score low"));
+        let drift = text
+            .find("policy:       evaluator-drift")
+            .expect("first section");
+        let retrain = text
+            .find("policy:       retrain-on-drift (version def, enforce)")
+            .expect("a section per policy");
+        assert!(drift < retrain, "{text}");
+        assert!(
+            text[retrain..].contains("ok        apply     batch/v1 Job ml/chatbot-collect-1"),
+            "{text}"
+        );
     }
 }

@@ -4,7 +4,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{DecisionRecord, conditions_schema};
+use super::common::{DecisionRecord, conditions_schema, decisions_schema};
 
 fn default_replicas() -> i32 {
     1
@@ -94,6 +94,8 @@ pub struct AIModelStatus {
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision: Option<DecisionRecord>,
+    /// Each policy's latest decision, keyed by policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "decisions_schema")]
+    pub decisions: Vec<DecisionRecord>,
 }

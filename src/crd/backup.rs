@@ -8,7 +8,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{DecisionRecord, StepStatus, conditions_schema, optional_cron_schema};
+use super::common::{
+    DecisionRecord, StepStatus, conditions_schema, decisions_schema, optional_cron_schema,
+};
 
 /// An ordered, resumable database backup.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -123,6 +125,8 @@ pub struct DatabaseBackupStatus {
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision: Option<DecisionRecord>,
+    /// Each policy's latest decision, keyed by policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "decisions_schema")]
+    pub decisions: Vec<DecisionRecord>,
 }

@@ -47,8 +47,20 @@ pub(crate) fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::
     })
 }
 
-/// What one reconcile decided and did: the latest lands in the target's
-/// status so `runbook explain` can print it.
+/// Schema for the decision records: a list keyed by policy, one record
+/// per policy that acts on the object.
+pub(crate) fn decisions_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = g.subschema_for::<Vec<DecisionRecord>>();
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["policy"]),
+    );
+    s
+}
+
+/// What one reconcile decided and did: each policy's latest lands in the
+/// target's `status.decisions` so `runbook explain` can print it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DecisionRecord {
@@ -81,11 +93,58 @@ pub struct DecisionRecord {
 }
 
 impl DecisionRecord {
-    /// The record in an object's `status.decision`, if it holds one that
-    /// reads as a record (the one place it is parsed).
-    pub fn of(object: &serde_json::Value) -> Option<Self> {
-        let d = object.get("status")?.get("decision")?;
-        Self::deserialize(d).ok()
+    /// The record `policy` left in an object's `status.decisions`, if it
+    /// left one that reads as a record (the one place records are parsed).
+    pub fn of(object: &serde_json::Value, policy: &str) -> Option<Self> {
+        Self::all(object).into_iter().find(|d| d.policy == policy)
+    }
+
+    /// Every policy's record in an object's `status.decisions`, in their
+    /// order there (by policy name).
+    pub fn all(object: &serde_json::Value) -> Vec<Self> {
+        object
+            .get("status")
+            .and_then(|s| s.get("decisions"))
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|d| Self::deserialize(d).ok())
+            .collect()
+    }
+
+    /// Whether the decision went wrong: an error, or an action refused,
+    /// held by a limit, or failed (what `Degraded` reports).
+    pub fn has_problem(&self) -> bool {
+        self.error.is_some()
+            || self.actions.iter().any(|a| {
+                matches!(
+                    a.result,
+                    ActionResult::Refused | ActionResult::Limited | ActionResult::Failed
+                )
+            })
+    }
+
+    /// `decisions` with `self` in place of its policy's record (added in
+    /// name order when there is none); others' records are kept as they
+    /// are, even those this version cannot read.
+    pub fn upsert_into(&self, decisions: Option<&serde_json::Value>) -> serde_json::Value {
+        let mut list: Vec<serde_json::Value> = decisions
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let me = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        let name = |v: &serde_json::Value| v["policy"].as_str().unwrap_or("").to_string();
+        match list.iter().position(|d| name(d) == self.policy) {
+            Some(i) => list[i] = me,
+            None => {
+                let at = list
+                    .iter()
+                    .position(|d| name(d) > self.policy)
+                    .unwrap_or(list.len());
+                list.insert(at, me);
+            }
+        }
+        serde_json::Value::Array(list)
     }
 }
 

@@ -8,7 +8,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{DecisionRecord, conditions_schema, cron_schema, preserve_object};
+use super::common::{
+    DecisionRecord, conditions_schema, cron_schema, decisions_schema, preserve_object,
+};
 
 fn default_schedule() -> String {
     "@hourly".to_string()
@@ -141,8 +143,10 @@ pub struct EvaluatorStatus {
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision: Option<DecisionRecord>,
+    /// Each policy's latest decision, keyed by policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "decisions_schema")]
+    pub decisions: Vec<DecisionRecord>,
 }
 
 /// One benchmark result.

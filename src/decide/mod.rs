@@ -266,6 +266,24 @@ pub fn check_permission(
                 refuse_kind(&k, "rollback", "mutates")
             }
         }
+        Action::Status { fields } => {
+            let claim = &policy.status;
+            let outside: Vec<&str> = fields
+                .keys()
+                .map(String::as_str)
+                .filter(|f| !claim.allows_field(f))
+                .collect();
+            (!outside.is_empty()).then(|| {
+                format!(
+                    "status of {} refused: the policy does not declare it in spec.status.fields",
+                    outside.join(", ")
+                )
+            })
+        }
+        Action::Condition(c) if !policy.status.allows_condition(&c.type_) => Some(format!(
+            "condition {} refused: the policy does not declare it in spec.status.conditions",
+            c.type_
+        )),
         _ => None,
     }
 }
@@ -294,7 +312,7 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         view: observed.view.clone(),
         kinds: policy.kinds.clone(),
         limited: {
-            let recent = Recent::of(observed.target.value());
+            let recent = Recent::of(observed.target.value(), &policy.name);
             Verb::ALL
                 .into_iter()
                 .filter(|v| !recent.allows(&policy.limits, *v, observed.now))

@@ -173,10 +173,13 @@ impl Run<'_> {
         let target = &self.observed.target;
         let mut children = Vec::new();
         for kind in policy.kinds.with_role(crate::kinds::Role::Owns) {
+            let mine = crate::observe::policy_label_value(&policy.name);
             for child in self
                 .observed
                 .view
                 .owned_by(kind, target.namespace(), target.uid())
+                .into_iter()
+                .filter(|c| c.belongs_to(&mine))
             {
                 let run = child
                     .value()

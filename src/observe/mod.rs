@@ -63,6 +63,40 @@ impl CachedObject {
     pub fn is_owned_by(&self, uid: &str) -> bool {
         owner_uids(&self.value).any(|u| u == uid)
     }
+
+    /// Whether a child is the work of the policy whose label value is
+    /// `policy` (see [`policy_label_value`]): it carries that value in
+    /// [`POLICY_LABEL`], or no value at all (a child made before children
+    /// were labelled is every policy's).
+    pub fn belongs_to(&self, policy: &str) -> bool {
+        policy_of_child(&self.value).is_none_or(|p| p == policy)
+    }
+}
+
+/// The label naming the policy that made a child: each policy on a target
+/// sees, counts and cleans up only its own children.
+pub const POLICY_LABEL: &str = "runbook.dev/policy-name";
+
+/// A policy's name as a label value (63 characters at most: a longer name
+/// is cut and ends in a hash of the whole).
+pub fn policy_label_value(policy: &str) -> String {
+    if policy.len() <= 63 {
+        return policy.to_string();
+    }
+    let hash = crate::util::hash::short_hex(policy.as_bytes(), 8);
+    let mut head: String = policy.chars().take(63 - hash.len() - 1).collect();
+    while head.ends_with(['-', '.']) {
+        head.pop();
+    }
+    format!("{head}-{hash}")
+}
+
+/// The policy a child says made it, if it says.
+pub fn policy_of_child(v: &Value) -> Option<&str> {
+    v.get("metadata")?
+        .get("labels")?
+        .get(POLICY_LABEL)?
+        .as_str()
 }
 
 fn meta_str<'a>(v: &'a Value, key: &str) -> &'a str {

@@ -98,16 +98,18 @@ impl CompiledLimits {
 pub struct Recent(BTreeMap<Verb, Vec<Timestamp>>);
 
 impl Recent {
-    /// Read from a target's `status.decision.recentActions`.
-    pub fn of(target: &Value) -> Self {
+    /// Read from the `recentActions` of `policy`'s decision record on a
+    /// target.
+    pub fn of(target: &Value, policy: &str) -> Self {
         let mut out = BTreeMap::new();
+        let record = crate::crd::DecisionRecord::of(target, policy).unwrap_or_default();
         for verb in Verb::ALL {
-            let times: Vec<Timestamp> = target
-                .pointer(&format!("/status/decision/recentActions/{verb}"))
-                .and_then(Value::as_array)
+            let times: Vec<Timestamp> = record
+                .recent_actions
+                .get(verb.as_str())
                 .into_iter()
                 .flatten()
-                .filter_map(|t| t.as_str().and_then(time::parse))
+                .filter_map(|t| time::parse(t))
                 .collect();
             if !times.is_empty() {
                 out.insert(verb, times);
@@ -250,9 +252,12 @@ mod tests {
     #[test]
     fn a_limit_counts_the_recorded_actions_inside_its_window() {
         let at = |s: &str| time::parse(s).unwrap();
-        let target = json!({"status": {"decision": {"recentActions": {
-            "rollback": ["2026-11-29T10:00:00Z"], "delete": ["2026-11-29T10:00:00Z"]}}}});
-        let recent = Recent::of(&target);
+        let target = json!({"status": {"decisions": [
+            {"policy": "other", "policyVersion": "v", "inputsHash": "h",
+             "recentActions": {"rollback": ["2026-11-29T12:00:00Z"]}},
+            {"policy": "p", "policyVersion": "v", "inputsHash": "h", "recentActions": {
+            "rollback": ["2026-11-29T10:00:00Z"], "delete": ["2026-11-29T10:00:00Z"]}}]}});
+        let recent = Recent::of(&target, "p");
         let l = limits();
         assert!(!recent.allows(&l, Verb::Rollback, at("2026-11-29T15:59:59Z")));
         assert!(recent.allows(&l, Verb::Rollback, at("2026-11-29T16:00:00Z")));

@@ -3,6 +3,7 @@
 //! [`PolicySet`] that is swapped in whole.
 
 pub mod bundle;
+pub mod claim;
 pub mod compile;
 pub mod limits;
 pub mod model;

@@ -81,6 +81,22 @@ pub struct PolicySpec {
     /// Order among policies that target the same kind (lower runs first).
     #[serde(default)]
     pub priority: i32,
+    /// The part of its targets' status this policy writes. Absent: all of
+    /// it, so no other enforcing policy may share its targets.
+    #[serde(default)]
+    pub status: Option<StatusSpec>,
+}
+
+/// `spec.status`: the top-level status fields and the condition types a
+/// policy writes; a write outside them is refused, and two policies that
+/// share targets may not declare the same one.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StatusSpec {
+    #[serde(default)]
+    pub fields: Vec<String>,
+    #[serde(default)]
+    pub conditions: Vec<String>,
 }
 
 /// Keep the children of the newest `keep` runs (the run in progress

@@ -10,6 +10,7 @@ use crate::alert::routes::CompiledRoutes;
 use crate::kinds::KindRef;
 use crate::labels::{Requirement, Selector};
 use crate::util::hash::short_hex;
+use crate::util::yaml::Pos;
 
 #[derive(Clone, Debug, Default)]
 pub struct PolicySet {
@@ -30,10 +31,19 @@ fn disjoint(a: &Selector, b: &Selector) -> bool {
     })
 }
 
+/// `file:line:col`, as errors name a place.
+fn place(file: &str, pos: Option<Pos>) -> String {
+    match pos {
+        Some(p) => format!("{file}:{}:{}", p.line, p.col),
+        None => file.to_string(),
+    }
+}
+
 impl PolicySet {
     /// Combine loaded bundles, checking what only the whole set can show:
-    /// duplicate names, alert routes that do not exist, and two enforcing
-    /// policies that could both write to the same object.
+    /// duplicate names, alert routes that do not exist (routes are shared
+    /// by every bundle), and two enforcing policies on the same targets
+    /// that would write the same part of their status.
     pub fn build(loaded: Vec<Loaded>) -> (PolicySet, Vec<LoadError>) {
         let mut errors = Vec::new();
         let mut set = PolicySet::default();
@@ -41,11 +51,15 @@ impl PolicySet {
         for l in loaded {
             errors.extend(l.errors);
             for r in l.routes {
-                if set.routes.contains_key(&r.name) {
+                if let Some(first) = set.routes.get(&r.name) {
                     errors.push(LoadError {
-                        file: String::new(),
-                        pos: None,
-                        message: format!("AlertRoutes {:?} is defined twice", r.name),
+                        file: r.file.clone(),
+                        pos: r.pos,
+                        message: format!(
+                            "AlertRoutes {:?} is already defined at {}",
+                            r.name,
+                            place(&first.file, first.pos)
+                        ),
                     });
                     continue;
                 }
@@ -54,48 +68,70 @@ impl PolicySet {
             all_policies.extend(l.policies);
         }
         for p in all_policies {
-            if let Some(existing) = set.policies.get(&p.name) {
-                errors.push(LoadError {
-                    file: p.file.clone(),
-                    pos: None,
-                    message: format!(
-                        "policy {:?} is already defined in {}",
-                        p.name, existing.file
-                    ),
-                });
-                continue;
-            }
-            if let Some(r) = &p.alerts
-                && !set.routes.contains_key(r)
-            {
-                errors.push(LoadError {
-                    file: p.file.clone(),
-                    pos: None,
-                    message: format!("spec.alerts: no AlertRoutes named {r:?} is loaded"),
-                });
-                continue;
-            }
-            let clash = set.policies.values().find(|q| {
-                q.target == p.target
-                    && q.mode == Mode::Enforce
-                    && p.mode == Mode::Enforce
-                    && !disjoint(&q.selector, &p.selector)
-            });
-            if let Some(q) = clash {
-                errors.push(LoadError {
-                    file: p.file.clone(),
-                    pos: None,
-                    message: format!(
-                        "policies {:?} and {:?} both enforce on {}: give them disjoint selectors, or set mode: shadow on one",
-                        q.name, p.name, p.target
-                    ),
-                });
+            if let Some(error) = set.refusal(&p) {
+                errors.push(error);
                 continue;
             }
             set.policies.insert(p.name.clone(), Arc::new(p));
         }
         set.version = set.compute_version();
         (set, errors)
+    }
+
+    /// Why a policy cannot join the set, if it cannot.
+    fn refusal(&self, p: &CompiledPolicy) -> Option<LoadError> {
+        let error = |pos: Option<Pos>, message: String| LoadError {
+            file: p.file.clone(),
+            pos,
+            message,
+        };
+        if let Some(existing) = self.policies.get(&p.name) {
+            return Some(error(
+                None,
+                format!(
+                    "policy {:?} is already defined in {}",
+                    p.name, existing.file
+                ),
+            ));
+        }
+        if let Some(r) = &p.alerts
+            && !self.routes.contains_key(r)
+        {
+            let known: Vec<&str> = self.routes.keys().map(String::as_str).collect();
+            let hint = match crate::util::suggest::closest(r, known.iter().copied()) {
+                Some(m) => format!(" (did you mean {m:?}?)"),
+                None if known.is_empty() => " (no AlertRoutes document is loaded)".into(),
+                None => format!(" (loaded: {})", known.join(", ")),
+            };
+            return Some(error(
+                p.alerts_pos,
+                format!("spec.alerts: no AlertRoutes named {r:?} is loaded{hint}"),
+            ));
+        }
+        if p.mode != Mode::Enforce {
+            return None;
+        }
+        self.policies
+            .values()
+            .filter(|q| {
+                q.target == p.target
+                    && q.mode == Mode::Enforce
+                    && !disjoint(&q.selector, &p.selector)
+            })
+            .find_map(|q| {
+                let o = q.status.overlap(&p.status)?;
+                Some(error(
+                    o.second,
+                    format!(
+                        "policies {:?} ({}) and {:?} both write {} of {}: each policy on a kind declares the status it writes (spec.status: {{fields: [...], conditions: [...]}}) and no two declare the same, or one is mode: shadow",
+                        q.name,
+                        place(&q.file, o.first),
+                        p.name,
+                        o.what,
+                        p.target
+                    ),
+                ))
+            })
     }
 
     fn compute_version(&self) -> String {

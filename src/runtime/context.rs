@@ -133,10 +133,11 @@ pub(super) struct Memory {
     /// What each target's last decision looked up.
     pub deps: Mutex<Dependencies>,
     pub breakers: Mutex<HashMap<String, Breaker>>,
-    /// Targets whose status this process wrote, with the resourceVersion
-    /// they had before: until the cache shows a newer version, a reconcile
-    /// would decide on a status that no longer is.
-    pub written: OwnWrites<TargetKey, String>,
+    /// Targets whose status this process wrote, with the resourceVersions
+    /// each write replaced (one per policy that wrote): while the cache
+    /// shows one of them, a reconcile would decide on a status that no
+    /// longer is.
+    pub written: OwnWrites<TargetKey, Vec<String>>,
     /// Children this process applied that the cache may not show yet.
     pub applied: act::Applied,
     pub shadow: Mutex<VecDeque<ShadowRecord>>,
@@ -173,6 +174,7 @@ impl Context {
             journal: self.memory.journal.get().map(|j| j.as_ref()),
             applied: Some(&self.memory.applied),
             now: self.clock.now(),
+            manager: act::MANAGER,
         }
     }
 

@@ -52,22 +52,28 @@ fn warning(reason: &str, message: String) -> act::plan::Note {
     }
 }
 
-/// Add or remove one of the target's finalizers (counted as a write).
+/// Add or remove one of the target's finalizers (counted as a write), as
+/// the policy it is for.
 async fn finalizers(
     ctx: &Context,
+    policy: &str,
     kind: &Resolved,
     target: &Value,
     add: Option<&str>,
     remove: Option<&str>,
 ) -> Result<(), ReconcileError> {
     ctx.metrics.writes.inc();
-    ctx.writer()
-        .finalizers(kind, target, add, remove)
-        .await
-        .map_err(|e| ReconcileError {
-            message: e.to_string(),
-            label: "finalizer",
-        })
+    let manager = act::manager_of(policy);
+    act::Writer {
+        manager: &manager,
+        ..ctx.writer()
+    }
+    .finalizers(kind, target, add, remove)
+    .await
+    .map_err(|e| ReconcileError {
+        message: e.to_string(),
+        label: "finalizer",
+    })
 }
 
 /// Which of a policy's functions a reconcile runs.
@@ -107,9 +113,11 @@ async fn run_policy(
         .observe(started.elapsed().as_secs_f64());
     lock(&ctx.memory.deps).set(key, tracking.take());
     let mode = mode_of(ctx, p, now);
+    let manager = act::manager_of(&p.name);
     let exec = Exec {
         writer: act::Writer {
             now,
+            manager: &manager,
             ..ctx.writer()
         },
         resources: &ctx.resources,
@@ -320,7 +328,7 @@ async fn caught(ctx: &Context, obj: &RawObject, key: &TargetKey, what: String) -
 /// with would repeat what the last decision did.
 fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
     match ctx.memory.written.pending(key) {
-        Some(before) if before == obj.resource_version() => {
+        Some(before) if before.iter().any(|rv| rv == obj.resource_version()) => {
             tracing::debug!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
             true
         }
@@ -348,7 +356,6 @@ impl Next {
 
 /// What one target's reconcile shares between its policies.
 struct Target<'a> {
-    obj: &'a RawObject,
     cached: Arc<crate::observe::CachedObject>,
     key: &'a TargetKey,
     resolved: Resolved,
@@ -385,13 +392,15 @@ async fn reconcile_target(
             message: format!("discovering {kind}: {}", crate::util::api_error(&e)),
             label: "discovery",
         })?;
-    let target = Target {
-        obj,
+    let mut target = Target {
         cached,
         key,
         resolved,
         set,
     };
+    // The versions of the target this reconcile's status writes replaced:
+    // until the cache shows a later one, it lags behind them.
+    let mut written_over: Vec<String> = Vec::new();
     let deleting = obj.meta.deletion_timestamp.is_some();
     let present = crate::observe::finalizers_of(target.cached.value());
     let mut next = Next::default();
@@ -410,6 +419,7 @@ async fn reconcile_target(
             // The watch event of this write reconciles again.
             finalizers(
                 ctx,
+                &p.name,
                 &target.resolved,
                 target.cached.value(),
                 Some(&fin),
@@ -418,7 +428,15 @@ async fn reconcile_target(
             .await?;
             return Ok(Action::await_change());
         }
-        reconcile_policy(ctx, p, &target, &mut next).await;
+        if let Some(after) = reconcile_policy(ctx, p, &target, &mut next).await {
+            // The next policy decides on the status this one left.
+            let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
+            written_over.push(before.unwrap_or_default().to_string());
+            target.cached = crate::observe::CachedObject::new(after);
+        }
+    }
+    if !written_over.is_empty() {
+        ctx.memory.written.remember(key.clone(), written_over);
     }
     if let Some((message, label)) = next.error {
         return Err(ReconcileError { message, label });
@@ -445,22 +463,24 @@ async fn finalize_policy(
     if let Some(e) = outcome.error {
         next.error = Some((e, outcome.error_label.unwrap_or("finalize")));
     } else if !work_left && p.mode == policy::Mode::Enforce {
-        finalizers(ctx, &t.resolved, cached.value(), None, Some(fin)).await?;
+        finalizers(ctx, &p.name, &t.resolved, cached.value(), None, Some(fin)).await?;
     } else {
         next.requeue(5_000);
     }
     Ok(())
 }
 
-/// A policy's decision on a live target, counted.
-async fn reconcile_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next) {
+/// A policy's decision on a live target, counted; the target as its
+/// status write left it, if it wrote one.
+async fn reconcile_policy(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    next: &mut Next,
+) -> Option<Value> {
     let started = Instant::now();
     let (set, cached) = (&t.set, &t.cached);
     let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Reconcile).await;
-    if outcome.status_written {
-        let before = t.obj.resource_version().to_string();
-        ctx.memory.written.remember(t.key.clone(), before);
-    }
     let result = if outcome.error.is_some() {
         "error"
     } else {
@@ -481,6 +501,7 @@ async fn reconcile_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, nex
         tracing::warn!("{e}");
         next.error = Some((e, outcome.error_label.unwrap_or("error")));
     }
+    outcome.target_after
 }
 
 pub(super) fn error_policy(

@@ -305,6 +305,9 @@ pub struct Expectation {
     /// An Event's reason.
     #[serde(default)]
     pub reason: Option<String>,
+    /// The policy that acted (when several act on one target).
+    #[serde(default)]
+    pub policy: Option<String>,
     /// ok (default), refused, limited, shadow, suspended, failed, unchanged.
     #[serde(default)]
     pub result: Option<String>,

@@ -155,11 +155,15 @@ fn matches(e: &Expectation, x: &Entry) -> bool {
         && e.to_revision
             .is_none_or(|r| x.fields["toRevision"].as_i64() == Some(r))
         && e.reason.as_deref().is_none_or(|r| x.fields["reason"] == r)
+        && e.policy.as_deref().is_none_or(|p| x.policy == p)
 }
 
 /// A one-line rendering of what an expectation wants.
 fn describe(e: &Expectation) -> String {
     let mut parts = vec![e.action.clone().unwrap_or_default()];
+    if let Some(p) = &e.policy {
+        parts.push(format!("by {p}"));
+    }
     if let Some(r) = &e.result {
         parts.push(format!("[{r}]"));
     }

@@ -62,11 +62,16 @@ impl Ctx {
         objs.into_iter().map(|o| super::obj::of(&o)).collect()
     }
 
-    /// Children of the target of one kind, sorted by name.
+    /// This policy's children of the target of one kind, sorted by name
+    /// (another policy's children of the same target are its own).
     pub fn owned(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
-        self.0
+        let mine = crate::observe::policy_label_value(&self.0.policy_name);
+        let mut children = self
+            .0
             .view
-            .owned_by(kind, &self.0.namespace, &self.0.target_uid)
+            .owned_by(kind, &self.0.namespace, &self.0.target_uid);
+        children.retain(|c| c.belongs_to(&mine));
+        children
     }
 }
 
@@ -261,9 +266,14 @@ fn register_relations(engine: &mut Engine) {
                 Ok(None) => return fail(&call, "owned_by: the owner has no metadata.uid".into()),
                 Err(e) => return fail(&call, format!("owned_by: {e}")),
             };
-            Ok(Ctx::array(
-                c.objects(&k).into_iter().filter(|o| o.is_owned_by(&uid)),
-            ))
+            Ok(Ctx::array(if uid == c.0.target_uid {
+                c.owned(&k)
+            } else {
+                c.objects(&k)
+                    .into_iter()
+                    .filter(|o| o.is_owned_by(&uid))
+                    .collect()
+            }))
         },
     );
     engine.register_fn(

@@ -249,7 +249,7 @@ const COMMON_FIELDS: &[&str] = &[
     "fromRevision",
     "toRevision",
     "lastError",
-    "decision",
+    "decisions",
     "database",
     "statefulSet",
     "podSelector",

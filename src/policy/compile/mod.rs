@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use self::policy::load_policy;
 use super::bundle::{Bundle, Origin};
+use super::claim::StatusClaim;
 use super::limits::CompiledLimits;
 use super::model::{API_VERSION, Header, Mode};
 use crate::alert::model::AlertRoutesDoc;
@@ -124,9 +125,13 @@ pub struct CompiledPolicy {
     pub params: Value,
     pub params_dyn: Dynamic,
     pub alerts: Option<String>,
+    /// Where `spec.alerts` names its routes.
+    pub alerts_pos: Option<Pos>,
     pub mode: Mode,
     pub limits: CompiledLimits,
     pub priority: i32,
+    /// The status fields and conditions it writes.
+    pub status: StatusClaim,
 }
 
 impl CompiledPolicy {

@@ -4,6 +4,7 @@
 
 use super::{Ctx, ScheduleSource, pos_at};
 use crate::kinds::KindRef;
+use crate::policy::claim::StatusClaim;
 use crate::policy::limits::{CircuitBreaker, CompiledLimits, RateLimit, Verb};
 use crate::policy::model::{Limits, ScheduleSpec};
 use crate::schedule::Schedule;
@@ -217,4 +218,84 @@ mod tests {
             "{errors:?}"
         );
     }
+}
+
+/// `spec.status` as a claim, each name with its position; a policy that
+/// does not declare one claims the whole status. A schedule's own fields
+/// are part of a declared claim.
+pub(super) fn compile_status_claim(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &crate::policy::model::PolicySpec,
+) -> StatusClaim {
+    use crate::policy::claim::{RUNBOOK_CONDITION, RUNBOOK_FIELDS, SCHEDULE_FIELDS};
+    let Some(declared) = &spec.status else {
+        return StatusClaim::everything(pos_at(node, &["spec", "target"]));
+    };
+    let mut claim = StatusClaim {
+        declared: true,
+        pos: pos_at(node, &["spec", "status"]),
+        ..StatusClaim::default()
+    };
+    let items = |key: &str| -> Vec<Option<Pos>> {
+        match node.at(&["spec", "status", key]).map(|n| &n.value) {
+            Some(crate::util::yaml::NodeValue::Seq(items)) => {
+                items.iter().map(|n| Some(n.pos)).collect()
+            }
+            _ => Vec::new(),
+        }
+    };
+    let (field_pos, condition_pos) = (items("fields"), items("conditions"));
+    for (i, f) in declared.fields.iter().enumerate() {
+        let pos = field_pos.get(i).copied().flatten().or(claim.pos);
+        let problem = if f.is_empty() || f.contains(['.', '/', ' ']) {
+            Some(format!(
+                "spec.status.fields: {f:?} is not a top-level status field name such as lastScore"
+            ))
+        } else if RUNBOOK_FIELDS.contains(&f.as_str()) {
+            Some(format!(
+                "spec.status.fields: Runbook keeps status.{f} itself; do not declare it"
+            ))
+        } else if claim.fields.contains_key(f) {
+            Some(format!("spec.status.fields: {f:?} is declared twice"))
+        } else {
+            None
+        };
+        match problem {
+            Some(m) => cx.error(file, pos, m),
+            None => {
+                claim.fields.insert(f.clone(), pos);
+            }
+        }
+    }
+    for (i, c) in declared.conditions.iter().enumerate() {
+        let pos = condition_pos.get(i).copied().flatten().or(claim.pos);
+        let problem = if c.is_empty() || c.contains(char::is_whitespace) {
+            Some(format!(
+                "spec.status.conditions: {c:?} is not a condition type such as Ready"
+            ))
+        } else if c == RUNBOOK_CONDITION {
+            Some(format!(
+                "spec.status.conditions: Runbook sets {c} itself when a decision goes wrong; do not declare it"
+            ))
+        } else if claim.conditions.contains_key(c) {
+            Some(format!("spec.status.conditions: {c:?} is declared twice"))
+        } else {
+            None
+        };
+        match problem {
+            Some(m) => cx.error(file, pos, m),
+            None => {
+                claim.conditions.insert(c.clone(), pos);
+            }
+        }
+    }
+    if spec.schedule.is_some() {
+        let pos = pos_at(node, &["spec", "schedule"]);
+        for f in SCHEDULE_FIELDS {
+            claim.fields.entry(f.to_string()).or_insert(pos);
+        }
+    }
+    claim
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::pieces::{compile_limits, compile_schedule, template};
+use super::pieces::{compile_limits, compile_schedule, compile_status_claim, template};
 use super::steps::{StepCx, compile_step, step_nodes};
 use super::{Body, CompiledPolicy, CompiledRetention, Ctx, parse_doc, pos_at};
 use crate::kinds::DeclaredKinds;
@@ -56,6 +56,7 @@ pub(super) fn load_policy(
     let limits = compile_limits(cx, file, &node, &spec.limits);
     let params = params_of(cx, file, &node, spec);
     let selector = selector_of(cx, file, &node, spec);
+    let status = compile_status_claim(cx, file, &node, spec);
     if cx.errors.len() > errors_before {
         return None;
     }
@@ -72,9 +73,14 @@ pub(super) fn load_policy(
         params_dyn: crate::script::obj::view(Arc::new(params.clone())),
         params,
         alerts: spec.alerts.clone(),
+        alerts_pos: spec
+            .alerts
+            .as_ref()
+            .and_then(|_| node.at(&["spec", "alerts"]).map(|n| n.pos)),
         mode: spec.mode,
         limits,
         priority: spec.priority,
+        status,
     })
 }
 
