@@ -382,3 +382,41 @@ fn objects_of_the_wrong_shape_are_refused_where_the_script_makes_them() {
         assert!(e.message.contains(wanted), "want {wanted:?} in {e}");
     }
 }
+
+#[test]
+fn status_outside_what_the_policy_declares_is_refused_with_its_place() {
+    let yaml = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  script: p.rhai\n  status: {fields: [notes], conditions: [Noted]}\n";
+    let script = "fn reconcile(ctx) {\n  [status(#{ notes: \"n\" }),\n   status(#{ phase: \"Healthy\", notes: \"m\" }),\n   condition(\"Noted\", true, \"Yes\", \"\"),\n   condition(\"Ready\", true, \"Yes\", \"\")]\n}\n";
+    let w = World::from_files(&[("p.yaml", yaml), ("p.rhai", script)]);
+    let d = w.decide("p", &evaluator("chatbot", "chatbot", 0.9));
+    let refused: Vec<&String> = d.refused().filter_map(|p| p.refusal.as_ref()).collect();
+    assert_eq!(
+        refused,
+        [
+            "test/p.rhai:3:4: status of phase refused: the policy does not declare it in spec.status.fields",
+            "test/p.rhai:5:4: condition Ready refused: the policy does not declare it in spec.status.conditions",
+        ]
+    );
+    assert_eq!(d.allowed().count(), 2, "its own field and condition");
+}
+
+#[test]
+fn declaring_what_runbook_keeps_itself_is_a_load_error() {
+    let errs = load_errors(&[
+        (
+            "p.yaml",
+            &script_policy(
+                "  status:\n    fields: [phase, decisions, phase]\n    conditions: [Degraded]\n",
+            ),
+        ),
+        ("p.rhai", "fn reconcile(ctx) { [] }"),
+    ]);
+    assert_eq!(
+        errs,
+        [
+            "pol/p.yaml:9:21: spec.status.fields: Runbook keeps status.decisions itself; do not declare it",
+            "pol/p.yaml:9:32: spec.status.fields: \"phase\" is declared twice",
+            "pol/p.yaml:10:18: spec.status.conditions: Runbook sets Degraded itself when a decision goes wrong; do not declare it",
+        ]
+    );
+}

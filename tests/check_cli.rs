@@ -214,3 +214,119 @@ fn a_user_kind_without_its_crd_is_a_guess_said_so_and_its_crd_settles_it() {
     assert!(!String::from_utf8_lossy(&check.stdout).contains("note "));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Several teams' policies on one kind: each declares the status it
+/// writes; a shared field or condition, or a policy that declares none,
+/// is an error at the second declaration naming the first, and routes are
+/// named across every directory given.
+#[test]
+fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = temp_dir("composition");
+    let notes = dir.join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    let policy = |name: &str, status: &str, alerts: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata:\n  name: {name}\nspec:\n  target: {{apiVersion: runbook.dev/v1alpha1, kind: Evaluator}}\n  script: notes.rhai\n{status}{alerts}"
+        )
+    };
+    std::fs::write(notes.join("notes.rhai"), "fn reconcile(ctx) { [] }\n").unwrap();
+    let check = |paths: &[&Path]| {
+        let mut cmd = runbook();
+        cmd.arg("check").args(paths).current_dir(repo);
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let shipped = repo.join("policies");
+    let retrain = repo.join("examples/retrain-on-drift/policy");
+    // Beside the shipped drift policy and the retrain example: fine.
+    let (ok, out) = check(&[&shipped, &retrain]);
+    assert!(ok, "{out}");
+    assert!(out.contains("ok  policy retrain-on-drift"), "{out}");
+
+    // A condition the retrain policy declares too.
+    std::fs::write(
+        notes.join("notes.yaml"),
+        policy(
+            "notes",
+            "  status:\n    fields: [notes]\n    conditions: [Noted, TrainingData]\n",
+            "",
+        ),
+    )
+    .unwrap();
+    let (ok, out) = check(&[&shipped, &retrain, &notes]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("notes.yaml:10:25: policies \"retrain-on-drift\" (")
+            && out.contains("retrain-on-drift.yaml:18:18) and \"notes\" both write condition \"TrainingData\" of runbook.dev/v1alpha1 Evaluator"),
+        "{out}"
+    );
+
+    // No declaration at all: the whole status, named at spec.target.
+    std::fs::write(notes.join("notes.yaml"), policy("notes", "", "")).unwrap();
+    let (ok, out) = check(&[&shipped, &notes]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("notes.yaml:6:11: policies \"evaluator-drift\" (")
+            && out
+                .contains("both write the whole status (the second does not declare spec.status)"),
+        "{out}"
+    );
+
+    // Shadow mode shares anything.
+    std::fs::write(
+        notes.join("notes.yaml"),
+        policy("notes", "  mode: shadow\n", ""),
+    )
+    .unwrap();
+    let (ok, out) = check(&[&shipped, &notes]);
+    assert!(ok, "{out}");
+
+    // Routes are looked up in every directory given, and a misspelt name
+    // is an error where it is written.
+    std::fs::write(
+        notes.join("notes.yaml"),
+        policy(
+            "notes",
+            "  status: {fields: [notes]}\n",
+            "  alerts: defualt\n",
+        ),
+    )
+    .unwrap();
+    let (ok, out) = check(&[&shipped, &notes]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("notes.yaml:9:11: spec.alerts: no AlertRoutes named \"defualt\" is loaded (did you mean \"default\"?)"),
+        "{out}"
+    );
+    std::fs::write(
+        notes.join("notes.yaml"),
+        policy(
+            "notes",
+            "  status: {fields: [notes]}\n",
+            "  alerts: default\n",
+        ),
+    )
+    .unwrap();
+    let (ok, out) = check(&[&shipped, &notes]);
+    assert!(ok, "routes from another directory: {out}");
+
+    // The same routes name in two directories: both places.
+    std::fs::copy(shipped.join("alert-routes.yaml"), notes.join("routes.yaml")).unwrap();
+    let (ok, out) = check(&[&shipped, &notes]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("routes.yaml:")
+            && out.contains("AlertRoutes \"default\" is already defined at ")
+            && out.contains("alert-routes.yaml:"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

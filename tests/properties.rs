@@ -359,7 +359,7 @@ proptest! {
             let applied = act::Applied::default();
             let sink = runbook::alert::LogSink::default();
             let exec = Exec {
-                writer: Writer { client: &client, recorder: None, journal: None, applied: Some(&applied), now },
+                writer: Writer { client: &client, recorder: None, journal: None, applied: Some(&applied), now, manager: "runbook/p" },
                 resources: &resources,
                 view: view.as_ref(),
                 alerts: &sink,

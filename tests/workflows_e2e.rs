@@ -510,3 +510,363 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
     drop(kubelet);
     c.cleanup().await;
 }
+
+/// The shipped policies and those of an example directory, loaded together
+/// as `runbook run --policy-dir policies/ --policy-dir DIR` would.
+fn shipped_and(example: &str) -> runbook::policy::PolicySet {
+    let engine = runbook::script::ScriptEngine::default();
+    let bundles = [
+        runbook::policy::Bundle::from_dir(&repo().join("policies")).unwrap(),
+        runbook::policy::Bundle::from_dir(&repo().join(example)).unwrap(),
+    ];
+    let (set, errors) = runbook::policy::load(&engine, &bundles);
+    assert!(errors.is_empty(), "{errors:?}");
+    set
+}
+
+/// The field managers that wrote an object, by operation and subresource.
+fn managers(o: &DynamicObject) -> Vec<String> {
+    o.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{} {}{}",
+                m.manager.as_deref().unwrap_or(""),
+                m.operation.as_deref().unwrap_or(""),
+                m.subresource
+                    .as_deref()
+                    .map(|s| format!(" {s}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn policy_label(o: &Value) -> &str {
+    o["metadata"]["labels"]["runbook.dev/policy-name"]
+        .as_str()
+        .unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_teams_policy_collects_training_data_once_per_rollback_beside_the_drift_policy() {
+    let c = Cluster::new("retrain").await;
+    install_crds(&c).await;
+    let kubelet = Kubelet::start(&c);
+    kubelet.run("chatbot-eval-", |pod| {
+        Some(Fate::Exit {
+            code: 0,
+            message: Some(score_for(pod)),
+        })
+    });
+    kubelet.exit("chatbot-collect-", 0, None);
+    kubelet.ready("chatbot-");
+    let sink = Arc::new(Firing::default());
+    let op = support::operator_with_sink(
+        &c,
+        shipped_and("examples/retrain-on-drift/policy"),
+        OperatorConfig::default(),
+        Arc::new(Metrics::new()),
+        sink.clone(),
+    );
+    op.start().await.expect("the operator starts");
+    let deployments: Api<Deployment> = c.api();
+    let template = |image: &str| {
+        json!({"metadata": {"labels": {"app": "chatbot"}},
+               "spec": {"containers": [{"name": "model", "image": image}]}})
+    };
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "chatbot"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chatbot"}},
+                         "template": template("registry.k8s.io/pause:3.9")}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let evaluators = kind_api(&c, "runbook.dev/v1alpha1", "Evaluator");
+    create(
+        &c,
+        json!({
+            "apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator",
+            "metadata": {"name": "chatbot"},
+            "spec": {"targetRef": {"name": "chatbot"}, "threshold": 0.85, "schedule": "@daily",
+                     "benchmark": {"image": "busybox:1.36", "command": ["sh", "-c", BENCHMARK]}}
+        }),
+    )
+    .await;
+    eventually("a healthy first run", 120, || async {
+        let st = status_of(&evaluators, "chatbot").await;
+        st["phase"] == "Healthy" && st["lastGoodRevision"] == 1
+    })
+    .await;
+    let jobs: Api<Job> = c.api();
+    let job_values = || async {
+        jobs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|j| serde_json::to_value(j).unwrap())
+            .collect::<Vec<Value>>()
+    };
+    assert!(
+        job_values().await.iter().all(|j| {
+            let name = j["metadata"]["name"].as_str().unwrap_or("");
+            name.starts_with("chatbot-eval-") && policy_label(j) == "evaluator-drift"
+        }),
+        "no collection before a rollback; benchmarks carry their policy's label"
+    );
+    deployments
+        .patch(
+            "chatbot",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template("registry.k8s.io/pause:3.10")}})),
+        )
+        .await
+        .unwrap();
+    eventually("revision 2", 60, || async {
+        let d = deployments.get("chatbot").await.unwrap();
+        d.metadata.annotations.unwrap_or_default()["deployment.kubernetes.io/revision"] == "2"
+    })
+    .await;
+    annotate(&evaluators, "chatbot", "runbook.dev/run-now", "1").await;
+    eventually(
+        "the rollback and its collected training data",
+        120,
+        || async {
+            let o = evaluators.get("chatbot").await.unwrap();
+            let st = &o.data["status"];
+            let collected = st["conditions"].as_array().into_iter().flatten().any(|c| {
+                c["type"] == "TrainingData" && c["status"] == "True" && c["reason"] == "Collected"
+            });
+            st["lastRollback"]["fromRevision"] == 2 && collected
+        },
+    )
+    .await;
+    let all = job_values().await;
+    let collections: Vec<&Value> = all
+        .iter()
+        .filter(|j| {
+            j["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("chatbot-collect-")
+        })
+        .collect();
+    assert_eq!(collections.len(), 1, "one collection per rollback: {all:?}");
+    assert_eq!(policy_label(collections[0]), "retrain-on-drift");
+    assert_eq!(
+        collections[0]["metadata"]["annotations"]["runbook.dev/bad-revision"],
+        "2"
+    );
+    let job: Job = jobs
+        .get(collections[0]["metadata"]["name"].as_str().unwrap())
+        .await
+        .unwrap();
+    let job = serde_json::from_value::<DynamicObject>(serde_json::to_value(job).unwrap()).unwrap();
+    assert!(
+        managers(&job)
+            .iter()
+            .any(|m| m == "runbook/retrain-on-drift Apply"),
+        "applied by its policy's field manager: {:?}",
+        managers(&job)
+    );
+    // Each policy's status writes under its own manager, and each keeps
+    // its own decision record.
+    let ev = evaluators.get("chatbot").await.unwrap();
+    let ms = managers(&ev);
+    for m in [
+        "runbook/evaluator-drift Update status",
+        "runbook/retrain-on-drift Update status",
+    ] {
+        assert!(ms.iter().any(|x| x == m), "{m} in {ms:?}");
+    }
+    let records: Vec<&str> = ev.data["status"]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(records, ["evaluator-drift", "retrain-on-drift"]);
+    // Another benchmark run: evaluator-drift cleans up only its own Jobs.
+    annotate(&evaluators, "chatbot", "runbook.dev/run-now", "2").await;
+    eventually("healthy again", 120, || async {
+        status_of(&evaluators, "chatbot").await["lastGoodRevision"] == 3
+    })
+    .await;
+    let after = job_values().await;
+    assert!(
+        after
+            .iter()
+            .any(|j| j["metadata"]["name"] == collections[0]["metadata"]["name"]),
+        "the collection Job is not the drift policy's to delete: {after:?}"
+    );
+    assert!(sink.named("EvaluatorRolledBack").is_empty(), "resolved");
+    op.shutdown(Duration::from_secs(5)).await;
+    drop(kubelet);
+    c.cleanup().await;
+}
+
+fn statefulset_image(s: &Value, container: &str) -> String {
+    s["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == container)
+        .and_then(|c| c["image"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_waits_for_its_snapshot_and_a_failed_snapshot_withholds_the_next() {
+    let c = Cluster::new("upgrade").await;
+    install_crds(&c).await;
+    let crd =
+        std::fs::read_to_string(repo().join("examples/snapshot-before-upgrade/crd.yaml")).unwrap();
+    apply_crd(
+        &c,
+        runbook::util::yaml::parse_documents(&crd)
+            .unwrap()
+            .remove(0),
+    )
+    .await;
+    let databases = kind_api(&c, "db.example.com/v1", "Postgres");
+    eventually("Postgres to be served", 60, || async {
+        databases.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    let sink = Arc::new(Firing::default());
+    let op = support::operator_with_sink(
+        &c,
+        shipped_and("examples/snapshot-before-upgrade/policy"),
+        OperatorConfig::default(),
+        Arc::new(Metrics::new()),
+        sink.clone(),
+    );
+    op.start().await.expect("the operator starts");
+    let sets = kind_api(&c, "apps/v1", "StatefulSet");
+    create(
+        &c,
+        json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "orders"},
+            "spec": {"replicas": 1, "serviceName": "orders", "selector": {"matchLabels": {"app": "orders"}},
+                     "template": {"metadata": {"labels": {"app": "orders"}},
+                                  "spec": {"containers": [
+                                      {"name": "postgres", "image": "postgres:16.1"},
+                                      {"name": "exporter", "image": "registry.k8s.io/pause:3.9"}]}}}
+        }),
+    )
+    .await;
+    create(
+        &c,
+        json!({
+            "apiVersion": "db.example.com/v1", "kind": "Postgres",
+            "metadata": {"name": "orders"},
+            "spec": {"version": "16.1", "statefulSet": "orders", "pvc": "data-orders-0",
+                     "volumeSnapshotClassName": "csi-snapclass"}
+        }),
+    )
+    .await;
+    eventually("the running version recorded", 60, || async {
+        let st = status_of(&databases, "orders").await;
+        st["phase"] == "Current" && st["runningVersion"] == "16.1"
+    })
+    .await;
+    let patch_version = |v: &'static str| {
+        let databases = databases.clone();
+        async move {
+            databases
+                .patch(
+                    "orders",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"version": v}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &snapshot_kind().api_resource());
+    patch_version("16.4").await;
+    eventually("the snapshot taken first", 60, || async {
+        snapshots.get("orders-before-16-4").await.is_ok()
+            && status_of(&databases, "orders").await["phase"] == "Snapshotting"
+    })
+    .await;
+    let snap = snapshots.get("orders-before-16-4").await.unwrap();
+    assert_eq!(
+        snap.data["spec"]["source"]["persistentVolumeClaimName"],
+        "data-orders-0"
+    );
+    assert_eq!(
+        policy_label(&serde_json::to_value(&snap).unwrap()),
+        "snapshot-before-upgrade"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sts = sets.get("orders").await.unwrap();
+    assert_eq!(
+        statefulset_image(&sts.data, "postgres"),
+        "postgres:16.1",
+        "no upgrade before the snapshot is ready"
+    );
+    // A cluster may have no CSI snapshotter: the test marks it ready.
+    snapshots
+        .patch_status(
+            "orders-before-16-4",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyToUse": true}})),
+        )
+        .await
+        .unwrap();
+    eventually("the upgrade to 16.4", 60, || async {
+        let sts = sets.get("orders").await.unwrap();
+        statefulset_image(&sts.data, "postgres") == "postgres:16.4"
+            && status_of(&databases, "orders").await["runningVersion"] == "16.4"
+    })
+    .await;
+    let sts = sets.get("orders").await.unwrap();
+    assert_eq!(
+        statefulset_image(&sts.data, "exporter"),
+        "registry.k8s.io/pause:3.9",
+        "the other container is untouched"
+    );
+    // The next upgrade's snapshot fails: the upgrade is withheld and paged.
+    patch_version("17.0").await;
+    eventually("the second snapshot", 60, || async {
+        snapshots.get("orders-before-17-0").await.is_ok()
+    })
+    .await;
+    snapshots
+        .patch_status(
+            "orders-before-17-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyToUse": false,
+                "error": {"message": "CSI driver: snapshot quota exceeded"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the upgrade withheld", 60, || async {
+        status_of(&databases, "orders").await["phase"] == "UpgradeWithheld"
+    })
+    .await;
+    let paged = sink.named("DatabaseUpgradeWithheld");
+    assert_eq!(paged.len(), 1, "{paged:?}");
+    assert_eq!(paged[0].0.labels["severity"], "critical");
+    let sts = sets.get("orders").await.unwrap();
+    assert_eq!(statefulset_image(&sts.data, "postgres"), "postgres:16.4");
+    assert!(
+        events_for(&c, "orders")
+            .await
+            .contains(&"UpgradeWithheld".to_string())
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}

@@ -361,6 +361,9 @@ mod tests {
             json!({"conditions": [{"type": "Degraded", "status": "True", "reason": "Theirs"}]});
         let kept = next_status(&theirs, Some(&fields), &[], None, false, None, NOW);
         assert_eq!(conditions(&kept)[0].2, "Theirs");
+        // Another policy on the target still has a problem: Degraded stays.
+        let still = next_status(&failed, Some(&fields), &[], None, true, None, NOW);
+        assert_eq!(conditions(&still)[0].1, "True");
     }
 
     #[test]

@@ -167,59 +167,6 @@ pub(super) fn template_kind(t: &Template) -> Option<KindRef> {
     Some(KindRef::new(av, kind))
 }
 
-#[cfg(test)]
-mod tests {
-    use crate::policy::compile::tests::errors_of;
-
-    const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  script: p.rhai\n";
-
-    #[test]
-    fn a_schedule_takes_cron_or_a_field_and_names_its_mistakes() {
-        let both = format!("{HEAD}  schedule: {{cron: '@hourly', fromField: spec.every}}\n");
-        assert_eq!(
-            errors_of(&both),
-            ["p.yaml:7:13: spec.schedule: give cron or fromField, not both"]
-        );
-        let neither = format!("{HEAD}  schedule: {{}}\n");
-        assert_eq!(
-            errors_of(&neither),
-            ["p.yaml:7:13: spec.schedule: give cron or fromField"]
-        );
-        let path = format!("{HEAD}  schedule: {{fromField: spec..every}}\n");
-        assert!(
-            errors_of(&path)[0].contains("is not a dotted path"),
-            "{:?}",
-            errors_of(&path)
-        );
-        let cron = format!("{HEAD}  schedule: {{cron: 'every tuesday'}}\n");
-        assert!(errors_of(&cron)[0].starts_with("p.yaml:7:13: spec.schedule: "));
-        let good = format!("{HEAD}  schedule: {{fromField: spec.every, default: '@daily'}}\n");
-        assert!(errors_of(&good).is_empty());
-    }
-
-    #[test]
-    fn limits_and_the_circuit_breaker_are_checked_where_they_are_written() {
-        let rate = format!("{HEAD}  limits: {{rollback: 'often'}}\n");
-        assert!(
-            errors_of(&rate)[0].starts_with("p.yaml:7:22: spec.limits.rollback: "),
-            "{:?}",
-            errors_of(&rate)
-        );
-        let breaker = format!(
-            "{HEAD}  limits:\n    circuitBreaker: {{errorRate: 1.5, window: 1m, cooldown: soon, minRequests: 3}}\n"
-        );
-        let errors = errors_of(&breaker);
-        assert!(
-            errors[0].ends_with("spec.limits.circuitBreaker.errorRate must be in (0, 1]"),
-            "{errors:?}"
-        );
-        assert!(
-            errors[1].contains("spec.limits.circuitBreaker: "),
-            "{errors:?}"
-        );
-    }
-}
-
 /// `spec.status` as a claim, each name with its position; a policy that
 /// does not declare one claims the whole status. A schedule's own fields
 /// are part of a declared claim.
@@ -298,4 +245,57 @@ pub(super) fn compile_status_claim(
         }
     }
     claim
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::compile::tests::errors_of;
+
+    const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  script: p.rhai\n";
+
+    #[test]
+    fn a_schedule_takes_cron_or_a_field_and_names_its_mistakes() {
+        let both = format!("{HEAD}  schedule: {{cron: '@hourly', fromField: spec.every}}\n");
+        assert_eq!(
+            errors_of(&both),
+            ["p.yaml:7:13: spec.schedule: give cron or fromField, not both"]
+        );
+        let neither = format!("{HEAD}  schedule: {{}}\n");
+        assert_eq!(
+            errors_of(&neither),
+            ["p.yaml:7:13: spec.schedule: give cron or fromField"]
+        );
+        let path = format!("{HEAD}  schedule: {{fromField: spec..every}}\n");
+        assert!(
+            errors_of(&path)[0].contains("is not a dotted path"),
+            "{:?}",
+            errors_of(&path)
+        );
+        let cron = format!("{HEAD}  schedule: {{cron: 'every tuesday'}}\n");
+        assert!(errors_of(&cron)[0].starts_with("p.yaml:7:13: spec.schedule: "));
+        let good = format!("{HEAD}  schedule: {{fromField: spec.every, default: '@daily'}}\n");
+        assert!(errors_of(&good).is_empty());
+    }
+
+    #[test]
+    fn limits_and_the_circuit_breaker_are_checked_where_they_are_written() {
+        let rate = format!("{HEAD}  limits: {{rollback: 'often'}}\n");
+        assert!(
+            errors_of(&rate)[0].starts_with("p.yaml:7:22: spec.limits.rollback: "),
+            "{:?}",
+            errors_of(&rate)
+        );
+        let breaker = format!(
+            "{HEAD}  limits:\n    circuitBreaker: {{errorRate: 1.5, window: 1m, cooldown: soon, minRequests: 3}}\n"
+        );
+        let errors = errors_of(&breaker);
+        assert!(
+            errors[0].ends_with("spec.limits.circuitBreaker.errorRate must be in (0, 1]"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains("spec.limits.circuitBreaker: "),
+            "{errors:?}"
+        );
+    }
 }
