@@ -26,6 +26,11 @@ use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
 use crate::util::lock;
 
+/// How often, and how far apart, start-up asks discovery again for a kind
+/// it does not list (a CRD being established): two seconds in all.
+const DISCOVERY_RETRIES: u32 = 8;
+const DISCOVERY_RETRY_EVERY: Duration = Duration::from_millis(250);
+
 /// Why the operator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -111,13 +116,25 @@ impl Operator {
                 }
             }
         }
-        for k in &kinds {
-            match self.ctx.resources.resolve(k).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => missing.push(k.clone()),
-                Err(kube::Error::Discovery(_)) => missing.push(k.clone()),
-                Err(e) => return Err(StartError::Discovery(e)),
+        // A CRD applied a moment ago is served before discovery lists it:
+        // a kind not found is asked for again for a little while.
+        let mut pending = kinds.clone();
+        for attempt in 0..=DISCOVERY_RETRIES {
+            missing.clear();
+            for k in &pending {
+                match self.ctx.resources.resolve(k).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => missing.push(k.clone()),
+                    Err(kube::Error::Discovery(_)) => missing.push(k.clone()),
+                    Err(e) => return Err(StartError::Discovery(e)),
+                }
             }
+            if missing.is_empty() || attempt == DISCOVERY_RETRIES {
+                break;
+            }
+            tracing::debug!(kinds = ?missing, "not in discovery yet; asking again");
+            tokio::time::sleep(DISCOVERY_RETRY_EVERY).await;
+            pending = missing.clone();
         }
         let targets: Vec<KindRef> = missing
             .iter()
