@@ -1298,3 +1298,101 @@ async fn a_unit_field_in_an_applied_object_is_left_out_and_applied_once() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const TICKER: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: ticker}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  script: ticker.rhai
+  status: {fields: [ripe]}
+---
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: broken}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  script: broken.rhai
+  status: {fields: [broken]}
+"#;
+
+/// Six seconds after its object is made, and not before, the ticker
+/// writes; until then it asks to come back every 200ms.
+const TICKER_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let born = parse_time(ctx.resource.metadata.creationTimestamp);
+    if ctx.now - born >= 6 { [status(#{ ripe: true })] } else { [requeue("200ms")] }
+}
+"#;
+
+/// Two enforcing policies on one object: one fails every time and backs
+/// off on its own (2s, 4s, 8s, ...); the other keeps its own time, and
+/// does not clear the `Degraded` the failing one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_policy_backs_off_alone_and_the_other_keeps_its_time() {
+    let c = Cluster::new("twopolicies").await;
+    install_widget_crd(&c).await;
+    let config = OperatorConfig {
+        backoff_base: Duration::from_secs(2),
+        backoff_max: Duration::from_secs(60),
+        ..OperatorConfig::default()
+    };
+    let op = operator(
+        &c,
+        policies(
+            &c,
+            &[
+                ("policies.yaml", TICKER),
+                ("ticker.rhai", TICKER_SCRIPT),
+                (
+                    "broken.rhai",
+                    "fn reconcile(ctx) { throw \"always broken\"; }",
+                ),
+            ],
+        ),
+        config,
+    );
+    op.start().await.expect("the operator starts");
+    let widgets = widgets(&c);
+    let made = std::time::Instant::now();
+    widgets
+        .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
+        .await
+        .unwrap();
+    eventually("the ticker's write", 20, || async {
+        widgets.get("w").await.unwrap().data["status"]["ripe"] == true
+    })
+    .await;
+    // Held to the broken policy's backoff it would come at its third try,
+    // ten seconds or more after creation; on its own time, about six.
+    let after = made.elapsed();
+    assert!(after < Duration::from_millis(8500), "{after:?}");
+    let w = widgets.get("w").await.unwrap();
+    let st = &w.data["status"];
+    let degraded = st["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Degraded")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(degraded["status"], "True", "{st}");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("always broken"),
+        "{degraded}"
+    );
+    let records: Vec<(&str, bool)> = st["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["policy"].as_str().unwrap(), d.get("error").is_some()))
+        .collect();
+    assert_eq!(records, [("broken", true), ("ticker", false)]);
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

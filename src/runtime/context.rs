@@ -118,8 +118,9 @@ pub(super) struct Running {
 pub(super) struct Queue {
     /// Targets triggered and not reconciled yet.
     pub pending: Mutex<HashSet<TargetKey>>,
-    /// Failed reconciles in a row, by target, for the backoff.
-    pub failures: Mutex<HashMap<TargetKey, u32>>,
+    /// Failed reconciles in a row, by target and policy (no policy: the
+    /// target's own writes, such as finalizers), for the backoff.
+    pub failures: Mutex<HashMap<(TargetKey, String), u32>>,
     pub in_flight: AtomicUsize,
     /// Moves whenever a reconcile finishes.
     pub activity: AtomicU64,

@@ -341,7 +341,7 @@ fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
 }
 
 /// What the policies of one reconcile leave to do: when to come back, and
-/// the error to retry on.
+/// the last error (each failed policy's backoff is in the requeue).
 #[derive(Default)]
 struct Next {
     requeue_ms: Option<i64>,
@@ -351,6 +351,36 @@ struct Next {
 impl Next {
     fn requeue(&mut self, ms: i64) {
         self.requeue_ms = Some(self.requeue_ms.map_or(ms, |r| r.min(ms)));
+    }
+
+    /// A policy failed on the target: it comes back after its own
+    /// backoff, which grows with its own consecutive failures there.
+    fn failed(
+        &mut self,
+        ctx: &Context,
+        key: &TargetKey,
+        policy: &str,
+        error: (String, &'static str),
+    ) {
+        let n = {
+            let mut f = lock(&ctx.queue.failures);
+            let n = f.entry((key.clone(), policy.to_string())).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let delay = backoff(
+            ctx.config.backoff_base,
+            ctx.config.backoff_max,
+            n,
+            &format!("{}/{}/{}#{policy}", key.kind, key.namespace, key.name),
+        );
+        self.requeue(delay.as_millis() as i64);
+        self.error = Some(error);
+    }
+
+    /// A policy succeeded on the target: its backoff starts over.
+    fn succeeded(ctx: &Context, key: &TargetKey, policy: &str) {
+        lock(&ctx.queue.failures).remove(&(key.clone(), policy.to_string()));
     }
 }
 
@@ -438,10 +468,12 @@ async fn reconcile_target(
     if !written_over.is_empty() {
         ctx.memory.written.remember(key.clone(), written_over);
     }
-    if let Some((message, label)) = next.error {
-        return Err(ReconcileError { message, label });
+    if let Some((message, label)) = &next.error {
+        // Each failed policy is retried on its own backoff (in the
+        // requeue); the others keep their own times.
+        tracing::debug!(error = %message, label = *label, delay_ms = next.requeue_ms, "reconcile failed; retrying");
     }
-    lock(&ctx.queue.failures).remove(key);
+    lock(&ctx.queue.failures).remove(&(key.clone(), String::new()));
     Ok(match next.requeue_ms {
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
@@ -461,7 +493,8 @@ async fn finalize_policy(
     let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Finalize).await;
     let work_left = !outcome.results.is_empty();
     if let Some(e) = outcome.error {
-        next.error = Some((e, outcome.error_label.unwrap_or("finalize")));
+        let label = outcome.error_label.unwrap_or("finalize");
+        next.failed(ctx, t.key, &p.name, (e, label));
     } else if !work_left && p.mode == policy::Mode::Enforce {
         finalizers(ctx, &p.name, &t.resolved, cached.value(), None, Some(fin)).await?;
     } else {
@@ -497,9 +530,13 @@ async fn reconcile_policy(
     if let Some(ms) = outcome.requeue_ms {
         next.requeue(ms);
     }
-    if let Some(e) = outcome.error {
-        tracing::warn!("{e}");
-        next.error = Some((e, outcome.error_label.unwrap_or("error")));
+    match outcome.error {
+        Some(e) => {
+            tracing::warn!("{e}");
+            let label = outcome.error_label.unwrap_or("error");
+            next.failed(ctx, t.key, &p.name, (e, label));
+        }
+        None => Next::succeeded(ctx, t.key, &p.name),
     }
     outcome.target_after
 }
@@ -513,7 +550,7 @@ pub(super) fn error_policy(
     let key = key_of(kind, &obj);
     let n = {
         let mut f = lock(&ctx.queue.failures);
-        let n = f.entry(key.clone()).or_insert(0);
+        let n = f.entry((key.clone(), String::new())).or_insert(0);
         *n += 1;
         *n
     };

@@ -143,10 +143,20 @@ pub fn operator_through(
             .with_test_writer()
             .try_init();
     }
+    // Short backoffs, unless the test chose its own.
+    let defaults = OperatorConfig::default();
     let config = OperatorConfig {
         namespace: Some(c.ns.clone()),
-        backoff_base: Duration::from_millis(50),
-        backoff_max: Duration::from_secs(2),
+        backoff_base: if config.backoff_base == defaults.backoff_base {
+            Duration::from_millis(50)
+        } else {
+            config.backoff_base
+        },
+        backoff_max: if config.backoff_max == defaults.backoff_max {
+            Duration::from_secs(2)
+        } else {
+            config.backoff_max
+        },
         ..config
     };
     Arc::new(Operator::new(
