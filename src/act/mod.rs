@@ -316,13 +316,7 @@ pub async fn execute(
     let (done, failure) = carry_out(w, policy, t, &plan).await;
     let decide_error = decision.err();
     if let Some(e) = decide_error {
-        w.observe(|| {
-            let k = plan::kind_of(t);
-            Entry::new(w.now, "error", "failed")
-                .policy(&policy.name)
-                .object(&k.api_version, &k.kind, target.namespace(), target.name())
-                .detail(e.to_string())
-        });
+        observe_error(w, policy, target, e);
     }
     let previous_hash = DecisionRecord::of(t, &policy.name)
         .unwrap_or_default()
@@ -364,6 +358,17 @@ pub async fn execute(
         finish_status(x, policy, target, target_kind, &plan, &end, patch, &mut out).await;
     }
     out
+}
+
+/// Tell the journal of a decision that failed.
+fn observe_error(w: &Writer<'_>, policy: &CompiledPolicy, target: &CachedObject, e: &DecideError) {
+    w.observe(|| {
+        let k = plan::kind_of(target.value());
+        Entry::new(w.now, "error", "failed")
+            .policy(&policy.name)
+            .object(&k.api_version, &k.kind, target.namespace(), target.name())
+            .detail(e.to_string())
+    });
 }
 
 /// Write the status the decision ends with.

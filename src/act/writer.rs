@@ -71,6 +71,14 @@ fn identity(target: &Value) -> (String, String, String, String) {
 }
 
 impl Writer<'_> {
+    /// The parameters of a merge or JSON patch: this writer's manager.
+    fn params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.manager.into()),
+            ..Default::default()
+        }
+    }
+
     /// Tell the journal, if anyone listens.
     pub fn observe(&self, entry: impl FnOnce() -> Entry) {
         if let Some(j) = self.journal {
@@ -162,20 +170,14 @@ impl Writer<'_> {
                 namespace,
                 name,
                 patch,
-            } => {
-                let pp = PatchParams {
-                    field_manager: Some(self.manager.into()),
-                    ..Default::default()
-                };
-                api(self.client, kind, namespace)
-                    .patch(name, &pp, &Patch::Merge(patch))
-                    .await
-                    .map_err(|e| {
-                        let what = target_string(&kind.kind_ref(), namespace, name);
-                        ExecError::api(&format!("patch {what}"), e)
-                    })?;
-                Ok(Some(patch.clone()))
-            }
+            } => api(self.client, kind, namespace)
+                .patch(name, &self.params(), &Patch::Merge(patch))
+                .await
+                .map(|_| Some(patch.clone()))
+                .map_err(|e| {
+                    let what = target_string(&kind.kind_ref(), namespace, name);
+                    ExecError::api(&format!("patch {what}"), e)
+                }),
             Write::Rollback {
                 namespace,
                 deployment,
@@ -209,10 +211,7 @@ impl Writer<'_> {
     ) -> Result<Value, kube::Error> {
         tracing::debug!(target = %format!("{}/{name}", kind.resource.kind), namespace = %ns, patch = %patch, "writing status");
         let body = json!({"status": patch});
-        let pp = PatchParams {
-            field_manager: Some(self.manager.into()),
-            ..Default::default()
-        };
+        let pp = self.params();
         let api = api(self.client, kind, ns);
         let result = if kind.status_subresource {
             api.patch_status(name, &pp, &Patch::Merge(&body)).await
@@ -250,14 +249,7 @@ impl Writer<'_> {
         let ops: json_patch::Patch = serde_json::from_value(Value::Array(ops))
             .map_err(|e| ExecError::Invalid(e.to_string()))?;
         api(self.client, kind, &ns)
-            .patch(
-                &name,
-                &PatchParams {
-                    field_manager: Some(self.manager.into()),
-                    ..Default::default()
-                },
-                &Patch::<()>::Json(ops),
-            )
+            .patch(&name, &self.params(), &Patch::<()>::Json(ops))
             .await
             .map(|_| ())
             .map_err(|e| ExecError::api(&format!("updating the finalizers of {ns}/{name}"), e))

@@ -396,6 +396,30 @@ fn inhibited(routes: &CompiledRoutes, alert: &Alert, firing: &[(String, Alert)])
 /// that has news (Alertmanager's deduplication, per integration:
 /// something new fired, something it wants to hear of resolved, or the
 /// repeat interval passed).
+/// Whether an integration must hear of a group now, as Alertmanager
+/// decides: an alert it has not heard of firing, the last firing one
+/// resolved, a new resolution, or the repeat interval gone by.
+fn news(
+    last: Option<&Sent>,
+    firing: &BTreeSet<String>,
+    resolved: &BTreeSet<String>,
+    now: Timestamp,
+    repeat_ms: i64,
+) -> bool {
+    let Some(last) = last else {
+        return !firing.is_empty();
+    };
+    if !firing.is_subset(&last.firing) {
+        true
+    } else if firing.is_empty() {
+        !last.firing.is_empty() && !resolved.is_empty()
+    } else if !resolved.is_empty() && !resolved.is_subset(&last.resolved) {
+        true
+    } else {
+        now.as_millisecond() - last.at.as_millisecond() >= repeat_ms
+    }
+}
+
 fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<Notification> {
     let route = find_route(&g.routes.root, &g.route_id);
     if route.is_some_and(|r| r.muted_at(&g.routes, now)) {
@@ -440,20 +464,7 @@ fn flush(g: &mut Group, firing_all: &[(String, Alert)], now: Timestamp) -> Vec<N
             ReceiverKind::Alertmanager { resend_ms, .. } => *resend_ms,
             _ => g.repeat_ms,
         };
-        let needed = match g.last.get(&i) {
-            None => !firing.is_empty(),
-            Some(last) => {
-                if !firing.is_subset(&last.firing) {
-                    true
-                } else if firing.is_empty() {
-                    !last.firing.is_empty() && !resolved.is_empty()
-                } else if !resolved.is_empty() && !resolved.is_subset(&last.resolved) {
-                    true
-                } else {
-                    now.as_millisecond() - last.at.as_millisecond() >= repeat_ms
-                }
-            }
-        };
+        let needed = news(g.last.get(&i), &firing, &resolved, now, repeat_ms);
         if firing.is_empty() && resolved.is_empty() {
             // Nothing this integration hears of: the next alert is news.
             g.last.remove(&i);

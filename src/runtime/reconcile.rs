@@ -346,6 +346,9 @@ fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
 struct Next {
     requeue_ms: Option<i64>,
     error: Option<(String, &'static str)>,
+    /// The versions of the target the status writes replaced: while the
+    /// cache shows one of them, it lags behind.
+    written_over: Vec<String>,
 }
 
 impl Next {
@@ -428,45 +431,16 @@ async fn reconcile_target(
         resolved,
         set,
     };
-    // The versions of the target this reconcile's status writes replaced:
-    // until the cache shows a later one, it lags behind them.
-    let mut written_over: Vec<String> = Vec::new();
     let deleting = obj.meta.deletion_timestamp.is_some();
-    let present = crate::observe::finalizers_of(target.cached.value());
     let mut next = Next::default();
-    for p in &policies {
-        let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %kind.kind, namespace = %key.namespace, name = %key.name);
-        let _enter = span.enter();
-        let fin = finalizer_name(&p.name);
-        let writes_allowed = p.mode == policy::Mode::Enforce;
-        if deleting {
-            if present.contains(&fin) {
-                finalize_policy(ctx, p, &target, &fin, &mut next).await?;
-            }
-            continue;
-        }
-        if p.has_finalizer() && writes_allowed && !present.contains(&fin) {
-            // The watch event of this write reconciles again.
-            finalizers(
-                ctx,
-                &p.name,
-                &target.resolved,
-                target.cached.value(),
-                Some(&fin),
-                None,
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
-        if let Some(after) = reconcile_policy(ctx, p, &target, &mut next).await {
-            // The next policy decides on the status this one left.
-            let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
-            written_over.push(before.unwrap_or_default().to_string());
-            target.cached = crate::observe::CachedObject::new(after);
-        }
+    let early = each_policy(ctx, &policies, &mut target, deleting, &mut next).await;
+    if !next.written_over.is_empty() {
+        ctx.memory
+            .written
+            .remember(key.clone(), std::mem::take(&mut next.written_over));
     }
-    if !written_over.is_empty() {
-        ctx.memory.written.remember(key.clone(), written_over);
+    if let Some(action) = early? {
+        return Ok(action);
     }
     if let Some((message, label)) = &next.error {
         // Each failed policy is retried on its own backoff (in the
@@ -478,6 +452,43 @@ async fn reconcile_target(
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
     })
+}
+
+/// Run each policy on the target in turn, each deciding on the status the
+/// one before left; `Some` when the reconcile ends early (a finalizer
+/// added: its watch event reconciles again).
+async fn each_policy(
+    ctx: &Context,
+    policies: &[Arc<CompiledPolicy>],
+    target: &mut Target<'_>,
+    deleting: bool,
+    next: &mut Next,
+) -> Result<Option<Action>, ReconcileError> {
+    let present = crate::observe::finalizers_of(target.cached.value());
+    for p in policies {
+        let key = target.key;
+        let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %key.kind.kind, namespace = %key.namespace, name = %key.name);
+        let _enter = span.enter();
+        let fin = finalizer_name(&p.name);
+        if deleting {
+            if present.contains(&fin) {
+                finalize_policy(ctx, p, target, &fin, next).await?;
+            }
+            continue;
+        }
+        if p.has_finalizer() && p.mode == policy::Mode::Enforce && !present.contains(&fin) {
+            let (kind, value) = (&target.resolved, target.cached.value());
+            finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
+            return Ok(Some(Action::await_change()));
+        }
+        if let Some(after) = reconcile_policy(ctx, p, target, next).await {
+            let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
+            next.written_over
+                .push(before.unwrap_or_default().to_string());
+            target.cached = crate::observe::CachedObject::new(after);
+        }
+    }
+    Ok(None)
 }
 
 /// A policy's `finalize` on a target being deleted; once it asks for no

@@ -265,25 +265,22 @@ fn compile_interp(
                 line: origin.line,
                 col: origin.col + start as u32,
             };
+            let syntax = |col: u32, message: &str| ScriptError {
+                file: file.to_string(),
+                pos: Some(Pos {
+                    line: origin.line,
+                    col,
+                }),
+                kind: ScriptErrorKind::Syntax,
+                message: message.into(),
+            };
             if !closed {
-                return Err(ScriptError {
-                    file: file.to_string(),
-                    pos: Some(Pos {
-                        line: origin.line,
-                        col: origin.col + i as u32,
-                    }),
-                    kind: ScriptErrorKind::Syntax,
-                    message: "unclosed `${` in template string".into(),
-                });
+                let m = "unclosed `${` in template string";
+                return Err(syntax(origin.col + i as u32, m));
             }
             let expr_text: String = chars[start..j].iter().collect();
             if expr_text.trim().is_empty() {
-                return Err(ScriptError {
-                    file: file.to_string(),
-                    pos: Some(pos),
-                    kind: ScriptErrorKind::Syntax,
-                    message: "empty `${}` in template string".into(),
-                });
+                return Err(syntax(pos.col, "empty `${}` in template string"));
             }
             if !lit.is_empty() {
                 parts.push(Part::Lit(std::mem::take(&mut lit)));
