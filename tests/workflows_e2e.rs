@@ -151,6 +151,42 @@ async fn annotate(api: &Api<DynamicObject>, name: &str, key: &str, value: &str) 
     .unwrap();
 }
 
+/// The chatbot's pod template on `image`.
+fn chatbot_template(image: &str) -> Value {
+    json!({"metadata": {"labels": {"app": "chatbot"}},
+           "spec": {"containers": [{"name": "model", "image": image}]}})
+}
+
+/// The model Deployment the Evaluator watches, on its first release.
+async fn chatbot_deployment(c: &Cluster) -> Api<Deployment> {
+    let deployments: Api<Deployment> = c.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "chatbot"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chatbot"}},
+                         "template": chatbot_template("registry.k8s.io/pause:3.9")}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    deployments
+}
+
+/// A new release of the chatbot.
+async fn release(deployments: &Api<Deployment>, image: &str) {
+    deployments
+        .patch(
+            "chatbot",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": chatbot_template(image)}})),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     let c = Cluster::new("evaluator").await;
@@ -165,23 +201,7 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     kubelet.ready("chatbot-");
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
-    let deployments: Api<Deployment> = c.api();
-    let template = |image: &str| {
-        json!({"metadata": {"labels": {"app": "chatbot"}},
-               "spec": {"containers": [{"name": "model", "image": image}]}})
-    };
-    deployments
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "chatbot"},
-                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chatbot"}},
-                         "template": template("registry.k8s.io/pause:3.9")}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    let deployments = chatbot_deployment(&c).await;
     let revision = |d: Deployment| {
         d.metadata
             .annotations
@@ -213,14 +233,7 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     })
     .await;
     // A bad release, then a run asked for by an SRE.
-    deployments
-        .patch(
-            "chatbot",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": template("registry.k8s.io/pause:3.10")}})),
-        )
-        .await
-        .unwrap();
+    release(&deployments, "registry.k8s.io/pause:3.10").await;
     eventually("revision 2", 60, || async {
         revision(deployments.get("chatbot").await.unwrap()) == "2"
     })
@@ -572,23 +585,7 @@ async fn a_second_teams_policy_collects_training_data_once_per_rollback_beside_t
         sink.clone(),
     );
     op.start().await.expect("the operator starts");
-    let deployments: Api<Deployment> = c.api();
-    let template = |image: &str| {
-        json!({"metadata": {"labels": {"app": "chatbot"}},
-               "spec": {"containers": [{"name": "model", "image": image}]}})
-    };
-    deployments
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "chatbot"},
-                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chatbot"}},
-                         "template": template("registry.k8s.io/pause:3.9")}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    let deployments = chatbot_deployment(&c).await;
     let evaluators = kind_api(&c, "runbook.dev/v1alpha1", "Evaluator");
     create(
         &c,
@@ -622,14 +619,7 @@ async fn a_second_teams_policy_collects_training_data_once_per_rollback_beside_t
         }),
         "no collection before a rollback; benchmarks carry their policy's label"
     );
-    deployments
-        .patch(
-            "chatbot",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": template("registry.k8s.io/pause:3.10")}})),
-        )
-        .await
-        .unwrap();
+    release(&deployments, "registry.k8s.io/pause:3.10").await;
     eventually("revision 2", 60, || async {
         let d = deployments.get("chatbot").await.unwrap();
         d.metadata.annotations.unwrap_or_default()["deployment.kubernetes.io/revision"] == "2"
