@@ -82,3 +82,85 @@ fn the_printed_stream_holds_every_crd() {
         );
     }
 }
+
+/// Every short name and plural a standard cluster (Kubernetes 1.28, with
+/// the CSI snapshot CRDs) serves, as `kubectl api-resources` lists them.
+const BUILT_IN_NAMES: &[&str] = &[
+    "cs",
+    "cm",
+    "ep",
+    "ev",
+    "limits",
+    "ns",
+    "no",
+    "pvc",
+    "pv",
+    "po",
+    "podtemplates",
+    "rc",
+    "quota",
+    "secret",
+    "sa",
+    "svc",
+    "mutatingwebhookconfigurations",
+    "crd",
+    "crds",
+    "apiservices",
+    "controllerrevisions",
+    "ds",
+    "deploy",
+    "rs",
+    "sts",
+    "tokenreviews",
+    "hpa",
+    "cj",
+    "job",
+    "csr",
+    "leases",
+    "endpointslices",
+    "events",
+    "flowschemas",
+    "prioritylevelconfigurations",
+    "ing",
+    "ingressclasses",
+    "netpol",
+    "runtimeclasses",
+    "pdb",
+    "clusterrolebindings",
+    "clusterroles",
+    "rolebindings",
+    "roles",
+    "pc",
+    "csidrivers",
+    "csinodes",
+    "csistoragecapacities",
+    "sc",
+    "volumeattachments",
+    "vs",
+    "vsc",
+    "vsclass",
+    "vsclasses",
+];
+
+/// Runbook's short names, plurals and singulars mean Runbook's kinds
+/// only: `kubectl get ev` still lists Events.
+#[test]
+fn short_names_collide_with_nothing_a_standard_cluster_serves() {
+    for crd in runbook::crd::all() {
+        let names = &crd.spec.names;
+        let mine = names
+            .short_names
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .chain([names.plural.as_str()])
+            .chain(names.singular.as_deref());
+        for n in mine {
+            assert!(
+                !BUILT_IN_NAMES.contains(&n),
+                "{}: {n:?} is also a built-in resource's name",
+                crd.metadata.name.as_deref().unwrap_or("")
+            );
+        }
+    }
+}

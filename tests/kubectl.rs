@@ -151,6 +151,19 @@ fn kubectl_drives_the_sandbox() {
     );
     assert!(yaml.contains("threshold: 0.85"), "{yaml}");
     assert!(yaml.contains("historyLimit: 24"), "{yaml}");
+    // The short names are Runbook's kinds and nothing else's: `ev` stays
+    // the Events' (kubectl may say the two Event APIs share it), and no
+    // short name is shared with a Runbook kind.
+    for short in ["eval", "dbb", "aim", "ev"] {
+        let out = kubectl_output(&s, &["get", short, "-n", &ns]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "kubectl get {short}: {err}");
+        assert!(!err.contains("runbook.dev"), "kubectl get {short}: {err}");
+        let shared = err.contains("short name") && short != "ev";
+        assert!(!shared, "kubectl get {short}: {err}");
+    }
+    let by_short = kubectl(&s, &["get", "eval", "chatbot", "-n", &ns, "-o", "name"]);
+    assert_eq!(by_short.trim(), "evaluator.runbook.dev/chatbot");
     let table = kubectl(&s, &["get", "evaluators", "-n", &ns]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(

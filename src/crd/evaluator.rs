@@ -32,7 +32,7 @@ fn default_deadline() -> i64 {
     kind = "Evaluator",
     namespaced,
     status = "EvaluatorStatus",
-    shortname = "ev",
+    shortname = "eval",
     category = "runbook",
     derive = "PartialEq",
     printcolumn(name = "Target", type_ = "string", json_path = ".spec.targetRef.name"),
