@@ -420,3 +420,34 @@ fn declaring_what_runbook_keeps_itself_is_a_load_error() {
         ]
     );
 }
+
+#[test]
+fn a_selector_is_a_label_selector_checked_where_it_is_written() {
+    let errs = load_errors(&[
+        (
+            "p.yaml",
+            &script_policy(
+                "  selector:\n    matchLabels: {team: ml}\n    matchExpressions:\n      - {key: tier, operator: in, values: [gold]}\n      - {key: frozen, operator: Exists, values: [x]}\n",
+            ),
+        ),
+        ("p.rhai", "fn reconcile(ctx) { [] }"),
+    ]);
+    assert_eq!(
+        errs,
+        [
+            "pol/p.yaml:11:9: spec.selector.matchExpressions[0]: operator \"in\" is not one of In, NotIn, Exists, DoesNotExist",
+            "pol/p.yaml:12:9: spec.selector.matchExpressions[1]: operator Exists takes no values",
+        ]
+    );
+    // The plain label map of old is refused with its place.
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("  selector: {team: ml}\n")),
+        ("p.rhai", "fn reconcile(ctx) { [] }"),
+    ]);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("pol/p.yaml:8:") && errs[0].contains("unknown field `team`"),
+        "{}",
+        errs[0]
+    );
+}

@@ -1396,3 +1396,64 @@ async fn a_failing_policy_backs_off_alone_and_the_other_keeps_its_time() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+/// `spec.selector` is a LabelSelector: the watch asks the API server for
+/// it, and an object that comes to match (a label added) is reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_selector_binds_the_policy_to_the_objects_it_matches() {
+    let c = Cluster::new("selector").await;
+    install_widget_crd(&c).await;
+    let policy = POLICY.replace(
+        "  script: widget.rhai\n",
+        "  script: widget.rhai\n  selector:\n    matchLabels: {team: ml}\n    matchExpressions:\n      - {key: tier, operator: In, values: [gold, silver]}\n      - {key: frozen, operator: DoesNotExist}\n",
+    );
+    let op = started(&c, &[("widget.yaml", &policy), ("widget.rhai", SCRIPT)]).await;
+    let widgets = widgets(&c);
+    let labelled = |name: &str, labels: Value| {
+        let mut w = widget(&c, name, json!({"size": 1}));
+        w.metadata.labels = Some(serde_json::from_value(labels).unwrap());
+        w
+    };
+    for (name, labels) in [
+        ("gold", json!({"team": "ml", "tier": "gold"})),
+        ("bronze", json!({"team": "ml", "tier": "bronze"})),
+        (
+            "frozen",
+            json!({"team": "ml", "tier": "gold", "frozen": "yes"}),
+        ),
+        ("other-team", json!({"team": "web", "tier": "gold"})),
+    ] {
+        widgets
+            .create(&PostParams::default(), &labelled(name, labels))
+            .await
+            .unwrap();
+    }
+    let phase = |name: &'static str| {
+        let widgets = widgets.clone();
+        async move { widgets.get(name).await.unwrap().data["status"]["phase"].clone() }
+    };
+    eventually("the matching widget reconciled", 30, || async {
+        phase("gold").await == "Ready"
+    })
+    .await;
+    settle(&op).await;
+    for name in ["bronze", "frozen", "other-team"] {
+        assert_eq!(phase(name).await, Value::Null, "{name} is not selected");
+    }
+    // Relabelled into the selector: reconciled.
+    widgets
+        .patch(
+            "bronze",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "silver"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the relabelled widget reconciled", 30, || async {
+        phase("bronze").await == "Ready"
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

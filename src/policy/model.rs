@@ -38,9 +38,10 @@ pub struct PolicyDoc {
 pub struct PolicySpec {
     /// The kind whose objects this policy reconciles.
     pub target: KindRef,
-    /// Only targets whose labels match all of these.
+    /// Only targets this label selector matches (a Kubernetes
+    /// LabelSelector: `matchLabels`, `matchExpressions`).
     #[serde(default)]
-    pub selector: BTreeMap<String, String>,
+    pub selector: Option<LabelSelectorSpec>,
     /// Children: created with an ownerReference to the target, watched.
     #[serde(default)]
     pub owns: Vec<KindRef>,
@@ -85,6 +86,28 @@ pub struct PolicySpec {
     /// it, so no other enforcing policy may share its targets.
     #[serde(default)]
     pub status: Option<StatusSpec>,
+}
+
+/// A Kubernetes LabelSelector: every `matchLabels` pair and every
+/// expression must hold.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelectorSpec {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub match_expressions: Vec<LabelExpression>,
+}
+
+/// One `matchExpressions` entry: `operator` is In, NotIn, Exists or
+/// DoesNotExist.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelExpression {
+    pub key: String,
+    pub operator: String,
+    #[serde(default)]
+    pub values: Vec<String>,
 }
 
 /// `spec.status`: the top-level status fields and the condition types a

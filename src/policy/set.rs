@@ -164,6 +164,21 @@ impl PolicySet {
         self.routes.get(name).cloned()
     }
 
+    /// The label selector a watch of `kind`'s targets can ask the API
+    /// server for: that of its policies when every one has the same
+    /// non-empty selector and no policy declares the kind otherwise (owns,
+    /// reads, mutates: it sees every object of it). `None`: watch all.
+    pub fn watch_selector(&self, kind: &KindRef) -> Option<String> {
+        let targeting = self.for_target(kind);
+        let first = &targeting.first()?.selector;
+        let same = targeting.iter().all(|p| &p.selector == first);
+        let declared_elsewhere = self
+            .policies
+            .values()
+            .any(|p| &p.target != kind && p.kinds.declares(kind));
+        (!first.is_empty() && same && !declared_elsewhere).then(|| first.to_string())
+    }
+
     /// Every kind any policy targets.
     pub fn target_kinds(&self) -> Vec<KindRef> {
         let mut out: Vec<KindRef> = self.policies.values().map(|p| p.target.clone()).collect();

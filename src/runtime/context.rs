@@ -284,4 +284,6 @@ pub(super) struct TargetController {
     pub ended: Arc<Mutex<Option<String>>>,
     /// How many times this kind's controller was restarted.
     pub restarts: u32,
+    /// The label selector its watch asks the API server for, if any.
+    pub selector: Option<String>,
 }

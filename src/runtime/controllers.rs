@@ -18,11 +18,25 @@ use crate::observe::RawObject;
 use crate::observe::health::{WatchBackoff, report_watch};
 use crate::telemetry::Metrics;
 use crate::util::lock;
+/// The watch of a target kind: pages of 500, and the policies' label
+/// selector where the API server can apply it.
+fn watch_config(selector: Option<&str>) -> watcher::Config {
+    let config = watcher::Config::default().page_size(500);
+    match selector {
+        Some(s) => config.labels(s),
+        None => config,
+    }
+}
+
 /// Start the controller of one target kind: its watch, its reflector and
 /// its reconciles. A panic that escapes the controller (anywhere but a
 /// reconcile, which catches its own) is caught here and kept as the reason
 /// the task ended; the supervisor (`Context::restart_ended`) restarts it.
-pub(super) fn spawn_target(ctx: &Arc<Context>, k: &KindRef) -> TargetController {
+pub(super) fn spawn_target(
+    ctx: &Arc<Context>,
+    k: &KindRef,
+    selector: Option<String>,
+) -> TargetController {
     let k = k.clone();
     let (ar, namespaced) = ctx.resources.served_as(&k);
     let api: Api<RawObject> = match (&ctx.config.namespace, namespaced) {
@@ -40,7 +54,7 @@ pub(super) fn spawn_target(ctx: &Arc<Context>, k: &KindRef) -> TargetController 
     let (health, watch_name) = (ctx.health.watches.clone(), k.to_string());
     let objects = reflector::reflector(
         writer,
-        watcher::watcher(api, watcher::Config::default().page_size(500)).map(move |e| {
+        watcher::watcher(api, watch_config(selector.as_deref())).map(move |e| {
             report_watch(&health, &watch_name, e.as_ref().err());
             e.map(|e| e.modify(|o| o.stamp(&typed)))
         }),
@@ -80,6 +94,7 @@ pub(super) fn spawn_target(ctx: &Arc<Context>, k: &KindRef) -> TargetController 
         *lock(&why) = Some(reason);
     });
     TargetController {
+        selector,
         store,
         trigger,
         resync,
@@ -130,7 +145,7 @@ impl Context {
                 continue;
             }
             let restarts = t.restarts + 1;
-            *t = spawn_target(self, k);
+            *t = spawn_target(self, k, t.selector.clone());
             t.restarts = restarts;
             self.metrics
                 .controller_restarts

@@ -220,10 +220,12 @@ impl Operator {
         let mut new_stores = Vec::new();
         {
             let mut targets = lock(&self.ctx.running.targets);
+            // Gone, or watched with another selector than the policies
+            // now ask for: stopped (and started again below).
             let stale: Vec<KindRef> = targets
-                .keys()
-                .filter(|k| !wanted.contains(k))
-                .cloned()
+                .iter()
+                .filter(|(k, t)| !wanted.contains(k) || t.selector != set.watch_selector(k))
+                .map(|(k, _)| k.clone())
                 .collect();
             for k in stale {
                 if let Some(t) = targets.remove(&k) {
@@ -234,7 +236,7 @@ impl Operator {
                 if targets.contains_key(&k) {
                     continue;
                 }
-                let t = spawn_target(&self.ctx, &k);
+                let t = spawn_target(&self.ctx, &k, set.watch_selector(&k));
                 new_stores.push(t.store.clone());
                 targets.insert(k, t);
             }

@@ -263,18 +263,69 @@ fn params_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Value 
     params
 }
 
-/// `spec.selector`, its keys and values as labels allow.
+/// `spec.selector`, a LabelSelector: its keys and values as labels
+/// allow, each expression's operator and values as the API server wants
+/// them.
 fn selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Selector {
-    for (k, v) in &spec.selector {
-        if let Err(e) = crate::labels::check_key(k).and_then(|_| crate::labels::check_value(v)) {
-            cx.error(
+    use crate::labels::Requirement;
+    let Some(sel) = &spec.selector else {
+        return Selector::default();
+    };
+    let mut reqs: Vec<Requirement> = Vec::new();
+    let at = |path: &[&str]| pos_at(node, &[&["spec", "selector"][..], path].concat());
+    for (k, v) in &sel.match_labels {
+        match crate::labels::check_key(k).and_then(|_| crate::labels::check_value(v)) {
+            Ok(()) => reqs.push(Requirement::Eq(k.clone(), v.clone())),
+            Err(e) => cx.error(
                 file,
-                pos_at(node, &["spec", "selector"]),
-                format!("spec.selector: {e}"),
-            );
+                at(&["matchLabels"]),
+                format!("spec.selector.matchLabels: {e}"),
+            ),
         }
     }
-    Selector::from_map(spec.selector.iter())
+    let items: Vec<Option<crate::util::yaml::Pos>> = match node
+        .at(&["spec", "selector", "matchExpressions"])
+        .map(|n| &n.value)
+    {
+        Some(crate::util::yaml::NodeValue::Seq(items)) => {
+            items.iter().map(|n| Some(n.pos)).collect()
+        }
+        _ => Vec::new(),
+    };
+    for (i, e) in sel.match_expressions.iter().enumerate() {
+        let pos = items
+            .get(i)
+            .copied()
+            .flatten()
+            .or(at(&["matchExpressions"]));
+        let checked = crate::labels::check_key(&e.key).and_then(|_| {
+            e.values
+                .iter()
+                .try_for_each(|v| crate::labels::check_value(v))
+        });
+        let req = checked.and_then(|_| match (e.operator.as_str(), e.values.is_empty()) {
+            ("In", false) => Ok(Requirement::In(e.key.clone(), e.values.clone())),
+            ("NotIn", false) => Ok(Requirement::NotIn(e.key.clone(), e.values.clone())),
+            ("Exists", true) => Ok(Requirement::Exists(e.key.clone())),
+            ("DoesNotExist", true) => Ok(Requirement::NotExists(e.key.clone())),
+            ("In" | "NotIn", true) => Err(format!("operator {} needs values", e.operator)),
+            ("Exists" | "DoesNotExist", false) => {
+                Err(format!("operator {} takes no values", e.operator))
+            }
+            (op, _) => Err(format!(
+                "operator {op:?} is not one of In, NotIn, Exists, DoesNotExist"
+            )),
+        });
+        match req {
+            Ok(r) => reqs.push(r),
+            Err(m) => cx.error(
+                file,
+                pos,
+                format!("spec.selector.matchExpressions[{i}]: {m}"),
+            ),
+        }
+    }
+    Selector(reqs)
 }
 
 /// The version covers every file the policy uses, so editing a script or
