@@ -404,7 +404,10 @@ async fn a_directory_reloads_on_edits_and_on_a_configmap_volume_swap() {
     std::fs::create_dir_all(&plain).unwrap();
     let other = policy_yaml(&c, "4")
         .replace("name: tuned", "name: tuned-other")
-        .replace("kind: Widget}", "kind: Widget}\n  selector: {tier: b}");
+        .replace(
+            "kind: Widget}",
+            "kind: Widget}\n  selector: {matchLabels: {tier: b}}",
+        );
     std::fs::write(plain.join("tuned.rhai"), SCRIPT).unwrap();
     std::fs::write(plain.join(".other.yaml.swp"), &other).unwrap();
     std::fs::rename(plain.join(".other.yaml.swp"), plain.join("other.yaml")).unwrap();

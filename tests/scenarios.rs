@@ -203,7 +203,7 @@ metadata:
   name: noisy
 spec:
   target: {apiVersion: v1, kind: ConfigMap}
-  selector: {watched: \"yes\"}
+  selector: {matchLabels: {watched: \"yes\"}}
   owns: [{apiVersion: batch/v1, kind: Job}]
   script: noisy.rhai
 ",
@@ -363,4 +363,45 @@ fn a_scenario_past_its_wall_clock_limit_fails_instead_of_hanging() {
         t.contains("did not finish within 0s of wall-clock time"),
         "{t}"
     );
+}
+
+/// The README's main command fits on a screen: the healthy hours folded
+/// into a line each with their count, the rollback shown line by line,
+/// and a closing summary; `--full` shows every line.
+#[test]
+fn the_week_fits_on_a_screen_with_the_rollback_and_a_summary() {
+    let out = runbook(&["simulate", "examples/evaluator-drift"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines.len() <= 50, "{} lines:\n{t}", lines.len());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("rollback apps/v1 Deployment default/chatbot  revision 2 -> 1")),
+        "{t}"
+    );
+    let folded: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains(" cycles, one every 1h00m: "))
+        .collect();
+    assert!(!folded.is_empty(), "{t}");
+    assert!(
+        folded
+            .iter()
+            .all(|l| l.ends_with("lastScore=0.91 phase=Healthy")),
+        "{folded:?}"
+    );
+    let summary = t.find("summary: ").expect("a summary");
+    let tail = &t[summary..];
+    assert!(
+        tail.starts_with("summary: 13 expectations held, 0 failed"),
+        "{tail}"
+    );
+    assert!(tail.contains("rollback Deployment 1"), "{tail}");
+    assert!(tail.contains("alerts: 1 fired, 1 resolved"), "{tail}");
+    let full = runbook(&["simulate", "examples/evaluator-drift", "--full"]);
+    let full = String::from_utf8_lossy(&full.stdout).into_owned();
+    assert!(full.lines().count() > 1000, "every line with --full");
+    assert!(!full.contains(" cycles"), "nothing folded with --full");
 }

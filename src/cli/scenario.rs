@@ -18,6 +18,9 @@ pub struct SimulateArgs {
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = Output::Text, env = "RUNBOOK_OUTPUT")]
     pub output: Output,
+    /// Every line of the timeline: no repeated cycles folded into one.
+    #[arg(long)]
+    pub full: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -65,7 +68,12 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         match args.output {
             Output::Json => json.push(r.to_json()),
             Output::Text => {
-                print!("{}", r.timeline());
+                if args.full {
+                    print!("{}", r.timeline());
+                } else {
+                    print!("{}", scenario::fold::folded_timeline(&r));
+                }
+                print!("{}", scenario::fold::closing_summary(&r));
                 if !r.passed() {
                     println!("{}", r.summary());
                     print!("{}", r.diffs());

@@ -3,6 +3,7 @@
 //! the actions expected; running one runs the real operator against the
 //! in-process sandbox (see `run`).
 
+pub mod fold;
 pub mod model;
 pub mod report;
 pub mod run;
