@@ -240,7 +240,7 @@ spec:
             (
                 "a-throws.yaml",
                 &(head("throws")
-                    + "  timeline:\n    - at: 1m\n      world:\n        - create: {file: big.yaml}\n"),
+                    + "  timeline:\n    - at: 1m\n      world:\n        - create: {file: big.yaml}\n      expect:\n        - {action: status, kind: ConfigMap, fields: {size: 9}}\n        - {action: status, kind: ConfigMap, fields: {size: 10}}\n"),
             ),
             (
                 "b-fine.yaml",
@@ -264,6 +264,12 @@ spec:
     );
     assert!(t.contains("size 9 is too big"), "{t}");
     assert!(t.contains("2 scenarios: 1 passed, 1 failed"), "{t}");
+    // The root cause comes first, once, then what the expectations saw.
+    let cause = t.find("cause: ").expect("a root cause line");
+    let diff = t.find("want at least one status").expect("an expectation diff");
+    assert!(cause < diff, "the cause first:\n{t}");
+    assert!(t[cause..].lines().next().unwrap().contains("size 9 is too big"), "{t}");
+    assert_eq!(t.matches("size 9 is too big").count(), 1, "once:\n{t}");
 }
 
 #[test]

@@ -363,13 +363,46 @@ impl Report {
         out
     }
 
-    /// The failures, each with its position and what was seen.
+    /// What went wrong before any expectation was checked, each once:
+    /// script errors, refused and failed actions (their messages carry
+    /// the script's position).
+    fn root_causes(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for f in self.failures.iter().filter(|f| f.pos.is_none()) {
+            out.push(format!("{}: {}", self.file, f.message));
+        }
+        for x in &self.entries {
+            let cause = match (x.action.as_str(), x.result.as_str()) {
+                ("refusal", _) => format!("policy {} refused: {}", x.policy, x.detail),
+                ("error", _) => continue,
+                (action, "failed") => format!(
+                    "policy {}: {action} {} {}/{} failed: {}",
+                    x.policy, x.kind, x.namespace, x.name, x.detail
+                ),
+                _ => continue,
+            };
+            let line = format!("at {}: {cause}", offset(self.ms(x)));
+            // A retried failure is one cause.
+            let same = |l: &String| l.split_once(": ").map(|(_, r)| r) == Some(cause.as_str());
+            if !out.iter().any(same) {
+                out.push(line);
+            }
+        }
+        out
+    }
+
+    /// The failures: the root causes first (load errors, script errors,
+    /// refusals, failed actions), then each expectation with its position
+    /// and what was seen.
     pub fn diffs(&self) -> String {
         let mut out = String::new();
         for e in &self.load_errors {
             out.push_str(&format!("    {e}\n"));
         }
-        for f in &self.failures {
+        for c in self.root_causes() {
+            out.push_str(&format!("    cause: {c}\n"));
+        }
+        for f in self.failures.iter().filter(|f| f.pos.is_some()) {
             match f.pos {
                 Some(p) => out.push_str(&format!("    {}:{p}: {}\n", self.file, f.message)),
                 None => out.push_str(&format!("    {}: {}\n", self.file, f.message)),
