@@ -321,6 +321,34 @@ const fn wk(
     }
 }
 
+/// The versions a standard cluster serves the well-known kinds of a
+/// group at.
+pub fn well_known_versions(group: &str) -> &'static [&'static str] {
+    match group {
+        "autoscaling" => &["v1", "v2"],
+        "runbook.dev" => &["v1alpha1"],
+        g if WELL_KNOWN.iter().any(|w| w.group == g) => &["v1"],
+        _ => &[],
+    }
+}
+
+/// Every well-known kind at each version served, as `apiVersion Kind`.
+pub fn well_known_kinds() -> Vec<KindRef> {
+    WELL_KNOWN
+        .iter()
+        .flat_map(|w| {
+            well_known_versions(w.group).iter().map(move |v| {
+                let av = if w.group.is_empty() {
+                    v.to_string()
+                } else {
+                    format!("{}/{v}", w.group)
+                };
+                KindRef::new(&av, w.kind)
+            })
+        })
+        .collect()
+}
+
 /// Look a kind up in the table of well-known kinds.
 pub fn well_known(group: &str, kind: &str) -> Option<&'static WellKnown> {
     WELL_KNOWN

@@ -220,11 +220,20 @@ fn returning_a_number_instead_of_actions_is_an_error_at_the_function() {
 
 #[test]
 fn an_unknown_action_is_an_error_naming_it_and_its_place() {
-    let e = runtime_error("fn reconcile(ctx) {\n  [frobnicate(ctx.resource)]\n}\n");
-    assert_eq!(e.kind, ScriptErrorKind::Runtime);
-    assert!(
-        e.to_string().starts_with("test/p.rhai:2:4:") && e.message.contains("frobnicate"),
-        "{e}"
+    // Found when the policy loads, not when the line runs.
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("")),
+        (
+            "p.rhai",
+            "fn reconcile(ctx) {\n  if ctx.resource.spec.threshold > 2.0 { [frobnicate(ctx.resource)] } else { [statuss(#{ a: 1 })] }\n}\n",
+        ),
+    ]);
+    assert_eq!(
+        errs,
+        [
+            "pol/p.rhai:2:43: no function frobnicate exists: the script defines none, and it is not a helper or an action",
+            "pol/p.rhai:2:79: no function statuss exists: the script defines none, and it is not a helper or an action (did you mean status?)",
+        ]
     );
 }
 
@@ -254,7 +263,25 @@ fn an_action_in_another_namespace_is_refused() {
 
 #[test]
 fn reading_an_undeclared_kind_is_an_error() {
-    let e = runtime_error("fn reconcile(ctx) {\n  ctx.list(\"Secret\");\n  []\n}\n");
+    // A kind named as a literal: when the policy loads, with what was meant.
+    let errs = load_errors(&[
+        ("p.yaml", &script_policy("")),
+        (
+            "p.rhai",
+            "fn reconcile(ctx) {\n  ctx.list(\"Secret\");\n  ctx.owned(\"job\");\n  []\n}\n",
+        ),
+    ]);
+    assert_eq!(
+        errs,
+        [
+            "pol/p.rhai:2:12: kind Secret is not declared by this policy (declare it in owns, reads or mutates)",
+            "pol/p.rhai:3:13: kind job is not declared by this policy (declare it in owns, reads or mutates) (did you mean \"Job\"?)",
+        ]
+    );
+    // A kind made at run time: when the line runs.
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let k = \"Sec\" + \"ret\";\n  ctx.list(k);\n  []\n}\n",
+    );
     assert!(e.message.contains("kind Secret is not declared"), "{e}");
 }
 

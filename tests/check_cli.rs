@@ -330,3 +330,53 @@ fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Typical mistakes in a new policy are found before anything runs, each
+/// at its place with what was meant: a kind no API serves (a misspelt
+/// target, a wrong apiVersion), a kind a script looks up without
+/// declaring it, a function that exists nowhere.
+#[test]
+fn a_new_policys_mistakes_are_found_before_it_runs() {
+    let dir = temp_dir("mistakes");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evalutor}\n  owns:\n    - {apiVersion: batch/v2, kind: Job}\n  mutates:\n    - {apiVersion: apps/v1, kind: StatefulSet}\n  reads:\n    - {apiVersion: example.com/v1, kind: Thing}\n  script: p.rhai\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("p.rhai"),
+        "fn reconcile(ctx) {\n    let s = ctx.get(\"Statefulset\", \"db\");\n    if s == () { return [statuss(#{ phase: \"Pending\" })]; }\n    []\n}\n",
+    )
+    .unwrap();
+    let out = runbook().arg("check").arg(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}{err}");
+    let p = dir.join("p.yaml").display().to_string();
+    let r = dir.join("p.rhai").display().to_string();
+    for want in [
+        format!(
+            "{p}:5:11: spec.target: no API serves runbook.dev/v1alpha1 Evalutor: it is neither built into Kubernetes nor defined by a CRD among the paths (did you mean runbook.dev/v1alpha1 Evaluator?)"
+        ),
+        format!(
+            "{p}:7:7: spec.owns[0]: no API serves batch/v2 Job: it is neither built into Kubernetes nor defined by a CRD among the paths (did you mean batch/v1 Job?)"
+        ),
+        format!(
+            "{r}:2:21: kind Statefulset is not declared by this policy (declare it in owns, reads or mutates) (did you mean \"StatefulSet\"?)"
+        ),
+        format!(
+            "{r}:3:26: no function statuss exists: the script defines none, and it is not a helper or an action (did you mean status?)"
+        ),
+    ] {
+        assert!(err.contains(&want), "want {want}\nin:\n{err}");
+    }
+    // A kind of a group nothing here knows may be served by a CRD in the
+    // cluster only: a note, not an error.
+    assert!(!err.contains("example.com/v1 Thing"), "{err}");
+    assert!(
+        stdout.contains("note example.com/v1 Thing (policy p)") || err.contains("4 errors"),
+        "{stdout}{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -152,6 +152,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "bench",
             "clock",
             "crd",
+            "kinds",
             "observe",
             "policy",
             "rbac",

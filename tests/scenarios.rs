@@ -266,9 +266,18 @@ spec:
     assert!(t.contains("2 scenarios: 1 passed, 1 failed"), "{t}");
     // The root cause comes first, once, then what the expectations saw.
     let cause = t.find("cause: ").expect("a root cause line");
-    let diff = t.find("want at least one status").expect("an expectation diff");
+    let diff = t
+        .find("want at least one status")
+        .expect("an expectation diff");
     assert!(cause < diff, "the cause first:\n{t}");
-    assert!(t[cause..].lines().next().unwrap().contains("size 9 is too big"), "{t}");
+    assert!(
+        t[cause..]
+            .lines()
+            .next()
+            .unwrap()
+            .contains("size 9 is too big"),
+        "{t}"
+    );
     assert_eq!(t.matches("size 9 is too big").count(), 1, "once:\n{t}");
 }
 

@@ -21,7 +21,7 @@ kind: Policy
 metadata: {name: runaway}
 spec:
   target: {apiVersion: v1, kind: Service}
-  selector: {runaway: "yes"}
+  selector: {matchLabels: {runaway: "yes"}}
   script: runaway.rhai
 "#;
 

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use crate::kinds::KindRef;
+use crate::policy::compile::{KindPlaces, LoadError};
 use crate::policy::{self, Body, Bundle};
 use crate::script::{ScriptEngine, ScriptLimits};
 
@@ -66,7 +68,13 @@ pub fn load_paths(
         }
     }
     let scripts: usize = loaded.iter().map(|l| l.scripts.len()).sum();
+    let declared: Vec<(String, KindPlaces)> = loaded
+        .iter_mut()
+        .flat_map(|l| std::mem::take(&mut l.declared))
+        .collect();
     let (set, mut errors) = policy::PolicySet::build(loaded);
+    let docs = crd_docs(&bundles);
+    errors.extend(unserved_kinds(&declared, &crd_kinds(&docs)));
     errors.sort();
     errors.dedup();
     Ok((set, errors, scripts, bundles))
@@ -88,8 +96,72 @@ pub fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The kinds the CRD documents define, at each version they serve.
+fn crd_kinds(docs: &[serde_json::Value]) -> Vec<KindRef> {
+    let mut out = Vec::new();
+    for d in docs
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+    {
+        let spec = &d["spec"];
+        let (Some(group), Some(kind)) = (spec["group"].as_str(), spec["names"]["kind"].as_str())
+        else {
+            continue;
+        };
+        for v in spec["versions"].as_array().into_iter().flatten() {
+            if let Some(v) = v["name"].as_str() {
+                out.push(KindRef::new(format!("{group}/{v}"), kind));
+            }
+        }
+    }
+    out
+}
+
+/// Declared kinds no API serves: neither built into Kubernetes nor
+/// defined by a CRD among the paths, where that is surely a mistake (a
+/// built-in group, or a near miss of a kind that is served), each at its
+/// position with what was meant. A kind of a group nothing here knows
+/// stays a note (`rbac::guesses`): its CRD may be in the cluster only.
+fn unserved_kinds(declared: &[(String, KindPlaces)], crds: &[KindRef]) -> Vec<LoadError> {
+    let mut known = crate::kinds::well_known_kinds();
+    known.extend(crds.iter().cloned());
+    let names: Vec<String> = known.iter().map(|k| k.to_string()).collect();
+    let mut out = Vec::new();
+    for (file, places) in declared {
+        for (place, k, pos) in places {
+            if known.contains(k) {
+                continue;
+            }
+            let wanted = k.to_string();
+            // A near miss, or the kind right and its apiVersion wrong.
+            let meant = crate::util::suggest::closest(&wanted, names.iter().map(String::as_str))
+                .map(str::to_string)
+                .or_else(|| {
+                    let same_kind = known.iter().find(|c| c.kind == k.kind);
+                    same_kind.map(|c| c.to_string())
+                });
+            let built_in_group = !crate::kinds::well_known_versions(k.group()).is_empty();
+            if meant.is_none() && !built_in_group {
+                continue;
+            }
+            let hint = meant
+                .map(|m| format!(" (did you mean {m}?)"))
+                .unwrap_or_default();
+            out.push(LoadError {
+                file: file.clone(),
+                pos: *pos,
+                message: format!(
+                    "{place}: no API serves {wanted}: it is neither built into Kubernetes nor defined by a CRD among the paths{hint}"
+                ),
+            });
+        }
+    }
+    out
+}
+
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let (set, errors, scripts, bundles) = load_paths(&args.paths)?;
+    let docs = crd_docs(&bundles);
     for p in set.policies.values() {
         let how = match &p.body {
             Body::Script {
@@ -140,8 +212,20 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             r.version
         );
     }
-    let crds = crate::rbac::crd_plurals(&crd_docs(&bundles));
-    for guess in crate::rbac::guesses(&set, &crds) {
+    let crds = crate::rbac::crd_plurals(&docs);
+    // A kind already an error needs no note.
+    let unserved = |g: &String| {
+        errors.iter().any(|e| {
+            e.message.contains(&format!(
+                "no API serves {}:",
+                g.split(" (policy").next().unwrap_or("")
+            ))
+        })
+    };
+    for guess in crate::rbac::guesses(&set, &crds)
+        .iter()
+        .filter(|g| !unserved(g))
+    {
         println!("note {guess}");
     }
     if errors.is_empty() {

@@ -138,6 +138,7 @@ fn clone_loaded(l: &Loaded) -> Loaded {
         routes: l.routes.clone(),
         scripts: l.scripts.clone(),
         errors: Vec::new(),
+        declared: Vec::new(),
     }
 }
 

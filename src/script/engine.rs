@@ -188,6 +188,62 @@ impl ScriptEngine {
         &self.engine
     }
 
+    /// Calls in a script of functions that exist nowhere: not defined in
+    /// it or in `more` (a steps policy's `functions:` file), not a
+    /// helper, action or standard function. Each with its position, and
+    /// the known function nearest its name.
+    pub fn unknown_calls(
+        &self,
+        script: &Script,
+        more: Option<&AST>,
+    ) -> Vec<(String, Pos, Option<String>)> {
+        // Names the language compiles itself rather than calls.
+        const KEYWORDS: &[&str] = &[
+            "Fn",
+            "call",
+            "curry",
+            "type_of",
+            "print",
+            "debug",
+            "is_def_var",
+            "is_def_fn",
+            "is_shared",
+            "eval",
+            "throw",
+        ];
+        let mut known: BTreeSet<String> = self
+            .engine
+            .collect_fn_metadata(None, |f| Some(f.metadata.name.to_string()), true)
+            .into_iter()
+            .collect();
+        known.extend(script.functions.iter().cloned());
+        if let Some(m) = more {
+            known.extend(m.iter_functions().map(|f| f.name.to_string()));
+        }
+        let mut out = Vec::new();
+        script.ast.walk(&mut |path: &[rhai::ASTNode]| {
+            if let Some(rhai::ASTNode::Expr(rhai::Expr::FnCall(call, pos))) = path.last() {
+                let name = call.name.as_str();
+                let plain = call.op_token.is_none()
+                    && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+                if plain && !KEYWORDS.contains(&name) && !known.contains(name) {
+                    let near =
+                        crate::util::suggest::closest(name, known.iter().map(String::as_str));
+                    out.push((
+                        name.to_string(),
+                        Pos {
+                            line: pos.line().unwrap_or(1) as u32,
+                            col: pos.position().unwrap_or(1) as u32,
+                        },
+                        near.map(str::to_string),
+                    ));
+                }
+            }
+            true
+        });
+        out
+    }
+
     /// Compile a script file.
     pub fn compile(&self, file: &str, text: &str) -> Result<Script, ScriptError> {
         let mut ast = self

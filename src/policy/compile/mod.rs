@@ -134,6 +134,10 @@ pub struct CompiledPolicy {
     pub status: StatusClaim,
 }
 
+/// Each kind a policy document declares, with where (`spec.owns[0]`) and
+/// at what position.
+pub type KindPlaces = Vec<(String, KindRef, Option<Pos>)>;
+
 impl CompiledPolicy {
     pub fn has_finalizer(&self) -> bool {
         matches!(
@@ -166,6 +170,9 @@ pub struct Loaded {
     /// Script files compiled (whether or not a policy uses them).
     pub scripts: Vec<String>,
     pub errors: Vec<LoadError>,
+    /// The kinds of every policy document read (compiled or not), by file,
+    /// for `runbook check`.
+    pub declared: Vec<(String, KindPlaces)>,
 }
 
 /// What loading one bundle carries along: the engine, the bundle, the
@@ -175,6 +182,7 @@ struct Ctx<'a> {
     bundle: &'a Bundle,
     errors: Vec<LoadError>,
     scripts: BTreeMap<String, Result<Arc<Script>, ()>>,
+    declared: Vec<(String, KindPlaces)>,
 }
 
 impl Ctx<'_> {
@@ -215,6 +223,7 @@ pub fn load_bundle(engine: &ScriptEngine, bundle: &Bundle, focus: Option<&str>) 
         bundle,
         errors: Vec::new(),
         scripts: BTreeMap::new(),
+        declared: Vec::new(),
     };
     let mut loaded = Loaded::default();
     for (file, text) in &bundle.files {
@@ -285,6 +294,7 @@ pub fn load_bundle(engine: &ScriptEngine, bundle: &Bundle, focus: Option<&str>) 
         }
     }
     loaded.errors = cx.errors;
+    loaded.declared = cx.declared;
     loaded
 }
 

@@ -247,6 +247,43 @@ pub(super) fn compile_status_claim(
     claim
 }
 
+/// The kinds a script names as literals in `ctx` lookups
+/// (`ctx.get("StatefulSet", ...)`, `ctx.list`, `ctx.owned`,
+/// `ctx.owned_by`), each with the position of its string;
+/// lines commented out are skipped.
+pub(super) fn literal_kinds(text: &str) -> Vec<(String, Pos)> {
+    const CALLS: &[&str] = &["get", "list", "owned", "owned_by"];
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("ctx.") {
+            let after = &rest[at + 4..];
+            let name_end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            let call = &after[..name_end];
+            let args = after[name_end..].trim_start();
+            if CALLS.contains(&call)
+                && let Some(quoted) = args.strip_prefix('(').map(str::trim_start)
+                && let Some(body) = quoted.strip_prefix('"')
+                && let Some(close) = body.find('"')
+            {
+                let col = code.len() - quoted.len() + 1;
+                out.push((
+                    body[..close].to_string(),
+                    Pos {
+                        line: n as u32 + 1,
+                        col: col as u32,
+                    },
+                ));
+            }
+            rest = after;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::policy::compile::tests::errors_of;

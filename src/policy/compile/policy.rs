@@ -29,6 +29,8 @@ pub(super) fn load_policy(
     let errors_before = cx.errors.len();
     let source = cx.bundle.files.get(file).cloned().unwrap_or_default();
     check_header(cx, file, &node, &doc);
+    let places = kind_places(&node, &doc.spec);
+    cx.declared.push((cx.bundle.display_path(file), places));
     let spec = &doc.spec;
     let kinds = DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates);
     let mut used: BTreeSet<String> = BTreeSet::from([file.to_string()]);
@@ -115,6 +117,33 @@ fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
     }
 }
 
+/// Each kind the policy declares, with where and at what position.
+fn kind_places(
+    node: &Node,
+    spec: &PolicySpec,
+) -> Vec<(String, crate::kinds::KindRef, Option<Pos>)> {
+    let mut out = vec![(
+        "spec.target".to_string(),
+        spec.target.clone(),
+        pos_at(node, &["spec", "target"]),
+    )];
+    for (key, list) in [
+        ("owns", &spec.owns),
+        ("reads", &spec.reads),
+        ("mutates", &spec.mutates),
+    ] {
+        let items: Vec<Pos> = match node.at(&["spec", key]).map(|n| &n.value) {
+            Some(crate::util::yaml::NodeValue::Seq(items)) => items.iter().map(|n| n.pos).collect(),
+            _ => Vec::new(),
+        };
+        for (i, k) in list.iter().enumerate() {
+            let pos = items.get(i).copied().or(pos_at(node, &["spec", key]));
+            out.push((format!("spec.{key}[{i}]"), k.clone(), pos));
+        }
+    }
+    out
+}
+
 /// A script body: the script in this bundle, defining `reconcile`; what
 /// goes with steps only is refused.
 fn script_body(
@@ -158,6 +187,26 @@ fn script_body(
         let m = "the script defines no fn reconcile(ctx)";
         cx.error(script, Some(Pos { line: 1, col: 1 }), m);
         return None;
+    }
+    for (name, pos, near) in cx.engine.unknown_calls(&s, None) {
+        let hint = near
+            .map(|m| format!(" (did you mean {m}?)"))
+            .unwrap_or_default();
+        let m = format!(
+            "no function {name} exists: the script defines none, and it is not a helper or an action{hint}"
+        );
+        cx.error(script, Some(pos), m);
+    }
+    let text = cx.bundle.files[script].clone();
+    let kinds = DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates);
+    for (name, pos) in super::pieces::literal_kinds(&text) {
+        if let Err(e) = kinds.resolve(&crate::kinds::KindName::parse(&name)) {
+            let declared: Vec<&str> = kinds.kinds().into_iter().map(|k| k.kind.as_str()).collect();
+            let hint = crate::util::suggest::closest(&name, declared.iter().copied())
+                .map(|m| format!(" (did you mean {m:?}?)"))
+                .unwrap_or_default();
+            cx.error(script, Some(pos), format!("{e}{hint}"));
+        }
     }
     Some(Body::Script {
         has_finalize: s.has_fn("finalize"),
@@ -445,8 +494,9 @@ mod tests {
 
     #[test]
     fn params_must_be_a_map_and_selector_labels_valid() {
-        let text =
-            format!("{HEAD}  script: p.rhai\n  params: [1, 2]\n  selector: {{'bad key!': x}}\n");
+        let text = format!(
+            "{HEAD}  script: p.rhai\n  params: [1, 2]\n  selector: {{matchLabels: {{'bad key!': x}}}}\n"
+        );
         let errors = errors_of(&text);
         assert!(
             errors
@@ -455,7 +505,9 @@ mod tests {
             "{errors:?}"
         );
         assert!(
-            errors.iter().any(|e| e.contains("spec.selector: ")),
+            errors
+                .iter()
+                .any(|e| e.contains("spec.selector.matchLabels: ")),
             "{errors:?}"
         );
     }
