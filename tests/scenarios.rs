@@ -420,3 +420,48 @@ fn the_week_fits_on_a_screen_with_the_rollback_and_a_summary() {
     assert!(full.lines().count() > 1000, "every line with --full");
     assert!(!full.contains(" cycles"), "nothing folded with --full");
 }
+
+/// World `delete` and `update` take a glob as `complete` does; a glob
+/// that matches nothing is an error naming it.
+#[test]
+fn world_events_take_globs_alike() {
+    let dir = dir_with(
+        "globs",
+        &[
+            (
+                "a-globs.yaml",
+                &scenario(
+                    "globs",
+                    "chatbot-deployment.yaml, chatbot-evaluator.yaml",
+                    "  rules:\n    - {kind: Job, name: chatbot-eval-*, after: 5m, complete: {terminationMessage: '{\"score\": 0.91}'}}\n  timeline:\n    - at: 10m\n      world:\n        - update: {kind: Job, name: chatbot-eval-*, patch: {metadata: {labels: {seen: \"yes\"}}}}\n    - at: 11m\n      world:\n        - delete: {kind: Job, name: chatbot-eval-*}\n  final:\n    - {kind: Job, name: chatbot-eval-*, absent: true}\n",
+                )
+                // Ends before the next hourly run makes a new Job.
+                .replace("until: 2h", "until: 30m"),
+            ),
+            (
+                "b-none.yaml",
+                &scenario(
+                    "none",
+                    "chatbot-deployment.yaml, chatbot-evaluator.yaml",
+                    "  timeline:\n    - at: 10m\n      world:\n        - delete: {kind: Job, name: nothing-*}\n",
+                ),
+            ),
+        ],
+    );
+    chatbot_objects(&dir);
+    let out = runbook(&["test", dir.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(t.contains("ok    globs"), "{t}");
+    assert!(t.contains("FAIL  none"), "{t}");
+    assert!(
+        t.contains("delete Job default/nothing-*: no object matches"),
+        "{t}"
+    );
+    let sim = runbook(&[
+        "simulate",
+        dir.join("a-globs.yaml").to_str().unwrap(),
+        "--full",
+    ]);
+    let s = text(&sim);
+    assert!(s.contains("updated Job chatbot-eval-"), "{s}");
+}

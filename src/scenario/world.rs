@@ -230,26 +230,54 @@ impl World {
         let s = self.served(api_version, kind)?;
         let ns = ns_or(ns, &self.namespace);
         let api = self.api(&s, ns);
-        let r = if status && s.status {
-            api.patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": patch})),
-            )
-            .await
-        } else if status {
-            api.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": patch})),
-            )
-            .await
-        } else {
-            api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        for name in self.names(&s, ns, kind, name, "update").await? {
+            let name = name.as_str();
+            let r = if status && s.status {
+                api.patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"status": patch})),
+                )
                 .await
-        };
-        r.map(|_| ())
-            .map_err(|e| format!("update {kind} {ns}/{name}: {}", api_error(&e)))
+            } else if status {
+                api.patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"status": patch})),
+                )
+                .await
+            } else {
+                api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+            };
+            r.map_err(|e| format!("update {kind} {ns}/{name}: {}", api_error(&e)))?;
+        }
+        Ok(())
+    }
+
+    /// The names a world event means: the one given, or every object of
+    /// the kind whose name matches it as a glob (`*`, `?`), at least one.
+    async fn names(
+        &self,
+        s: &Served,
+        ns: &str,
+        kind: &str,
+        name: &str,
+        verb: &str,
+    ) -> Result<Vec<String>, String> {
+        if !name.contains(['*', '?']) {
+            return Ok(vec![name.to_string()]);
+        }
+        let names: Vec<String> = self
+            .matching(s, ns, name)
+            .await?
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect();
+        if names.is_empty() {
+            return Err(format!("{verb} {kind} {ns}/{name}: no object matches"));
+        }
+        Ok(names)
     }
 
     pub async fn delete(
@@ -261,11 +289,13 @@ impl World {
     ) -> Result<(), String> {
         let s = self.served(api_version, kind)?;
         let ns = ns_or(ns, &self.namespace);
-        self.api(&s, ns)
-            .delete(name, &Default::default())
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("delete {kind} {ns}/{name}: {}", api_error(&e)))
+        for name in self.names(&s, ns, kind, name, "delete").await? {
+            self.api(&s, ns)
+                .delete(&name, &Default::default())
+                .await
+                .map_err(|e| format!("delete {kind} {ns}/{name}: {}", api_error(&e)))?;
+        }
+        Ok(())
     }
 
     /// Objects of a kind in a namespace whose names match a glob, by name.
