@@ -15,25 +15,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-/// xorshift64*: the same cases on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len())]
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 const LABELS: &[&str] = &["severity", "team", "env"];
 const VALUES: &[&str] = &["critical", "warning", "ml", "data", "prod", "dev"];

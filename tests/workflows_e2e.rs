@@ -151,6 +151,18 @@ async fn annotate(api: &Api<DynamicObject>, name: &str, key: &str, value: &str) 
     .unwrap();
 }
 
+/// The kubelet stand-in, running benchmark pods to their score.
+fn benchmark_kubelet(c: &Cluster) -> Kubelet {
+    let kubelet = Kubelet::start(c);
+    kubelet.run("chatbot-eval-", |pod| {
+        Some(Fate::Exit {
+            code: 0,
+            message: Some(score_for(pod)),
+        })
+    });
+    kubelet
+}
+
 /// The chatbot's pod template on `image`.
 fn chatbot_template(image: &str) -> Value {
     json!({"metadata": {"labels": {"app": "chatbot"}},
@@ -191,13 +203,7 @@ async fn release(deployments: &Api<Deployment>, image: &str) {
 async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     let c = Cluster::new("evaluator").await;
     install_crds(&c).await;
-    let kubelet = Kubelet::start(&c);
-    kubelet.run("chatbot-eval-", |pod| {
-        Some(Fate::Exit {
-            code: 0,
-            message: Some(score_for(pod)),
-        })
-    });
+    let kubelet = benchmark_kubelet(&c);
     kubelet.ready("chatbot-");
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
@@ -567,13 +573,7 @@ fn policy_label(o: &Value) -> &str {
 async fn a_second_teams_policy_collects_training_data_once_per_rollback_beside_the_drift_policy() {
     let c = Cluster::new("retrain").await;
     install_crds(&c).await;
-    let kubelet = Kubelet::start(&c);
-    kubelet.run("chatbot-eval-", |pod| {
-        Some(Fate::Exit {
-            code: 0,
-            message: Some(score_for(pod)),
-        })
-    });
+    let kubelet = benchmark_kubelet(&c);
     kubelet.exit("chatbot-collect-", 0, None);
     kubelet.ready("chatbot-");
     let sink = Arc::new(Firing::default());
