@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KindRef {
+    /// The kind's API group and version, such as `batch/v1` (`v1` for the core group).
     pub api_version: String,
+    /// The kind, as the API server spells it (`Job`, `StatefulSet`).
     pub kind: String,
 }
 

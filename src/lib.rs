@@ -33,6 +33,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod scenario;
 pub mod schedule;
+pub mod schema;
 pub mod script;
 pub mod telemetry;
 pub mod util;

@@ -265,7 +265,7 @@ fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
     assert!(!ok, "{out}");
     assert!(
         out.contains("notes.yaml:10:25: policies \"retrain-on-drift\" (")
-            && out.contains("retrain-on-drift.yaml:18:18) and \"notes\" both write condition \"TrainingData\" of runbook.dev/v1alpha1 Evaluator"),
+            && out.contains("retrain-on-drift.yaml:19:18) and \"notes\" both write condition \"TrainingData\" of runbook.dev/v1alpha1 Evaluator"),
         "{out}"
     );
 

@@ -144,6 +144,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "util",
         ],
     ),
+    // The documents' JSON Schemas and the reference made from them.
+    ("schema", &["alert", "policy", "scenario", "util"]),
     // The command line, over everything.
     (
         "cli",
@@ -160,6 +162,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "runtime",
             "sandbox",
             "scenario",
+            "schema",
             "script",
             "telemetry",
             "util",

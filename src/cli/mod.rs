@@ -9,6 +9,7 @@ mod rbac;
 mod run;
 mod sandbox;
 mod scenario;
+mod schema;
 
 use std::process::ExitCode;
 
@@ -44,6 +45,9 @@ pub enum Command {
     Rbac(rbac::RbacArgs),
     /// Run the performance suite and print its table (build with --release).
     Bench(bench::BenchArgs),
+    /// Print the JSON Schema of a document kind (for editors), or the
+    /// field reference.
+    Schema(schema::SchemaArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -112,6 +116,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Explain(args) => runtime().and_then(|rt| rt.block_on(explain::run(args))),
         Command::Crds(args) => crds(args),
+        Command::Schema(args) => schema::run(args),
         Command::Sandbox(args) => runtime().and_then(|rt| rt.block_on(sandbox::run(args))),
     };
     match result {

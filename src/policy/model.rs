@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::kinds::KindRef;
@@ -23,7 +24,7 @@ pub struct Header {
 pub use crate::util::yaml::DocMeta;
 
 /// `kind: Policy`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyDoc {
     pub api_version: String,
@@ -33,7 +34,7 @@ pub struct PolicyDoc {
 }
 
 /// What a policy acts on, what it may touch, and how it decides.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicySpec {
     /// The kind whose objects this policy reconciles.
@@ -51,6 +52,7 @@ pub struct PolicySpec {
     /// Kinds that may be patched or rolled back, but are not owned.
     #[serde(default)]
     pub mutates: Vec<KindRef>,
+    /// When the policy's work is due (a cron expression, or one read from the target).
     #[serde(default)]
     pub schedule: Option<ScheduleSpec>,
     /// A `.rhai` script in the same bundle defining `reconcile(ctx)`.
@@ -75,8 +77,10 @@ pub struct PolicySpec {
     /// The `AlertRoutes` document this policy's alerts go through.
     #[serde(default)]
     pub alerts: Option<String>,
+    /// `enforce` (the default) writes; `shadow` decides and records the decision, and writes nothing.
     #[serde(default)]
     pub mode: Mode,
+    /// Blast-radius limits per target, and a circuit breaker.
     #[serde(default)]
     pub limits: Limits,
     /// Order among policies that target the same kind (lower runs first).
@@ -90,22 +94,27 @@ pub struct PolicySpec {
 
 /// A Kubernetes LabelSelector: every `matchLabels` pair and every
 /// expression must hold.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelectorSpec {
+    /// Labels the target must carry, each with exactly this value.
     #[serde(default)]
     pub match_labels: BTreeMap<String, String>,
+    /// Expressions over the target's labels; every one must hold.
     #[serde(default)]
     pub match_expressions: Vec<LabelExpression>,
 }
 
 /// One `matchExpressions` entry: `operator` is In, NotIn, Exists or
 /// DoesNotExist.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelExpression {
+    /// The label key.
     pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
     pub operator: String,
+    /// With `In` and `NotIn`: the values (at least one); empty for `Exists` and `DoesNotExist`.
     #[serde(default)]
     pub values: Vec<String>,
 }
@@ -113,11 +122,13 @@ pub struct LabelExpression {
 /// `spec.status`: the top-level status fields and the condition types a
 /// policy writes; a write outside them is refused, and two policies that
 /// share targets may not declare the same one.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StatusSpec {
+    /// Top-level status fields this policy writes (such as `phase`, `lastScore`).
     #[serde(default)]
     pub fields: Vec<String>,
+    /// Condition types this policy sets (such as `Ready`).
     #[serde(default)]
     pub conditions: Vec<String>,
 }
@@ -125,11 +136,13 @@ pub struct StatusSpec {
 /// Keep the children of the newest `keep` runs (the run in progress
 /// included) and delete older runs' children, of every owned kind. A run's
 /// children carry its id in the label `label`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetentionSpec {
     /// A template evaluating to a count; null (or absent) keeps everything.
+    #[schemars(with = "Option<crate::util::yaml::shape::Count>")]
     pub keep: Node,
+    /// The label holding a run's id on its children.
     #[serde(default = "run_label")]
     pub label: String,
 }
@@ -139,7 +152,7 @@ fn run_label() -> String {
 }
 
 /// `enforce` writes; `shadow` decides and records, and writes nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     #[default]
@@ -157,7 +170,7 @@ impl Mode {
 }
 
 /// When a policy's work is due.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScheduleSpec {
     /// A fixed cron expression.
@@ -172,66 +185,81 @@ pub struct ScheduleSpec {
 }
 
 /// One declarative step.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepSpec {
+    /// The step's name, unique in the policy (decision records and status name it).
     pub name: String,
     /// Server-side apply an object (a child, owned by the target).
     #[serde(default)]
     pub apply: Option<ApplySpec>,
     /// Merge these fields into the target's status.
     #[serde(default)]
+    #[schemars(with = "Option<crate::util::yaml::shape::Object>")]
     pub status: Option<Node>,
     /// Delete an owned object.
     #[serde(default)]
     pub delete: Option<DeleteSpec>,
     /// Raise an alert.
     #[serde(default)]
+    #[schemars(with = "Option<crate::util::yaml::shape::Object>")]
     pub alert: Option<Node>,
     /// Record a Kubernetes Event on the target.
     #[serde(default)]
     pub event: Option<EventSpec>,
     /// Rhai expression over `it`, `resource`, `ctx`, `params`: the step is done.
     #[serde(default)]
+    #[schemars(with = "Option<crate::util::yaml::shape::Expression>")]
     pub ready_when: Option<Node>,
     /// Rhai expression: the step has failed.
     #[serde(default)]
+    #[schemars(with = "Option<crate::util::yaml::shape::Expression>")]
     pub failed_when: Option<Node>,
     /// How long the step may take, such as `10m`.
     #[serde(default)]
     pub timeout: Option<String>,
     /// What to report when `failedWhen` holds (a template string).
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub message: Option<Node>,
 }
 
 /// The object a step applies: a template file in the bundle or inline.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApplySpec {
+    /// A YAML file of the bundle holding the object, with templates in backticks.
     #[serde(default)]
     pub template: Option<String>,
+    /// The object inline, with templates in backticks.
     #[serde(default)]
+    #[schemars(with = "Option<crate::util::yaml::shape::Object>")]
     pub object: Option<Node>,
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeleteSpec {
     /// Defaults to the one owned kind with this `kind`.
     #[serde(default)]
     pub api_version: Option<String>,
+    /// The kind of the owned object to delete.
     pub kind: String,
     /// A name, or a template string in backticks.
+    #[schemars(with = "String")]
     pub name: Node,
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EventSpec {
+    /// `Normal` or `Warning`.
     #[serde(default = "default_event_type", rename = "type")]
     pub type_: String,
+    /// The Event's reason, in CamelCase (`BackupFailed`).
     pub reason: String,
+    /// The Event's message (a template string).
+    #[schemars(with = "String")]
     pub message: Node,
 }
 
@@ -240,16 +268,19 @@ fn default_event_type() -> String {
 }
 
 /// Blast-radius limits, per target object, enforced by the executor.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     /// For example `1/6h`: at most one rollback per target in six hours.
     #[serde(default)]
     pub rollback: Option<String>,
+    /// For example `10/1h`: at most ten deletes per target an hour.
     #[serde(default)]
     pub delete: Option<String>,
+    /// For example `5/1h`: at most five patches of declared objects per target an hour.
     #[serde(default)]
     pub patch: Option<String>,
+    /// For example `20/1h`: at most twenty applies of children per target an hour.
     #[serde(default)]
     pub apply: Option<String>,
     /// Suspend the policy's writes when errors spike.
@@ -257,7 +288,7 @@ pub struct Limits {
     pub circuit_breaker: Option<CircuitBreakerSpec>,
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CircuitBreakerSpec {
     /// Fraction of failed reconciles (0..1) that opens the breaker.

@@ -6,29 +6,33 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::util::time::parse_duration_ms;
 use crate::util::yaml::{self, Node, NodeValue, Pos};
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScenarioDoc {
     pub api_version: String,
     pub kind: String,
+    /// The scenario's name.
     pub metadata: Meta,
+    /// The world and the timeline.
     pub spec: ScenarioSpec,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Meta {
+    /// What the scenario shows; `runbook test` prints it.
     pub name: String,
 }
 
 /// A string, or a list of them.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
@@ -44,7 +48,7 @@ impl OneOrMany {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScenarioSpec {
     /// The policy directory, relative to the scenario file (default: its
@@ -67,6 +71,7 @@ pub struct ScenarioSpec {
     /// Standing world behaviour: what happens to new objects by themselves.
     #[serde(default)]
     pub rules: Vec<RuleSpec>,
+    /// Steps in time order: at each, world events, and expectations over the window up to the next step.
     #[serde(default)]
     pub timeline: Vec<StepSpec>,
     /// Object states expected when the simulation ends.
@@ -77,23 +82,30 @@ pub struct ScenarioSpec {
 /// A standing rule: every new object of this kind (and name glob) has
 /// `complete`, `snapshotReady` or `podReady` done to it `after` its creation.
 /// The first rule (in file order) that matches an object claims it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RuleSpec {
+    /// The kind of new objects the rule acts on.
     pub kind: String,
+    /// Their API version (default: any).
     #[serde(default)]
     pub api_version: Option<String>,
+    /// A name glob (default `*`).
     #[serde(default = "star")]
     pub name: String,
     /// Only objects holding these fields (a subset match).
     #[serde(default)]
     pub fields: Option<Value>,
+    /// How long after the object's creation (default 0s).
     #[serde(default)]
     pub after: Option<String>,
+    /// Finish the Job (its pod terminates with a message).
     #[serde(default)]
     pub complete: Option<CompleteSpec>,
+    /// Mark the VolumeSnapshot readyToUse.
     #[serde(default)]
     pub snapshot_ready: Option<SnapshotReadySpec>,
+    /// Make the pods ready (or not).
     #[serde(default)]
     pub pod_ready: Option<PodReadySpec>,
     /// Claim matching objects and do nothing to them (so that a later,
@@ -106,24 +118,28 @@ fn star() -> String {
     "*".into()
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepSpec {
+    /// The step's time after the start, such as `50h30m`.
     pub at: String,
+    /// What happens in the world at that time.
     #[serde(default)]
     pub world: Vec<WorldEvent>,
+    /// What the operator is expected to do from this step's time to the next step's.
     #[serde(default)]
     pub expect: Vec<Expectation>,
 }
 
 /// Something that happens in the world at a step's time.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum WorldEvent {
     /// Create objects, from a file or inline.
     Create(CreateSpec),
     /// Merge-patch an object (its status with `status: true`).
     Update(UpdateSpec),
+    /// Delete objects (a name glob).
     Delete(RefSpec),
     /// Finish a Job: its pod terminates with a message.
     Complete(CompleteSpec),
@@ -152,33 +168,43 @@ impl WorldEvent {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSpec {
+    /// A YAML file of objects, relative to the scenario.
     #[serde(default)]
     pub file: Option<String>,
+    /// One object inline.
     #[serde(default)]
     pub object: Option<Value>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RefSpec {
+    /// The object's kind.
     pub kind: String,
+    /// Its API version (default: the one kind of that name).
     #[serde(default)]
     pub api_version: Option<String>,
+    /// A name glob.
     pub name: String,
+    /// Its namespace (default: the scenario's).
     #[serde(default)]
     pub namespace: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateSpec {
+    /// The object's kind.
     pub kind: String,
+    /// Its API version (default: the one kind of that name).
     #[serde(default)]
     pub api_version: Option<String>,
+    /// A name glob.
     pub name: String,
+    /// Its namespace (default: the scenario's).
     #[serde(default)]
     pub namespace: Option<String>,
     /// A JSON merge patch of the object; with `status: true`, of its status.
@@ -188,15 +214,19 @@ pub struct UpdateSpec {
     pub status: bool,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CompleteSpec {
+    /// A Job name glob (default `*`: every Job not finished).
     #[serde(default)]
     pub name: Option<String>,
+    /// Its namespace (default: the scenario's).
     #[serde(default)]
     pub namespace: Option<String>,
+    /// Whether the Job succeeds (default true) or fails.
     #[serde(default = "yes")]
     pub succeeded: bool,
+    /// What its pod's container writes as its termination message (a benchmark's score, say).
     #[serde(default)]
     pub termination_message: Option<String>,
 }
@@ -205,29 +235,35 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PodReadySpec {
+    /// A pod name glob (default `*`).
     #[serde(default)]
     pub name: Option<String>,
+    /// Its namespace (default: the scenario's).
     #[serde(default)]
     pub namespace: Option<String>,
+    /// Ready (default true) or not.
     #[serde(default = "yes")]
     pub ready: bool,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SnapshotReadySpec {
+    /// A VolumeSnapshot name glob (default `*`).
     #[serde(default)]
     pub name: Option<String>,
+    /// Its namespace (default: the scenario's).
     #[serde(default)]
     pub namespace: Option<String>,
+    /// The `status.restoreSize` to report, such as `10Gi`.
     #[serde(default)]
     pub restore_size: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FailSpec {
     /// get, list, watch, create, update, patch, delete (default: any).
@@ -236,8 +272,10 @@ pub struct FailSpec {
     /// A resource plural such as `jobs` (default: any).
     #[serde(default)]
     pub resource: Option<String>,
+    /// The HTTP status code of the failures (default 500).
     #[serde(default = "code500")]
     pub code: u16,
+    /// How many requests fail (default 1).
     #[serde(default = "one")]
     pub count: u32,
 }
@@ -250,42 +288,51 @@ fn one() -> u32 {
     1
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EditPolicySpec {
     /// A file of the policy directory.
     pub file: String,
+    /// The file's new content.
     #[serde(default)]
     pub content: Option<String>,
+    /// Replace a piece of the file's text.
     #[serde(default)]
     pub replace: Option<ReplaceSpec>,
+    /// Delete the file.
     #[serde(default)]
     pub delete: bool,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplaceSpec {
+    /// The text to find (it must occur).
     pub from: String,
+    /// What replaces it.
     pub to: String,
 }
 
 /// What the operator is expected to do in a step's window.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Expectation {
+    /// The action expected (see Expectation actions).
     #[serde(default)]
     pub action: Option<String>,
     /// `none: apply` is `action: apply` with `count: 0`.
     #[serde(default)]
     pub none: Option<String>,
+    /// The API version of the object acted on.
     #[serde(default)]
     pub api_version: Option<String>,
+    /// The kind of the object acted on.
     #[serde(default)]
     pub kind: Option<String>,
     /// A glob (`*`, `?`).
     #[serde(default)]
     pub name: Option<String>,
+    /// The namespace of the object acted on.
     #[serde(default)]
     pub namespace: Option<String>,
     /// A subset of what the action wrote.
@@ -300,6 +347,7 @@ pub struct Expectation {
     /// The receiver of a notification.
     #[serde(default)]
     pub receiver: Option<String>,
+    /// A rollback's revision written back.
     #[serde(default)]
     pub to_revision: Option<i64>,
     /// An Event's reason.
@@ -308,7 +356,8 @@ pub struct Expectation {
     /// The policy that acted (when several act on one target).
     #[serde(default)]
     pub policy: Option<String>,
-    /// ok (default), refused, limited, shadow, suspended, failed, unchanged.
+    /// ok (the default), unchanged, refused, limited, shadow, suspended,
+    /// skipped, failed.
     #[serde(default)]
     pub result: Option<String>,
     /// Exactly this many (default: at least one).
@@ -316,15 +365,20 @@ pub struct Expectation {
     pub count: Option<usize>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FinalSpec {
+    /// The object's kind.
     pub kind: String,
+    /// Its API version (default: the one kind of that name).
     #[serde(default)]
     pub api_version: Option<String>,
+    /// A name glob: every object it matches must hold `fields`.
     pub name: String,
+    /// Its namespace (default: the scenario's).
     #[serde(default)]
     pub namespace: Option<String>,
+    /// A subset of the object (maps by key, lists by element, numbers by value).
     #[serde(default)]
     pub fields: Option<Value>,
     /// The object must not exist.
@@ -332,11 +386,79 @@ pub struct FinalSpec {
     pub absent: bool,
 }
 
-/// Actions an expectation may name.
-pub const ACTIONS: &[&str] = &[
-    "apply", "delete", "patch", "status", "rollback", "event", "refusal", "error", "alert",
-    "resolve", "notify",
+/// Actions an expectation may name, and what each matches.
+pub const ACTIONS: &[(&str, &str)] = &[
+    (
+        "apply",
+        "a server-side apply of a child; `fields` is a subset of the applied object.",
+    ),
+    ("delete", "a delete of an owned object."),
+    (
+        "patch",
+        "a merge patch of a declared object (`ctx.patch`, a `mutates` kind).",
+    ),
+    (
+        "status",
+        "a status write on the target; `fields` is a subset of the fields written.",
+    ),
+    (
+        "rollback",
+        "a Deployment rolled back; `toRevision` is the revision written back.",
+    ),
+    (
+        "event",
+        "a Kubernetes Event on the target; `reason` is its reason.",
+    ),
+    (
+        "refusal",
+        "an action the executor refused (undeclared kind, another namespace, another policy's child, status outside `spec.status`); its result is `refused`.",
+    ),
+    (
+        "error",
+        "a script error or a failed decision; its result is `failed`.",
+    ),
+    (
+        "alert",
+        "an alert raised; `labels` is a subset of its labels, `receivers` the receivers it reaches.",
+    ),
+    ("resolve", "an alert resolved."),
+    (
+        "notify",
+        "a notification sent to a receiver (`receiver`), after its group's wait.",
+    ),
 ];
+
+/// Results an expectation may ask for, and what each means.
+pub const RESULTS: &[(&str, &str)] = &[
+    ("ok", "done (the default, but for `refusal` and `error`)."),
+    ("unchanged", "not sent: it would have changed nothing."),
+    (
+        "refused",
+        "refused by the executor (the default for `refusal`).",
+    ),
+    (
+        "limited",
+        "held back by a blast-radius limit (`spec.limits`).",
+    ),
+    ("shadow", "decided by a shadow-mode policy and not written."),
+    (
+        "suspended",
+        "held back while the policy's circuit breaker is open.",
+    ),
+    (
+        "skipped",
+        "not attempted: an earlier action of the same decision failed.",
+    ),
+    (
+        "failed",
+        "attempted, and the API server refused it (the default for `error`).",
+    ),
+];
+
+fn names(table: &[(&str, &str)]) -> String {
+    let n: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+    n.join(", ")
+}
 
 /// An error in a scenario, positioned.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -707,13 +829,21 @@ fn normalise(e: &Expectation) -> Result<Expectation, String> {
     let Some(action) = e.action.as_deref() else {
         return Err(format!(
             "an expectation needs an action: one of {}",
-            ACTIONS.join(", ")
+            names(ACTIONS)
         ));
     };
-    if !ACTIONS.contains(&action) {
+    if !ACTIONS.iter().any(|(a, _)| *a == action) {
         return Err(format!(
             "unknown action {action:?}: want one of {}",
-            ACTIONS.join(", ")
+            names(ACTIONS)
+        ));
+    }
+    if let Some(r) = e.result.as_deref()
+        && !RESULTS.iter().any(|(n, _)| *n == r)
+    {
+        return Err(format!(
+            "unknown result {r:?}: want one of {}",
+            names(RESULTS)
         ));
     }
     Ok(e)

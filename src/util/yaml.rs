@@ -174,6 +174,22 @@ impl Node {
     }
 }
 
+/// In a JSON Schema a node is any value: the field that holds it says more
+/// (see `crate::schema`).
+impl schemars::JsonSchema for Node {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "AnyValue".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::Schema::from(true)
+    }
+}
+
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let spanned = serde_saphyr::Spanned::<NodeValue>::deserialize(deserializer)?;
@@ -278,6 +294,34 @@ impl<'de> Deserialize<'de> for KeyString {
     }
 }
 
+/// The shapes a JSON Schema gives to fields kept as positioned [`Node`]s
+/// (which deserialize from anything): never used to parse, only to
+/// describe.
+pub mod shape {
+    use schemars::JsonSchema;
+
+    /// A Rhai expression, or `true`/`false`.
+    #[derive(JsonSchema)]
+    #[serde(untagged)]
+    #[allow(dead_code)]
+    pub enum Expression {
+        Rhai(String),
+        Constant(bool),
+    }
+
+    /// A count, or a template (in backticks) that evaluates to one.
+    #[derive(JsonSchema)]
+    #[serde(untagged)]
+    #[allow(dead_code)]
+    pub enum Count {
+        Count(u64),
+        Template(String),
+    }
+
+    /// A mapping whose strings may hold templates in backticks.
+    pub type Object = serde_json::Map<String, serde_json::Value>;
+}
+
 /// Parse a document into a positioned tree.
 pub fn parse_node(text: &str) -> Result<Node, YamlError> {
     parse::<Node>(text)
@@ -285,12 +329,17 @@ pub fn parse_node(text: &str) -> Result<Node, YamlError> {
 
 /// The `metadata` of one of Runbook's own YAML documents (a policy, alert
 /// routes): a name, and labels and annotations for people and tools.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct DocMeta {
+    /// The document's name, unique among documents of its kind.
     pub name: String,
+    /// Labels for people and tools; Runbook does not read them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Annotations for people and tools; Runbook does not read them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub annotations: std::collections::BTreeMap<String, String>,
 }
