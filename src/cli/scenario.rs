@@ -21,6 +21,11 @@ pub struct SimulateArgs {
     /// Every line of the timeline: no repeated cycles folded into one.
     #[arg(long)]
     pub full: bool,
+    /// Also write the run as one self-contained HTML page: per target, its
+    /// status fields over time with phases, rollbacks and alerts marked,
+    /// and every action on a lane (one scenario only).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -59,6 +64,7 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     }
     let mut code = ExitCode::SUCCESS;
     let mut json = Vec::new();
+    let mut reports = Vec::new();
     for f in files {
         let r = scenario::run_file(&f);
         // An expectation that failed fails the command, as `runbook test`.
@@ -80,6 +86,16 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        if args.html.is_some() {
+            reports.push(r);
+        }
+    }
+    if let Some(path) = &args.html {
+        let page = scenario::html::render(&reports)
+            .map_err(|e| anyhow::anyhow!("drawing the HTML report: {e}"))?;
+        std::fs::write(path, &page)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        eprintln!("wrote {} ({} bytes)", path.display(), page.len());
     }
     if args.output == Output::Json {
         let v = if json.len() == 1 {

@@ -4,6 +4,7 @@
 //! in-process sandbox (see `run`).
 
 pub mod fold;
+pub mod html;
 pub mod model;
 pub mod report;
 pub mod run;
@@ -59,6 +60,7 @@ pub fn run_file(path: &Path) -> Report {
             checked: 0,
             failures: Vec::new(),
             load_errors: errors,
+            specs: Default::default(),
         },
     }
 }

@@ -885,6 +885,25 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn an_expectations_result_must_be_one_the_journal_writes() {
+        let e = Expectation {
+            action: Some("apply".into()),
+            result: Some("sucess".into()),
+            ..Default::default()
+        };
+        let m = normalise(&e).unwrap_err();
+        assert!(
+            m.contains("unknown result \"sucess\"") && m.contains("skipped"),
+            "{m}"
+        );
+        let e = Expectation {
+            result: Some("limited".into()),
+            ..e
+        };
+        assert!(normalise(&e).is_ok());
+    }
+
+    #[test]
     fn globs_match_like_a_shell() {
         assert!(glob("chatbot-eval-*", "chatbot-eval-5f2c"));
         assert!(glob("*", ""));

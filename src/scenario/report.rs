@@ -48,6 +48,9 @@ pub struct Report {
     pub failures: Vec<Failure>,
     /// Problems found before running (files, kinds, policies).
     pub load_errors: Vec<ScenarioError>,
+    /// The spec at the end of each object the operator wrote status to,
+    /// by `apiVersion|kind|namespace|name`.
+    pub specs: std::collections::BTreeMap<String, Value>,
 }
 
 fn rank(e: &Entry) -> u8 {
@@ -208,6 +211,7 @@ impl Report {
             checked: 0,
             failures: Vec::new(),
             load_errors: Vec::new(),
+            specs: Default::default(),
         }
     }
 

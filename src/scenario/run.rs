@@ -409,8 +409,37 @@ async fn run_async(s: &Scenario) -> Report {
         });
     }
     op.shutdown(Duration::from_secs(1)).await;
-    report.finish(s, journal.entries());
+    let entries = journal.entries();
+    report.specs = target_specs(&world, &entries).await;
+    report.finish(s, entries);
     report
+}
+
+/// The spec, at the end, of every object the operator wrote status to
+/// (the HTML report draws its numbers as reference lines).
+async fn target_specs(
+    world: &World,
+    entries: &[crate::telemetry::journal::Entry],
+) -> std::collections::BTreeMap<String, Value> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in entries.iter().filter(|e| e.action == "status") {
+        let key = format!("{}|{}|{}|{}", e.api_version, e.kind, e.namespace, e.name);
+        if out.contains_key(&key) {
+            continue;
+        }
+        let Ok(served) = world.served(Some(&e.api_version), &e.kind) else {
+            continue;
+        };
+        let api: kube::Api<kube::api::DynamicObject> = if served.namespaced {
+            kube::Api::namespaced_with(world.client.clone(), &e.namespace, &served.resource)
+        } else {
+            kube::Api::all_with(world.client.clone(), &served.resource)
+        };
+        if let Ok(Some(o)) = api.get_opt(&e.name).await {
+            out.insert(key, o.data["spec"].clone());
+        }
+    }
+    out
 }
 
 /// Carry out one world event of the timeline.
