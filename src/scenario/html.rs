@@ -21,6 +21,7 @@ use crate::telemetry::journal::Entry;
 
 const WIDTH: u32 = 1100;
 const PANEL_HEIGHT: u32 = 230;
+const PHASE_HEIGHT: u32 = 110;
 const LEFT: u32 = 70;
 const PHASES: [(&str, RGBColor); 10] = [
     ("Healthy", RGBColor(46, 160, 67)),
@@ -318,13 +319,18 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
         lo = lo.min(*v);
         hi = hi.max(*v);
     }
-    let pad = ((hi - lo) * 0.15).max(0.05 * hi.abs().max(1.0));
-    let (lo, hi) = (lo - pad, hi + pad);
+    // Phases alone (no number to draw): a band lane, its phases named.
+    let phases_only = !lo.is_finite() || !hi.is_finite();
+    let (lo, hi, height) = if phases_only {
+        (0.0, 1.0, PHASE_HEIGHT)
+    } else {
+        let pad = ((hi - lo) * 0.15).max(0.05 * hi.abs().max(1.0));
+        (lo - pad, hi + pad, PANEL_HEIGHT)
+    };
     let mut svg = String::new();
     let mut overlay = String::new();
     {
-        let root: Area =
-            SVGBackend::with_string(&mut svg, (WIDTH, PANEL_HEIGHT)).into_drawing_area();
+        let root: Area = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let mut chart = ChartBuilder::on(&root)
             .margin_top(26)
@@ -339,6 +345,18 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
             if from >= to {
                 continue;
             }
+            let (left, mid) = chart.backend_coord(&(from, 0.5));
+            let (right, _) = chart.backend_coord(&(to, 0.5));
+            if phases_only && right - left > 8 * phase.len() as i32 {
+                let _ = write!(
+                    overlay,
+                    r#"<text class="phase" x="{}" y="{}" font-size="12" fill="{}">{}</text>"#,
+                    left + 4,
+                    mid + 4,
+                    colour(c),
+                    esc(phase)
+                );
+            }
             chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(from, lo), (to, hi)],
@@ -348,9 +366,11 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
         }
         chart
             .configure_mesh()
+            .label_style(("sans-serif", 12))
             .light_line_style(RGBColor(235, 235, 235))
             .x_labels(14)
             .x_label_formatter(&|x| frame.label(*x))
+            .y_labels(if phases_only { 0 } else { 10 })
             .y_label_formatter(&|y| trim_y(*y))
             .draw()
             .map_err(|e| e.to_string())?;
@@ -502,6 +522,7 @@ fn draw_lanes(frame: &Frame) -> Result<String, String> {
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
+            .label_style(("sans-serif", 12))
             .disable_y_mesh()
             .light_line_style(RGBColor(235, 235, 235))
             .x_labels(14)
@@ -656,14 +677,41 @@ fn article(report: &Report) -> Result<String, String> {
                 close_ups.push('\n');
             }
         }
+        if fields.is_empty() && !bands.is_empty() {
+            let mut panel = Panel {
+                frame: &frame,
+                field: "phase",
+                points: Vec::new(),
+                references: Vec::new(),
+                bands: &bands,
+                markers: &markers,
+                from: 0.0,
+                to: frame.end,
+                caption: "status.phase".into(),
+            };
+            body.push_str(&draw_panel(&panel, &mut others)?);
+            if let Some((from, to)) = close_up {
+                panel.from = from;
+                panel.to = to;
+                panel.caption = format!(
+                    "status.phase, close-up {} … {}",
+                    frame.label(from),
+                    frame.label(to)
+                );
+                close_ups.push_str(&draw_panel(&panel, &mut others)?);
+            }
+        }
         if !close_ups.is_empty() {
             let _ = write!(
                 body,
                 r#"<details class="close-up" open><summary>Close-up of the markers</summary>{close_ups}</details>"#
             );
         }
-        if fields.is_empty() {
-            let _ = writeln!(body, "<p class=\"meta\">no numeric status field</p>");
+        if fields.is_empty() && bands.is_empty() {
+            let _ = writeln!(
+                body,
+                "<p class=\"meta\">no numeric status field and no phase</p>"
+            );
         }
         let mut legend = String::from(r#"<p class="legend">"#);
         let mut shown: Vec<&str> = Vec::new();
