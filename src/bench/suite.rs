@@ -88,7 +88,14 @@ pub struct Options {
     pub child_args: Vec<String>,
 }
 
-pub const SECTIONS: &[&str] = &["decision", "operator", "reload", "memory", "containment"];
+pub const SECTIONS: &[&str] = &[
+    "decision",
+    "writes",
+    "operator",
+    "reload",
+    "memory",
+    "containment",
+];
 
 impl Options {
     fn wants(&self, s: &str) -> bool {
@@ -165,6 +172,42 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
     ]
 }
 
+/// The writes of the README's week: each must change something a reader
+/// can see, so a benchmark run costs the four the workflow needs (apply
+/// its Job, status running, status done, delete the oldest Job).
+fn writes(policies: &Path) -> Vec<Row> {
+    let week = policies.join("../examples/evaluator-drift/week.yaml");
+    let s = "writes";
+    match super::scenario::writes(&week) {
+        Ok(f) => vec![
+            Row::new(
+                s,
+                format!("writes per evaluation cycle (the week: {} runs)", f.runs),
+                f.per_cycle(),
+                "writes",
+            )
+            .goal(Goal::AtMost(4.0)),
+            Row::new(
+                s,
+                "status writes per benchmark run",
+                f.status_per_run(),
+                "writes",
+            )
+            .goal(Goal::AtMost(2.0)),
+            Row::new(
+                s,
+                "API writes of the whole week",
+                f.all_writes as f64,
+                "writes",
+            ),
+        ],
+        Err(e) => {
+            eprintln!("the week scenario failed ({}): {e}", week.display());
+            Vec::new()
+        }
+    }
+}
+
 async fn operator(n: usize) -> Vec<Row> {
     let f = tokio::spawn(super::operator::run(n))
         .await
@@ -188,6 +231,12 @@ async fn operator(n: usize) -> Vec<Row> {
             s,
             "API writes of a no-op resync of every target",
             f.noop_writes as f64,
+            "writes",
+        ),
+        Row::new(
+            s,
+            "API writes per reconcile, steady state",
+            f.noop_writes as f64 / n.max(1) as f64,
             "writes",
         )
         .goal(Goal::AtMost(0.0)),
@@ -308,6 +357,14 @@ pub async fn run(opts: &Options) -> Vec<Row> {
             tokio::task::spawn_blocking(move || decision(&p, q))
                 .await
                 .expect("decision benchmark"),
+        );
+    }
+    if opts.wants("writes") {
+        let p = opts.policies.clone();
+        rows.extend(
+            tokio::task::spawn_blocking(move || writes(&p))
+                .await
+                .expect("writes benchmark"),
         );
     }
     if opts.wants("operator") {
