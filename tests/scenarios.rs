@@ -467,3 +467,53 @@ fn world_events_take_globs_alike() {
     let s = text(&sim);
     assert!(s.contains("updated Job chatbot-eval-"), "{s}");
 }
+
+/// Every write a decision makes changes something a reader can see: in no
+/// shipped scenario does a target get a second status write at the same
+/// instant saying what the first said, or a child the same object applied
+/// again.
+#[test]
+fn no_shipped_scenario_writes_what_it_has_just_written() {
+    let mut files = Vec::new();
+    for dir in ["policies", "examples"] {
+        files.extend(runbook::scenario::find(&repo().join(dir)).unwrap());
+    }
+    assert!(files.len() >= 14, "{files:?}");
+    let mut wasted = Vec::new();
+    for f in &files {
+        let r = runbook::scenario::run_file(f);
+        assert!(r.passed(), "{}: {}", f.display(), r.summary());
+        let mut last_status: std::collections::HashMap<_, (jiff::Timestamp, serde_json::Value)> =
+            Default::default();
+        let mut last_apply: std::collections::HashMap<_, serde_json::Value> = Default::default();
+        for e in r.entries.iter().filter(|e| e.result == "ok") {
+            let key = (
+                e.kind.clone(),
+                e.namespace.clone(),
+                e.name.clone(),
+                e.policy.clone(),
+            );
+            match e.action.as_str() {
+                "status" => {
+                    if let Some((t, prev)) = last_status.get(&key)
+                        && *t == e.time
+                        && e.fields
+                            .as_object()
+                            .is_some_and(|m| m.iter().all(|(k, v)| prev.get(k) == Some(v)))
+                    {
+                        wasted.push(format!("{}: {}", f.display(), r.line(e)));
+                    }
+                    last_status.insert(key, (e.time, e.fields.clone()));
+                }
+                "apply" => {
+                    if last_apply.get(&key) == Some(&e.fields) {
+                        wasted.push(format!("{}: {} (again)", f.display(), r.line(e)));
+                    }
+                    last_apply.insert(key, e.fields.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(wasted.is_empty(), "\n{}\n", wasted.join("\n"));
+}
