@@ -1,10 +1,8 @@
-//! The floors of the designs Runbook replaces: a hook-per-process operator
-//! starts a process per event (fork+exec of a trivial program), a
-//! webhook-per-sync operator makes an HTTP round trip per sync (to a
-//! loopback server that answers at once). Neither includes any work.
+//! The floor of a webhook-per-sync design: an HTTP round trip per sync (to
+//! a loopback server that answers at once), with no work in it. The
+//! hook-per-process designs are measured doing the real decision (`hooks`).
 
 use std::convert::Infallible;
-use std::process::{Command, Stdio};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -14,19 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-use super::{Stats, measure, measure_async};
-
-/// Start `true` (from PATH) and wait for it, `iters` times.
-pub fn fork_exec(iters: usize) -> Stats {
-    measure(iters / 10, iters, || {
-        Command::new("true")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("running `true`")
-    })
-}
+use super::{Stats, measure_async};
 
 /// POST `body` to a loopback HTTP server that answers a fixed decision,
 /// over a kept-alive connection, `iters` times.

@@ -8,6 +8,7 @@ pub mod baseline;
 pub mod containment;
 pub mod decision;
 pub mod fixtures;
+pub mod hooks;
 pub mod memory;
 pub mod native;
 pub mod operator;

@@ -112,7 +112,10 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
     let f = super::decision::run(policies, iters);
     let setup = super::decision::Setup::new(policies, 0.72);
     let body = bytes::Bytes::from(serde_json::to_vec(&setup.target).unwrap_or_default());
-    let fork = super::baseline::fork_exec(if quick { 100 } else { 500 });
+    let hook_iters = if quick { 10 } else { 30 };
+    let hook_setup = super::hooks::setup(policies);
+    let shell = super::hooks::measure(super::hooks::Hook::Shell, &hook_setup, hook_iters);
+    let python = super::hooks::measure(super::hooks::Hook::Python, &hook_setup, hook_iters);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -123,7 +126,7 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
     ));
     let rhai = f.scripted.median.as_secs_f64();
     let s = "decision";
-    vec![
+    let mut rows = vec![
         Row::new(
             s,
             "Rhai policy: rollback decision, median",
@@ -151,14 +154,6 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
         ),
         Row::new(
             s,
-            "fork+exec of `true` (hook-per-process floor), median",
-            us(fork.median),
-            "us",
-        ),
-        Row::new(s, "fork+exec / Rhai", fork.median.as_secs_f64() / rhai, "x")
-            .goal(Goal::AtLeast(100.0)),
-        Row::new(
-            s,
             "HTTP round trip on loopback (webhook floor), median",
             us(http.median),
             "us",
@@ -169,7 +164,59 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
             http.median.as_secs_f64() / rhai,
             "x",
         ),
-    ]
+    ];
+    // The same decision as the hooks users write instead: a process per
+    // event, deciding with jq or Python.
+    for (figures, what, label, goal) in [
+        (
+            shell,
+            "shell-operator-style hook (bash + jq)",
+            "shell hook",
+            Some(1000.0),
+        ),
+        (python, "Python hook process", "Python hook", None),
+    ] {
+        match figures {
+            Ok(f) if f.to_revision == Some(3) => {
+                rows.push(Row::new(
+                    s,
+                    format!("{what}: rollback decision, median"),
+                    ms(f.wall.median),
+                    "ms",
+                ));
+                if let Some(cpu) = f.cpu {
+                    rows.push(Row::new(
+                        s,
+                        format!("{what}: CPU per decision"),
+                        ms(cpu),
+                        "ms",
+                    ));
+                    let ratio = Row::new(
+                        s,
+                        format!("{label} CPU / Rhai"),
+                        cpu.as_secs_f64() / rhai,
+                        "x",
+                    );
+                    rows.push(match goal {
+                        Some(g) => ratio.goal(Goal::AtLeast(g)),
+                        None => ratio,
+                    });
+                }
+                rows.push(Row::new(
+                    s,
+                    format!("{label} wall / Rhai"),
+                    f.wall.median.as_secs_f64() / rhai,
+                    "x",
+                ));
+            }
+            Ok(f) => eprintln!(
+                "{what}: decided {:?}, not the rollback to revision 3; not reported",
+                f.to_revision
+            ),
+            Err(e) => eprintln!("{what}: not measured: {e}"),
+        }
+    }
+    rows
 }
 
 /// The writes of the README's week: each must change something a reader
