@@ -40,20 +40,25 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let f = runtime().block_on(async move { tokio::spawn(run(n)).await.expect("benchmark task") });
+    let f =
+        runtime().block_on(async move { tokio::spawn(run(n, 5)).await.expect("benchmark task") });
     println!(
         "operator, {} targets each needing one child and one status write (in-process sandbox, concurrency 16)",
         f.targets
     );
     println!(
-        "  hand-written kube-rs controller: {:>8.2} s",
-        f.hand.as_secs_f64()
+        "  hand-written kube-rs controller: {:>8.2} s (median of 5)",
+        f.median_hand()
     );
     println!(
-        "  Runbook (Rhai policy):           {:>8.2} s",
-        f.runbook.as_secs_f64()
+        "  Runbook (Rhai policy):           {:>8.2} s (median of 5)",
+        f.median_runbook()
     );
-    println!("  ratio Runbook / hand-written:    {:>8.2}", f.ratio());
+    let (low, high) = f.spread();
+    println!(
+        "  ratio Runbook / hand-written:    {:>8.2} (rounds {low:.2} to {high:.2})",
+        f.ratio()
+    );
     println!(
         "  API writes of a resync of all {} finished targets: {}",
         f.targets, f.noop_writes

@@ -77,7 +77,9 @@ fn an_unknown_section_is_refused() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("want one of decision, writes, operator"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("want one of decision, writes, operator")
+    );
 }
 
 #[test]

@@ -256,6 +256,9 @@ pub async fn run_runbook(
     let op = runbook_operator(sandbox.client(), namespace, concurrency);
     let started = Instant::now();
     op.start().await.expect("the operator starts");
+    if std::env::var("RUNBOOK_BENCH_VERBOSE").is_ok() {
+        eprintln!("start-up took {:?}", started.elapsed());
+    }
     assert!(
         wait_done(sandbox, namespace, n, Duration::from_secs(600)).await,
         "Runbook did not finish"
@@ -286,44 +289,104 @@ pub async fn run_runbook(
     (took, noop_writes)
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct OperatorFigures {
     pub targets: usize,
-    pub runbook: Duration,
-    pub hand: Duration,
+    /// Each round's time, in the order the rounds ran.
+    pub runbook: Vec<Duration>,
+    pub hand: Vec<Duration>,
     pub noop_writes: u64,
 }
 
-impl OperatorFigures {
-    pub fn ratio(&self) -> f64 {
-        self.runbook.as_secs_f64() / self.hand.as_secs_f64().max(1e-9)
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
-/// Both controllers on one sandbox, each on its own namespace of `n` Items.
-pub async fn run(n: usize) -> OperatorFigures {
-    let sandbox = Sandbox::default();
-    populate(&sandbox, "hand", n);
-    populate(&sandbox, "runbook", n);
+impl OperatorFigures {
+    /// Runbook's time over the hand-written controller's, per round.
+    pub fn ratios(&self) -> Vec<f64> {
+        self.runbook
+            .iter()
+            .zip(&self.hand)
+            .map(|(r, h)| r.as_secs_f64() / h.as_secs_f64().max(1e-9))
+            .collect()
+    }
+
+    /// The median of the rounds' ratios.
+    pub fn ratio(&self) -> f64 {
+        median(&self.ratios())
+    }
+
+    pub fn median_runbook(&self) -> f64 {
+        median(
+            &self
+                .runbook
+                .iter()
+                .map(Duration::as_secs_f64)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    pub fn median_hand(&self) -> f64 {
+        median(
+            &self
+                .hand
+                .iter()
+                .map(Duration::as_secs_f64)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The lowest and highest ratio of the rounds.
+    pub fn spread(&self) -> (f64, f64) {
+        let r = self.ratios();
+        (
+            r.iter().copied().fold(f64::INFINITY, f64::min),
+            r.iter().copied().fold(0.0, f64::max),
+        )
+    }
+}
+
+/// `rounds` interleaved rounds (hand-written first, then Runbook first,
+/// and so on), each controller on a fresh sandbox holding just its `n`
+/// Items, so neither pays for the other's objects or runs on a warmer
+/// machine.
+pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
     let only = std::env::var("RUNBOOK_BENCH_ONLY").unwrap_or_default();
-    let hand = if only == "runbook" {
-        Duration::from_secs(1)
-    } else {
-        run_hand(&sandbox, "hand", n, 16).await
-    };
-    if only == "hand" {
-        return OperatorFigures {
-            targets: n,
-            runbook: hand,
-            hand,
-            noop_writes: 0,
-        };
-    }
-    let (runbook, noop_writes) = run_runbook(&sandbox, "runbook", n, 16).await;
-    OperatorFigures {
+    let mut figures = OperatorFigures {
         targets: n,
-        runbook,
-        hand,
-        noop_writes,
+        runbook: Vec::new(),
+        hand: Vec::new(),
+        noop_writes: 0,
+    };
+    for round in 0..rounds.max(1) {
+        let hand_first = round % 2 == 0;
+        for hand_turn in [hand_first, !hand_first] {
+            let sandbox = Sandbox::default();
+            if hand_turn {
+                if only == "runbook" {
+                    figures.hand.push(Duration::from_secs(1));
+                    continue;
+                }
+                populate(&sandbox, "hand", n);
+                figures.hand.push(run_hand(&sandbox, "hand", n, 16).await);
+            } else {
+                if only == "hand" {
+                    figures.runbook.push(Duration::from_secs(1));
+                    continue;
+                }
+                populate(&sandbox, "runbook", n);
+                let (took, writes) = run_runbook(&sandbox, "runbook", n, 16).await;
+                figures.runbook.push(took);
+                figures.noop_writes = figures.noop_writes.max(writes);
+            }
+        }
     }
+    figures
 }

@@ -94,6 +94,7 @@ pub const SECTIONS: &[&str] = &[
     "operator",
     "reload",
     "memory",
+    "scale",
     "containment",
 ];
 
@@ -132,7 +133,8 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
             "Rhai policy: rollback decision, median",
             us(f.scripted.median),
             "us",
-        ),
+        )
+        .goal(Goal::AtMost(25.0)),
         Row::new(
             s,
             "Rhai policy: rollback decision, p99",
@@ -151,7 +153,8 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
             "Rhai policy: steady state (nothing due), median",
             us(f.scripted_idle.median),
             "us",
-        ),
+        )
+        .goal(Goal::AtMost(15.0)),
         Row::new(
             s,
             "HTTP round trip on loopback (webhook floor), median",
@@ -255,25 +258,34 @@ fn writes(policies: &Path) -> Vec<Row> {
     }
 }
 
-async fn operator(n: usize) -> Vec<Row> {
-    let f = tokio::spawn(super::operator::run(n))
+async fn operator(n: usize, rounds: usize) -> Vec<Row> {
+    let f = tokio::spawn(super::operator::run(n, rounds))
         .await
         .expect("operator benchmark");
     let s = "operator";
+    let (low, high) = f.spread();
     vec![
         Row::new(
             s,
-            format!("hand-written kube-rs controller, {n} targets"),
-            f.hand.as_secs_f64(),
+            format!("hand-written kube-rs controller, {n} targets, median of {rounds}"),
+            f.median_hand(),
             "s",
         ),
         Row::new(
             s,
-            format!("Runbook (Rhai policy), {n} targets"),
-            f.runbook.as_secs_f64(),
+            format!("Runbook (Rhai policy), {n} targets, median of {rounds}"),
+            f.median_runbook(),
             "s",
         ),
-        Row::new(s, "Runbook / hand-written", f.ratio(), "x").goal(Goal::AtMost(1.5)),
+        Row::new(
+            s,
+            format!("Runbook / hand-written, median of {rounds} interleaved rounds"),
+            f.ratio(),
+            "x",
+        )
+        .goal(Goal::AtMost(1.3)),
+        Row::new(s, "Runbook / hand-written, lowest round", low, "x"),
+        Row::new(s, "Runbook / hand-written, highest round", high, "x"),
         Row::new(
             s,
             "API writes of a no-op resync of every target",
@@ -358,6 +370,73 @@ fn memory(opts: &Options) -> Vec<Row> {
     ]
 }
 
+/// Reconcile time and operator RSS as the targets grow (each with one
+/// child): the cost per target, and whether it stays flat.
+async fn scale(opts: &Options) -> Vec<Row> {
+    let sizes: &[usize] = if opts.quick {
+        &[500, 2_000]
+    } else {
+        &[1_000, 10_000, 50_000]
+    };
+    let s = "scale";
+    let mut rows = Vec::new();
+    let mut points: Vec<(usize, f64, u64)> = Vec::new();
+    for &n in sizes {
+        let sandbox = crate::sandbox::Sandbox::default();
+        super::operator::populate(&sandbox, "runbook", n);
+        let (took, _) = super::operator::run_runbook(&sandbox, "runbook", n, 16).await;
+        drop(sandbox);
+        let o = opts.clone();
+        let mem = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = o.child_args.iter().map(String::as_str).collect();
+            super::memory::measure(&o.exe, &args, n)
+        })
+        .await
+        .expect("memory at scale");
+        let per = took.as_secs_f64() * 1e6 / n as f64;
+        rows.push(Row::new(
+            s,
+            format!("{n} targets: reconcile time per target"),
+            per,
+            "us",
+        ));
+        rows.push(Row::new(
+            s,
+            format!("{n} targets: operator RSS"),
+            mb(mem.rss),
+            "MB",
+        ));
+        points.push((n, per, mem.rss));
+    }
+    if let (Some(first), Some(last)) = (points.first(), points.last())
+        && last.0 > first.0
+    {
+        let kb = (last.2 as f64 - first.2 as f64) / 1024.0 / (last.0 - first.0) as f64;
+        rows.push(
+            Row::new(
+                s,
+                format!(
+                    "RSS per further target with its child ({} to {})",
+                    first.0, last.0
+                ),
+                kb,
+                "KB",
+            )
+            .goal(Goal::AtMost(10.0)),
+        );
+        rows.push(
+            Row::new(
+                s,
+                format!("time per target at {} / at {}", last.0, first.0),
+                last.1 / first.1.max(1e-9),
+                "x",
+            )
+            .goal(Goal::AtMost(1.5)),
+        );
+    }
+    rows
+}
+
 async fn containment(quick: bool) -> Vec<Row> {
     let items = if quick { 1_000 } else { 3_000 };
     let f = super::containment::run(items, 4, if quick { 10 } else { 30 }).await;
@@ -415,7 +494,7 @@ pub async fn run(opts: &Options) -> Vec<Row> {
         );
     }
     if opts.wants("operator") {
-        rows.extend(operator(opts.targets()).await);
+        rows.extend(operator(opts.targets(), if opts.quick { 1 } else { 5 }).await);
     }
     if opts.wants("reload") {
         rows.extend(reload(opts.quick, opts.targets()).await);
@@ -427,6 +506,9 @@ pub async fn run(opts: &Options) -> Vec<Row> {
                 .await
                 .expect("memory benchmark"),
         );
+    }
+    if opts.wants("scale") {
+        rows.extend(scale(opts).await);
     }
     if opts.wants("containment") {
         rows.extend(containment(opts.quick).await);
