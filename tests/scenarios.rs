@@ -517,3 +517,32 @@ fn no_shipped_scenario_writes_what_it_has_just_written() {
     }
     assert!(wasted.is_empty(), "\n{}\n", wasted.join("\n"));
 }
+
+/// A policy set aside for a kind the sandbox does not serve does nothing;
+/// when an expectation then fails, that is the first cause named.
+#[test]
+fn a_set_aside_policy_is_the_first_cause_of_its_failed_scenario() {
+    let dir = dir_with(
+        "set-aside",
+        &[
+            (
+                "pol/p.yaml",
+                "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: widgets}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  owns: [{apiVersion: example.com/v1, kind: Widget}]\n  script: p.rhai\n",
+            ),
+            ("pol/p.rhai", "fn reconcile(ctx) { [] }\n"),
+            (
+                "s.yaml",
+                "apiVersion: runbook.dev/v1alpha1\nkind: Scenario\nmetadata: {name: set aside}\nspec:\n  policies: pol\n  timeline:\n  - at: 1m\n    expect: [{action: apply}]\n",
+            ),
+        ],
+    );
+    let out = runbook(&["test", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    let cause = t.find("cause: policy widgets (").expect(&t);
+    assert!(
+        t[cause..].contains("was set aside: the sandbox does not serve example.com/v1 Widget"),
+        "{t}"
+    );
+    assert!(cause < t.find("want at least one apply").expect(&t), "{t}");
+}

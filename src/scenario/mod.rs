@@ -61,6 +61,7 @@ pub fn run_file(path: &Path) -> Report {
             failures: Vec::new(),
             load_errors: errors,
             specs: Default::default(),
+            set_aside: Vec::new(),
         },
     }
 }

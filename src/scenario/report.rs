@@ -48,6 +48,9 @@ pub struct Report {
     pub failures: Vec<Failure>,
     /// Problems found before running (files, kinds, policies).
     pub load_errors: Vec<ScenarioError>,
+    /// Policies the operator set aside at start-up, and why: said first
+    /// when the scenario fails.
+    pub set_aside: Vec<String>,
     /// The spec at the end of each object the operator wrote status to,
     /// by `apiVersion|kind|namespace|name`.
     pub specs: std::collections::BTreeMap<String, Value>,
@@ -212,6 +215,7 @@ impl Report {
             failures: Vec::new(),
             load_errors: Vec::new(),
             specs: Default::default(),
+            set_aside: Vec::new(),
         }
     }
 
@@ -371,7 +375,7 @@ impl Report {
     /// script errors, refused and failed actions (their messages carry
     /// the script's position).
     fn root_causes(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
+        let mut out: Vec<String> = self.set_aside.clone();
         for f in self.failures.iter().filter(|f| f.pos.is_none()) {
             out.push(format!("{}: {}", self.file, f.message));
         }

@@ -369,6 +369,17 @@ async fn run_async(s: &Scenario) -> Report {
     let Some((mut bundle, set)) = policies(s, &reloader, &mut report).await else {
         return report;
     };
+    let declared: Vec<(String, String, Vec<crate::kinds::KindRef>)> = set
+        .policies
+        .values()
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.file.clone(),
+                p.kinds.kinds().into_iter().cloned().collect(),
+            )
+        })
+        .collect();
     let op = operator_for(&world, engine, set, metrics, &journal, &clock);
     let rules = s
         .rules
@@ -379,6 +390,24 @@ async fn run_async(s: &Scenario) -> Report {
     if let Err(e) = op.start().await {
         report.load_errors.push(load_error(&s.file, e.to_string()));
         return report;
+    }
+    // A policy the operator set aside (a kind it declares is not served)
+    // does nothing: harmless where the scenario is about another policy,
+    // the first thing to say where an expectation then fails.
+    let running = op.ctx.policies.load();
+    for (name, file, kinds) in &declared {
+        if running.policies.contains_key(name) {
+            continue;
+        }
+        let absent: Vec<String> = kinds
+            .iter()
+            .filter(|k| world.served(Some(&k.api_version), &k.kind).is_err())
+            .map(|k| k.to_string())
+            .collect();
+        report.set_aside.push(format!(
+            "policy {name} ({file}) was set aside: the sandbox does not serve {}; add the CustomResourceDefinition that defines it to the scenario's objects",
+            absent.join(", ")
+        ));
     }
     for step in &s.steps {
         tokio::time::sleep_until(t0 + Duration::from_millis(step.at_ms as u64)).await;
