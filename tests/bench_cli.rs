@@ -4,17 +4,10 @@
 
 use std::process::Command;
 
-#[test]
-fn the_suite_reports_each_figure_with_its_goal() {
+/// `runbook bench --quick --only SECTIONS -o json`, which must succeed.
+fn bench_json(sections: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
-        .args([
-            "bench",
-            "--quick",
-            "--only",
-            "decision,containment",
-            "-o",
-            "json",
-        ])
+        .args(["bench", "--quick", "--only", sections, "-o", "json"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
@@ -23,15 +16,23 @@ fn the_suite_reports_each_figure_with_its_goal() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The figure whose name starts with `name`.
+fn find<'a>(figures: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    figures
+        .iter()
+        .find(|f| f["figure"].as_str().unwrap().starts_with(name))
+        .unwrap_or_else(|| panic!("no figure {name}: {figures:?}"))
+}
+
+#[test]
+fn the_suite_reports_each_figure_with_its_goal() {
+    let v = bench_json("decision,containment");
     assert!(v["machine"].as_str().unwrap().contains("cores"));
     let figures = v["figures"].as_array().unwrap();
-    let find = |name: &str| {
-        figures
-            .iter()
-            .find(|f| f["figure"].as_str().unwrap().starts_with(name))
-            .unwrap_or_else(|| panic!("no figure {name}: {figures:?}"))
-    };
+    let find = |name: &str| find(figures, name);
     for f in figures {
         assert!(f["value"].as_f64().unwrap() >= 0.0, "{f}");
         assert!(["decision", "containment"].contains(&f["section"].as_str().unwrap()));
@@ -84,24 +85,9 @@ fn an_unknown_section_is_refused() {
 
 #[test]
 fn a_benchmark_run_of_the_week_costs_the_four_writes_it_needs() {
-    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
-        .args(["bench", "--quick", "--only", "writes", "-o", "json"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = bench_json("writes");
     let figures = v["figures"].as_array().unwrap();
-    let find = |name: &str| {
-        figures
-            .iter()
-            .find(|f| f["figure"].as_str().unwrap().starts_with(name))
-            .unwrap_or_else(|| panic!("no figure {name}: {figures:?}"))
-    };
+    let find = |name: &str| find(figures, name);
     // Apply the Job, status running, status done, delete the oldest Job:
     // the run still going at the end has not finished, so a little under.
     let cycle = find("writes per evaluation cycle");

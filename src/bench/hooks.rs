@@ -5,7 +5,7 @@
 //! policy decides on, and must reach the same decision: roll the
 //! Deployment back to revision 3, status RolledBack.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -253,11 +253,6 @@ pub fn measure(hook: Hook, setup: &Setup, iters: usize) -> Result<HookFigures, S
     })
 }
 
-/// Where the shipped policies are, for the hooks' setup.
-pub fn setup(policies: &Path) -> Setup {
-    Setup::new(policies, 0.72)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,7 +269,10 @@ mod tests {
     /// The anchors are only fair if they decide what Runbook decides.
     #[test]
     fn the_shell_and_python_hooks_reach_the_policys_decision() {
-        let setup = setup(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"));
+        let setup = Setup::new(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+            0.72,
+        );
         let rhai = setup.scripted();
         assert!(
             rhai.actions

@@ -114,9 +114,8 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
     let setup = super::decision::Setup::new(policies, 0.72);
     let body = bytes::Bytes::from(serde_json::to_vec(&setup.target).unwrap_or_default());
     let hook_iters = if quick { 10 } else { 30 };
-    let hook_setup = super::hooks::setup(policies);
-    let shell = super::hooks::measure(super::hooks::Hook::Shell, &hook_setup, hook_iters);
-    let python = super::hooks::measure(super::hooks::Hook::Python, &hook_setup, hook_iters);
+    let shell = super::hooks::measure(super::hooks::Hook::Shell, &setup, hook_iters);
+    let python = super::hooks::measure(super::hooks::Hook::Python, &setup, hook_iters);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

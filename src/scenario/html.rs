@@ -104,22 +104,6 @@ impl Target {
     }
 }
 
-/// RFC 7386, as the status writes are merged.
-fn merge(into: &mut Value, patch: &Value) {
-    match (into, patch) {
-        (Value::Object(a), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    a.remove(k);
-                } else {
-                    merge(a.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (slot, p) => *slot = p.clone(),
-    }
-}
-
 /// Each target's status after every write that landed.
 fn statuses(report: &Report) -> BTreeMap<Target, Vec<(usize, Value)>> {
     let mut out: BTreeMap<Target, Vec<(usize, Value)>> = BTreeMap::new();
@@ -131,7 +115,8 @@ fn statuses(report: &Report) -> BTreeMap<Target, Vec<(usize, Value)>> {
         let mut now = history
             .last()
             .map_or_else(|| Value::Object(Default::default()), |(_, v)| v.clone());
-        merge(&mut now, &e.fields);
+        // RFC 7386, as the status writes are merged.
+        json_patch::merge(&mut now, &e.fields);
         history.push((i, now));
     }
     out
@@ -482,6 +467,32 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
     ))
 }
 
+/// A panel over the whole run into `body`, and over the close-up (when
+/// there is one) into `close_ups`.
+fn draw_with_close_up(
+    panel: &mut Panel,
+    close_up: Option<(f64, f64)>,
+    body: &mut String,
+    close_ups: &mut String,
+    others: &mut Vec<String>,
+) -> Result<(), String> {
+    body.push_str(&draw_panel(panel, others)?);
+    body.push('\n');
+    if let Some((from, to)) = close_up {
+        panel.from = from;
+        panel.to = to;
+        panel.caption = format!(
+            "{}, close-up {} … {}",
+            panel.caption,
+            panel.frame.label(from),
+            panel.frame.label(to)
+        );
+        close_ups.push_str(&draw_panel(panel, others)?);
+        close_ups.push('\n');
+    }
+    Ok(())
+}
+
 fn trim_y(y: f64) -> String {
     let s = format!("{y:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
@@ -663,19 +674,7 @@ fn article(report: &Report) -> Result<String, String> {
                 to: frame.end,
                 caption: format!("status.{field}"),
             };
-            body.push_str(&draw_panel(&panel, &mut others)?);
-            body.push('\n');
-            if let Some((from, to)) = close_up {
-                panel.from = from;
-                panel.to = to;
-                panel.caption = format!(
-                    "status.{field}, close-up {} … {}",
-                    frame.label(from),
-                    frame.label(to)
-                );
-                close_ups.push_str(&draw_panel(&panel, &mut others)?);
-                close_ups.push('\n');
-            }
+            draw_with_close_up(&mut panel, close_up, &mut body, &mut close_ups, &mut others)?;
         }
         if fields.is_empty() && !bands.is_empty() {
             let mut panel = Panel {
@@ -689,17 +688,7 @@ fn article(report: &Report) -> Result<String, String> {
                 to: frame.end,
                 caption: "status.phase".into(),
             };
-            body.push_str(&draw_panel(&panel, &mut others)?);
-            if let Some((from, to)) = close_up {
-                panel.from = from;
-                panel.to = to;
-                panel.caption = format!(
-                    "status.phase, close-up {} … {}",
-                    frame.label(from),
-                    frame.label(to)
-                );
-                close_ups.push_str(&draw_panel(&panel, &mut others)?);
-            }
+            draw_with_close_up(&mut panel, close_up, &mut body, &mut close_ups, &mut others)?;
         }
         if !close_ups.is_empty() {
             let _ = write!(

@@ -459,12 +459,7 @@ async fn target_specs(
         let Ok(served) = world.served(Some(&e.api_version), &e.kind) else {
             continue;
         };
-        let api: kube::Api<kube::api::DynamicObject> = if served.namespaced {
-            kube::Api::namespaced_with(world.client.clone(), &e.namespace, &served.resource)
-        } else {
-            kube::Api::all_with(world.client.clone(), &served.resource)
-        };
-        if let Ok(Some(o)) = api.get_opt(&e.name).await {
+        if let Ok(Some(o)) = world.api(&served, &e.namespace).get_opt(&e.name).await {
             out.insert(key, o.data["spec"].clone());
         }
     }

@@ -152,7 +152,8 @@ impl World {
             .ok_or_else(|| format!("the API server does not serve kind {kind}"))
     }
 
-    fn api(&self, s: &Served, ns: &str) -> Api<DynamicObject> {
+    /// The API of a served kind, in `ns` where it is namespaced.
+    pub fn api(&self, s: &Served, ns: &str) -> Api<DynamicObject> {
         if s.namespaced {
             Api::namespaced_with(self.client.clone(), ns, &s.resource)
         } else {
