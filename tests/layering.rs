@@ -116,6 +116,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "alert",
             "clock",
             "crd",
+            "kinds",
             "observe",
             "policy",
             "reload",
