@@ -225,9 +225,9 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let failed = input.failed.map(str::to_string);
     let error = input.decide_error.map(|e| e.to_string()).or(failed);
     let problem = problem_of(input.decide_error, input.failed, input.plan, input.done);
-    let others_troubled = DecisionRecord::all(t)
+    let others_troubled = DecisionRecord::others(t, &input.policy.name)
         .iter()
-        .any(|d| d.policy != input.policy.name && d.has_problem());
+        .any(DecisionRecord::has_problem);
     let mut new_status = next_status(
         &current,
         input.failed.is_none().then_some(&input.plan.fields),

@@ -318,9 +318,15 @@ pub async fn execute(
     if let Some(e) = decide_error {
         observe_error(w, policy, target, e);
     }
-    let previous_hash = DecisionRecord::of(t, &policy.name)
-        .unwrap_or_default()
-        .inputs_hash;
+    // A decision that failed keeps the inputs hash its record had.
+    let previous_hash = match decision {
+        Ok(_) => String::new(),
+        Err(_) => {
+            DecisionRecord::of(t, &policy.name)
+                .unwrap_or_default()
+                .inputs_hash
+        }
+    };
     let end = conclude::conclude(&conclude::Input {
         policy,
         target: t,

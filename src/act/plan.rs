@@ -512,11 +512,10 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
     // API server stores no nulls, so keeping them would make the applied
     // object differ from the live one forever and re-apply it every time.
     without_nulls(&mut o);
-    let mut meta = o
-        .get("metadata")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
+    let mut meta = match o.as_object_mut().and_then(|m| m.remove("metadata")) {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
     if namespaced {
         meta.insert("namespace".into(), target["metadata"]["namespace"].clone());
     }
@@ -524,14 +523,13 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
         "apiVersion": target["apiVersion"], "kind": target["kind"], "name": target["metadata"]["name"],
         "uid": target["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true
     });
-    let mut refs: Vec<Value> = meta
-        .get("ownerReferences")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r["uid"] != owner["uid"] && r["controller"] != true)
-        .collect();
+    let mut refs: Vec<Value> = match meta.remove("ownerReferences") {
+        Some(Value::Array(refs)) => refs
+            .into_iter()
+            .filter(|r| r["uid"] != owner["uid"] && r["controller"] != true)
+            .collect(),
+        _ => Vec::new(),
+    };
     refs.push(owner);
     meta.insert("ownerReferences".into(), Value::Array(refs));
     // Scripts' objects are checked where they are made (`apply`), but

@@ -96,18 +96,34 @@ impl DecisionRecord {
     /// The record `policy` left in an object's `status.decisions`, if it
     /// left one that reads as a record (the one place records are parsed).
     pub fn of(object: &serde_json::Value, policy: &str) -> Option<Self> {
-        Self::all(object).into_iter().find(|d| d.policy == policy)
+        // Every reconcile reads its own record several times: parse only
+        // the records that name the policy, not every policy's.
+        Self::entries(object)
+            .filter(|d| d.get("policy").and_then(serde_json::Value::as_str) == Some(policy))
+            .find_map(|d| Self::deserialize(d).ok())
     }
 
-    /// Every policy's record in an object's `status.decisions`, in their
-    /// order there (by policy name).
-    pub fn all(object: &serde_json::Value) -> Vec<Self> {
+    /// The records of every policy but `policy`.
+    pub fn others(object: &serde_json::Value, policy: &str) -> Vec<Self> {
+        Self::entries(object)
+            .filter(|d| d.get("policy").and_then(serde_json::Value::as_str) != Some(policy))
+            .filter_map(|d| Self::deserialize(d).ok())
+            .collect()
+    }
+
+    fn entries(object: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
         object
             .get("status")
             .and_then(|s| s.get("decisions"))
             .and_then(serde_json::Value::as_array)
             .into_iter()
             .flatten()
+    }
+
+    /// Every policy's record in an object's `status.decisions`, in their
+    /// order there (by policy name).
+    pub fn all(object: &serde_json::Value) -> Vec<Self> {
+        Self::entries(object)
             .filter_map(|d| Self::deserialize(d).ok())
             .collect()
     }
@@ -229,4 +245,31 @@ pub struct StepStatus {
     pub end_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_policy_reads_its_own_record_and_the_others_apart() {
+        let object = json!({"status": {"decisions": [
+            {"policy": "backup", "policyVersion": "v1", "inputsHash": "a", "time": "2026-12-01T00:00:00Z",
+             "error": "dump failed"},
+            {"policy": "drift", "actions": "not a list"},
+            {"policy": "drift", "policyVersion": "v2", "inputsHash": "b", "time": "2026-12-01T00:00:00Z"},
+            {"not": "a record"}
+        ]}});
+        let own = DecisionRecord::of(&object, "drift").expect("drift's readable record");
+        assert_eq!(own.inputs_hash, "b");
+        let others = DecisionRecord::others(&object, "drift");
+        assert_eq!(
+            others.iter().map(|d| d.policy.as_str()).collect::<Vec<_>>(),
+            ["backup"]
+        );
+        assert!(others[0].has_problem());
+        assert!(DecisionRecord::of(&object, "absent").is_none());
+        assert_eq!(DecisionRecord::all(&object).len(), 2);
+    }
 }

@@ -153,6 +153,10 @@ impl ScriptEngine {
             .set_max_map_size(limits.max_map_size)
             .set_max_variables(limits.max_variables);
         engine.disable_symbol("eval");
+        // No string interner: once its table is full, every new string (the
+        // name of each of thousands of targets) made it scan the whole
+        // table under a lock shared by every reconcile.
+        engine.set_max_strings_interned(0);
         engine.on_progress(|ops| {
             if ops % DEADLINE_CHECK_EVERY == 0
                 && let Some(deadline) = DEADLINE.get()
