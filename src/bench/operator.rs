@@ -289,6 +289,10 @@ pub async fn run_runbook(
     (took, noop_writes)
 }
 
+fn median_secs(rounds: &[Duration]) -> f64 {
+    median(&rounds.iter().map(Duration::as_secs_f64).collect::<Vec<_>>())
+}
+
 #[derive(Clone, Debug)]
 pub struct OperatorFigures {
     pub targets: usize,
@@ -323,24 +327,14 @@ impl OperatorFigures {
         median(&self.ratios())
     }
 
+    /// Runbook's median round, in seconds.
     pub fn median_runbook(&self) -> f64 {
-        median(
-            &self
-                .runbook
-                .iter()
-                .map(Duration::as_secs_f64)
-                .collect::<Vec<_>>(),
-        )
+        median_secs(&self.runbook)
     }
 
+    /// The hand-written controller's median round, in seconds.
     pub fn median_hand(&self) -> f64 {
-        median(
-            &self
-                .hand
-                .iter()
-                .map(Duration::as_secs_f64)
-                .collect::<Vec<_>>(),
-        )
+        median_secs(&self.hand)
     }
 
     /// The lowest and highest ratio of the rounds.
