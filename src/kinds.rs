@@ -195,26 +195,24 @@ impl DeclaredKinds {
     /// Resolve a kind name against the declared kinds: `Job` must match
     /// exactly one declared kind; `batch/v1 Job` must be declared.
     pub fn resolve(&self, name: &KindName) -> Result<KindRef, String> {
-        let mut found: Vec<&KindRef> = self
-            .kinds()
-            .into_iter()
-            .filter(|k| {
-                k.kind == name.kind
-                    && name
-                        .api_version
-                        .as_deref()
-                        .is_none_or(|av| av == k.api_version)
-            })
-            .collect();
-        found.dedup();
-        match found.len() {
-            1 => Ok(found[0].clone()),
-            0 => Err(format!(
+        let mut found = self.entries.iter().map(|(k, _)| k).filter(|k| {
+            k.kind == name.kind
+                && name
+                    .api_version
+                    .as_deref()
+                    .is_none_or(|av| av == k.api_version)
+        });
+        let Some(first) = found.next() else {
+            return Err(format!(
                 "kind {name} is not declared by this policy (declare it in owns, reads or mutates)"
-            )),
-            _ => Err(format!(
+            ));
+        };
+        // A kind declared in two roles is still one kind.
+        match found.find(|k| *k != first) {
+            None => Ok(first.clone()),
+            Some(_) => Err(format!(
                 "kind {name} is ambiguous: name it with its apiVersion, as \"{} {}\"",
-                found[0].api_version, found[0].kind
+                first.api_version, first.kind
             )),
         }
     }

@@ -2,7 +2,9 @@
 //! first), or a macro such as `@hourly`. Day-of-week numbers follow crontab
 //! in both forms: 0 or 7 is Sunday.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use jiff::Timestamp;
@@ -17,6 +19,12 @@ pub const CRON_PATTERN: &str =
 pub struct Schedule {
     source: String,
     inner: cron::Schedule,
+    /// The last answer of `next_after`: `(asked, fire)` means `fire` is
+    /// the first fire time after `asked`, so it is also the answer for any
+    /// time from `asked` up to (not including) `fire`. Between two fire
+    /// times every decision on a scheduled target asks the same question;
+    /// this answers it without walking the cron fields again.
+    memo: Arc<Mutex<Option<(Timestamp, Timestamp)>>>,
 }
 
 impl Schedule {
@@ -59,6 +67,7 @@ impl Schedule {
         Ok(Self {
             source: trimmed.to_string(),
             inner,
+            memo: Arc::default(),
         })
     }
 
@@ -68,10 +77,19 @@ impl Schedule {
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
+        let remembered = *self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((asked, fire)) = remembered
+            && asked <= t
+            && t < fire
+        {
+            return Some(fire);
+        }
         let dt =
             DateTime::<Utc>::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32)?;
         let next = self.inner.after(&dt).next()?;
-        Timestamp::from_second(next.timestamp()).ok()
+        let fire = Timestamp::from_second(next.timestamp()).ok()?;
+        *self.memo.lock().unwrap_or_else(|p| p.into_inner()) = Some((t, fire));
+        Some(fire)
     }
 
     /// The latest fire time at or before `t`, if one exists after `since`.
@@ -89,6 +107,35 @@ impl Schedule {
             }
         }
         last
+    }
+}
+
+/// Schedules parsed from targets' own fields (`schedule.fromField`), by
+/// expression: a policy's targets mostly share a handful, and each is
+/// parsed once rather than at every decision. Bounded: past
+/// [`ParsedSchedules::MAX`] expressions it starts again.
+#[derive(Clone, Debug, Default)]
+pub struct ParsedSchedules(Arc<Mutex<HashMap<String, Arc<Schedule>>>>);
+
+impl ParsedSchedules {
+    pub const MAX: usize = 1024;
+
+    /// The schedule for `expr`, parsed on first use. Errors are not kept.
+    pub fn get(&self, expr: &str) -> Result<Arc<Schedule>, String> {
+        if let Some(s) = self.lock().get(expr) {
+            return Ok(s.clone());
+        }
+        let parsed = Arc::new(Schedule::parse(expr)?);
+        let mut map = self.lock();
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert(expr.to_string(), parsed.clone());
+        Ok(parsed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Schedule>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -203,6 +250,38 @@ mod tests {
                 .contains("unknown schedule macro")
         );
         assert!(Schedule::parse("61 * * * *").is_err());
+    }
+
+    #[test]
+    fn a_remembered_answer_holds_only_until_the_next_fire_time() {
+        let s = Schedule::parse("*/15 * * * *").unwrap();
+        let at = |t| s.next_after(ts(t)).unwrap();
+        // Asked, remembered, and asked again from either side of it.
+        assert_eq!(at("2026-11-29T10:05:00Z"), ts("2026-11-29T10:15:00Z"));
+        assert_eq!(at("2026-11-29T10:14:59Z"), ts("2026-11-29T10:15:00Z"));
+        assert_eq!(at("2026-11-29T10:15:00Z"), ts("2026-11-29T10:30:00Z"));
+        assert_eq!(at("2026-11-29T10:00:00Z"), ts("2026-11-29T10:15:00Z"));
+        assert_eq!(at("2026-11-29T09:59:59Z"), ts("2026-11-29T10:00:00Z"));
+        // Clones share what was learnt and answer alike.
+        let copy = s.clone();
+        assert_eq!(
+            copy.next_after(ts("2026-11-29T09:59:30Z")),
+            Some(ts("2026-11-29T10:00:00Z"))
+        );
+        assert_eq!(
+            s.last_at_or_before(ts("2026-11-29T09:59:59Z"), ts("2026-11-29T10:40:00Z")),
+            Some(ts("2026-11-29T10:30:00Z"))
+        );
+    }
+
+    #[test]
+    fn schedules_from_fields_are_parsed_once_each() {
+        let cache = ParsedSchedules::default();
+        let a = cache.get("@hourly").unwrap();
+        let b = cache.get("@hourly").unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(cache.get("61 * * * *").is_err());
+        assert!(!Arc::ptr_eq(&a, &cache.get("@daily").unwrap()));
     }
 
     #[test]

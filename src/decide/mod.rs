@@ -97,7 +97,17 @@ pub struct ScheduleState {
 
 /// An identifier for a run, from its fire time, usable in object names.
 pub fn run_id(t: Timestamp) -> String {
-    t.strftime("%Y%m%d-%H%M%S").to_string()
+    // `2026-11-29T10:00:00Z` -> `20261129-100000`.
+    let text = time::format(t);
+    match text.split_once('T') {
+        Some((day, clock)) if day.len() == 10 => {
+            let mut id: String = day.chars().filter(char::is_ascii_digit).collect();
+            id.push('-');
+            id.extend(clock.chars().filter(char::is_ascii_digit));
+            id
+        }
+        _ => t.strftime("%Y%m%d-%H%M%S").to_string(),
+    }
 }
 
 fn field<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
@@ -126,10 +136,14 @@ pub fn schedule_state(
     let parsed;
     let schedule: &Schedule = match source {
         ScheduleSource::Fixed(s) => s,
-        ScheduleSource::FromField { path, default } => {
+        ScheduleSource::FromField {
+            path,
+            default,
+            parsed: known,
+        } => {
             match field(target, path).and_then(Value::as_str) {
                 Some(expr) => {
-                    parsed = Schedule::parse(expr).map_err(|message| DecideError::Schedule {
+                    parsed = known.get(expr).map_err(|message| DecideError::Schedule {
                         policy: policy.name.clone(),
                         message: format!("{}: {message}", path.join(".")),
                     })?;
@@ -184,24 +198,9 @@ pub fn inputs_hash(
     observed: &Observed,
     sched: Option<&ScheduleState>,
 ) -> String {
-    use crate::util::hash::{Fnv64, hash_value};
+    use crate::util::hash::Fnv64;
     use std::hash::Hasher;
-    let t = observed.target.value();
-    let mut h = Fnv64::default();
-    let meta = &t["metadata"];
-    for key in [
-        "name",
-        "namespace",
-        "uid",
-        "generation",
-        "labels",
-        "annotations",
-    ] {
-        h.write(key.as_bytes());
-        hash_value(&meta[key], &mut h);
-    }
-    h.write_u8(meta.get("deletionTimestamp").is_some() as u8);
-    hash_value(&t["spec"], &mut h);
+    let mut h = Fnv64::resume(observed.target.own_hash());
     h.write(policy.version.as_bytes());
     if let Some(s) = sched {
         h.write_u8(s.due as u8);
@@ -504,5 +503,17 @@ pub fn finalize(
             Ok(finish(policy, observed, None, actions, None))
         }
         _ => Ok(finish(policy, observed, None, Vec::new(), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_named_by_its_fire_time() {
+        let t: Timestamp = "2026-11-29T10:05:09Z".parse().unwrap();
+        assert_eq!(run_id(t), "20261129-100509");
+        assert_eq!(run_id(t), t.strftime("%Y%m%d-%H%M%S").to_string());
     }
 }

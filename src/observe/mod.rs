@@ -5,7 +5,7 @@
 //! and simulations fill a [`MemoryView`] by hand.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::Value;
 
@@ -24,18 +24,50 @@ pub use object::RawObject;
 #[derive(Debug)]
 pub struct CachedObject {
     value: Arc<Value>,
+    /// See [`CachedObject::own_hash`]; computed on first use.
+    own_hash: OnceLock<u64>,
 }
 
 impl CachedObject {
     pub fn new(value: Value) -> Arc<Self> {
-        Arc::new(Self {
-            value: Arc::new(value),
-        })
+        Self::from_arc(Arc::new(value))
     }
 
     /// Wrap JSON already behind an `Arc` (a cache's copy), without copying it.
     pub fn from_arc(value: Arc<Value>) -> Arc<Self> {
-        Arc::new(Self { value })
+        Arc::new(Self {
+            value,
+            own_hash: OnceLock::new(),
+        })
+    }
+
+    /// The FNV-1a state after hashing what is the object's own and not its
+    /// status: its identifying metadata (name, namespace, uid, generation,
+    /// labels, annotations, whether it is being deleted) and its spec. A
+    /// decision's inputs hash goes on from here; computed once per object
+    /// version, however many decisions read it.
+    pub fn own_hash(&self) -> u64 {
+        *self.own_hash.get_or_init(|| {
+            use crate::util::hash::{Fnv64, hash_value};
+            use std::hash::Hasher;
+            let t = &*self.value;
+            let mut h = Fnv64::default();
+            let meta = &t["metadata"];
+            for key in [
+                "name",
+                "namespace",
+                "uid",
+                "generation",
+                "labels",
+                "annotations",
+            ] {
+                h.write(key.as_bytes());
+                hash_value(&meta[key], &mut h);
+            }
+            h.write_u8(meta.get("deletionTimestamp").is_some() as u8);
+            hash_value(&t["spec"], &mut h);
+            h.finish()
+        })
     }
 
     pub fn value(&self) -> &Value {

@@ -27,6 +27,28 @@ pub fn to_dynamic(v: &Value) -> Dynamic {
 
 /// Convert a Rhai value into JSON. `path` names the value in errors.
 pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
+    convert(v, &Place::Root(path))
+}
+
+/// Where a value sits inside the one being converted; spelt out only for
+/// an error, so a conversion that succeeds builds no names.
+enum Place<'a> {
+    Root(&'a str),
+    Index(&'a Place<'a>, usize),
+    Key(&'a Place<'a>, &'a str),
+}
+
+impl std::fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Root(p) => f.write_str(p),
+            Place::Index(parent, i) => write!(f, "{parent}[{i}]"),
+            Place::Key(parent, k) => write!(f, "{parent}.{k}"),
+        }
+    }
+}
+
+fn convert(v: &Dynamic, at: &Place<'_>) -> Result<Value, String> {
     if v.is_unit() {
         return Ok(Value::Null);
     }
@@ -39,19 +61,19 @@ pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
     if let Ok(f) = v.as_float() {
         return Number::from_f64(f)
             .map(Value::Number)
-            .ok_or_else(|| format!("{path} is {f}, which JSON cannot hold"));
+            .ok_or_else(|| format!("{at} is {f}, which JSON cannot hold"));
     }
     if let Ok(c) = v.as_char() {
         return Ok(Value::String(c.to_string()));
     }
-    if v.is_string() {
-        return Ok(Value::String(v.clone().into_string().unwrap_or_default()));
+    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
+        return Ok(Value::String(s.as_str().to_string()));
     }
     if v.is_array() {
         let arr = v.read_lock::<Array>().expect("checked is_array");
         let mut out = Vec::with_capacity(arr.len());
         for (i, item) in arr.iter().enumerate() {
-            out.push(to_json(item, &format!("{path}[{i}]"))?);
+            out.push(convert(item, &Place::Index(at, i))?);
         }
         return Ok(Value::Array(out));
     }
@@ -62,12 +84,12 @@ pub fn to_json(v: &Dynamic, path: &str) -> Result<Value, String> {
         let map = v.read_lock::<Map>().expect("checked is_map");
         let mut out = serde_json::Map::new();
         for (k, item) in map.iter() {
-            out.insert(k.to_string(), to_json(item, &format!("{path}.{k}"))?);
+            out.insert(k.to_string(), convert(item, &Place::Key(at, k))?);
         }
         return Ok(Value::Object(out));
     }
     Err(format!(
-        "{path} is a {}, which has no JSON form",
+        "{at} is a {}, which has no JSON form",
         v.type_name()
     ))
 }
@@ -113,6 +135,18 @@ mod tests {
         let mut m = Map::new();
         m.insert("bad".into(), Dynamic::from_float(f64::NAN));
         let err = to_json(&Dynamic::from_map(m), "obj").unwrap_err();
-        assert!(err.starts_with("obj.bad"), "{err}");
+        assert!(err.starts_with("obj.bad is NaN"), "{err}");
+        let deep = to_dynamic(&json!({"spec": {"ports": [1, 2]}}));
+        let mut outer = Map::new();
+        outer.insert("obj".into(), deep);
+        outer.insert("f".into(), Dynamic::from(rhai::FnPtr::new("f").unwrap()));
+        let err = to_json(&Dynamic::from_map(outer), "status(map)").unwrap_err();
+        assert_eq!(err, "status(map).f is a Fn, which has no JSON form");
+        let arr = Dynamic::from_array(vec![
+            Dynamic::from_int(1),
+            Dynamic::from_float(f64::INFINITY),
+        ]);
+        let err = to_json(&arr, "xs").unwrap_err();
+        assert!(err.starts_with("xs[1] is inf"), "{err}");
     }
 }

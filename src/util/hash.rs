@@ -4,12 +4,16 @@ use sha2::{Digest, Sha256};
 
 /// Hex SHA-256 of some bytes, shortened to `len` characters.
 pub fn short_hex(bytes: &[u8], len: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
+    let mut out = String::with_capacity(len.min(64));
+    for c in digest
+        .iter()
+        .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]])
+        .take(len)
+    {
+        out.push(char::from(c));
     }
-    out.truncate(len);
     out
 }
 
@@ -27,6 +31,14 @@ pub struct Fnv64(u64);
 impl Default for Fnv64 {
     fn default() -> Self {
         Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv64 {
+    /// Go on from a state an earlier hash finished with: hashing `a` then
+    /// `b` equals hashing `b` after resuming from `a`'s `finish()`.
+    pub fn resume(state: u64) -> Self {
+        Self(state)
     }
 }
 
@@ -100,5 +112,14 @@ mod tests {
         assert_eq!(json_hash(&a, 16), json_hash(&b, 16));
         let c: serde_json::Value = serde_json::from_str(r#"{"b":[2,1],"a":1}"#).unwrap();
         assert_ne!(json_hash(&a, 16), json_hash(&c, 16));
+    }
+
+    #[test]
+    fn short_hex_is_the_sha256_digest_cut_to_length() {
+        // Names made from it (a run's Job) must not change across releases.
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(short_hex(b"abc", 64), abc);
+        assert_eq!(short_hex(b"abc", 10), &abc[..10]);
+        assert_eq!(short_hex(b"abc", 99), abc);
     }
 }

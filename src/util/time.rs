@@ -5,7 +5,48 @@ use jiff::Timestamp;
 
 /// Format as Kubernetes does: `2026-11-29T10:00:00Z`.
 pub fn format(ts: Timestamp) -> String {
-    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    let secs = ts.as_second();
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    if !(0..=9999).contains(&y) {
+        return ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    }
+    let mut out = String::with_capacity(20);
+    for (n, width, sep) in [
+        (y, 4, '-'),
+        (m, 2, '-'),
+        (d, 2, 'T'),
+        (rem / 3600, 2, ':'),
+        (rem % 3600 / 60, 2, ':'),
+        (rem % 60, 2, 'Z'),
+    ] {
+        let mut digits = [b'0'; 4];
+        let mut v = n;
+        for slot in digits[..width].iter_mut().rev() {
+            *slot = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        digits[..width]
+            .iter()
+            .for_each(|c| out.push(char::from(*c)));
+        out.push(sep);
+    }
+    out
+}
+
+/// The proleptic Gregorian (year, month, day) of a count of days since
+/// 1970-01-01 (the usual era arithmetic: 400-year eras of 146,097 days).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 /// Format unix seconds.
@@ -108,6 +149,37 @@ pub fn render_duration_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_format_as_the_calendar_says() {
+        // A day in every ten over eight centuries, each at a different time of day,
+        // against jiff's own calendar.
+        let mut secs = "1200-01-01T00:00:00Z"
+            .parse::<Timestamp>()
+            .unwrap()
+            .as_second();
+        let end = "9000-01-01T00:00:00Z"
+            .parse::<Timestamp>()
+            .unwrap()
+            .as_second();
+        let mut step = 0;
+        while secs < end {
+            let t = Timestamp::from_second(secs).unwrap();
+            assert_eq!(
+                format(t),
+                t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                "{secs}"
+            );
+            step += 1;
+            secs += 86_400 * 10 + (step * 7_919) % 86_400;
+        }
+        assert_eq!(format(Timestamp::UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let leap = "2024-02-29T23:59:59Z".parse::<Timestamp>().unwrap();
+        assert_eq!(format(leap), "2024-02-29T23:59:59Z");
+        // Subseconds are dropped, as Kubernetes writes times.
+        let late = "2026-11-29T10:00:00.75Z".parse::<Timestamp>().unwrap();
+        assert_eq!(format(late), "2026-11-29T10:00:00Z");
+    }
 
     #[test]
     fn durations_parse_in_every_unit() {

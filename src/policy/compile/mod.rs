@@ -66,6 +66,8 @@ pub enum ScheduleSource {
     FromField {
         path: Vec<String>,
         default: Option<Schedule>,
+        /// The expressions targets gave, each parsed once.
+        parsed: crate::schedule::ParsedSchedules,
     },
 }
 

@@ -43,7 +43,11 @@ pub(super) fn compile_schedule(
                 Some(d) => Some(parse(cx, d)?),
                 None => None,
             };
-            Some(ScheduleSource::FromField { path, default })
+            Some(ScheduleSource::FromField {
+                path,
+                default,
+                parsed: Default::default(),
+            })
         }
         (None, None) => {
             cx.error(file, pos, "spec.schedule: give cron or fromField");
