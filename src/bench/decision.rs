@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{Stats, measure, native};
+use super::{Rounds, Stats, native, samples};
 use crate::bench::fixtures::{self, JobState};
 use crate::decide::{self, Decision, Observed};
 use crate::observe::{CachedObject, MemoryView};
@@ -116,6 +116,8 @@ pub struct DecisionFigures {
     pub native: Stats,
     /// The steady state: nothing finished, nothing due.
     pub scripted_idle: Stats,
+    /// The lowest and highest round median of the rollback decision.
+    pub scripted_spread: (std::time::Duration, std::time::Duration),
 }
 
 impl DecisionFigures {
@@ -138,19 +140,29 @@ impl Setup {
     }
 }
 
+/// Rounds each figure is measured in, interleaved: its median is the
+/// median of the rounds' medians.
+pub const ROUNDS: usize = 5;
+
 pub fn run(policies: &std::path::Path, iters: usize) -> DecisionFigures {
     let setup = Setup::new(policies, 0.72);
-    let scripted = measure(iters / 10, iters, || setup.scripted());
-    let native = measure(iters / 10, iters, || setup.native());
     let idle = setup.idle();
     let policy = &setup.set.policies["evaluator-drift"];
-    let scripted_idle = measure(iters / 10, iters, || {
-        decide::decide(&setup.engine, policy, &idle).expect("decision")
-    });
+    let per = (iters / ROUNDS).max(1);
+    let (mut scripted, mut native, mut scripted_idle) =
+        (Rounds::default(), Rounds::default(), Rounds::default());
+    for _ in 0..ROUNDS {
+        scripted.push(samples(per / 10, per, || setup.scripted()));
+        native.push(samples(per / 10, per, || setup.native()));
+        scripted_idle.push(samples(per / 10, per, || {
+            decide::decide(&setup.engine, policy, &idle).expect("decision")
+        }));
+    }
     DecisionFigures {
         target_bytes: setup.target_bytes(),
-        scripted,
-        native,
-        scripted_idle,
+        scripted: scripted.stats(),
+        native: native.stats(),
+        scripted_idle: scripted_idle.stats(),
+        scripted_spread: scripted.spread(),
     }
 }

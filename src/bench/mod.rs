@@ -44,7 +44,12 @@ impl Stats {
 }
 
 /// Time `f` `iters` times after `warmup` untimed calls.
-pub fn measure<T>(warmup: usize, iters: usize, mut f: impl FnMut() -> T) -> Stats {
+pub fn measure<T>(warmup: usize, iters: usize, f: impl FnMut() -> T) -> Stats {
+    Stats::from_samples(samples(warmup, iters, f))
+}
+
+/// The timings of `iters` calls of `f` after `warmup` untimed calls.
+pub fn samples<T>(warmup: usize, iters: usize, mut f: impl FnMut() -> T) -> Vec<Duration> {
     for _ in 0..warmup {
         std::hint::black_box(f());
     }
@@ -54,7 +59,47 @@ pub fn measure<T>(warmup: usize, iters: usize, mut f: impl FnMut() -> T) -> Stat
         std::hint::black_box(f());
         samples.push(start.elapsed());
     }
-    Stats::from_samples(samples)
+    samples
+}
+
+/// Timings taken in rounds, interleaved with other measurements, so that a
+/// stretch of time in which the machine runs slow lands in a round or two
+/// rather than in one measurement whole.
+#[derive(Clone, Debug, Default)]
+pub struct Rounds(Vec<Vec<Duration>>);
+
+impl Rounds {
+    pub fn push(&mut self, round: Vec<Duration>) {
+        if !round.is_empty() {
+            self.0.push(round);
+        }
+    }
+
+    fn medians(&self) -> Vec<Duration> {
+        let mut m: Vec<Duration> = self
+            .0
+            .iter()
+            .map(|r| Stats::from_samples(r.clone()).median)
+            .collect();
+        m.sort();
+        m
+    }
+
+    /// The median of the rounds' medians; p99 and mean over every sample.
+    pub fn stats(&self) -> Stats {
+        let all = Stats::from_samples(self.0.concat());
+        let m = self.medians();
+        Stats {
+            median: m[m.len() / 2],
+            ..all
+        }
+    }
+
+    /// The lowest and the highest of the rounds' medians.
+    pub fn spread(&self) -> (Duration, Duration) {
+        let m = self.medians();
+        (m[0], m[m.len() - 1])
+    }
 }
 
 /// Time an async operation `iters` times after `warmup` untimed runs.

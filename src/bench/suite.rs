@@ -129,11 +129,23 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
     let mut rows = vec![
         Row::new(
             s,
-            "Rhai policy: rollback decision, median",
+            "Rhai policy: rollback decision, median of 5 rounds",
             us(f.scripted.median),
             "us",
         )
         .goal(Goal::AtMost(25.0)),
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, lowest round",
+            us(f.scripted_spread.0),
+            "us",
+        ),
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, highest round",
+            us(f.scripted_spread.1),
+            "us",
+        ),
         Row::new(
             s,
             "Rhai policy: rollback decision, p99",
@@ -149,7 +161,7 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
         Row::new(s, "Rhai / native", f.ratio(), "x").goal(Goal::AtMost(50.0)),
         Row::new(
             s,
-            "Rhai policy: steady state (nothing due), median",
+            "Rhai policy: steady state (nothing due), median of 5 rounds",
             us(f.scripted_idle.median),
             "us",
         )
