@@ -99,13 +99,20 @@ pub struct ScheduleState {
 pub fn run_id(t: Timestamp) -> String {
     // `2026-11-29T10:00:00Z` -> `20261129-100000`.
     let text = time::format(t);
-    match text.split_once('T') {
-        Some((day, clock)) if day.len() == 10 => {
-            let mut id: String = day.chars().filter(char::is_ascii_digit).collect();
-            id.push('-');
-            id.extend(clock.chars().filter(char::is_ascii_digit));
-            id
-        }
+    match text.as_bytes() {
+        // `YYYY-MM-DDTHH:MM:SSZ`: its digits, a dash between day and time.
+        [y @ .., b'Z'] if y.len() == 19 => [
+            &y[0..4],
+            &y[5..7],
+            &y[8..10],
+            b"-",
+            &y[11..13],
+            &y[14..16],
+            &y[17..19],
+        ]
+        .iter()
+        .map(|part| String::from_utf8_lossy(part))
+        .collect(),
         _ => t.strftime("%Y%m%d-%H%M%S").to_string(),
     }
 }
@@ -166,7 +173,8 @@ pub fn schedule_state(
     // The first run belongs to the target's creation, not to "now": a
     // reconcile that sees a stale cache then names the same run.
     let created = target
-        .pointer("/metadata/creationTimestamp")
+        .get("metadata")
+        .and_then(|m| m.get("creationTimestamp"))
         .and_then(Value::as_str)
         .and_then(time::parse)
         .filter(|c| *c <= now)
