@@ -133,6 +133,58 @@ fn a_low_score_rolls_back_to_the_last_good_revision_and_pages_the_team() {
 }
 
 #[test]
+fn an_evaluator_without_alert_labels_pages_the_policys_team() {
+    let w = world_at_revision(5);
+    let ev = with(
+        running(JOB),
+        json!({"spec": {"alert": null}, "status": {"lastGoodRevision": 3}}),
+    );
+    assert!(ev["spec"].get("alert").is_none());
+    w.add(job(&ev, JOB, 5, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.72}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    assert_eq!(rollbacks(&d), vec![("chatbot".to_string(), Some(3))]);
+    let a = alerts(&d);
+    assert_eq!(a.len(), 1, "{:?}", d.actions);
+    let label = |k: &str| a[0].get(k).map(String::as_str);
+    assert_eq!(
+        (label("team"), label("alertname"), label("severity")),
+        (
+            Some("ml-platform"),
+            Some("EvaluatorRolledBack"),
+            Some("critical")
+        )
+    );
+    assert_eq!(
+        (label("evaluator"), label("deployment")),
+        (Some("chatbot"), Some("chatbot"))
+    );
+}
+
+#[test]
+fn an_evaluators_alert_labels_add_to_the_alert_but_never_rename_it() {
+    let w = world_at_revision(5);
+    let ev = with(
+        running(JOB),
+        json!({"spec": {"alert": {"labels": {"team": "search", "alertname": "Mine", "severity": "info", "tier": "gold"}}},
+               "status": {"lastGoodRevision": 3}}),
+    );
+    w.add(job(&ev, JOB, 5, JobState::Succeeded));
+    w.add(job_pod(JOB, r#"{"score": 0.72}"#));
+    let d = w.decide("evaluator-drift", &ev);
+    let a = alerts(&d);
+    let label = |k: &str| a[0].get(k).map(String::as_str);
+    assert_eq!(
+        (label("team"), label("tier")),
+        (Some("search"), Some("gold"))
+    );
+    assert_eq!(
+        (label("alertname"), label("severity")),
+        (Some("EvaluatorRolledBack"), Some("critical"))
+    );
+}
+
+#[test]
 fn without_a_known_good_revision_the_previous_one_is_used() {
     let w = world_at_revision(4);
     let ev = running(JOB);
