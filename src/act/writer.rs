@@ -6,6 +6,8 @@
 use jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::core::{Request, Resource};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::plan::{Note, Step, Write, kind_of, target_string};
@@ -56,6 +58,31 @@ fn api(client: &kube::Client, kind: &Resolved, ns: &str) -> Api<RawObject> {
     } else {
         Api::all_with(client.clone(), &kind.resource)
     }
+}
+
+/// Requests for a kind's objects in a namespace (or cluster-wide).
+fn requests(kind: &Resolved, ns: &str) -> Request {
+    let ns = kind.namespaced.then_some(ns);
+    Request::new(RawObject::url_path(&kind.resource, ns))
+}
+
+/// Send a patch, `subresource` of the object if one is named. Of the
+/// answer only the status counts (an error is an error); the object it
+/// carries is not decoded, since nothing reads it.
+async fn send_patch<P: Serialize + std::fmt::Debug>(
+    client: &kube::Client,
+    request: Request,
+    subresource: Option<&str>,
+    name: &str,
+    pp: &PatchParams,
+    patch: &Patch<P>,
+) -> Result<String, kube::Error> {
+    let req = match subresource {
+        Some(sub) => request.patch_subresource(sub, name, pp, patch),
+        None => request.patch(name, pp, patch),
+    }
+    .map_err(kube::Error::BuildRequest)?;
+    client.request_text(req).await
 }
 
 /// The identity of the target of an object: kind, namespace, name.
@@ -137,14 +164,16 @@ impl Writer<'_> {
                         target_string(&key.kind, &key.namespace, &key.name)
                     )
                 };
-                api(self.client, kind, &key.namespace)
-                    .patch(
-                        &key.name,
-                        &PatchParams::apply(self.manager).force(),
-                        &Patch::Apply(object),
-                    )
-                    .await
-                    .map_err(|e| ExecError::api(&what(), e))?;
+                send_patch(
+                    self.client,
+                    requests(kind, &key.namespace),
+                    None,
+                    &key.name,
+                    &PatchParams::apply(self.manager).force(),
+                    &Patch::Apply(object),
+                )
+                .await
+                .map_err(|e| ExecError::api(&what(), e))?;
                 if let Some(own) = self.applied {
                     own.remember(key.clone(), hash.clone());
                 }
@@ -170,14 +199,20 @@ impl Writer<'_> {
                 namespace,
                 name,
                 patch,
-            } => api(self.client, kind, namespace)
-                .patch(name, &self.params(), &Patch::Merge(patch))
-                .await
-                .map(|_| Some(patch.clone()))
-                .map_err(|e| {
-                    let what = target_string(&kind.kind_ref(), namespace, name);
-                    ExecError::api(&format!("patch {what}"), e)
-                }),
+            } => send_patch(
+                self.client,
+                requests(kind, namespace),
+                None,
+                name,
+                &self.params(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map(|_| Some(patch.clone()))
+            .map_err(|e| {
+                let what = target_string(&kind.kind_ref(), namespace, name);
+                ExecError::api(&format!("patch {what}"), e)
+            }),
             Write::Rollback {
                 namespace,
                 deployment,
@@ -211,14 +246,23 @@ impl Writer<'_> {
     ) -> Result<Value, kube::Error> {
         tracing::debug!(target = %format!("{}/{name}", kind.resource.kind), namespace = %ns, patch = %patch, "writing status");
         let body = json!({"status": patch});
-        let pp = self.params();
-        let api = api(self.client, kind, ns);
-        let result = if kind.status_subresource {
-            api.patch_status(name, &pp, &Patch::Merge(&body)).await
-        } else {
-            api.patch(name, &pp, &Patch::Merge(&body)).await
-        };
-        result.map(|o| o.value())
+        let sub = kind.status_subresource.then_some("status");
+        let answer = send_patch(
+            self.client,
+            requests(kind, ns),
+            sub,
+            name,
+            &self.params(),
+            &Patch::Merge(&body),
+        )
+        .await?;
+        // Decoded once, straight to the tree decisions read, without the
+        // managedFields no decision reads (as the caches keep objects).
+        let mut after: Value = serde_json::from_str(&answer).map_err(kube::Error::SerdeError)?;
+        if let Some(m) = after.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        Ok(after)
     }
 
     /// Add or remove one finalizer of the target, guarded by its
