@@ -105,16 +105,20 @@ impl RawObject {
         if self.typed {
             return;
         }
-        let mut value = self.value();
-        if let Some(m) = value.as_object_mut() {
-            m.insert(
-                "apiVersion".into(),
-                Value::String(resource.api_version.clone()),
-            );
-            m.insert("kind".into(), Value::String(resource.kind.clone()));
-            self.json = serde_json::to_string(&value).unwrap_or_default().into();
-            self.typed = true;
-        }
+        // Appended to the text (last, so they win over an empty one the
+        // object carried), not parsed and written again.
+        let Some(body) = self.json.strip_suffix('}').filter(|b| b.starts_with('{')) else {
+            return;
+        };
+        let quote = |s: &str| Value::String(s.to_string()).to_string();
+        let sep = if body.len() > 1 { "," } else { "" };
+        self.json = format!(
+            "{body}{sep}\"apiVersion\":{},\"kind\":{}}}",
+            quote(&resource.api_version),
+            quote(&resource.kind)
+        )
+        .into();
+        self.typed = true;
     }
 
     /// The object parsed, as decisions read it.
@@ -150,7 +154,78 @@ impl RawObject {
 
 impl<'de> Deserialize<'de> for RawObject {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Value::deserialize(d).map(RawObject::from_value)
+        d.deserialize_any(WithoutManagedFields { top: true })
+            .map(RawObject::from_value)
+    }
+}
+
+/// Decodes an object as a JSON tree, passing over `metadata.managedFields`
+/// instead of building it (a good part of what the API server sends, and
+/// dropped anyway): one pass, and no tree built only to be freed.
+struct WithoutManagedFields {
+    /// Decoding the object itself (else its `metadata`).
+    top: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for WithoutManagedFields {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for WithoutManagedFields {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "metadata" if self.top => {
+                    let meta = map.next_value_seed(WithoutManagedFields { top: false })?;
+                    out.insert(key, meta);
+                }
+                "managedFields" if !self.top => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                _ => {
+                    out.insert(key, map.next_value::<Value>()?);
+                }
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
+    // Anything but a map is kept as it is (and `from_value` says what is
+    // wrong with it).
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
     }
 }
 
@@ -213,6 +288,24 @@ mod tests {
         .unwrap();
         typed.stamp(&sts);
         assert_eq!(typed.value()["kind"], "Pod");
+        // An empty kind is no kind; an empty object gets both.
+        for (text, spec) in [
+            (
+                r#"{"apiVersion":"","kind":"","metadata":{"name":"e"},"spec":{"r":1}}"#,
+                json!({"r": 1}),
+            ),
+            ("{}", Value::Null),
+        ] {
+            let mut o: RawObject = serde_json::from_str(text).unwrap();
+            o.stamp(&sts);
+            let v = o.value();
+            assert_eq!(
+                (v["apiVersion"].as_str(), v["kind"].as_str()),
+                (Some("apps/v1"), Some("StatefulSet")),
+                "{text}"
+            );
+            assert_eq!(v["spec"], spec);
+        }
     }
 
     #[test]
@@ -227,6 +320,31 @@ mod tests {
         assert_eq!(o.resource_version(), "5");
         assert!(o.value()["metadata"].get("managedFields").is_none());
         assert_eq!(o.owner_uids().collect::<Vec<_>>(), ["u1"]);
+    }
+
+    #[test]
+    fn decoding_text_passes_over_managed_fields_of_the_metadata_only() {
+        // As watches and lists read objects: from the API server's text.
+        let text = r#"{"apiVersion":"v1","kind":"ConfigMap",
+            "metadata":{"name":"a","namespace":"d","managedFields":[{"manager":"x","fieldsV1":{"f:data":{}}}],"labels":{"app":"x"}},
+            "data":{"managedFields":"kept","metadata":"kept"},
+            "spec":{"metadata":{"managedFields":[1]}},"n":[1,2.5,-3,true,null,"s"]}"#;
+        let o: RawObject = serde_json::from_str(text).unwrap();
+        assert!(o.undecodable.is_none());
+        let v = o.value();
+        let mut want: Value = serde_json::from_str(text).unwrap();
+        want["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert_eq!(v, want, "everything but metadata.managedFields, as sent");
+        // Not an object at all: decoded, and marked.
+        for odd in ["[1,2]", "3", "\"x\"", "null", "true"] {
+            let o: RawObject = serde_json::from_str(odd).unwrap();
+            assert!(o.undecodable.is_some(), "{odd}");
+        }
+        // Not JSON: an error, as before.
+        assert!(serde_json::from_str::<RawObject>("{\"metadata\":").is_err());
     }
 
     #[test]
