@@ -192,13 +192,17 @@ pub fn record_to_keep(
     }
 }
 
-/// A status without its decision records.
-fn without_decision(status: &Value) -> Value {
-    let mut s = status.clone();
-    if let Some(m) = s.as_object_mut() {
-        m.remove("decisions");
+/// Whether two statuses are the same but for their decision records.
+fn equal_but_decisions(a: &Value, b: &Value) -> bool {
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            fn rest(m: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
+                m.iter().filter(|(k, _)| k.as_str() != "decisions")
+            }
+            rest(a).eq(rest(b))
+        }
+        _ => a == b,
     }
-    s
 }
 
 /// The record of each step, as `runbook explain` shows it.
@@ -219,7 +223,10 @@ fn action_records(plan: &Plan, done: &[Done]) -> Vec<ActionRecord> {
 pub fn conclude(input: &Input<'_>) -> Conclusion {
     let t = input.target;
     let now = crate::util::time::format(input.now);
-    let generation = t.pointer("/metadata/generation").and_then(Value::as_i64);
+    let generation = t
+        .get("metadata")
+        .and_then(|m| m.get("generation"))
+        .and_then(Value::as_i64);
     let current = t.get("status").cloned().unwrap_or(json!({}));
     let previous = DecisionRecord::of(t, &input.policy.name).unwrap_or_default();
     let failed = input.failed.map(str::to_string);
@@ -255,8 +262,7 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         recent_actions: recent.to_record(limits, input.now),
         error,
     };
-    let status_unchanged =
-        status::merge_diff(&without_decision(&current), &without_decision(&new_status)).is_none();
+    let status_unchanged = equal_but_decisions(&current, &new_status);
     let wrote = input.done.iter().any(|d| d.wrote);
     let quiet = !wrote && input.plan.events.is_empty() && problem.is_none();
     let record = record_to_keep(record, &previous, status_unchanged, quiet, &now);

@@ -493,7 +493,8 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
 }
 
 fn applied_hash(v: &Value) -> Option<&str> {
-    v.pointer("/metadata/annotations")
+    v.get("metadata")
+        .and_then(|m| m.get("annotations"))
         .and_then(|a| a.get(APPLIED_HASH))
         .and_then(Value::as_str)
 }
@@ -552,7 +553,8 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
     };
     let h = hash_of(&o);
     if let Some(a) = o
-        .pointer_mut("/metadata/annotations")
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
         .and_then(Value::as_object_mut)
     {
         a.insert(APPLIED_HASH.into(), json!(h));

@@ -103,6 +103,16 @@ impl DecisionRecord {
             .find_map(|d| Self::deserialize(d).ok())
     }
 
+    /// `policy`'s record in an object's status as it is there, unparsed
+    /// (the first that names the policy; Runbook keeps one per policy).
+    pub fn raw_of<'a>(
+        object: &'a serde_json::Value,
+        policy: &str,
+    ) -> Option<&'a serde_json::Value> {
+        Self::entries(object)
+            .find(|d| d.get("policy").and_then(serde_json::Value::as_str) == Some(policy))
+    }
+
     /// The records of every policy but `policy`.
     pub fn others(object: &serde_json::Value, policy: &str) -> Vec<Self> {
         Self::entries(object)

@@ -140,7 +140,8 @@ fn meta_str<'a>(v: &'a Value, key: &str) -> &'a str {
 
 /// The finalizers an object carries.
 pub fn finalizers_of(v: &Value) -> Vec<String> {
-    v.pointer("/metadata/finalizers")
+    v.get("metadata")
+        .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
         .into_iter()
         .flatten()

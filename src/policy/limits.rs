@@ -102,14 +102,17 @@ impl Recent {
     /// target.
     pub fn of(target: &Value, policy: &str) -> Self {
         let mut out = BTreeMap::new();
-        let record = crate::crd::DecisionRecord::of(target, policy).unwrap_or_default();
+        // Read in place: a reconcile asks three times, and the rest of
+        // the record is not needed for it.
+        let recent =
+            crate::crd::DecisionRecord::raw_of(target, policy).and_then(|r| r.get("recentActions"));
         for verb in Verb::ALL {
-            let times: Vec<Timestamp> = record
-                .recent_actions
-                .get(verb.as_str())
+            let times: Vec<Timestamp> = recent
+                .and_then(|r| r.get(verb.as_str()))
+                .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .filter_map(|t| time::parse(t))
+                .filter_map(|t| t.as_str().and_then(time::parse))
                 .collect();
             if !times.is_empty() {
                 out.insert(verb, times);

@@ -258,7 +258,8 @@ fn register_relations(engine: &mut Engine) {
         |call: NativeCallContext, c: &mut Ctx, kind: &str, owner: Dynamic| -> RhaiResult<Array> {
             let k = c.kind(&call, kind)?;
             let uid = match super::convert::with_json(&owner, |j| {
-                j.pointer("/metadata/uid")
+                j.get("metadata")
+                    .and_then(|m| m.get("uid"))
                     .and_then(|u| u.as_str())
                     .map(str::to_string)
             }) {
@@ -291,7 +292,8 @@ fn register_relations(engine: &mut Engine) {
             let found = super::convert::with_json(&obj, |j| {
                 (
                     workload_selector(j),
-                    j.pointer("/metadata/uid")
+                    j.get("metadata")
+                        .and_then(|m| m.get("uid"))
                         .and_then(|u| u.as_str())
                         .map(str::to_string),
                 )
