@@ -204,28 +204,29 @@ pub fn render_duration_ms(ms: i64) -> String {
 mod tests {
     use super::*;
 
+    /// A day in every `days` from 1200 to 9000, each at a different time
+    /// of day.
+    fn across_eight_centuries(days: i64) -> impl Iterator<Item = Timestamp> {
+        let at = |text: &str| text.parse::<Timestamp>().unwrap().as_second();
+        let end = at("9000-01-01T00:00:00Z");
+        let mut step = 0;
+        std::iter::successors(Some(at("1200-01-01T00:00:00Z")), move |secs| {
+            step += 1;
+            Some(secs + 86_400 * days + (step * 7_919) % 86_400)
+        })
+        .take_while(move |secs| *secs < end)
+        .map(|secs| Timestamp::from_second(secs).unwrap())
+    }
+
     #[test]
     fn timestamps_format_as_the_calendar_says() {
-        // A day in every ten over eight centuries, each at a different time of day,
-        // against jiff's own calendar.
-        let mut secs = "1200-01-01T00:00:00Z"
-            .parse::<Timestamp>()
-            .unwrap()
-            .as_second();
-        let end = "9000-01-01T00:00:00Z"
-            .parse::<Timestamp>()
-            .unwrap()
-            .as_second();
-        let mut step = 0;
-        while secs < end {
-            let t = Timestamp::from_second(secs).unwrap();
+        // Against jiff's own calendar.
+        for t in across_eight_centuries(10) {
             assert_eq!(
                 format(t),
                 t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
-                "{secs}"
+                "{t}"
             );
-            step += 1;
-            secs += 86_400 * 10 + (step * 7_919) % 86_400;
         }
         assert_eq!(format(Timestamp::UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let leap = "2024-02-29T23:59:59Z".parse::<Timestamp>().unwrap();
@@ -237,23 +238,11 @@ mod tests {
 
     #[test]
     fn timestamps_parse_as_jiff_parses_them() {
-        // The texts `format` writes, over eight centuries, read back as
-        // jiff reads them.
-        let mut secs = "1200-01-01T00:00:00Z"
-            .parse::<Timestamp>()
-            .unwrap()
-            .as_second();
-        let end = "9000-01-01T00:00:00Z"
-            .parse::<Timestamp>()
-            .unwrap()
-            .as_second();
-        let mut step = 0;
-        while secs < end {
-            let text = format(Timestamp::from_second(secs).unwrap());
+        // The texts `format` writes read back as jiff reads them.
+        for t in across_eight_centuries(9) {
+            let text = format(t);
             assert_eq!(parse(&text), text.parse::<Timestamp>().ok(), "{text}");
-            assert_eq!(parse(&text).map(|t| t.as_second()), Some(secs), "{text}");
-            step += 1;
-            secs += 86_400 * 9 + (step * 7_919) % 86_400;
+            assert_eq!(parse(&text), Some(t), "{text}");
         }
         // Dates that do not exist, and the forms only jiff reads, give
         // jiff's answer.
