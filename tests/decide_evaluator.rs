@@ -355,3 +355,99 @@ fn fire_times_missed_while_down_run_once_not_as_a_burst() {
         "requeued for the next fire time"
     );
 }
+
+/// The chatbot Deployment just after a release or a rollback was written:
+/// its controller has not seen generation 4 yet, so its revision
+/// annotation still names revision 3.
+fn world_rolling_out() -> World {
+    let w = World::shipped().at("2026-11-29T10:30:00Z");
+    w.add(with(
+        deployment("chatbot", 3),
+        json!({"metadata": {"generation": 4}}),
+    ));
+    for r in 1..=3 {
+        w.add(replicaset("chatbot", r));
+    }
+    w
+}
+
+/// The same Deployment once its controller rolled revision 4 out.
+fn world_rolled_out() -> World {
+    world_at_revision(4).at("2026-11-29T10:30:05Z")
+}
+
+#[test]
+fn a_scheduled_run_that_fires_during_a_rollout_waits_and_is_credited_to_the_new_revision() {
+    let ev = with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"status": {"phase": "Healthy", "lastRunTime": "2026-11-29T09:00:00Z"}}),
+    );
+    let d = world_rolling_out().decide("evaluator-drift", &ev);
+    assert!(d.due);
+    assert!(applied(&d).is_empty(), "no benchmark of a revision in flux");
+    assert_eq!(
+        condition(&d, "Progressing").unwrap(),
+        (
+            "True",
+            "WaitingForRollout",
+            "run 20261129-100000 waits until Deployment chatbot generation 4 is rolled out"
+        )
+    );
+    let st = status_of(&d);
+    assert_eq!(st["waitingRun"], "20261129-100000", "the fire time is kept");
+    assert_eq!(st["lastRunTime"], "2026-11-29T10:00:00Z");
+    // The rollout observed, the waiting run starts, on revision 4, under
+    // the name the fire time gives it.
+    let waiting = with(ev.clone(), json!({"status": st}));
+    let w = world_rolled_out();
+    let d = w.decide("evaluator-drift", &waiting);
+    assert!(!d.due);
+    let jobs = applied(&d);
+    assert_eq!(jobs.len(), 1, "{:?}", d.actions);
+    assert_eq!(
+        jobs[0]["metadata"]["annotations"]["runbook.dev/revision"],
+        "4"
+    );
+    assert_eq!(
+        jobs[0]["metadata"]["annotations"]["runbook.dev/run"],
+        "20261129-100000"
+    );
+    let st = status_of(&d);
+    assert_eq!(st["currentRun"], jobs[0]["metadata"]["name"]);
+    assert_eq!(
+        st["waitingRun"],
+        serde_json::Value::Null,
+        "no longer waiting"
+    );
+    assert_eq!(
+        jobs[0]["metadata"]["name"],
+        first_job_name(&w, &ev),
+        "the same Job a run without the wait would have applied"
+    );
+}
+
+#[test]
+fn a_run_asked_for_during_a_rollout_waits_on_its_annotation() {
+    let ev = with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"metadata": {"annotations": {"runbook.dev/run-now": "7"}},
+               "status": {"phase": "RolledBack", "lastRunTime": "2026-11-29T10:00:00Z"}}),
+    );
+    let d = world_rolling_out().decide("evaluator-drift", &ev);
+    assert!(!d.due);
+    assert!(applied(&d).is_empty());
+    let st = status_of(&d);
+    assert!(
+        !st.contains_key("lastManualRun") && !st.contains_key("waitingRun"),
+        "the annotation still asks: {st:?}"
+    );
+    assert_eq!(condition(&d, "Progressing").unwrap().1, "WaitingForRollout");
+    let d = world_rolled_out().decide("evaluator-drift", &ev);
+    let jobs = applied(&d);
+    assert_eq!(jobs.len(), 1, "{:?}", d.actions);
+    assert_eq!(
+        jobs[0]["metadata"]["annotations"]["runbook.dev/revision"],
+        "4"
+    );
+    assert_eq!(status_of(&d)["lastManualRun"], "7");
+}

@@ -291,10 +291,13 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         } else {
             Api::all_with(c.client.clone(), &kind.api_resource())
         };
+        // Forced: on a cluster where another manager (an earlier install,
+        // another test) owns the CRDs' fields, acceptance is the question,
+        // not who owned them before.
         let applied = api
             .patch(
                 &name,
-                &PatchParams::apply("runbook-deploy-test").dry_run(),
+                &PatchParams::apply("runbook-deploy-test").force().dry_run(),
                 &Patch::Apply(&obj),
             )
             .await

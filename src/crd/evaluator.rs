@@ -136,6 +136,11 @@ pub struct EvaluatorStatus {
     /// The last `runbook.dev/run-now` annotation value a run was started for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_manual_run: Option<String>,
+    /// A scheduled run that fired while the target Deployment was rolling
+    /// out; it starts once the Deployment's controller has observed the
+    /// rollout, so its score belongs to the new revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_run: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rollback: Option<RollbackRecord>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
