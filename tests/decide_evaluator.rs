@@ -390,7 +390,7 @@ fn a_scheduled_run_that_fires_during_a_rollout_waits_and_is_credited_to_the_new_
         (
             "True",
             "WaitingForRollout",
-            "run 20261129-100000 waits until Deployment chatbot generation 4 is rolled out"
+            "run 20261129-100000 waits until Deployment chatbot has rolled out its latest change"
         )
     );
     let st = status_of(&d);
@@ -450,4 +450,30 @@ fn a_run_asked_for_during_a_rollout_waits_on_its_annotation() {
         "4"
     );
     assert_eq!(status_of(&d)["lastManualRun"], "7");
+}
+
+#[test]
+fn a_run_asked_for_before_the_cache_shows_the_rollback_waits_for_it() {
+    // Revision 5 was rolled back a moment ago; the cached Deployment still
+    // shows it, settled.
+    let w = world_at_revision(5).at("2026-11-29T10:30:00Z");
+    let ev = with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"metadata": {"annotations": {"runbook.dev/run-now": "2"}},
+               "status": {"phase": "RolledBack", "lastRunTime": "2026-11-29T10:00:00Z",
+                          "lastRollback": {"fromRevision": 5, "toRevision": 3}}}),
+    );
+    let d = w.decide("evaluator-drift", &ev);
+    assert!(
+        applied(&d).is_empty(),
+        "revision 5 is not benchmarked again"
+    );
+    assert_eq!(condition(&d, "Progressing").unwrap().1, "WaitingForRollout");
+    // The rollback shows as revision 6; the run starts on it.
+    let w = world_at_revision(6).at("2026-11-29T10:30:01Z");
+    let d = w.decide("evaluator-drift", &ev);
+    assert_eq!(
+        applied(&d)[0]["metadata"]["annotations"]["runbook.dev/revision"],
+        "6"
+    );
 }

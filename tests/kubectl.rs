@@ -117,11 +117,15 @@ fn kubectl_drives_the_sandbox() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let s = start();
     let ns = s.namespace.clone();
+    // On a shared control plane another test may have applied the CRDs
+    // (its own field manager, an older version): take them over, as an
+    // upgrade over someone else's install would.
     let out = kubectl(
         &s,
         &[
             "apply",
             "--server-side",
+            "--force-conflicts",
             "-k",
             root.join("crds").to_str().unwrap(),
         ],
