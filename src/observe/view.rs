@@ -93,6 +93,9 @@ impl ObjectView for Sources {
 pub struct Tracking {
     pub sources: Sources,
     accessed: Mutex<Vec<AccessKey>>,
+    /// Where each read is registered as it is made, for this target and
+    /// policy.
+    register: Option<(Arc<Mutex<Dependencies>>, TargetKey, String)>,
 }
 
 impl Tracking {
@@ -100,15 +103,37 @@ impl Tracking {
         Self {
             sources,
             accessed: Mutex::new(Vec::new()),
+            register: None,
+        }
+    }
+
+    /// A view whose reads make `target` a reader of what they read before
+    /// the cache is read: a change that lands in the cache after the read
+    /// is then routed to the target, even while its decision is still
+    /// running (registering only once the decision ends would lose it, and
+    /// the target would wait for something else to wake it).
+    pub fn registering(
+        sources: Sources,
+        deps: Arc<Mutex<Dependencies>>,
+        target: TargetKey,
+        policy: &str,
+    ) -> Self {
+        Self {
+            register: Some((deps, target, policy.to_string())),
+            ..Self::new(sources)
         }
     }
 
     fn note(&self, kind: &KindRef, namespace: &str, name: Option<&str>) {
-        lock(&self.accessed).push(AccessKey {
+        let key = AccessKey {
             kind: kind.clone(),
             namespace: namespace.to_string(),
             name: name.map(str::to_string),
-        });
+        };
+        if let Some((deps, target, policy)) = &self.register {
+            lock(deps).add(target, policy, key.clone());
+        }
+        lock(&self.accessed).push(key);
     }
 
     pub fn take(&self) -> Vec<AccessKey> {
@@ -133,43 +158,92 @@ impl ObjectView for Tracking {
     }
 }
 
-/// Which targets read which objects, from their last reconcile.
+/// Which targets read which objects: for each target, what the last
+/// decision of each of its policies looked up (two teams' policies on one
+/// target each keep their own reads).
 #[derive(Default)]
 pub struct Dependencies {
-    readers: HashMap<AccessKey, HashSet<TargetKey>>,
-    reads: HashMap<TargetKey, Vec<AccessKey>>,
+    /// For each object read, the targets that read it and how many of
+    /// their policies did.
+    readers: HashMap<AccessKey, HashMap<TargetKey, usize>>,
+    reads: HashMap<TargetKey, HashMap<String, HashSet<AccessKey>>>,
 }
 
 impl Dependencies {
-    /// Replace what a target depends on.
-    pub fn set(&mut self, target: &TargetKey, mut keys: Vec<AccessKey>) {
-        keys.sort_by(|a, b| {
-            (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name))
-        });
-        keys.dedup();
-        if let Some(old) = self.reads.remove(target) {
-            for k in old {
-                if let Some(set) = self.readers.get_mut(&k) {
-                    set.remove(target);
-                    if set.is_empty() {
-                        self.readers.remove(&k);
-                    }
-                }
-            }
+    /// Replace what one policy's decision on a target depends on.
+    pub fn set(&mut self, target: &TargetKey, policy: &str, keys: Vec<AccessKey>) {
+        let new: HashSet<AccessKey> = keys.into_iter().collect();
+        let old = self
+            .reads
+            .get_mut(target)
+            .and_then(|by_policy| by_policy.remove(policy))
+            .unwrap_or_default();
+        for k in old.difference(&new) {
+            self.unread(k, target);
         }
-        for k in &keys {
-            self.readers
-                .entry(k.clone())
+        for k in new.difference(&old) {
+            self.read(k, target);
+        }
+        if !new.is_empty() {
+            self.reads
+                .entry(target.clone())
                 .or_default()
-                .insert(target.clone());
-        }
-        if !keys.is_empty() {
-            self.reads.insert(target.clone(), keys);
+                .insert(policy.to_string(), new);
+        } else if self.reads.get(target).is_some_and(HashMap::is_empty) {
+            self.reads.remove(target);
         }
     }
 
+    /// Add one read to what a policy's decision on a target depends on
+    /// (until its next `set`).
+    pub fn add(&mut self, target: &TargetKey, policy: &str, key: AccessKey) {
+        let keys = self
+            .reads
+            .entry(target.clone())
+            .or_default()
+            .entry(policy.to_string())
+            .or_default();
+        if keys.insert(key.clone()) {
+            self.read(&key, target);
+        }
+    }
+
+    /// Forget every read of a target (it is gone, or no policy applies).
     pub fn forget(&mut self, target: &TargetKey) {
-        self.set(target, Vec::new());
+        for keys in self
+            .reads
+            .remove(target)
+            .into_iter()
+            .flat_map(HashMap::into_values)
+        {
+            for k in &keys {
+                self.unread(k, target);
+            }
+        }
+    }
+
+    fn read(&mut self, key: &AccessKey, target: &TargetKey) {
+        *self
+            .readers
+            .entry(key.clone())
+            .or_default()
+            .entry(target.clone())
+            .or_default() += 1;
+    }
+
+    fn unread(&mut self, key: &AccessKey, target: &TargetKey) {
+        let Some(targets) = self.readers.get_mut(key) else {
+            return;
+        };
+        if let Some(n) = targets.get_mut(target) {
+            *n -= 1;
+            if *n == 0 {
+                targets.remove(target);
+            }
+        }
+        if targets.is_empty() {
+            self.readers.remove(key);
+        }
     }
 
     /// Targets that read this object, by name or by listing its namespace.
@@ -186,8 +260,8 @@ impl Dependencies {
         };
         let mut out: Vec<TargetKey> = Vec::new();
         for k in [exact, all] {
-            if let Some(set) = self.readers.get(&k) {
-                out.extend(set.iter().cloned());
+            if let Some(targets) = self.readers.get(&k) {
+                out.extend(targets.keys().cloned());
             }
         }
         out.sort();
@@ -234,13 +308,48 @@ mod tests {
     #[test]
     fn a_change_wakes_the_targets_that_read_it() {
         let mut d = Dependencies::default();
-        d.set(&t("a"), vec![dep(Some("web"))]);
-        d.set(&t("b"), vec![dep(None)]);
-        d.set(&t("c"), vec![dep(Some("api"))]);
+        d.set(&t("a"), "p", vec![dep(Some("web"))]);
+        d.set(&t("b"), "p", vec![dep(None)]);
+        d.set(&t("c"), "p", vec![dep(Some("api"))]);
         let kind = KindRef::new("apps/v1", "Deployment");
         assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("a"), t("b")]);
-        d.set(&t("a"), vec![]);
+        d.set(&t("a"), "p", vec![]);
         assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("b")]);
         assert!(d.readers_of(&kind, "other", "web").is_empty());
+    }
+
+    #[test]
+    fn each_policy_on_a_target_keeps_its_own_reads() {
+        let mut d = Dependencies::default();
+        let kind = KindRef::new("apps/v1", "Deployment");
+        d.set(&t("a"), "drift", vec![dep(Some("web"))]);
+        // A second policy on the same target reads nothing: the first
+        // one's read still wakes the target.
+        d.set(&t("a"), "retrain", vec![]);
+        assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("a")]);
+        // Both read it; one stops; the other still does.
+        d.set(&t("a"), "retrain", vec![dep(Some("web"))]);
+        d.set(&t("a"), "drift", vec![]);
+        assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("a")]);
+        d.set(&t("a"), "retrain", vec![]);
+        assert!(d.readers_of(&kind, "d", "web").is_empty());
+        assert!(d.reads.is_empty() && d.readers.is_empty(), "nothing kept");
+    }
+
+    #[test]
+    fn a_read_wakes_its_target_from_the_moment_it_is_made() {
+        let deps = Arc::new(Mutex::new(Dependencies::default()));
+        let view = Tracking::registering(Sources::default(), deps.clone(), t("a"), "drift");
+        let kind = KindRef::new("apps/v1", "Deployment");
+        // The decision is still running (nothing set yet), and a change to
+        // what it read already finds it.
+        assert!(view.get(&kind, "d", "web").is_none());
+        assert_eq!(lock(&deps).readers_of(&kind, "d", "web"), vec![t("a")]);
+        // Its end replaces the reads with what it read, once each.
+        let keys = view.take();
+        lock(&deps).set(&t("a"), "drift", keys);
+        assert_eq!(lock(&deps).readers_of(&kind, "d", "web"), vec![t("a")]);
+        lock(&deps).forget(&t("a"));
+        assert!(lock(&deps).readers_of(&kind, "d", "web").is_empty());
     }
 }

@@ -132,7 +132,7 @@ pub(super) struct Queue {
 #[derive(Default)]
 pub(super) struct Memory {
     /// What each target's last decision looked up.
-    pub deps: Mutex<Dependencies>,
+    pub deps: Arc<Mutex<Dependencies>>,
     pub breakers: Mutex<HashMap<String, Breaker>>,
     /// Targets whose status this process wrote, with the resourceVersions
     /// each write replaced (one per policy that wrote): while the cache

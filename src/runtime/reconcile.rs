@@ -96,7 +96,12 @@ async fn run_policy(
     hook: Hook,
 ) -> act::Outcome {
     let now: Timestamp = ctx.clock.now();
-    let tracking = Arc::new(Tracking::new(ctx.sources()));
+    let tracking = Arc::new(Tracking::registering(
+        ctx.sources(),
+        ctx.memory.deps.clone(),
+        key.clone(),
+        &p.name,
+    ));
     let observed = Observed {
         target: target.clone(),
         view: tracking.clone(),
@@ -111,7 +116,7 @@ async fn run_policy(
         .script_seconds
         .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
         .observe(started.elapsed().as_secs_f64());
-    lock(&ctx.memory.deps).set(key, tracking.take());
+    lock(&ctx.memory.deps).set(key, &p.name, tracking.take());
     let mode = mode_of(ctx, p, now);
     let manager = act::manager_of(&p.name);
     let exec = Exec {
