@@ -89,38 +89,33 @@ impl ObjectView for Sources {
     }
 }
 
-/// A view that records what it was asked for.
+/// A view that records what it was asked for, and makes its target a
+/// reader of each object as it reads it, before the cache is read: a
+/// change that lands in the cache after the read is then routed to the
+/// target even while its decision is still running (registering only once
+/// the decision ends would lose it, and the target would wait for something
+/// else to wake it).
 pub struct Tracking {
     pub sources: Sources,
     accessed: Mutex<Vec<AccessKey>>,
-    /// Where each read is registered as it is made, for this target and
-    /// policy.
-    register: Option<(Arc<Mutex<Dependencies>>, TargetKey, String)>,
+    deps: Arc<Mutex<Dependencies>>,
+    target: TargetKey,
+    policy: String,
 }
 
 impl Tracking {
-    pub fn new(sources: Sources) -> Self {
-        Self {
-            sources,
-            accessed: Mutex::new(Vec::new()),
-            register: None,
-        }
-    }
-
-    /// A view whose reads make `target` a reader of what they read before
-    /// the cache is read: a change that lands in the cache after the read
-    /// is then routed to the target, even while its decision is still
-    /// running (registering only once the decision ends would lose it, and
-    /// the target would wait for something else to wake it).
-    pub fn registering(
+    pub fn new(
         sources: Sources,
         deps: Arc<Mutex<Dependencies>>,
         target: TargetKey,
         policy: &str,
     ) -> Self {
         Self {
-            register: Some((deps, target, policy.to_string())),
-            ..Self::new(sources)
+            sources,
+            accessed: Mutex::new(Vec::new()),
+            deps,
+            target,
+            policy: policy.to_string(),
         }
     }
 
@@ -130,9 +125,7 @@ impl Tracking {
             namespace: namespace.to_string(),
             name: name.map(str::to_string),
         };
-        if let Some((deps, target, policy)) = &self.register {
-            lock(deps).add(target, policy, key.clone());
-        }
+        lock(&self.deps).add(&self.target, &self.policy, key.clone());
         lock(&self.accessed).push(key);
     }
 
@@ -339,7 +332,7 @@ mod tests {
     #[test]
     fn a_read_wakes_its_target_from_the_moment_it_is_made() {
         let deps = Arc::new(Mutex::new(Dependencies::default()));
-        let view = Tracking::registering(Sources::default(), deps.clone(), t("a"), "drift");
+        let view = Tracking::new(Sources::default(), deps.clone(), t("a"), "drift");
         let kind = KindRef::new("apps/v1", "Deployment");
         // The decision is still running (nothing set yet), and a change to
         // what it read already finds it.

@@ -96,7 +96,7 @@ async fn run_policy(
     hook: Hook,
 ) -> act::Outcome {
     let now: Timestamp = ctx.clock.now();
-    let tracking = Arc::new(Tracking::registering(
+    let tracking = Arc::new(Tracking::new(
         ctx.sources(),
         ctx.memory.deps.clone(),
         key.clone(),
