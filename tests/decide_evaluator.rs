@@ -477,3 +477,42 @@ fn a_run_asked_for_before_the_cache_shows_the_rollback_waits_for_it() {
         "6"
     );
 }
+
+/// A Job its controller marked complete at 10:00:20, and its pod as a
+/// cache that has not caught up with the pod's end still shows it.
+fn completed_before_its_pod_is_seen(w: &World) -> serde_json::Value {
+    let ev = running(JOB);
+    w.add(with(
+        job(&ev, JOB, 3, JobState::Succeeded),
+        json!({"status": {"completionTime": "2026-11-29T10:00:20Z"}}),
+    ));
+    let mut pod = job_pod(JOB, "");
+    pod["status"] = json!({"phase": "Running"});
+    w.add(pod);
+    ev
+}
+
+#[test]
+fn a_succeeded_job_whose_pod_the_cache_shows_running_waits_for_the_pod() {
+    let w = world_at_revision(3);
+    let ev = completed_before_its_pod_is_seen(&w);
+    let d = w.decide("evaluator-drift", &ev);
+    assert_eq!(condition(&d, "Ready"), None, "no verdict without the pod");
+    let st = status_of(&d);
+    assert_eq!(st["phase"], "Running");
+    assert!(!st.contains_key("currentRun"), "the run goes on: {st:?}");
+    // Woken by the pod's change; at the latest when the minute from the
+    // Job's completion is over (10:01:20, 50 s from now, and a second).
+    assert_eq!(d.requeue_after_ms, Some(51_000));
+}
+
+#[test]
+fn a_succeeded_job_whose_pod_never_shows_finished_has_no_score_after_a_minute() {
+    let w = world_at_revision(3).at("2026-11-29T10:01:30Z");
+    let ev = completed_before_its_pod_is_seen(&w);
+    let d = w.decide("evaluator-drift", &ev);
+    let (status, reason, message) = condition(&d, "Ready").unwrap();
+    assert_eq!((status, reason), ("False", "NoScore"));
+    assert!(message.contains("no termination message"), "{message}");
+    assert!(status_of(&d)["currentRun"].is_null());
+}

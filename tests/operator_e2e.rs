@@ -1457,3 +1457,185 @@ async fn a_label_selector_binds_the_policy_to_the_objects_it_matches() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+/// Reads only its name and spec: its own status write coming back, a label
+/// or another writer's status field change nothing it decides on.
+const SPEC_ONLY: &str = r#"
+fn reconcile(ctx) {
+    let w = ctx.resource;
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${w.metadata.name}-config` }, data: #{ size: `${w.spec.size}` } }),
+     status(#{ phase: "Ready" })]
+}
+"#;
+
+/// A counter of the operator's metrics, by its labels as rendered.
+fn counter(op: &runbook::runtime::Operator, name: &str, labels: &str) -> u64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    op.ctx
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+fn decided(op: &runbook::runtime::Operator) -> u64 {
+    counter(
+        op,
+        "runbook_reconciles_total",
+        r#"policy="widget",result="ok""#,
+    )
+}
+
+fn not_decided_again(op: &runbook::runtime::Operator) -> u64 {
+    counter(
+        op,
+        "runbook_unchanged_reconciles_total",
+        r#"policy="widget""#,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
+    let c = Cluster::new("unchanged").await;
+    install_widget_crd(&c).await;
+    let op = started(&c, &[("widget.yaml", POLICY), ("widget.rhai", SPEC_ONLY)]).await;
+    let (widgets, cms) = (
+        widgets(&c),
+        Api::<ConfigMap>::namespaced(c.client.clone(), &c.ns),
+    );
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "w1", json!({"size": 1})),
+        )
+        .await
+        .unwrap();
+    eventually("the status", 30, || async {
+        widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
+    })
+    .await;
+    settle(&op).await;
+    let (made, skipped, writes) = (
+        decided(&op),
+        not_decided_again(&op),
+        op.ctx.metrics.writes.get(),
+    );
+    // Its own status coming back through the watch is not decided on, nor
+    // its own child (unless the child's watch event beats the answer to
+    // the apply, which then cannot tell it is the apply's).
+    assert!(made <= 2, "{made} decisions for one new Widget");
+
+    // A label and another writer's status field: no decision, no write.
+    widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"owner": "sre"}}})),
+        )
+        .await
+        .unwrap();
+    widgets
+        .patch_status(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"note": "from another tool"}})),
+        )
+        .await
+        .unwrap();
+    eventually("both changes reach the operator", 30, || async {
+        not_decided_again(&op) > skipped
+    })
+    .await;
+    settle(&op).await;
+    assert_eq!(decided(&op), made, "a change nothing read was decided on");
+    assert_eq!(op.ctx.metrics.writes.get(), writes);
+
+    // What it read changes: decided again.
+    widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 5}})),
+        )
+        .await
+        .unwrap();
+    eventually("the child follows the spec", 30, || async {
+        cms.get("w1-config").await.unwrap().data.unwrap_or_default()["size"] == "5"
+    })
+    .await;
+    settle(&op).await;
+    // Something else it read changes (its child, deleted): decided again,
+    // though the Widget itself did not change.
+    let made = decided(&op);
+    cms.delete("w1-config", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the child is made again", 30, || async {
+        cms.get("w1-config")
+            .await
+            .is_ok_and(|cm| cm.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    assert!(decided(&op) > made);
+    // And a resync decides on every target again, writing nothing.
+    settle(&op).await;
+    let (made, writes) = (decided(&op), op.ctx.metrics.writes.get());
+    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    op.ctx.resync(std::slice::from_ref(&kind));
+    settle(&op).await;
+    assert!(decided(&op) > made, "a resync was not decided on");
+    assert_eq!(op.ctx.metrics.writes.get(), writes);
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+/// Answers in its status what another writer asks in it.
+const STATUS_READER: &str = r#"
+fn reconcile(ctx) {
+    let asked = ctx.resource.status?.asked ?? "";
+    [status(#{ answered: asked })]
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_a_status_field_the_decision_read_is_decided_on() {
+    let c = Cluster::new("statusread").await;
+    install_widget_crd(&c).await;
+    let op = started(
+        &c,
+        &[("widget.yaml", POLICY), ("widget.rhai", STATUS_READER)],
+    )
+    .await;
+    let widgets = widgets(&c);
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget(&c, "w1", json!({"size": 1})),
+        )
+        .await
+        .unwrap();
+    eventually("the first answer", 30, || async {
+        widgets.get("w1").await.unwrap().data["status"]["answered"] == ""
+    })
+    .await;
+    settle(&op).await;
+    for question in ["ping", "pong"] {
+        widgets
+            .patch_status(
+                "w1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"asked": question}})),
+            )
+            .await
+            .unwrap();
+        eventually("the answer", 30, || async {
+            widgets.get("w1").await.unwrap().data["status"]["answered"] == question
+        })
+        .await;
+    }
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -134,7 +134,17 @@ impl ChildKey {
 /// not show yet, with the hash applied. Without it, a reconcile that runs
 /// before the cache catches up would apply the same object again
 /// (harmless, but a write).
-pub type Applied = crate::observe::OwnWrites<ChildKey, String>;
+pub type Applied = crate::observe::OwnWrites<ChildKey, AppliedWrite>;
+
+/// One apply of a child by this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppliedWrite {
+    /// The applied-hash annotation it wrote.
+    pub hash: String,
+    /// The child's resourceVersion the apply made ("" when the answer had
+    /// none): the watch event of that version is the apply coming back.
+    pub version: String,
+}
 
 /// What carrying out a decision needs.
 pub struct Exec<'a> {

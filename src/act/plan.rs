@@ -480,7 +480,7 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
     }
     // Applied by this process a moment ago, not in the cache yet.
     let cache_lags = live.as_deref().and_then(|l| applied_hash(l.value())) != Some(&hash);
-    let pending = |own: &Applied| own.pending(&key).is_some_and(|h| h == hash);
+    let pending = |own: &Applied| own.pending(&key).is_some_and(|w| w.hash == hash);
     if cache_lags && input.applied.is_some_and(pending) {
         return Todo::Unchanged;
     }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::plan::{Note, Step, Write, kind_of, target_string};
-use super::{Applied, ExecError, rollback};
+use super::{Applied, AppliedWrite, ExecError, rollback};
 use crate::events::{Event, EventWriter};
 use crate::observe::discovery::Resolved;
 use crate::observe::{RawObject, finalizers_of};
@@ -83,6 +83,23 @@ async fn send_patch<P: Serialize + std::fmt::Debug>(
     }
     .map_err(kube::Error::BuildRequest)?;
     client.request_text(req).await
+}
+
+/// The resourceVersion of the object in an API answer ("" if it has none),
+/// read without building the object.
+fn version_of(answer: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        metadata: Meta,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(rename = "resourceVersion", default)]
+        resource_version: String,
+    }
+    serde_json::from_str::<Answer>(answer)
+        .map(|a| a.metadata.resource_version)
+        .unwrap_or_default()
 }
 
 /// The identity of the target of an object: kind, namespace, name.
@@ -164,7 +181,7 @@ impl Writer<'_> {
                         target_string(&key.kind, &key.namespace, &key.name)
                     )
                 };
-                send_patch(
+                let answer = send_patch(
                     self.client,
                     requests(kind, &key.namespace),
                     None,
@@ -175,7 +192,11 @@ impl Writer<'_> {
                 .await
                 .map_err(|e| ExecError::api(&what(), e))?;
                 if let Some(own) = self.applied {
-                    own.remember(key.clone(), hash.clone());
+                    let write = AppliedWrite {
+                        hash: hash.clone(),
+                        version: version_of(&answer),
+                    };
+                    own.remember(key.clone(), write);
                 }
                 Ok(Some(object.clone()))
             }

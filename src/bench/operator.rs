@@ -245,14 +245,25 @@ pub async fn run_hand(sandbox: &Sandbox, namespace: &str, n: usize, concurrency:
     took
 }
 
-/// Runbook: reconcile until every Item is done; the time it took, and the
-/// API writes ten resyncs of the finished state made.
+/// One run of Runbook on the Items.
+pub struct RunbookRun {
+    /// Until every Item was done.
+    pub took: Duration,
+    /// Decisions made until then (the reconciles that decided).
+    pub decisions: u64,
+    /// API writes of a resync of the finished state.
+    pub noop_writes: u64,
+}
+
+/// Runbook: reconcile until every Item is done; the time it took, the
+/// decisions it made, and the API writes a resync of the finished state
+/// made.
 pub async fn run_runbook(
     sandbox: &Sandbox,
     namespace: &str,
     n: usize,
     concurrency: u16,
-) -> (Duration, u64) {
+) -> RunbookRun {
     let op = runbook_operator(sandbox.client(), namespace, concurrency);
     let started = Instant::now();
     op.start().await.expect("the operator starts");
@@ -266,6 +277,15 @@ pub async fn run_runbook(
     let took = started.elapsed();
     op.settle(Duration::from_millis(300), Duration::from_secs(60))
         .await;
+    let decisions = op
+        .ctx
+        .metrics
+        .reconciles
+        .get_or_create(&Metrics::labels(&[
+            ("policy", "bench-item"),
+            ("result", "ok"),
+        ]))
+        .get();
     if std::env::var("RUNBOOK_BENCH_VERBOSE").is_ok() {
         eprintln!(
             "{}",
@@ -286,7 +306,11 @@ pub async fn run_runbook(
         .await;
     let noop_writes = op.ctx.metrics.writes.get() - before;
     op.shutdown(Duration::from_secs(10)).await;
-    (took, noop_writes)
+    RunbookRun {
+        took,
+        decisions,
+        noop_writes,
+    }
 }
 
 fn median_secs(rounds: &[Duration]) -> f64 {
@@ -300,6 +324,8 @@ pub struct OperatorFigures {
     pub runbook: Vec<Duration>,
     pub hand: Vec<Duration>,
     pub noop_writes: u64,
+    /// The most decisions a Runbook round made.
+    pub decisions: u64,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -358,6 +384,7 @@ pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
         runbook: Vec::new(),
         hand: Vec::new(),
         noop_writes: 0,
+        decisions: 0,
     };
     for round in 0..rounds.max(1) {
         let hand_first = round % 2 == 0;
@@ -376,9 +403,10 @@ pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
                     continue;
                 }
                 populate(&sandbox, "runbook", n);
-                let (took, writes) = run_runbook(&sandbox, "runbook", n, 16).await;
-                figures.runbook.push(took);
-                figures.noop_writes = figures.noop_writes.max(writes);
+                let run = run_runbook(&sandbox, "runbook", n, 16).await;
+                figures.runbook.push(run.took);
+                figures.noop_writes = figures.noop_writes.max(run.noop_writes);
+                figures.decisions = figures.decisions.max(run.decisions);
             }
         }
     }

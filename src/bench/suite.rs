@@ -299,6 +299,12 @@ async fn operator(n: usize, rounds: usize) -> Vec<Row> {
         Row::new(s, "Runbook / hand-written, highest round", high, "x"),
         Row::new(
             s,
+            "Runbook decisions per target, from new to done (most of the rounds)",
+            f.decisions as f64 / n.max(1) as f64,
+            "decisions",
+        ),
+        Row::new(
+            s,
             "API writes of a no-op resync of every target",
             f.noop_writes as f64,
             "writes",
@@ -395,7 +401,9 @@ async fn scale(opts: &Options) -> Vec<Row> {
     for &n in sizes {
         let sandbox = crate::sandbox::Sandbox::default();
         super::operator::populate(&sandbox, "runbook", n);
-        let (took, _) = super::operator::run_runbook(&sandbox, "runbook", n, 16).await;
+        let took = super::operator::run_runbook(&sandbox, "runbook", n, 16)
+            .await
+            .took;
         drop(sandbox);
         let o = opts.clone();
         let mem = tokio::task::spawn_blocking(move || {

@@ -20,6 +20,7 @@ use crate::script::action::{Action, ActionValue};
 use crate::script::ctx::{Ctx, CtxData};
 use crate::script::engine::ScriptEngine;
 use crate::script::error::ScriptError;
+use crate::script::obj::TargetReads;
 use crate::util::time;
 
 /// Everything a decision may look at.
@@ -53,6 +54,8 @@ pub struct Decision {
     pub inputs_hash: String,
     /// Whether the schedule fired for this reconcile.
     pub due: bool,
+    /// What the script read of the target.
+    pub target_reads: TargetReads,
 }
 
 impl Decision {
@@ -443,6 +446,7 @@ fn finish(
         due: sched.as_ref().is_some_and(|s| s.due),
         actions,
         requeue_after_ms: requeue,
+        target_reads: TargetReads::default(),
     }
 }
 
@@ -457,15 +461,19 @@ pub fn decide(
     let ns = observed.target.namespace().to_string();
     match &policy.body {
         Body::Script { script, .. } => {
-            let result = engine.call(script, "reconcile", (ctx,))?;
+            let target = observed.target.shared();
+            let (result, reads) =
+                crate::script::obj::recording(&target, || engine.call(script, "reconcile", (ctx,)));
             let values = collect(
                 &script.file,
                 script.fn_pos("reconcile"),
                 "reconcile",
-                result,
+                result?,
             )?;
             let actions = plan(policy, &ns, Some(&script.file), values);
-            Ok(finish(policy, observed, sched, actions, None))
+            let mut decision = finish(policy, observed, sched, actions, None);
+            decision.target_reads = reads;
+            Ok(decision)
         }
         Body::Steps {
             steps: list,

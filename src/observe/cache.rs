@@ -39,6 +39,8 @@ pub struct Change {
     pub namespace: String,
     pub name: String,
     pub owners: Vec<OwnerRef>,
+    /// The object's resourceVersion now; `None` when it is gone.
+    pub version: Option<String>,
 }
 
 fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
@@ -145,12 +147,15 @@ impl KindCache {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn change(&self, o: &RawObject) -> Change {
+    /// A change to `o`, which is now in the cache, or (`present` false)
+    /// no longer.
+    fn change(&self, o: &RawObject, present: bool) -> Change {
         Change {
             kind: self.kind.clone(),
             namespace: o.namespace().to_string(),
             name: o.name().to_string(),
             owners: owners_of(o),
+            version: present.then(|| o.resource_version().to_string()),
         }
     }
 
@@ -162,7 +167,7 @@ impl KindCache {
             Some(o) if rv(&o) == rv(&obj) && !rv(&obj).is_empty() => None,
             Some(o) => {
                 // Owners that were dropped hear about it too.
-                let mut c = self.change(&obj);
+                let mut c = self.change(&obj, true);
                 for owner in owners_of(&o) {
                     if !c.owners.contains(&owner) {
                         c.owners.push(owner);
@@ -170,7 +175,7 @@ impl KindCache {
                 }
                 Some(c)
             }
-            None => Some(self.change(&obj)),
+            None => Some(self.change(&obj, true)),
         }
     }
 
@@ -178,7 +183,7 @@ impl KindCache {
         let old = self
             .write()
             .remove(&(namespace.to_string(), name.to_string()))?;
-        Some(self.change(&old))
+        Some(self.change(&old, false))
     }
 
     /// Replace everything after a (re)list; the changes are what differs.
@@ -197,13 +202,13 @@ impl KindCache {
             .collect();
         for k in gone {
             if let Some(o) = st.remove(&k) {
-                changes.push(self.change(&o));
+                changes.push(self.change(&o, false));
             }
         }
         for (k, o) in fresh {
             let same = st.objects.get(&k).is_some_and(|old| rv(old) == rv(&o));
             if !same {
-                changes.push(self.change(&o));
+                changes.push(self.change(&o, true));
                 st.insert(k, o);
             }
         }

@@ -126,6 +126,9 @@ pub(super) struct Queue {
     pub activity: AtomicU64,
     /// Changes of cached objects, to route to the targets they concern.
     pub changes: mpsc::UnboundedSender<Change>,
+    /// Moves with every resync asked for (and every controller restart):
+    /// a decision made before one is made again.
+    pub resyncs: AtomicU64,
 }
 
 /// What reconciles remember from one to the next.
@@ -133,6 +136,8 @@ pub(super) struct Queue {
 pub(super) struct Memory {
     /// What each target's last decision looked up.
     pub deps: Arc<Mutex<Dependencies>>,
+    /// Last decisions that need not be made again while nothing they read changes.
+    pub last: super::unchanged::LastDecisions,
     pub breakers: Mutex<HashMap<String, Breaker>>,
     /// Targets whose status this process wrote, with the resourceVersions
     /// each write replaced (one per policy that wrote): while the cache
@@ -192,6 +197,9 @@ impl Context {
                 &key.namespace,
                 &key.name,
             );
+            // Woken before it is sent: the reconcile it starts decides
+            // again, however unchanged the target itself is.
+            self.memory.last.wake(&key);
             if t.trigger.send(r).is_ok() {
                 let mut pending = lock(&self.queue.pending);
                 pending.insert(key);
@@ -229,11 +237,23 @@ impl Context {
 
     /// Reconcile every target of these kinds (all kinds if empty) again.
     pub fn resync(&self, kinds: &[KindRef]) {
+        self.queue.resyncs.fetch_add(1, Ordering::AcqRel);
         for (k, t) in lock(&self.running.targets).iter() {
             if kinds.is_empty() || kinds.contains(k) {
                 let _ = t.resync.send(());
             }
         }
+    }
+
+    /// Drop what reconciles remember of targets no longer cached.
+    pub(super) fn prune_memory(&self) {
+        let targets = lock(&self.running.targets);
+        self.memory.last.prune(|k| {
+            targets.get(&k.kind).is_some_and(|t| {
+                let r = target_ref(&self.resources.served_as(&k.kind).0, &k.namespace, &k.name);
+                t.store.get(&r).is_some()
+            })
+        });
     }
 
     /// Reconcile these targets again.

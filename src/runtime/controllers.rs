@@ -145,6 +145,11 @@ impl Context {
                 continue;
             }
             let restarts = t.restarts + 1;
+            // What changed while it was down reaches its targets as a
+            // relist, not as changes: every target is decided again.
+            self.queue
+                .resyncs
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             *t = spawn_target(self, k, t.selector.clone());
             t.restarts = restarts;
             self.metrics

@@ -9,6 +9,7 @@ mod controllers;
 pub mod leader;
 pub mod operator;
 mod reconcile;
+mod unchanged;
 pub use context::{Context, Health, OperatorConfig, ShadowRecord};
 pub use operator::{Operator, StartError};
 pub use reconcile::{ReconcileError, backoff};

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use super::context::{Context, Health, Memory, OperatorConfig, Queue, Running, TargetController};
 use super::controllers::{SUPERVISE_EVERY, spawn_target};
 use super::leader::Elector;
+use crate::act;
 use crate::alert::AlertSink;
 use crate::clock::Clock;
 use crate::events::EventWriter;
@@ -88,6 +89,7 @@ impl Operator {
                 in_flight: Default::default(),
                 activity: Default::default(),
                 changes,
+                resyncs: Default::default(),
             },
             memory: Memory::default(),
             stop: stop_rx,
@@ -309,7 +311,10 @@ impl Operator {
             let mut supervise = tokio::time::interval(SUPERVISE_EVERY);
             loop {
                 tokio::select! {
-                    _ = every.tick() => ctx.sweep_alerts(),
+                    _ = every.tick() => {
+                        ctx.sweep_alerts();
+                        ctx.prune_memory();
+                    }
                     _ = supervise.tick() => ctx.restart_ended(),
                     _ = stop.wait_for(|s| *s) => return,
                 }
@@ -457,7 +462,24 @@ async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
         let set = ctx.policies.load_full();
         let targets = set.target_kinds();
         let mut keys: Vec<TargetKey> = Vec::new();
-        for o in &ch.owners {
+        // A child's own apply coming back changes nothing its owner's
+        // decision did not read (it is what the decision asked for): its
+        // owner is not woken for it, only what read it. The cache shows
+        // the apply, so it is no longer pending either.
+        let child = act::ChildKey::new(&ch.kind, &ch.namespace, &ch.name);
+        let own_apply = ch.version.as_ref().is_some_and(|v| {
+            !v.is_empty()
+                && ctx
+                    .memory
+                    .applied
+                    .pending(&child)
+                    .is_some_and(|w| w.version == *v)
+        });
+        if own_apply {
+            tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is not woken for it");
+            ctx.memory.applied.settled(&child);
+        }
+        for o in ch.owners.iter().filter(|_| !own_apply) {
             let k = KindRef::new(&o.api_version, &o.kind);
             if targets.contains(&k) {
                 keys.push(TargetKey {

@@ -96,6 +96,8 @@ async fn run_policy(
     hook: Hook,
 ) -> act::Outcome {
     let now: Timestamp = ctx.clock.now();
+    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
+    let woken = ctx.memory.last.woken();
     let tracking = Arc::new(Tracking::new(
         ctx.sources(),
         ctx.memory.deps.clone(),
@@ -116,8 +118,10 @@ async fn run_policy(
         .script_seconds
         .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
         .observe(started.elapsed().as_secs_f64());
-    lock(&ctx.memory.deps).set(key, &p.name, tracking.take());
+    let read = tracking.take();
     let mode = mode_of(ctx, p, now);
+    let reads_target = read.iter().any(|a| a.kind == key.kind);
+    lock(&ctx.memory.deps).set(key, &p.name, read);
     let manager = act::manager_of(&p.name);
     let exec = Exec {
         writer: act::Writer {
@@ -143,6 +147,18 @@ async fn run_policy(
     .await;
     if let Err(e) = &decision {
         tracing::warn!(policy = %p.name, "{e}");
+    }
+    if hook == Hook::Reconcile {
+        let carried_out = decision.as_ref().ok().filter(|_| outcome.error.is_none());
+        let last = super::unchanged::Made {
+            target: target.value(),
+            reads_own_kind: reads_target,
+            mode: &mode,
+            resyncs,
+            woken,
+            now,
+        };
+        ctx.memory.last.remember(key, p, carried_out, &last);
     }
     count(ctx, p, now, &outcome);
     if mode == Mode::Shadow {
@@ -309,6 +325,7 @@ fn pass_on_change(ctx: &Context, kind: &KindRef, key: &TargetKey, obj: &RawObjec
                 uid: o.uid.clone(),
             })
             .collect(),
+        version: Some(obj.resource_version().to_string()),
     });
 }
 
@@ -420,8 +437,12 @@ async fn reconcile_target(
         .collect();
     if policies.is_empty() {
         lock(&ctx.memory.deps).forget(key);
+        ctx.memory.last.forget(key);
         return Ok(Action::await_change());
     }
+    ctx.memory
+        .last
+        .keep_only(key, |name| policies.iter().any(|p| p.name == name));
     let resolved = ctx
         .resources
         .resolve(kind)
@@ -519,6 +540,28 @@ async fn finalize_policy(
     Ok(())
 }
 
+/// Whether the last decision of `p` on the target would only be made
+/// again (nothing it read changed since): then it is not, and the time it
+/// asked to come back at still holds.
+fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next) -> bool {
+    let now = ctx.clock.now();
+    let mode = mode_of(ctx, p, now);
+    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
+    let last = &ctx.memory.last;
+    let Some(requeue) = last.repeats(t.key, p, t.cached.value(), &mode, resyncs, now) else {
+        return false;
+    };
+    tracing::debug!("nothing the last decision read changed: not decided again");
+    ctx.metrics
+        .unchanged
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .inc();
+    if let Some(ms) = requeue {
+        next.requeue(ms);
+    }
+    true
+}
+
 /// A policy's decision on a live target, counted; the target as its
 /// status write left it, if it wrote one.
 async fn reconcile_policy(
@@ -529,6 +572,9 @@ async fn reconcile_policy(
 ) -> Option<Value> {
     let started = Instant::now();
     let (set, cached) = (&t.set, &t.cached);
+    if unchanged(ctx, p, t, next) {
+        return None;
+    }
     let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Reconcile).await;
     let result = if outcome.error.is_some() {
         "error"

@@ -179,15 +179,28 @@ pub fn register(engine: &mut Engine) {
 fn register_properties(engine: &mut Engine) {
     engine.register_get("resource", |c: &mut Ctx| c.0.resource.clone());
     engine.register_get("params", |c: &mut Ctx| c.0.params.clone());
-    engine.register_get("now", |c: &mut Ctx| c.0.now as INT);
-    engine.register_get("due", |c: &mut Ctx| c.0.due);
+    // What the clock and the schedule say changes with time, not with the
+    // target: a decision that asks is made again whatever changed.
+    engine.register_get("now", |c: &mut Ctx| {
+        super::obj::note_clock();
+        c.0.now as INT
+    });
+    engine.register_get("due", |c: &mut Ctx| {
+        super::obj::note_clock();
+        c.0.due
+    });
     engine.register_get("next_run", |c: &mut Ctx| {
+        super::obj::note_clock();
         c.0.next_run.map(Dynamic::from_int).unwrap_or(Dynamic::UNIT)
     });
     engine.register_get("last_run", |c: &mut Ctx| {
+        super::obj::note_clock();
         c.0.last_run.map(Dynamic::from_int).unwrap_or(Dynamic::UNIT)
     });
-    engine.register_get("run", |c: &mut Ctx| c.0.run.clone());
+    engine.register_get("run", |c: &mut Ctx| {
+        super::obj::note_clock();
+        c.0.run.clone()
+    });
     engine.register_get("namespace", |c: &mut Ctx| c.0.namespace.clone());
     engine.register_get("policy", |c: &mut Ctx| {
         let mut m = Map::new();
@@ -199,7 +212,9 @@ fn register_properties(engine: &mut Engine) {
 
 /// `ctx`'s lookups in the caches: `owned`, `get`, `list`, `pods_of`, and `allowed`.
 fn register_lookups(engine: &mut Engine) {
+    // The limits count actions over a window of time.
     engine.register_fn("allowed", |c: &mut Ctx, verb: &str| {
+        super::obj::note_clock();
         !c.0.limited.iter().any(|v| v == verb)
     });
     register_reads(engine);

@@ -8,10 +8,13 @@
 //! error that says to take a copy with `to_map(x)`; that keeps a script from
 //! changing the cache every other reconcile reads.
 
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, ImmutableString, NativeCallContext};
 use serde_json::Value;
+
+use crate::util::hash::{Fnv64, hash_value};
 
 /// One step from an object to a value inside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,8 +39,15 @@ impl Obj {
         }
     }
 
-    /// The JSON this view shows.
+    /// The JSON this view shows, taken as a whole (converted, compared,
+    /// printed): a decision that does so depends on all of it.
     pub fn value(&self) -> &Value {
+        self.note(None);
+        self.json()
+    }
+
+    /// The JSON this view shows, for a read the caller notes itself.
+    fn json(&self) -> &Value {
         let mut v: &Value = &self.root;
         for seg in &self.path {
             v = match seg {
@@ -58,9 +68,38 @@ impl Obj {
         }
     }
 
+    /// Write down, when this view is of the target a decision is being
+    /// recorded for, what of it is read: `key` under this view, or (`None`)
+    /// the view as a whole. Views two or more keys deep are inside a field
+    /// already written down whole, and note nothing.
+    fn note(&self, key: Option<&str>) {
+        if self.path.len() > 1 {
+            return;
+        }
+        let watched = WATCHED.get();
+        if watched.is_null() || !std::ptr::eq(watched, Arc::as_ptr(&self.root)) {
+            return;
+        }
+        READS.with_borrow_mut(|r| match (self.path.first(), key) {
+            (None, None) => r.whole = true,
+            (None, Some(k)) => match self.json().get(k) {
+                // A map read at the top is a view the script reads on from:
+                // its keys are noted as they are read; here only whether it
+                // is there (and a map).
+                Some(Value::Object(_)) => r.add(k, Some("")),
+                _ => r.add(k, None),
+            },
+            (Some(Seg::Key(top)), None) => r.add(top, None),
+            (Some(Seg::Key(top)), Some(k)) => r.add(top, Some(k)),
+            // The elements of an array at the top were noted with it.
+            (Some(Seg::Index(_)), _) => {}
+        });
+    }
+
     /// The value under `key`, as a Rhai value; `()` when absent.
     pub fn get(&self, key: &str) -> Dynamic {
-        match self.value().get(key) {
+        self.note(Some(key));
+        match self.json().get(key) {
             None => Dynamic::UNIT,
             Some(v) => wrap(v, &|| self.child(Seg::Key(key.into()))),
         }
@@ -71,7 +110,8 @@ impl Obj {
     /// may find nothing (see `strict`).
     fn read(&self, ctx: &NativeCallContext, key: &str) -> Result<Dynamic, Box<EvalAltResult>> {
         let pos = ctx.call_position();
-        match self.value().get(key) {
+        self.note(Some(key));
+        match self.json().get(key) {
             Some(v) if !v.is_null() => Ok(wrap(v, &|| self.child(Seg::Key(key.into())))),
             _ if super::strict::may_be_absent(pos) => Ok(Dynamic::UNIT),
             _ => Err(Box::new(EvalAltResult::ErrorRuntime(
@@ -103,7 +143,7 @@ impl Obj {
     fn absent(&self, key: &str) -> String {
         let here = self.place();
         let fields: Vec<&str> = self
-            .value()
+            .json()
             .as_object()
             .map(|m| {
                 m.iter()
@@ -163,6 +203,106 @@ pub fn of(object: &crate::observe::CachedObject) -> Dynamic {
 pub fn view(root: Arc<Value>) -> Dynamic {
     let v = root.clone();
     wrap(&v, &|| Obj::new(root.clone()))
+}
+
+/// What a decision read of its own target, so that a later change to
+/// fields it did not read (its own status write coming back, another
+/// policy's status fields, a label) need not be decided again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetReads {
+    /// The target was taken as a whole (converted, compared, printed,
+    /// handed to a helper): any change may matter.
+    pub whole: bool,
+    /// The script asked for the time or the schedule (`ctx.now`,
+    /// `ctx.due`, ...): the same target may be decided differently later.
+    pub clock: bool,
+    /// Fields read, by the key at the top and, for a map there, the key
+    /// under it (`Some("")`: only whether the map is there), sorted.
+    pub fields: Vec<(String, Option<String>)>,
+}
+
+impl TargetReads {
+    fn add(&mut self, top: &str, under: Option<&str>) {
+        let found = self
+            .fields
+            .binary_search_by(|(t, u)| (t.as_str(), u.as_deref()).cmp(&(top, under)));
+        if let Err(at) = found {
+            self.fields
+                .insert(at, (top.to_string(), under.map(str::to_string)));
+        }
+    }
+
+    /// Whether a later decision on the same inputs could differ from the
+    /// one these reads were made for only through the fields read.
+    pub fn fields_only(&self) -> bool {
+        !self.whole && !self.clock
+    }
+
+    /// A hash of what these reads found in `target` (with its uid and
+    /// generation, which the runtime's own writes depend on): equal hashes
+    /// mean the reads would find the same again.
+    pub fn fingerprint(&self, target: &Value) -> u64 {
+        use std::hash::Hasher;
+        let mut h = Fnv64::default();
+        let meta = &target["metadata"];
+        hash_value(&meta["uid"], &mut h);
+        hash_value(&meta["generation"], &mut h);
+        for (top, under) in &self.fields {
+            h.write(top.as_bytes());
+            h.write_u8(0xff);
+            let v = target.get(top.as_str());
+            match under.as_deref() {
+                None => match v {
+                    Some(v) => hash_value(v, &mut h),
+                    None => h.write_u8(0),
+                },
+                Some(key) => {
+                    h.write(key.as_bytes());
+                    h.write_u8(0xfe);
+                    match v {
+                        Some(Value::Object(m)) => {
+                            h.write_u8(1);
+                            if !key.is_empty() {
+                                match m.get(key) {
+                                    Some(v) => hash_value(v, &mut h),
+                                    None => h.write_u8(0),
+                                }
+                            }
+                        }
+                        Some(other) => {
+                            h.write_u8(2);
+                            hash_value(other, &mut h);
+                        }
+                        None => h.write_u8(0),
+                    }
+                }
+            }
+        }
+        h.finish()
+    }
+}
+
+thread_local! {
+    /// The target whose reads are being recorded on this thread, if any.
+    static WATCHED: Cell<*const Value> = const { Cell::new(std::ptr::null()) };
+    static READS: RefCell<TargetReads> = RefCell::new(TargetReads::default());
+}
+
+/// Run `f` (a decision) recording what it reads of `target`.
+pub fn recording<T>(target: &Arc<Value>, f: impl FnOnce() -> T) -> (T, TargetReads) {
+    let outer_target = WATCHED.replace(Arc::as_ptr(target));
+    let outer = READS.take();
+    let out = f();
+    WATCHED.set(outer_target);
+    let reads = READS.replace(outer);
+    (out, reads)
+}
+
+/// The script asked for the time or the schedule.
+pub fn note_clock() {
+    if !WATCHED.get().is_null() {
+        READS.with_borrow_mut(|r| r.clock = true);
+    }
 }
 
 /// Field names common across Kubernetes objects and Runbook's kinds.
@@ -297,7 +437,8 @@ pub fn register(engine: &mut Engine) {
         },
     );
     engine.register_fn("contains", |o: &mut Obj, key: &str| {
-        o.value().get(key).is_some_and(|v| !v.is_null())
+        o.note(Some(key));
+        o.json().get(key).is_some_and(|v| !v.is_null())
     });
     engine.register_fn("keys", |o: &mut Obj| -> Array {
         o.value()
@@ -349,5 +490,105 @@ mod tests {
             Arc::strong_count(&root) >= 3,
             "views share, never copy, the root"
         );
+    }
+}
+
+#[cfg(test)]
+mod reads_tests {
+    use super::*;
+    use crate::script::ScriptEngine;
+    use serde_json::json;
+
+    /// What `f(target)` in `body` reads of the target.
+    fn reads_of(body: &str, target: &Value) -> TargetReads {
+        let engine = ScriptEngine::default();
+        let script = engine
+            .compile("t.rhai", &format!("fn f(t, other) {{ {body} }}"))
+            .expect("compiles");
+        let root = Arc::new(target.clone());
+        let other = view(Arc::new(target.clone()));
+        let (out, reads) = recording(&root, || {
+            engine.call(&script, "f", (view(root.clone()), other))
+        });
+        let _ = out.expect("runs");
+        reads
+    }
+
+    fn target() -> Value {
+        json!({"metadata": {"name": "w", "uid": "u1", "generation": 1, "labels": {"a": "b"}},
+               "spec": {"size": 3, "tags": ["x"]}, "status": {"phase": "Ready"}})
+    }
+
+    fn fields(r: &TargetReads) -> Vec<(&str, Option<&str>)> {
+        r.fields
+            .iter()
+            .map(|(t, u)| (t.as_str(), u.as_deref()))
+            .collect()
+    }
+
+    #[test]
+    fn the_fields_a_script_reads_of_its_target_are_recorded_two_keys_deep() {
+        let r = reads_of(
+            r#"let n = t.metadata.name; let s = t.spec.size; let x = t.spec.tags[0];
+               let p = t.status?.missing; "size" in t.spec; [n, s, x, p]"#,
+            &target(),
+        );
+        assert!(r.fields_only(), "{r:?}");
+        assert_eq!(
+            fields(&r),
+            [
+                ("metadata", Some("")),
+                ("metadata", Some("name")),
+                ("spec", Some("")),
+                ("spec", Some("size")),
+                ("spec", Some("tags")),
+                ("status", Some("")),
+                ("status", Some("missing")),
+            ]
+        );
+    }
+
+    #[test]
+    fn taking_the_target_whole_is_recorded() {
+        assert!(reads_of("to_map(t)", &target()).whole);
+        assert!(reads_of("t.to_string()", &target()).whole);
+        let spec = reads_of("to_map(t.spec)", &target());
+        assert!(!spec.whole);
+        assert_eq!(fields(&spec), [("spec", None), ("spec", Some(""))]);
+        // Another object is not the target, however alike.
+        let other = reads_of("to_map(other); other.status.phase", &target());
+        assert_eq!(other, TargetReads::default());
+        assert!(reads_of("to_map(t.metadata); 1", &target()).fields_only());
+    }
+
+    #[test]
+    fn the_fingerprint_moves_only_with_what_was_read() {
+        let r = reads_of("[t.metadata.name, t.spec.size, t.status?.gone]", &target());
+        let before = r.fingerprint(&target());
+        let mut echo = target();
+        echo["status"]["phase"] = json!("Done");
+        echo["status"]["decisions"] = json!([{"policy": "p"}]);
+        echo["metadata"]["resourceVersion"] = json!("42");
+        echo["metadata"]["labels"]["c"] = json!("d");
+        assert_eq!(r.fingerprint(&echo), before, "nothing read changed");
+        for (path, value) in [
+            ("/spec/size", json!(4)),
+            ("/metadata/generation", json!(2)),
+            ("/metadata/uid", json!("u2")),
+            ("/status/gone", json!("here")),
+        ] {
+            let mut changed = target();
+            *changed.pointer_mut(path).unwrap_or(&mut Value::Null) = value.clone();
+            if changed.pointer(path).is_none() {
+                changed["status"]["gone"] = value;
+            }
+            assert_ne!(r.fingerprint(&changed), before, "{path} changed");
+        }
+        // A map read from that is no longer there, or no longer a map.
+        let mut gone = target();
+        gone.as_object_mut().unwrap().remove("status");
+        assert_ne!(r.fingerprint(&gone), before);
+        gone["status"] = json!("text");
+        assert_ne!(r.fingerprint(&gone), before);
     }
 }

@@ -31,6 +31,9 @@ fn histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     pub reconciles: Family<Labels, Counter>,
+    /// Reconciles of a policy on a target that changed nothing its last
+    /// decision read, so were not decided again.
+    pub unchanged: Family<Labels, Counter>,
     pub reconcile_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub script_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub actions: Family<Labels, Counter>,
@@ -63,6 +66,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("runbook");
         let m = Self {
             reconciles: Family::default(),
+            unchanged: Family::default(),
             reconcile_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             script_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             actions: Family::default(),
@@ -85,6 +89,11 @@ impl Metrics {
             "reconciles",
             "Reconciles by policy and result",
             m.reconciles.clone(),
+        );
+        registry.register(
+            "unchanged_reconciles",
+            "Reconciles that were not decided again: nothing the last decision read had changed, by policy",
+            m.unchanged.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
