@@ -67,9 +67,22 @@ async fn setup(
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
+    setup_with(test, SCRIPT).await
+}
+
+/// The widget policy with `script`, running.
+async fn setup_with(
+    test: &str,
+    script: &str,
+) -> (
+    Cluster,
+    std::sync::Arc<runbook::runtime::Operator>,
+    Api<DynamicObject>,
+    Api<ConfigMap>,
+) {
     let c = Cluster::new(test).await;
     install_widget_crd(&c).await;
-    let set = policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]);
+    let set = policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", script)]);
     let op = operator(&c, set, OperatorConfig::default());
     op.start().await.expect("the operator starts");
     let widgets = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
@@ -1497,13 +1510,7 @@ fn not_decided_again(op: &runbook::runtime::Operator) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
-    let c = Cluster::new("unchanged").await;
-    install_widget_crd(&c).await;
-    let op = started(&c, &[("widget.yaml", POLICY), ("widget.rhai", SPEC_ONLY)]).await;
-    let (widgets, cms) = (
-        widgets(&c),
-        Api::<ConfigMap>::namespaced(c.client.clone(), &c.ns),
-    );
+    let (c, op, widgets, cms) = setup_with("unchanged", SPEC_ONLY).await;
     widgets
         .create(
             &PostParams::default(),
@@ -1586,9 +1593,7 @@ async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
     settle(&op).await;
     assert!(decided(&op) > made, "a resync was not decided on");
     assert_eq!(op.ctx.metrics.writes.get(), writes);
-    op.shutdown(Duration::from_secs(5)).await;
-    remove_widget_crd(&c).await;
-    c.cleanup().await;
+    teardown(c, op).await;
 }
 
 /// Answers in its status what another writer asks in it.
@@ -1601,14 +1606,7 @@ fn reconcile(ctx) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_a_status_field_the_decision_read_is_decided_on() {
-    let c = Cluster::new("statusread").await;
-    install_widget_crd(&c).await;
-    let op = started(
-        &c,
-        &[("widget.yaml", POLICY), ("widget.rhai", STATUS_READER)],
-    )
-    .await;
-    let widgets = widgets(&c);
+    let (c, op, widgets, _) = setup_with("statusread", STATUS_READER).await;
     widgets
         .create(
             &PostParams::default(),
@@ -1635,7 +1633,5 @@ async fn a_change_of_a_status_field_the_decision_read_is_decided_on() {
         })
         .await;
     }
-    op.shutdown(Duration::from_secs(5)).await;
-    remove_widget_crd(&c).await;
-    c.cleanup().await;
+    teardown(c, op).await;
 }
