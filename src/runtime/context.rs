@@ -247,13 +247,8 @@ impl Context {
 
     /// Drop what reconciles remember of targets no longer cached.
     pub(super) fn prune_memory(&self) {
-        let targets = lock(&self.running.targets);
-        self.memory.last.prune(|k| {
-            targets.get(&k.kind).is_some_and(|t| {
-                let r = target_ref(&self.resources.served_as(&k.kind).0, &k.namespace, &k.name);
-                t.store.get(&r).is_some()
-            })
-        });
+        let kinds: Vec<KindRef> = lock(&self.running.targets).keys().cloned().collect();
+        self.memory.last.prune(self.target_keys(&kinds));
     }
 
     /// Reconcile these targets again.

@@ -442,7 +442,7 @@ async fn reconcile_target(
     }
     ctx.memory
         .last
-        .keep_only(key, |name| policies.iter().any(|p| p.name == name));
+        .keep_only(key, policies.iter().map(|p| p.name.as_str()));
     let resolved = ctx
         .resources
         .resolve(kind)

@@ -34,9 +34,9 @@ use crate::util::lock;
 /// The last decision of one policy on one target, as far as deciding
 /// again depends on it.
 struct Last {
-    policy: String,
-    version: String,
-    mode: Mode,
+    /// The policy's name and version, hashed (`hash_of`).
+    policy: u64,
+    version: u64,
     /// `Context::resyncs` when it was made.
     resyncs: u64,
     reads: Arc<TargetReads>,
@@ -48,14 +48,24 @@ struct Last {
     woken: u64,
 }
 
+/// A 64-bit hash of a name, a version or a target.
+fn hash_of(x: &(impl std::hash::Hash + ?Sized)) -> u64 {
+    use std::hash::Hasher;
+    let mut h = crate::util::hash::Fnv64::default();
+    x.hash(&mut h);
+    h.finish()
+}
+
 /// The last decisions that need not be made again while nothing they read
-/// changes, by target, one per policy.
+/// changes, by target, one per policy. Kept small (it is per target):
+/// names are hashed; two targets whose names hash alike would only decide
+/// more, as each one's fingerprint holds its uid.
 #[derive(Default)]
 pub(super) struct LastDecisions(Mutex<Inner>);
 
 #[derive(Default)]
 struct Inner {
-    targets: HashMap<TargetKey, Decisions>,
+    targets: HashMap<u64, Decisions>,
     /// Counts the wake-ups of targets (`wake`).
     woken: u64,
     /// The reads of each policy's latest decision: a policy reads the same
@@ -107,11 +117,12 @@ impl LastDecisions {
         now: Timestamp,
     ) -> Option<Option<i64>> {
         let inner = lock(&self.0);
-        let decisions = inner.targets.get(key)?;
-        let last = decisions.last.iter().find(|l| l.policy == p.name)?;
+        let decisions = inner.targets.get(&hash_of(key))?;
+        let policy = hash_of(p.name.as_str());
+        let last = decisions.last.iter().find(|l| l.policy == policy)?;
         let same = decisions.woken <= last.woken
-            && last.version == p.version
-            && last.mode == *mode
+            && last.version == hash_of(p.version.as_str())
+            && *mode == Mode::Enforce
             && last.resyncs == resyncs
             && last.requeue_at.is_none_or(|at| at > now)
             && last.reads.fingerprint(target) == last.fingerprint;
@@ -151,10 +162,10 @@ impl LastDecisions {
                 r
             }
         };
+        let policy = hash_of(p.name.as_str());
         let last = Last {
-            policy: p.name.clone(),
-            version: p.version.clone(),
-            mode: made.mode.clone(),
+            policy,
+            version: hash_of(p.version.as_str()),
             resyncs: made.resyncs,
             fingerprint: reads.fingerprint(made.target),
             reads: shared,
@@ -163,8 +174,8 @@ impl LastDecisions {
                 .map(|ms| Timestamp::from_millisecond(now.as_millisecond() + ms).unwrap_or(now)),
             woken: made.woken,
         };
-        let target = inner.targets.entry(key.clone()).or_default();
-        target.last.retain(|l| l.policy != p.name);
+        let target = inner.targets.entry(hash_of(key)).or_default();
+        target.last.retain(|l| l.policy != policy);
         target.last.push(last);
     }
 
@@ -177,7 +188,7 @@ impl LastDecisions {
         let mut inner = lock(&self.0);
         inner.woken += 1;
         let n = inner.woken;
-        inner.targets.entry(key.clone()).or_default().woken = n;
+        inner.targets.entry(hash_of(key)).or_default().woken = n;
     }
 
     /// The count of wake-ups so far, read before a decision.
@@ -187,11 +198,12 @@ impl LastDecisions {
 
     /// Forget the last decision of `policy` on `key`.
     pub fn forget_policy(&self, key: &TargetKey, policy: &str) {
+        let policy = hash_of(policy);
         self.retain(key, |l| l.policy != policy);
     }
 
     fn retain(&self, key: &TargetKey, keep: impl Fn(&Last) -> bool) {
-        if let Some(target) = lock(&self.0).targets.get_mut(key) {
+        if let Some(target) = lock(&self.0).targets.get_mut(&hash_of(key)) {
             target.last.retain(keep);
         }
     }
@@ -199,17 +211,20 @@ impl LastDecisions {
     /// Keep the decisions on `key` of the policies that apply to it now
     /// (one that stopped applying, its selector no longer matching, has
     /// made none since, and will decide afresh when it applies again).
-    pub fn keep_only(&self, key: &TargetKey, applies: impl Fn(&str) -> bool) {
-        self.retain(key, |l| applies(&l.policy));
+    pub fn keep_only<'a>(&self, key: &TargetKey, names: impl IntoIterator<Item = &'a str>) {
+        let keep: Vec<u64> = names.into_iter().map(hash_of).collect();
+        self.retain(key, |l| keep.contains(&l.policy));
     }
 
     /// Forget every decision on `key` (no policy applies to it any more).
     pub fn forget(&self, key: &TargetKey) {
-        lock(&self.0).targets.remove(key);
+        lock(&self.0).targets.remove(&hash_of(key));
     }
 
-    /// Keep only the decisions on targets `alive` still knows.
-    pub fn prune(&self, alive: impl Fn(&TargetKey) -> bool) {
-        lock(&self.0).targets.retain(|k, _| alive(k));
+    /// Keep only the decisions on the targets still `alive`.
+    pub fn prune(&self, alive: impl IntoIterator<Item = TargetKey>) {
+        let alive: std::collections::HashSet<u64> =
+            alive.into_iter().map(|k| hash_of(&k)).collect();
+        lock(&self.0).targets.retain(|k, _| alive.contains(k));
     }
 }
