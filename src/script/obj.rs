@@ -68,11 +68,20 @@ impl Obj {
         }
     }
 
+    /// The value under `key`, written down as read when this view is of
+    /// the target a decision is being recorded for.
+    fn lookup(&self, key: &str) -> Option<&Value> {
+        let found = self.json().get(key);
+        self.note(Some((key, found)));
+        found
+    }
+
     /// Write down, when this view is of the target a decision is being
-    /// recorded for, what of it is read: `key` under this view, or (`None`)
-    /// the view as a whole. Views two or more keys deep are inside a field
-    /// already written down whole, and note nothing.
-    fn note(&self, key: Option<&str>) {
+    /// recorded for, what of it is read: `key` under this view (with what
+    /// was found there), or (`None`) the view as a whole. Views two or
+    /// more keys deep are inside a field already written down whole, and
+    /// note nothing.
+    fn note(&self, read: Option<(&str, Option<&Value>)>) {
         if self.path.len() > 1 {
             return;
         }
@@ -80,17 +89,15 @@ impl Obj {
         if watched.is_null() || !std::ptr::eq(watched, Arc::as_ptr(&self.root)) {
             return;
         }
-        READS.with_borrow_mut(|r| match (self.path.first(), key) {
+        READS.with_borrow_mut(|r| match (self.path.first(), read) {
             (None, None) => r.whole = true,
-            (None, Some(k)) => match self.json().get(k) {
-                // A map read at the top is a view the script reads on from:
-                // its keys are noted as they are read; here only whether it
-                // is there (and a map).
-                Some(Value::Object(_)) => r.add(k, Some("")),
-                _ => r.add(k, None),
-            },
+            // A map read at the top is a view the script reads on from:
+            // its keys are noted as they are read; here only whether it is
+            // there (and a map).
+            (None, Some((k, Some(Value::Object(_))))) => r.add(k, Some("")),
+            (None, Some((k, _))) => r.add(k, None),
             (Some(Seg::Key(top)), None) => r.add(top, None),
-            (Some(Seg::Key(top)), Some(k)) => r.add(top, Some(k)),
+            (Some(Seg::Key(top)), Some((k, _))) => r.add(top, Some(k)),
             // The elements of an array at the top were noted with it.
             (Some(Seg::Index(_)), _) => {}
         });
@@ -98,8 +105,7 @@ impl Obj {
 
     /// The value under `key`, as a Rhai value; `()` when absent.
     pub fn get(&self, key: &str) -> Dynamic {
-        self.note(Some(key));
-        match self.json().get(key) {
+        match self.lookup(key) {
             None => Dynamic::UNIT,
             Some(v) => wrap(v, &|| self.child(Seg::Key(key.into()))),
         }
@@ -110,8 +116,7 @@ impl Obj {
     /// may find nothing (see `strict`).
     fn read(&self, ctx: &NativeCallContext, key: &str) -> Result<Dynamic, Box<EvalAltResult>> {
         let pos = ctx.call_position();
-        self.note(Some(key));
-        match self.json().get(key) {
+        match self.lookup(key) {
             Some(v) if !v.is_null() => Ok(wrap(v, &|| self.child(Seg::Key(key.into())))),
             _ if super::strict::may_be_absent(pos) => Ok(Dynamic::UNIT),
             _ => Err(Box::new(EvalAltResult::ErrorRuntime(
@@ -437,8 +442,7 @@ pub fn register(engine: &mut Engine) {
         },
     );
     engine.register_fn("contains", |o: &mut Obj, key: &str| {
-        o.note(Some(key));
-        o.json().get(key).is_some_and(|v| !v.is_null())
+        o.lookup(key).is_some_and(|v| !v.is_null())
     });
     engine.register_fn("keys", |o: &mut Obj| -> Array {
         o.value()
