@@ -10,9 +10,9 @@ use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use rhai::{AST, CallFnOptions, Dynamic, Engine, FuncArgs, OptimizationLevel, Scope};
+use rhai::{AST, Caches, Dynamic, Engine, EvalContext, FuncArgs, OptimizationLevel, Scope};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::error::{FILE_START, ScriptError, ScriptErrorKind};
 use super::strict::{self, Guards};
@@ -60,6 +60,10 @@ thread_local! {
 /// within tens of microseconds, rarely enough to cost nothing measurable.
 const DEADLINE_CHECK_EVERY: u64 = 512;
 
+/// Function-resolution caches kept per script: as many as calls into one
+/// script usually run at once.
+const RESOLUTION_CACHES_KEPT: usize = 8;
+
 /// A compiled script: one per policy version.
 #[derive(Clone, Debug)]
 pub struct Script {
@@ -70,6 +74,12 @@ pub struct Script {
     fn_positions: std::collections::BTreeMap<String, Pos>,
     origin: Pos,
     guards: Arc<Guards>,
+    /// Rhai's function-resolution caches for calls into this script, kept
+    /// between calls (Rhai starts each call with an empty one, so every
+    /// decision resolved each function it calls again). One per call
+    /// running at once; valid for as long as the script and the engine's
+    /// functions are the same, which is the script's whole life.
+    resolved: Arc<Mutex<Vec<Caches>>>,
 }
 
 impl Script {
@@ -282,6 +292,7 @@ impl ScriptEngine {
             functions,
             fn_positions,
             origin: FILE_START,
+            resolved: Arc::default(),
         })
     }
 
@@ -321,18 +332,39 @@ impl ScriptEngine {
         name: &str,
         args: impl FuncArgs,
     ) -> Result<Dynamic, ScriptError> {
-        let mut scope = Scope::new();
-        let options = CallFnOptions::new().eval_ast(false).rewind_scope(true);
-        self.with_budget(&script.guards, || {
-            self.engine.call_fn_with_options::<Dynamic>(
-                options,
-                &mut scope,
-                &script.ast,
-                name,
-                args,
-            )
-        })
-        .map_err(|e| {
+        let mut values = Vec::new();
+        args.parse(&mut values);
+        let mut caches = script
+            .resolved
+            .lock()
+            .ok()
+            .and_then(|mut pool| pool.pop())
+            .unwrap_or_default();
+        let out = self.with_budget(&script.guards, || {
+            let mut global = self.engine.new_global_runtime_state();
+            global.source = script.ast.source().map(rhai::ImmutableString::from);
+            global.lib.push(script.ast.shared_lib().clone());
+            let mut scope = Scope::new();
+            let mut args: Vec<&mut Dynamic> = values.iter_mut().collect();
+            EvalContext::new(&self.engine, &mut global, &mut caches, &mut scope, None)
+                .call_fn_raw(name, false, false, &mut args)
+                .or_else(|err| match *err {
+                    rhai::EvalAltResult::Exit(out, ..) => Ok(out),
+                    // The call itself, as Rhai's own `call_fn` leaves it.
+                    rhai::EvalAltResult::ErrorInFunctionCall(called, _, inner, _)
+                        if called == name =>
+                    {
+                        Err(inner)
+                    }
+                    _ => Err(err),
+                })
+        });
+        if let Ok(mut pool) = script.resolved.lock()
+            && pool.len() < RESOLUTION_CACHES_KEPT
+        {
+            pool.push(caches);
+        }
+        out.map_err(|e| {
             let mut err = ScriptError::from_eval(
                 &script.file,
                 &e,
