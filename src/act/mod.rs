@@ -146,6 +146,26 @@ pub struct AppliedWrite {
     pub version: String,
 }
 
+impl Applied {
+    /// The watch cache shows child `key` at `version` (`None`: deleted).
+    /// Whether that is this process's own apply coming back: the version
+    /// its answer named. Either that or the child's deletion settles the
+    /// pending apply; a deleted child must be applied again, not taken for
+    /// a cache that has not caught up (an apply the server found nothing
+    /// to change in makes no watch event, so its entry would otherwise
+    /// stay until the owner is decided with the child in the cache).
+    pub fn seen(&self, key: &ChildKey, version: Option<&str>) -> bool {
+        let Some(pending) = self.pending(key) else {
+            return false;
+        };
+        let own = version.is_some_and(|v| !v.is_empty() && pending.version == v);
+        if own || version.is_none() {
+            self.settled(key);
+        }
+        own
+    }
+}
+
 /// What carrying out a decision needs.
 pub struct Exec<'a> {
     pub writer: Writer<'a>,

@@ -600,6 +600,7 @@ pub fn apply_is_noop(desired: &Value, live: Option<&CachedObject>) -> bool {
 mod tests {
     //! Objects in, steps out: no client, no clock but the one given.
     use super::*;
+    use crate::act::AppliedWrite;
     use crate::kinds::KindName;
     use crate::observe::MemoryView;
     use crate::policy::{self, Bundle, Origin};
@@ -691,6 +692,17 @@ spec:
 
     /// Plan `actions` against `target`, with the view holding `live`.
     fn plan_of(target: &CachedObject, live: &[Value], mode: Mode, actions: Vec<Action>) -> Plan {
+        plan_after(target, live, None, mode, actions)
+    }
+
+    /// `plan_of`, with the applies this process made that may be pending.
+    fn plan_after(
+        target: &CachedObject,
+        live: &[Value],
+        applied: Option<&Applied>,
+        mode: Mode,
+        actions: Vec<Action>,
+    ) -> Plan {
         let view = MemoryView::new();
         for v in live {
             view.insert(v.clone());
@@ -703,7 +715,7 @@ spec:
             mode: &mode,
             view: &view,
             discovered: &discovered(),
-            applied: None,
+            applied,
             routes: None,
             now: "2026-11-29T10:00:00Z".parse().unwrap(),
         })
@@ -769,6 +781,54 @@ spec:
         // A changed child is written.
         let changed = plan_of(&w, &[live], Mode::Enforce, vec![config_map("w-a", "2")]);
         assert!(matches!(write(&changed, 0), Some(Write::Apply { .. })));
+    }
+
+    #[test]
+    fn a_pending_apply_settles_on_its_own_version_or_the_childs_deletion() {
+        let w = widget(json!({}));
+        let first = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let Some(Write::Apply { key, hash, .. }) = write(&first, 0) else {
+            panic!("an apply, got {:?}", todos(&first));
+        };
+        let applied = Applied::default();
+        let pending = AppliedWrite {
+            hash: hash.clone(),
+            version: "7".into(),
+        };
+        applied.remember(key.clone(), pending.clone());
+        // Until the cache shows the child, the apply is taken for cache lag.
+        let lagging = plan_after(
+            &w,
+            &[],
+            Some(&applied),
+            Mode::Enforce,
+            vec![config_map("w-a", "1")],
+        );
+        assert_eq!(todos(&lagging), [&Todo::Unchanged]);
+        // Another writer's version of the child is not the apply coming back.
+        assert!(!applied.seen(key, Some("6")));
+        assert_eq!(applied.pending(key), Some(pending.clone()));
+        // The version the apply's answer named is.
+        assert!(applied.seen(key, Some("7")));
+        assert_eq!(applied.pending(key), None);
+        // An apply the server found nothing to change in makes no watch
+        // event of its own: when the child is then deleted, the deletion
+        // settles it and the child is applied again.
+        applied.remember(key.clone(), pending);
+        assert!(!applied.seen(key, None));
+        assert_eq!(applied.pending(key), None);
+        let again = plan_after(
+            &w,
+            &[],
+            Some(&applied),
+            Mode::Enforce,
+            vec![config_map("w-a", "1")],
+        );
+        assert!(
+            matches!(write(&again, 0), Some(Write::Apply { .. })),
+            "the deleted child is applied again, got {:?}",
+            todos(&again)
+        );
     }
 
     #[test]

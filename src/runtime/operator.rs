@@ -464,20 +464,11 @@ async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
         let mut keys: Vec<TargetKey> = Vec::new();
         // A child's own apply coming back changes nothing its owner's
         // decision did not read (it is what the decision asked for): its
-        // owner is not woken for it, only what read it. The cache shows
-        // the apply, so it is no longer pending either.
+        // owner is not woken for it, only what read it.
         let child = act::ChildKey::new(&ch.kind, &ch.namespace, &ch.name);
-        let own_apply = ch.version.as_ref().is_some_and(|v| {
-            !v.is_empty()
-                && ctx
-                    .memory
-                    .applied
-                    .pending(&child)
-                    .is_some_and(|w| w.version == *v)
-        });
+        let own_apply = ctx.memory.applied.seen(&child, ch.version.as_deref());
         if own_apply {
             tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is not woken for it");
-            ctx.memory.applied.settled(&child);
         }
         for o in ch.owners.iter().filter(|_| !own_apply) {
             let k = KindRef::new(&o.api_version, &o.kind);
