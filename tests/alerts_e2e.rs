@@ -730,13 +730,7 @@ async fn the_operator_fires_and_resolves_alerts_as_objects_change() {
             async move { found }
         }
     };
-    widgets
-        .create(
-            &PostParams::default(),
-            &operator::widget(&c, "big", json!({"size": 20})),
-        )
-        .await
-        .unwrap();
+    operator::create_widget(&c, &widgets, "big", json!({"size": 20})).await;
     eventually("the alert fires", 30, alerts_of("big", "firing")).await;
     let fired = hook.requests()[0].body["alerts"][0]["labels"].clone();
     assert_eq!(fired["policy"], "widget-size");
@@ -761,13 +755,7 @@ async fn the_operator_fires_and_resolves_alerts_as_objects_change() {
     eventually("the alert resolves", 30, alerts_of("big", "resolved")).await;
 
     // An object deleted while its alert fires: the sweep resolves it.
-    widgets
-        .create(
-            &PostParams::default(),
-            &operator::widget(&c, "gone", json!({"size": 50})),
-        )
-        .await
-        .unwrap();
+    operator::create_widget(&c, &widgets, "gone", json!({"size": 50})).await;
     eventually("the second alert fires", 30, alerts_of("gone", "firing")).await;
     widgets.delete("gone", &Default::default()).await.unwrap();
     eventually("the deleted object's alert resolves", 30, || {
@@ -835,13 +823,7 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
     let (op, flusher) = start().await;
     let widgets: Api<kube::core::DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
-    widgets
-        .create(
-            &PostParams::default(),
-            &operator::widget(&c, "big", json!({"size": 20})),
-        )
-        .await
-        .unwrap();
+    operator::create_widget(&c, &widgets, "big", json!({"size": 20})).await;
     eventually("the alert fires", 30, || async { notified("firing") == 1 }).await;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     eventually("the notification log written", 30, || async {
@@ -919,13 +901,7 @@ async fn alerts_reach_a_real_alertmanager_pair_and_resolve_there() {
     op.start().await.unwrap();
     let widgets: Api<kube::core::DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
-    widgets
-        .create(
-            &PostParams::default(),
-            &operator::widget(&c, "big", json!({"size": 20})),
-        )
-        .await
-        .unwrap();
+    operator::create_widget(&c, &widgets, "big", json!({"size": 20})).await;
     let ours = [("alertname", "WidgetTooBig"), ("name", "big")];
     for am in [&a, &b] {
         eventually("the alert is active in Alertmanager", 30, || async {

@@ -164,13 +164,7 @@ async fn a_new_cr_gets_its_children_and_status() {
 async fn reconciling_again_without_change_writes_nothing() {
     let (c, op, widgets, cms) = setup("noop").await;
     let before = op.ctx.metrics.writes.get();
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("the status", 30, || async {
         widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
     })
@@ -215,13 +209,7 @@ async fn reconciling_again_without_change_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_cr_runs_finalize_then_its_children_are_collected() {
     let (c, op, widgets, cms) = setup("finalize").await;
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("the children", 30, || async {
         cms.get("w1-ledger").await.is_ok() && cms.get("w1-config").await.is_ok()
     })
@@ -258,13 +246,7 @@ async fn deleting_a_cr_runs_finalize_then_its_children_are_collected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_on_an_undeclared_kind_is_refused_and_reported() {
     let (c, op, widgets, _cms) = setup("refused").await;
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1, "leak": true})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1, "leak": true})).await;
     eventually("the refusal on the status", 30, || async {
         let w = widgets.get("w1").await.unwrap();
         w.data["status"]["conditions"].as_array().is_some_and(|cs| {
@@ -336,13 +318,7 @@ async fn injected_server_errors_back_off_and_converge() {
         Some("configmaps"),
         500,
     );
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 2})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 2})).await;
     eventually("convergence after the faults", 30, || async {
         widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
     })
@@ -370,13 +346,7 @@ async fn injected_server_errors_back_off_and_converge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_spec_is_applied_to_the_child() {
     let (c, op, widgets, cms) = setup("update").await;
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("the child", 30, || async {
         cms.get("w1-config").await.is_ok()
     })
@@ -438,13 +408,7 @@ async fn one_leads_and_the_other_takes_over() {
     assert!(!b.is_leading(), "only one leads");
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("the leader to reconcile", 30, || async {
         cms.get("w1-config").await.is_ok()
     })
@@ -583,13 +547,13 @@ async fn a_rollback_writes_back_the_previous_revisions_template() {
     )
     .await;
     let widgets = widgets(&c);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "undo", json!({"rollback": true, "deployment": "web"})),
-        )
-        .await
-        .unwrap();
+    create_widget(
+        &c,
+        &widgets,
+        "undo",
+        json!({"rollback": true, "deployment": "web"}),
+    )
+    .await;
     eventually("the rollback to revision 2", 60, || async {
         rev_of(&deps.get("web").await.unwrap()) == "2"
     })
@@ -640,27 +604,9 @@ async fn one_failing_object_is_reported_and_the_others_carry_on() {
     .await;
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "unlucky", json!({"size": 13})),
-        )
-        .await
-        .unwrap();
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "invalid", json!({"size": 1, "badKey": true})),
-        )
-        .await
-        .unwrap();
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "fine", json!({"size": 2})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "unlucky", json!({"size": 13})).await;
+    create_widget(&c, &widgets, "invalid", json!({"size": 1, "badKey": true})).await;
+    create_widget(&c, &widgets, "fine", json!({"size": 2})).await;
     eventually("the healthy one", 30, || async {
         widgets.get("fine").await.unwrap().data["status"]["phase"] == "Ready"
     })
@@ -715,13 +661,7 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
     let ready = readiness(&c, &op, &metrics);
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "first", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "first", json!({"size": 1})).await;
     eventually("the first widget", 30, || async {
         cms.get("first-config").await.is_ok()
     })
@@ -741,13 +681,7 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
         ready().is_ok()
     })
     .await;
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "second", json!({"size": 2})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "second", json!({"size": 2})).await;
     eventually(
         "a widget created after the restart is reconciled",
         30,
@@ -795,13 +729,7 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
     let ready = readiness(&c, &op, &metrics);
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "before", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "before", json!({"size": 1})).await;
     eventually("the first widget", 30, || async {
         cms.get("before-config").await.is_ok()
     })
@@ -810,13 +738,7 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
     // The API server goes away for the operator: every request fails and
     // every watch drops. Meanwhile another client creates a widget.
     proxy.cut();
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "during", json!({"size": 2})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "during", json!({"size": 2})).await;
     eventually("not ready, naming the failing watches", 30, || async {
         ready().is_err_and(|why| why.contains("watch of") && why.contains("failing for"))
     })
@@ -878,13 +800,7 @@ async fn a_shadow_policy_decides_and_records_but_writes_nothing() {
     let op = started(&c, &[("next.yaml", SHADOW_POLICY), ("widget.rhai", SCRIPT)]).await;
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("a shadow record", 30, || async {
         !op.ctx.shadow_records().is_empty()
     })
@@ -955,10 +871,7 @@ async fn a_blast_radius_limit_holds_actions_past_it() {
     .await;
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(&PostParams::default(), &widget(&c, "w1", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({})).await;
     eventually("the limit on the status", 30, || async {
         let w = widgets.get("w1").await.unwrap();
         w.data["status"]["conditions"]
@@ -1093,10 +1006,7 @@ async fn the_decision_record_is_never_older_than_its_status() {
     )
     .await;
     let widgets = widgets(&c);
-    widgets
-        .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w", json!({"size": 1})).await;
     eventually("size 1", 30, || async {
         widgets.get("w").await.unwrap().data["status"]["size"] == 1
     })
@@ -1214,13 +1124,7 @@ async fn a_malformed_object_from_a_script_fails_that_object_only() {
     )
     .await;
     let widgets = widgets(&c);
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "sloppy", json!({"sloppy": true})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "sloppy", json!({"sloppy": true})).await;
     eventually(
         "the error on the object, with the script's place",
         30,
@@ -1240,10 +1144,7 @@ async fn a_malformed_object_from_a_script_fails_that_object_only() {
         },
     )
     .await;
-    widgets
-        .create(&PostParams::default(), &widget(&c, "tidy", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "tidy", json!({})).await;
     eventually("the kind's other objects still reconciled", 30, || async {
         widgets.get("tidy").await.unwrap().data["status"]["phase"] == "Ready"
     })
@@ -1272,10 +1173,7 @@ async fn a_unit_field_in_an_applied_object_is_left_out_and_applied_once() {
     let op = started(&c, &[("widget.yaml", POLICY), ("widget.rhai", UNIT_SCRIPT)]).await;
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    widgets
-        .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w", json!({"size": 1})).await;
     eventually("the child", 30, || async {
         cms.get("w-config").await.is_ok()
     })
@@ -1369,10 +1267,7 @@ async fn a_failing_policy_backs_off_alone_and_the_other_keeps_its_time() {
     op.start().await.expect("the operator starts");
     let widgets = widgets(&c);
     let made = std::time::Instant::now();
-    widgets
-        .create(&PostParams::default(), &widget(&c, "w", json!({"size": 1})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w", json!({"size": 1})).await;
     eventually("the ticker's write", 20, || async {
         widgets.get("w").await.unwrap().data["status"]["ripe"] == true
     })
@@ -1511,13 +1406,7 @@ fn not_decided_again(op: &runbook::runtime::Operator) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
     let (c, op, widgets, cms) = setup_with("unchanged", SPEC_ONLY).await;
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("the status", 30, || async {
         widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
     })
@@ -1607,13 +1496,7 @@ fn reconcile(ctx) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_a_status_field_the_decision_read_is_decided_on() {
     let (c, op, widgets, _) = setup_with("statusread", STATUS_READER).await;
-    widgets
-        .create(
-            &PostParams::default(),
-            &widget(&c, "w1", json!({"size": 1})),
-        )
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
     eventually("the first answer", 30, || async {
         widgets.get("w1").await.unwrap().data["status"]["answered"] == ""
     })

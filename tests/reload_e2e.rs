@@ -158,10 +158,7 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
     .await;
     let widgets: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
-    widgets
-        .create(&PostParams::default(), &widget(&c, "a", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "a", json!({})).await;
     eventually("threshold 1", 30, || async {
         status_threshold(&widgets, "a").await == 1
     })
@@ -236,10 +233,7 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
     )
     .await
     .unwrap();
-    widgets
-        .create(&PostParams::default(), &widget(&c, "b", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "b", json!({})).await;
     eventually("the last good version serves a new widget", 30, || async {
         status_threshold(&widgets, "b").await == 2
     })
@@ -280,10 +274,7 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
         op.ctx.policies.load().policies.is_empty()
     })
     .await;
-    widgets
-        .create(&PostParams::default(), &widget(&c, "c", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "c", json!({})).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         widgets.get("c").await.unwrap().data.get("status").is_none(),
@@ -357,10 +348,7 @@ async fn a_directory_reloads_on_edits_and_on_a_configmap_volume_swap() {
     .await;
     let widgets: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
-    widgets
-        .create(&PostParams::default(), &widget(&c, "a", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "a", json!({})).await;
     eventually("threshold 1", 30, || async {
         status_threshold(&widgets, "a").await == 1
     })
@@ -527,10 +515,7 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
     .await;
     let widgets: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
-    widgets
-        .create(&PostParams::default(), &widget(&c, "a", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "a", json!({})).await;
     eventually("threshold 1", 30, || async {
         status_threshold(&widgets, "a").await == 1
     })
@@ -561,10 +546,7 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
         })
     })
     .await;
-    widgets
-        .create(&PostParams::default(), &widget(&c, "b", json!({})))
-        .await
-        .unwrap();
+    create_widget(&c, &widgets, "b", json!({})).await;
     eventually("the last good version serves a new widget", 30, || async {
         status_threshold(&widgets, "b").await == 1
     })

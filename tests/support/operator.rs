@@ -82,6 +82,14 @@ pub fn widget(c: &Cluster, name: &str, spec: Value) -> DynamicObject {
     .unwrap()
 }
 
+/// Create Widget `name` with `spec` through `widgets`.
+pub async fn create_widget(c: &Cluster, widgets: &Api<DynamicObject>, name: &str, spec: Value) {
+    widgets
+        .create(&PostParams::default(), &widget(c, name, spec))
+        .await
+        .unwrap();
+}
+
 /// Policies from text; `GROUP` in the YAML is replaced with the widget group.
 pub fn policies(c: &Cluster, files: &[(&str, &str)]) -> runbook::policy::PolicySet {
     let engine = ScriptEngine::default();
