@@ -264,6 +264,7 @@ impl ScriptEngine {
             .engine
             .compile(text)
             .map_err(|e| ScriptError::from_parse(file, &e, FILE_START))?;
+        ast += super::obj::field_getters(&ast);
         ast.set_source(file);
         let functions: BTreeSet<String> =
             ast.iter_functions().map(|f| f.name.to_string()).collect();
@@ -316,6 +317,7 @@ impl ScriptEngine {
         if let Some(f) = functions {
             ast = f.merge(&ast);
         }
+        ast += super::obj::field_getters(&ast);
         ast.set_source(file);
         Ok(Expr {
             file: file.to_string(),

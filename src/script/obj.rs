@@ -11,7 +11,10 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, ImmutableString, NativeCallContext};
+use rhai::{
+    AST, ASTNode, Array, Dynamic, Engine, EvalAltResult, INT, ImmutableString, Module,
+    NativeCallContext, Position,
+};
 use serde_json::Value;
 
 use crate::util::hash::{Fnv64, hash_value};
@@ -310,110 +313,46 @@ pub fn note_clock() {
     }
 }
 
-/// Field names common across Kubernetes objects and Runbook's kinds.
-const COMMON_FIELDS: &[&str] = &[
-    "apiVersion",
-    "kind",
-    "metadata",
-    "spec",
-    "status",
-    "name",
-    "namespace",
-    "uid",
-    "labels",
-    "annotations",
-    "generation",
-    "resourceVersion",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "finalizers",
-    "ownerReferences",
-    "controller",
-    "conditions",
-    "type",
-    "reason",
-    "message",
-    "lastTransitionTime",
-    "observedGeneration",
-    "phase",
-    "replicas",
-    "readyReplicas",
-    "availableReplicas",
-    "updatedReplicas",
-    "selector",
-    "matchLabels",
-    "template",
-    "containers",
-    "initContainers",
-    "containerStatuses",
-    "initContainerStatuses",
-    "image",
-    "command",
-    "args",
-    "env",
-    "value",
-    "ports",
-    "volumes",
-    "volumeMounts",
-    "state",
-    "lastState",
-    "terminated",
-    "waiting",
-    "running",
-    "exitCode",
-    "restartCount",
-    "ready",
-    "active",
-    "succeeded",
-    "failed",
-    "startTime",
-    "completionTime",
-    "readyToUse",
-    "error",
-    "source",
-    "data",
-    "items",
-    "time",
-    "score",
-    "revision",
-    "targetRef",
-    "benchmark",
-    "threshold",
-    "schedule",
-    "alert",
-    "historyLimit",
-    "suspend",
-    "activeDeadlineSeconds",
-    "lastRunTime",
-    "nextRunTime",
-    "currentRun",
-    "lastScore",
-    "scoreHistory",
-    "lastGoodRevision",
-    "lastRollback",
-    "fromRevision",
-    "toRevision",
-    "lastError",
-    "decisions",
-    "database",
-    "statefulSet",
-    "podSelector",
-    "dump",
-    "pvc",
-    "volumeSnapshotClassName",
-    "destination",
-    "retention",
-    "modelUri",
-    "servingImage",
-    "downloaderImage",
-    "gpusPerReplica",
-    "weights",
-    "size",
-    "storageClassName",
-    "port",
-    "team",
-    "severity",
-];
+/// Getters for views of every field a script reads as `.field`, to add to
+/// its compiled form.
+///
+/// Rhai reads `x.field` of a custom type through a getter named for the
+/// field; where there is none it formats an error, drops it and goes to
+/// the indexer: a few thousand instructions on every read of a field of
+/// an object. The names a script reads are known once it compiles, so it
+/// carries a getter for each (they do what the indexer does).
+pub fn field_getters(ast: &AST) -> AST {
+    let mut names = std::collections::BTreeSet::new();
+    ast.walk(&mut |nodes: &[ASTNode]| {
+        if let Some(ASTNode::Expr(rhai::Expr::Property(p, _))) = nodes.last() {
+            names.insert(p.2.clone());
+        }
+        true
+    });
+    let mut module = Module::new();
+    for name in names {
+        let getter = name.clone();
+        module.set_getter_fn(
+            getter.as_str(),
+            move |ctx: NativeCallContext, o: &mut Obj| -> Result<Dynamic, Box<EvalAltResult>> {
+                o.read(&ctx, &name).map_err(at_dot)
+            },
+        );
+    }
+    AST::new_from_module(module)
+}
+
+/// A failed `.field` read through a getter, placed where Rhai places one
+/// through the indexer: at the `.` before the field.
+fn at_dot(mut err: Box<EvalAltResult>) -> Box<EvalAltResult> {
+    if let EvalAltResult::ErrorRuntime(_, pos) = err.as_mut()
+        && let (Some(line), Some(col)) = (pos.line(), pos.position())
+        && col > 1
+    {
+        *pos = Position::new(line as u16, col as u16 - 1);
+    }
+    err
+}
 
 const READ_ONLY: &str = "objects from ctx are read-only; take a copy you can change with to_map(x)";
 
@@ -421,14 +360,6 @@ const READ_ONLY: &str = "objects from ctx are read-only; take a copy you can cha
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<Obj>("object");
     engine.register_indexer_get(|ctx: NativeCallContext, o: &mut Obj, key: &str| o.read(&ctx, key));
-    // Property access on a custom type tries a getter first and falls back
-    // to the indexer only after building an error; naming the common
-    // Kubernetes fields skips that detour for most reads.
-    for name in COMMON_FIELDS {
-        engine.register_get(name, move |ctx: NativeCallContext, o: &mut Obj| {
-            o.read(&ctx, name)
-        });
-    }
     engine.register_indexer_set(
         |ctx: NativeCallContext,
          _: &mut Obj,

@@ -224,6 +224,44 @@ mod tests {
         assert_eq!(run("let m = #{a: 1}; m.b == ()").unwrap(), "true");
     }
 
+    /// Fields of a user's own kind (names no Kubernetes kind has) read
+    /// with `.field` as with `["field"]`, and a misspelt one fails at its
+    /// `.` like any other, in a script and in an expression alike.
+    #[test]
+    fn a_users_own_field_names_read_as_any_other() {
+        let engine = ScriptEngine::default();
+        let script = engine
+            .compile(
+                "t.rhai",
+                "fn f(x) {\n`${x.spec.warpFactor}/${x.spec[\"warpFactor\"]}/${x.spec?.shieldsUp ?? \"none\"}`\n}",
+            )
+            .unwrap();
+        let x = obj::view(Arc::new(json!({"spec": {"warpFactor": 9}})));
+        let out = engine.call(&script, "f", (x.clone(),)).unwrap();
+        assert_eq!(out.to_string(), "9/9/none");
+
+        let expr = engine
+            .compile_expr(
+                "p.yaml",
+                "it.spec.warpFactr > 1",
+                crate::util::yaml::Pos { line: 4, col: 12 },
+                None,
+            )
+            .unwrap();
+        let mut scope = rhai::Scope::new();
+        scope.push_dynamic("it", x);
+        let err = engine.eval(&expr, &mut scope).unwrap_err();
+        let p = err.pos.expect("a position");
+        // `it.spec.` puts the `.` before the field at column 8 of the
+        // expression, which starts at column 12 of line 4.
+        assert_eq!((p.line, p.col), (4, 19), "{}", err.message);
+        assert!(
+            err.message.contains("did you mean `warpFactor`?"),
+            "{}",
+            err.message
+        );
+    }
+
     #[test]
     fn nothing_turned_into_text_is_an_error_at_its_place() {
         let (line, col, msg) = at(run("let v = x.spec?.verison;\n`postgres:${v}`").unwrap_err());
