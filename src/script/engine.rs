@@ -314,10 +314,11 @@ impl ScriptEngine {
             .engine
             .compile_expression_with_scope(&scope, text)
             .map_err(|e| ScriptError::from_parse(file, &e, origin))?;
+        // The functions script was compiled with its own getters.
+        ast += super::obj::field_getters(&ast);
         if let Some(f) = functions {
             ast = f.merge(&ast);
         }
-        ast += super::obj::field_getters(&ast);
         ast.set_source(file);
         Ok(Expr {
             file: file.to_string(),
