@@ -210,9 +210,26 @@ async fn hand_reconcile(item: Arc<DynamicObject>, ctx: Arc<Hand>) -> Result<Acti
     Ok(Action::await_change())
 }
 
+/// What the hand-written controller watches besides its Items.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Children {
+    /// Its ConfigMaps too (`Controller::owns`, the kube-rs idiom for a
+    /// controller that keeps children): a child deleted or edited wakes its
+    /// Item, as it does under Runbook, whose policy owns them.
+    Watched,
+    /// Nothing: it writes each child once and never looks at it again.
+    Unwatched,
+}
+
 /// The hand-written controller: reconcile until every Item in `namespace`
 /// is done; the time it took.
-pub async fn run_hand(sandbox: &Sandbox, namespace: &str, n: usize, concurrency: u16) -> Duration {
+pub async fn run_hand(
+    sandbox: &Sandbox,
+    namespace: &str,
+    n: usize,
+    concurrency: u16,
+    children: Children,
+) -> Duration {
     let client = sandbox.client();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &item_resource());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -226,6 +243,13 @@ pub async fn run_hand(sandbox: &Sandbox, namespace: &str, n: usize, concurrency:
     .graceful_shutdown_on(async move {
         let _ = stop_rx.await;
     });
+    let controller = match children {
+        Children::Watched => controller.owns(
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace),
+            watcher::Config::default().page_size(500),
+        ),
+        Children::Unwatched => controller,
+    };
     let task = tokio::spawn(
         controller
             .run(
@@ -326,10 +350,20 @@ pub struct OperatorFigures {
     pub targets: usize,
     /// Each round's time, in the order the rounds ran.
     pub runbook: Vec<Duration>,
+    /// The hand-written controller watching its children, as Runbook does.
     pub hand: Vec<Duration>,
+    /// The same controller without a watch on its children.
+    pub hand_unwatched: Vec<Duration>,
     pub noop_writes: u64,
     /// The most decisions a Runbook round made.
     pub decisions: u64,
+}
+
+fn ratios(a: &[Duration], b: &[Duration]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64().max(1e-9))
+        .collect()
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -345,16 +379,23 @@ fn median(v: &[f64]) -> f64 {
 impl OperatorFigures {
     /// Runbook's time over the hand-written controller's, per round.
     pub fn ratios(&self) -> Vec<f64> {
-        self.runbook
-            .iter()
-            .zip(&self.hand)
-            .map(|(r, h)| r.as_secs_f64() / h.as_secs_f64().max(1e-9))
-            .collect()
+        ratios(&self.runbook, &self.hand)
     }
 
     /// The median of the rounds' ratios.
     pub fn ratio(&self) -> f64 {
         median(&self.ratios())
+    }
+
+    /// The median of the rounds' ratios against the hand-written
+    /// controller that does not watch its children.
+    pub fn ratio_unwatched(&self) -> f64 {
+        median(&ratios(&self.runbook, &self.hand_unwatched))
+    }
+
+    /// That controller's median round, in seconds.
+    pub fn median_hand_unwatched(&self) -> f64 {
+        median_secs(&self.hand_unwatched)
     }
 
     /// Runbook's median round, in seconds.
@@ -377,40 +418,58 @@ impl OperatorFigures {
     }
 }
 
-/// `rounds` interleaved rounds (hand-written first, then Runbook first,
-/// and so on), each controller on a fresh sandbox holding just its `n`
-/// Items, so neither pays for the other's objects or runs on a warmer
-/// machine.
+/// `rounds` interleaved rounds (the controllers take turns going first),
+/// each controller on a fresh sandbox holding just its `n` Items, so none
+/// pays for another's objects or always runs on a warmer machine.
 pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Who {
+        Runbook,
+        Hand(Children),
+    }
+    const ORDER: [Who; 3] = [
+        Who::Hand(Children::Watched),
+        Who::Runbook,
+        Who::Hand(Children::Unwatched),
+    ];
     let only = std::env::var("RUNBOOK_BENCH_ONLY").unwrap_or_default();
     let mut figures = OperatorFigures {
         targets: n,
         runbook: Vec::new(),
         hand: Vec::new(),
+        hand_unwatched: Vec::new(),
         noop_writes: 0,
         decisions: 0,
     };
     for round in 0..rounds.max(1) {
-        let hand_first = round % 2 == 0;
-        for hand_turn in [hand_first, !hand_first] {
+        for turn in 0..ORDER.len() {
+            let who = ORDER[(round + turn) % ORDER.len()];
+            let skipped = match who {
+                Who::Runbook => only == "hand",
+                Who::Hand(_) => only == "runbook",
+            };
             let sandbox = Sandbox::default();
-            if hand_turn {
-                if only == "runbook" {
-                    figures.hand.push(Duration::from_secs(1));
-                    continue;
+            match who {
+                Who::Runbook if skipped => figures.runbook.push(Duration::from_secs(1)),
+                Who::Runbook => {
+                    populate(&sandbox, "runbook", n);
+                    let run = run_runbook(&sandbox, "runbook", n, 16).await;
+                    figures.runbook.push(run.took);
+                    figures.noop_writes = figures.noop_writes.max(run.noop_writes);
+                    figures.decisions = figures.decisions.max(run.decisions);
                 }
-                populate(&sandbox, "hand", n);
-                figures.hand.push(run_hand(&sandbox, "hand", n, 16).await);
-            } else {
-                if only == "hand" {
-                    figures.runbook.push(Duration::from_secs(1));
-                    continue;
+                Who::Hand(children) => {
+                    let took = if skipped {
+                        Duration::from_secs(1)
+                    } else {
+                        populate(&sandbox, "hand", n);
+                        run_hand(&sandbox, "hand", n, 16, children).await
+                    };
+                    match children {
+                        Children::Watched => figures.hand.push(took),
+                        Children::Unwatched => figures.hand_unwatched.push(took),
+                    }
                 }
-                populate(&sandbox, "runbook", n);
-                let run = run_runbook(&sandbox, "runbook", n, 16).await;
-                figures.runbook.push(run.took);
-                figures.noop_writes = figures.noop_writes.max(run.noop_writes);
-                figures.decisions = figures.decisions.max(run.decisions);
             }
         }
     }

@@ -278,7 +278,9 @@ async fn operator(n: usize, rounds: usize) -> Vec<Row> {
     vec![
         Row::new(
             s,
-            format!("hand-written kube-rs controller, {n} targets, median of {rounds}"),
+            format!(
+                "hand-written kube-rs controller owning its ConfigMaps (as Runbook does), {n} targets, median of {rounds}"
+            ),
             f.median_hand(),
             "s",
         ),
@@ -297,6 +299,20 @@ async fn operator(n: usize, rounds: usize) -> Vec<Row> {
         .goal(Goal::AtMost(1.3)),
         Row::new(s, "Runbook / hand-written, lowest round", low, "x"),
         Row::new(s, "Runbook / hand-written, highest round", high, "x"),
+        Row::new(
+            s,
+            format!(
+                "the hand-written controller without a watch on its ConfigMaps, median of {rounds}"
+            ),
+            f.median_hand_unwatched(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("Runbook / that controller, median of {rounds} interleaved rounds"),
+            f.ratio_unwatched(),
+            "x",
+        ),
         Row::new(
             s,
             "Runbook decisions per target, from new to done (most of the rounds)",
