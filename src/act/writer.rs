@@ -279,11 +279,8 @@ impl Writer<'_> {
         .await?;
         // Decoded once, straight to the tree decisions read, without the
         // managedFields no decision reads (as the caches keep objects).
-        let mut after: Value = serde_json::from_str(&answer).map_err(kube::Error::SerdeError)?;
-        if let Some(m) = after.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("managedFields");
-        }
-        Ok(after)
+        crate::observe::object::decode_without_managed_fields(&answer)
+            .map_err(kube::Error::SerdeError)
     }
 
     /// Add or remove one finalizer of the target, guarded by its

@@ -159,6 +159,15 @@ impl<'de> Deserialize<'de> for RawObject {
     }
 }
 
+/// An object's JSON text decoded to a tree without its
+/// `metadata.managedFields`, which are never built.
+pub fn decode_without_managed_fields(text: &str) -> serde_json::Result<Value> {
+    let mut d = serde_json::Deserializer::from_str(text);
+    let v = serde::Deserializer::deserialize_any(&mut d, WithoutManagedFields { top: true })?;
+    d.end()?;
+    Ok(v)
+}
+
 /// Decodes an object as a JSON tree, passing over `metadata.managedFields`
 /// instead of building it (a good part of what the API server sends, and
 /// dropped anyway): one pass, and no tree built only to be freed.
@@ -338,6 +347,10 @@ mod tests {
             .unwrap()
             .remove("managedFields");
         assert_eq!(v, want, "everything but metadata.managedFields, as sent");
+        // A write's answer, decoded the same way.
+        assert_eq!(decode_without_managed_fields(text).unwrap(), want);
+        assert!(decode_without_managed_fields(&format!("{text} x")).is_err());
+        assert!(decode_without_managed_fields("{\"metadata\":").is_err());
         // Not an object at all: decoded, and marked.
         for odd in ["[1,2]", "3", "\"x\"", "null", "true"] {
             let o: RawObject = serde_json::from_str(odd).unwrap();
