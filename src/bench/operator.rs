@@ -422,7 +422,7 @@ impl OperatorFigures {
 /// each controller on a fresh sandbox holding just its `n` Items, so none
 /// pays for another's objects or always runs on a warmer machine.
 pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
-    #[derive(Clone, Copy, PartialEq)]
+    #[derive(Clone, Copy)]
     enum Who {
         Runbook,
         Hand(Children),
@@ -448,28 +448,26 @@ pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
                 Who::Runbook => only == "hand",
                 Who::Hand(_) => only == "runbook",
             };
-            let sandbox = Sandbox::default();
-            match who {
-                Who::Runbook if skipped => figures.runbook.push(Duration::from_secs(1)),
+            let took = match who {
+                _ if skipped => Duration::from_secs(1),
                 Who::Runbook => {
+                    let sandbox = Sandbox::default();
                     populate(&sandbox, "runbook", n);
                     let run = run_runbook(&sandbox, "runbook", n, 16).await;
-                    figures.runbook.push(run.took);
                     figures.noop_writes = figures.noop_writes.max(run.noop_writes);
                     figures.decisions = figures.decisions.max(run.decisions);
+                    run.took
                 }
                 Who::Hand(children) => {
-                    let took = if skipped {
-                        Duration::from_secs(1)
-                    } else {
-                        populate(&sandbox, "hand", n);
-                        run_hand(&sandbox, "hand", n, 16, children).await
-                    };
-                    match children {
-                        Children::Watched => figures.hand.push(took),
-                        Children::Unwatched => figures.hand_unwatched.push(took),
-                    }
+                    let sandbox = Sandbox::default();
+                    populate(&sandbox, "hand", n);
+                    run_hand(&sandbox, "hand", n, 16, children).await
                 }
+            };
+            match who {
+                Who::Runbook => figures.runbook.push(took),
+                Who::Hand(Children::Watched) => figures.hand.push(took),
+                Who::Hand(Children::Unwatched) => figures.hand_unwatched.push(took),
             }
         }
     }
