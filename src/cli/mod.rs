@@ -105,6 +105,7 @@ pub async fn shutdown_signal() {
 }
 
 pub fn main() -> ExitCode {
+    crate::util::memory::prefer_small_pages();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),

@@ -1,7 +1,10 @@
-//! Small shared pieces: YAML with positions, time formatting, hashing.
+//! Small shared pieces: YAML with positions, time formatting, hashing,
+//! the process's memory settings.
 
 #[allow(unsafe_code)]
 pub mod hash;
+#[allow(unsafe_code)]
+pub mod memory;
 pub mod suggest;
 pub mod time;
 pub mod yaml;
