@@ -118,11 +118,104 @@ pub struct DecisionFigures {
     pub scripted_idle: Stats,
     /// The lowest and highest round median of the rollback decision.
     pub scripted_spread: (std::time::Duration, std::time::Duration),
+    /// Operations Rhai counts for the rollback and the steady-state
+    /// decisions (what `max_operations` holds a script to).
+    pub operations: Option<u64>,
+    pub idle_operations: Option<u64>,
+    /// Rhai's cheapest operation, measured in the same rounds (`Floor`).
+    pub floor_per_operation: std::time::Duration,
 }
 
 impl DecisionFigures {
     pub fn ratio(&self) -> f64 {
         self.scripted.median.as_nanos() as f64 / self.native.median.as_nanos().max(1) as f64
+    }
+
+    /// The rollback decision's operations, each at the cost of Rhai's
+    /// cheapest: no Rhai script of that many operations runs faster.
+    pub fn floor(&self) -> Option<std::time::Duration> {
+        let ops = u32::try_from(self.operations?).ok()?;
+        Some(self.floor_per_operation * ops)
+    }
+}
+
+/// The fewest operations `runs_within(limit)` succeeds under: the count
+/// Rhai holds a script to with `max_operations`. `None` past 16 million.
+fn least_operations(mut runs_within: impl FnMut(u64) -> bool) -> Option<u64> {
+    const MOST: u64 = 1 << 24;
+    if !runs_within(MOST) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1, MOST);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if runs_within(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
+}
+
+/// Rhai's cheapest operation, on an engine with nothing of Runbook's (no
+/// functions of its own, no limits, no progress callback): a loop that
+/// assigns a constant. A decision of N operations takes at least N of
+/// these under Rhai, whatever Runbook does around the script, so this is
+/// the floor the decision figures are read against.
+pub struct Floor {
+    engine: rhai::Engine,
+    ast: rhai::AST,
+    /// Operations of one call, as Rhai counts them.
+    pub operations: u64,
+}
+
+impl Floor {
+    const SCRIPT: &str = "fn f() { let a = 0; for i in 0..100 { a = 1; } a }";
+
+    pub fn new() -> Self {
+        let engine = rhai::Engine::new();
+        let ast = engine.compile(Self::SCRIPT).expect("the floor script");
+        let operations = least_operations(|limit| {
+            let mut limited = rhai::Engine::new();
+            limited.set_max_operations(limit);
+            limited
+                .call_fn::<rhai::Dynamic>(&mut rhai::Scope::new(), &ast, "f", ())
+                .is_ok()
+        })
+        .expect("the floor script ends");
+        Self {
+            engine,
+            ast,
+            operations,
+        }
+    }
+
+    pub fn call(&self) -> rhai::Dynamic {
+        self.engine
+            .call_fn(&mut rhai::Scope::new(), &self.ast, "f", ())
+            .expect("the floor script")
+    }
+}
+
+impl Default for Floor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Setup {
+    /// Operations the shipped policy's script takes to decide `observed`.
+    pub fn operations(&self, observed: &Observed) -> Option<u64> {
+        let policy = &self.set.policies["evaluator-drift"];
+        least_operations(|limit| {
+            let engine = ScriptEngine::new(crate::script::ScriptLimits {
+                max_operations: limit,
+                wall_time: std::time::Duration::from_secs(1),
+                ..Default::default()
+            });
+            decide::decide(&engine, policy, observed).is_ok()
+        })
     }
 }
 
@@ -149,14 +242,16 @@ pub fn run(policies: &std::path::Path, iters: usize) -> DecisionFigures {
     let idle = setup.idle();
     let policy = &setup.set.policies["evaluator-drift"];
     let per = (iters / ROUNDS).max(1);
-    let (mut scripted, mut native, mut scripted_idle) =
-        (Rounds::default(), Rounds::default(), Rounds::default());
+    let floor = Floor::new();
+    let [mut scripted, mut native, mut scripted_idle, mut floor_calls] =
+        std::array::from_fn(|_| Rounds::default());
     for _ in 0..ROUNDS {
         scripted.push(samples(per / 10, per, || setup.scripted()));
         native.push(samples(per / 10, per, || setup.native()));
         scripted_idle.push(samples(per / 10, per, || {
             decide::decide(&setup.engine, policy, &idle).expect("decision")
         }));
+        floor_calls.push(samples(per / 10, per, || floor.call()));
     }
     DecisionFigures {
         target_bytes: setup.target_bytes(),
@@ -164,5 +259,8 @@ pub fn run(policies: &std::path::Path, iters: usize) -> DecisionFigures {
         native: native.stats(),
         scripted_idle: scripted_idle.stats(),
         scripted_spread: scripted.spread(),
+        operations: setup.operations(&setup.observed),
+        idle_operations: setup.operations(&idle),
+        floor_per_operation: floor_calls.stats().median / floor.operations as u32,
     }
 }

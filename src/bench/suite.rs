@@ -166,6 +166,44 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
             "us",
         )
         .goal(Goal::AtMost(15.0)),
+    ];
+    // What the Rhai interpreter alone costs the decisions: their operations
+    // as Rhai counts them, and the rollback decision's at the cost of the
+    // cheapest operation (no Rhai script that long runs faster).
+    for (what, ops) in [
+        ("rollback decision", f.operations),
+        ("steady state", f.idle_operations),
+    ] {
+        if let Some(ops) = ops {
+            rows.push(Row::new(
+                s,
+                format!("Rhai policy: {what}, script operations"),
+                ops as f64,
+                "ops",
+            ));
+        }
+    }
+    rows.push(Row::new(
+        s,
+        "plain Rhai engine: cheapest operation (a loop assigning a constant), median of 5 rounds",
+        f.floor_per_operation.as_secs_f64() * 1e9,
+        "ns",
+    ));
+    if let Some(floor) = f.floor() {
+        rows.push(Row::new(
+            s,
+            "Rhai floor of the rollback decision: its operations at the cheapest operation's cost",
+            us(floor),
+            "us",
+        ));
+        rows.push(Row::new(
+            s,
+            "rollback decision / its Rhai floor",
+            f.scripted.median.as_secs_f64() / floor.as_secs_f64().max(1e-12),
+            "x",
+        ));
+    }
+    rows.extend([
         Row::new(
             s,
             "HTTP round trip on loopback (webhook floor), median",
@@ -178,7 +216,7 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
             http.median.as_secs_f64() / rhai,
             "x",
         ),
-    ];
+    ]);
     // The same decision as the hooks users write instead: a process per
     // event, deciding with jq or Python.
     for (figures, what, label, goal) in [
