@@ -122,8 +122,9 @@ pub struct DecisionFigures {
     /// decisions (what `max_operations` holds a script to).
     pub operations: Option<u64>,
     pub idle_operations: Option<u64>,
-    /// Rhai's cheapest operation, measured in the same rounds (`Floor`).
-    pub floor_per_operation: std::time::Duration,
+    /// A plain engine's time per operation, measured in the same rounds
+    /// (`PlainLoop`).
+    pub plain_per_operation: std::time::Duration,
 }
 
 impl DecisionFigures {
@@ -131,11 +132,12 @@ impl DecisionFigures {
         self.scripted.median.as_nanos() as f64 / self.native.median.as_nanos().max(1) as f64
     }
 
-    /// The rollback decision's operations, each at the cost of Rhai's
-    /// cheapest: no Rhai script of that many operations runs faster.
-    pub fn floor(&self) -> Option<std::time::Duration> {
+    /// The rollback decision's operations, each at a plain engine's time
+    /// per operation: what the interpreter alone would take for that many,
+    /// before any of Runbook's functions or a call's own cost.
+    pub fn at_plain_cost(&self) -> Option<std::time::Duration> {
         let ops = u32::try_from(self.operations?).ok()?;
-        Some(self.floor_per_operation * ops)
+        Some(self.plain_per_operation * ops)
     }
 }
 
@@ -158,24 +160,24 @@ fn least_operations(mut runs_within: impl FnMut(u64) -> bool) -> Option<u64> {
     Some(lo)
 }
 
-/// Rhai's cheapest operation, on an engine with nothing of Runbook's (no
-/// functions of its own, no limits, no progress callback): a loop that
-/// assigns a constant. A decision of N operations takes at least N of
-/// these under Rhai, whatever Runbook does around the script, so this is
-/// the floor the decision figures are read against.
-pub struct Floor {
+/// Rhai's time per operation on an engine with nothing of Runbook's (no
+/// functions of its own, no limits, no progress callback), running about
+/// the simplest script there is: a loop that assigns a constant. A
+/// decision's operations at this time each are what the interpreter
+/// alone costs it, the yardstick its figures are read against.
+pub struct PlainLoop {
     engine: rhai::Engine,
     ast: rhai::AST,
     /// Operations of one call, as Rhai counts them.
     pub operations: u64,
 }
 
-impl Floor {
+impl PlainLoop {
     const SCRIPT: &str = "fn f() { let a = 0; for i in 0..100 { a = 1; } a }";
 
     pub fn new() -> Self {
         let engine = rhai::Engine::new();
-        let ast = engine.compile(Self::SCRIPT).expect("the floor script");
+        let ast = engine.compile(Self::SCRIPT).expect("the plain loop");
         let operations = least_operations(|limit| {
             let mut limited = rhai::Engine::new();
             limited.set_max_operations(limit);
@@ -183,7 +185,7 @@ impl Floor {
                 .call_fn::<rhai::Dynamic>(&mut rhai::Scope::new(), &ast, "f", ())
                 .is_ok()
         })
-        .expect("the floor script ends");
+        .expect("the plain loop ends");
         Self {
             engine,
             ast,
@@ -194,11 +196,11 @@ impl Floor {
     pub fn call(&self) -> rhai::Dynamic {
         self.engine
             .call_fn(&mut rhai::Scope::new(), &self.ast, "f", ())
-            .expect("the floor script")
+            .expect("the plain loop")
     }
 }
 
-impl Default for Floor {
+impl Default for PlainLoop {
     fn default() -> Self {
         Self::new()
     }
@@ -242,8 +244,8 @@ pub fn run(policies: &std::path::Path, iters: usize) -> DecisionFigures {
     let idle = setup.idle();
     let policy = &setup.set.policies["evaluator-drift"];
     let per = (iters / ROUNDS).max(1);
-    let floor = Floor::new();
-    let [mut scripted, mut native, mut scripted_idle, mut floor_calls] =
+    let plain = PlainLoop::new();
+    let [mut scripted, mut native, mut scripted_idle, mut plain_calls] =
         std::array::from_fn(|_| Rounds::default());
     for _ in 0..ROUNDS {
         scripted.push(samples(per / 10, per, || setup.scripted()));
@@ -251,7 +253,7 @@ pub fn run(policies: &std::path::Path, iters: usize) -> DecisionFigures {
         scripted_idle.push(samples(per / 10, per, || {
             decide::decide(&setup.engine, policy, &idle).expect("decision")
         }));
-        floor_calls.push(samples(per / 10, per, || floor.call()));
+        plain_calls.push(samples(per / 10, per, || plain.call()));
     }
     DecisionFigures {
         target_bytes: setup.target_bytes(),
@@ -261,6 +263,6 @@ pub fn run(policies: &std::path::Path, iters: usize) -> DecisionFigures {
         scripted_spread: scripted.spread(),
         operations: setup.operations(&setup.observed),
         idle_operations: setup.operations(&idle),
-        floor_per_operation: floor_calls.stats().median / floor.operations as u32,
+        plain_per_operation: plain_calls.stats().median / plain.operations.max(1) as u32,
     }
 }
