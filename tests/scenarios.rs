@@ -168,13 +168,32 @@ fn a_missing_file_an_unknown_event_or_kind_fails_before_running() {
                     "  timeline:\n    - at: 1m\n      expect:\n        - {action: apply, kind: Jbo, name: x}\n",
                 ),
             ),
+            (
+                // A user's own kind whose CRD the timeline creates: too late
+                // for the kinds the scenario is checked against.
+                "late.yaml",
+                &scenario(
+                    "late",
+                    "chatbot-deployment.yaml",
+                    "  timeline:\n    - at: 0s\n      world:\n        - create:\n            object: {apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, metadata: {name: widgetries.acme.io}, spec: {group: acme.io, scope: Cluster, names: {kind: Widgetry, plural: widgetries}, versions: [{name: v1, served: true, storage: true}]}}\n      expect:\n        - {action: status, kind: Widgetry, name: w1}\n",
+                ),
+            ),
         ],
     );
     chatbot_objects(&dir);
     for (file, line, words) in [
         ("missing.yaml", 7, "nowhere.yaml"),
         ("event.yaml", 13, "explode"),
-        ("kind.yaml", 13, "Jbo"),
+        (
+            "kind.yaml",
+            13,
+            "\"Jbo\": the sandbox serves no such kind (did you mean Job?)",
+        ),
+        (
+            "late.yaml",
+            16,
+            "CustomResourceDefinition widgetries.acme.io is created in the timeline (line 13)",
+        ),
     ] {
         let path = dir.join(file);
         let out = runbook(&["simulate", path.to_str().unwrap()]);

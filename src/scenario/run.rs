@@ -167,15 +167,30 @@ fn is_crd(o: &Value) -> bool {
 /// Kinds named by rules, world events, expectations and final checks
 /// that the API does not serve: such an expectation could never match.
 fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
+    let late = timeline_crds(s);
     let mut errors = Vec::new();
     let mut check = |api_version: Option<&str>, kind: &str, pos| {
         if kinds.find(api_version, kind).is_none() {
+            let message = match late.iter().find(|(k, _, _)| k == kind) {
+                Some((_, name, at)) => format!(
+                    "unknown kind {kind:?}: its CustomResourceDefinition {name} is created in the timeline (line {}), \
+                     after the scenario's kinds are set; list its file under spec.objects instead",
+                    at.line
+                ),
+                None => match kinds.nearest(kind) {
+                    Some(near) => format!(
+                        "unknown kind {kind:?}: the sandbox serves no such kind (did you mean {near}?)"
+                    ),
+                    None => format!(
+                        "unknown kind {kind:?}: the sandbox serves no such kind; add the \
+                         CustomResourceDefinition that defines it to spec.objects"
+                    ),
+                },
+            };
             errors.push(ScenarioError {
                 file: s.file.clone(),
                 pos: Some(pos),
-                message: format!(
-                    "unknown kind {kind:?}: the sandbox serves no such kind (is its CRD among the objects?)"
-                ),
+                message,
             });
         }
     };
@@ -201,6 +216,32 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
         check(f.api_version.as_deref(), &f.kind, *pos);
     }
     errors
+}
+
+/// CustomResourceDefinitions the timeline creates: the kind each
+/// defines, its name, and where the step creating it is.
+fn timeline_crds(s: &Scenario) -> Vec<(String, String, crate::util::yaml::Pos)> {
+    let mut out = Vec::new();
+    for step in &s.steps {
+        for (w, pos) in &step.world {
+            let WorldEvent::Create(c) = w else { continue };
+            let objects = match (&c.file, &c.object) {
+                (Some(f), _) => std::fs::read_to_string(s.dir.join(f))
+                    .ok()
+                    .and_then(|t| crate::util::yaml::parse_documents(&t).ok())
+                    .unwrap_or_default(),
+                (None, Some(o)) => vec![o.clone()],
+                _ => Vec::new(),
+            };
+            for o in objects.iter().filter(|o| is_crd(o)) {
+                if let Some(kind) = o["spec"]["names"]["kind"].as_str() {
+                    let name = o["metadata"]["name"].as_str().unwrap_or(kind);
+                    out.push((kind.to_string(), name.to_string(), *pos));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn load_error(file: &str, message: String) -> ScenarioError {

@@ -44,6 +44,11 @@ impl Kinds {
         }
     }
 
+    /// The served kind whose name is nearest `kind` (a typo's fix).
+    pub fn nearest(&self, kind: &str) -> Option<&str> {
+        crate::util::suggest::closest(kind, self.defs.iter().map(|d| d.kind.as_str()))
+    }
+
     /// The kind by name (and apiVersion, when given). Core kinds win over
     /// same-named kinds of other groups, as kubectl resolves them.
     pub fn find(&self, api_version: Option<&str>, kind: &str) -> Option<Served> {
