@@ -178,10 +178,17 @@ pub fn folded_timeline(report: &Report) -> String {
 /// What a run did, in a few lines: expectations, actions by kind, API
 /// writes, alerts.
 pub fn closing_summary(report: &Report) -> String {
-    let failed = report.failures.len();
-    let held = report
-        .checked
-        .saturating_sub(report.failures.iter().filter(|f| f.pos.is_some()).count());
+    // Failures with a place are expectations that did not hold; the others
+    // (a script's error, a refused action, a load error) are their causes,
+    // counted apart so the numbers add up to the expectations checked.
+    let failed = report.failures.iter().filter(|f| f.pos.is_some()).count();
+    let causes = report.failures.len() - failed;
+    let held = report.checked.saturating_sub(failed);
+    let besides = match causes {
+        0 => String::new(),
+        1 => ", and 1 failure besides them".to_string(),
+        n => format!(", and {n} failures besides them"),
+    };
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     let mut writes = 0;
     let (mut fired, mut resolved) = (0, 0);
@@ -209,7 +216,7 @@ pub fn closing_summary(report: &Report) -> String {
     }
     let actions: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
     format!(
-        "summary: {held} expectations held, {failed} failed\n  actions: {}\n  API writes: {writes}\n  alerts: {fired} fired, {resolved} resolved\n",
+        "summary: {held} expectations held, {failed} failed{besides}\n  actions: {}\n  API writes: {writes}\n  alerts: {fired} fired, {resolved} resolved\n",
         if actions.is_empty() {
             "none".to_string()
         } else {
@@ -238,6 +245,37 @@ mod tests {
         );
         assert_eq!(token_shape("lastScore=0.91"), "lastScore=0.91");
         assert_eq!(token_shape("orders-before-16-4"), "orders-before-16-4");
+    }
+
+    #[test]
+    fn the_summary_counts_expectations_apart_from_their_causes() {
+        use crate::util::yaml::Pos;
+        let failure = |pos: Option<Pos>, message: &str| super::super::report::Failure {
+            pos,
+            message: message.to_string(),
+            detail: Vec::new(),
+        };
+        let mut report = Report {
+            name: "s".into(),
+            file: "s.yaml".into(),
+            start: "2026-11-29T09:00:00Z".parse().unwrap(),
+            entries: Vec::new(),
+            checked: 3,
+            failures: vec![
+                failure(Some(Pos { line: 15, col: 11 }), "want a status"),
+                failure(None, "policy widgets failed on Widgetry /w1"),
+            ],
+            load_errors: Vec::new(),
+            set_aside: Vec::new(),
+            specs: Default::default(),
+        };
+        let first = |r: &Report| closing_summary(r).lines().next().unwrap().to_string();
+        assert_eq!(
+            first(&report),
+            "summary: 2 expectations held, 1 failed, and 1 failure besides them"
+        );
+        report.failures.remove(1);
+        assert_eq!(first(&report), "summary: 2 expectations held, 1 failed");
     }
 
     #[test]
