@@ -169,6 +169,24 @@ fn a_missing_file_an_unknown_event_or_kind_fails_before_running() {
                 ),
             ),
             (
+                // A fault that could never fire: the scenario would pass
+                // without the failure it is about.
+                "verb.yaml",
+                &scenario(
+                    "verb",
+                    "chatbot-deployment.yaml",
+                    "  timeline:\n    - at: 1m\n      world:\n        - fail: {verb: apply}\n",
+                ),
+            ),
+            (
+                "resource.yaml",
+                &scenario(
+                    "resource",
+                    "chatbot-deployment.yaml",
+                    "  timeline:\n    - at: 1m\n      world:\n        - fail: {verb: patch, resource: Job}\n",
+                ),
+            ),
+            (
                 // A user's own kind whose CRD the timeline creates: too late
                 // for the kinds the scenario is checked against.
                 "late.yaml",
@@ -190,6 +208,16 @@ fn a_missing_file_an_unknown_event_or_kind_fails_before_running() {
             "\"Jbo\": the sandbox serves no such kind (did you mean Job?)",
         ),
         (
+            "verb.yaml",
+            13,
+            "unknown verb \"apply\" (a server-side apply is a patch); the API's verbs are get, list",
+        ),
+        (
+            "resource.yaml",
+            13,
+            "no resource \"Job\" is served (did you mean jobs?)",
+        ),
+        (
             "late.yaml",
             16,
             "CustomResourceDefinition widgetries.acme.io is created in the timeline (line 13)",
@@ -202,8 +230,9 @@ fn a_missing_file_an_unknown_event_or_kind_fails_before_running() {
         let want = format!("{}:{line}:", path.display());
         assert!(t.contains(&want), "want {want} in:\n{t}");
         assert!(t.contains(words), "want {words} in:\n{t}");
+        // A timeline line (`  +1m  apply ...`) would mean it ran.
         assert!(
-            !t.contains(" apply ") && !t.contains(" world "),
+            !t.lines().any(|l| l.trim_start().starts_with('+')),
             "a bad scenario must not run:\n{t}"
         );
     }

@@ -21,19 +21,19 @@ impl Verb {
     /// A verb by name (`get`, `list`, `watch`, `create`, `update`, `patch`,
     /// `delete`, `deletecollection`).
     pub fn parse(text: &str) -> Option<Self> {
-        [
-            Verb::Get,
-            Verb::List,
-            Verb::Watch,
-            Verb::Create,
-            Verb::Update,
-            Verb::Patch,
-            Verb::Delete,
-            Verb::DeleteCollection,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == text)
+        Self::ALL.into_iter().find(|v| v.as_str() == text)
     }
+
+    pub const ALL: [Verb; 8] = [
+        Verb::Get,
+        Verb::List,
+        Verb::Watch,
+        Verb::Create,
+        Verb::Update,
+        Verb::Patch,
+        Verb::Delete,
+        Verb::DeleteCollection,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -732,7 +732,22 @@ impl Loader {
                 if let Some(v) = &f.verb
                     && crate::sandbox::faults::Verb::parse(v).is_none()
                 {
-                    self.fail(Some(pos), format!("fail: unknown verb {v:?}"));
+                    let known: Vec<&str> = crate::sandbox::faults::Verb::ALL
+                        .iter()
+                        .map(|v| v.as_str())
+                        .collect();
+                    let apply = if v == "apply" {
+                        " (a server-side apply is a patch)"
+                    } else {
+                        ""
+                    };
+                    self.fail(
+                        Some(pos),
+                        format!(
+                            "fail: unknown verb {v:?}{apply}; the API's verbs are {}",
+                            known.join(", ")
+                        ),
+                    );
                 }
             }
             _ => {}

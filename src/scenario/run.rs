@@ -169,6 +169,7 @@ fn is_crd(o: &Value) -> bool {
 fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
     let late = timeline_crds(s);
     let mut errors = Vec::new();
+    let mut faults: Vec<(crate::util::yaml::Pos, String)> = Vec::new();
     let mut check = |api_version: Option<&str>, kind: &str, pos| {
         if kinds.find(api_version, kind).is_none() {
             let message = match late.iter().find(|(k, _, _)| k == kind) {
@@ -203,6 +204,7 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
                 WorldEvent::Update(u) => check(u.api_version.as_deref(), &u.kind, *pos),
                 WorldEvent::Delete(d) => check(d.api_version.as_deref(), &d.kind, *pos),
                 WorldEvent::SnapshotReady(_) => check(None, "VolumeSnapshot", *pos),
+                WorldEvent::Fail(f) => faults.extend(unserved_resource(f, kinds, *pos)),
                 _ => {}
             }
         }
@@ -215,7 +217,36 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
     for (f, pos) in &s.final_ {
         check(f.api_version.as_deref(), &f.kind, *pos);
     }
+    errors.extend(faults.into_iter().map(|(pos, message)| ScenarioError {
+        file: s.file.clone(),
+        pos: Some(pos),
+        message,
+    }));
     errors
+}
+
+/// A `fail` event whose resource the API does not serve would never
+/// fire, and the scenario would pass without the failure it is about.
+fn unserved_resource(
+    f: &super::model::FailSpec,
+    kinds: &Kinds,
+    pos: crate::util::yaml::Pos,
+) -> Option<(crate::util::yaml::Pos, String)> {
+    let r = f.resource.as_deref()?;
+    let plural = r.split('/').next().unwrap_or(r);
+    if kinds.serves_plural(plural) {
+        return None;
+    }
+    let hint = kinds
+        .plural_for(plural)
+        .map(|p| format!(" (did you mean {p}?)"))
+        .unwrap_or_default();
+    Some((
+        pos,
+        format!(
+            "fail: no resource {r:?} is served{hint}; name it by its plural, as in the API's paths (jobs, configmaps, or plural/status)"
+        ),
+    ))
 }
 
 /// CustomResourceDefinitions the timeline creates: the kind each

@@ -49,6 +49,23 @@ impl Kinds {
         crate::util::suggest::closest(kind, self.defs.iter().map(|d| d.kind.as_str()))
     }
 
+    /// Whether a resource of this plural (as in the API's paths) is served.
+    pub fn serves_plural(&self, plural: &str) -> bool {
+        self.defs.iter().any(|d| d.plural == plural)
+    }
+
+    /// The plural meant by `name`: a kind's of that name (in any case),
+    /// else the nearest served plural.
+    pub fn plural_for(&self, name: &str) -> Option<&str> {
+        self.defs
+            .iter()
+            .find(|d| d.kind.eq_ignore_ascii_case(name))
+            .map(|d| d.plural.as_str())
+            .or_else(|| {
+                crate::util::suggest::closest(name, self.defs.iter().map(|d| d.plural.as_str()))
+            })
+    }
+
     /// The kind by name (and apiVersion, when given). Core kinds win over
     /// same-named kinds of other groups, as kubectl resolves them.
     pub fn find(&self, api_version: Option<&str>, kind: &str) -> Option<Served> {
