@@ -386,6 +386,58 @@ fn api_faults_are_retried_and_nothing_is_done_twice() {
     assert!(out.status.success(), "{t}");
 }
 
+/// A status write the API refuses is in the timeline as failed, with why;
+/// and the status of a decision whose action failed is shown as written:
+/// its conditions and record, not the fields the decision meant to set.
+#[test]
+fn a_failed_status_write_and_a_failed_decisions_status_are_shown_as_they_were() {
+    let dir = dir_with("status-fault", &[]);
+    std::fs::create_dir_all(&dir).unwrap();
+    chatbot_objects(&dir);
+    let s = scenario(
+        "status-fault",
+        "chatbot-deployment.yaml",
+        "  timeline:
+    - at: 1m
+      world:
+        - fail: {verb: patch, resource: jobs, code: 503, count: 1}
+        - fail: {verb: patch, resource: evaluators/status, code: 503, count: 1}
+        - create: {file: chatbot-evaluator.yaml}
+      expect:
+        - {action: apply, kind: Job, result: failed}
+        - {action: status, kind: Evaluator, result: failed}
+        - {action: status, kind: Evaluator, fields: {phase: Running}}
+",
+    )
+    .replace("until: 2h", "until: 10m");
+    let file = dir.join("s.yaml");
+    std::fs::write(&file, s).unwrap();
+    let out = runbook(&["simulate", file.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("status   runbook.dev/v1alpha1 Evaluator default/chatbot  [failed] writing the status of"),
+        "{t}"
+    );
+    let out = runbook(&["simulate", file.to_str().unwrap(), "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entries = v["entries"]
+        .as_array()
+        .or_else(|| v[0]["entries"].as_array())
+        .expect("entries");
+    let status: Vec<&serde_json::Value> =
+        entries.iter().filter(|e| e["action"] == "status").collect();
+    // The first decision's apply failed: neither its failed write nor the
+    // retry of its record carries phase Running; the one after the
+    // successful apply does.
+    let phases: Vec<(&str, Option<&str>)> = status
+        .iter()
+        .map(|e| (e["result"].as_str().unwrap(), e["fields"]["phase"].as_str()))
+        .collect();
+    assert_eq!(phases.first(), Some(&("failed", None)), "{phases:?}");
+    assert_eq!(phases.last(), Some(&("ok", Some("Running"))), "{phases:?}");
+}
+
 #[test]
 fn simulate_fails_when_an_expectation_fails() {
     let dir = dir_with(

@@ -422,21 +422,30 @@ async fn finish_status(
     let w = &x.writer;
     let (ns, name) = (target.namespace(), target.name());
     let kind = plan::kind_of(target.value());
+    // What the write sets, as the journal shows it: the decision's fields
+    // only when it was carried out (a failed one writes its conditions and
+    // record, not the fields it meant to set), and the conditions.
+    let set = || {
+        let mut set = match out.error {
+            None => Value::Object(plan.fields.clone()),
+            Some(_) => Value::Object(Default::default()),
+        };
+        if let Some(c) = end.status.get("conditions") {
+            set["conditions"] = c.clone();
+        }
+        set
+    };
+    let entry = |result: &str| {
+        Entry::new(w.now, "status", result)
+            .policy(&policy.name)
+            .object(&kind.api_version, &kind.kind, ns, name)
+    };
     match w.status(target_kind, ns, name, patch).await {
         Ok(after) => {
+            w.observe(|| entry("ok").fields(set()));
             out.writes += 1;
             out.status_written = true;
             out.target_after = Some(after);
-            w.observe(|| {
-                let mut set = Value::Object(plan.fields.clone());
-                if let Some(c) = end.status.get("conditions") {
-                    set["conditions"] = c.clone();
-                }
-                Entry::new(w.now, "status", "ok")
-                    .policy(&policy.name)
-                    .object(&kind.api_version, &kind.kind, ns, name)
-                    .fields(set)
-            });
         }
         Err(e) => {
             let m = format!(
@@ -444,6 +453,7 @@ async fn finish_status(
                 plan::target_string(&kind, ns, name),
                 crate::util::api_error(&e)
             );
+            w.observe(|| entry("failed").fields(set()).detail(m.clone()));
             out.error_label.get_or_insert("status");
             out.error.get_or_insert(m);
         }

@@ -140,13 +140,19 @@ impl Faults {
         *self.failed.lock().expect("faults lock")
     }
 
-    /// The code to fail this request with, if a rule matches (and uses it up).
+    /// The code to fail this request with, if a rule matches (and uses it
+    /// up). `resource` is the request's plural, or `plural/subresource`; a
+    /// rule on a plural matches its subresources too, a rule on
+    /// `plural/subresource` only that subresource.
     pub fn take(&self, verb: Verb, resource: &str) -> Option<u16> {
+        let plural = resource.split('/').next().unwrap_or(resource);
         let mut rules = self.rules.lock().expect("faults lock");
         let idx = rules.iter().position(|r| {
             r.remaining > 0
                 && r.verb.is_none_or(|v| v == verb)
-                && r.resource.as_deref().is_none_or(|res| res == resource)
+                && r.resource
+                    .as_deref()
+                    .is_none_or(|res| res == resource || res == plural)
         })?;
         rules[idx].remaining -= 1;
         let code = rules[idx].code;
@@ -155,5 +161,25 @@ impl Faults {
         }
         *self.failed.lock().expect("faults lock") += 1;
         Some(code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_on_a_plural_covers_its_subresources_and_one_on_a_subresource_only_it() {
+        let f = Faults::default();
+        f.fail_next(1, Some(Verb::Patch), Some("evaluators/status"), 503);
+        assert_eq!(f.take(Verb::Patch, "evaluators"), None, "the object itself");
+        assert_eq!(f.take(Verb::Patch, "evaluators/scale"), None);
+        assert_eq!(f.take(Verb::Patch, "evaluators/status"), Some(503));
+        assert_eq!(f.take(Verb::Patch, "evaluators/status"), None, "used up");
+        f.fail_next(2, None, Some("jobs"), 500);
+        assert_eq!(f.take(Verb::Patch, "jobs/status"), Some(500));
+        assert_eq!(f.take(Verb::Get, "jobs"), Some(500));
+        assert_eq!(f.take(Verb::Get, "jobs"), None);
+        assert_eq!(f.failed(), 3);
     }
 }

@@ -381,7 +381,7 @@ impl Api {
                 t.def.group
             ))));
         }
-        let code = self.faults.take(verb, &t.def.plural)?;
+        let code = self.faults.take(verb, &resource)?;
         let reason = match code {
             429 => "TooManyRequests",
             503 => "ServiceUnavailable",
@@ -389,7 +389,7 @@ impl Api {
             409 => "Conflict",
             _ => "InternalError",
         };
-        let message = format!("injected fault: {} {} failed", verb.as_str(), t.def.plural);
+        let message = format!("injected fault: {} {resource} failed", verb.as_str());
         let mut r = error_response(&ApiError::new(code, reason, message));
         if code == 429 {
             r.headers_mut()

@@ -80,7 +80,10 @@ fn steady_fields(cycles: &[&[&Entry]]) -> String {
     // The status a cycle leaves: its status writes merged in order.
     let last_status = |c: &[&Entry]| -> Option<Value> {
         let mut merged = serde_json::Map::new();
-        for x in c.iter().filter(|x| x.action == "status") {
+        for x in c
+            .iter()
+            .filter(|x| x.action == "status" && x.result == "ok")
+        {
             if let Some(m) = x.fields.as_object() {
                 merged.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
             }

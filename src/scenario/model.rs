@@ -269,7 +269,8 @@ pub struct FailSpec {
     /// get, list, watch, create, update, patch, delete (default: any).
     #[serde(default)]
     pub verb: Option<String>,
-    /// A resource plural such as `jobs` (default: any).
+    /// A resource plural such as `jobs` (its subresources too), or one
+    /// subresource such as `jobs/status` (default: any).
     #[serde(default)]
     pub resource: Option<String>,
     /// The HTTP status code of the failures (default 500).

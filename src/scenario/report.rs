@@ -326,6 +326,7 @@ impl Report {
             format!("{} {} {}/{}", x.api_version, x.kind, x.namespace, x.name)
         };
         let mut detail = match x.action.as_str() {
+            "status" if x.result != "ok" && !x.detail.is_empty() => x.detail.clone(),
             "status" => status_summary(&x.fields),
             "rollback" => match (
                 x.fields["fromRevision"].as_i64(),
