@@ -137,6 +137,14 @@ fn scenario(name: &str, objects: &str, rest: &str) -> String {
         + rest
 }
 
+/// A fresh directory holding the chatbot Deployment and Evaluator.
+fn chatbot_dir(name: &str) -> PathBuf {
+    let dir = dir_with(name, &[]);
+    std::fs::create_dir_all(&dir).unwrap();
+    chatbot_objects(&dir);
+    dir
+}
+
 fn chatbot_objects(dir: &Path) {
     for f in ["chatbot-deployment.yaml", "chatbot-evaluator.yaml"] {
         std::fs::copy(repo().join("policies/scenarios").join(f), dir.join(f)).unwrap();
@@ -331,9 +339,7 @@ spec:
 
 #[test]
 fn a_failed_expectation_shows_what_was_wanted_and_what_happened() {
-    let dir = dir_with("diff", &[]);
-    std::fs::create_dir_all(&dir).unwrap();
-    chatbot_objects(&dir);
+    let dir = chatbot_dir("diff");
     let s = scenario(
         "wrong revision",
         "chatbot-deployment.yaml",
@@ -359,9 +365,7 @@ fn a_failed_expectation_shows_what_was_wanted_and_what_happened() {
 
 #[test]
 fn api_faults_are_retried_and_nothing_is_done_twice() {
-    let dir = dir_with("faults", &[]);
-    std::fs::create_dir_all(&dir).unwrap();
-    chatbot_objects(&dir);
+    let dir = chatbot_dir("faults");
     let s = scenario(
         "faults",
         "chatbot-deployment.yaml",
@@ -391,9 +395,7 @@ fn api_faults_are_retried_and_nothing_is_done_twice() {
 /// its conditions and record, not the fields the decision meant to set.
 #[test]
 fn a_failed_status_write_and_a_failed_decisions_status_are_shown_as_they_were() {
-    let dir = dir_with("status-fault", &[]);
-    std::fs::create_dir_all(&dir).unwrap();
-    chatbot_objects(&dir);
+    let dir = chatbot_dir("status-fault");
     let s = scenario(
         "status-fault",
         "chatbot-deployment.yaml",
