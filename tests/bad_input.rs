@@ -262,29 +262,6 @@ fn an_action_in_another_namespace_is_refused() {
 }
 
 #[test]
-fn a_namespaced_child_of_a_cluster_scoped_target_is_refused_not_sent() {
-    // A user's own cluster-scoped kind has no namespace to put a child in;
-    // sent as it is, the API answered 404 and the apply was retried forever.
-    let w = runtime_world(
-        "fn reconcile(ctx) {\n  [apply(#{ apiVersion: \"batch/v1\", kind: \"Job\", metadata: #{ name: \"x\" } }),\n   status(#{ phase: \"ok\" })]\n}\n",
-    );
-    let mut target = evaluator("fleet", "chatbot", 0.9);
-    target["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("namespace");
-    let d = w.decide("p", &target);
-    let refused: Vec<&String> = d.refused().filter_map(|p| p.refusal.as_ref()).collect();
-    assert_eq!(
-        refused,
-        [
-            "test/p.rhai:2:4: batch/v1 Job is namespaced and the target is cluster-scoped: a policy acts only in its target's namespace, and a cluster-scoped target has none"
-        ]
-    );
-    assert_eq!(d.allowed().count(), 1, "the status is still allowed");
-}
-
-#[test]
 fn reading_an_undeclared_kind_is_an_error() {
     // A kind named as a literal: when the policy loads, with what was meant.
     let errs = load_errors(&[

@@ -440,6 +440,81 @@ fn a_failed_status_write_and_a_failed_decisions_status_are_shown_as_they_were() 
     assert_eq!(phases.last(), Some(&("ok", Some("Running"))), "{phases:?}");
 }
 
+/// A user's own cluster-scoped kind has no namespace to keep a child in:
+/// the apply is refused with why, not sent without a namespace (the API
+/// answered 404 and it was retried for ever), and the rest of the
+/// decision is carried out.
+#[test]
+fn a_namespaced_child_of_a_cluster_scoped_target_is_refused_not_sent() {
+    let dir = dir_with(
+        "cluster-scoped",
+        &[
+            (
+                "crd.yaml",
+                "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgetries.acme.io}
+spec:
+  group: acme.io
+  scope: Cluster
+  names: {kind: Widgetry, plural: widgetries}
+  versions:
+    - {name: v1, served: true, storage: true, subresources: {status: {}}, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+",
+            ),
+            (
+                "pol/widgets.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: widgets}
+spec:
+  target: {apiVersion: acme.io/v1, kind: Widgetry}
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  script: widgets.rhai
+",
+            ),
+            (
+                "pol/widgets.rhai",
+                "fn reconcile(ctx) {
+    [apply(#{ apiVersion: \"v1\", kind: \"ConfigMap\", metadata: #{ name: ctx.resource.metadata.name }, data: #{ a: \"b\" } }),
+     status(#{ phase: \"Ready\" })]
+}
+",
+            ),
+            (
+                "s.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {name: cluster-scoped}
+spec:
+  policies: pol
+  objects: [crd.yaml]
+  start: \"2026-11-29T09:00:00Z\"
+  until: 10m
+  timeline:
+    - at: 0s
+      world:
+        - create:
+            object: {apiVersion: acme.io/v1, kind: Widgetry, metadata: {name: w1}, spec: {size: 2}}
+      expect:
+        - {action: refusal, kind: ConfigMap, name: w1}
+        - {none: apply}
+        - {action: status, kind: Widgetry, name: w1, fields: {phase: Ready}}
+",
+            ),
+        ],
+    );
+    let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains(
+            "apply of v1 ConfigMap refused: it is namespaced and the target is cluster-scoped"
+        ),
+        "{t}"
+    );
+}
+
 #[test]
 fn simulate_fails_when_an_expectation_fails() {
     let dir = dir_with(

@@ -386,6 +386,7 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                 return refusal;
             }
             match found(&k) {
+                Ok(r) if let Some(refusal) = without_namespace("delete", &r, ns) => refusal,
                 Ok(r) => Todo::Write(Box::new(Write::Delete {
                     kind: r,
                     namespace: ns.to_string(),
@@ -410,6 +411,7 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                 }
             }
             match found(&k) {
+                Ok(r) if let Some(refusal) = without_namespace("patch", &r, ns) => refusal,
                 Ok(r) => Todo::Write(Box::new(Write::Patch {
                     kind: r,
                     namespace: ns.to_string(),
@@ -451,6 +453,20 @@ fn anothers_child(
     )))
 }
 
+/// The refusal of a write to a namespaced kind for a target with no
+/// namespace (its kind is cluster-scoped): a policy acts in its target's
+/// namespace, and there is none. Sent as it is, the request would have no
+/// namespace, be answered 404 and be retried for ever.
+fn without_namespace(verb: &str, r: &Resolved, ns: &str) -> Option<Todo> {
+    (r.namespaced && ns.is_empty()).then(|| {
+        Todo::Refused(format!(
+            "{verb} of {} refused: it is namespaced and the target is cluster-scoped; a policy \
+             acts only in its target's namespace, and a cluster-scoped target has none",
+            r.kind_ref()
+        ))
+    })
+}
+
 /// The server-side apply of a child, or why none is needed.
 fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Todo {
     let kind = kind_of(object);
@@ -458,6 +474,9 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
         Ok(r) => r,
         Err(e) => return Todo::Fail(e),
     };
+    if let Some(refusal) = without_namespace("apply", &r, ns) {
+        return refusal;
+    }
     let desired = prepare_child(
         object,
         input.target.value(),

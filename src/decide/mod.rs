@@ -238,15 +238,6 @@ pub fn check_permission(
                 "{k} is cluster-scoped; a policy acts only in its target's namespace"
             ));
         }
-        if target_ns.is_empty() {
-            // Where the target has no namespace, "its namespace" is none:
-            // the API would answer a child with no namespace 404, retried
-            // forever.
-            return Some(format!(
-                "{k} is namespaced and the target is cluster-scoped: a policy acts only in its \
-                 target's namespace, and a cluster-scoped target has none"
-            ));
-        }
         match obj_ns {
             Some(ns) if !ns.is_empty() && ns != target_ns => Some(format!(
                 "{k} in namespace {ns:?} refused: a policy acts only in its target's namespace ({target_ns:?})"
