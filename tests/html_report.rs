@@ -34,12 +34,14 @@ fn week(dir: &Path) -> (String, Value) {
         .arg(&page)
         .output()
         .expect("runbook simulate");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{}\nfailures: {}\nload errors: {}",
+        String::from_utf8_lossy(&out.stderr),
+        json["failures"],
+        json["loadErrors"]
     );
-    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
     (std::fs::read_to_string(&page).expect("the page"), json)
 }
 
