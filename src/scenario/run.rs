@@ -167,12 +167,14 @@ fn is_crd(o: &Value) -> bool {
 /// Kinds named by rules, world events, expectations and final checks
 /// that the API does not serve: such an expectation could never match.
 fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
-    let late = timeline_crds(s);
+    // Read only when a kind is unknown: most scenarios have none.
+    let late = std::cell::OnceCell::new();
     let mut errors = Vec::new();
-    let mut faults: Vec<(crate::util::yaml::Pos, String)> = Vec::new();
+    let mut faults = Vec::new();
     let mut check = |api_version: Option<&str>, kind: &str, pos| {
         if kinds.find(api_version, kind).is_none() {
-            let message = match late.iter().find(|(k, _, _)| k == kind) {
+            let created = late.get_or_init(|| timeline_crds(s));
+            let message = match created.iter().find(|(k, _, _)| k == kind) {
                 Some((_, name, at)) => format!(
                     "unknown kind {kind:?}: its CustomResourceDefinition {name} is created in the timeline (line {}), \
                      after the scenario's kinds are set; list its file under spec.objects instead",
@@ -204,7 +206,7 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
                 WorldEvent::Update(u) => check(u.api_version.as_deref(), &u.kind, *pos),
                 WorldEvent::Delete(d) => check(d.api_version.as_deref(), &d.kind, *pos),
                 WorldEvent::SnapshotReady(_) => check(None, "VolumeSnapshot", *pos),
-                WorldEvent::Fail(f) => faults.extend(unserved_resource(f, kinds, *pos)),
+                WorldEvent::Fail(f) => faults.extend(unserved_resource(s, f, kinds, *pos)),
                 _ => {}
             }
         }
@@ -217,21 +219,18 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
     for (f, pos) in &s.final_ {
         check(f.api_version.as_deref(), &f.kind, *pos);
     }
-    errors.extend(faults.into_iter().map(|(pos, message)| ScenarioError {
-        file: s.file.clone(),
-        pos: Some(pos),
-        message,
-    }));
+    errors.extend(faults);
     errors
 }
 
 /// A `fail` event whose resource the API does not serve would never
 /// fire, and the scenario would pass without the failure it is about.
 fn unserved_resource(
+    s: &Scenario,
     f: &super::model::FailSpec,
     kinds: &Kinds,
     pos: crate::util::yaml::Pos,
-) -> Option<(crate::util::yaml::Pos, String)> {
+) -> Option<ScenarioError> {
     let r = f.resource.as_deref()?;
     let plural = r.split('/').next().unwrap_or(r);
     if kinds.serves_plural(plural) {
@@ -241,12 +240,13 @@ fn unserved_resource(
         .plural_for(plural)
         .map(|p| format!(" (did you mean {p}?)"))
         .unwrap_or_default();
-    Some((
-        pos,
-        format!(
+    Some(ScenarioError {
+        file: s.file.clone(),
+        pos: Some(pos),
+        message: format!(
             "fail: no resource {r:?} is served{hint}; name it by its plural, as in the API's paths (jobs, configmaps, or plural/status)"
         ),
-    ))
+    })
 }
 
 /// CustomResourceDefinitions the timeline creates: the kind each
@@ -256,14 +256,8 @@ fn timeline_crds(s: &Scenario) -> Vec<(String, String, crate::util::yaml::Pos)> 
     for step in &s.steps {
         for (w, pos) in &step.world {
             let WorldEvent::Create(c) = w else { continue };
-            let objects = match (&c.file, &c.object) {
-                (Some(f), _) => std::fs::read_to_string(s.dir.join(f))
-                    .ok()
-                    .and_then(|t| crate::util::yaml::parse_documents(&t).ok())
-                    .unwrap_or_default(),
-                (None, Some(o)) => vec![o.clone()],
-                _ => Vec::new(),
-            };
+            // A file that cannot be read is a load error of its own.
+            let objects = created_objects(c, s).unwrap_or_default();
             for o in objects.iter().filter(|o| is_crd(o)) {
                 if let Some(kind) = o["spec"]["names"]["kind"].as_str() {
                     let name = o["metadata"]["name"].as_str().unwrap_or(kind);
@@ -577,16 +571,21 @@ async fn apply(
 }
 
 /// Create the objects of a file, or one given inline.
-async fn create(c: &super::model::CreateSpec, world: &World, s: &Scenario) -> Result<(), String> {
-    let objects = match (&c.file, &c.object) {
+/// The objects a `create` event makes: its file's documents, or the one
+/// object given inline.
+fn created_objects(c: &super::model::CreateSpec, s: &Scenario) -> Result<Vec<Value>, String> {
+    Ok(match (&c.file, &c.object) {
         (Some(f), _) => {
             let text = std::fs::read_to_string(s.dir.join(f)).map_err(|e| e.to_string())?;
             crate::util::yaml::parse_documents(&text).map_err(|e| e.to_string())?
         }
         (None, Some(o)) => vec![o.clone()],
         _ => Vec::new(),
-    };
-    for o in objects {
+    })
+}
+
+async fn create(c: &super::model::CreateSpec, world: &World, s: &Scenario) -> Result<(), String> {
+    for o in created_objects(c, s)? {
         let kind = o["kind"].as_str().unwrap_or("").to_string();
         let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
         world.create(o).await?;
