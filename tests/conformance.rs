@@ -370,6 +370,124 @@ async fn server_side_apply_is_idempotent_and_tracks_owners() {
     c.cleanup().await;
 }
 
+/// A uid in a write is a precondition on the object's identity, which
+/// Runbook sends so that it never writes to an object of the same name
+/// that someone else made meanwhile; and a conflict of field managers
+/// names each manager, so a writer can tell whose fields it would take.
+#[tokio::test]
+async fn a_written_uid_is_a_precondition_and_conflicts_name_their_managers() {
+    let c = Cluster::new("uidprecond").await;
+    let api: Api<ConfigMap> = c.api();
+    let made = api
+        .create(&PostParams::default(), &cm("a", &[("k", "v")]))
+        .await
+        .unwrap();
+    let uid = made.metadata.uid.clone().unwrap();
+    let other_uid = "00000000-0000-0000-0000-000000000000";
+    let with_uid = |name: &str, uid: &str, v: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "uid": uid}, "data": {"k": v}})
+    };
+    let apply = PatchParams::apply("runbook/p");
+    // The right uid: written.
+    let ok = api
+        .patch(
+            "a",
+            &apply.clone().force(),
+            &Patch::Apply(with_uid("a", &uid, "v2")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.data.unwrap()["k"], "v2");
+    // Another uid: the object is not the one meant.
+    assert_eq!(
+        reason(
+            api.patch(
+                "a",
+                &apply.clone().force(),
+                &Patch::Apply(with_uid("a", other_uid, "v3")),
+            )
+            .await,
+        ),
+        (422, "Invalid".into())
+    );
+    let (code, _) = cluster::reason(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"uid": other_uid}})),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    let mut replaced = api.get("a").await.unwrap();
+    replaced.metadata.uid = Some(other_uid.into());
+    replaced.metadata.managed_fields = None;
+    assert_eq!(
+        reason(api.replace("a", &PostParams::default(), &replaced).await),
+        (409, "Conflict".into())
+    );
+    // An apply naming a uid never creates.
+    let err = api
+        .patch(
+            "absent",
+            &apply,
+            &Patch::Apply(with_uid("absent", other_uid, "v")),
+        )
+        .await
+        .unwrap_err();
+    let kube::Error::Api(s) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+    assert!(s.message.contains("uid mismatch"), "{}", s.message);
+    assert!(api.get_opt("absent").await.unwrap().is_none());
+    // A conflict names the manager that owns the field.
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "edited"}})),
+    )
+    .await
+    .unwrap();
+    let err = api
+        .patch("a", &apply, &Patch::Apply(with_uid("a", &uid, "v4")))
+        .await
+        .unwrap_err();
+    let kube::Error::Api(s) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(s.code, 409);
+    let causes = &s.details.as_ref().expect("the conflict's details").causes;
+    assert!(
+        causes
+            .iter()
+            .any(|c| c.reason == "FieldManagerConflict" && c.field == ".data.k"),
+        "{causes:?}"
+    );
+    assert_eq!(
+        runbook::act::writer::conflicting_managers(&err),
+        // kube's own field manager for a merge patch without one.
+        causes
+            .iter()
+            .filter_map(|c| c.message.split('"').nth(1).map(str::to_string))
+            .collect::<Vec<_>>()
+    );
+    assert!(!runbook::act::writer::conflicting_managers(&err).is_empty());
+    // Deleting with a stale uid deletes nothing.
+    let stale = DeleteParams::default().preconditions(kube::api::Preconditions {
+        uid: Some(other_uid.into()),
+        resource_version: None,
+    });
+    assert_eq!(code_of(api.delete("a", &stale).await), 409);
+    assert!(api.get_opt("a").await.unwrap().is_some());
+    c.cleanup().await;
+}
+
+fn code_of<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> u16 {
+    cluster::code(r)
+}
+
 /// Every page of a list shows the objects as they were when its first
 /// page was listed: an object made since is not in a later page, one
 /// changed since is as it was, one deleted since is still there.
@@ -1373,5 +1491,205 @@ async fn workloads_serve_the_scale_subresource() {
         ),
         (Some("autoscaling"), Some("v1"), "Scale")
     );
+    c.cleanup().await;
+}
+
+/// RBAC holds a user to what its bindings grant: a Role's rules (verbs,
+/// resource names, subresources) through a RoleBinding, a ClusterRole
+/// through a RoleBinding in one namespace only, a ServiceAccount by its
+/// user name and groups; refusals read as the API server's; access
+/// reviews (for oneself, or for another subject) and a SelfSubjectReview
+/// answer as RBAC does.
+#[tokio::test]
+async fn rbac_holds_a_user_to_what_its_bindings_grant() {
+    let c = Cluster::new("rbac").await;
+    let user = format!("{}-alice", c.ns);
+    let rbac = |kind: &str, plural: &str, namespaced: bool| {
+        let ar = ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(c.client.clone(), &c.ns, &ar)
+        } else {
+            Api::all_with(c.client.clone(), &ar)
+        };
+        api
+    };
+    let obj = |v: Value| -> DynamicObject { serde_json::from_value(v).unwrap() };
+    let cms: Api<ConfigMap> = c.api();
+    cms.create(&PostParams::default(), &cm("a", &[("k", "v")]))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &cm("b", &[("k", "v")]))
+        .await
+        .unwrap();
+    rbac("Role", "roles", true)
+        .create(&PostParams::default(), &obj(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "read-a"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"], "resourceNames": ["a"]},
+                      {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get"]}]
+        })))
+        .await
+        .unwrap();
+    rbac("RoleBinding", "rolebindings", true)
+        .create(&PostParams::default(), &obj(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "alice-read-a"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-a"},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": user}]
+        })))
+        .await
+        .unwrap();
+    let alice = c.client_as(&user, &[]).await;
+    let as_alice: Api<ConfigMap> = Api::namespaced(alice.clone(), &c.ns);
+    eventually("the binding to take effect", 30, || async {
+        as_alice.get("a").await.is_ok()
+    })
+    .await;
+    // Only the named object, only the granted verbs.
+    let err = as_alice.get("b").await.unwrap_err();
+    let kube::Error::Api(s) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        s.message,
+        format!(
+            "configmaps \"b\" is forbidden: User \"{user}\" cannot get resource \"configmaps\" in API group \"\" in the namespace \"{}\"",
+            c.ns
+        )
+    );
+    assert_eq!(code(as_alice.list(&Default::default()).await), 403);
+    assert_eq!(
+        code(as_alice.create(&PostParams::default(), &cm("c", &[])).await),
+        403
+    );
+    assert_eq!(
+        code(as_alice.delete("a", &DeleteParams::default()).await),
+        403
+    );
+    as_alice
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "alice"}})),
+        )
+        .await
+        .unwrap();
+    // Elsewhere, nothing.
+    let other: Api<ConfigMap> = Api::namespaced(alice.clone(), "default");
+    assert_eq!(code(other.get("kube-root-ca.crt").await), 403);
+    // Access reviews: for oneself, and (by the administrator) for another.
+    let review = |verb: &str, resource: &str, name: &str| json!({"resourceAttributes": {"namespace": c.ns, "verb": verb, "group": "", "resource": resource, "name": name}});
+    let ssar_kind = ApiResource {
+        group: "authorization.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "authorization.k8s.io/v1".into(),
+        kind: "SelfSubjectAccessReview".into(),
+        plural: "selfsubjectaccessreviews".into(),
+    };
+    let ssar: Api<DynamicObject> = Api::all_with(alice.clone(), &ssar_kind);
+    let ask = |spec: Value| {
+        obj(
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": spec}),
+        )
+    };
+    let yes = ssar
+        .create(
+            &PostParams::default(),
+            &ask(review("get", "configmaps", "a")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(yes.data["status"]["allowed"], true);
+    let no = ssar
+        .create(
+            &PostParams::default(),
+            &ask(review("get", "configmaps", "b")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(no.data["status"]["allowed"], false);
+    let sar_kind = ApiResource {
+        kind: "SubjectAccessReview".into(),
+        plural: "subjectaccessreviews".into(),
+        ..ssar_kind.clone()
+    };
+    let sar = |client: &kube::Client, verb: &str, name: &str| {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &sar_kind);
+        let mut spec = review(verb, "configmaps", name);
+        spec["user"] = json!(user);
+        let body = obj(
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}),
+        );
+        async move { api.create(&PostParams::default(), &body).await }
+    };
+    assert_eq!(
+        sar(&c.client, "patch", "a").await.unwrap().data["status"]["allowed"],
+        true
+    );
+    assert_eq!(
+        sar(&c.client, "delete", "a").await.unwrap().data["status"]["allowed"],
+        false
+    );
+    // Asking about others is itself a right alice lacks.
+    assert_eq!(code(sar(&alice, "get", "a").await), 403);
+    // Who am I.
+    let who_kind = ApiResource {
+        group: "authentication.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "authentication.k8s.io/v1".into(),
+        kind: "SelfSubjectReview".into(),
+        plural: "selfsubjectreviews".into(),
+    };
+    let who: Api<DynamicObject> = Api::all_with(alice.clone(), &who_kind);
+    let me = who
+        .create(
+            &PostParams::default(),
+            &obj(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(me.data["status"]["userInfo"]["username"], user.as_str());
+    // A ServiceAccount is its user name, with its namespace's groups; a
+    // ClusterRole bound in one namespace grants only there.
+    let sa_user = format!("system:serviceaccount:{}:robot", c.ns);
+    rbac("ClusterRole", "clusterroles", false)
+        .create(
+            &PostParams::default(),
+            &obj(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": format!("{}-list-cms", c.ns)},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]
+            })),
+        )
+        .await
+        .unwrap();
+    rbac("RoleBinding", "rolebindings", true)
+        .create(&PostParams::default(), &obj(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "robots-list"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{}-list-cms", c.ns)},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": format!("system:serviceaccounts:{}", c.ns)}]
+        })))
+        .await
+        .unwrap();
+    let robot = c.client_as(&sa_user, &[]).await;
+    let robot_cms: Api<ConfigMap> = Api::namespaced(robot.clone(), &c.ns);
+    eventually("the robot's binding to take effect", 30, || async {
+        robot_cms.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    let robot_default: Api<ConfigMap> = Api::namespaced(robot, "default");
+    assert_eq!(code(robot_default.list(&Default::default()).await), 403);
+    let crs = rbac("ClusterRole", "clusterroles", false);
+    let _ = crs
+        .delete(&format!("{}-list-cms", c.ns), &DeleteParams::default())
+        .await;
     c.cleanup().await;
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use runbook::bench::fixtures::{backup, owned_by, pvc, statefulset, with};
+use runbook::bench::fixtures::{backup, child_of, pvc, statefulset, with};
 use runbook::script::Action;
 use serde_json::{Value, json};
 
@@ -103,11 +103,12 @@ fn the_snapshot_follows_a_successful_dump_and_the_dump_is_not_repeated() {
     let w = ready_world();
     let b0 = backup("nightly");
     let b1 = after(&b0, &w.decide("backup-ordering", &b0));
-    w.add(owned_by(
+    w.add(child_of(
         json!({"apiVersion": "batch/v1", "kind": "Job",
                "metadata": {"name": "nightly-once-dump", "namespace": "default", "uid": "u-dump", "resourceVersion": "40"},
                "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}),
         &b0,
+        "backup-ordering",
     ));
     let d = w.decide("backup-ordering", &b1);
     let objs = applied(&d);
@@ -130,11 +131,12 @@ fn a_ready_snapshot_publishes_the_url_and_completes() {
         {"name": "check-volume", "state": "Succeeded"}, {"name": "wait-database", "state": "Succeeded"},
         {"name": "dump", "state": "Succeeded"}, {"name": "snapshot", "state": "Running", "startTime": "2026-11-29T10:00:10Z"},
         {"name": "publish", "state": "Pending"}]});
-    w.add(owned_by(
+    w.add(child_of(
         json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
                "metadata": {"name": "nightly-once-snap", "namespace": "default", "uid": "u-snap", "resourceVersion": "50"},
                "status": {"readyToUse": true}}),
         &b,
+        "backup-ordering",
     ));
     let d = w.decide("backup-ordering", &b);
     let st = status_of(&d);
@@ -156,11 +158,12 @@ fn a_failed_dump_runs_the_compensation_and_fails_the_backup() {
     b["status"] = json!({"run": "once", "phase": "Running", "currentStep": "dump", "steps": [
         {"name": "check-volume", "state": "Succeeded"}, {"name": "wait-database", "state": "Succeeded"},
         {"name": "dump", "state": "Running", "startTime": "2026-11-29T10:00:10Z"}]});
-    w.add(owned_by(
+    w.add(child_of(
         json!({"apiVersion": "batch/v1", "kind": "Job",
                "metadata": {"name": "nightly-once-dump", "namespace": "default", "uid": "u-dump", "resourceVersion": "40"},
                "status": {"failed": 2, "conditions": [{"type": "Failed", "status": "True"}]}}),
         &b,
+        "backup-ordering",
     ));
     let d = w.decide("backup-ordering", &b);
     let st = status_of(&d);

@@ -932,7 +932,9 @@ async fn objects_listed_at_start_up_carry_their_kind() {
         .unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     let child: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "w-child", "ownerReferences": [{
+        "metadata": {"name": "w-child",
+            "labels": {"app.kubernetes.io/managed-by": "runbook", "runbook.dev/policy-name": "lister"},
+            "ownerReferences": [{
             "apiVersion": format!("{}/v1", widget_group(&c)), "kind": "Widget", "name": "w",
             "uid": w.metadata.uid, "controller": true}]},
         "data": {"a": "b"}

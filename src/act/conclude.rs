@@ -51,8 +51,9 @@ pub struct Input<'a> {
     /// One per step of the plan.
     pub done: &'a [Done],
     pub decide_error: Option<&'a DecideError>,
-    /// The message of the action that failed, if one did.
-    pub failed: Option<&'a str>,
+    /// The action that failed (or was refused on what the cluster
+    /// holds), if one did.
+    pub failed: Option<&'a super::plan::Failed>,
     pub inputs_hash: &'a str,
     pub mode: &'a Mode,
     pub now: Timestamp,
@@ -78,7 +79,7 @@ pub struct Conclusion {
 /// refused one, one held by its limit.
 pub fn problem_of(
     decide_error: Option<&DecideError>,
-    failed: Option<&str>,
+    failed: Option<&super::plan::Failed>,
     plan: &Plan,
     done: &[Done],
 ) -> Option<(&'static str, String)> {
@@ -89,8 +90,13 @@ pub fn problem_of(
         };
         return Some((reason, e.to_string()));
     }
-    if let Some(m) = failed {
-        return Some(("ActionFailed", m.to_string()));
+    if let Some(f) = failed {
+        let reason = if f.is_refusal() {
+            "ActionRefused"
+        } else {
+            "ActionFailed"
+        };
+        return Some((reason, f.message.clone()));
     }
     let refused = plan.steps.iter().find_map(|s| match &s.todo {
         Todo::Refused(r) => Some(r.clone()),
@@ -229,7 +235,7 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         .and_then(Value::as_i64);
     let current = t.get("status").cloned().unwrap_or(json!({}));
     let previous = DecisionRecord::of(t, &input.policy.name).unwrap_or_default();
-    let failed = input.failed.map(str::to_string);
+    let failed = input.failed.map(|f| f.message.clone());
     let error = input.decide_error.map(|e| e.to_string()).or(failed);
     let problem = problem_of(input.decide_error, input.failed, input.plan, input.done);
     let others_troubled = DecisionRecord::others(t, &input.policy.name)

@@ -52,6 +52,10 @@ pub enum ExecError {
     Rollback(String),
     #[error("{0}")]
     Invalid(String),
+    /// The object in the way is not the policy's to write (found when
+    /// the writer looked before making a new child).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl ExecError {
@@ -79,6 +83,7 @@ impl ExecError {
             ExecError::Api { .. } => "transport",
             ExecError::Rollback(_) => "rollback",
             ExecError::Invalid(_) => "invalid",
+            ExecError::Refused(_) => "refused",
         }
     }
 }
@@ -287,10 +292,16 @@ async fn carry_out(
     (done, failure)
 }
 
-/// A step that failed: told, and kept as the decision's failure.
+/// A step that failed (or was refused on what the cluster holds): told,
+/// and kept as the decision's failure, which stops its later writes.
 fn fail(failure: &mut Option<Failed>, f: Failed, tell: impl Fn(&str, Value, Option<&str>)) -> Done {
-    tell("failed", Value::Null, Some(&f.message));
-    let d = Done::new(ActionResult::Failed, Some(f.message.clone()));
+    let result = if f.is_refusal() {
+        ActionResult::Refused
+    } else {
+        ActionResult::Failed
+    };
+    tell(result.as_str(), Value::Null, Some(&f.message));
+    let d = Done::new(result, Some(f.message.clone()));
     *failure = Some(f);
     d
 }
@@ -301,6 +312,9 @@ fn tally(out: &mut Outcome, plan: &Plan, done: &[Done]) {
         let verb = s.action.verb();
         if let Todo::Refused(r) = &s.todo {
             out.refused.push((verb.to_string(), r.clone()));
+        } else if d.result == ActionResult::Refused {
+            out.refused
+                .push((verb.to_string(), d.detail.clone().unwrap_or_default()));
         } else if s.action.limited_verb().is_none() {
             continue;
         }
@@ -363,7 +377,7 @@ pub async fn execute(
         plan: &plan,
         done: &done,
         decide_error,
-        failed: failure.as_ref().map(|f| f.message.as_str()),
+        failed: failure.as_ref(),
         inputs_hash: decision.map_or(previous_hash.as_str(), |d| d.inputs_hash.as_str()),
         mode: &mode,
         now: w.now,

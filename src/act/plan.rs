@@ -19,7 +19,7 @@ use crate::alert::routes::CompiledRoutes;
 use crate::alert::{Alert, AlertSource};
 use crate::crd::ActionResult;
 use crate::decide::Planned;
-use crate::kinds::KindRef;
+use crate::kinds::{KindRef, Role};
 use crate::observe::discovery::Resolved;
 use crate::observe::{CachedObject, ObjectView, POLICY_LABEL, policy_label_value, policy_of_child};
 use crate::policy::compile::CompiledPolicy;
@@ -49,6 +49,21 @@ impl Failed {
             label: "invalid",
         }
     }
+
+    /// An object the policy may not touch (it is not a child it made):
+    /// recorded as refused, and, like a failure, it stops the decision's
+    /// later writes and is tried again with backoff, so the child is made
+    /// once the object in its way is gone.
+    pub fn refused(message: String) -> Self {
+        Self {
+            message,
+            label: "refused",
+        }
+    }
+
+    pub fn is_refusal(&self) -> bool {
+        self.label == "refused"
+    }
 }
 
 /// What a plan is made from.
@@ -76,18 +91,28 @@ pub enum Write {
         key: ChildKey,
         object: Value,
         hash: String,
+        /// The uid of the child the cache shows, sent as a precondition
+        /// (the API server refuses the apply if the object of that name
+        /// is another one by now). `None`: a new child; the writer first
+        /// makes sure no object of that name exists.
+        uid: Option<String>,
     },
+    /// The deletion of a child, on condition that it is still the object
+    /// of this uid.
     Delete {
         kind: Resolved,
         namespace: String,
         name: String,
+        uid: String,
     },
-    /// A JSON merge patch of a declared object.
+    /// A JSON merge patch of a declared object (with the uid of a child as
+    /// a precondition; none for an object the policy mutates).
     Patch {
         kind: Resolved,
         namespace: String,
         name: String,
         patch: Value,
+        uid: Option<String>,
     },
     /// `kubectl rollout undo`: the writer reads the Deployment and its
     /// ReplicaSets fresh from the API server, as a rollback must.
@@ -382,7 +407,7 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
             let Some(live) = input.view.get(&k, ns, name) else {
                 return Todo::Unchanged;
             };
-            if let Some(refusal) = anothers_child(input, "delete", &k, &live) {
+            if let Some(refusal) = not_its_child(input, "delete", &k, &live) {
                 return refusal;
             }
             match found(&k) {
@@ -391,6 +416,7 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                     kind: r,
                     namespace: ns.to_string(),
                     name: name.clone(),
+                    uid: live.uid().to_string(),
                 })),
                 Err(e) => Todo::Fail(e),
             }
@@ -400,9 +426,18 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                 Ok(k) => k,
                 Err(e) => return Todo::Fail(Failed::invalid(e)),
             };
-            if let Some(live) = input.view.get(&k, ns, name) {
-                if let Some(refusal) = anothers_child(input, "patch", &k, &live) {
-                    return refusal;
+            let live = input.view.get(&k, ns, name);
+            // A child is patched only if it is this policy's own; an
+            // object of a kind the policy mutates is not its child by
+            // design (whose rights allow it is checked apart).
+            let mutated = policy.kinds.has(&k, Role::Mutates);
+            let mut uid = None;
+            if let Some(live) = &live {
+                let mine = policy_label_value(&policy.name);
+                if live.is_child_of(&mine, input.target.uid()) {
+                    uid = Some(live.uid().to_string());
+                } else if !mutated {
+                    return not_its_child(input, "patch", &k, live).unwrap_or(Todo::Unchanged);
                 }
                 let mut after = live.value().clone();
                 json_patch::merge(&mut after, patch);
@@ -417,6 +452,7 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                     namespace: ns.to_string(),
                     name: name.clone(),
                     patch: patch.clone(),
+                    uid,
                 })),
                 Err(e) => Todo::Fail(e),
             }
@@ -433,24 +469,75 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
     }
 }
 
-/// A refusal to touch a child another policy on the target made: each
-/// policy changes and cleans up only its own work.
-fn anothers_child(
+/// The refusal to touch an object that is not a child this policy made
+/// for this target: another policy's child, or an object someone else
+/// made that happens to have the name. Runbook never takes an object
+/// over: applying to it would rewrite someone else's object and, through
+/// the ownerReference, hand its life to the target.
+fn not_its_child(
     input: &Input<'_>,
     verb: &str,
     kind: &KindRef,
     live: &CachedObject,
 ) -> Option<Todo> {
     let mine = policy_label_value(&input.policy.name);
-    if live.belongs_to(&mine) {
+    if live.is_child_of(&mine, input.target.uid()) {
         return None;
     }
-    let other = policy_of_child(live.value()).unwrap_or_default();
-    Some(Todo::Refused(format!(
-        "{verb} of {kind} {}/{} refused: it is the work of policy {other:?} ({POLICY_LABEL}), not of this one",
-        live.namespace(),
-        live.name()
-    )))
+    let t = input.target;
+    let target = TargetId {
+        kind: t.value().get("kind").and_then(Value::as_str).unwrap_or(""),
+        namespace: t.namespace(),
+        name: t.name(),
+        uid: t.uid(),
+    };
+    Some(Todo::Fail(Failed::refused(not_its_child_message(
+        verb,
+        kind,
+        live.value(),
+        &mine,
+        &target,
+    ))))
+}
+
+/// A target as a refusal names it.
+pub struct TargetId<'a> {
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// Why an object is not the policy's child, as a refusal says it.
+pub fn not_its_child_message(
+    verb: &str,
+    kind: &KindRef,
+    live: &Value,
+    policy: &str,
+    target: &TargetId<'_>,
+) -> String {
+    let tkind = target.kind;
+    let controlled = crate::observe::controller_uid(live) == Some(target.uid);
+    let why = match policy_of_child(live) {
+        Some(other) if controlled && other != policy => {
+            format!("it is the work of policy {other:?} ({POLICY_LABEL}), not of this one")
+        }
+        _ => format!(
+            "an object of that name exists that Runbook did not make for {tkind} {}/{} \
+             (it lacks the label {POLICY_LABEL}={policy} or a controller ownerReference to it); \
+             Runbook never takes over an object it did not make: rename the {tkind} or remove that object",
+            target.namespace, target.name
+        ),
+    };
+    let name = live
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    format!(
+        "{verb} of {} refused: {why}",
+        target_string(kind, target.namespace, name)
+    )
 }
 
 /// The refusal of a write to a namespaced kind for a target with no
@@ -489,7 +576,7 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
     let live = input.view.get(&kind, ns, name);
     if let Some(refusal) = live
         .as_deref()
-        .and_then(|l| anothers_child(input, "apply", &kind, l))
+        .and_then(|l| not_its_child(input, "apply", &kind, l))
     {
         return refusal;
     }
@@ -508,6 +595,7 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
         key,
         object: desired,
         hash,
+        uid: live.map(|l| l.uid().to_string()),
     }))
 }
 
@@ -848,6 +936,128 @@ spec:
             "the deleted child is applied again, got {:?}",
             todos(&again)
         );
+    }
+
+    /// A ConfigMap `name` as someone other than this policy left it.
+    fn foreign(name: &str, labels: Value, owner_uid: Option<&str>) -> Value {
+        let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                                         "resourceVersion": "3", "labels": labels},
+                            "data": {"admin": "yes"}});
+        if let Some(uid) = owner_uid {
+            cm["metadata"]["ownerReferences"] = json!([{"apiVersion": "example.com/v1", "kind": "Widget",
+                                                        "name": "w", "uid": uid, "controller": true}]);
+        }
+        cm
+    }
+
+    #[test]
+    fn an_object_of_a_childs_name_that_the_policy_did_not_make_is_refused_not_taken_over() {
+        let w = widget(json!({}));
+        let ours =
+            json!({"app.kubernetes.io/managed-by": "runbook", "runbook.dev/policy-name": "widget"});
+        for (why, live) in [
+            ("an admin's object", foreign("w-a", json!({}), None)),
+            (
+                "labelled as ours, owned by no one",
+                foreign("w-a", ours.clone(), None),
+            ),
+            (
+                "labelled as ours, controlled by another target",
+                foreign("w-a", ours.clone(), Some("u-2")),
+            ),
+            (
+                "controlled by the target, unlabelled",
+                foreign("w-a", json!({}), Some("u-1")),
+            ),
+            (
+                "another policy's child of the target",
+                foreign(
+                    "w-a",
+                    json!({"app.kubernetes.io/managed-by": "runbook", "runbook.dev/policy-name": "other"}),
+                    Some("u-1"),
+                ),
+            ),
+        ] {
+            let p = plan_of(
+                &w,
+                std::slice::from_ref(&live),
+                Mode::Enforce,
+                vec![config_map("w-a", "1")],
+            );
+            let Todo::Fail(f) = &p.steps[0].todo else {
+                panic!("{why}: a refusal, got {:?}", todos(&p));
+            };
+            assert!(f.is_refusal(), "{why}: {f:?}");
+            assert!(
+                f.message
+                    .starts_with("apply of v1 ConfigMap ns/w-a refused: "),
+                "{why}: {}",
+                f.message
+            );
+            let delete = Action::Delete {
+                kind: KindName::parse("ConfigMap"),
+                name: "w-a".into(),
+            };
+            let patch = Action::Patch {
+                kind: KindName::parse("ConfigMap"),
+                name: "w-a".into(),
+                patch: json!({"data": {"admin": "no"}}),
+            };
+            let p = plan_of(&w, &[live], Mode::Enforce, vec![delete, patch]);
+            for (i, verb) in [(0, "delete"), (1, "patch")] {
+                assert!(
+                    matches!(&p.steps[i].todo, Todo::Fail(f) if f.is_refusal() && f.message.starts_with(verb)),
+                    "{why}: {verb}: {:?}",
+                    p.steps[i].todo
+                );
+            }
+        }
+        let admin = plan_of(
+            &w,
+            &[foreign("w-a", json!({}), None)],
+            Mode::Enforce,
+            vec![config_map("w-a", "1")],
+        );
+        let Todo::Fail(f) = &admin.steps[0].todo else {
+            unreachable!()
+        };
+        assert!(
+            f.message
+                .contains("Runbook never takes over an object it did not make"),
+            "{}",
+            f.message
+        );
+    }
+
+    #[test]
+    fn writes_to_a_child_name_its_uid_and_a_new_child_none() {
+        let w = widget(json!({}));
+        let first = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let Some(Write::Apply { object, uid, .. }) = write(&first, 0) else {
+            panic!("an apply, got {:?}", todos(&first));
+        };
+        assert_eq!(
+            uid, &None,
+            "a new child: the writer looks before it applies"
+        );
+        let mut live = object.clone();
+        live["metadata"]["uid"] = json!("uid-child");
+        live["metadata"]["resourceVersion"] = json!("7");
+        let delete = Action::Delete {
+            kind: KindName::parse("ConfigMap"),
+            name: "w-a".into(),
+        };
+        let p = plan_of(
+            &w,
+            &[live],
+            Mode::Enforce,
+            vec![config_map("w-a", "2"), delete],
+        );
+        assert!(
+            matches!(write(&p, 0), Some(Write::Apply { uid: Some(u), .. }) if u == "uid-child")
+        );
+        assert!(matches!(write(&p, 1), Some(Write::Delete { uid, .. }) if uid == "uid-child"));
     }
 
     #[test]

@@ -114,7 +114,152 @@ fn identity(target: &Value) -> (String, String, String, String) {
     )
 }
 
+/// Delete in the background, on condition that the object is still `uid`.
+fn delete_params(uid: &str) -> DeleteParams {
+    let mut d = DeleteParams::background();
+    if !uid.is_empty() {
+        d = d.preconditions(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        });
+    }
+    d
+}
+
+/// `object` with `metadata.uid` set to `uid` (if given): sent with a
+/// write, the API server refuses it when the object of that name is not
+/// that one (deleted and made again by someone else meanwhile).
+fn with_uid(object: &Value, uid: Option<&str>) -> Value {
+    let mut o = object.clone();
+    if let (Some(uid), Some(m)) = (uid, o.as_object_mut()) {
+        let meta = m.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert("uid".into(), json!(uid));
+        }
+    }
+    o
+}
+
+/// Whether a field manager is Runbook's (its own, or a policy's).
+pub fn is_runbook_manager(manager: &str) -> bool {
+    manager == MANAGER || manager.starts_with("runbook/")
+}
+
+/// The field managers an apply conflicted with, from the API server's
+/// answer (`conflict with "kubectl-edit" using v1`); empty when the error
+/// is not a conflict of field managers.
+pub fn conflicting_managers(e: &kube::Error) -> Vec<String> {
+    let kube::Error::Api(s) = e else {
+        return Vec::new();
+    };
+    if s.code != 409 {
+        return Vec::new();
+    }
+    let Some(details) = &s.details else {
+        return Vec::new();
+    };
+    details
+        .causes
+        .iter()
+        .filter(|c| c.reason == "FieldManagerConflict")
+        .filter_map(|c| {
+            let rest = c.message.split_once('"')?.1;
+            Some(rest.split_once('"')?.0.to_string())
+        })
+        .collect()
+}
+
 impl Writer<'_> {
+    /// Apply a child, on condition that it is the object `uid` (if given).
+    /// Fields are never taken from another field manager: a conflict only
+    /// with Runbook's own managers (an earlier version of the policy, say)
+    /// is forced, any other fails the apply.
+    async fn apply(
+        &self,
+        kind: &Resolved,
+        key: &super::ChildKey,
+        object: &Value,
+        uid: Option<&str>,
+    ) -> Result<String, kube::Error> {
+        let body = with_uid(object, uid);
+        let send = |force: bool| {
+            let mut pp = PatchParams::apply(self.manager);
+            pp.force = force;
+            let body = &body;
+            async move {
+                send_patch(
+                    self.client,
+                    requests(kind, &key.namespace),
+                    None,
+                    &key.name,
+                    &pp,
+                    &Patch::Apply(body),
+                )
+                .await
+            }
+        };
+        match send(false).await {
+            Err(e) => {
+                let managers = conflicting_managers(&e);
+                if !managers.is_empty() && managers.iter().all(|m| is_runbook_manager(m)) {
+                    send(true).await
+                } else {
+                    Err(e)
+                }
+            }
+            ok => ok,
+        }
+    }
+
+    /// Before a new child is applied: the object of its name as the API
+    /// server has it now (the cache may not show it yet). `None` when
+    /// there is none; its uid when it is this policy's child after all
+    /// (made a moment ago); a refusal when it is anything else.
+    async fn new_child(
+        &self,
+        kind: &Resolved,
+        key: &super::ChildKey,
+        desired: &Value,
+    ) -> Result<Option<String>, ExecError> {
+        let found = match api(self.client, kind, &key.namespace)
+            .get_opt(&key.name)
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                let what = target_string(&key.kind, &key.namespace, &key.name);
+                return Err(ExecError::api(&format!("looking up {what}"), e));
+            }
+        };
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        let live = found.value();
+        let policy = crate::observe::policy_of_child(desired).unwrap_or_default();
+        let owner = crate::observe::controller_uid(desired).unwrap_or_default();
+        if crate::observe::is_child_of(&live, policy, owner) {
+            return Ok(found.meta.uid.clone());
+        }
+        let target = desired
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+            .cloned()
+            .unwrap_or_default();
+        Err(ExecError::Refused(super::plan::not_its_child_message(
+            "apply",
+            &key.kind,
+            &live,
+            policy,
+            &super::plan::TargetId {
+                kind: target["kind"].as_str().unwrap_or("target"),
+                namespace: &key.namespace,
+                name: target["name"].as_str().unwrap_or(""),
+                uid: owner,
+            },
+        )))
+    }
+
     /// The parameters of a merge or JSON patch: this writer's manager.
     fn params(&self) -> PatchParams {
         PatchParams {
@@ -174,6 +319,7 @@ impl Writer<'_> {
                 key,
                 object,
                 hash,
+                uid,
             } => {
                 let what = || {
                     format!(
@@ -181,16 +327,14 @@ impl Writer<'_> {
                         target_string(&key.kind, &key.namespace, &key.name)
                     )
                 };
-                let answer = send_patch(
-                    self.client,
-                    requests(kind, &key.namespace),
-                    None,
-                    &key.name,
-                    &PatchParams::apply(self.manager).force(),
-                    &Patch::Apply(object),
-                )
-                .await
-                .map_err(|e| ExecError::api(&what(), e))?;
+                let uid = match uid {
+                    Some(u) => Some(u.clone()),
+                    None => self.new_child(kind, key, object).await?,
+                };
+                let answer = self
+                    .apply(kind, key, object, uid.as_deref())
+                    .await
+                    .map_err(|e| ExecError::api(&what(), e))?;
                 if let Some(own) = self.applied {
                     let write = AppliedWrite {
                         hash: hash.clone(),
@@ -204,12 +348,15 @@ impl Writer<'_> {
                 kind,
                 namespace,
                 name,
+                uid,
             } => match api(self.client, kind, namespace)
-                .delete(name, &DeleteParams::background())
+                .delete(name, &delete_params(uid))
                 .await
             {
                 Ok(_) => Ok(Some(Value::Null)),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                // Gone, or another object by now (the uid precondition):
+                // nothing of this policy's is left to delete.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(None),
                 Err(e) => {
                     let what = target_string(&kind.kind_ref(), namespace, name);
                     Err(ExecError::api(&format!("delete {what}"), e))
@@ -220,13 +367,14 @@ impl Writer<'_> {
                 namespace,
                 name,
                 patch,
+                uid,
             } => send_patch(
                 self.client,
                 requests(kind, namespace),
                 None,
                 name,
                 &self.params(),
-                &Patch::Merge(patch),
+                &Patch::Merge(with_uid(patch, uid.as_deref())),
             )
             .await
             .map(|_| Some(patch.clone()))

@@ -13,7 +13,7 @@ pub fn evaluator(name: &str, deployment: &str, threshold: f64) -> Value {
         "apiVersion": "runbook.dev/v1alpha1",
         "kind": "Evaluator",
         "metadata": {
-            "name": name, "namespace": NS, "uid": format!("uid-{name}"),
+            "name": name, "namespace": NS, "uid": format!("uid-evaluator-{name}"),
             "generation": 1, "resourceVersion": "10", "creationTimestamp": CREATED,
             "labels": {
                 "app": "chatbot",
@@ -109,6 +109,7 @@ pub fn job(owner: &Value, name: &str, revision: i64, state: JobState) -> Value {
             "name": name, "namespace": NS, "uid": format!("uid-{name}"), "resourceVersion": "20",
             "creationTimestamp": CREATED,
             "annotations": {"runbook.dev/revision": revision.to_string()},
+            "labels": {"app.kubernetes.io/managed-by": "runbook", "runbook.dev/policy-name": "evaluator-drift"},
             "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
                                   "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"], "controller": true}]
         },
@@ -160,7 +161,7 @@ pub fn backup(name: &str) -> Value {
         "apiVersion": "runbook.dev/v1alpha1",
         "kind": "DatabaseBackup",
         "metadata": {
-            "name": name, "namespace": NS, "uid": format!("uid-{name}"),
+            "name": name, "namespace": NS, "uid": format!("uid-backup-{name}"),
             "generation": 1, "resourceVersion": "10", "creationTimestamp": CREATED
         },
         "spec": {
@@ -209,11 +210,18 @@ pub fn pvc(name: &str) -> Value {
     })
 }
 
-/// Mark `child` as owned by `owner`.
-pub fn owned_by(mut child: Value, owner: &Value) -> Value {
+/// Make `child` the child `policy` made for `owner`: its controller
+/// ownerReference and Runbook's labels.
+pub fn child_of(mut child: Value, owner: &Value, policy: &str) -> Value {
     child["metadata"]["ownerReferences"] = json!([{
         "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
         "uid": owner["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true
     }]);
+    let labels = &mut child["metadata"]["labels"];
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    labels["app.kubernetes.io/managed-by"] = json!("runbook");
+    labels["runbook.dev/policy-name"] = json!(policy);
     child
 }

@@ -179,7 +179,7 @@ impl Run<'_> {
                 .view
                 .owned_by(kind, target.namespace(), target.uid())
                 .into_iter()
-                .filter(|c| c.belongs_to(&mine))
+                .filter(|c| c.is_child_of(&mine, target.uid()))
             {
                 let run = child
                     .value()

@@ -96,13 +96,40 @@ impl CachedObject {
         owner_uids(&self.value).any(|u| u == uid)
     }
 
-    /// Whether a child is the work of the policy whose label value is
-    /// `policy` (see [`policy_label_value`]): it carries that value in
-    /// [`POLICY_LABEL`], or no value at all (a child made before children
-    /// were labelled is every policy's).
-    pub fn belongs_to(&self, policy: &str) -> bool {
-        policy_of_child(&self.value).is_none_or(|p| p == policy)
+    /// Whether this object is the child that the policy whose label value
+    /// is `policy` (see [`policy_label_value`]) made for the target with
+    /// uid `target_uid`: it carries Runbook's labels with that policy's
+    /// name, and a controller ownerReference to that target. Nothing else
+    /// is a policy's to change or delete: an object of the same name that
+    /// someone else made is never taken over.
+    pub fn is_child_of(&self, policy: &str, target_uid: &str) -> bool {
+        is_child_of(&self.value, policy, target_uid)
     }
+}
+
+/// The label every object Runbook makes carries, with the value `runbook`.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// [`CachedObject::is_child_of`] for any JSON object.
+pub fn is_child_of(v: &Value, policy: &str, target_uid: &str) -> bool {
+    let labels = v.get("metadata").and_then(|m| m.get("labels"));
+    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    !target_uid.is_empty()
+        && label(MANAGED_BY) == Some("runbook")
+        && label(POLICY_LABEL) == Some(policy)
+        && controller_uid(v) == Some(target_uid)
+}
+
+/// The uid of the object's controller (the ownerReference with
+/// `controller: true`), if it has one.
+pub fn controller_uid(v: &Value) -> Option<&str> {
+    v.get("metadata")?
+        .get("ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?
+        .get("uid")?
+        .as_str()
 }
 
 /// The label naming the policy that made a child: each policy on a target

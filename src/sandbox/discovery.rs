@@ -109,11 +109,7 @@ pub fn resources(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Optio
     }
     let mut resources = Vec::new();
     for d in matching {
-        let verbs: &[&str] = if d.kind == "SelfSubjectAccessReview" {
-            &["create"]
-        } else {
-            VERBS
-        };
+        let verbs: &[&str] = if d.is_review() { &["create"] } else { VERBS };
         let mut r = json!({
             "name": d.plural,
             "singularName": d.singular,

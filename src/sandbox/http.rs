@@ -14,6 +14,7 @@ use http_body::Frame;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::auth::{self, UserInfo};
 use super::faults::{Faults, Verb};
 use super::registry::ResourceDef;
 use super::status::ApiError;
@@ -305,6 +306,19 @@ impl Api {
         if let Some(answer) = self.fault(verb, &t) {
             return answer;
         }
+        let user = UserInfo::of_request(headers);
+        if !user.is_master() {
+            let a = auth::attributes(
+                &t.def,
+                verb.as_str(),
+                t.namespace.as_deref(),
+                t.name.as_deref(),
+                t.sub.as_deref(),
+            );
+            if !auth::authorize(&self.store, &user, &a).allowed {
+                return Err(ApiError::forbidden(a.forbidden_message(&user.username)));
+            }
+        }
         let accept = headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
@@ -323,8 +337,8 @@ impl Api {
             headers,
             body,
         };
-        if t.def.kind == "SelfSubjectAccessReview" {
-            return self.access_review(verb, &c);
+        if t.def.is_review() {
+            return self.review(verb, &c, &user);
         }
         if t.sub.as_deref() == Some("scale") {
             return self.scale(verb, &t, &c.ns, headers, &c.body, &c.opts);
@@ -398,27 +412,57 @@ impl Api {
         Some(Ok(r))
     }
 
-    /// A SelfSubjectAccessReview: allowed, unless the sandbox was told to
-    /// deny it.
-    fn access_review(&self, verb: Verb, c: &Call<'_>) -> Result<Resp, ApiError> {
+    /// An access or identity review, answered for whoever it names: a
+    /// SelfSubjectAccessReview for the requester, a SubjectAccessReview
+    /// for its `spec` (user, groups), both by RBAC and the permissions a
+    /// test denied; a SelfSubjectReview says who the requester is.
+    fn review(&self, verb: Verb, c: &Call<'_>, requester: &UserInfo) -> Result<Resp, ApiError> {
         if verb != Verb::Create {
             return Err(ApiError::method_not_allowed());
         }
         let mut review = parse_body(c.headers, &c.body)?;
-        let a = &review["spec"]["resourceAttributes"];
-        let text = |k: &str| a[k].as_str().unwrap_or("").to_string();
-        let resource = match a["subresource"].as_str().filter(|s| !s.is_empty()) {
-            Some(sub) => format!("{}/{sub}", text("resource")),
-            None => text("resource"),
+        if c.t.def.kind == "SelfSubjectReview" {
+            review["status"] = json!({"userInfo": requester});
+            return Ok(value_response(StatusCode::CREATED, &review));
+        }
+        let spec = review.get("spec").cloned().unwrap_or_default();
+        let who = if c.t.def.kind == "SubjectAccessReview" {
+            let text = |k: &str| {
+                spec.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let named = UserInfo {
+                username: text("user"),
+                uid: text("uid"),
+                groups: serde_json::from_value(spec.get("groups").cloned().unwrap_or(json!([])))
+                    .unwrap_or_default(),
+                extra: serde_json::from_value(spec.get("extra").cloned().unwrap_or(json!({})))
+                    .unwrap_or_default(),
+            };
+            if named.username.is_empty() && named.groups.is_empty() {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "SubjectAccessReview.authorization.k8s.io \"\" is invalid: spec.user: Invalid value: \"\": at least one of user or group must be specified",
+                ));
+            }
+            named
+        } else {
+            requester.clone()
         };
-        let namespace = text("namespace");
-        let ns = Some(namespace.as_str()).filter(|s| !s.is_empty());
-        let denied = Verb::parse(&text("verb"))
-            .is_some_and(|v| self.faults.is_denied(v, &text("group"), &resource, ns));
+        let a = auth::review_attributes(&spec);
+        let ns = Some(a.namespace.as_str()).filter(|s| !s.is_empty());
+        let denied = Verb::parse(&a.verb)
+            .is_some_and(|v| self.faults.is_denied(v, &a.group, &a.combined(), ns));
+        let verdict = auth::authorize(&self.store, &who, &a);
         review["status"] = if denied {
             json!({"allowed": false, "reason": "the sandbox was told to deny it"})
+        } else if verdict.allowed {
+            json!({"allowed": true, "reason": verdict.reason})
         } else {
-            json!({"allowed": true, "reason": "the sandbox allows every request"})
+            json!({"allowed": false})
         };
         Ok(value_response(StatusCode::CREATED, &review))
     }

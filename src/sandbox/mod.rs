@@ -9,6 +9,7 @@
 //! policies. Nothing runs containers: tests and scenarios say what the
 //! world does by writing objects and their status.
 
+pub mod auth;
 pub mod discovery;
 pub mod faults;
 pub mod fields;
@@ -102,6 +103,28 @@ impl Sandbox {
         kube::Client::new(self.service(), "default")
     }
 
+    /// A client whose requests come from `user` (with its groups), as
+    /// `kubectl --as` makes them: RBAC then holds it to what its bindings
+    /// grant.
+    pub fn client_as(&self, user: &str, groups: &[&str]) -> kube::Client {
+        let mut headers = ::http::HeaderMap::new();
+        if let Ok(v) = ::http::HeaderValue::from_str(user) {
+            headers.insert("impersonate-user", v);
+        }
+        for g in groups {
+            if let Ok(v) = ::http::HeaderValue::from_str(g) {
+                headers.append("impersonate-group", v);
+            }
+        }
+        kube::Client::new(
+            Impersonating {
+                inner: self.service(),
+                headers,
+            },
+            "default",
+        )
+    }
+
     pub fn store(&self) -> &Arc<Store> {
         &self.api.store
     }
@@ -154,5 +177,34 @@ where
             };
             Ok(api.handle(::http::Request::from_parts(parts, bytes)).await)
         })
+    }
+}
+
+/// The sandbox's service with impersonation headers on every request.
+#[derive(Clone)]
+pub struct Impersonating {
+    inner: SandboxService,
+    headers: ::http::HeaderMap,
+}
+
+impl<B> tower::Service<::http::Request<B>> for Impersonating
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::fmt::Display,
+{
+    type Response = ::http::Response<SandboxBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        tower::Service::<::http::Request<B>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, mut req: ::http::Request<B>) -> Self::Future {
+        for (k, v) in &self.headers {
+            req.headers_mut().append(k, v.clone());
+        }
+        self.inner.call(req)
     }
 }

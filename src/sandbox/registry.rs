@@ -305,7 +305,58 @@ pub fn builtins() -> Vec<ResourceDef> {
             false,
             false,
         ),
+        builtin(
+            "authorization.k8s.io",
+            "v1",
+            "SubjectAccessReview",
+            "subjectaccessreviews",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "authentication.k8s.io",
+            "v1",
+            "SelfSubjectReview",
+            "selfsubjectreviews",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            false,
+            &[],
+            false,
+            true,
+        ),
+        builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            false,
+            &[],
+            false,
+            true,
+        ),
     ]
+}
+
+impl ResourceDef {
+    /// A review the API server answers without storing it (access and
+    /// identity reviews): `create` is its only verb.
+    pub fn is_review(&self) -> bool {
+        matches!(
+            self.kind.as_str(),
+            "SelfSubjectAccessReview" | "SubjectAccessReview" | "SelfSubjectReview"
+        )
+    }
 }
 
 /// Build a resource type from a CustomResourceDefinition, or say why it is

@@ -62,15 +62,17 @@ impl Ctx {
         objs.into_iter().map(|o| super::obj::of(&o)).collect()
     }
 
-    /// This policy's children of the target of one kind, sorted by name
-    /// (another policy's children of the same target are its own).
+    /// This policy's children of the target of one kind, sorted by name:
+    /// those it made (its labels, a controller ownerReference to the
+    /// target); another policy's children, and objects that merely name
+    /// the target among their owners, are not.
     pub fn owned(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
         let mine = crate::observe::policy_label_value(&self.0.policy_name);
         let mut children = self
             .0
             .view
             .owned_by(kind, &self.0.namespace, &self.0.target_uid);
-        children.retain(|c| c.belongs_to(&mine));
+        children.retain(|c| c.is_child_of(&mine, &self.0.target_uid));
         children
     }
 }

@@ -59,10 +59,21 @@ pub fn crd_resource() -> kube::core::ApiResource {
 }
 
 async fn client_for(path: &str) -> Result<Client, String> {
+    client_impersonating(path, None).await
+}
+
+/// A client from the kubeconfig at `path`, acting as `user` (with its
+/// groups) through impersonation when one is given.
+async fn client_impersonating(path: &str, user: Option<(&str, &[&str])>) -> Result<Client, String> {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| e.to_string())?;
+    if let Some((name, groups)) = user {
+        config.auth_info.impersonate = Some(name.to_string());
+        config.auth_info.impersonate_groups =
+            (!groups.is_empty()).then(|| groups.iter().map(|g| g.to_string()).collect());
+    }
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
@@ -226,6 +237,18 @@ impl Cluster {
             (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
         };
         (path, served)
+    }
+
+    /// A client whose requests are `user`'s (with `groups`): RBAC holds it
+    /// to what its bindings grant, on the sandbox as on a real cluster.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Client {
+        match (&self.sandbox, real_cluster()) {
+            (Some(s), _) => s.client_as(user, groups),
+            (None, Some(path)) => client_impersonating(&path, Some((user, groups)))
+                .await
+                .unwrap_or_else(|e| panic!("a client as {user}: {e}")),
+            (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
+        }
     }
 
     pub fn api<K>(&self) -> Api<K>

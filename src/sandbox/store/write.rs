@@ -108,11 +108,23 @@ impl Store {
         check_identity(def, &obj, ns, Some(name))?;
         let want_rv = meta_str(&obj, "resourceVersion").map(str::to_string);
         let manager = opts.field_manager.clone();
+        let (def2, name2) = (def.clone(), name.to_string());
         self.modify(def, ns, name, part, opts, move |old| {
             if let Some(rv) = &want_rv
                 && meta_str(old, "resourceVersion") != Some(rv.as_str())
             {
                 return Err(Conflicted);
+            }
+            // A replace naming a uid is a precondition on it, as on a
+            // real API server.
+            if let Some(uid) = meta_str(&obj, "uid").filter(|u| !u.is_empty())
+                && meta_str(old, "uid") != Some(uid)
+            {
+                let why = format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(old, "uid").unwrap_or_default()
+                );
+                return Err(Failed(ApiError::conflict_msg(&def2, &name2, &why)));
             }
             Ok((obj, manager))
         })
@@ -187,6 +199,13 @@ impl Store {
         if self.get(def, ns, name).is_err() {
             if part == Part::Status {
                 return Err(ApiError::not_found(def, name));
+            }
+            // An applied uid is a precondition: it never creates.
+            if let Some(uid) = meta_str(&body, "uid").filter(|u| !u.is_empty()) {
+                let why = format!(
+                    "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                );
+                return Err(ApiError::conflict_msg(def, name, &why));
             }
             let mut obj = body.clone();
             meta_mut(&mut obj).insert("name".into(), json!(name));
@@ -279,6 +298,12 @@ impl Store {
         let mut new = f(&old).map_err(|WriteFail::Api(e)| e)?;
         if !new.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
+        }
+        if let Some(uid) = meta_str(&new, "uid").filter(|u| !u.is_empty())
+            && meta_str(&old, "uid") != Some(uid)
+        {
+            let cause = Cause::invalid("metadata.uid", &json!(uid), "field is immutable");
+            return Err(ApiError::invalid(def, name, vec![cause]));
         }
         let mut warnings = Vec::new();
         keep_identity(&old, &mut new);
