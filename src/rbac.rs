@@ -80,6 +80,11 @@ pub struct Options {
     pub policy_namespaces: Vec<String>,
     /// Whether policies come from ConfigMaps at all (`--policy-configmaps`).
     pub policy_configmaps: bool,
+    /// The policies are a tenant's, loaded from ConfigMaps in this
+    /// namespace: they act only there, so they need a Role there and
+    /// nothing cluster-wide (the operator's own needs come with the
+    /// cluster-wide policies).
+    pub tenant: Option<String>,
 }
 
 impl Default for Options {
@@ -91,6 +96,7 @@ impl Default for Options {
             watch_namespaces: Vec::new(),
             policy_namespaces: Vec::new(),
             policy_configmaps: true,
+            tenant: None,
         }
     }
 }
@@ -220,6 +226,36 @@ pub fn guesses(set: &PolicySet, crds: &BTreeMap<(String, String), (String, bool)
     out
 }
 
+/// Every Secret alert receivers read outside the namespace they belong
+/// in (the tenant's, else the operator's), as `receiver R of routes X
+/// reads Secret NS/NAME`: a Secret of another team that the operator
+/// would be granted, worth a second look (and, for a tenant, refused).
+pub fn secrets_elsewhere(set: &PolicySet, opts: &Options) -> Vec<String> {
+    let home = opts.tenant.as_deref().unwrap_or(&opts.namespace);
+    let mut out = Vec::new();
+    for routes in set.routes.values() {
+        for (rname, receiver) in &routes.receivers {
+            for url in receiver.kinds.iter().flat_map(ReceiverKind::targets) {
+                let Target::Secret { key, .. } = url else {
+                    continue;
+                };
+                let ns = key
+                    .namespace
+                    .as_deref()
+                    .or(routes.secret_namespace.as_deref())
+                    .unwrap_or(home);
+                if ns != home {
+                    out.push(format!(
+                        "receiver {rname} of AlertRoutes {} ({}) reads Secret {ns}/{}, outside {home}",
+                        routes.name, routes.file, key.name
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Needs as they are found, the same (scope, group, resource, names)
 /// merged into one.
 #[derive(Default)]
@@ -258,7 +294,14 @@ impl Needs {
 
     /// Every kind a policy declares, by its role: read all; targets get
     /// finalizers and status, owned kinds are written, mutated ones patched.
-    fn kinds(&mut self, set: &PolicySet, crds: &BTreeMap<(String, String), (String, bool)>) {
+    /// A tenant's policies see nothing outside their namespace, so they
+    /// need nothing of cluster-scoped kinds.
+    fn kinds(
+        &mut self,
+        set: &PolicySet,
+        opts: &Options,
+        crds: &BTreeMap<(String, String), (String, bool)>,
+    ) {
         let roles = [
             KindRole::Target,
             KindRole::Owns,
@@ -269,10 +312,11 @@ impl Needs {
             for role in roles {
                 for k in p.kinds.with_role(role) {
                     let (plural, namespaced) = resource_of(k, crds);
-                    let scope = if namespaced {
-                        Scope::Watched
-                    } else {
-                        Scope::Cluster
+                    let scope = match (&opts.tenant, namespaced) {
+                        (Some(_), false) => continue,
+                        (Some(t), true) => Scope::Namespace(t.clone()),
+                        (None, true) => Scope::Watched,
+                        (None, false) => Scope::Cluster,
                     };
                     let why = format!("policy {} {} {k}", p.name, role.as_str());
                     let g = k.group();
@@ -306,10 +350,14 @@ impl Needs {
     /// Events on targets, the leader Lease, and the notification log.
     fn operator(&mut self, set: &PolicySet, opts: &Options) {
         if !set.policies.is_empty() {
+            let scope = match &opts.tenant {
+                Some(t) => Scope::Namespace(t.clone()),
+                None => Scope::Watched,
+            };
             for group in ["", "events.k8s.io"] {
                 let why = "Events on the objects policies reconcile".to_string();
                 self.add(
-                    Scope::Watched,
+                    scope.clone(),
                     group,
                     "events",
                     &["create", "patch"],
@@ -317,6 +365,9 @@ impl Needs {
                     why,
                 );
             }
+        }
+        if opts.tenant.is_some() {
+            return;
         }
         let own = Scope::Namespace(opts.namespace.clone());
         let lease = ["create", "get", "patch", "update"];
@@ -338,7 +389,9 @@ impl Needs {
 
     /// Policy ConfigMaps, and Events on those that fail to load.
     fn policy_sources(&mut self, opts: &Options) {
-        let namespaces = if !opts.policy_configmaps {
+        let namespaces = if let Some(t) = &opts.tenant {
+            vec![t.clone()]
+        } else if !opts.policy_configmaps {
             Vec::new()
         } else if opts.policy_namespaces.is_empty() {
             vec![opts.namespace.clone()]
@@ -377,6 +430,7 @@ impl Needs {
                         .namespace
                         .clone()
                         .or_else(|| routes.secret_namespace.clone())
+                        .or_else(|| opts.tenant.clone())
                         .unwrap_or_else(|| opts.namespace.clone());
                     secrets
                         .entry(ns.clone())
@@ -410,10 +464,13 @@ pub fn needs(
     crds: &BTreeMap<(String, String), (String, bool)>,
 ) -> Vec<Need> {
     let mut needs = Needs::default();
-    needs.kinds(set, crds);
+    needs.kinds(set, opts, crds);
     needs.operator(set, opts);
     needs.policy_sources(opts);
     needs.secrets(set, opts);
+    if opts.tenant.is_some() {
+        return needs.0;
+    }
     let why = "the start-up permission check".to_string();
     needs.add(
         Scope::Cluster,
@@ -526,7 +583,12 @@ pub fn render(needs: &[Need], opts: &Options) -> String {
         .iter()
         .filter(|n| n.scope == Scope::Cluster || (all_namespaces && n.scope == Scope::Watched))
         .collect();
-    let mut docs: Vec<Value> = role_and_binding(opts, None, &cluster).into();
+    // A tenant's rights are a Role in its namespace, nothing more.
+    let mut docs: Vec<Value> = if opts.tenant.is_some() && cluster.is_empty() {
+        Vec::new()
+    } else {
+        role_and_binding(opts, None, &cluster).into()
+    };
     let mut per_ns: BTreeMap<String, Vec<&Need>> = BTreeMap::new();
     for n in needs {
         match &n.scope {

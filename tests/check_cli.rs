@@ -380,3 +380,73 @@ fn a_new_policys_mistakes_are_found_before_it_runs() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `runbook rbac` warns about every Secret a receiver reads outside the
+/// operator's namespace, and for a tenant's policies prints only a Role in
+/// the tenant's namespace and refuses a Secret elsewhere.
+#[test]
+fn rbac_warns_of_secrets_elsewhere_and_confines_a_tenant() {
+    let dir = temp_dir("tenant");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("notes.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: notes}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  owns: [{apiVersion: batch/v1, kind: Job}]\n  reads: [{apiVersion: v1, kind: Node}]\n  script: notes.rhai\n  alerts: hooks\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("notes.rhai"), "fn reconcile(ctx) { [] }\n").unwrap();
+    let routes = |secret: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: hooks}}\nspec:\n  route: {{receiver: hook}}\n  receivers:\n    - name: hook\n      webhook: {{url: {{secretKeyRef: {{{secret}}}}}}}\n"
+        )
+    };
+    std::fs::write(
+        dir.join("routes.yaml"),
+        routes("name: pager, key: url, namespace: kube-system"),
+    )
+    .unwrap();
+    let out = runbook().arg("rbac").arg(&dir).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: receiver hook of AlertRoutes hooks")
+            && stderr.contains("reads Secret kube-system/pager, outside runbook-system"),
+        "{stderr}"
+    );
+    // A tenant's: refused outright.
+    let out = runbook()
+        .args(["rbac", "--tenant", "team-a"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("refused: receiver hook") && stderr.contains("outside team-a"),
+        "{stderr}"
+    );
+    // With its Secret at home: a Role and RoleBinding in team-a, nothing
+    // cluster-wide, nothing of the cluster-scoped kind it reads.
+    std::fs::write(dir.join("routes.yaml"), routes("name: pager, key: url")).unwrap();
+    let out = runbook()
+        .args(["rbac", "--tenant", "team-a"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kinds: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .collect();
+    assert_eq!(kinds, ["Role", "RoleBinding"], "{stdout}");
+    assert!(stdout.contains("namespace: team-a"), "{stdout}");
+    assert!(!stdout.contains("nodes"), "{stdout}");
+    assert!(!stdout.contains("leases"), "{stdout}");
+    assert!(stdout.contains("- pager"), "the Secret by name: {stdout}");
+    assert!(stdout.contains("- jobs"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

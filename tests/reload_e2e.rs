@@ -72,6 +72,16 @@ async fn start_refusing(
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
 ) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>, Vec<String>) {
+    start_configured(c, sources, configure, OperatorConfig::default()).await
+}
+
+/// As `start_refusing`, with the operator's own settings.
+async fn start_configured(
+    c: &Cluster,
+    sources: SourceConfig,
+    configure: impl FnOnce(Reloader) -> Reloader,
+    config: OperatorConfig,
+) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>, Vec<String>) {
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
     let reloader = Arc::new(configure(Reloader::new(
@@ -89,7 +99,7 @@ async fn start_refusing(
         );
     }
     let (set, errors) = reloader.initial(bundles).await;
-    let op = operator_with_metrics(c, set, OperatorConfig::default(), metrics);
+    let op = operator_with_metrics(c, set, config, metrics);
     op.start().await.unwrap();
     reload::spawn(reloader.clone(), op.clone(), sources);
     (op, reloader, errors)
@@ -661,6 +671,87 @@ async fn a_failing_watch_is_told_on_the_policy_configmap_and_its_recovery_too() 
     })
     .await;
     op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+/// A policy ConfigMap in a namespace other than the operator's is a
+/// tenant's: its policy acts on targets in that namespace only (a Widget
+/// elsewhere gets no child and no status from it), and its routes may not
+/// read a Secret of another namespace (the bundle is refused, with the
+/// place, in a PolicyInvalid Event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_policy_acts_only_in_its_own_namespace() {
+    let c = Cluster::new("tenant").await;
+    install_widget_crd(&c).await;
+    let elsewhere = format!("{}-x", c.ns);
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": elsewhere}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    cms.create(
+        &PostParams::default(),
+        &bundle_cm(&c, &policy_yaml(&c, "7")),
+    )
+    .await
+    .unwrap();
+    let (op, _reloader, errors) = start_configured(
+        &c,
+        SourceConfig {
+            dirs: vec![],
+            configmap_namespaces: vec![c.ns.clone()],
+        },
+        // The operator's own namespace is another one: the test's is a tenant's.
+        |r| r.with_secret_namespace(&format!("{}-ops", c.ns)),
+        all_namespaces(),
+    )
+    .await;
+    assert!(errors.is_empty(), "{errors:?}");
+    let home = widgets(&c);
+    let away: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &elsewhere, &widget_resource(&c));
+    create_widget(&c, &home, "a", json!({})).await;
+    let mut w = widget(&c, "b", json!({}));
+    w.metadata.namespace = Some(elsewhere.clone());
+    away.create(&PostParams::default(), &w).await.unwrap();
+    eventually("the tenant's own Widget reconciled", 30, || async {
+        status_threshold(&home, "a").await == 7
+    })
+    .await;
+    settle(&op).await;
+    let b = away.get("b").await.unwrap();
+    assert!(
+        b.data.get("status").is_none_or(|s| s.is_null()),
+        "{:?}",
+        b.data
+    );
+    let away_cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &elsewhere);
+    assert!(away_cms.get_opt("b-out").await.unwrap().is_none());
+    // Routes reading the operator namespace's Secret: refused at its place.
+    let routes = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route: {{receiver: hook}}\n  receivers:\n    - name: hook\n      webhook: {{url: {{secretKeyRef: {{name: alerting, key: url, namespace: {}-ops}}}}}}\n",
+        c.ns
+    );
+    cms.patch(
+        "tuned-policy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"routes.yaml": routes}})),
+    )
+    .await
+    .unwrap();
+    eventually("the refusal of the routes, with its place", 30, || {
+        policy_invalid(&c, "tuned-policy", |n| {
+            positioned(n, &format!("configmap/{}/tuned-policy/routes.yaml:", c.ns))
+                && n.contains("may read Secrets only in")
+        })
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    let _ = nss.delete(&elsewhere, &DeleteParams::default()).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }

@@ -138,6 +138,9 @@ pub struct CompiledRoutes {
     /// Where its `secretKeyRef`s without a namespace are read: the
     /// namespace of the ConfigMap it came from, else the operator's.
     pub secret_namespace: Option<String>,
+    /// Routes of a tenant's bundle (see `CompiledPolicy::tenant`): only
+    /// that namespace's policies may send alerts through them.
+    pub tenant: Option<String>,
     pub root: Route,
     pub receivers: BTreeMap<String, Receiver>,
     pub inhibit_rules: Vec<InhibitRule>,
@@ -688,6 +691,7 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
             file: String::new(),
             pos: node.at(&["metadata", "name"]).map(|n| n.pos),
             secret_namespace: None,
+            tenant: None,
             root,
             receivers,
             inhibit_rules,

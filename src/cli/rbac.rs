@@ -39,6 +39,11 @@ pub struct RbacArgs {
     /// instead of refusing the policies that declare them.
     #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
     pub allow_dangerous_kinds: bool,
+    /// The policies are a tenant's, loaded from ConfigMaps in this
+    /// namespace: print the Role (and its binding to the operator) they
+    /// need there, and nothing cluster-wide.
+    #[arg(long, env = "RUNBOOK_RBAC_TENANT")]
+    pub tenant: Option<String>,
 }
 
 pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
@@ -71,7 +76,25 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         watch_namespaces: args.watch_namespaces,
         policy_namespaces: args.policy_namespaces,
         policy_configmaps: true,
+        tenant: args.tenant,
     };
+    let elsewhere = rbac::secrets_elsewhere(&set, &opts);
+    if let Some(t) = &opts.tenant
+        && !elsewhere.is_empty()
+    {
+        for e in &elsewhere {
+            eprintln!("refused: {e}");
+        }
+        eprintln!(
+            "a tenant's policies read Secrets only in their own namespace ({t}); the operator refuses these routes when it loads them from there"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    for e in &elsewhere {
+        eprintln!(
+            "warning: {e}: the operator is granted `get` on it; make sure that Secret is meant for Runbook"
+        );
+    }
     let crds = rbac::crd_plurals(&super::check::crd_docs(&bundles));
     for guess in rbac::guesses(&set, &crds) {
         eprintln!("note: {guess}");

@@ -44,10 +44,16 @@ impl PolicySet {
     /// duplicate names, alert routes that do not exist (routes are shared
     /// by every bundle), and two enforcing policies on the same targets
     /// that would write the same part of their status.
-    pub fn build(loaded: Vec<Loaded>) -> (PolicySet, Vec<LoadError>) {
+    pub fn build(mut loaded: Vec<Loaded>) -> (PolicySet, Vec<LoadError>) {
         let mut errors = Vec::new();
         let mut set = PolicySet::default();
         let mut all_policies = Vec::new();
+        // Cluster-wide bundles first: a tenant's policy or routes can
+        // never take a name, or a part of a status, from them.
+        loaded.sort_by_key(|l| {
+            l.policies.iter().any(|p| p.tenant.is_some())
+                || l.routes.iter().any(|r| r.tenant.is_some())
+        });
         for l in loaded {
             errors.extend(l.errors);
             for r in l.routes {
@@ -94,6 +100,18 @@ impl PolicySet {
                 ),
             ));
         }
+        if let (Some(r), Some(tenant)) = (&p.alerts, &p.tenant)
+            && let Some(routes) = self.routes.get(r)
+            && routes.tenant.as_ref() != Some(tenant)
+        {
+            return Some(error(
+                p.alerts_pos,
+                format!(
+                    "spec.alerts: AlertRoutes {r:?} ({}) is not of namespace {tenant:?}: a policy from a ConfigMap in {tenant:?} sends alerts only through routes loaded from {tenant:?}",
+                    routes.file
+                ),
+            ));
+        }
         if let Some(r) = &p.alerts
             && !self.routes.contains_key(r)
         {
@@ -117,6 +135,7 @@ impl PolicySet {
                 q.target == p.target
                     && q.mode == Mode::Enforce
                     && !disjoint(&q.selector, &p.selector)
+                    && !(q.tenant.is_some() && p.tenant.is_some() && q.tenant != p.tenant)
             })
             .find_map(|q| {
                 let o = q.status.overlap(&p.status)?;
@@ -161,7 +180,10 @@ impl PolicySet {
     /// named `default`.
     pub fn routes_for(&self, policy: &CompiledPolicy) -> Option<Arc<CompiledRoutes>> {
         let name = policy.alerts.as_deref().unwrap_or("default");
-        self.routes.get(name).cloned()
+        self.routes
+            .get(name)
+            .filter(|r| r.tenant == policy.tenant)
+            .cloned()
     }
 
     /// The label selector a watch of `kind`'s targets can ask the API
@@ -185,5 +207,123 @@ impl PolicySet {
         out.sort();
         out.dedup();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Bundle, Origin, load_bundle};
+    use crate::script::ScriptEngine;
+
+    const ROUTES: &str = "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: NAME}\nspec:\n  route: {receiver: hook}\n  receivers:\n    - name: hook\n      webhook: {url: {secretKeyRef: {SECRET}}}\n";
+
+    fn policy(name: &str, alerts: &str) -> String {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: {name}}}\nspec:\n  target: {{apiVersion: runbook.dev/v1alpha1, kind: Evaluator}}\n  script: p.rhai\n  status: {{fields: [{name}]}}\n{alerts}"
+        )
+    }
+
+    /// A bundle from a ConfigMap in `ns`, confined there unless `ns` is
+    /// the operator's (`runbook-system`).
+    fn loaded(ns: &str, files: &[(&str, String)]) -> Loaded {
+        let mut files: std::collections::BTreeMap<String, String> = files
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        files.insert("p.rhai".into(), "fn reconcile(ctx) { [] }".into());
+        let origin = Origin::ConfigMap {
+            namespace: ns.into(),
+            name: "policies".into(),
+        };
+        let mut l = load_bundle(&ScriptEngine::default(), &Bundle::new(origin, files), None);
+        if ns != "runbook-system" {
+            l.confine_to(ns);
+        }
+        l
+    }
+
+    fn routes(name: &str, secret: &str) -> String {
+        ROUTES.replace("NAME", name).replace("SECRET", secret)
+    }
+
+    #[test]
+    fn a_tenants_policy_acts_in_its_namespace_and_alerts_through_its_own_routes() {
+        let ops = loaded(
+            "runbook-system",
+            &[
+                ("drift.yaml", policy("drift", "")),
+                ("routes.yaml", routes("default", "name: ops, key: url")),
+            ],
+        );
+        let team = loaded(
+            "team-a",
+            &[
+                ("notes.yaml", policy("notes", "  alerts: team-a\n")),
+                ("routes.yaml", routes("team-a", "name: hooks, key: url")),
+            ],
+        );
+        assert!(team.errors.is_empty(), "{:?}", team.errors);
+        let (set, errors) = PolicySet::build(vec![team, ops]);
+        assert!(errors.is_empty(), "{errors:?}");
+        let notes = &set.policies["notes"];
+        assert!(notes.acts_in("team-a") && !notes.acts_in("team-b"));
+        assert!(set.policies["drift"].acts_in("team-b"));
+        assert_eq!(set.routes_for(notes).unwrap().name, "team-a");
+        // Without `alerts:`, a tenant's policy does not fall back to the
+        // operator's default routes.
+        let quiet = loaded("team-a", &[("quiet.yaml", policy("quiet", ""))]);
+        let (set, _) = PolicySet::build(vec![quiet]);
+        assert!(set.routes_for(&set.policies["quiet"]).is_none());
+    }
+
+    #[test]
+    fn a_tenant_may_not_reach_other_namespaces_secrets_routes_or_names() {
+        // A Secret in the operator's namespace, named from a tenant's routes.
+        let team = loaded(
+            "team-a",
+            &[(
+                "routes.yaml",
+                routes("team-a", "name: ops, key: url, namespace: runbook-system"),
+            )],
+        );
+        let e = team
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("configmap/team-a/policies/routes.yaml:8:"),
+            "{e:?}"
+        );
+        assert!(
+            e[0].contains("may read Secrets only in \"team-a\""),
+            "{e:?}"
+        );
+        // The operator's routes, named from a tenant's policy.
+        let ops = loaded(
+            "runbook-system",
+            &[("routes.yaml", routes("default", "name: ops, key: url"))],
+        );
+        let team = loaded(
+            "team-a",
+            &[("p.yaml", policy("notes", "  alerts: default\n"))],
+        );
+        let (set, errors) = PolicySet::build(vec![team, ops]);
+        assert!(!set.policies.contains_key("notes"));
+        assert!(
+            errors[0]
+                .message
+                .contains("sends alerts only through routes loaded from \"team-a\""),
+            "{errors:?}"
+        );
+        // A tenant's policy named like a cluster-wide one never displaces
+        // it, whatever the order the bundles come in.
+        let ops = loaded("runbook-system", &[("drift.yaml", policy("drift", ""))]);
+        let squat = loaded("aaa", &[("drift.yaml", policy("drift", ""))]);
+        let (set, errors) = PolicySet::build(vec![squat, ops]);
+        assert_eq!(set.policies["drift"].tenant, None);
+        assert!(errors[0].file.starts_with("configmap/aaa/"), "{errors:?}");
     }
 }

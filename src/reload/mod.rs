@@ -180,23 +180,40 @@ impl Reloader {
         self
     }
 
+    /// The namespace a bundle's policies are confined to: that of a
+    /// ConfigMap outside the operator's namespace (a tenant's).
+    pub fn tenant_of(&self, origin: &Origin) -> Option<String> {
+        match origin {
+            Origin::ConfigMap { namespace, .. } if *namespace != self.secret_namespace => {
+                Some(namespace.clone())
+            }
+            _ => None,
+        }
+    }
+
     async fn check_access(
         &self,
         op: &Operator,
         set: &PolicySet,
         names: &[String],
+        tenant: Option<String>,
     ) -> Result<(), Vec<String>> {
         let Some(client) = &self.client else {
             return Ok(());
         };
         let mut only = set.clone();
         only.policies.retain(|n, _| names.contains(n));
+        let watch_namespaces: Vec<String> = match &tenant {
+            Some(t) => vec![t.clone()],
+            None => op.ctx.config.namespace.iter().cloned().collect(),
+        };
         let opts = crate::rbac::Options {
             namespace: self.secret_namespace.clone(),
-            watch_namespaces: op.ctx.config.namespace.iter().cloned().collect(),
+            watch_namespaces: watch_namespaces.clone(),
+            tenant,
             ..Default::default()
         };
-        let watched = op.ctx.config.namespace.as_deref();
+        let watched = watch_namespaces.first().map(String::as_str);
         match crate::runtime::access::missing_for(client, &only, &opts, watched).await {
             Ok(missing) if missing.is_empty() => Ok(()),
             Ok(missing) => Err(missing
@@ -307,13 +324,16 @@ impl Reloader {
         let engine = self.engine.clone();
         let b = bundle.clone();
         // Compiling (scripts, templates) happens off the async workers.
-        let loaded = if self.inline {
+        let mut loaded = if self.inline {
             load_bundle(&engine, &b, None)
         } else {
             tokio::task::spawn_blocking(move || load_bundle(&engine, &b, None))
                 .await
                 .map_err(|e| Refusal::cluster(vec![format!("compiling {}: {e}", bundle.origin)]))?
         };
+        if let Some(tenant) = self.tenant_of(&bundle.origin) {
+            loaded.confine_to(&tenant);
+        }
         if !loaded.errors.is_empty() {
             return Err(Refusal::content(
                 loaded.errors.iter().map(|e| e.to_string()).collect(),
@@ -416,7 +436,8 @@ impl Reloader {
             return Err(Refusal::cluster(refused));
         }
         if self.access_check {
-            self.check_access(op, &kept, &names)
+            let tenant = self.tenant_of(&bundle.origin);
+            self.check_access(op, &kept, &names, tenant)
                 .await
                 .map_err(Refusal::cluster)?;
         }

@@ -434,6 +434,7 @@ async fn reconcile_target(
         .for_target(kind)
         .into_iter()
         .filter(|p| p.selector.is_empty() || p.selector.matches_object(cached.value()))
+        .filter(|p| p.acts_in(&key.namespace))
         .collect();
     if policies.is_empty() {
         lock(&ctx.memory.deps).forget(key);

@@ -154,7 +154,12 @@ pub fn operator_through(
     // Short backoffs, unless the test chose its own.
     let defaults = OperatorConfig::default();
     let config = OperatorConfig {
-        namespace: Some(c.ns.clone()),
+        // The test's namespace, unless the test asked for all of them.
+        namespace: match config.namespace.as_deref() {
+            Some("") => None,
+            Some(ns) => Some(ns.to_string()),
+            None => Some(c.ns.clone()),
+        },
         backoff_base: if config.backoff_base == defaults.backoff_base {
             Duration::from_millis(50)
         } else {
@@ -176,6 +181,15 @@ pub fn operator_through(
         metrics,
         config,
     ))
+}
+
+/// Settings for an operator that reconciles every namespace (the test's
+/// helpers otherwise keep it to the test's own).
+pub fn all_namespaces() -> OperatorConfig {
+    OperatorConfig {
+        namespace: Some(String::new()),
+        ..Default::default()
+    }
 }
 
 pub async fn settle(op: &Operator) {

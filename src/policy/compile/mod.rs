@@ -134,6 +134,11 @@ pub struct CompiledPolicy {
     pub priority: i32,
     /// The status fields and conditions it writes.
     pub status: StatusClaim,
+    /// A tenant's policy (loaded from a ConfigMap in a namespace other
+    /// than the operator's) acts only in that namespace: on its targets
+    /// there, with children there, alerts through routes of that
+    /// namespace and Secrets read there. `None`: a cluster-wide policy.
+    pub tenant: Option<String>,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and
@@ -162,6 +167,12 @@ impl CompiledPolicy {
     pub fn mutates(&self) -> impl Iterator<Item = &KindRef> {
         self.kinds.with_role(Role::Mutates)
     }
+
+    /// Whether the policy may act on a target in `namespace`: a tenant's
+    /// only in its own.
+    pub fn acts_in(&self, namespace: &str) -> bool {
+        self.tenant.as_deref().is_none_or(|t| t == namespace)
+    }
 }
 
 /// What loading one bundle produced.
@@ -175,6 +186,42 @@ pub struct Loaded {
     /// The kinds of every policy document read (compiled or not), by file,
     /// for `runbook check`.
     pub declared: Vec<(String, KindPlaces)>,
+}
+
+impl Loaded {
+    /// Confine a tenant's bundle (a ConfigMap in `namespace`, not the
+    /// operator's) to its namespace: its policies act only there, and its
+    /// alert receivers may read Secrets only there (a `secretKeyRef`
+    /// naming another namespace is an error at its place).
+    pub fn confine_to(&mut self, namespace: &str) {
+        for p in &mut self.policies {
+            p.tenant = Some(namespace.to_string());
+        }
+        for r in &mut self.routes {
+            r.tenant = Some(namespace.to_string());
+            for receiver in r.receivers.values() {
+                for target in receiver
+                    .kinds
+                    .iter()
+                    .flat_map(routes::ReceiverKind::targets)
+                {
+                    let routes::Target::Secret { key, pos } = target else {
+                        continue;
+                    };
+                    if let Some(other) = key.namespace.as_deref().filter(|n| *n != namespace) {
+                        self.errors.push(LoadError {
+                            file: r.file.clone(),
+                            pos: Some(*pos),
+                            message: format!(
+                                "receiver {:?}: secretKeyRef.namespace {other:?}: a policy ConfigMap in namespace {namespace:?} may read Secrets only in {namespace:?} (cluster-wide policies and their routes come from the operator's namespace or --policy-dir)",
+                                receiver.name
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// What loading one bundle carries along: the engine, the bundle, the

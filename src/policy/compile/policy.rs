@@ -83,6 +83,7 @@ pub(super) fn load_policy(
         limits,
         priority: spec.priority,
         status,
+        tenant: None,
     })
 }
 
