@@ -516,3 +516,95 @@ fn a_succeeded_job_whose_pod_never_shows_finished_has_no_score_after_a_minute() 
     assert!(message.contains("no termination message"), "{message}");
     assert!(status_of(&d)["currentRun"].is_null());
 }
+
+/// The benchmark pod takes of the Evaluator its container's image,
+/// command, arguments, environment and resources, nothing else (a pod
+/// template admitted by an older schema is ignored); it runs with no
+/// ServiceAccount token unless the administrator names an account in the
+/// policy's parameters.
+#[test]
+fn the_benchmark_pod_takes_only_the_containers_fields_of_the_evaluator() {
+    let w = world_at_revision(3);
+    let ev = with(
+        evaluator("chatbot", "chatbot", 0.85),
+        json!({"spec": {"benchmark": {
+            "image": "bench:2", "args": ["--quick"],
+            "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "bench-token", "key": "token"}}}],
+            "resources": {"limits": {"memory": "1Gi"}},
+            "template": {"spec": {"serviceAccountName": "admin", "hostPID": true,
+                                  "containers": [{"name": "x", "image": "evil", "securityContext": {"privileged": true}}]}}
+        }}}),
+    );
+    let d = w.decide("evaluator-drift", &ev);
+    let pod = &applied(&d)[0]["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert!(pod.get("serviceAccountName").is_none(), "{pod}");
+    assert!(pod.get("hostPID").is_none(), "{pod}");
+    let c = &pod["containers"][0];
+    assert_eq!(pod["containers"].as_array().unwrap().len(), 1);
+    assert_eq!(c["image"], "bench:2");
+    assert_eq!(c["args"], json!(["--quick"]));
+    assert_eq!(c["resources"], json!({"limits": {"memory": "1Gi"}}));
+    assert!(c.get("securityContext").is_none(), "{c}");
+    assert_eq!(
+        c["env"][2]["valueFrom"]["secretKeyRef"]["name"],
+        "bench-token"
+    );
+    // An administrator's account, from the policy's parameters.
+    let dir = common::policies_dir();
+    let files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            (e.file_name().to_string_lossy().to_string(), text)
+        })
+        .map(|(k, v)| {
+            let v = v.replace(
+                "benchmarkServiceAccount: \"\"",
+                "benchmarkServiceAccount: bench-runner",
+            );
+            (k, v)
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let admin = World::from_files(&refs);
+    admin.add(deployment("chatbot", 3));
+    let d = admin.decide("evaluator-drift", &evaluator("chatbot", "chatbot", 0.85));
+    let pod = &applied(&d)[0]["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "bench-runner");
+    assert_eq!(pod["automountServiceAccountToken"], true);
+}
+
+/// What a benchmark printed never reaches the Evaluator: a message that
+/// is not a score is reported by its shape and length only.
+#[test]
+fn a_message_that_is_not_a_score_is_reported_without_its_content() {
+    for (message, error) in [
+        (
+            "password=hunter2",
+            "benchmark message is not JSON or a number (16 characters)",
+        ),
+        (
+            r#"{"token": "hunter2"}"#,
+            "benchmark message has no numeric score (a JSON object without a numeric score)",
+        ),
+        (
+            r#""hunter2""#,
+            "benchmark message has no numeric score (a JSON string)",
+        ),
+    ] {
+        let w = world_at_revision(3);
+        let ev = running(JOB);
+        w.add(job(&ev, JOB, 3, JobState::Succeeded));
+        w.add(job_pod(JOB, message));
+        let d = w.decide("evaluator-drift", &ev);
+        assert_eq!(status_of(&d)["lastError"], error);
+        let said = format!("{:?}", d.actions);
+        assert!(!said.contains("hunter2"), "{said}");
+    }
+}

@@ -15,6 +15,7 @@
 
 pub mod conclude;
 pub mod plan;
+pub mod pods;
 pub mod rollback;
 pub mod status;
 pub mod writer;

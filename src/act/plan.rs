@@ -571,6 +571,12 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
         &policy_label_value(&input.policy.name),
     );
     let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+    if let Some(why) = super::pods::refusal(&desired, &input.policy.pods) {
+        return Todo::Fail(Failed::refused(format!(
+            "apply of {} refused: {why}",
+            target_string(&kind, ns, name)
+        )));
+    }
     let hash = applied_hash(&desired).unwrap_or_default().to_string();
     let key = ChildKey::new(&kind, ns, name);
     let live = input.view.get(&kind, ns, name);

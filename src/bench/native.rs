@@ -45,12 +45,23 @@ fn read_score(pods: &[&Value]) -> Result<f64, String> {
         let Some(msg) = termination_message(pod) else {
             continue;
         };
-        let parsed: Value = serde_json::from_str(&msg)
-            .map_err(|_| format!("benchmark message is not JSON or a number: {msg}"))?;
+        let parsed: Value = serde_json::from_str(&msg).map_err(|_| {
+            format!(
+                "benchmark message is not JSON or a number ({} characters)",
+                msg.chars().count()
+            )
+        })?;
+        let shape = match &parsed {
+            Value::Object(_) => "a JSON object without a numeric score".to_string(),
+            Value::String(_) => "a JSON string".to_string(),
+            Value::Array(_) => "a JSON array".to_string(),
+            Value::Bool(_) => "a JSON bool".to_string(),
+            _ => "a JSON ()".to_string(),
+        };
         return parsed
             .as_f64()
             .or_else(|| parsed.get("score").and_then(Value::as_f64))
-            .ok_or_else(|| format!("benchmark message has no numeric score: {msg}"));
+            .ok_or_else(|| format!("benchmark message has no numeric score ({shape})"));
     }
     Err("the benchmark pod left no termination message".into())
 }

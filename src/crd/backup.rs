@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::EnvVar;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
-    DecisionRecord, StepStatus, conditions_schema, decisions_schema, optional_cron_schema,
+    DecisionRecord, EnvValue, Resources, StepStatus, conditions_schema, decisions_schema,
+    optional_cron_schema,
 };
 
 /// An ordered, resumable database backup.
@@ -92,7 +92,9 @@ pub struct DumpSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<EnvVar>,
+    pub env: Vec<EnvValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
 }
 
 /// Progress of the backup.

@@ -4,11 +4,67 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Schema for a free-form object that the API server keeps as written.
-pub(crate) fn preserve_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+/// An environment variable of a container a custom resource describes:
+/// a value, or one key of a Secret or ConfigMap of the resource's
+/// namespace (which Runbook reads into a child only for an author who may
+/// read it). Nothing else a pod's `env` allows (field and resource
+/// references) passes through.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvValue {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvSource>,
+}
+
+/// Where an environment variable's value comes from: exactly one key of
+/// a Secret or a ConfigMap.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+}
+
+/// One key of a Secret or ConfigMap in the resource's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[schemars(length(min = 1))]
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// CPU, memory and other resources a container asks for and is held to,
+/// as quantities (`500m`, `1Gi`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "quantities_schema")]
+    pub requests: std::collections::BTreeMap<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "quantities_schema")]
+    pub limits: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// Schema for a map of resource quantities (a number or a string such as
+/// `500m`), as Kubernetes declares them.
+pub(crate) fn quantities_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true
+        "additionalProperties": {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": true
+        }
     })
 }
 

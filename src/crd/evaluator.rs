@@ -3,13 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::EnvVar;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
-    DecisionRecord, conditions_schema, cron_schema, decisions_schema, preserve_object,
+    DecisionRecord, EnvValue, Resources, conditions_schema, cron_schema, decisions_schema,
 };
 
 fn default_schedule() -> String {
@@ -50,7 +49,9 @@ pub struct EvaluatorSpec {
     /// The Deployment whose model is benchmarked and rolled back.
     pub target_ref: TargetRef,
     /// What to run as the benchmark. Its pod writes the score as its
-    /// termination message: `{"score": 0.91}` or a plain number.
+    /// termination message: `{"score": 0.91}` or a plain number. Only
+    /// these fields reach the benchmark's pod: what else it runs with (a
+    /// ServiceAccount, say) is the policy's, set by an administrator.
     pub benchmark: Benchmark,
     /// Scores below this roll the Deployment back.
     #[schemars(range(min = 0.0, max = 1.0))]
@@ -80,23 +81,21 @@ pub struct TargetRef {
     pub name: String,
 }
 
-/// The benchmark Job's pod: either an image with command and arguments, or a
-/// whole pod template.
+/// The benchmark Job's container: its image, command, arguments,
+/// environment and resources.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Benchmark {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
+    #[schemars(length(min = 1))]
+    pub image: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<EnvVar>,
-    /// A full pod template, used instead of image/command/args/env.
+    pub env: Vec<EnvValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_object")]
-    pub template: Option<serde_json::Value>,
+    pub resources: Option<Resources>,
     /// A run that takes longer fails and is alerted.
     #[serde(default = "default_deadline")]
     #[schemars(range(min = 1))]

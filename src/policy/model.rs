@@ -90,6 +90,33 @@ pub struct PolicySpec {
     /// it, so no other enforcing policy may share its targets.
     #[serde(default)]
     pub status: Option<StatusSpec>,
+    /// What the pods of this policy's children may ask for beyond an
+    /// ordinary pod (privileges, the host's namespaces or files, a
+    /// ServiceAccount): each is refused unless an administrator allows it
+    /// here.
+    #[serde(default)]
+    pub pods: PodsSpec,
+}
+
+/// `spec.pods`: what a child's pod (a Pod, or the pod template of a Job,
+/// Deployment, StatefulSet, CronJob or any kind with `spec.template`) may
+/// ask for. Everything is off by default, so a policy that copies what a
+/// custom resource says into a pod cannot be made to run a privileged pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodsSpec {
+    /// Privileged containers and added Linux capabilities.
+    #[serde(default)]
+    pub privileged: bool,
+    /// `hostNetwork`, `hostPID`, `hostIPC` and container `hostPort`s.
+    #[serde(default)]
+    pub host_namespaces: bool,
+    /// `hostPath` volumes.
+    #[serde(default)]
+    pub host_path: bool,
+    /// ServiceAccounts the pods may run as, besides none (`default`).
+    #[serde(default)]
+    pub service_accounts: Vec<String>,
 }
 
 /// A Kubernetes LabelSelector: every `matchLabels` pair and every

@@ -139,6 +139,8 @@ pub struct CompiledPolicy {
     /// there, with children there, alerts through routes of that
     /// namespace and Secrets read there. `None`: a cluster-wide policy.
     pub tenant: Option<String>,
+    /// What its children's pods may ask for (`spec.pods`).
+    pub pods: super::model::PodsSpec,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and

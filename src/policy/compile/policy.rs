@@ -84,6 +84,7 @@ pub(super) fn load_policy(
         priority: spec.priority,
         status,
         tenant: None,
+        pods: spec.pods.clone(),
     })
 }
 
