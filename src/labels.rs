@@ -49,6 +49,50 @@ impl Selector {
         self.0.is_empty()
     }
 
+    /// A Kubernetes `LabelSelector` object (`matchLabels`,
+    /// `matchExpressions` with In, NotIn, Exists, DoesNotExist).
+    pub fn from_label_selector(v: &serde_json::Value) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        if v.is_null() {
+            return Ok(Selector(reqs));
+        }
+        if let Some(m) = v.get("matchLabels").and_then(|m| m.as_object()) {
+            for (k, val) in m {
+                let val = val
+                    .as_str()
+                    .ok_or_else(|| format!("matchLabels.{k}: not a string"))?;
+                reqs.push(Requirement::Eq(k.clone(), val.to_string()));
+            }
+        }
+        for e in v
+            .get("matchExpressions")
+            .and_then(|e| e.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let key = e
+                .get("key")
+                .and_then(|k| k.as_str())
+                .unwrap_or("")
+                .to_string();
+            let values: Vec<String> = e
+                .get("values")
+                .and_then(|v| v.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            reqs.push(match e.get("operator").and_then(|o| o.as_str()) {
+                Some("In") => Requirement::In(key, values),
+                Some("NotIn") => Requirement::NotIn(key, values),
+                Some("Exists") => Requirement::Exists(key),
+                Some("DoesNotExist") => Requirement::NotExists(key),
+                other => return Err(format!("matchExpressions: unknown operator {other:?}")),
+            });
+        }
+        Ok(Selector(reqs))
+    }
+
     /// Whether labels, looked up by `get`, satisfy every requirement.
     pub fn matches_with<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.0.iter().all(|r| match r {

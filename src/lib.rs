@@ -15,6 +15,7 @@
 #![deny(unsafe_code)]
 
 pub mod act;
+pub mod admission;
 pub mod alert;
 pub mod bench;
 pub mod cli;

@@ -46,6 +46,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // Least privilege derived from policies.
     ("rbac", &["alert", "kinds", "policy", "util"]),
+    // Admission: the webhooks Runbook serves, their certificates, and the
+    // author records they write.
+    ("admission", &["kinds", "observe", "policy", "util"]),
     // Decide: pure, from what is observed to a decision.
     (
         "decide",
@@ -58,6 +61,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "act",
         &[
+            "admission",
             "alert",
             "crd",
             "decide",
@@ -76,6 +80,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "runtime",
         &[
             "act",
+            "admission",
             "alert",
             "clock",
             "crd",
@@ -95,6 +100,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "reload",
         &[
+            "admission",
             "alert",
             "events",
             "kinds",
@@ -113,6 +119,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "scenario",
         &[
+            "admission",
             "alert",
             "clock",
             "crd",
@@ -130,6 +137,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "bench",
         &[
+            "admission",
             "alert",
             "clock",
             "decide",
@@ -151,6 +159,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "cli",
         &[
+            "admission",
             "alert",
             "bench",
             "clock",
@@ -431,6 +440,18 @@ const WRITERS: &[(&str, &str)] = &[
         "SelfSubjectAccessReviews (a question, stored nowhere)",
     ),
     ("alert/nflog.rs", "the notification log ConfigMap"),
+    (
+        "act/authorize.rs",
+        "SubjectAccessReviews and a SelfSubjectReview (questions, stored nowhere)",
+    ),
+    (
+        "admission/config.rs",
+        "the webhook's certificate Secret and its webhook configuration",
+    ),
+    (
+        "scenario/run.rs",
+        "the authorship webhook's configuration in a scenario's API server",
+    ),
     ("scenario/world.rs", "what a scenario's world does"),
     ("bench/operator.rs", "benchmark fixtures"),
     ("bench/reload.rs", "benchmark fixtures"),

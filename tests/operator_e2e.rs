@@ -651,7 +651,7 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
     let metrics = Arc::new(Metrics::new());
     let op = operator_through(
         &c,
-        c.client.clone(),
+        c.operator_client.clone(),
         policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
         OperatorConfig::default(),
         metrics.clone(),

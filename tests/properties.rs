@@ -358,11 +358,14 @@ proptest! {
                 .unwrap();
             let applied = act::Applied::default();
             let sink = runbook::alert::LogSink::default();
+            let authority = act::authorize::Authority::new(client.clone(), None);
             let exec = Exec {
                 writer: Writer { client: &client, recorder: None, journal: None, applied: Some(&applied), now, manager: "runbook/p" },
                 resources: &resources,
                 view: view.as_ref(),
                 alerts: &sink,
+                authority: &authority,
+                reads: &[],
             };
             act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Mode::Enforce).await
         });

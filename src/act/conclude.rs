@@ -19,6 +19,7 @@ use crate::script::action::{Condition, ConditionStatus, EventType};
 const OWN_REASONS: &[&str] = &[
     "ScriptError",
     "ActionRefused",
+    "NotAuthorized",
     "ActionFailed",
     "ActionLimited",
     "ScheduleError",
@@ -91,10 +92,10 @@ pub fn problem_of(
         return Some((reason, e.to_string()));
     }
     if let Some(f) = failed {
-        let reason = if f.is_refusal() {
-            "ActionRefused"
-        } else {
-            "ActionFailed"
+        let reason = match f.label {
+            "unauthorized" => "NotAuthorized",
+            "refused" => "ActionRefused",
+            _ => "ActionFailed",
         };
         return Some((reason, f.message.clone()));
     }

@@ -13,6 +13,7 @@
 //! A no-op reconcile makes no request at all; shadow mode and an open
 //! circuit breaker write nothing but the record (shadow not even that).
 
+pub mod authorize;
 pub mod conclude;
 pub mod plan;
 pub mod pods;
@@ -179,6 +180,11 @@ pub struct Exec<'a> {
     /// The caches the decision read, for what its writes would change.
     pub view: &'a dyn ObjectView,
     pub alerts: &'a dyn AlertSink,
+    /// Who the target's author is and what they may do.
+    pub authority: &'a authorize::Authority,
+    /// What the decision read for the target's sake (its author must be
+    /// allowed to read it).
+    pub reads: &'a [crate::observe::view::AccessKey],
 }
 
 /// What executing a decision did.
@@ -344,7 +350,7 @@ pub async fn execute(
         Mode::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
         _ => Discovered::new(),
     };
-    let plan = plan::plan(&plan::Input {
+    let mut plan = plan::plan(&plan::Input {
         policy,
         target,
         actions,
@@ -357,6 +363,10 @@ pub async fn execute(
     });
     if let Some(own) = w.applied {
         plan.settled.iter().for_each(|k| own.settled(k));
+    }
+    if mode == Mode::Enforce {
+        let reads = authorize::reads_to_check(policy, target, x.reads);
+        authorize::authorize(x.authority, x.resources, x.view, target, &mut plan, &reads).await;
     }
     let (done, failure) = carry_out(w, policy, t, &plan).await;
     let decide_error = decision.err();

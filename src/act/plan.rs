@@ -61,9 +61,62 @@ impl Failed {
         }
     }
 
-    pub fn is_refusal(&self) -> bool {
-        self.label == "refused"
+    /// An action on what the target refers to that its author may not
+    /// take (or the target has no author Runbook can trust): refused like
+    /// [`Failed::refused`], under its own reason.
+    pub fn unauthorized(message: String) -> Self {
+        Self {
+            message,
+            label: "unauthorized",
+        }
     }
+
+    pub fn is_refusal(&self) -> bool {
+        matches!(self.label, "refused" | "unauthorized")
+    }
+}
+
+/// Something the target's author must be allowed to do for an action to
+/// be taken for them: what the API server's authorizer is asked.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Access {
+    pub verb: &'static str,
+    pub kind: KindRef,
+    pub namespace: String,
+    /// One object (`None`: every object of the kind in the namespace).
+    pub name: Option<String>,
+    /// Why the action needs it, as a refusal says it.
+    pub why: String,
+    /// The object's owner allowed this target to act on it (annotation
+    /// [`ALLOW_TARGETS`]): nobody else need be asked.
+    pub opted_in: bool,
+}
+
+/// The annotation with which the owner of an object lets targets act on
+/// it whoever wrote them: `Kind/name`, `Kind/*` or `*`, comma-separated.
+pub const ALLOW_TARGETS: &str = "runbook.dev/allow-targets";
+
+/// Whether `object`'s owner allows `target` (by its kind and name) to
+/// act on it.
+pub fn allows_target(object: &Value, target: &CachedObject) -> bool {
+    let Some(list) = object
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(ALLOW_TARGETS))
+        .and_then(Value::as_str)
+    else {
+        return false;
+    };
+    let kind = target
+        .value()
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    list.split(',').map(str::trim).any(|entry| {
+        entry == "*"
+            || entry.split_once('/').is_some_and(|(k, n)| {
+                k.eq_ignore_ascii_case(kind) && (n == "*" || n == target.name())
+            })
+    })
 }
 
 /// What a plan is made from.
@@ -145,6 +198,9 @@ pub struct Step {
     /// `apiVersion Kind namespace/name` of the object acted on.
     pub target: Option<String>,
     pub todo: Todo,
+    /// What the target's author must be allowed to do for its write to
+    /// be made (acting on or taking in something the target refers to).
+    pub needs: Vec<Access>,
 }
 
 impl Step {
@@ -277,6 +333,23 @@ pub fn plan(input: &Input<'_>) -> Plan {
     // Limits count the writes this plan makes, as if each succeeds: a
     // failed one skips every write after it anyway.
     let mut recent = Recent::of(t.value(), &input.policy.name);
+    // What this decision applies: a child it makes may be referred to by
+    // another without its author's rights (it is Runbook's to make).
+    let applies: Vec<(KindRef, String)> = input
+        .actions
+        .iter()
+        .filter(|p| p.refusal.is_none())
+        .filter_map(|p| match &p.action {
+            Action::Apply { object } => Some((
+                kind_of(object),
+                object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )),
+            _ => None,
+        })
+        .collect();
     for p in input.actions {
         let a = &p.action;
         // A requeue says when to come back; there is nothing to record.
@@ -289,13 +362,88 @@ pub fn plan(input: &Input<'_>) -> Plan {
             None => about_target(input, &mut plan, a)
                 .unwrap_or_else(|| elsewhere(input, &mut plan, &mut recent, &ns, a)),
         };
+        let needs = match &todo {
+            Todo::Write(w) => needs_of(input, w, &applies),
+            _ => Vec::new(),
+        };
         plan.steps.push(Step {
             action: a.clone(),
             target,
             todo,
+            needs,
         });
     }
     plan
+}
+
+/// What the target's author must be allowed for a write to be made for
+/// them: to patch what the policy mutates and is not its child (a
+/// rollback is a patch of the Deployment), and to read every Secret,
+/// ConfigMap and PersistentVolumeClaim a child takes in (in its pods, or
+/// a VolumeSnapshot's source) that is not one of the policy's own
+/// children or made by this same decision.
+fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<Access> {
+    let t = input.target;
+    let ns = t.namespace();
+    let live = |kind: &KindRef, name: &str| input.view.get(kind, ns, name);
+    let opted =
+        |kind: &KindRef, name: &str| live(kind, name).is_some_and(|o| allows_target(o.value(), t));
+    let access = |verb: &'static str, kind: KindRef, name: &str, why: String| Access {
+        opted_in: opted(&kind, name),
+        verb,
+        namespace: ns.to_string(),
+        name: Some(name.to_string()),
+        why,
+        kind,
+    };
+    match w {
+        Write::Patch {
+            kind,
+            name,
+            uid: None,
+            ..
+        } if input.policy.kinds.has(&kind.kind_ref(), Role::Mutates) => {
+            let k = kind.kind_ref();
+            vec![access(
+                "patch",
+                k.clone(),
+                name,
+                format!("patch {k} {ns}/{name}"),
+            )]
+        }
+        Write::Rollback { deployment, .. } => {
+            let k = KindRef::new("apps/v1", "Deployment");
+            vec![access(
+                "patch",
+                k,
+                deployment,
+                format!("roll back Deployment {ns}/{deployment}"),
+            )]
+        }
+        Write::Apply { key, object, .. } => {
+            let refs = super::pods::references(object);
+            let mine = policy_label_value(&input.policy.name);
+            let child = &key.name;
+            let mut out = Vec::new();
+            for (kind, names) in [
+                (KindRef::new("v1", "Secret"), &refs.secrets),
+                (KindRef::new("v1", "ConfigMap"), &refs.config_maps),
+                (KindRef::new("v1", "PersistentVolumeClaim"), &refs.claims),
+            ] {
+                for name in names {
+                    let ours = applies.iter().any(|(k, n)| *k == kind && n == name)
+                        || live(&kind, name).is_some_and(|o| o.is_child_of(&mine, t.uid()));
+                    if !ours {
+                        let why =
+                            format!("put {} {name} into {} {child}", kind.kind, key.kind.kind);
+                        out.push(access("get", kind.clone(), name, why));
+                    }
+                }
+            }
+            out
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// The step of an action about the target itself (status, a condition,

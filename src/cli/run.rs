@@ -90,6 +90,39 @@ pub struct RunArgs {
     /// holds every permission its policies need.
     #[arg(long, env = "RUNBOOK_SKIP_ACCESS_CHECK")]
     pub skip_access_check: bool,
+    /// Serve the authorship webhook, which records who wrote each target:
+    /// without it no target has an author, and nothing a target refers to
+    /// is acted on unless its owner allows it (see README, Security model).
+    #[arg(long, env = "RUNBOOK_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub webhook: bool,
+    /// Address the webhook's HTTPS server listens on.
+    #[arg(long, env = "RUNBOOK_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+    /// The Service (in the operator namespace, port 443) the API server
+    /// reaches the webhook through.
+    #[arg(
+        long,
+        env = "RUNBOOK_WEBHOOK_SERVICE",
+        default_value = "runbook-webhook"
+    )]
+    pub webhook_service: String,
+    /// Reach the webhook at this URL instead of the Service (an operator
+    /// the API server can reach directly, such as one run outside the
+    /// cluster): `https://HOST:PORT`.
+    #[arg(long, env = "RUNBOOK_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+    /// The MutatingWebhookConfiguration kept in step (its CA bundle, its
+    /// rules for the policies' target kinds).
+    #[arg(long, env = "RUNBOOK_WEBHOOK_CONFIGURATION", default_value = "runbook")]
+    pub webhook_configuration: String,
+    /// The Secret in the operator namespace holding the webhook's CA,
+    /// certificate and signing key, shared by the replicas.
+    #[arg(
+        long,
+        env = "RUNBOOK_WEBHOOK_SECRET",
+        default_value = "runbook-webhook-tls"
+    )]
+    pub webhook_secret: String,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,8 +279,28 @@ async fn check_access(
     Ok(())
 }
 
+/// The authorship webhook's settings, unless it is off.
+fn webhook_config(args: &RunArgs) -> Option<crate::runtime::WebhookConfig> {
+    use crate::admission::config::Endpoint;
+    args.webhook.then(|| crate::runtime::WebhookConfig {
+        listen: args.webhook_addr,
+        endpoint: Some(match &args.webhook_url {
+            Some(url) => Endpoint::Url(url.clone()),
+            None => Endpoint::Service {
+                namespace: args.operator_namespace.clone(),
+                name: args.webhook_service.clone(),
+                port: 443,
+            },
+        }),
+        configuration: args.webhook_configuration.clone(),
+        secret: Some((args.operator_namespace.clone(), args.webhook_secret.clone())),
+        created_with: None,
+    })
+}
+
 fn operator_config(args: &RunArgs) -> OperatorConfig {
     OperatorConfig {
+        webhook: webhook_config(args),
         namespace: watched(args),
         concurrency: args.concurrency,
         identity: identity(args),

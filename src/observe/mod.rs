@@ -240,6 +240,13 @@ pub trait ObjectView: Send + Sync {
             .find(|o| o.name() == name)
     }
 
+    /// [`ObjectView::list`], for what one of the policy's own children
+    /// owns or selects (the pods of its Job): read on the target's behalf
+    /// without its author's rights, since the child is Runbook's own.
+    fn list_for_child(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
+        self.list(kind, namespace)
+    }
+
     /// Objects of `kind` in `namespace` with an ownerReference to `uid`,
     /// sorted by name. Caches answer this from an index.
     fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {

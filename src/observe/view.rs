@@ -98,6 +98,9 @@ impl ObjectView for Sources {
 pub struct Tracking {
     pub sources: Sources,
     accessed: Mutex<Vec<AccessKey>>,
+    /// The reads made for the target's own sake (not of what one of the
+    /// policy's children owns): what its author must be allowed to read.
+    checked: Mutex<Vec<AccessKey>>,
     deps: Arc<Mutex<Dependencies>>,
     target: TargetKey,
     policy: String,
@@ -113,35 +116,55 @@ impl Tracking {
         Self {
             sources,
             accessed: Mutex::new(Vec::new()),
+            checked: Mutex::new(Vec::new()),
             deps,
             target,
             policy: policy.to_string(),
         }
     }
 
-    fn note(&self, kind: &KindRef, namespace: &str, name: Option<&str>) {
+    fn note(&self, kind: &KindRef, namespace: &str, name: Option<&str>, checked: bool) {
         let key = AccessKey {
             kind: kind.clone(),
             namespace: namespace.to_string(),
             name: name.map(str::to_string),
         };
         lock(&self.deps).add(&self.target, &self.policy, key.clone());
+        if checked {
+            lock(&self.checked).push(key.clone());
+        }
         lock(&self.accessed).push(key);
     }
 
+    /// Everything the decision read (what wakes it again).
     pub fn take(&self) -> Vec<AccessKey> {
         std::mem::take(&mut *lock(&self.accessed))
+    }
+
+    /// What the decision read for the target's own sake.
+    pub fn take_checked(&self) -> Vec<AccessKey> {
+        let mut keys = std::mem::take(&mut *lock(&self.checked));
+        keys.sort_by(|a, b| {
+            (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name))
+        });
+        keys.dedup();
+        keys
     }
 }
 
 impl ObjectView for Tracking {
     fn list(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
-        self.note(kind, namespace, None);
+        self.note(kind, namespace, None, true);
+        self.sources.list(kind, namespace)
+    }
+
+    fn list_for_child(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
+        self.note(kind, namespace, None, false);
         self.sources.list(kind, namespace)
     }
 
     fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
-        self.note(kind, namespace, Some(name));
+        self.note(kind, namespace, Some(name), true);
         self.sources.get(kind, namespace, name)
     }
 

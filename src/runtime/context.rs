@@ -46,6 +46,12 @@ pub struct OperatorConfig {
     pub lease: Option<LeaseConfig>,
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// The key of the author records the authorship webhook writes
+    /// (`None`: no webhook, so no target has an author Runbook trusts).
+    pub signer: Option<crate::admission::Signer>,
+    /// Serve the authorship webhook (and, leading, keep its configuration
+    /// in step); its key then signs the author records.
+    pub webhook: Option<super::webhook::WebhookConfig>,
 }
 
 impl Default for OperatorConfig {
@@ -57,6 +63,8 @@ impl Default for OperatorConfig {
             lease: None,
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
+            signer: None,
+            webhook: None,
         }
     }
 }
@@ -81,6 +89,10 @@ pub struct Context {
     pub alerts: Arc<dyn AlertSink>,
     pub recorder: EventWriter,
     pub config: OperatorConfig,
+    /// Who targets are acted for, and what they may do.
+    pub authority: act::authorize::Authority,
+    /// The authorship webhook this process serves, once started.
+    pub webhook: std::sync::OnceLock<Arc<super::webhook::Webhook>>,
     /// What `/readyz` and the leader's metrics report.
     pub health: Health,
     /// The watches and controllers running.

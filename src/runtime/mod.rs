@@ -10,6 +10,8 @@ pub mod leader;
 pub mod operator;
 mod reconcile;
 mod unchanged;
+pub mod webhook;
 pub use context::{Context, Health, OperatorConfig, ShadowRecord};
 pub use operator::{Operator, StartError};
 pub use reconcile::{ReconcileError, backoff};
+pub use webhook::{Webhook, WebhookConfig};

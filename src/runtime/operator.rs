@@ -39,6 +39,8 @@ pub enum StartError {
     MissingKinds(String),
     #[error("discovery failed: {}", crate::util::api_error(.0))]
     Discovery(kube::Error),
+    #[error("the authorship webhook: {0}")]
+    Webhook(String),
 }
 
 /// How often the alerts of deleted objects are resolved.
@@ -70,6 +72,8 @@ impl Operator {
         let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
         let ctx = Arc::new(Context {
             recorder: EventWriter::of_runbook(client.clone(), &config.identity),
+            authority: act::authorize::Authority::new(client.clone(), config.signer.clone()),
+            webhook: std::sync::OnceLock::new(),
             resources: Resources::new(client.clone()),
             client,
             engine,
@@ -271,6 +275,8 @@ impl Operator {
         };
         let set = Arc::new(checked?);
         self.ctx.policies.store(set.clone());
+        self.learn_identity();
+        self.start_webhook().await?;
         self.ensure_informers(&set);
         if let Some(rx) = lock(&self.changes_rx).take() {
             lock(&self.tasks).push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
@@ -300,6 +306,7 @@ impl Operator {
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
         self.ctx.metrics.leader.set(1);
+        self.keep_webhook_in_step(&set).await;
         // What was notified before this leader, so that nothing is sent twice.
         self.ctx.alerts.restore().await;
         self.ensure_controllers(&set).await;
@@ -322,6 +329,71 @@ impl Operator {
         }));
         self.publish_policy_info(&set);
         Ok(())
+    }
+
+    /// Serve the authorship webhook, if configured (every replica does),
+    /// and verify author records with its key.
+    async fn start_webhook(&self) -> Result<(), StartError> {
+        let Some(config) = self.ctx.config.webhook.clone() else {
+            return Ok(());
+        };
+        if self.ctx.webhook.get().is_some() {
+            return Ok(());
+        }
+        let hook = Arc::new(
+            super::webhook::Webhook::start(&self.ctx.client, config)
+                .await
+                .map_err(StartError::Webhook)?,
+        );
+        self.ctx.authority.set_signer(hook.signer());
+        lock(&self.tasks).push(hook.spawn_renewal(self.ctx.client.clone(), self.ctx.stop.clone()));
+        let _ = self.ctx.webhook.set(hook);
+        Ok(())
+    }
+
+    /// Point the webhook configuration at this webhook for the kinds `set`
+    /// targets (the leader does).
+    async fn keep_webhook_in_step(&self, set: &PolicySet) {
+        let Some(hook) = self.ctx.webhook.get() else {
+            return;
+        };
+        match hook
+            .keep_in_step(&self.ctx.client, set, &self.ctx.resources)
+            .await
+        {
+            Ok(true) => {
+                tracing::info!("the authorship webhook's configuration was brought in step")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!("keeping the authorship webhook's configuration in step: {e}")
+            }
+        }
+    }
+
+    /// Learn Runbook's own identity (for targets it writes itself), asking
+    /// again until the API server answers; until then no target has an
+    /// author it trusts.
+    fn learn_identity(&self) {
+        let ctx = self.ctx.clone();
+        let mut stop = self.ctx.stop.clone();
+        lock(&self.tasks).push(tokio::spawn(async move {
+            let mut pause = Duration::from_millis(200);
+            loop {
+                match ctx.authority.learn_identity().await {
+                    Ok(me) => {
+                        tracing::debug!(user = %me, "the API server knows Runbook as this user");
+                        return;
+                    }
+                    Err(e) => tracing::warn!("{e}; asking again in {}s", pause.as_secs_f32()),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        }));
     }
 
     /// `runbook_policy_info{policy,version}`: exactly the policies in force.
@@ -385,6 +457,7 @@ impl Operator {
         self.ensure_informers(&set);
         self.wait_informers().await;
         if self.is_leading() {
+            self.keep_webhook_in_step(&set).await;
             self.ensure_controllers(&set).await;
         }
         self.publish_policy_info(&set);

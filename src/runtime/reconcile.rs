@@ -119,6 +119,7 @@ async fn run_policy(
         .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
         .observe(started.elapsed().as_secs_f64());
     let read = tracking.take();
+    let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
     let reads_target = read.iter().any(|a| a.kind == key.kind);
     lock(&ctx.memory.deps).set(key, &p.name, read);
@@ -132,6 +133,8 @@ async fn run_policy(
         resources: &ctx.resources,
         view: &tracking.sources,
         alerts: ctx.alerts.as_ref(),
+        authority: &ctx.authority,
+        reads: &checked,
     };
     let routes = set.routes_for(p);
     let decided = decision.as_ref();

@@ -55,6 +55,7 @@ pub struct Api {
     pub store: Arc<Store>,
     pub faults: Arc<Faults>,
     pub bookmark_interval: Duration,
+    pub admission: Arc<super::admission::Admission>,
 }
 
 type Resp = Response<SandboxBody>;
@@ -352,18 +353,25 @@ impl Api {
                     return Err(ApiError::method_not_allowed());
                 }
                 let obj = parse_body(headers, &c.body)?;
-                let w = self.store.create(&t.def, &c.ns, obj, &c.opts)?;
+                let w = self
+                    .admitted(&c, &user, |opts| {
+                        self.store.create(&t.def, &c.ns, obj.clone(), opts)
+                    })
+                    .await?;
                 Ok(c.written(StatusCode::CREATED, w))
             }
             Verb::Update => {
                 let obj = parse_body(headers, &c.body)?;
                 let name = t.name.as_deref().unwrap_or_default();
                 let w = self
-                    .store
-                    .update(&t.def, &c.ns, name, obj, c.part, &c.opts)?;
+                    .admitted(&c, &user, |opts| {
+                        self.store
+                            .update(&t.def, &c.ns, name, obj.clone(), c.part, opts)
+                    })
+                    .await?;
                 Ok(c.written(StatusCode::OK, w))
             }
-            Verb::Patch => self.patch(&c),
+            Verb::Patch => self.patch(&c, &user).await,
             Verb::Delete => self.delete(&c),
             Verb::DeleteCollection => self.delete_collection(&c),
         }
@@ -537,7 +545,84 @@ impl Api {
         Ok(list_response(t, &meta, items))
     }
 
-    fn patch(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
+    /// A create or update, through the admission webhooks it matches: the
+    /// write is first made as a dry run to learn the object it would
+    /// store, that object is reviewed, and the write is then made with
+    /// what the mutating webhooks changed.
+    async fn admitted(
+        &self,
+        c: &Call<'_>,
+        user: &UserInfo,
+        write: impl Fn(&WriteOpts) -> Result<super::store::Written, ApiError>,
+    ) -> Result<super::store::Written, ApiError> {
+        use super::admission;
+        let t = c.t;
+        let mut hooks = admission::webhooks(&self.store, true);
+        hooks.extend(admission::webhooks(&self.store, false));
+        if t.sub.is_some() || hooks.is_empty() {
+            return write(&c.opts);
+        }
+        let parse = |b: &Bytes| serde_json::from_slice::<Value>(b).unwrap_or_default();
+        let old = t
+            .name
+            .as_deref()
+            .and_then(|n| self.store.get(&t.def, &c.ns, n).ok())
+            .map(|b| parse(&b));
+        let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
+        let dry = WriteOpts {
+            dry_run: true,
+            admit: None,
+            ..c.opts.clone()
+        };
+        let mut object = parse(&write(&dry)?.bytes);
+        if operation == "CREATE"
+            && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            // What the API server sets only once admission is over.
+            for k in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
+                meta.remove(k);
+            }
+            if t.name.is_none() && meta.contains_key("generateName") {
+                meta.remove("name");
+            }
+        }
+        let namespace_labels = t
+            .def
+            .namespaced
+            .then(|| self.store.def("", "namespaces"))
+            .flatten()
+            .and_then(|d| self.store.get(&d, "", &c.ns).ok())
+            .map(|b| parse(&b)["metadata"]["labels"].clone());
+        let request = admission::Request {
+            def: &t.def,
+            version: &t.version,
+            operation,
+            namespace: &c.ns,
+            namespace_labels,
+            object: &object,
+            old: old.as_ref(),
+        };
+        hooks.retain(|h| h.matches(&request));
+        if hooks.is_empty() {
+            return write(&c.opts);
+        }
+        let caller = self.admission.caller();
+        let admitted = admission::admit(&caller, &hooks, &request, user, c.opts.dry_run).await?;
+        let mut opts = c.opts.clone();
+        if !admitted.patch.is_empty() {
+            let ops = Value::Array(admitted.patch);
+            opts.admit = Some(super::store::Admit(Arc::new(move |o: &mut Value| {
+                patch::json_patch(o, &ops).map_err(|e| {
+                    ApiError::internal(format!("applying the admission webhooks' patch: {e}"))
+                })
+            })));
+        }
+        let mut w = write(&opts)?;
+        w.warnings.extend(admitted.warnings);
+        Ok(w)
+    }
+
+    async fn patch(&self, c: &Call<'_>, user: &UserInfo) -> Result<Resp, ApiError> {
         let ct = c
             .headers
             .get(header::CONTENT_TYPE)
@@ -574,8 +659,11 @@ impl Api {
         let t = c.t;
         let name = t.name.as_deref().unwrap_or_default();
         let w = self
-            .store
-            .patch(&t.def, &c.ns, name, kind, patch_body, c.part, &c.opts)?;
+            .admitted(c, user, |opts| {
+                self.store
+                    .patch(&t.def, &c.ns, name, kind, patch_body.clone(), c.part, opts)
+            })
+            .await?;
         let code = if w.created {
             StatusCode::CREATED
         } else {
@@ -926,6 +1014,7 @@ fn write_opts(
         field_validation,
         field_manager,
         force: is_true(q.get("force")),
+        admit: None,
     })
 }
 

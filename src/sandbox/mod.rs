@@ -9,6 +9,7 @@
 //! policies. Nothing runs containers: tests and scenarios say what the
 //! world does by writing objects and their status.
 
+pub mod admission;
 pub mod auth;
 pub mod discovery;
 pub mod faults;
@@ -77,6 +78,7 @@ impl Sandbox {
             store,
             faults: Arc::new(Faults::default()),
             bookmark_interval: config.bookmark_interval,
+            admission: Arc::new(admission::Admission::default()),
         });
         Self {
             api,
@@ -131,6 +133,12 @@ impl Sandbox {
 
     pub fn faults(&self) -> &Arc<Faults> {
         &self.api.faults
+    }
+
+    /// How the sandbox reaches admission webhooks (HTTPS unless replaced:
+    /// a simulation calls the webhook's code in-process).
+    pub fn admission(&self) -> &Arc<admission::Admission> {
+        &self.api.admission
     }
 
     pub fn clock(&self) -> &Clock {

@@ -339,10 +339,63 @@ fn bundles_of(s: &Scenario) -> Result<Vec<Bundle>, ScenarioError> {
         .collect()
 }
 
+/// The authorship webhook, answering the sandbox in-process (no network:
+/// the scenario's clock must not run on while a review is in flight).
+struct InProcess(crate::admission::Authorship);
+
+impl crate::sandbox::admission::Caller for InProcess {
+    fn call(
+        &self,
+        _: &crate::sandbox::admission::Webhook,
+        review: Value,
+    ) -> futures::future::BoxFuture<'static, Result<Value, String>> {
+        let answer = self.0.review(&review);
+        Box::pin(async move { Ok(answer) })
+    }
+}
+
+/// Runbook's authorship webhook in the scenario's API server, for every
+/// kind: what the world writes is recorded as written by its author.
+async fn install_authorship(
+    sandbox: &Sandbox,
+    signer: &crate::admission::Signer,
+) -> Result<(), String> {
+    sandbox
+        .admission()
+        .set_caller(Arc::new(InProcess(crate::admission::Authorship {
+            signer: signer.clone(),
+        })));
+    let config: kube::core::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "runbook"},
+        "webhooks": [crate::admission::config::authorship_webhook(
+            None,
+            &crate::admission::config::Endpoint::Url("https://runbook.scenario".into()),
+            None,
+            &[crate::admission::config::rule("*", "*", "*")],
+        )],
+    }))
+    .map_err(|e| e.to_string())?;
+    let resource = kube::core::ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "admissionregistration.k8s.io/v1".into(),
+        kind: "MutatingWebhookConfiguration".into(),
+        plural: "mutatingwebhookconfigurations".into(),
+    };
+    kube::Api::<kube::core::DynamicObject>::all_with(sandbox.client(), &resource)
+        .create(&Default::default(), &config)
+        .await
+        .map(|_| ())
+        .map_err(|e| crate::util::api_error(&e))
+}
+
 /// The operator a scenario runs: the real one, its alerts and actions
-/// written to the journal.
+/// written to the journal. It acts as the sandbox's own administrator, a
+/// user apart from the world's.
 fn operator_for(
     world: &World,
+    signer: crate::admission::Signer,
     engine: Arc<ScriptEngine>,
     set: crate::policy::PolicySet,
     metrics: Arc<Metrics>,
@@ -368,9 +421,11 @@ fn operator_for(
         lease: None,
         backoff_base: Duration::from_secs(1),
         backoff_max: Duration::from_secs(300),
+        signer: Some(signer),
+        webhook: None,
     };
     let op = Operator::new(
-        world.client.clone(),
+        world.sandbox.client(),
         engine,
         set,
         clock.clone(),
@@ -416,6 +471,14 @@ async fn run_async(s: &Scenario) -> Report {
     });
     let journal = Arc::new(MemoryJournal::default());
     let mut report = Report::new(s);
+    let signer = crate::admission::Signer::random();
+    if let Err(e) = install_authorship(&sandbox, &signer).await {
+        report.load_errors.push(load_error(
+            &s.file,
+            format!("installing the authorship webhook: {e}"),
+        ));
+        return report;
+    }
     let world = World::new(sandbox.clone(), &s.namespace, journal.clone());
     let world = build_cluster(s, world, &mut report).await;
     if !report.load_errors.is_empty() {
@@ -446,7 +509,7 @@ async fn run_async(s: &Scenario) -> Report {
             )
         })
         .collect();
-    let op = operator_for(&world, engine, set, metrics, &journal, &clock);
+    let op = operator_for(&world, signer, engine, set, metrics, &journal, &clock);
     let rules = s
         .rules
         .iter()

@@ -306,6 +306,7 @@ fn register_relations(engine: &mut Engine) {
                     call.call_position(),
                 ))
             })?;
+            let mine = crate::observe::policy_label_value(&c.0.policy_name);
             let found = super::convert::with_json(&obj, |j| {
                 (
                     workload_selector(j),
@@ -313,13 +314,21 @@ fn register_relations(engine: &mut Engine) {
                         .and_then(|m| m.get("uid"))
                         .and_then(|u| u.as_str())
                         .map(str::to_string),
+                    crate::observe::is_child_of(j, &mine, &c.0.target_uid),
                 )
             });
-            let (sel, uid) = match found {
+            let (sel, uid, child) = match found {
                 Ok(f) => f,
                 Err(e) => return fail(&call, format!("pods_of: {e}")),
             };
-            let pods = c.objects(&pod).into_iter();
+            // The pods of one of the policy's own children are read for
+            // the child's sake, not with the target author's rights.
+            let pods = if child {
+                c.0.view.list_for_child(&pod, &c.0.namespace)
+            } else {
+                c.objects(&pod)
+            }
+            .into_iter();
             match (sel, uid) {
                 (Some(sel), _) => Ok(Ctx::array(pods.filter(|p| sel.matches_object(p.value())))),
                 // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.

@@ -12,7 +12,11 @@ use kube::api::{Api, DeleteParams, PostParams};
 use runbook::sandbox::{Sandbox, SandboxConfig};
 
 pub struct Cluster {
+    /// The test's own client: an administrator (in `system:masters`),
+    /// but a user apart from the operator, as people and Runbook are.
     pub client: Client,
+    /// The client operators run with (the kubeconfig's own identity).
+    pub operator_client: Client,
     pub ns: String,
     pub sandbox: Option<Sandbox>,
     /// Set once `cleanup` has run; otherwise dropping the cluster (a test
@@ -141,9 +145,51 @@ async fn teardown(client: &Client, ns: &str) {
             let _ = crds.delete(&name, &DeleteParams::default()).await;
         }
     }
+    // Cluster-scoped objects a test made are named after its namespace.
+    for (group, plural, kind) in [
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+        ),
+        ("rbac.authorization.k8s.io", "clusterroles", "ClusterRole"),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+        ),
+    ] {
+        let ar = ApiResource {
+            group: group.into(),
+            version: "v1".into(),
+            api_version: format!("{group}/v1"),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        for o in api
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            if name.starts_with(ns) || name.ends_with(ns) {
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+            }
+        }
+    }
     let nss: Api<Namespace> = Api::all(client.clone());
     let _ = nss.delete(ns, &DeleteParams::default()).await;
 }
+
+/// Who a test's own writes come from.
+pub const TEST_ADMIN: &str = "runbook-test-admin";
 
 fn unique(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -177,16 +223,20 @@ impl Cluster {
 
     /// As `new`, with sandbox settings (ignored on a real cluster).
     pub async fn with_config(test: &str, config: SandboxConfig) -> Self {
-        let (client, sandbox) = match real_cluster() {
+        let (client, operator_client, sandbox) = match real_cluster() {
             Some(path) => {
-                let client = client_for(&path)
+                let operator = client_for(&path)
                     .await
                     .unwrap_or_else(|e| panic!("RUNBOOK_TEST_KUBECONFIG={path}: {e}"));
-                (client, None)
+                let own = client_impersonating(&path, Some((TEST_ADMIN, &["system:masters"])))
+                    .await
+                    .unwrap_or_else(|e| panic!("RUNBOOK_TEST_KUBECONFIG={path}: {e}"));
+                (own, operator, None)
             }
             None => {
                 let s = Sandbox::new(config);
-                (s.client(), Some(s))
+                let own = s.client_as(TEST_ADMIN, &["system:masters"]);
+                (own, s.client(), Some(s))
             }
         };
         let ns = unique(test);
@@ -209,6 +259,7 @@ impl Cluster {
         .await;
         Self {
             client,
+            operator_client,
             ns,
             sandbox,
             cleaned: false,

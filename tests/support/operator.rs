@@ -131,7 +131,7 @@ pub fn operator_with_sink(
     metrics: Arc<Metrics>,
     sink: Arc<dyn runbook::alert::AlertSink>,
 ) -> Arc<Operator> {
-    operator_through(c, c.client.clone(), set, config, metrics, sink)
+    operator_through(c, c.operator_client.clone(), set, config, metrics, sink)
 }
 
 /// An operator that talks to the API server through `client` (a proxy).
@@ -153,7 +153,9 @@ pub fn operator_through(
     }
     // Short backoffs, unless the test chose its own.
     let defaults = OperatorConfig::default();
+    let webhook = config.webhook.clone().or_else(|| Some(test_webhook(c)));
     let config = OperatorConfig {
+        webhook,
         // The test's namespace, unless the test asked for all of them.
         namespace: match config.namespace.as_deref() {
             Some("") => None,
@@ -181,6 +183,22 @@ pub fn operator_through(
         metrics,
         config,
     ))
+}
+
+/// The authorship webhook as tests run it: served on loopback, reached by
+/// URL, its configuration named after the test's namespace and covering
+/// only that namespace, its material in a Secret there (every operator
+/// of the test shares it, as replicas do).
+pub fn test_webhook(c: &Cluster) -> runbook::runtime::WebhookConfig {
+    runbook::runtime::WebhookConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        endpoint: None,
+        configuration: format!("runbook-{}", c.ns),
+        secret: Some((c.ns.clone(), "runbook-webhook-tls".into())),
+        created_with: Some(json!({"namespaceSelector": {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In",
+            "values": [c.ns.clone(), format!("{}-x", c.ns)]}]}})),
+    }
 }
 
 /// Settings for an operator that reconciles every namespace (the test's

@@ -303,6 +303,22 @@ pub struct WriteOpts {
     pub field_validation: FieldValidation,
     pub field_manager: Option<String>,
     pub force: bool,
+    /// What mutating admission webhooks made of the object: applied to it
+    /// once the write has made it, before validation.
+    pub admit: Option<Admit>,
+}
+
+/// A change admission makes to an object being written.
+#[derive(Clone)]
+pub struct Admit(pub Arc<AdmitFn>);
+
+/// The function behind [`Admit`]: it changes the object or refuses it.
+pub type AdmitFn = dyn Fn(&mut Value) -> Result<(), ApiError> + Send + Sync;
+
+impl std::fmt::Debug for Admit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admit(..)")
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -178,7 +178,26 @@ pub(super) fn validate_meta(def: &ResourceDef, obj: &Value, name: &str) -> Resul
 
 /// What the API server fills in for built-in kinds that the sandbox's
 /// clients rely on.
+/// The label every namespace carries with its own name, as the API
+/// server sets it (and sets again when it is removed).
+pub(super) fn label_namespace(def: &ResourceDef, obj: &mut Value) {
+    if !(def.group.is_empty() && def.kind == "Namespace") {
+        return;
+    }
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let meta = &mut obj["metadata"];
+    if !meta["labels"].is_object() {
+        meta["labels"] = json!({});
+    }
+    meta["labels"]["kubernetes.io/metadata.name"] = json!(name);
+}
+
 pub(super) fn default_builtin(def: &ResourceDef, obj: &mut Value, uid: &str) {
+    label_namespace(def, obj);
     match (def.group.as_str(), def.kind.as_str()) {
         ("batch", "Job") => {
             let spec = &mut obj["spec"];

@@ -39,6 +39,9 @@ impl Store {
         let now = self.now();
         stamp_new(def, &mut obj, &uid, &now);
         default_builtin(def, &mut obj, &uid);
+        if let Some(admit) = &opts.admit {
+            (admit.0)(&mut obj)?;
+        }
         inner.validate_content(def, &mut obj, opts, &mut warnings, &name)?;
         if def.key()
             == (
@@ -308,6 +311,10 @@ impl Store {
         let mut warnings = Vec::new();
         keep_identity(&old, &mut new);
         keep_other_part(def, part, &old, &mut new);
+        super::validate::label_namespace(def, &mut new);
+        if let Some(admit) = &opts.admit {
+            (admit.0)(&mut new)?;
+        }
         if part == Part::Main {
             validate_meta(def, &new, name)?;
             no_new_finalizers_while_deleting(def, name, &old, &new)?;

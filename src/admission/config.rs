@@ -1,0 +1,360 @@
+//! Keeping the API server pointed at the webhook: the certificate
+//! material in its Secret, and the MutatingWebhookConfiguration whose
+//! authorship webhook covers exactly the kinds the loaded policies target,
+//! trusting Runbook's CA.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use kube::core::{ApiResource, DynamicObject};
+use serde_json::{Value, json};
+
+use super::tls::Material;
+
+/// The name of the authorship webhook inside its configuration.
+pub const AUTHORSHIP_WEBHOOK: &str = "authorship.runbook.dev";
+/// Where the authorship webhook is served.
+pub const AUTHORSHIP_PATH: &str = "/authorship";
+/// The annotation with which cert-manager injects a CA bundle; where it
+/// is, the bundle is cert-manager's to keep.
+pub const CERT_MANAGER_INJECT: &str = "cert-manager.io/inject-ca-from";
+
+/// Where the API server reaches the webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Service in front of the replicas (in a cluster).
+    Service {
+        namespace: String,
+        name: String,
+        port: u16,
+    },
+    /// A URL (an API server that can reach the operator directly: tests,
+    /// an operator run outside the cluster).
+    Url(String),
+}
+
+impl Endpoint {
+    /// The names the serving certificate must carry.
+    pub fn hosts(&self) -> Vec<String> {
+        match self {
+            Endpoint::Service {
+                namespace, name, ..
+            } => vec![
+                format!("{name}.{namespace}.svc"),
+                format!("{name}.{namespace}.svc.cluster.local"),
+                format!("{name}.{namespace}"),
+                name.clone(),
+            ],
+            Endpoint::Url(url) => {
+                let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+                let authority = rest.split('/').next().unwrap_or(rest);
+                let host = match authority.strip_prefix('[') {
+                    Some(v6) => v6.split(']').next().unwrap_or(v6),
+                    None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+                };
+                vec![host.to_string()]
+            }
+        }
+    }
+
+    fn client_config(&self, path: &str, ca_bundle: Option<&str>) -> Value {
+        let mut c = match self {
+            Endpoint::Service {
+                namespace,
+                name,
+                port,
+            } => {
+                json!({"service": {"namespace": namespace, "name": name, "port": port, "path": path}})
+            }
+            Endpoint::Url(url) => json!({"url": format!("{}{path}", url.trim_end_matches('/'))}),
+        };
+        if let Some(ca) = ca_bundle {
+            c["caBundle"] = json!(base64_encode(ca.as_bytes()));
+        }
+        c
+    }
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// The material in Secret `name` of `namespace`, made if the Secret is
+/// missing or empty and renewed when due; written guarded by the
+/// resourceVersion read, so that of replicas racing one write wins and
+/// the others use it.
+pub async fn material(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    hosts: &[String],
+    now: Timestamp,
+) -> Result<Material, String> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for _ in 0..5 {
+        let found = api.get_opt(name).await.map_err(|e| {
+            format!(
+                "reading Secret {namespace}/{name}: {}",
+                crate::util::api_error(&e)
+            )
+        })?;
+        let data: BTreeMap<String, Vec<u8>> = found
+            .as_ref()
+            .and_then(|s| s.data.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect();
+        let current = (!data.is_empty()).then(|| Material::from_data(&data));
+        let next = match &current {
+            Some(Ok(m)) => match m.due(hosts, now) {
+                None => return Ok(m.clone()),
+                Some(due) => m.renewed(due, hosts, now)?,
+            },
+            // Unreadable: made anew (author records signed with the old
+            // key are then no longer trusted; they are made again at the
+            // targets' next edit).
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "Secret {namespace}/{name} does not hold webhook material ({e}); making new material"
+                );
+                Material::generate(hosts, now)?
+            }
+            None => Material::generate(hosts, now)?,
+        };
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                resource_version: found
+                    .as_ref()
+                    .and_then(|s| s.metadata.resource_version.clone()),
+                labels: Some(
+                    [("app.kubernetes.io/name".to_string(), "runbook".to_string())].into(),
+                ),
+                ..found
+                    .as_ref()
+                    .map(|s| s.metadata.clone())
+                    .unwrap_or_default()
+            },
+            data: Some(
+                next.to_data()
+                    .into_iter()
+                    .map(|(k, v)| (k, ByteString(v)))
+                    .collect(),
+            ),
+            type_: Some("Opaque".into()),
+            ..Default::default()
+        };
+        let written = match &found {
+            Some(_) => api.replace(name, &PostParams::default(), &secret).await,
+            None => api.create(&PostParams::default(), &secret).await,
+        };
+        match written {
+            Ok(_) => {
+                tracing::info!(secret = %format!("{namespace}/{name}"), not_after = %next.cert_not_after, "webhook certificate written");
+                return Ok(next);
+            }
+            // Another replica wrote first: read what it wrote.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => {
+                return Err(format!(
+                    "writing Secret {namespace}/{name}: {}",
+                    crate::util::api_error(&e)
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "Secret {namespace}/{name} kept changing under every write"
+    ))
+}
+
+fn configurations() -> ApiResource {
+    ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "admissionregistration.k8s.io/v1".into(),
+        kind: "MutatingWebhookConfiguration".into(),
+        plural: "mutatingwebhookconfigurations".into(),
+    }
+}
+
+/// One rule of the authorship webhook: creates and updates of a kind.
+pub fn rule(group: &str, version: &str, plural: &str) -> Value {
+    json!({"operations": ["CREATE", "UPDATE"], "apiGroups": [group], "apiVersions": [version],
+           "resources": [plural], "scope": "*"})
+}
+
+/// The authorship webhook as it should be: its rules and where it is,
+/// the rest (failure policy, timeout, selectors) as `live` has it, or the
+/// defaults: failures ignored (a target written while no replica answers
+/// simply has no author, which refuses what needs one), 5 s.
+pub fn authorship_webhook(
+    live: Option<&Value>,
+    endpoint: &Endpoint,
+    ca: Option<&str>,
+    rules: &[Value],
+) -> Value {
+    let mut w = live.cloned().unwrap_or_else(|| json!({}));
+    // Without a CA of ours, cert-manager's bundle is kept as it is.
+    let keep_ca = ca.map(|ca| ca.to_string());
+    let mut client = endpoint.client_config(AUTHORSHIP_PATH, keep_ca.as_deref());
+    if keep_ca.is_none()
+        && let Some(b) = live.and_then(|l| l.pointer("/clientConfig/caBundle"))
+    {
+        client["caBundle"] = b.clone();
+    }
+    w["name"] = json!(AUTHORSHIP_WEBHOOK);
+    w["clientConfig"] = client;
+    w["rules"] = json!(rules);
+    w["admissionReviewVersions"] = json!(["v1"]);
+    w["sideEffects"] = json!("None");
+    for (k, v) in [
+        ("failurePolicy", json!("Ignore")),
+        ("timeoutSeconds", json!(5)),
+        ("reinvocationPolicy", json!("IfNeeded")),
+        ("matchPolicy", json!("Equivalent")),
+    ] {
+        if w.get(k).is_none_or(Value::is_null) {
+            w[k] = v;
+        }
+    }
+    w
+}
+
+/// Bring MutatingWebhookConfiguration `name` in step: the authorship
+/// webhook at `endpoint`, trusting `material`'s CA (unless cert-manager
+/// injects it), for `rules`. `created_with` says what a configuration
+/// made from nothing carries beside (a namespace selector, say); an
+/// existing one keeps its own. Writes only when something differs.
+pub async fn keep_in_step(
+    client: &kube::Client,
+    name: &str,
+    endpoint: &Endpoint,
+    material: &Material,
+    rules: &[Value],
+    created_with: Option<&Value>,
+) -> Result<bool, String> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &configurations());
+    let live = api.get_opt(name).await.map_err(|e| {
+        format!(
+            "reading MutatingWebhookConfiguration {name}: {}",
+            crate::util::api_error(&e)
+        )
+    })?;
+    let Some(live) = live else {
+        let mut hook = authorship_webhook(created_with, endpoint, Some(&material.ca_bundle), rules);
+        if let Some(extra) = created_with.and_then(Value::as_object) {
+            for (k, v) in extra {
+                if hook.get(k).is_none() {
+                    hook[k] = v.clone();
+                }
+            }
+        }
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "runbook"}},
+            "webhooks": [hook],
+        }))
+        .map_err(|e| e.to_string())?;
+        api.create(&PostParams::default(), &obj)
+            .await
+            .map_err(|e| {
+                format!(
+                    "creating MutatingWebhookConfiguration {name}: {}",
+                    crate::util::api_error(&e)
+                )
+            })?;
+        return Ok(true);
+    };
+    let injected = live
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CERT_MANAGER_INJECT));
+    let ca = (!injected).then_some(material.ca_bundle.as_str());
+    let mut webhooks: Vec<Value> = live
+        .data
+        .get("webhooks")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let at = webhooks
+        .iter()
+        .position(|w| w.get("name").and_then(Value::as_str) == Some(AUTHORSHIP_WEBHOOK));
+    let desired = authorship_webhook(at.map(|i| &webhooks[i]), endpoint, ca, rules);
+    match at {
+        Some(i) if webhooks[i] == desired => return Ok(false),
+        Some(i) => webhooks[i] = desired,
+        None => webhooks.push(desired),
+    }
+    let mut updated = live.clone();
+    updated.data["webhooks"] = json!(webhooks);
+    api.replace(name, &PostParams::default(), &updated)
+        .await
+        .map_err(|e| {
+            format!(
+                "updating MutatingWebhookConfiguration {name}: {}",
+                crate::util::api_error(&e)
+            )
+        })?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_names_the_hosts_its_certificate_needs() {
+        let svc = Endpoint::Service {
+            namespace: "runbook-system".into(),
+            name: "runbook-webhook".into(),
+            port: 443,
+        };
+        assert!(
+            svc.hosts()
+                .contains(&"runbook-webhook.runbook-system.svc".to_string())
+        );
+        assert_eq!(
+            Endpoint::Url("https://127.0.0.1:9443".into()).hosts(),
+            ["127.0.0.1"]
+        );
+        assert_eq!(
+            Endpoint::Url("https://[::1]:9443/x".into()).hosts(),
+            ["::1"]
+        );
+        assert_eq!(
+            Endpoint::Url("https://runbook.example".into()).hosts(),
+            ["runbook.example"]
+        );
+    }
+
+    #[test]
+    fn the_webhook_keeps_what_an_administrator_set_and_cert_managers_bundle() {
+        let url = Endpoint::Url("https://127.0.0.1:9443".into());
+        let rules = vec![rule("runbook.dev", "v1alpha1", "evaluators")];
+        let fresh = authorship_webhook(None, &url, Some("CA"), &rules);
+        assert_eq!(fresh["failurePolicy"], "Ignore");
+        assert_eq!(
+            fresh["clientConfig"]["url"],
+            "https://127.0.0.1:9443/authorship"
+        );
+        assert_eq!(fresh["clientConfig"]["caBundle"], base64_encode(b"CA"));
+        let live = json!({"name": AUTHORSHIP_WEBHOOK, "failurePolicy": "Fail", "timeoutSeconds": 2,
+                          "namespaceSelector": {"matchLabels": {"team": "a"}},
+                          "clientConfig": {"caBundle": "Y2VydC1tYW5hZ2Vy"}});
+        let kept = authorship_webhook(Some(&live), &url, None, &rules);
+        assert_eq!(kept["failurePolicy"], "Fail");
+        assert_eq!(kept["timeoutSeconds"], 2);
+        assert_eq!(kept["namespaceSelector"]["matchLabels"]["team"], "a");
+        assert_eq!(kept["clientConfig"]["caBundle"], "Y2VydC1tYW5hZ2Vy");
+        assert_eq!(kept["rules"][0]["resources"][0], "evaluators");
+    }
+}

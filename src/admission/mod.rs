@@ -1,0 +1,21 @@
+//! Admission: the webhooks Runbook serves to the API server, over HTTPS
+//! with certificates it makes itself, and what they record.
+//!
+//! - [`author`]: the author record of a target (who wrote its spec),
+//!   signed so that nobody can make one up;
+//! - [`review`]: the answers to admission reviews (the authorship
+//!   webhook writes author records);
+//! - [`tls`]: the CA, serving certificate and signing key, in a Secret
+//!   the replicas share;
+//! - [`server`]: the HTTPS server every replica runs;
+//! - [`config`]: the material's Secret and the webhook configuration,
+//!   kept in step with the policies loaded.
+
+pub mod author;
+pub mod config;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+pub use author::{Author, Signer, Unverified};
+pub use review::Authorship;

@@ -1,0 +1,180 @@
+//! The admission reviews Runbook answers. `authorship` is a mutating
+//! webhook on the kinds policies target: it writes the author record of
+//! every target created or changed, and never refuses a request.
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use super::author::{ANNOTATION, Author, Signer, Subject};
+
+/// The authorship webhook: who wrote a target, recorded as the API server
+/// authenticated them. (A target Runbook itself writes, a child that
+/// another policy targets, is recorded as Runbook's; the operator then
+/// acts for the author of the target it was made for.)
+#[derive(Clone, Debug)]
+pub struct Authorship {
+    pub signer: Signer,
+}
+
+/// The answer to one AdmissionReview: allowed, with the patch (if any).
+fn answer(uid: &Value, patch: Option<Value>, warning: Option<String>) -> Value {
+    let mut response = json!({"uid": uid, "allowed": true});
+    if let Some(p) = patch {
+        let text = serde_json::to_vec(&p).unwrap_or_default();
+        response["patchType"] = json!("JSONPatch");
+        response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+    if let Some(w) = warning {
+        response["warnings"] = json!([w]);
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+}
+
+fn annotation(object: &Value) -> Option<&str> {
+    object
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(ANNOTATION))
+        .and_then(Value::as_str)
+}
+
+impl Authorship {
+    /// Answer an AdmissionReview (v1) for a create or update of a target.
+    pub fn review(&self, review: &Value) -> Value {
+        let request = review.get("request").cloned().unwrap_or_default();
+        let uid = request.get("uid").cloned().unwrap_or(Value::Null);
+        let Some(object) = request.get("object").filter(|o| o.is_object()) else {
+            return answer(&uid, None, None);
+        };
+        let requester = Author::of_user_info(&request.get("userInfo").cloned().unwrap_or_default());
+        let old = request.get("oldObject").filter(|o| o.is_object());
+        let record = self.record_for(object, old, &requester);
+        let text = serde_json::to_string(&record).unwrap_or_default();
+        if annotation(object) == Some(text.as_str()) {
+            return answer(&uid, None, None);
+        }
+        let has_annotations = object
+            .pointer("/metadata/annotations")
+            .is_some_and(Value::is_object);
+        let patch = if has_annotations {
+            json!([{"op": "add", "path": format!("/metadata/annotations/{}", ANNOTATION.replace('/', "~1")), "value": text}])
+        } else {
+            json!([{"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: text}}])
+        };
+        answer(&uid, Some(patch), None)
+    }
+
+    /// The record the object leaves admission with: the one it had,
+    /// while its content is what that record was made for (whoever
+    /// changes only its metadata, or tries to write the record itself);
+    /// otherwise the requester's.
+    fn record_for(
+        &self,
+        object: &Value,
+        old: Option<&Value>,
+        requester: &Author,
+    ) -> super::author::Record {
+        let subject = Subject::of(object);
+        let kept = old
+            .filter(|o| Subject::of(o).content == subject.content)
+            .filter(|o| self.signer.verify(o).is_ok());
+        if let Some(o) = kept
+            && let Some(text) = annotation(o)
+            && let Ok(record) = serde_json::from_str(text)
+        {
+            return record;
+        }
+        self.signer.sign(&subject, requester)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(op: &str, user: &str, object: Value, old: Option<Value>) -> Value {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "r-1", "operation": op,
+            "userInfo": {"username": user, "groups": ["system:authenticated"]},
+            "object": object, "oldObject": old.unwrap_or(Value::Null)}})
+    }
+
+    /// The object as it leaves admission: the answer's patch applied.
+    fn admitted(object: &Value, answer: &Value) -> Value {
+        let mut o = object.clone();
+        assert_eq!(answer["response"]["allowed"], true);
+        assert_eq!(answer["response"]["uid"], "r-1");
+        if let Some(p) = answer["response"]["patch"].as_str() {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(p).unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+            json_patch::patch(&mut o, &patch).unwrap();
+        }
+        o
+    }
+
+    fn evaluator(target: &str, annotations: Value) -> Value {
+        json!({"apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator",
+               "metadata": {"name": "chatbot", "namespace": "team-a", "annotations": annotations},
+               "spec": {"targetRef": {"name": target}}})
+    }
+
+    #[test]
+    fn the_author_is_whoever_last_changed_the_spec() {
+        let hook = Authorship {
+            signer: Signer::random(),
+        };
+        let created = evaluator("web", json!(null));
+        let mut bare = created.clone();
+        bare["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        let a1 = admitted(
+            &bare,
+            &hook.review(&request("CREATE", "admin", bare.clone(), None)),
+        );
+        assert_eq!(hook.signer.verify(&a1).unwrap().user, "admin");
+        // Someone else edits only metadata (or forges the annotation):
+        // the admin's record stays.
+        let mut forged = a1.clone();
+        forged["metadata"]["labels"] = json!({"x": "y"});
+        forged["metadata"]["annotations"][ANNOTATION] = json!("{\"user\": \"admin\"}");
+        let a2 = admitted(
+            &forged,
+            &hook.review(&request(
+                "UPDATE",
+                "mallory",
+                forged.clone(),
+                Some(a1.clone()),
+            )),
+        );
+        assert_eq!(hook.signer.verify(&a2).unwrap().user, "admin");
+        // ... but a change of the spec is theirs.
+        let mut retargeted = a2.clone();
+        retargeted["spec"]["targetRef"]["name"] = json!("db");
+        let a3 = admitted(
+            &retargeted,
+            &hook.review(&request(
+                "UPDATE",
+                "mallory",
+                retargeted.clone(),
+                Some(a2.clone()),
+            )),
+        );
+        assert_eq!(hook.signer.verify(&a3).unwrap().user, "mallory");
+        // Nothing to change: no patch.
+        let again = hook.review(&request("UPDATE", "admin", a3.clone(), Some(a3.clone())));
+        assert!(again["response"].get("patch").is_none());
+    }
+
+    #[test]
+    fn a_request_without_an_object_is_allowed_unchanged() {
+        let hook = Authorship {
+            signer: Signer::random(),
+        };
+        let a = hook.review(&json!({"request": {"uid": "r-1", "operation": "DELETE"}}));
+        assert_eq!(a["response"]["allowed"], true);
+        assert!(a["response"].get("patch").is_none());
+        let a = hook.review(&json!("garbage"));
+        assert_eq!(a["response"]["allowed"], true);
+    }
+}
