@@ -302,6 +302,18 @@ const WELL_KNOWN: &[WellKnown] = &[
         "clusterrolebindings",
         false,
     ),
+    wk(
+        "admissionregistration.k8s.io",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        false,
+    ),
+    wk(
+        "admissionregistration.k8s.io",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        false,
+    ),
     wk("runbook.dev", "Evaluator", "evaluators", true),
     wk("runbook.dev", "DatabaseBackup", "databasebackups", true),
     wk("runbook.dev", "AIModel", "aimodels", true),

@@ -85,6 +85,31 @@ pub struct Options {
     /// nothing cluster-wide (the operator's own needs come with the
     /// cluster-wide policies).
     pub tenant: Option<String>,
+    /// The authorship webhook's objects, when the operator serves it
+    /// (`runbook run --webhook`, the default).
+    pub webhook: Option<WebhookObjects>,
+}
+
+/// What the operator keeps of its authorship webhook. Both are shipped in
+/// `deploy/` (the Secret empty), so the operator is granted only `get` and
+/// `update` on them by name, never `create` (which RBAC cannot limit to a
+/// name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookObjects {
+    /// Its MutatingWebhookConfiguration.
+    pub configuration: String,
+    /// The Secret in the operator's namespace holding its CA, certificate
+    /// and signing key.
+    pub secret: String,
+}
+
+impl Default for WebhookObjects {
+    fn default() -> Self {
+        Self {
+            configuration: "runbook".into(),
+            secret: "runbook-webhook-tls".into(),
+        }
+    }
 }
 
 impl Default for Options {
@@ -97,6 +122,7 @@ impl Default for Options {
             policy_namespaces: Vec::new(),
             policy_configmaps: true,
             tenant: None,
+            webhook: Some(WebhookObjects::default()),
         }
     }
 }
@@ -388,6 +414,42 @@ impl Needs {
     }
 
     /// Policy ConfigMaps, and Events on those that fail to load.
+    /// The authorship webhook: its certificates, its configuration, and the
+    /// SubjectAccessReviews asked for the authors it records.
+    fn webhook(&mut self, opts: &Options) {
+        let Some(w) = &opts.webhook else {
+            return;
+        };
+        if opts.tenant.is_some() {
+            return;
+        }
+        self.add(
+            Scope::Namespace(opts.namespace.clone()),
+            "",
+            "secrets",
+            &["get", "update"],
+            std::slice::from_ref(&w.secret),
+            "the authorship webhook's CA, certificate and signing key, shared by the replicas"
+                .into(),
+        );
+        self.add(
+            Scope::Cluster,
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            &["get", "update"],
+            std::slice::from_ref(&w.configuration),
+            "the authorship webhook's configuration: its CA bundle and target kinds".into(),
+        );
+        self.add(
+            Scope::Cluster,
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            &["create"],
+            &[],
+            "asking whether a target's author may do what Runbook would do for them".into(),
+        );
+    }
+
     fn policy_sources(&mut self, opts: &Options) {
         let namespaces = if let Some(t) = &opts.tenant {
             vec![t.clone()]
@@ -468,6 +530,7 @@ pub fn needs(
     needs.operator(set, opts);
     needs.policy_sources(opts);
     needs.secrets(set, opts);
+    needs.webhook(opts);
     if opts.tenant.is_some() {
         return needs.0;
     }

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use cluster::Cluster;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use runbook::kinds::KindRef;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -126,11 +126,9 @@ fn deploy_rbac_is_what_the_shipped_policies_need() {
     );
     assert!(verbs_on(&r, "runbook.dev", "evaluators").contains(&"watch".to_string()));
     assert!(!verbs_on(&r, "runbook.dev", "evaluators").contains(&"create".to_string()));
-    assert_eq!(
-        verbs_on(&r, "", "secrets"),
-        Vec::<String>::new(),
-        "no receiver names a Secret"
-    );
+    // No receiver names a Secret: only the webhook's own, by name
+    // (the_webhook_rights_follow_its_flags).
+    assert_eq!(verbs_on(&r, "", "secrets"), ["get", "update"]);
     assert_eq!(
         verbs_on(&r, "coordination.k8s.io", "leases"),
         ["create", "get", "patch", "update"]
@@ -160,7 +158,7 @@ fn a_policy_that_adds_a_kind_changes_the_rbac() {
         "    - name: events\n      event: {reason: RunbookAlert}",
         "    - name: events\n      event: {reason: RunbookAlert}\n    - name: pager\n      webhook: {url: {secretKeyRef: {name: ml-pager, key: url}}}",
     );
-    let out = runbook(&["rbac", dir.to_str().unwrap()]);
+    let out = runbook(&["rbac", dir.to_str().unwrap(), "--webhook=false"]);
     assert!(out.status.success(), "{}", text(&out));
     let yaml = String::from_utf8_lossy(&out.stdout).to_string();
     let after = rules(&yaml);
@@ -183,6 +181,38 @@ fn a_policy_that_adds_a_kind_changes_the_rbac() {
     );
 }
 
+/// The authorship webhook's rights follow `runbook run`'s flags: named
+/// after its objects, gone with `--webhook=false`, never in a tenant's Role.
+#[test]
+fn the_webhook_rights_follow_its_flags() {
+    let with = text(&runbook(&[
+        "rbac",
+        "policies/",
+        "--webhook-secret",
+        "tls-x",
+        "--webhook-configuration",
+        "hook-x",
+    ]));
+    assert!(with.contains("- tls-x\n"), "{with}");
+    assert!(with.contains("- hook-x\n"), "{with}");
+    assert!(with.contains("- subjectaccessreviews\n"), "{with}");
+    for args in [
+        vec!["rbac", "policies/", "--webhook=false"],
+        vec!["rbac", "policies/", "--tenant", "team-a"],
+    ] {
+        let out = runbook(&args);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        for absent in [
+            "runbook-webhook-tls",
+            "mutatingwebhookconfigurations",
+            "- subjectaccessreviews\n",
+        ] {
+            assert!(!t.contains(absent), "{args:?} grants {absent}: {t}");
+        }
+    }
+}
+
 #[test]
 fn dangerous_kinds_are_refused_unless_allowed() {
     let dir = copy_policies("danger");
@@ -197,7 +227,12 @@ fn dangerous_kinds_are_refused_unless_allowed() {
     assert!(t.contains("policy backup-ordering"), "{t}");
     assert!(t.contains("reads v1 Secret"), "{t}");
     assert!(out.stdout.is_empty(), "nothing is printed to apply");
-    let out = runbook(&["rbac", dir.to_str().unwrap(), "--allow-dangerous-kinds"]);
+    let out = runbook(&[
+        "rbac",
+        dir.to_str().unwrap(),
+        "--allow-dangerous-kinds",
+        "--webhook=false",
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         verbs_on(&rules(&String::from_utf8_lossy(&out.stdout)), "", "secrets"),
@@ -270,6 +305,8 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "Secret",
+        "MutatingWebhookConfiguration",
     ] {
         assert!(
             kinds.contains(&want),
@@ -329,6 +366,79 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
     assert_eq!(ctr["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert!(ctr["resources"]["limits"]["memory"].is_string());
+    // The authorship webhook: the configuration reaches the replicas
+    // through the Service on the port they serve it on, and the names
+    // the operator is granted are the objects shipped.
+    let mwc = docs
+        .iter()
+        .find(|d| d["kind"] == "MutatingWebhookConfiguration")
+        .unwrap();
+    let hook = &mwc["webhooks"][0];
+    assert_eq!(hook["name"], runbook::admission::config::AUTHORSHIP_WEBHOOK);
+    assert_eq!(hook["failurePolicy"], "Ignore");
+    let svc_ref = &hook["clientConfig"]["service"];
+    assert_eq!(svc_ref["path"], runbook::admission::config::AUTHORSHIP_PATH);
+    let svc = docs
+        .iter()
+        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == svc_ref["name"])
+        .unwrap_or_else(|| panic!("no Service {} for the webhook", svc_ref["name"]));
+    assert_eq!(svc["metadata"]["namespace"], svc_ref["namespace"]);
+    let port = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == svc_ref["port"])
+        .expect("the Service serves the webhook's port");
+    let served = ctr["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port["targetPort"])
+        .expect("the container has the port the Service targets");
+    let listen = ctr["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "RUNBOOK_WEBHOOK_ADDR")
+        .expect("the Deployment sets RUNBOOK_WEBHOOK_ADDR");
+    assert!(
+        listen["value"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(":{}", served["containerPort"])),
+        "{listen} {served}"
+    );
+    let secret = docs.iter().find(|d| d["kind"] == "Secret").unwrap();
+    let objects = runbook::rbac::WebhookObjects::default();
+    assert_eq!(secret["metadata"]["name"], objects.secret.as_str());
+    assert!(secret.get("data").is_none(), "the operator fills it");
+    assert_eq!(mwc["metadata"]["name"], objects.configuration.as_str());
+    // Granted by name, `get` and `update` only: never `create` (which
+    // RBAC cannot limit to a name) nor any other Secret.
+    let rbac = std::fs::read_to_string(repo().join("deploy/rbac.yaml")).unwrap();
+    for (group, resource, name) in [
+        ("", "secrets", &objects.secret),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            &objects.configuration,
+        ),
+    ] {
+        let mut grants = Vec::new();
+        for d in runbook::util::yaml::parse_documents(&rbac).unwrap() {
+            for r in d["rules"].as_array().into_iter().flatten() {
+                let has = |k: &str, v: &str| r[k].as_array().unwrap().iter().any(|x| x == v);
+                if has("apiGroups", group) && has("resources", resource) {
+                    grants.push((r["verbs"].clone(), r["resourceNames"].clone()));
+                }
+            }
+        }
+        assert_eq!(
+            grants,
+            vec![(json!(["get", "update"]), json!([name]))],
+            "deploy/rbac.yaml on {resource}"
+        );
+    }
     c.cleanup().await;
 }
 

@@ -162,6 +162,13 @@ pub async fn material(
             }
             // Another replica wrote first: read what it wrote.
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 403 && found.is_none() => {
+                return Err(format!(
+                    "Secret {namespace}/{name} does not exist and Runbook may not create it ({}): \
+                     create it empty (deploy/webhook.yaml does), Runbook fills it",
+                    s.message
+                ));
+            }
             Err(e) => {
                 return Err(format!(
                     "writing Secret {namespace}/{name}: {}",

@@ -44,6 +44,21 @@ pub struct RbacArgs {
     /// need there, and nothing cluster-wide.
     #[arg(long, env = "RUNBOOK_RBAC_TENANT")]
     pub tenant: Option<String>,
+    /// Whether the operator serves its authorship webhook (`runbook run
+    /// --webhook`): it then needs its Secret, its configuration and
+    /// SubjectAccessReviews.
+    #[arg(long, env = "RUNBOOK_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub webhook: bool,
+    /// The webhook's MutatingWebhookConfiguration (`runbook run --webhook-configuration`).
+    #[arg(long, env = "RUNBOOK_WEBHOOK_CONFIGURATION", default_value = "runbook")]
+    pub webhook_configuration: String,
+    /// The webhook's Secret in the operator namespace (`runbook run --webhook-secret`).
+    #[arg(
+        long,
+        env = "RUNBOOK_WEBHOOK_SECRET",
+        default_value = "runbook-webhook-tls"
+    )]
+    pub webhook_secret: String,
 }
 
 pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
@@ -77,6 +92,10 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         policy_namespaces: args.policy_namespaces,
         policy_configmaps: true,
         tenant: args.tenant,
+        webhook: args.webhook.then_some(rbac::WebhookObjects {
+            configuration: args.webhook_configuration,
+            secret: args.webhook_secret,
+        }),
     };
     let elsewhere = rbac::secrets_elsewhere(&set, &opts);
     if let Some(t) = &opts.tenant

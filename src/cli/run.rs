@@ -255,6 +255,10 @@ async fn check_access(
         watch_namespaces: watched.iter().cloned().collect(),
         policy_namespaces: sources.configmap_namespaces.clone(),
         policy_configmaps: args.policy_configmaps,
+        webhook: args.webhook.then(|| crate::rbac::WebhookObjects {
+            configuration: args.webhook_configuration.clone(),
+            secret: args.webhook_secret.clone(),
+        }),
         ..Default::default()
     };
     match access::missing_for(client, set, &opts, watched.as_deref()).await {

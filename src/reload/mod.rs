@@ -211,6 +211,9 @@ impl Reloader {
             namespace: self.secret_namespace.clone(),
             watch_namespaces: watch_namespaces.clone(),
             tenant,
+            // Only what the edited policies need; the webhook's own
+            // rights were checked at start-up.
+            webhook: None,
             ..Default::default()
         };
         let watched = watch_namespaces.first().map(String::as_str);
