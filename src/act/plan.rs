@@ -333,23 +333,6 @@ pub fn plan(input: &Input<'_>) -> Plan {
     // Limits count the writes this plan makes, as if each succeeds: a
     // failed one skips every write after it anyway.
     let mut recent = Recent::of(t.value(), &input.policy.name);
-    // What this decision applies: a child it makes may be referred to by
-    // another without its author's rights (it is Runbook's to make).
-    let applies: Vec<(KindRef, String)> = input
-        .actions
-        .iter()
-        .filter(|p| p.refusal.is_none())
-        .filter_map(|p| match &p.action {
-            Action::Apply { object } => Some((
-                kind_of(object),
-                object["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-            )),
-            _ => None,
-        })
-        .collect();
     for p in input.actions {
         let a = &p.action;
         // A requeue says when to come back; there is nothing to record.
@@ -362,16 +345,32 @@ pub fn plan(input: &Input<'_>) -> Plan {
             None => about_target(input, &mut plan, a)
                 .unwrap_or_else(|| elsewhere(input, &mut plan, &mut recent, &ns, a)),
         };
-        let needs = match &todo {
-            Todo::Write(w) => needs_of(input, w, &applies),
-            _ => Vec::new(),
-        };
         plan.steps.push(Step {
             action: a.clone(),
             target,
             todo,
-            needs,
+            needs: Vec::new(),
         });
+    }
+    // What this decision writes of its children: a child it makes may be
+    // referred to by another without its author's rights (it is Runbook's
+    // to make); an apply refused (an object of that name Runbook did not
+    // make) is not one of them.
+    let applies: Vec<(KindRef, String)> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match &s.todo {
+            Todo::Write(w) => match &**w {
+                Write::Apply { kind, key, .. } => Some((kind.kind_ref(), key.name.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    for i in 0..plan.steps.len() {
+        if let Todo::Write(w) = &plan.steps[i].todo {
+            plan.steps[i].needs = needs_of(input, w, &applies);
+        }
     }
     plan
 }
@@ -875,7 +874,7 @@ kind: Policy
 metadata: {name: widget}
 spec:
   target: {apiVersion: example.com/v1, kind: Widget}
-  owns: [{apiVersion: v1, kind: ConfigMap}]
+  owns: [{apiVersion: v1, kind: ConfigMap}, {apiVersion: v1, kind: Pod}]
   mutates: [{apiVersion: apps/v1, kind: Deployment}]
   script: widget.rhai
   limits: {rollback: 1/1h}
@@ -932,6 +931,7 @@ spec:
                 KindRef::new("apps/v1", "Deployment"),
                 Ok(resolved("apps/v1", "Deployment", "deployments")),
             ),
+            (KindRef::new("v1", "Pod"), Ok(resolved("v1", "Pod", "pods"))),
         ]
         .into()
     }
@@ -1182,6 +1182,51 @@ spec:
             "{}",
             f.message
         );
+    }
+
+    /// A child the same decision makes may be put into another without
+    /// the author's rights; an object of that name the policy did not make
+    /// (its apply refused) is the author's to read, whatever the order.
+    #[test]
+    fn a_refused_apply_does_not_vouch_for_what_another_child_takes_in() {
+        let w = widget(json!({}));
+        let pod = Action::Apply {
+            object: json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w-run"},
+                           "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                                    "volumes": [{"name": "v", "configMap": {"name": "w-a"}}]}}),
+        };
+        let needs = |live: &[Value]| {
+            let p = plan_of(
+                &w,
+                live,
+                Mode::Enforce,
+                vec![pod.clone(), config_map("w-a", "1")],
+            );
+            let what: Vec<String> = p.steps[0]
+                .needs
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} {} {}",
+                        a.verb,
+                        a.kind.kind,
+                        a.name.clone().unwrap_or_default()
+                    )
+                })
+                .collect();
+            (
+                what,
+                todos(&p)
+                    .iter()
+                    .map(|t| format!("{t:?}"))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let (made, _) = needs(&[]);
+        assert!(made.is_empty(), "{made:?}");
+        let (taken, todos) = needs(&[foreign("w-a", json!({}), None)]);
+        assert_eq!(taken, ["get ConfigMap w-a"], "{todos:?}");
+        assert!(todos[1].contains("refused"), "{todos:?}");
     }
 
     #[test]
