@@ -114,43 +114,6 @@ async fn events_for(c: &Cluster, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The benchmark: score 0.62 on revision 2 (the bad release), 0.91 on
-/// anything else, from the revision the policy passes in its environment.
-const BENCHMARK: &str = r#"if [ "$TARGET_REVISION" = "2" ]; then echo '{"score": 0.62}'; else echo '{"score": 0.91}'; fi > /dev/termination-log"#;
-
-/// What the benchmark program writes to its termination log, from the
-/// revision the policy passes in the pod's environment.
-fn score_for(pod: &Value) -> String {
-    let revision = pod["spec"]["containers"][0]["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["name"] == "TARGET_REVISION")
-        .and_then(|e| e["value"].as_str());
-    if revision == Some("2") {
-        r#"{"score": 0.62}"#.into()
-    } else {
-        r#"{"score": 0.91}"#.into()
-    }
-}
-
-fn image_of(d: &Deployment) -> String {
-    d.spec.template.spec.as_ref().unwrap().containers[0]
-        .image
-        .clone()
-        .unwrap()
-}
-
-async fn annotate(api: &Api<DynamicObject>, name: &str, key: &str, value: &str) {
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
-    )
-    .await
-    .unwrap();
-}
-
 /// The kubelet stand-in, running benchmark pods to their score.
 fn benchmark_kubelet(c: &Cluster) -> Kubelet {
     let kubelet = Kubelet::start(c);
@@ -163,42 +126,6 @@ fn benchmark_kubelet(c: &Cluster) -> Kubelet {
     kubelet
 }
 
-/// The chatbot's pod template on `image`.
-fn chatbot_template(image: &str) -> Value {
-    json!({"metadata": {"labels": {"app": "chatbot"}},
-           "spec": {"containers": [{"name": "model", "image": image}]}})
-}
-
-/// The model Deployment the Evaluator watches, on its first release.
-async fn chatbot_deployment(c: &Cluster) -> Api<Deployment> {
-    let deployments: Api<Deployment> = c.api();
-    deployments
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "chatbot"},
-                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chatbot"}},
-                         "template": chatbot_template("registry.k8s.io/pause:3.9")}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    deployments
-}
-
-/// A new release of the chatbot.
-async fn release(deployments: &Api<Deployment>, image: &str) {
-    deployments
-        .patch(
-            "chatbot",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": chatbot_template(image)}})),
-        )
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     let c = Cluster::new("evaluator").await;
@@ -207,17 +134,9 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     kubelet.ready("chatbot-");
     let sink = Arc::new(Firing::default());
     let op = start(&c, sink.clone()).await;
-    let deployments = chatbot_deployment(&c).await;
-    let revision = |d: Deployment| {
-        d.metadata
-            .annotations
-            .unwrap_or_default()
-            .get("deployment.kubernetes.io/revision")
-            .cloned()
-            .unwrap_or_default()
-    };
+    let deployments = model_deployment(&c, "chatbot").await;
     eventually("revision 1", 60, || async {
-        revision(deployments.get("chatbot").await.unwrap()) == "1"
+        revision_of(&deployments.get("chatbot").await.unwrap()) == "1"
     })
     .await;
     let evaluators = kind_api(&c, "runbook.dev/v1alpha1", "Evaluator");
@@ -239,9 +158,9 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
     })
     .await;
     // A bad release, then a run asked for by an SRE.
-    release(&deployments, "registry.k8s.io/pause:3.10").await;
+    release(&deployments, "chatbot", "registry.k8s.io/pause:3.10").await;
     eventually("revision 2", 60, || async {
-        revision(deployments.get("chatbot").await.unwrap()) == "2"
+        revision_of(&deployments.get("chatbot").await.unwrap()) == "2"
     })
     .await;
     annotate(&evaluators, "chatbot", "runbook.dev/run-now", "1").await;
@@ -585,7 +504,7 @@ async fn a_second_teams_policy_collects_training_data_once_per_rollback_beside_t
         sink.clone(),
     );
     op.start().await.expect("the operator starts");
-    let deployments = chatbot_deployment(&c).await;
+    let deployments = model_deployment(&c, "chatbot").await;
     let evaluators = kind_api(&c, "runbook.dev/v1alpha1", "Evaluator");
     create(
         &c,
@@ -619,7 +538,7 @@ async fn a_second_teams_policy_collects_training_data_once_per_rollback_beside_t
         }),
         "no collection before a rollback; benchmarks carry their policy's label"
     );
-    release(&deployments, "registry.k8s.io/pause:3.10").await;
+    release(&deployments, "chatbot", "registry.k8s.io/pause:3.10").await;
     eventually("revision 2", 60, || async {
         let d = deployments.get("chatbot").await.unwrap();
         d.metadata.annotations.unwrap_or_default()["deployment.kubernetes.io/revision"] == "2"

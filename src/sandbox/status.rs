@@ -250,15 +250,6 @@ impl Cause {
             message: format!("Forbidden: {}", why.into()),
         }
     }
-
-    pub fn unknown(field: impl Into<String>) -> Self {
-        let f = field.into();
-        Self {
-            message: format!("unknown field \"{f}\""),
-            field: f,
-            reason: "FieldValueInvalid",
-        }
-    }
 }
 
 fn short(v: &Value) -> String {

@@ -3,6 +3,7 @@
 //! and short ways to make and read objects of any kind.
 #![allow(dead_code)]
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use runbook::kinds::KindRef;
@@ -124,4 +125,87 @@ pub fn nightly_backup() -> Value {
                  "dump": {"image": "busybox:1.36", "command": ["sh", "-c", "echo dumped"]},
                  "volumeSnapshotClassName": "csi-snapclass", "destination": "s3://backups/e2e"}
     })
+}
+
+/// The benchmark: score 0.62 on revision 2 (the bad release), 0.91 on
+/// anything else, from the revision the policy passes in its environment.
+pub const BENCHMARK: &str = r#"if [ "$TARGET_REVISION" = "2" ]; then echo '{"score": 0.62}'; else echo '{"score": 0.91}'; fi > /dev/termination-log"#;
+
+/// What the benchmark program writes to its termination log, from the
+/// revision the policy passes in the pod's environment.
+pub fn score_for(pod: &Value) -> String {
+    let revision = pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "TARGET_REVISION")
+        .and_then(|e| e["value"].as_str());
+    if revision == Some("2") {
+        r#"{"score": 0.62}"#.into()
+    } else {
+        r#"{"score": 0.91}"#.into()
+    }
+}
+
+pub fn image_of(d: &Deployment) -> String {
+    d.spec.template.spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+pub async fn annotate(api: &Api<DynamicObject>, name: &str, key: &str, value: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// A model server's pod template on `image` (label `app: NAME`).
+pub fn model_template(name: &str, image: &str) -> Value {
+    json!({"metadata": {"labels": {"app": name}},
+           "spec": {"containers": [{"name": "model", "image": image}]}})
+}
+
+/// A model Deployment an Evaluator watches, on its first release.
+pub async fn model_deployment(c: &Cluster, name: &str) -> Api<Deployment> {
+    let deployments: Api<Deployment> = c.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                         "template": model_template(name, "registry.k8s.io/pause:3.9")}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    deployments
+}
+
+/// A new release of Deployment `name`.
+pub async fn release(deployments: &Api<Deployment>, name: &str, image: &str) {
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": model_template(name, image)}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// The revision the Deployment controller gave a Deployment ("" before it has).
+pub fn revision_of(d: &Deployment) -> String {
+    d.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("deployment.kubernetes.io/revision"))
+        .cloned()
+        .unwrap_or_default()
 }

@@ -512,9 +512,20 @@ impl Inner {
                 let out = schema::apply(schema, obj);
                 causes.extend(out.causes);
                 match opts.field_validation {
-                    FieldValidation::Strict => {
-                        causes.extend(out.unknown.iter().map(|u| Cause::unknown(format!(".{u}"))))
+                    // Strict decoding fails before any validation.
+                    FieldValidation::Strict if !out.unknown.is_empty() => {
+                        let kind = obj["kind"].as_str().unwrap_or_default();
+                        let fields: Vec<String> = out
+                            .unknown
+                            .iter()
+                            .map(|u| format!("unknown field \"{u}\""))
+                            .collect();
+                        return Err(ApiError::bad_request(format!(
+                            "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+                            fields.join(", ")
+                        )));
                     }
+                    FieldValidation::Strict => {}
                     FieldValidation::Warn => warnings
                         .extend(out.unknown.iter().map(|u| format!("unknown field \"{u}\""))),
                     FieldValidation::Ignore => {}

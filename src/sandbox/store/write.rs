@@ -198,6 +198,7 @@ impl Store {
             ));
         };
         check_identity(def, &body, ns, Some(name))?;
+        undeclared_in_apply(def, &body, name)?;
         let api_version = body["apiVersion"].as_str().unwrap_or_default().to_string();
         if self.get(def, ns, name).is_err() {
             if part == Part::Status {
@@ -624,6 +625,41 @@ impl Inner {
             {
                 return name;
             }
+        }
+    }
+}
+
+/// A server-side apply to a custom resource whose schema does not declare
+/// one of the applied fields: the API server cannot make a typed patch of
+/// it and answers 500, whatever `fieldValidation` says (a plain write would
+/// prune the field instead).
+fn undeclared_in_apply(def: &ResourceDef, body: &Value, name: &str) -> Result<(), ApiError> {
+    if def.crd.is_none() {
+        return Ok(());
+    }
+    let api_version = body["apiVersion"].as_str().unwrap_or_default();
+    let version = api_version.rsplit('/').next().unwrap_or("");
+    let Some(schema) = def
+        .schemas
+        .get(version)
+        .or_else(|| def.schemas.values().next())
+    else {
+        return Ok(());
+    };
+    let mut probe = body.clone();
+    let out = crate::sandbox::schema::apply(schema, &mut probe);
+    match out.unknown.first() {
+        None => Ok(()),
+        Some(field) => {
+            let applied_ns = meta_str(body, "namespace").unwrap_or("");
+            let kind = body["kind"].as_str().unwrap_or_default();
+            Err(ApiError::new(
+                500,
+                "",
+                format!(
+                    "failed to create typed patch object ({applied_ns}/{name}; {api_version}, Kind={kind}): .{field}: field not declared in schema"
+                ),
+            ))
         }
     }
 }
