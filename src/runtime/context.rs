@@ -155,7 +155,7 @@ pub(super) struct Memory {
     /// each write replaced (one per policy that wrote): while the cache
     /// shows one of them, a reconcile would decide on a status that no
     /// longer is.
-    pub written: OwnWrites<TargetKey, Vec<String>>,
+    pub written: OwnWrites<TargetKey, (Vec<String>, tokio::time::Instant)>,
     /// Children this process applied that the cache may not show yet.
     pub applied: act::Applied,
     pub shadow: Mutex<VecDeque<ShadowRecord>>,

@@ -349,13 +349,30 @@ async fn caught(ctx: &Context, obj: &RawObject, key: &TargetKey, what: String) -
     }
 }
 
+/// How long a reconcile waits for the cache to show its own status write
+/// before it decides on what the cache shows (a watch that lost the
+/// event, a write the server turned into something else).
+pub const CACHE_WAIT: Duration = Duration::from_secs(30);
+
 /// Read our own writes: deciding on a status the cache has not caught up
-/// with would repeat what the last decision did.
+/// with would repeat what the last decision did. The wait is bounded by
+/// [`CACHE_WAIT`]; reaching it is logged and counted.
 fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
     match ctx.memory.written.pending(key) {
-        Some(before) if before.iter().any(|rv| rv == obj.resource_version()) => {
-            tracing::debug!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
-            true
+        Some((before, since)) if before.iter().any(|rv| rv == obj.resource_version()) => {
+            if since.elapsed() < CACHE_WAIT {
+                tracing::debug!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
+                return true;
+            }
+            tracing::info!(kind = %key.kind, namespace = %key.namespace, name = %key.name,
+                "the cache did not show the last status write within {}s; deciding on what it shows",
+                CACHE_WAIT.as_secs());
+            ctx.metrics
+                .cache_waits_ended
+                .get_or_create(&Metrics::labels(&[("kind", &key.kind.kind)]))
+                .inc();
+            ctx.memory.written.settled(key);
+            false
         }
         Some(_) => {
             ctx.memory.written.settled(key);
@@ -428,8 +445,8 @@ async fn reconcile_target(
 ) -> Result<Action, ReconcileError> {
     if cache_lags(ctx, obj, key) {
         // The watch event of that write reconciles again; the requeue is a
-        // backstop.
-        return Ok(Action::requeue(Duration::from_secs(30)));
+        // backstop, at the end of the wait.
+        return Ok(Action::requeue(CACHE_WAIT));
     }
     let set = ctx.policies.load_full();
     let cached = obj.cached();
@@ -465,9 +482,13 @@ async fn reconcile_target(
     let mut next = Next::default();
     let early = each_policy(ctx, &policies, &mut target, deleting, &mut next).await;
     if !next.written_over.is_empty() {
-        ctx.memory
-            .written
-            .remember(key.clone(), std::mem::take(&mut next.written_over));
+        ctx.memory.written.remember(
+            key.clone(),
+            (
+                std::mem::take(&mut next.written_over),
+                tokio::time::Instant::now(),
+            ),
+        );
     }
     if let Some(action) = early? {
         return Ok(action);
@@ -513,8 +534,15 @@ async fn each_policy(
         }
         if let Some(after) = reconcile_policy(ctx, p, target, next).await {
             let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
-            next.written_over
-                .push(before.unwrap_or_default().to_string());
+            let now = after["metadata"]["resourceVersion"].as_str();
+            // A write the server made nothing of (what it holds already, or
+            // what its schema prunes) gets no new version: the cache shows
+            // it already, and waiting for a newer one would never end.
+            if let Some(before) = before
+                && now != Some(before)
+            {
+                next.written_over.push(before.to_string());
+            }
             target.cached = crate::observe::CachedObject::new(after);
         }
     }

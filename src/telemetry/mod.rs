@@ -53,6 +53,9 @@ pub struct Metrics {
     pub watch_failing: Family<Labels, Gauge>,
     /// Target controllers restarted after their task ended, by kind.
     pub controller_restarts: Family<Labels, Counter>,
+    /// Waits for the cache to show a status write that reached their
+    /// bound, by kind.
+    pub cache_waits_ended: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -83,6 +86,7 @@ impl Metrics {
             panics: Family::default(),
             watch_failing: Family::default(),
             controller_restarts: Family::default(),
+            cache_waits_ended: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -149,6 +153,11 @@ impl Metrics {
             "controller_restarts",
             "Target controllers restarted after their task ended, by kind",
             m.controller_restarts.clone(),
+        );
+        registry.register(
+            "cache_waits_ended",
+            "Reconciles that stopped waiting for the cache to show their last status write (after 30 s), by kind",
+            m.cache_waits_ended.clone(),
         );
         registry.register(
             "panics",
