@@ -218,6 +218,22 @@ impl DeclaredKinds {
     }
 }
 
+/// Built-in kinds: their status is decoded into fixed types, so it keeps
+/// nothing of Runbook's.
+pub fn built_in(kind: &KindRef) -> bool {
+    kind.group() != "runbook.dev" && well_known(kind.group(), &kind.kind).is_some()
+}
+
+/// The kinds whose schema is Runbook's: their status declares Runbook's
+/// fields, so their state stays there.
+pub fn owns_schema(kind: &KindRef) -> bool {
+    kind.group() == "runbook.dev"
+        && matches!(
+            kind.kind.as_str(),
+            "Evaluator" | "DatabaseBackup" | "AIModel"
+        )
+}
+
 /// A kind the table knows without asking an API server.
 pub struct WellKnown {
     pub group: &'static str,

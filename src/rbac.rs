@@ -349,18 +349,59 @@ impl Needs {
                     self.add(scope.clone(), g, &plural, READ, &[], why.clone());
                     match role {
                         // Finalizers are patched onto targets; status goes
-                        // through the status subresource.
+                        // through the status subresource, and only where
+                        // the policy writes some: Runbook's own state of a
+                        // kind whose schema is not Runbook's is kept
+                        // apart (a RunbookState).
                         KindRole::Target => {
-                            let status = format!("{plural}/status");
-                            self.add(
-                                scope.clone(),
-                                g,
-                                &plural,
-                                &["patch", "update"],
-                                &[],
-                                why.clone(),
-                            );
-                            self.add(scope, g, &status, &["get", "patch", "update"], &[], why);
+                            if p.has_finalizer() {
+                                self.add(
+                                    scope.clone(),
+                                    g,
+                                    &plural,
+                                    &["patch", "update"],
+                                    &[],
+                                    why.clone(),
+                                );
+                            }
+                            let writes_status = crate::kinds::owns_schema(k)
+                                || !p.status.declared
+                                || !p.status.fields.is_empty()
+                                || !p.status.conditions.is_empty();
+                            if writes_status {
+                                let status = format!("{plural}/status");
+                                self.add(
+                                    scope.clone(),
+                                    g,
+                                    &status,
+                                    &["get", "patch", "update"],
+                                    &[],
+                                    why.clone(),
+                                );
+                            }
+                            if !crate::kinds::owns_schema(k) {
+                                // Its state: in the target's namespace; for
+                                // a cluster-scoped one, in the namespace
+                                // watched, or else the operator's.
+                                let at = match (&scope, namespaced) {
+                                    (_, true) | (Scope::Namespace(_), _) => scope.clone(),
+                                    _ => Scope::Namespace(
+                                        opts.watch_namespaces
+                                            .first()
+                                            .cloned()
+                                            .unwrap_or_else(|| opts.namespace.clone()),
+                                    ),
+                                };
+                                let states = "Runbook's state of targets whose schema is not Runbook's (RunbookState)";
+                                self.add(
+                                    at,
+                                    "runbook.dev",
+                                    "runbookstates",
+                                    &["create", "get", "list", "patch", "watch"],
+                                    &[],
+                                    format!("{why}: {states}"),
+                                );
+                            }
                         }
                         KindRole::Owns => self.add(scope, g, &plural, WRITE, &[], why),
                         KindRole::Mutates => {

@@ -136,6 +136,144 @@ async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target()
         })
         .await;
     }
+    // What the Mirror's status cannot keep is in its RunbookState.
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    let name = runbook::crd::state::name_for(&resource.group, "Mirror", "m");
+    let state = states.get(&name).await.unwrap();
+    assert_eq!(state.data["status"]["decisions"][0]["policy"], "mirror");
+    assert!(
+        mirrors.get("m").await.unwrap().data["status"]
+            .get("decisions")
+            .is_none()
+    );
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+const STATEFULSETS: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: sts-watch}
+spec:
+  target: {apiVersion: apps/v1, kind: StatefulSet}
+  status: {fields: [], conditions: []}
+  script: sts-watch.rhai
+"#;
+
+const STATEFULSETS_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    if ctx.resource.spec.replicas > 5 {
+        return [event("Warning", "TooBig", `${ctx.resource.metadata.name} asks for too many replicas`)];
+    }
+    []
+}
+"#;
+
+/// A policy on a built-in kind writes nothing into its targets' status
+/// (a StatefulSet's status is its controller's, and the API server keeps
+/// none of Runbook's fields there): Runbook's state of each is a
+/// RunbookState beside it, owned by it, and `runbook explain` reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
+    let c = Cluster::new("any-sts").await;
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "db"},
+            "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                     "template": {"metadata": {"labels": {"app": "db"}},
+                                  "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let op = support::started(
+        &c,
+        &[
+            ("sts.yaml", STATEFULSETS),
+            ("sts-watch.rhai", STATEFULSETS_SCRIPT),
+        ],
+    )
+    .await;
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    eventually("the StatefulSet's state", 30, || async {
+        states
+            .get_opt("statefulset.apps.db")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    support::settle(&op).await;
+    let state = states.get("statefulset.apps.db").await.unwrap();
+    let set = sets.get("db").await.unwrap();
+    assert_eq!(state.data["status"]["decisions"][0]["policy"], "sts-watch");
+    assert_eq!(state.data["status"]["last"]["policy"], "sts-watch");
+    assert_eq!(
+        state.data["spec"]["target"]["uid"],
+        set.metadata.uid.clone().unwrap().as_str()
+    );
+    let owner = &state.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("StatefulSet", "db")
+    );
+    let status = serde_json::to_value(set.status.unwrap_or_default()).unwrap();
+    assert!(status.get("decisions").is_none(), "{status}");
+    // Nothing of Runbook's was written into the StatefulSet: its only
+    // manager of status is its controller, if any.
+    let managers: Vec<String> = set
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        managers.iter().all(|m| !m.starts_with("runbook")),
+        "{managers:?}"
+    );
+    // `runbook explain` finds the decisions where they are.
+    let dir = std::env::temp_dir().join(format!("runbook-explain-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let ns = c.ns.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
+            .args(["explain", "statefulset/db", "-n", &ns])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("policy:       sts-watch"), "{text}");
+    // Deleting the StatefulSet takes its state with it.
+    sets.delete("db", &Default::default()).await.unwrap();
+    eventually("the state collected with its target", 60, || async {
+        states
+            .get_opt("statefulset.apps.db")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }

@@ -28,7 +28,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("telemetry", &["util"]),
     // Kubernetes Events, as every part of Runbook writes them.
     ("events", &["util"]),
-    // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel).
+    // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel, RunbookState).
     ("crd", &["schedule", "util"]),
     // Observe: watch caches, the views a decision reads, the dependencies
     // that wake targets, discovery, watch health.
@@ -140,6 +140,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "admission",
             "alert",
             "clock",
+            "crd",
             "decide",
             "kinds",
             "observe",
@@ -159,6 +160,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "cli",
         &[
+            "act",
             "admission",
             "alert",
             "bench",

@@ -366,6 +366,8 @@ proptest! {
                 alerts: &sink,
                 authority: &authority,
                 reads: &[],
+                state: None,
+                state_at: None,
             };
             act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Mode::Enforce).await
         });

@@ -18,6 +18,7 @@ pub mod conclude;
 pub mod plan;
 pub mod pods;
 pub mod rollback;
+pub mod state;
 pub mod status;
 pub mod writer;
 
@@ -185,6 +186,12 @@ pub struct Exec<'a> {
     /// What the decision read for the target's sake (its author must be
     /// allowed to read it).
     pub reads: &'a [crate::observe::view::AccessKey],
+    /// Where Runbook's state of the target lives when it is not in the
+    /// target's status (a kind whose schema is not Runbook's).
+    pub state: Option<&'a state::Apart>,
+    /// Where the state would be kept apart (namespace, name), for a kind
+    /// whose status turns out to prune it.
+    pub state_at: Option<(String, String)>,
 }
 
 /// What executing a decision did.
@@ -208,6 +215,12 @@ pub struct Outcome {
     pub status_written: bool,
     /// The target as the status write left it, for the next policy on it.
     pub target_after: Option<Value>,
+    /// Runbook's state of the target as its write left it (a kind whose
+    /// schema is not Runbook's).
+    pub state_after: Option<Value>,
+    /// The status write's answer lacked the decision record written: the
+    /// target's kind prunes Runbook's fields from its status.
+    pub pruned: bool,
 }
 
 /// The `ObjectReference` Events point at.
@@ -432,6 +445,88 @@ fn observe_error(w: &Writer<'_>, policy: &CompiledPolicy, target: &CachedObject,
     });
 }
 
+/// Where Runbook's state of a target lives apart: the concluded status
+/// split in two, each part written only if it changed (the state first, so
+/// that records an earlier release left in the target's status are
+/// carried over before they are removed from it).
+#[allow(clippy::too_many_arguments)]
+async fn finish_apart(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    apart: &state::Apart,
+    end: &conclude::Conclusion,
+    out: &mut Outcome,
+) {
+    let w = &x.writer;
+    let (ns, name) = (target.namespace(), target.name());
+    let kind = plan::kind_of(target.value());
+    let empty = json!({});
+    let seen = target.value().get("status").unwrap_or(&empty);
+    let own_now = apart.target.get("status").unwrap_or(&empty);
+    let state_now = apart
+        .state
+        .as_deref()
+        .and_then(|s| s.get("status"))
+        .unwrap_or(&empty);
+    let steps = matches!(policy.body, crate::policy::compile::Body::Steps { .. });
+    let (own, runbooks) = state::split(own_now, state_now, seen, &end.status, steps);
+    let entry = |action: &str, result: &str| {
+        Entry::new(w.now, action, result)
+            .policy(&policy.name)
+            .object(&kind.api_version, &kind.kind, ns, name)
+    };
+    if status::merge_diff(state_now, &runbooks).is_some() {
+        let whole = state::new_state(apart, &runbooks);
+        match w.runbook_state(&whole).await {
+            Ok(after) => {
+                w.observe(|| entry("state", "ok").fields(runbooks.clone()));
+                out.writes += 1;
+                out.state_after = Some(after);
+            }
+            Err(e) => {
+                let m = format!(
+                    "writing Runbook's state of {} (RunbookState {}/{}): {}",
+                    plan::target_string(&kind, ns, name),
+                    apart.namespace,
+                    apart.name,
+                    crate::util::api_error(&e)
+                );
+                w.observe(|| entry("state", "failed").detail(m.clone()));
+                out.error_label.get_or_insert("status");
+                out.error.get_or_insert(m);
+                return;
+            }
+        }
+    }
+    let Some(patch) = status::merge_diff(own_now, &own) else {
+        return;
+    };
+    match w.status(target_kind, ns, name, &patch).await {
+        Ok(after) => {
+            w.observe(|| entry("status", "ok").fields(patch.clone()));
+            out.writes += 1;
+            out.status_written = true;
+            out.target_after = Some(after);
+        }
+        Err(e) => {
+            let m = format!(
+                "writing the status of {}: {}",
+                plan::target_string(&kind, ns, name),
+                crate::util::api_error(&e)
+            );
+            w.observe(|| {
+                entry("status", "failed")
+                    .fields(patch.clone())
+                    .detail(m.clone())
+            });
+            out.error_label.get_or_insert("status");
+            out.error.get_or_insert(m);
+        }
+    }
+}
+
 /// Write the status the decision ends with.
 #[allow(clippy::too_many_arguments)]
 async fn finish_status(
@@ -465,11 +560,35 @@ async fn finish_status(
             .policy(&policy.name)
             .object(&kind.api_version, &kind.kind, ns, name)
     };
+    if let Some(apart) = x.state {
+        return finish_apart(x, policy, target, target_kind, apart, end, out).await;
+    }
     match w.status(target_kind, ns, name, patch).await {
         Ok(after) => {
             w.observe(|| entry("ok").fields(set()));
             out.writes += 1;
             out.status_written = true;
+            // The answer lacks the record just written: this kind's status
+            // prunes Runbook's fields. What the decision concluded is kept
+            // apart at once (a schedule's times, the record), so nothing
+            // is decided twice for want of it.
+            let kept = |v: &Value| v.pointer("/status/decisions").is_some_and(|d| !d.is_null());
+            if let Some((namespace, state_name)) = &x.state_at
+                && end.status.get("decisions").is_some()
+                && !kept(&after)
+            {
+                out.pruned = true;
+                let apart = state::Apart {
+                    namespace: namespace.clone(),
+                    name: state_name.clone(),
+                    state: None,
+                    target: std::sync::Arc::new(after.clone()),
+                };
+                let seen = CachedObject::new(after.clone());
+                out.target_after = Some(after);
+                finish_apart(x, policy, &seen, target_kind, &apart, end, out).await;
+                return;
+            }
             out.target_after = Some(after);
         }
         Err(e) => {

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::plan::{Note, Step, Write, kind_of, target_string};
 use super::{Applied, AppliedWrite, ExecError, rollback};
 use crate::events::{Event, EventWriter};
+use crate::kinds::KindRef;
 use crate::observe::discovery::Resolved;
 use crate::observe::{RawObject, finalizers_of};
 use crate::policy::compile::CompiledPolicy;
@@ -36,6 +37,9 @@ pub fn manager_of(policy: &str) -> String {
     let hash = crate::util::hash::short_hex(policy.as_bytes(), 8);
     format!("{MANAGER}/{head}-{hash}")
 }
+
+/// The field manager of Runbook's writes of its own state.
+pub const STATE_MANAGER: &str = "runbook";
 
 /// Writes for one reconcile.
 #[derive(Clone, Copy)]
@@ -427,6 +431,32 @@ impl Writer<'_> {
         .await?;
         // Decoded once, straight to the tree decisions read, without the
         // managedFields no decision reads (as the caches keep objects).
+        crate::observe::object::decode_without_managed_fields(&answer)
+            .map_err(kube::Error::SerdeError)
+    }
+
+    /// Write Runbook's state of a target (a `RunbookState`, created the
+    /// first time): the whole state, server-side applied with Runbook's
+    /// own field manager, so that one request creates or changes it and
+    /// what it no longer holds is removed. The state as the API server
+    /// returns it.
+    pub async fn runbook_state(&self, state: &Value) -> Result<Value, kube::Error> {
+        let (ns, name) = (
+            state["metadata"]["namespace"].as_str().unwrap_or_default(),
+            state["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        tracing::debug!(state = %format!("{ns}/{name}"), "writing Runbook's state");
+        let resource = KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource();
+        let request = Request::new(RawObject::url_path(&resource, Some(ns)));
+        let answer = send_patch(
+            self.client,
+            request,
+            None,
+            name,
+            &PatchParams::apply(STATE_MANAGER).force(),
+            &Patch::Apply(state),
+        )
+        .await?;
         crate::observe::object::decode_without_managed_fields(&answer)
             .map_err(kube::Error::SerdeError)
     }

@@ -78,6 +78,14 @@ pub fn populate(sandbox: &Sandbox, namespace: &str, n: usize) {
             .create(&crd_def, "", crd, &Default::default())
             .expect("the Item CRD");
     }
+    // Runbook's CRDs, as an installation has them (RunbookState holds
+    // Runbook's state of built-in targets).
+    if store.def("runbook.dev", "runbookstates").is_none() {
+        let crd = serde_json::to_value(crate::crd::state::crd()).expect("a CRD serialises");
+        store
+            .create(&crd_def, "", crd, &Default::default())
+            .expect("the RunbookState CRD");
+    }
     let ns_def = store.def("", "namespaces").expect("namespaces");
     let _ = store.create(
         &ns_def,

@@ -1,5 +1,6 @@
 //! `runbook explain KIND/NAME`: print the decision record of an object,
-//! read from the cluster.
+//! read from the cluster (from its status, or from its `RunbookState`
+//! for a kind whose schema is not Runbook's).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +26,14 @@ pub struct ExplainArgs {
     pub namespace: String,
     #[arg(long, env = "RUNBOOK_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Where Runbook keeps its state of cluster-scoped targets when it
+    /// watches every namespace (`runbook run --operator-namespace`).
+    #[arg(
+        long,
+        env = "RUNBOOK_OPERATOR_NAMESPACE",
+        default_value = "runbook-system"
+    )]
+    pub operator_namespace: String,
     /// text or json.
     #[arg(
         long,
@@ -136,15 +145,42 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let (ar, caps) =
         found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
     let api: Api<RawObject> = if caps.scope == Scope::Namespaced {
-        Api::namespaced_with(client, &args.namespace, &ar)
+        Api::namespaced_with(client.clone(), &args.namespace, &ar)
     } else {
-        Api::all_with(client, &ar)
+        Api::all_with(client.clone(), &ar)
     };
     let obj = api
         .get(name)
         .await
         .with_context(|| format!("reading {}/{name}", ar.kind))?;
-    let value = obj.value();
+    let mut value = obj.value();
+    // A kind whose schema is not Runbook's: its records are in its
+    // RunbookState (a cluster-scoped target's in the namespace watched,
+    // or the operator's).
+    let kind_ref = crate::kinds::KindRef::new(&ar.api_version, &ar.kind);
+    if !crate::act::state::owns_schema(&kind_ref) {
+        let state = crate::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState");
+        let state_name = crate::crd::state::name_for(&ar.group, &ar.kind, name);
+        let namespaces = match caps.scope {
+            Scope::Namespaced => vec![args.namespace.clone()],
+            _ => vec![args.namespace.clone(), args.operator_namespace.clone()],
+        };
+        let uid = value
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        for ns in namespaces {
+            let states: Api<RawObject> =
+                Api::namespaced_with(client.clone(), &ns, &state.api_resource());
+            if let Ok(Some(found)) = states.get_opt(&state_name).await {
+                let found = found.value();
+                if found.pointer("/spec/target/uid").and_then(Value::as_str) == uid.as_deref() {
+                    value = crate::act::state::overlay(&value, found.get("status"));
+                    break;
+                }
+            }
+        }
+    }
     if args.output == "json" {
         println!(
             "{}",

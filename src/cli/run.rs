@@ -305,6 +305,7 @@ fn webhook_config(args: &RunArgs) -> Option<crate::runtime::WebhookConfig> {
 fn operator_config(args: &RunArgs) -> OperatorConfig {
     OperatorConfig {
         webhook: webhook_config(args),
+        operator_namespace: args.operator_namespace.clone(),
         namespace: watched(args),
         concurrency: args.concurrency,
         identity: identity(args),

@@ -1,5 +1,6 @@
 //! The custom resources Runbook ships: `Evaluator`, `DatabaseBackup` and
-//! `AIModel`, group `runbook.dev`, version `v1alpha1`.
+//! `AIModel`, group `runbook.dev`, version `v1alpha1`, and `RunbookState`,
+//! where Runbook keeps what it remembers of targets of other kinds.
 //!
 //! The Rust types are the source of truth; `runbook crds` prints the YAML the
 //! cluster needs and `crds/` holds exactly that output. Validation that a real
@@ -11,6 +12,7 @@ mod aimodel;
 mod backup;
 mod common;
 mod evaluator;
+pub mod state;
 
 pub use aimodel::{AIModel, AIModelSpec, AIModelStatus, WeightsVolume};
 pub use backup::{DatabaseBackup, DatabaseBackupSpec, DatabaseBackupStatus, DatabaseRef, DumpSpec};
@@ -25,7 +27,12 @@ use kube::CustomResourceExt;
 
 /// Every CRD Runbook ships, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![Evaluator::crd(), DatabaseBackup::crd(), AIModel::crd()]
+    vec![
+        Evaluator::crd(),
+        DatabaseBackup::crd(),
+        AIModel::crd(),
+        state::crd(),
+    ]
 }
 
 /// File name under `crds/` for one CRD.

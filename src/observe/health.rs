@@ -24,10 +24,17 @@ pub const TELL_POLICIES_AFTER: Duration = Duration::from_secs(3);
 /// How long a watch may fail before the instance stops being ready.
 pub const UNREADY_AFTER: Duration = Duration::from_secs(10);
 
+/// A failing watch retries at least every [`LONGEST`]; one that has said
+/// nothing for this long is watching again. (A watch that resumed from
+/// where it was says nothing until something changes, so a quiet kind
+/// would otherwise seem to fail for ever.)
+const QUIET: Duration = Duration::from_secs(12);
+
 /// Watches failing now: since when, and the latest error.
 #[derive(Default)]
 pub struct WatchHealth {
-    failing: Mutex<BTreeMap<String, (Instant, String)>>,
+    /// Failing watches: since when, the last error and when it came.
+    failing: Mutex<BTreeMap<String, (Instant, String, Instant)>>,
     /// Controllers whose task ended and that wait for their restart.
     ended: Mutex<BTreeMap<String, (Instant, String)>>,
     /// `runbook_watch_failing{watch}`, when metrics are kept.
@@ -58,12 +65,14 @@ impl WatchHealth {
     pub fn failed(&self, name: &str, error: &str) -> bool {
         let mut failing = lock(&self.failing);
         match failing.get_mut(name) {
-            Some((_, last)) => {
+            Some((_, last, at)) => {
                 *last = error.to_string();
+                *at = Instant::now();
                 false
             }
             None => {
-                failing.insert(name.to_string(), (Instant::now(), error.to_string()));
+                let now = Instant::now();
+                failing.insert(name.to_string(), (now, error.to_string(), now));
                 self.gauge(name, 1);
                 true
             }
@@ -115,8 +124,8 @@ impl WatchHealth {
     pub fn failing_errors(&self, at_least: Duration) -> BTreeMap<String, String> {
         lock(&self.failing)
             .iter()
-            .filter(|(_, (since, _))| since.elapsed() >= at_least)
-            .map(|(name, (_, error))| (name.clone(), error.clone()))
+            .filter(|(_, (since, _, at))| since.elapsed() >= at_least && at.elapsed() < QUIET)
+            .map(|(name, (_, error, _))| (name.clone(), error.clone()))
             .collect()
     }
 
@@ -125,8 +134,10 @@ impl WatchHealth {
         let now = Instant::now();
         lock(&self.failing)
             .iter()
-            .filter(|(_, (since, _))| now.duration_since(*since) >= at_least)
-            .map(|(name, (since, error))| {
+            .filter(|(_, (since, _, at))| {
+                now.duration_since(*since) >= at_least && now.duration_since(*at) < QUIET
+            })
+            .map(|(name, (since, error, _))| {
                 format!(
                     "watch of {name} failing for {}s: {error}",
                     now.duration_since(*since).as_secs()

@@ -52,6 +52,9 @@ pub struct OperatorConfig {
     /// Serve the authorship webhook (and, leading, keep its configuration
     /// in step); its key then signs the author records.
     pub webhook: Option<super::webhook::WebhookConfig>,
+    /// The operator's namespace: where Runbook's state of cluster-scoped
+    /// targets is kept when every namespace is watched.
+    pub operator_namespace: String,
 }
 
 impl Default for OperatorConfig {
@@ -65,6 +68,7 @@ impl Default for OperatorConfig {
             backoff_max: Duration::from_secs(300),
             signer: None,
             webhook: None,
+            operator_namespace: "runbook-system".into(),
         }
     }
 }
@@ -158,6 +162,15 @@ pub(super) struct Memory {
     pub written: OwnWrites<TargetKey, (Vec<String>, tokio::time::Instant)>,
     /// Children this process applied that the cache may not show yet.
     pub applied: act::Applied,
+    /// Runbook's state of targets (`RunbookState`) as this process last
+    /// wrote it, with the resourceVersion it replaced (`None`: it made
+    /// it): used while the cache still shows the state before.
+    pub states: OwnWrites<TargetKey, (Option<String>, Arc<serde_json::Value>)>,
+    /// Kinds whose status a write showed to prune Runbook's fields: their
+    /// targets' state is kept apart from then on.
+    pub pruning: Mutex<HashSet<KindRef>>,
+    /// Whether the API server serves `RunbookState` (checked at start).
+    pub states_served: std::sync::atomic::AtomicBool,
     pub shadow: Mutex<VecDeque<ShadowRecord>>,
     /// Where action outcomes are written down, when someone listens (scenarios).
     pub journal: std::sync::OnceLock<Arc<dyn Journal>>,

@@ -122,6 +122,16 @@ impl Operator {
                 }
             }
         }
+        // Runbook keeps its state of targets of other kinds' schemas in a
+        // kind of its own, which must be served too.
+        let state = super::reconcile::state_kind();
+        let needs_state = set
+            .target_kinds()
+            .iter()
+            .any(|k| !crate::act::state::owns_schema(k));
+        if needs_state {
+            kinds.push(state.clone());
+        }
         // A CRD applied a moment ago is served before discovery lists it:
         // a kind not found is asked for again for a little while.
         let mut pending = kinds.clone();
@@ -142,9 +152,24 @@ impl Operator {
             tokio::time::sleep(DISCOVERY_RETRY_EVERY).await;
             pending = missing.clone();
         }
+        // Without RunbookState, Runbook's state of a built-in kind has
+        // nowhere to go; of another kind it stays in the status (and a
+        // status that prunes it is said so at its first write).
+        let served = !missing.contains(&state);
+        self.ctx
+            .memory
+            .states_served
+            .store(needs_state && served, Ordering::Release);
+        let built_in_target = set.target_kinds().iter().any(crate::act::state::built_in);
+        if needs_state && !served && !built_in_target {
+            tracing::warn!(
+                "the API server does not serve {state}: Runbook's state of targets whose status prunes it has nowhere to go; install Runbook's CRDs (runbook crds | kubectl apply --server-side -f -)"
+            );
+            missing.retain(|k| *k != state);
+        }
         let targets: Vec<KindRef> = missing
             .iter()
-            .filter(|k| set.target_kinds().contains(k))
+            .filter(|k| set.target_kinds().contains(k) || **k == state)
             .cloned()
             .collect();
         if !targets.is_empty() {
@@ -155,7 +180,7 @@ impl Operator {
                 "install the CustomResourceDefinitions that define them (kubectl apply -f <crd.yaml>), then start again"
             };
             return Err(StartError::MissingKinds(format!(
-                "the policies target {}, which the API server does not serve; {fix}",
+                "the policies need {}, which the API server does not serve; {fix}",
                 names.join(", ")
             )));
         }
@@ -184,6 +209,10 @@ impl Operator {
     fn ensure_informers(&self, set: &PolicySet) {
         let targets: Vec<KindRef> = set.target_kinds();
         let mut wanted: Vec<KindRef> = Vec::new();
+        // Runbook's state of targets whose schema is not Runbook's.
+        if self.ctx.memory.states_served.load(Ordering::Acquire) {
+            wanted.push(super::reconcile::state_kind());
+        }
         for p in set.policies.values() {
             for k in p.kinds.kinds() {
                 if !targets.contains(k) && !wanted.contains(k) {

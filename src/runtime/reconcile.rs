@@ -86,15 +86,9 @@ enum Hook {
 }
 
 /// One policy's decision on one target, carried out.
-async fn run_policy(
-    ctx: &Context,
-    p: &CompiledPolicy,
-    set: &PolicySet,
-    target: &Arc<crate::observe::CachedObject>,
-    resolved: &Resolved,
-    key: &TargetKey,
-    hook: Hook,
-) -> act::Outcome {
+async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hook) -> act::Outcome {
+    let (set, target, resolved, key) = (&*t.set, &t.cached, &t.resolved, t.key);
+    let apart = t.apart.as_ref();
     let now: Timestamp = ctx.clock.now();
     let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
     let woken = ctx.memory.last.woken();
@@ -135,6 +129,13 @@ async fn run_policy(
         alerts: ctx.alerts.as_ref(),
         authority: &ctx.authority,
         reads: &checked,
+        state: apart,
+        state_at: (!act::state::owns_schema(&key.kind)
+            && ctx
+                .memory
+                .states_served
+                .load(std::sync::atomic::Ordering::Acquire))
+        .then(|| state_location(ctx, &key.kind, key)),
     };
     let routes = set.routes_for(p);
     let decided = decision.as_ref();
@@ -431,10 +432,91 @@ impl Next {
 
 /// What one target's reconcile shares between its policies.
 struct Target<'a> {
+    /// The target as decisions see it: with Runbook's state laid over its
+    /// status where that state is kept apart.
     cached: Arc<crate::observe::CachedObject>,
     key: &'a TargetKey,
     resolved: Resolved,
     set: Arc<PolicySet>,
+    /// Runbook's state of the target, for a kind whose schema is not
+    /// Runbook's.
+    apart: Option<act::state::Apart>,
+}
+
+/// The kind Runbook keeps its state of targets in.
+pub fn state_kind() -> KindRef {
+    KindRef::new("runbook.dev/v1alpha1", "RunbookState")
+}
+
+/// Where Runbook's state of a target is kept apart: the target's
+/// namespace (for a cluster-scoped one, the namespace watched, or else the
+/// operator's), and a name from its kind and name.
+fn state_location(ctx: &Context, kind: &KindRef, key: &TargetKey) -> (String, String) {
+    let namespace = if key.namespace.is_empty() {
+        ctx.config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| ctx.config.operator_namespace.clone())
+    } else {
+        key.namespace.clone()
+    };
+    let name = crate::crd::state::name_for(kind.group(), &kind.kind, &key.name);
+    (namespace, name)
+}
+
+/// Runbook's state of a target whose kind's schema is not Runbook's: the
+/// `RunbookState` as the cache shows it, or as this process last wrote it
+/// while the cache still shows what that write replaced. A state left by
+/// an earlier object of the target's name (another uid) is not its.
+fn apart_of(
+    ctx: &Context,
+    kind: &KindRef,
+    key: &TargetKey,
+    target: &crate::observe::CachedObject,
+) -> Option<act::state::Apart> {
+    if act::state::owns_schema(kind)
+        || !ctx
+            .memory
+            .states_served
+            .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return None;
+    }
+    let (namespace, name) = state_location(ctx, kind, key);
+    let cache = lock(&ctx.running.informers)
+        .get(&state_kind())
+        .map(|i| i.cache.clone());
+    let cached = cache
+        .and_then(|c| c.get(&namespace, &name))
+        .map(|o| o.shared());
+    let cached_version = cached
+        .as_deref()
+        .and_then(|s| s.pointer("/metadata/resourceVersion"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let state = match ctx.memory.states.pending(key) {
+        Some((before, written)) if before == cached_version || cached.is_none() => Some(written),
+        Some(_) => {
+            ctx.memory.states.settled(key);
+            cached
+        }
+        None => cached,
+    };
+    let state = state
+        .filter(|s| s.pointer("/spec/target/uid").and_then(Value::as_str) == Some(target.uid()));
+    // Kept in the status while the kind's status keeps what Runbook
+    // writes there, and no state of the target exists apart.
+    let apart =
+        state.is_some() || act::state::built_in(kind) || lock(&ctx.memory.pruning).contains(kind);
+    if !apart {
+        return None;
+    }
+    Some(act::state::Apart {
+        namespace,
+        name,
+        state,
+        target: target.shared(),
+    })
 }
 
 async fn reconcile_target(
@@ -472,11 +554,17 @@ async fn reconcile_target(
             message: format!("discovering {kind}: {}", crate::util::api_error(&e)),
             label: "discovery",
         })?;
+    let apart = apart_of(ctx, kind, key, &cached);
+    let cached = match &apart {
+        Some(a) => crate::observe::CachedObject::new(a.overlaid()),
+        None => cached,
+    };
     let mut target = Target {
         cached,
         key,
         resolved,
         set,
+        apart,
     };
     let deleting = obj.meta.deletion_timestamp.is_some();
     let mut next = Next::default();
@@ -532,7 +620,41 @@ async fn each_policy(
             finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
             return Ok(Some(Action::await_change()));
         }
-        if let Some(after) = reconcile_policy(ctx, p, target, next).await {
+        let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
+        if pruned && lock(&ctx.memory.pruning).insert(key.kind.clone()) {
+            tracing::info!(kind = %key.kind, "the status of this kind prunes what Runbook keeps there: its targets' state is kept in RunbookStates");
+        }
+        if state_after.is_some() && target.apart.is_none() {
+            // Moved apart by this write: the state's place.
+            let (namespace, name) = state_location(ctx, &key.kind, key);
+            target.apart = Some(act::state::Apart {
+                namespace,
+                name,
+                state: None,
+                target: Arc::new(
+                    after
+                        .clone()
+                        .unwrap_or_else(|| target.cached.value().clone()),
+                ),
+            });
+        }
+        if let (Some(state), Some(apart)) = (state_after, target.apart.as_mut()) {
+            let before = apart
+                .state
+                .as_deref()
+                .and_then(|s| s.pointer("/metadata/resourceVersion"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let state = Arc::new(state);
+            ctx.memory
+                .states
+                .remember(key.clone(), (before, state.clone()));
+            apart.state = Some(state);
+            if after.is_none() {
+                target.cached = crate::observe::CachedObject::new(apart.overlaid());
+            }
+        }
+        if let Some(after) = after {
             let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
             let now = after["metadata"]["resourceVersion"].as_str();
             // A write the server made nothing of (what it holds already, or
@@ -543,7 +665,13 @@ async fn each_policy(
             {
                 next.written_over.push(before.to_string());
             }
-            target.cached = crate::observe::CachedObject::new(after);
+            target.cached = match target.apart.as_mut() {
+                Some(apart) => {
+                    apart.target = Arc::new(after);
+                    crate::observe::CachedObject::new(apart.overlaid())
+                }
+                None => crate::observe::CachedObject::new(after),
+            };
         }
     }
     Ok(None)
@@ -558,8 +686,8 @@ async fn finalize_policy(
     fin: &str,
     next: &mut Next,
 ) -> Result<(), ReconcileError> {
-    let (set, cached) = (&t.set, &t.cached);
-    let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Finalize).await;
+    let cached = &t.cached;
+    let outcome = run_policy(ctx, p, t, Hook::Finalize).await;
     let work_left = !outcome.results.is_empty();
     if let Some(e) = outcome.error {
         let label = outcome.error_label.unwrap_or("finalize");
@@ -595,19 +723,19 @@ fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next)
 }
 
 /// A policy's decision on a live target, counted; the target as its
-/// status write left it, if it wrote one.
+/// status write left it, if it wrote one, and Runbook's state of it as
+/// its write left it, if it wrote that.
 async fn reconcile_policy(
     ctx: &Context,
     p: &CompiledPolicy,
     t: &Target<'_>,
     next: &mut Next,
-) -> Option<Value> {
+) -> (Option<Value>, Option<Value>, bool) {
     let started = Instant::now();
-    let (set, cached) = (&t.set, &t.cached);
     if unchanged(ctx, p, t, next) {
-        return None;
+        return (None, None, false);
     }
-    let outcome = run_policy(ctx, p, set, cached, &t.resolved, t.key, Hook::Reconcile).await;
+    let outcome = run_policy(ctx, p, t, Hook::Reconcile).await;
     let result = if outcome.error.is_some() {
         "error"
     } else {
@@ -632,7 +760,7 @@ async fn reconcile_policy(
         }
         None => Next::succeeded(ctx, t.key, &p.name),
     }
-    outcome.target_after
+    (outcome.target_after, outcome.state_after, outcome.pruned)
 }
 
 pub(super) fn error_policy(

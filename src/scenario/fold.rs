@@ -206,7 +206,7 @@ pub fn closing_summary(report: &Report) -> String {
         *by_kind.entry(what).or_default() += 1;
         let writing = matches!(
             x.action.as_str(),
-            "apply" | "delete" | "patch" | "status" | "rollback" | "event"
+            "apply" | "delete" | "patch" | "status" | "state" | "rollback" | "event"
         );
         if writing && x.result == "ok" {
             writes += 1;

@@ -509,9 +509,9 @@ fn with_overlay(mut svg: String, overlay: &str) -> String {
 /// The lane chart: every action the operator took (and what the world
 /// did), a row per action, a mark per entry.
 fn draw_lanes(frame: &Frame) -> Result<String, String> {
-    const ORDER: [&str; 12] = [
-        "world", "apply", "patch", "delete", "status", "rollback", "event", "refusal", "error",
-        "alert", "resolve", "notify",
+    const ORDER: [&str; 13] = [
+        "world", "apply", "patch", "delete", "status", "state", "rollback", "event", "refusal",
+        "error", "alert", "resolve", "notify",
     ];
     let rows: Vec<&str> = ORDER
         .into_iter()

@@ -403,6 +403,10 @@ pub const ACTIONS: &[(&str, &str)] = &[
         "a status write on the target; `fields` is a subset of the fields written.",
     ),
     (
+        "state",
+        "a write of Runbook's state of the target (its RunbookState: a kind whose status keeps none of Runbook's fields); `fields` is a subset of the state written.",
+    ),
+    (
         "rollback",
         "a Deployment rolled back; `toRevision` is the revision written back.",
     ),

@@ -423,6 +423,9 @@ fn operator_for(
         backoff_max: Duration::from_secs(300),
         signer: Some(signer),
         webhook: None,
+        // Runbook's state of cluster-scoped targets: a scenario's world
+        // has the default namespace.
+        operator_namespace: "default".into(),
     };
     let op = Operator::new(
         world.sandbox.client(),

@@ -209,6 +209,33 @@ fn unique(test: &str) -> String {
     )
 }
 
+/// The kind Runbook keeps its state of other kinds' targets in, served
+/// (as an install of Runbook has it): made if absent, left for the next
+/// test on a real cluster.
+async fn install_state_crd(client: &Client, ns: &str) {
+    use kube::core::DynamicObject;
+    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource());
+    let crd: DynamicObject =
+        serde_json::from_value(serde_json::to_value(runbook::crd::state::crd()).unwrap()).unwrap();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    if crds.get_opt(&name).await.ok().flatten().is_none() {
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("installing {name}: {e}"),
+        }
+    }
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    eventually("RunbookState to be served", 60, || async {
+        states.list(&Default::default()).await.is_ok()
+    })
+    .await;
+}
+
 /// Whether the tests run against a real cluster.
 pub fn real_cluster() -> Option<String> {
     std::env::var("RUNBOOK_TEST_KUBECONFIG")
@@ -257,6 +284,7 @@ impl Cluster {
                 .is_some()
         })
         .await;
+        install_state_crd(&client, &ns).await;
         Self {
             client,
             operator_client,

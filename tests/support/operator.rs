@@ -226,3 +226,47 @@ pub async fn started(c: &Cluster, files: &[(&str, &str)]) -> Arc<Operator> {
     op.start().await.expect("the operator starts");
     op
 }
+
+/// The status of a target as Runbook's decisions see it: its own status
+/// with Runbook's state of it (its RunbookState, for a kind whose schema
+/// is not Runbook's) laid over it, as `runbook explain` reads it.
+pub async fn seen(c: &Cluster, api: &Api<DynamicObject>, name: &str) -> Value {
+    let Ok(o) = api.get(name).await else {
+        return Value::Null;
+    };
+    let v = serde_json::to_value(&o).unwrap();
+    let text = |p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let kind = runbook::kinds::KindRef::new(text("/apiVersion"), text("/kind"));
+    if runbook::act::state::owns_schema(&kind) {
+        return v["status"].clone();
+    }
+    let ns = match text("/metadata/namespace") {
+        n if n.is_empty() => c.ns.clone(),
+        n => n,
+    };
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    let state = states
+        .get_opt(&runbook::crd::state::name_for(
+            kind.group(),
+            &kind.kind,
+            name,
+        ))
+        .await
+        .ok()
+        .flatten()
+        .map(|s| serde_json::to_value(s).unwrap())
+        .filter(|s| {
+            s.pointer("/spec/target/uid").and_then(Value::as_str)
+                == Some(text("/metadata/uid").as_str())
+        });
+    runbook::act::state::overlay(&v, state.as_ref().map(|s| &s["status"]))["status"].clone()
+}
