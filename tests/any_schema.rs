@@ -66,7 +66,8 @@ const MIRROR_SCRIPT: &str = r#"
 fn reconcile(ctx) {
     let source = ctx.get("ConfigMap", ctx.resource.spec.source);
     if source == () { return []; }
-    [status(#{ value: source.data.value })]
+    // `source` is not in the Mirror's status schema: the API server drops it.
+    [status(#{ value: source.data.value, source: ctx.resource.spec.source })]
 }
 "#;
 
@@ -136,6 +137,32 @@ async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target()
         })
         .await;
     }
+    // A field the policy writes that the schema drops is told, on the
+    // Mirror and in a metric.
+    let events: Api<k8s_openapi::api::events::v1::Event> = c.api();
+    eventually("a StatusDropped Event", 30, || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("StatusDropped")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("status.source"))
+            })
+    })
+    .await;
+    assert!(
+        op.ctx
+            .metrics
+            .render()
+            .contains("runbook_status_dropped_total{policy=\"mirror\",field=\"source\"}"),
+        "{}",
+        op.ctx.metrics.render()
+    );
     // What the Mirror's status cannot keep is in its RunbookState.
     let states: Api<DynamicObject> = Api::namespaced_with(
         c.client.clone(),
@@ -274,6 +301,92 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
             .is_none()
     })
     .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+const TICK: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: tick}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Mirror}
+  schedule: {cron: "* * * * *"}
+  status: {fields: [value]}
+  script: tick.rhai
+"#;
+
+const TICK_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    if !ctx.due { return []; }
+    [status(#{ value: ctx.run })]
+}
+"#;
+
+/// A scheduled policy on a kind whose status keeps only its own fields
+/// fires at creation and then on its schedule: its times are kept apart,
+/// not pruned away with the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_policy_on_a_pruning_kind_fires_on_its_schedule() {
+    let c = Cluster::new("any-tick").await;
+    let resource = install_mirror_crd(&c).await;
+    let op = support::started(&c, &[("tick.yaml", TICK), ("tick.rhai", TICK_SCRIPT)]).await;
+    let mirrors: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &resource);
+    mirrors
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"apiVersion": resource.api_version, "kind": "Mirror",
+                "metadata": {"name": "t"}, "spec": {}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let value = || async {
+        mirrors
+            .get("t")
+            .await
+            .map(|m| m.data["status"]["value"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    eventually("the run at creation", 30, || async {
+        !value().await.is_empty()
+    })
+    .await;
+    let first = value().await;
+    // The next minute's run, and only one more.
+    eventually("the next scheduled run", 75, || async {
+        value().await != first
+    })
+    .await;
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    let state = states
+        .get(&runbook::crd::state::name_for(
+            &resource.group,
+            "Mirror",
+            "t",
+        ))
+        .await
+        .unwrap();
+    let st = &state.data["status"];
+    assert!(
+        st["lastRunTime"].is_string() && st["nextRunTime"].is_string(),
+        "{st}"
+    );
+    assert!(
+        !op.ctx
+            .metrics
+            .render()
+            .contains("runbook_status_dropped_total{"),
+        "the policy writes only what the Mirror keeps"
+    );
+    eprintln!(
+        "RunbookState of a scheduled target: {} bytes",
+        serde_json::to_vec(&state).unwrap().len()
+    );
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }

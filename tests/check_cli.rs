@@ -256,7 +256,7 @@ fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
         notes.join("notes.yaml"),
         policy(
             "notes",
-            "  status:\n    fields: [notes]\n    conditions: [Noted, TrainingData]\n",
+            "  status:\n    conditions: [Noted, TrainingData]\n",
             "",
         ),
     )
@@ -264,7 +264,7 @@ fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
     let (ok, out) = check(&[&shipped, &retrain, &notes]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("notes.yaml:10:25: policies \"retrain-on-drift\" (")
+        out.contains("notes.yaml:9:25: policies \"retrain-on-drift\" (")
             && out.contains("retrain-on-drift.yaml:19:18) and \"notes\" both write condition \"TrainingData\" of runbook.dev/v1alpha1 Evaluator"),
         "{out}"
     );
@@ -295,7 +295,7 @@ fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
         notes.join("notes.yaml"),
         policy(
             "notes",
-            "  status: {fields: [notes]}\n",
+            "  status: {conditions: [Noted]}\n",
             "  alerts: defualt\n",
         ),
     )
@@ -310,7 +310,7 @@ fn policies_sharing_a_kind_are_refused_only_where_their_status_overlaps() {
         notes.join("notes.yaml"),
         policy(
             "notes",
-            "  status: {fields: [notes]}\n",
+            "  status: {conditions: [Noted]}\n",
             "  alerts: default\n",
         ),
     )
@@ -449,4 +449,60 @@ fn rbac_warns_of_secrets_elsewhere_and_confines_a_tenant() {
     assert!(stdout.contains("- pager"), "the Secret by name: {stdout}");
     assert!(stdout.contains("- jobs"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A status field or condition the target's CRD would prune is an error
+/// at the place the policy declares it, when the CRD is among the paths;
+/// the shipped example, whose policy writes only what its CRD lists, is
+/// clean.
+#[test]
+fn status_the_targets_schema_would_prune_is_an_error_where_it_is_declared() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = repo.join("examples/scheduled-report");
+    let out = runbook()
+        .args(["check"])
+        .arg(example.join("policy"))
+        .arg(example.join("crd.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = temp_dir("pruned");
+    copy_dir(&example.join("policy"), &dir);
+    std::fs::copy(example.join("crd.yaml"), dir.join("crd.yaml")).unwrap();
+    let yaml = dir.join("hourly-report.yaml");
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(
+        &yaml,
+        text.replace(
+            "  script: hourly-report.rhai\n",
+            "  script: hourly-report.rhai\n  status:\n    fields: [lastReport, lastRows]\n    conditions: [Ready]\n",
+        ),
+    )
+    .unwrap();
+    let out = runbook().arg("check").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let file = yaml.display().to_string();
+    assert!(
+        text.contains(&format!(
+            "{file}:15:26: spec.status.fields: Report's status schema has no field \"lastRows\""
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "{file}:16:18: spec.status.conditions: Report's status schema has no `conditions`"
+        )),
+        "{text}"
+    );
+    // A listed field is fine, and the schedule's times are Runbook's.
+    for fine in ["\"lastReport\"", "lastRunTime"] {
+        assert!(!text.contains(fine), "{fine}: {text}");
+    }
+    assert_eq!(text.matches("status schema has no").count(), 2, "{text}");
 }

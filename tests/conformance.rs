@@ -260,6 +260,77 @@ async fn status_goes_through_its_subresource_only() {
     c.cleanup().await;
 }
 
+/// A built-in kind keeps only the fields its type has: unknown ones are
+/// dropped from the spec and the status alike (a status write of nothing
+/// else changes nothing, not even the resourceVersion), and strict field
+/// validation refuses them by name.
+#[tokio::test]
+async fn a_built_in_kind_drops_fields_its_type_lacks() {
+    let c = Cluster::new("typed").await;
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &ApiResource::erase::<Deployment>(&()),
+    );
+    let mut web = serde_json::to_value(deployment("web", "nginx:1")).unwrap();
+    web["spec"]["bogus"] = json!(1);
+    web["spec"]["template"]["spec"]["containers"][0]["colour"] = json!("red");
+    let made = deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(web.clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(made.data["spec"].get("bogus").is_none(), "{}", made.data);
+    assert!(
+        made.data["spec"]["template"]["spec"]["containers"][0]
+            .get("colour")
+            .is_none()
+    );
+    assert_eq!(made.data["spec"]["replicas"], 1, "what it has is kept");
+    let before = made.metadata.resource_version.clone();
+    let after = deployments
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"decisions": [{"policy": "p"}]}})),
+        )
+        .await
+        .unwrap();
+    assert!(
+        after.data["status"].get("decisions").is_none(),
+        "{}",
+        after.data
+    );
+    assert_eq!(
+        after.metadata.resource_version,
+        before,
+        "nothing changed: {}\n{}",
+        serde_json::to_string(&made).unwrap(),
+        serde_json::to_string(&after).unwrap()
+    );
+    // Strictly validated, the unknown field is refused by name.
+    web["metadata"]["name"] = json!("strict");
+    let req = http::Request::post(format!(
+        "/apis/apps/v1/namespaces/{}/deployments?fieldValidation=Strict",
+        c.ns
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&web).unwrap())
+    .unwrap();
+    let err = c.client.request::<Value>(req).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("strict decoding error")
+            && text.contains("unknown field \"spec.bogus\"")
+            && text.contains("unknown field \"spec.template.spec.containers[0].colour\""),
+        "{text}"
+    );
+    assert_eq!(code::<()>(Err(err)), 400);
+    c.cleanup().await;
+}
+
 #[tokio::test]
 async fn merge_json_and_strategic_patches() {
     let c = Cluster::new("patches").await;

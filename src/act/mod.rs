@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use self::conclude::Done;
 pub use self::plan::{APPLIED_HASH, apply_is_noop, prepare_child};
-use self::plan::{Discovered, Failed, Plan, Todo};
+use self::plan::{Discovered, Failed, Note, Plan, Todo};
 pub use self::writer::{MANAGER, Writer, manager_of};
 use crate::alert::AlertSink;
 use crate::alert::routes::CompiledRoutes;
@@ -221,6 +221,64 @@ pub struct Outcome {
     /// The status write's answer lacked the decision record written: the
     /// target's kind prunes Runbook's fields from its status.
     pub pruned: bool,
+    /// Status fields the policy wrote that the API server dropped (its
+    /// schema does not list them).
+    pub dropped: Vec<String>,
+}
+
+/// The top-level status fields `patch` set that `after` (the API server's
+/// answer) does not hold: dropped by the target's schema. Runbook's own
+/// fields are not counted (they move apart when dropped).
+fn dropped_fields(patch: &Value, after: &Value) -> Vec<String> {
+    let Some(sent) = patch.as_object() else {
+        return Vec::new();
+    };
+    sent.iter()
+        .filter(|(k, v)| {
+            !v.is_null()
+                && k.as_str() != "conditions"
+                && !state::STATE_FIELDS.contains(&k.as_str())
+                && !state::STEP_FIELDS.contains(&k.as_str())
+                && k.as_str() != "observedGeneration"
+                && after.pointer(&format!("/status/{k}")).is_none()
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Tell that the API server dropped status fields the policy wrote: a
+/// Warning Event on the target, and the outcome (counted by the caller).
+async fn tell_dropped(
+    w: &Writer<'_>,
+    target: &CachedObject,
+    fields: Vec<String>,
+    out: &mut Outcome,
+) {
+    if fields.is_empty() {
+        return;
+    }
+    let kind = plan::kind_of(target.value());
+    let list: Vec<String> = fields.iter().map(|f| format!("status.{f}")).collect();
+    let message = format!(
+        "the API server dropped {} of {}: {}'s status schema does not list {}; add {} to its CRD, or stop writing {}",
+        list.join(", "),
+        plan::target_string(&kind, target.namespace(), target.name()),
+        kind.kind,
+        if fields.len() == 1 { "it" } else { "them" },
+        if fields.len() == 1 { "it" } else { "them" },
+        if fields.len() == 1 { "it" } else { "them" },
+    );
+    tracing::warn!("{message}");
+    w.event(
+        target.value(),
+        &Note {
+            type_: crate::script::action::EventType::Warning,
+            reason: "StatusDropped".into(),
+            message,
+        },
+    )
+    .await;
+    out.dropped = fields;
 }
 
 /// The `ObjectReference` Events point at.
@@ -508,6 +566,7 @@ async fn finish_apart(
             w.observe(|| entry("status", "ok").fields(patch.clone()));
             out.writes += 1;
             out.status_written = true;
+            tell_dropped(w, target, dropped_fields(&patch, &after), out).await;
             out.target_after = Some(after);
         }
         Err(e) => {
@@ -573,6 +632,7 @@ async fn finish_status(
             // apart at once (a schedule's times, the record), so nothing
             // is decided twice for want of it.
             let kept = |v: &Value| v.pointer("/status/decisions").is_some_and(|d| !d.is_null());
+            tell_dropped(w, target, dropped_fields(patch, &after), out).await;
             if let Some((namespace, state_name)) = &x.state_at
                 && end.status.get("decisions").is_some()
                 && !kept(&after)

@@ -75,6 +75,7 @@ pub fn load_paths(
     let (set, mut errors) = policy::PolicySet::build(loaded);
     let docs = crd_docs(&bundles);
     errors.extend(unserved_kinds(&declared, &crd_kinds(&docs)));
+    errors.extend(pruned_status(&set, &docs));
     errors.sort();
     errors.dedup();
     Ok((set, errors, scripts, bundles))
@@ -157,6 +158,73 @@ fn unserved_kinds(declared: &[(String, KindPlaces)], crds: &[KindRef]) -> Vec<Lo
         }
     }
     out
+}
+
+/// Status a policy declares that its target's CRD (among the paths)
+/// would prune: a field its status schema does not list, or conditions
+/// where it has none, each at the position it is declared. (A status
+/// schema that keeps any field, or a target whose CRD is not among the
+/// paths, is not checked.)
+fn pruned_status(set: &crate::policy::PolicySet, docs: &[serde_json::Value]) -> Vec<LoadError> {
+    let mut out = Vec::new();
+    for p in set.policies.values() {
+        if !p.status.declared {
+            continue;
+        }
+        let Some(status) = status_schema(docs, &p.target) else {
+            continue;
+        };
+        if status["x-kubernetes-preserve-unknown-fields"] == true {
+            continue;
+        }
+        let listed = |f: &str| status["properties"].get(f).is_some();
+        let kind = &p.target.kind;
+        for (field, pos) in &p.status.fields {
+            // A schedule's times are Runbook's own: kept apart where the
+            // status would drop them.
+            let runbooks = crate::act::state::STATE_FIELDS.contains(&field.as_str());
+            if !runbooks && !listed(field) {
+                out.push(LoadError {
+                    file: p.file.clone(),
+                    pos: *pos,
+                    message: format!(
+                        "spec.status.fields: {kind}'s status schema has no field {field:?}, so the API server would drop what the policy writes there; add it to the CRD's status properties"
+                    ),
+                });
+            }
+        }
+        if !listed("conditions")
+            && let Some((type_, pos)) = p.status.conditions.iter().next()
+        {
+            out.push(LoadError {
+                file: p.file.clone(),
+                pos: *pos,
+                message: format!(
+                    "spec.status.conditions: {kind}'s status schema has no `conditions`, so the API server would drop condition {type_:?}; add conditions to the CRD's status properties"
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// The status schema a CRD among `docs` gives `kind` at its version:
+/// `Some(Null)` when it declares no status at all.
+fn status_schema(docs: &[serde_json::Value], kind: &KindRef) -> Option<serde_json::Value> {
+    let crd = docs.iter().find(|d| {
+        d["kind"] == "CustomResourceDefinition"
+            && d["spec"]["group"] == kind.group()
+            && d["spec"]["names"]["kind"] == kind.kind.as_str()
+    })?;
+    let version = crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == kind.version())?;
+    let root = version.pointer("/schema/openAPIV3Schema")?;
+    if root["x-kubernetes-preserve-unknown-fields"] == true {
+        return None;
+    }
+    Some(root["properties"]["status"].clone())
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {

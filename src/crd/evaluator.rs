@@ -142,6 +142,10 @@ pub struct EvaluatorStatus {
     pub waiting_run: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rollback: Option<RollbackRecord>,
+    /// Why the last run has no score, or why a low score was not rolled
+    /// back (no earlier revision, the rollback limit); cleared by a score.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,

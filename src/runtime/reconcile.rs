@@ -212,6 +212,12 @@ fn count(ctx: &Context, p: &CompiledPolicy, now: Timestamp, outcome: &act::Outco
         m.refusals.get_or_create(&Metrics::labels(&labels)).inc();
     }
     m.writes.inc_by(u64::from(outcome.writes));
+    for field in &outcome.dropped {
+        let labels = [("policy", p.name.as_str()), ("field", field.as_str())];
+        m.status_dropped
+            .get_or_create(&Metrics::labels(&labels))
+            .inc();
+    }
     if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
         lock(&ctx.memory.breakers)
             .entry(p.name.clone())

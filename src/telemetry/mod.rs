@@ -56,6 +56,9 @@ pub struct Metrics {
     /// Waits for the cache to show a status write that reached their
     /// bound, by kind.
     pub cache_waits_ended: Family<Labels, Counter>,
+    /// Status fields a policy wrote that the API server dropped, by
+    /// policy and field.
+    pub status_dropped: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -87,6 +90,7 @@ impl Metrics {
             watch_failing: Family::default(),
             controller_restarts: Family::default(),
             cache_waits_ended: Family::default(),
+            status_dropped: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -153,6 +157,11 @@ impl Metrics {
             "controller_restarts",
             "Target controllers restarted after their task ended, by kind",
             m.controller_restarts.clone(),
+        );
+        registry.register(
+            "status_dropped",
+            "Status fields a policy wrote that the API server dropped (its status schema does not list them), by policy and field",
+            m.status_dropped.clone(),
         );
         registry.register(
             "cache_waits_ended",

@@ -10,6 +10,7 @@
 
 mod lifecycle;
 mod read;
+mod typed;
 mod validate;
 mod write;
 

@@ -487,8 +487,44 @@ fn port_causes(obj: &Value, causes: &mut Vec<Cause>) {
     }
 }
 
+/// Drop the fields `obj`'s kind does not have (the type of a built-in
+/// kind, a custom resource's schema), as decoding does before anything
+/// else: what a writer is recorded to manage is what the object keeps.
+pub(super) fn prune_unknown(def: &ResourceDef, obj: &mut Value) {
+    if def.crd.is_none() {
+        super::typed::prune(&def.group, &def.kind, obj);
+        return;
+    }
+    let version = obj["apiVersion"]
+        .as_str()
+        .and_then(|a| a.rsplit('/').next())
+        .unwrap_or("")
+        .to_string();
+    if let Some(schema) = def
+        .schemas
+        .get(&version)
+        .or_else(|| def.schemas.values().next())
+    {
+        schema::apply(schema, obj);
+    }
+}
+
+/// The API server's answer to unknown fields under strict field
+/// validation: the object cannot be decoded.
+fn strict_decoding(kind: &str, version: &str, unknown: &[String]) -> ApiError {
+    let fields: Vec<String> = unknown
+        .iter()
+        .map(|u| format!("unknown field \"{u}\""))
+        .collect();
+    ApiError::bad_request(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+        fields.join(", ")
+    ))
+}
+
 impl Inner {
-    /// Schema (for custom resources) and built-in validation.
+    /// Unknown fields (pruned, warned of or refused, as `fieldValidation`
+    /// says), then schema (for custom resources) and built-in validation.
     pub(super) fn validate_content(
         &self,
         def: &ResourceDef,
@@ -497,6 +533,19 @@ impl Inner {
         warnings: &mut Vec<String>,
         name: &str,
     ) -> Result<(), ApiError> {
+        if def.crd.is_none() {
+            let unknown = super::typed::prune(&def.group, &def.kind, obj);
+            match opts.field_validation {
+                FieldValidation::Strict if !unknown.is_empty() => {
+                    let version = def.versions.first().map(String::as_str).unwrap_or("v1");
+                    return Err(strict_decoding(&def.kind, version, &unknown));
+                }
+                FieldValidation::Warn => {
+                    warnings.extend(unknown.iter().map(|u| format!("unknown field \"{u}\"")))
+                }
+                _ => {}
+            }
+        }
         let mut causes = validate_builtin(def, obj);
         if def.crd.is_some() {
             let version = obj["apiVersion"]
@@ -515,15 +564,7 @@ impl Inner {
                     // Strict decoding fails before any validation.
                     FieldValidation::Strict if !out.unknown.is_empty() => {
                         let kind = obj["kind"].as_str().unwrap_or_default();
-                        let fields: Vec<String> = out
-                            .unknown
-                            .iter()
-                            .map(|u| format!("unknown field \"{u}\""))
-                            .collect();
-                        return Err(ApiError::bad_request(format!(
-                            "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
-                            fields.join(", ")
-                        )));
+                        return Err(strict_decoding(kind, &version, &out.unknown));
                     }
                     FieldValidation::Strict => {}
                     FieldValidation::Warn => warnings

@@ -259,11 +259,17 @@ impl Store {
         let now = self.now();
         let def2 = def.clone();
         let name2 = name.to_string();
+        let strict = opts.field_validation == FieldValidation::Strict;
         self.modify_with(def, ns, name, part, opts, move |old| {
             let (mut new, manager) = f(old).map_err(|e| match e {
                 Conflicted => WriteFail::Api(ApiError::conflict(&def2, &name2)),
                 Failed(e) => WriteFail::Api(e),
             })?;
+            // Decoded first: a field the kind drops is managed by nobody.
+            // (Strictly validated, it is refused below instead.)
+            if !strict {
+                super::validate::prune_unknown(&def2, &mut new);
+            }
             let manager = manager.unwrap_or_else(|| "unknown".to_string());
             let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
             let sub = (part == Part::Status).then_some("status");
