@@ -59,6 +59,7 @@ metadata: {name: mirror}
 spec:
   target: {apiVersion: GROUP/v1, kind: Mirror}
   reads: [{apiVersion: v1, kind: ConfigMap}]
+  status: {fields: [value, source]}
   script: mirror.rhai
 "#;
 
@@ -100,6 +101,15 @@ async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target()
         &[("mirror.yaml", MIRROR), ("mirror.rhai", MIRROR_SCRIPT)],
     )
     .await;
+    // Declared, and not in the served schema: said before any write.
+    assert!(
+        op.ctx
+            .metrics
+            .render()
+            .contains("runbook_status_unlisted{policy=\"mirror\",field=\"source\"} 1"),
+        "{}",
+        op.ctx.metrics.render()
+    );
     let mirrors: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &resource);
     mirrors
         .create(

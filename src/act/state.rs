@@ -27,6 +27,33 @@ pub const STEP_FIELDS: &[&str] = &["run", "phase", "currentStep", "steps"];
 
 pub use crate::kinds::{built_in, owns_schema};
 
+/// What a policy's status claim declares that a status schema (`status`,
+/// the `status` property of a kind's schema; null: none) would drop:
+/// each declared field it does not list, and the first condition if it
+/// lists no `conditions`, with where the claim declares it. A schema that
+/// keeps any field drops nothing; Runbook's own fields are kept apart.
+pub fn unlisted(
+    status: &Value,
+    claim: &crate::policy::claim::StatusClaim,
+) -> Vec<(String, Option<crate::util::yaml::Pos>)> {
+    if !claim.declared || status["x-kubernetes-preserve-unknown-fields"] == true {
+        return Vec::new();
+    }
+    let listed = |f: &str| status["properties"].get(f).is_some();
+    let mut out: Vec<(String, Option<crate::util::yaml::Pos>)> = claim
+        .fields
+        .iter()
+        .filter(|(f, _)| !STATE_FIELDS.contains(&f.as_str()) && !listed(f))
+        .map(|(f, pos)| (f.clone(), *pos))
+        .collect();
+    if !listed("conditions")
+        && let Some((_, pos)) = claim.conditions.iter().next()
+    {
+        out.push(("conditions".into(), *pos));
+    }
+    out
+}
+
 /// The `RunbookState` of a target whose schema is not Runbook's.
 #[derive(Clone, Debug)]
 pub struct Apart {

@@ -168,40 +168,24 @@ fn unserved_kinds(declared: &[(String, KindPlaces)], crds: &[KindRef]) -> Vec<Lo
 fn pruned_status(set: &crate::policy::PolicySet, docs: &[serde_json::Value]) -> Vec<LoadError> {
     let mut out = Vec::new();
     for p in set.policies.values() {
-        if !p.status.declared {
-            continue;
-        }
         let Some(status) = status_schema(docs, &p.target) else {
             continue;
         };
-        if status["x-kubernetes-preserve-unknown-fields"] == true {
-            continue;
-        }
-        let listed = |f: &str| status["properties"].get(f).is_some();
         let kind = &p.target.kind;
-        for (field, pos) in &p.status.fields {
-            // A schedule's times are Runbook's own: kept apart where the
-            // status would drop them.
-            let runbooks = crate::act::state::STATE_FIELDS.contains(&field.as_str());
-            if !runbooks && !listed(field) {
-                out.push(LoadError {
-                    file: p.file.clone(),
-                    pos: *pos,
-                    message: format!(
-                        "spec.status.fields: {kind}'s status schema has no field {field:?}, so the API server would drop what the policy writes there; add it to the CRD's status properties"
-                    ),
-                });
-            }
-        }
-        if !listed("conditions")
-            && let Some((type_, pos)) = p.status.conditions.iter().next()
-        {
+        for (what, pos) in crate::act::state::unlisted(&status, &p.status) {
+            let message = if what == "conditions" {
+                format!(
+                    "spec.status.conditions: {kind}'s status schema has no `conditions`, so the API server would drop the conditions the policy sets; add conditions to the CRD's status properties"
+                )
+            } else {
+                format!(
+                    "spec.status.fields: {kind}'s status schema has no field {what:?}, so the API server would drop what the policy writes there; add it to the CRD's status properties"
+                )
+            };
             out.push(LoadError {
                 file: p.file.clone(),
-                pos: *pos,
-                message: format!(
-                    "spec.status.conditions: {kind}'s status schema has no `conditions`, so the API server would drop condition {type_:?}; add conditions to the CRD's status properties"
-                ),
+                pos,
+                message,
             });
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kube::Client;
+use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::context::{Context, Health, Memory, OperatorConfig, Queue, Running, TargetController};
@@ -304,6 +305,7 @@ impl Operator {
         };
         let set = Arc::new(checked?);
         self.ctx.policies.store(set.clone());
+        self.warn_unlisted_status(&set).await;
         self.learn_identity();
         self.start_webhook().await?;
         self.ensure_informers(&set);
@@ -358,6 +360,54 @@ impl Operator {
         }));
         self.publish_policy_info(&set);
         Ok(())
+    }
+
+    /// Status the policies declare that their targets' served schemas
+    /// (the API server's OpenAPI v3 documents) would drop: each logged
+    /// and set in `runbook_status_unlisted{policy,field}`, so it is seen
+    /// before the first write drops it.
+    async fn warn_unlisted_status(&self, set: &PolicySet) {
+        self.ctx.metrics.status_unlisted.clear();
+        let mut documents: std::collections::HashMap<String, Option<Value>> = Default::default();
+        for p in set.policies.values() {
+            let k = &p.target;
+            if !p.status.declared || crate::kinds::built_in(k) {
+                continue;
+            }
+            let path = match k.group() {
+                "" => format!("/openapi/v3/api/{}", k.version()),
+                g => format!("/openapi/v3/apis/{g}/{}", k.version()),
+            };
+            if !documents.contains_key(&path) {
+                let doc = match http::Request::get(&path).body(Vec::new()) {
+                    Ok(req) => self.ctx.client.request::<Value>(req).await.ok(),
+                    Err(_) => None,
+                };
+                documents.insert(path.clone(), doc);
+            }
+            let Some(doc) = documents.get(&path).and_then(Option::as_ref) else {
+                continue;
+            };
+            let reversed: Vec<&str> = k.group().split('.').rev().collect();
+            let key = format!("{}.{}.{}", reversed.join("."), k.version(), k.kind);
+            let Some(schema) =
+                doc.pointer(&format!("/components/schemas/{}", key.replace('/', "~1")))
+            else {
+                continue;
+            };
+            if schema["x-kubernetes-preserve-unknown-fields"] == true {
+                continue;
+            }
+            let status = schema["properties"]["status"].clone();
+            for (what, _) in crate::act::state::unlisted(&status, &p.status) {
+                tracing::warn!(policy = %p.name, kind = %k, "the policy declares status {what:?}, which the served schema of {k} does not list: the API server will drop it (add it to the CRD's status properties)");
+                self.ctx
+                    .metrics
+                    .status_unlisted
+                    .get_or_create(&Metrics::labels(&[("policy", &p.name), ("field", &what)]))
+                    .set(1);
+            }
+        }
     }
 
     /// Serve the authorship webhook, if configured (every replica does),
@@ -483,6 +533,7 @@ impl Operator {
             }
         }
         self.ctx.policies.store(Arc::new(set.clone()));
+        self.warn_unlisted_status(&set).await;
         self.ensure_informers(&set);
         self.wait_informers().await;
         if self.is_leading() {

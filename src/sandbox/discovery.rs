@@ -204,11 +204,26 @@ pub fn openapi_gv(defs: &[Arc<ResourceDef>], group: &str, version: &str) -> Opti
     if paths.is_empty() {
         return None;
     }
+    // A custom resource's schema, under the name the API server gives it
+    // (the group reversed, the version, the kind).
+    let mut schemas = serde_json::Map::new();
+    for d in defs
+        .iter()
+        .filter(|d| d.group == group && d.serves(version) && d.crd.is_some())
+    {
+        if let Some(schema) = d.schemas.get(version) {
+            let reversed: Vec<&str> = group.split('.').rev().collect();
+            schemas.insert(
+                format!("{}.{version}.{}", reversed.join("."), d.kind),
+                schema.clone(),
+            );
+        }
+    }
     Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": version_string()},
         "paths": paths,
-        "components": {"schemas": {}}
+        "components": {"schemas": schemas}
     }))
 }
 

@@ -59,6 +59,9 @@ pub struct Metrics {
     /// Status fields a policy wrote that the API server dropped, by
     /// policy and field.
     pub status_dropped: Family<Labels, Counter>,
+    /// 1 for each status field (or `conditions`) a policy declares that
+    /// its target's served schema does not list.
+    pub status_unlisted: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -91,6 +94,7 @@ impl Metrics {
             controller_restarts: Family::default(),
             cache_waits_ended: Family::default(),
             status_dropped: Family::default(),
+            status_unlisted: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -157,6 +161,11 @@ impl Metrics {
             "controller_restarts",
             "Target controllers restarted after their task ended, by kind",
             m.controller_restarts.clone(),
+        );
+        registry.register(
+            "status_unlisted",
+            "1 for each status field a policy declares that its target's served schema does not list, by policy and field",
+            m.status_unlisted.clone(),
         );
         registry.register(
             "status_dropped",
