@@ -49,6 +49,19 @@ async fn install_mirror_crd(c: &Cluster) -> ApiResource {
         mirrors.list(&Default::default()).await.is_ok()
     })
     .await;
+    // And its schema published (a real API server does so a moment later).
+    let reversed: Vec<&str> = g.split('.').rev().collect();
+    let key = format!("{}.v1.Mirror", reversed.join("."));
+    eventually("the Mirror schema to be published", 60, || async {
+        let req = http::Request::get(format!("/openapi/v3/apis/{g}/v1"))
+            .body(Vec::new())
+            .unwrap();
+        c.client
+            .request::<Value>(req)
+            .await
+            .is_ok_and(|d| d["components"]["schemas"].get(&key).is_some())
+    })
+    .await;
     resource
 }
 
