@@ -195,6 +195,24 @@ async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target()
     let name = runbook::crd::state::name_for(&resource.group, "Mirror", "m");
     let state = states.get(&name).await.unwrap();
     assert_eq!(state.data["status"]["decisions"][0]["policy"], "mirror");
+    // And Runbook's condition says what is dropped, where it can be
+    // written: the state.
+    let degraded = state.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Degraded")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(degraded["status"], "True", "{}", state.data);
+    assert_eq!(degraded["reason"], "StatusDropped");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("status.source"),
+        "{degraded}"
+    );
     assert!(
         mirrors.get("m").await.unwrap().data["status"]
             .get("decisions")

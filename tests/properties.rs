@@ -368,6 +368,7 @@ proptest! {
                 reads: &[],
                 state: None,
                 state_at: None,
+                dropped: &[],
             };
             act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Mode::Enforce).await
         });

@@ -17,6 +17,7 @@ use crate::script::action::{Condition, ConditionStatus, EventType};
 
 /// Reasons of conditions Runbook sets, so it knows which it may clear.
 const OWN_REASONS: &[&str] = &[
+    "StatusDropped",
     "ScriptError",
     "ActionRefused",
     "NotAuthorized",
@@ -58,6 +59,8 @@ pub struct Input<'a> {
     pub inputs_hash: &'a str,
     pub mode: &'a Mode,
     pub now: Timestamp,
+    /// Status fields of this policy the target's schema is known to drop.
+    pub dropped: &'a [String],
 }
 
 /// The writes about the target a decision ends with.
@@ -238,7 +241,28 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let previous = DecisionRecord::of(t, &input.policy.name).unwrap_or_default();
     let failed = input.failed.map(|f| f.message.clone());
     let error = input.decide_error.map(|e| e.to_string()).or(failed);
-    let problem = problem_of(input.decide_error, input.failed, input.plan, input.done);
+    let problem =
+        problem_of(input.decide_error, input.failed, input.plan, input.done).or_else(|| {
+            // Fields the target's schema drops: said where Runbook's own
+            // condition can be written (its state, if not the status).
+            let lost: Vec<&String> = input
+                .plan
+                .fields
+                .keys()
+                .filter(|k| input.dropped.contains(k))
+                .collect();
+            (!lost.is_empty()).then(|| {
+                let names: Vec<String> = lost.iter().map(|k| format!("status.{k}")).collect();
+                (
+                    "StatusDropped",
+                    format!(
+                        "the API server drops {}: the target's status schema does not list {}",
+                        names.join(", "),
+                        if lost.len() == 1 { "it" } else { "them" }
+                    ),
+                )
+            })
+        });
     let others_troubled = DecisionRecord::others(t, &input.policy.name)
         .iter()
         .any(DecisionRecord::has_problem);

@@ -192,6 +192,8 @@ pub struct Exec<'a> {
     /// Where the state would be kept apart (namespace, name), for a kind
     /// whose status turns out to prune it.
     pub state_at: Option<(String, String)>,
+    /// Status fields of the policy the target's schema is known to drop.
+    pub dropped: &'a [String],
 }
 
 /// What executing a decision did.
@@ -222,8 +224,9 @@ pub struct Outcome {
     /// target's kind prunes Runbook's fields from its status.
     pub pruned: bool,
     /// Status fields the policy wrote that the API server dropped (its
-    /// schema does not list them).
+    /// schema does not list them), and those it kept.
     pub dropped: Vec<String>,
+    pub kept: Vec<String>,
 }
 
 /// The top-level status fields `patch` set that `after` (the API server's
@@ -247,13 +250,22 @@ fn dropped_fields(patch: &Value, after: &Value) -> Vec<String> {
 }
 
 /// Tell that the API server dropped status fields the policy wrote: a
-/// Warning Event on the target, and the outcome (counted by the caller).
+/// Warning Event on the target, and the outcome (counted by the caller,
+/// and remembered, so the next decision says it in Runbook's condition).
 async fn tell_dropped(
     w: &Writer<'_>,
     target: &CachedObject,
-    fields: Vec<String>,
+    (patch, after): (&Value, &Value),
     out: &mut Outcome,
 ) {
+    let fields = dropped_fields(patch, after);
+    out.kept = patch
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| !v.is_null() && !fields.contains(k))
+        .map(|(k, _)| k.clone())
+        .collect();
     if fields.is_empty() {
         return;
     }
@@ -463,6 +475,7 @@ pub async fn execute(
         inputs_hash: decision.map_or(previous_hash.as_str(), |d| d.inputs_hash.as_str()),
         mode: &mode,
         now: w.now,
+        dropped: x.dropped,
     });
     let mut out = Outcome {
         record: end.record.clone(),
@@ -566,7 +579,7 @@ async fn finish_apart(
             w.observe(|| entry("status", "ok").fields(patch.clone()));
             out.writes += 1;
             out.status_written = true;
-            tell_dropped(w, target, dropped_fields(&patch, &after), out).await;
+            tell_dropped(w, target, (&patch, &after), out).await;
             out.target_after = Some(after);
         }
         Err(e) => {
@@ -632,7 +645,7 @@ async fn finish_status(
             // apart at once (a schedule's times, the record), so nothing
             // is decided twice for want of it.
             let kept = |v: &Value| v.pointer("/status/decisions").is_some_and(|d| !d.is_null());
-            tell_dropped(w, target, dropped_fields(patch, &after), out).await;
+            tell_dropped(w, target, (patch, &after), out).await;
             if let Some((namespace, state_name)) = &x.state_at
                 && end.status.get("decisions").is_some()
                 && !kept(&after)

@@ -169,6 +169,9 @@ pub(super) struct Memory {
     /// Kinds whose status a write showed to prune Runbook's fields: their
     /// targets' state is kept apart from then on.
     pub pruning: Mutex<HashSet<KindRef>>,
+    /// Status fields a policy writes that a target kind's schema drops
+    /// (from its served schema, or a write's answer), by policy and kind.
+    pub dropped: Mutex<HashMap<(String, KindRef), std::collections::BTreeSet<String>>>,
     /// Whether the API server serves `RunbookState` (checked at start).
     pub states_served: std::sync::atomic::AtomicBool,
     pub shadow: Mutex<VecDeque<ShadowRecord>>,

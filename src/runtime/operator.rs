@@ -368,6 +368,7 @@ impl Operator {
     /// before the first write drops it.
     async fn warn_unlisted_status(&self, set: &PolicySet) {
         self.ctx.metrics.status_unlisted.clear();
+        lock(&self.ctx.memory.dropped).clear();
         let mut documents: std::collections::HashMap<String, Option<Value>> = Default::default();
         for p in set.policies.values() {
             let k = &p.target;
@@ -406,6 +407,10 @@ impl Operator {
                     .status_unlisted
                     .get_or_create(&Metrics::labels(&[("policy", &p.name), ("field", &what)]))
                     .set(1);
+                lock(&self.ctx.memory.dropped)
+                    .entry((p.name.clone(), k.clone()))
+                    .or_default()
+                    .insert(what);
             }
         }
     }

@@ -118,6 +118,10 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let reads_target = read.iter().any(|a| a.kind == key.kind);
     lock(&ctx.memory.deps).set(key, &p.name, read);
     let manager = act::manager_of(&p.name);
+    let dropped: Vec<String> = lock(&ctx.memory.dropped)
+        .get(&(p.name.clone(), key.kind.clone()))
+        .map(|d| d.iter().cloned().collect())
+        .unwrap_or_default();
     let exec = Exec {
         writer: act::Writer {
             now,
@@ -136,6 +140,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
                 .states_served
                 .load(std::sync::atomic::Ordering::Acquire))
         .then(|| state_location(ctx, &key.kind, key)),
+        dropped: &dropped,
     };
     let routes = set.routes_for(p);
     let decided = decision.as_ref();
@@ -163,6 +168,14 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
             now,
         };
         ctx.memory.last.remember(key, p, carried_out, &last);
+    }
+    if !outcome.dropped.is_empty() || !outcome.kept.is_empty() {
+        let mut d = lock(&ctx.memory.dropped);
+        let known = d.entry((p.name.clone(), key.kind.clone())).or_default();
+        known.extend(outcome.dropped.iter().cloned());
+        for k in &outcome.kept {
+            known.remove(k);
+        }
     }
     count(ctx, p, now, &outcome);
     if mode == Mode::Shadow {
