@@ -57,6 +57,9 @@ pub struct Operator {
     leading_tx: Mutex<Option<watch::Sender<bool>>>,
 }
 
+/// How long start-up and a policy edit wait for the caches to fill.
+const SYNC_WAIT: Duration = Duration::from_secs(60);
+
 impl Operator {
     pub fn new(
         client: Client,
@@ -241,13 +244,30 @@ impl Operator {
         }
     }
 
+    /// Wait for the caches to fill, at most [`SYNC_WAIT`]: a kind whose
+    /// watch cannot list (a permission revoked, a CRD removed) does not
+    /// hold up the others or a policy edit for ever. Reaching the bound is
+    /// logged and counted; that kind's targets are decided once it fills
+    /// (its watch failing is in `/readyz`).
     async fn wait_informers(&self) {
         let caches: Vec<Arc<crate::observe::cache::KindCache>> = lock(&self.ctx.running.informers)
             .values()
             .map(|i| i.cache.clone())
             .collect();
-        for c in caches {
-            c.wait_synced().await;
+        let all = futures::future::join_all(caches.iter().map(|c| c.wait_synced()));
+        if tokio::time::timeout(SYNC_WAIT, all).await.is_ok() {
+            return;
+        }
+        for c in caches.iter().filter(|c| !c.is_synced()) {
+            tracing::warn!(kind = %c.kind, "the cache of this kind did not fill within {}s; going on without it", SYNC_WAIT.as_secs());
+            self.ctx
+                .metrics
+                .cache_waits_ended
+                .get_or_create(&Metrics::labels(&[
+                    ("kind", &c.kind.kind),
+                    ("wait", "fill"),
+                ]))
+                .inc();
         }
     }
 

@@ -389,7 +389,10 @@ fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
                 CACHE_WAIT.as_secs());
             ctx.metrics
                 .cache_waits_ended
-                .get_or_create(&Metrics::labels(&[("kind", &key.kind.kind)]))
+                .get_or_create(&Metrics::labels(&[
+                    ("kind", &key.kind.kind),
+                    ("wait", "status"),
+                ]))
                 .inc();
             ctx.memory.written.settled(key);
             false

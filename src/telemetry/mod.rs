@@ -174,7 +174,7 @@ impl Metrics {
         );
         registry.register(
             "cache_waits_ended",
-            "Reconciles that stopped waiting for the cache to show their last status write (after 30 s), by kind",
+            "Waits for a cache that reached their bound, by kind and wait: a reconcile for its last status write to show (30 s), or start-up and policy edits for a kind's cache to fill (60 s)",
             m.cache_waits_ended.clone(),
         );
         registry.register(
