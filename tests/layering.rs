@@ -483,3 +483,28 @@ fn only_the_writers_write_to_the_api() {
     }
     assert!(wrong.is_empty(), "\n{}\n", wrong.join("\n"));
 }
+
+/// No span guard is held in async code: a guard kept across an `.await`
+/// stays entered on the worker thread the future left, and a reconcile
+/// resumed on another thread corrupts the subscriber's span stacks (it
+/// once crashed a controller at 5,000 targets). Futures carry their span
+/// with `.instrument(span)`.
+#[test]
+fn no_span_guard_is_held_in_async_code() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut wrong = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            if line.contains(".enter()") && !line.trim_start().starts_with("//") {
+                wrong.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "span guards (use .instrument(span) instead):\n{}",
+        wrong.join("\n")
+    );
+}

@@ -10,6 +10,7 @@ use futures::FutureExt;
 use jiff::Timestamp;
 use kube::runtime::controller::Action;
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::context::{Context, ShadowRecord};
 use crate::act::{self, Exec, Mode};
@@ -628,73 +629,95 @@ async fn each_policy(
     let present = crate::observe::finalizers_of(target.cached.value());
     for p in policies {
         let key = target.key;
+        // The span is the decision's future's own: entered only while it
+        // runs, on whichever worker thread polls it (a guard held across
+        // an await would leave it entered on the thread it left).
         let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %key.kind.kind, namespace = %key.namespace, name = %key.name);
-        let _enter = span.enter();
-        let fin = finalizer_name(&p.name);
-        if deleting {
-            if present.contains(&fin) {
-                finalize_policy(ctx, p, target, &fin, next).await?;
+        let early = one_policy(ctx, p, target, deleting, &present, next)
+            .instrument(span)
+            .await?;
+        if early.is_some() {
+            return Ok(early);
+        }
+    }
+    Ok(None)
+}
+
+/// One policy on the target (see `each_policy`): `Some` when the
+/// reconcile ends here.
+async fn one_policy(
+    ctx: &Context,
+    p: &Arc<CompiledPolicy>,
+    target: &mut Target<'_>,
+    deleting: bool,
+    present: &[String],
+    next: &mut Next,
+) -> Result<Option<Action>, ReconcileError> {
+    let key = target.key;
+    let fin = finalizer_name(&p.name);
+    if deleting {
+        if present.contains(&fin) {
+            finalize_policy(ctx, p, target, &fin, next).await?;
+        }
+        return Ok(None);
+    }
+    if p.has_finalizer() && p.mode == policy::Mode::Enforce && !present.contains(&fin) {
+        let (kind, value) = (&target.resolved, target.cached.value());
+        finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
+        return Ok(Some(Action::await_change()));
+    }
+    let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
+    if pruned && lock(&ctx.memory.pruning).insert(key.kind.clone()) {
+        tracing::info!(kind = %key.kind, "the status of this kind prunes what Runbook keeps there: its targets' state is kept in RunbookStates");
+    }
+    if state_after.is_some() && target.apart.is_none() {
+        // Moved apart by this write: the state's place.
+        let (namespace, name) = state_location(ctx, &key.kind, key);
+        target.apart = Some(act::state::Apart {
+            namespace,
+            name,
+            state: None,
+            target: Arc::new(
+                after
+                    .clone()
+                    .unwrap_or_else(|| target.cached.value().clone()),
+            ),
+        });
+    }
+    if let (Some(state), Some(apart)) = (state_after, target.apart.as_mut()) {
+        let before = apart
+            .state
+            .as_deref()
+            .and_then(|s| s.pointer("/metadata/resourceVersion"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let state = Arc::new(state);
+        ctx.memory
+            .states
+            .remember(key.clone(), (before, state.clone()));
+        apart.state = Some(state);
+        if after.is_none() {
+            target.cached = crate::observe::CachedObject::new(apart.overlaid());
+        }
+    }
+    if let Some(after) = after {
+        let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
+        let now = after["metadata"]["resourceVersion"].as_str();
+        // A write the server made nothing of (what it holds already, or
+        // what its schema prunes) gets no new version: the cache shows
+        // it already, and waiting for a newer one would never end.
+        if let Some(before) = before
+            && now != Some(before)
+        {
+            next.written_over.push(before.to_string());
+        }
+        target.cached = match target.apart.as_mut() {
+            Some(apart) => {
+                apart.target = Arc::new(after);
+                crate::observe::CachedObject::new(apart.overlaid())
             }
-            continue;
-        }
-        if p.has_finalizer() && p.mode == policy::Mode::Enforce && !present.contains(&fin) {
-            let (kind, value) = (&target.resolved, target.cached.value());
-            finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
-            return Ok(Some(Action::await_change()));
-        }
-        let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
-        if pruned && lock(&ctx.memory.pruning).insert(key.kind.clone()) {
-            tracing::info!(kind = %key.kind, "the status of this kind prunes what Runbook keeps there: its targets' state is kept in RunbookStates");
-        }
-        if state_after.is_some() && target.apart.is_none() {
-            // Moved apart by this write: the state's place.
-            let (namespace, name) = state_location(ctx, &key.kind, key);
-            target.apart = Some(act::state::Apart {
-                namespace,
-                name,
-                state: None,
-                target: Arc::new(
-                    after
-                        .clone()
-                        .unwrap_or_else(|| target.cached.value().clone()),
-                ),
-            });
-        }
-        if let (Some(state), Some(apart)) = (state_after, target.apart.as_mut()) {
-            let before = apart
-                .state
-                .as_deref()
-                .and_then(|s| s.pointer("/metadata/resourceVersion"))
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            let state = Arc::new(state);
-            ctx.memory
-                .states
-                .remember(key.clone(), (before, state.clone()));
-            apart.state = Some(state);
-            if after.is_none() {
-                target.cached = crate::observe::CachedObject::new(apart.overlaid());
-            }
-        }
-        if let Some(after) = after {
-            let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
-            let now = after["metadata"]["resourceVersion"].as_str();
-            // A write the server made nothing of (what it holds already, or
-            // what its schema prunes) gets no new version: the cache shows
-            // it already, and waiting for a newer one would never end.
-            if let Some(before) = before
-                && now != Some(before)
-            {
-                next.written_over.push(before.to_string());
-            }
-            target.cached = match target.apart.as_mut() {
-                Some(apart) => {
-                    apart.target = Arc::new(after);
-                    crate::observe::CachedObject::new(apart.overlaid())
-                }
-                None => crate::observe::CachedObject::new(after),
-            };
-        }
+            None => crate::observe::CachedObject::new(after),
+        };
     }
     Ok(None)
 }
