@@ -487,26 +487,16 @@ fn port_causes(obj: &Value, causes: &mut Vec<Cause>) {
     }
 }
 
-/// Drop the fields `obj`'s kind does not have (the type of a built-in
-/// kind, a custom resource's schema), as decoding does before anything
-/// else: what a writer is recorded to manage is what the object keeps.
-pub(super) fn prune_unknown(def: &ResourceDef, obj: &mut Value) {
-    if def.crd.is_none() {
-        super::typed::prune(&def.group, &def.kind, obj);
-        return;
-    }
+/// The schema a custom resource is checked against: its version's, or
+/// the first one.
+pub(super) fn schema_of<'a>(def: &'a ResourceDef, obj: &Value) -> Option<&'a Value> {
     let version = obj["apiVersion"]
         .as_str()
         .and_then(|a| a.rsplit('/').next())
-        .unwrap_or("")
-        .to_string();
-    if let Some(schema) = def
-        .schemas
-        .get(&version)
+        .unwrap_or("");
+    def.schemas
+        .get(version)
         .or_else(|| def.schemas.values().next())
-    {
-        schema::apply(schema, obj);
-    }
 }
 
 /// The API server's answer to unknown fields under strict field
@@ -553,11 +543,7 @@ impl Inner {
                 .and_then(|a| a.rsplit('/').next())
                 .unwrap_or("")
                 .to_string();
-            if let Some(schema) = def
-                .schemas
-                .get(&version)
-                .or_else(|| def.schemas.values().next())
-            {
+            if let Some(schema) = schema_of(def, obj) {
                 let out = schema::apply(schema, obj);
                 causes.extend(out.causes);
                 match opts.field_validation {

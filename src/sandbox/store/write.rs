@@ -240,7 +240,7 @@ impl Store {
                 Ok(a) => {
                     let mut o = a.object;
                     fields::write_managed(&mut o, &a.managed);
-                    Ok(o)
+                    Ok((o, None))
                 }
                 Err(conflicts) => Err(WriteFail::Api(conflict_error(&def2, &name2, &conflicts))),
             }
@@ -256,33 +256,20 @@ impl Store {
         opts: &WriteOpts,
         f: impl FnOnce(&Value) -> Result<(Value, Option<String>), ModifyFail>,
     ) -> Result<Written, ApiError> {
-        let now = self.now();
         let def2 = def.clone();
         let name2 = name.to_string();
-        let strict = opts.field_validation == FieldValidation::Strict;
         self.modify_with(def, ns, name, part, opts, move |old| {
-            let (mut new, manager) = f(old).map_err(|e| match e {
+            let (new, manager) = f(old).map_err(|e| match e {
                 Conflicted => WriteFail::Api(ApiError::conflict(&def2, &name2)),
                 Failed(e) => WriteFail::Api(e),
             })?;
-            // Decoded first: a field the kind drops is managed by nobody.
-            // (Strictly validated, it is refused below instead.)
-            if !strict {
-                super::validate::prune_unknown(&def2, &mut new);
-            }
-            let manager = manager.unwrap_or_else(|| "unknown".to_string());
-            let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
-            let sub = (part == Part::Status).then_some("status");
-            // Keep the old managedFields as the record starts from them.
-            if let Some(m) = old.pointer("/metadata/managedFields") {
-                meta_mut(&mut new).insert("managedFields".into(), m.clone());
-            }
-            fields::record_update(old, &mut new, &manager, &api_version, sub, &now);
-            Ok(new)
+            Ok((new, Some(manager.unwrap_or_else(|| "unknown".to_string()))))
         })
     }
 
-    /// The shared write path: `f` turns the old object into the new one;
+    /// The shared write path: `f` turns the old object into the new one
+    /// (and names the manager of an update, whose fields are recorded once
+    /// the object is decoded: a field its kind drops is managed by nobody);
     /// then identity, status, generation, validation and finalizers are
     /// applied as the API server does, and the result committed unless it
     /// changes nothing.
@@ -293,7 +280,7 @@ impl Store {
         name: &str,
         part: Part,
         opts: &WriteOpts,
-        f: impl FnOnce(&Value) -> Result<Value, WriteFail>,
+        f: impl FnOnce(&Value) -> Result<(Value, Option<String>), WriteFail>,
     ) -> Result<Written, ApiError> {
         let mut inner = self.lock();
         let key = (ns.to_string(), name.to_string());
@@ -305,7 +292,7 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(def, name))?;
         let old: Value =
             serde_json::from_slice(&stored.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut new = f(&old).map_err(|WriteFail::Api(e)| e)?;
+        let (mut new, updated_by) = f(&old).map_err(|WriteFail::Api(e)| e)?;
         if !new.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
@@ -327,6 +314,16 @@ impl Store {
             no_new_finalizers_while_deleting(def, name, &old, &new)?;
         }
         inner.validate_content(def, &mut new, opts, &mut warnings, name)?;
+        if let Some(manager) = updated_by {
+            // The record starts from the managed fields as they were.
+            match old.pointer("/metadata/managedFields") {
+                Some(m) => meta_mut(&mut new).insert("managedFields".into(), m.clone()),
+                None => meta_mut(&mut new).remove("managedFields"),
+            };
+            let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
+            let sub = (part == Part::Status).then_some("status");
+            fields::record_update(&old, &mut new, &manager, &api_version, sub, &self.now());
+        }
         if def.has_generation {
             let g = next_generation(def, &old, &new);
             meta_mut(&mut new).insert("generation".into(), json!(g));
@@ -644,12 +641,7 @@ fn undeclared_in_apply(def: &ResourceDef, body: &Value, name: &str) -> Result<()
         return Ok(());
     }
     let api_version = body["apiVersion"].as_str().unwrap_or_default();
-    let version = api_version.rsplit('/').next().unwrap_or("");
-    let Some(schema) = def
-        .schemas
-        .get(version)
-        .or_else(|| def.schemas.values().next())
-    else {
+    let Some(schema) = super::validate::schema_of(def, body) else {
         return Ok(());
     };
     let mut probe = body.clone();
