@@ -44,21 +44,43 @@ pub struct RbacArgs {
     /// need there, and nothing cluster-wide.
     #[arg(long, env = "RUNBOOK_RBAC_TENANT")]
     pub tenant: Option<String>,
-    /// Whether the operator serves its authorship webhook (`runbook run
-    /// --webhook`): it then needs its Secret, its configuration and
+    #[command(flatten)]
+    pub webhook: WebhookObjectsArgs,
+}
+
+/// The authorship webhook's objects, as `runbook run` keeps them and
+/// `runbook rbac` grants them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WebhookObjectsArgs {
+    /// Serve the authorship webhook, which records who wrote each target:
+    /// without it no target has an author, and nothing a target refers to
+    /// is acted on unless its owner allows it (see README, Security model).
+    /// `runbook rbac` then grants its Secret, its configuration and
     /// SubjectAccessReviews.
     #[arg(long, env = "RUNBOOK_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
     pub webhook: bool,
-    /// The webhook's MutatingWebhookConfiguration (`runbook run --webhook-configuration`).
+    /// The MutatingWebhookConfiguration kept in step (its CA bundle, its
+    /// rules for the policies' target kinds).
     #[arg(long, env = "RUNBOOK_WEBHOOK_CONFIGURATION", default_value = "runbook")]
     pub webhook_configuration: String,
-    /// The webhook's Secret in the operator namespace (`runbook run --webhook-secret`).
+    /// The Secret in the operator namespace holding the webhook's CA,
+    /// certificate and signing key, shared by the replicas.
     #[arg(
         long,
         env = "RUNBOOK_WEBHOOK_SECRET",
         default_value = "runbook-webhook-tls"
     )]
     pub webhook_secret: String,
+}
+
+impl WebhookObjectsArgs {
+    /// The objects, unless the webhook is off.
+    pub fn objects(&self) -> Option<rbac::WebhookObjects> {
+        self.webhook.then(|| rbac::WebhookObjects {
+            configuration: self.webhook_configuration.clone(),
+            secret: self.webhook_secret.clone(),
+        })
+    }
 }
 
 pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
@@ -92,10 +114,7 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         policy_namespaces: args.policy_namespaces,
         policy_configmaps: true,
         tenant: args.tenant,
-        webhook: args.webhook.then_some(rbac::WebhookObjects {
-            configuration: args.webhook_configuration,
-            secret: args.webhook_secret,
-        }),
+        webhook: args.webhook.objects(),
     };
     let elsewhere = rbac::secrets_elsewhere(&set, &opts);
     if let Some(t) = &opts.tenant

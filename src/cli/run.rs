@@ -90,11 +90,8 @@ pub struct RunArgs {
     /// holds every permission its policies need.
     #[arg(long, env = "RUNBOOK_SKIP_ACCESS_CHECK")]
     pub skip_access_check: bool,
-    /// Serve the authorship webhook, which records who wrote each target:
-    /// without it no target has an author, and nothing a target refers to
-    /// is acted on unless its owner allows it (see README, Security model).
-    #[arg(long, env = "RUNBOOK_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
-    pub webhook: bool,
+    #[command(flatten)]
+    pub hook: super::rbac::WebhookObjectsArgs,
     /// Address the webhook's HTTPS server listens on.
     #[arg(long, env = "RUNBOOK_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
     pub webhook_addr: SocketAddr,
@@ -111,18 +108,6 @@ pub struct RunArgs {
     /// cluster): `https://HOST:PORT`.
     #[arg(long, env = "RUNBOOK_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
-    /// The MutatingWebhookConfiguration kept in step (its CA bundle, its
-    /// rules for the policies' target kinds).
-    #[arg(long, env = "RUNBOOK_WEBHOOK_CONFIGURATION", default_value = "runbook")]
-    pub webhook_configuration: String,
-    /// The Secret in the operator namespace holding the webhook's CA,
-    /// certificate and signing key, shared by the replicas.
-    #[arg(
-        long,
-        env = "RUNBOOK_WEBHOOK_SECRET",
-        default_value = "runbook-webhook-tls"
-    )]
-    pub webhook_secret: String,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,10 +240,7 @@ async fn check_access(
         watch_namespaces: watched.iter().cloned().collect(),
         policy_namespaces: sources.configmap_namespaces.clone(),
         policy_configmaps: args.policy_configmaps,
-        webhook: args.webhook.then(|| crate::rbac::WebhookObjects {
-            configuration: args.webhook_configuration.clone(),
-            secret: args.webhook_secret.clone(),
-        }),
+        webhook: args.hook.objects(),
         ..Default::default()
     };
     match access::missing_for(client, set, &opts, watched.as_deref()).await {
@@ -286,7 +268,7 @@ async fn check_access(
 /// The authorship webhook's settings, unless it is off.
 fn webhook_config(args: &RunArgs) -> Option<crate::runtime::WebhookConfig> {
     use crate::admission::config::Endpoint;
-    args.webhook.then(|| crate::runtime::WebhookConfig {
+    args.hook.webhook.then(|| crate::runtime::WebhookConfig {
         listen: args.webhook_addr,
         endpoint: Some(match &args.webhook_url {
             Some(url) => Endpoint::Url(url.clone()),
@@ -296,8 +278,11 @@ fn webhook_config(args: &RunArgs) -> Option<crate::runtime::WebhookConfig> {
                 port: 443,
             },
         }),
-        configuration: args.webhook_configuration.clone(),
-        secret: Some((args.operator_namespace.clone(), args.webhook_secret.clone())),
+        configuration: args.hook.webhook_configuration.clone(),
+        secret: Some((
+            args.operator_namespace.clone(),
+            args.hook.webhook_secret.clone(),
+        )),
         created_with: None,
     })
 }
