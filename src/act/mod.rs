@@ -582,21 +582,35 @@ async fn finish_apart(
             tell_dropped(w, target, (&patch, &after), out).await;
             out.target_after = Some(after);
         }
-        Err(e) => {
-            let m = format!(
-                "writing the status of {}: {}",
-                plan::target_string(&kind, ns, name),
-                crate::util::api_error(&e)
-            );
-            w.observe(|| {
-                entry("status", "failed")
-                    .fields(patch.clone())
-                    .detail(m.clone())
-            });
-            out.error_label.get_or_insert("status");
-            out.error.get_or_insert(m);
-        }
+        Err(e) => status_failed(
+            w,
+            &kind,
+            target,
+            &e,
+            entry("status", "failed").fields(patch.clone()),
+            out,
+        ),
     }
+}
+
+/// A status write that failed: journaled (`entry`, with what it meant to
+/// set) and the decision's error.
+fn status_failed(
+    w: &Writer<'_>,
+    kind: &KindRef,
+    target: &CachedObject,
+    e: &kube::Error,
+    entry: Entry,
+    out: &mut Outcome,
+) {
+    let m = format!(
+        "writing the status of {}: {}",
+        plan::target_string(kind, target.namespace(), target.name()),
+        crate::util::api_error(e)
+    );
+    w.observe(|| entry.detail(m.clone()));
+    out.error_label.get_or_insert("status");
+    out.error.get_or_insert(m);
 }
 
 /// Write the status the decision ends with.
@@ -664,15 +678,6 @@ async fn finish_status(
             }
             out.target_after = Some(after);
         }
-        Err(e) => {
-            let m = format!(
-                "writing the status of {}: {}",
-                plan::target_string(&kind, ns, name),
-                crate::util::api_error(&e)
-            );
-            w.observe(|| entry("failed").fields(set()).detail(m.clone()));
-            out.error_label.get_or_insert("status");
-            out.error.get_or_insert(m);
-        }
+        Err(e) => status_failed(w, &kind, target, &e, entry("failed").fields(set()), out),
     }
 }
