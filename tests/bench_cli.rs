@@ -29,15 +29,23 @@ fn find<'a>(figures: &'a [serde_json::Value], name: &str) -> &'a serde_json::Val
 
 #[test]
 fn the_suite_reports_each_figure_with_its_goal() {
-    let v = bench_json("decision,containment");
+    let v = bench_json("decision,lookup,containment");
     assert!(v["machine"].as_str().unwrap().contains("cores"));
     let figures = v["figures"].as_array().unwrap();
     let find = |name: &str| find(figures, name);
     for f in figures {
         assert!(f["value"].as_f64().unwrap() >= 0.0, "{f}");
-        assert!(["decision", "containment"].contains(&f["section"].as_str().unwrap()));
+        assert!(["decision", "lookup", "containment"].contains(&f["section"].as_str().unwrap()));
     }
     assert_eq!(find("Rhai / native")["goal"], "<= 50");
+    // A lookup among 5,000 cached pods is held to a millisecond.
+    assert_eq!(
+        find("one workload's pods by selector among 5000 pods")["goal"],
+        "<= 1000"
+    );
+    assert!(
+        find("the same, first read (each of the 5000 pods parsed)")["value"].as_f64() > Some(0.0)
+    );
     // The interpreter's share: operations as Rhai counts them (a rollback
     // does more than a decision that finds nothing to do), and what they
     // take at a plain engine's time per operation.

@@ -608,3 +608,28 @@ fn a_message_that_is_not_a_score_is_reported_without_its_content() {
         assert!(!said.contains("hunter2"), "{said}");
     }
 }
+
+/// A busy namespace: the scored run's pod among 5,000 others, as the watch
+/// caches hold them (JSON text, indexed). The decision reads the run's pod
+/// through the Job's selector and the Deployment's ReplicaSets through
+/// their owner, and decides within the default script budget (20 ms).
+#[test]
+fn the_drift_policy_decides_within_its_budget_beside_5000_pods() {
+    use runbook::bench::lookup::{busy_pods, caches};
+    let ev = with(running(JOB), json!({"status": {"lastGoodRevision": 3}}));
+    let mut objects: Vec<serde_json::Value> = busy_pods(5_000).collect();
+    objects.push(deployment("chatbot", 5));
+    objects.extend((1..=5).map(|r| replicaset("chatbot", r)));
+    objects.push(job(&ev, JOB, 5, JobState::Succeeded));
+    objects.push(job_pod(JOB, r#"{"score": 0.72}"#));
+    let w = World::shipped();
+    let observed = runbook::decide::Observed {
+        target: runbook::observe::CachedObject::new(ev.clone()),
+        view: std::sync::Arc::new(caches(objects)),
+        now: w.now,
+    };
+    let d = runbook::decide::decide(&w.engine, &w.set.policies["evaluator-drift"], &observed)
+        .unwrap_or_else(|e| panic!("the decision beside 5,000 pods failed: {e}"));
+    assert_eq!(rollbacks(&d), vec![("chatbot".to_string(), Some(3))]);
+    assert_eq!(status_of(&d)["lastScore"], 0.72);
+}

@@ -9,6 +9,7 @@ pub mod containment;
 pub mod decision;
 pub mod fixtures;
 pub mod hooks;
+pub mod lookup;
 pub mod memory;
 pub mod native;
 pub mod operator;

@@ -90,6 +90,7 @@ pub struct Options {
 
 pub const SECTIONS: &[&str] = &[
     "decision",
+    "lookup",
     "writes",
     "operator",
     "reload",
@@ -274,6 +275,46 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
 /// The writes of the README's week: each must change something a reader
 /// can see, so a benchmark run costs the four the workflow needs (apply
 /// its Job, status running, status done, delete the oldest Job).
+fn lookup(policies: &Path, quick: bool) -> Vec<Row> {
+    let f = super::lookup::run(policies, 5_000, if quick { 1_000 } else { 10_000 });
+    let s = "lookup";
+    let n = f.pods;
+    vec![
+        Row::new(
+            s,
+            format!("one workload's pods by selector among {n} pods, median"),
+            us(f.select.median),
+            "us",
+        )
+        .goal(Goal::AtMost(1000.0)),
+        Row::new(
+            s,
+            format!("the same, first read (the pods it returns parsed), among {n} pods"),
+            ms(f.select_first),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("every pod of the namespace ({n}), median"),
+            ms(f.list_all.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("the same, first read (each of the {n} pods parsed)"),
+            ms(f.list_first),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("drift policy's rollback decision beside {n} pods, median"),
+            us(f.decision.median),
+            "us",
+        )
+        .goal(Goal::AtMost(20_000.0)),
+    ]
+}
+
 fn writes(policies: &Path) -> Vec<Row> {
     let week = policies.join("../examples/evaluator-drift/week.yaml");
     let s = "writes";
@@ -556,6 +597,14 @@ pub async fn run(opts: &Options) -> Vec<Row> {
             tokio::task::spawn_blocking(move || decision(&p, q))
                 .await
                 .expect("decision benchmark"),
+        );
+    }
+    if opts.wants("lookup") {
+        let (p, q) = (opts.policies.clone(), opts.quick);
+        rows.extend(
+            tokio::task::spawn_blocking(move || lookup(&p, q))
+                .await
+                .expect("lookup benchmark"),
         );
     }
     if opts.wants("writes") {

@@ -16,7 +16,7 @@ pub struct BenchArgs {
     /// Fewer samples and 2,000 targets instead of 10,000 (a minute or two).
     #[arg(long, env = "RUNBOOK_BENCH_QUICK")]
     pub quick: bool,
-    /// Only these sections: decision, operator, reload, memory, containment.
+    /// Only these sections: decision, lookup, writes, operator, reload, memory, scale, containment.
     #[arg(long, value_delimiter = ',', env = "RUNBOOK_BENCH_ONLY_SECTIONS")]
     pub only: Vec<String>,
     /// The shipped policies (the decision benchmark uses evaluator-drift).

@@ -17,6 +17,7 @@ use tokio::sync::{Notify, mpsc};
 
 use super::health::{WatchBackoff, WatchHealth, report_watch};
 use crate::kinds::KindRef;
+use crate::labels::{Requirement, Selector};
 use crate::observe::CachedObject;
 use crate::observe::RawObject;
 
@@ -57,11 +58,17 @@ fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
         .collect()
 }
 
+/// (namespace, label key, label value).
+type LabelKey = (String, String, String);
+
 #[derive(Default)]
 struct State {
     objects: HashMap<ObjKey, Arc<RawObject>>,
     by_ns: BTreeMap<String, BTreeSet<String>>,
     by_owner: HashMap<String, BTreeSet<ObjKey>>,
+    /// Names by one of their labels, within a namespace: a selector with an
+    /// equality looks at the objects carrying that label only.
+    by_label: HashMap<LabelKey, BTreeSet<String>>,
 }
 
 impl State {
@@ -75,6 +82,17 @@ impl State {
             names.remove(&key.1);
             if names.is_empty() {
                 self.by_ns.remove(&key.0);
+            }
+        }
+        for (k, v) in obj.meta.labels.iter().flatten() {
+            let lk = (key.0.clone(), k.clone(), v.clone());
+            if add {
+                self.by_label.entry(lk).or_default().insert(key.1.clone());
+            } else if let Some(names) = self.by_label.get_mut(&lk) {
+                names.remove(&key.1);
+                if names.is_empty() {
+                    self.by_label.remove(&lk);
+                }
             }
         }
         for uid in obj.owner_uids() {
@@ -246,6 +264,36 @@ impl KindCache {
             .unwrap_or_default()
     }
 
+    /// Objects in a namespace whose labels satisfy `selector`, sorted by
+    /// name. Labels are matched without parsing an object; with an
+    /// equality among the requirements only the objects carrying that
+    /// label are looked at, so the cost follows what is returned, not how
+    /// many objects the namespace holds.
+    pub fn select(&self, namespace: &str, selector: &Selector) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        let empty = BTreeSet::new();
+        let labelled = |k: &String, v: &String| {
+            st.by_label
+                .get(&(namespace.to_string(), k.clone(), v.clone()))
+                .unwrap_or(&empty)
+        };
+        let narrowest = selector
+            .0
+            .iter()
+            .filter_map(|r| match r {
+                Requirement::Eq(k, v) => Some(labelled(k, v)),
+                _ => None,
+            })
+            .min_by_key(|names| names.len());
+        let names = narrowest.unwrap_or_else(|| st.by_ns.get(namespace).unwrap_or(&empty));
+        names
+            .iter()
+            .filter_map(|n| st.objects.get(&(namespace.to_string(), n.clone())))
+            .filter(|o| selector.matches_with(|k| o.label(k)))
+            .map(|o| o.cached())
+            .collect()
+    }
+
     pub fn owned_by(&self, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
         let st = self.read();
         let mut out: Vec<Arc<CachedObject>> = st
@@ -367,7 +415,7 @@ pub fn spawn_informer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<RawObject> {
         let mut v = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "d", "resourceVersion": rv}});
@@ -407,6 +455,55 @@ mod tests {
         assert!(c.list("other").is_empty());
         c.delete("d", "a");
         assert_eq!(c.owned_by("d", "u1").len(), 1);
+    }
+
+    fn pod(ns: &str, name: &str, rv: &str, labels: Value) -> Arc<RawObject> {
+        Arc::new(RawObject::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels}}),
+        ))
+    }
+
+    fn names(objs: &[Arc<CachedObject>]) -> Vec<&str> {
+        objs.iter().map(|o| o.name()).collect()
+    }
+
+    #[test]
+    fn a_selector_is_answered_from_the_label_index_and_follows_changes() {
+        let c = KindCache::new(KindRef::new("v1", "Pod"));
+        for i in 0..50 {
+            c.apply(pod(
+                "d",
+                &format!("p{i:02}"),
+                "1",
+                json!({"app": format!("a{}", i % 10), "tier": "web"}),
+            ));
+        }
+        c.apply(pod("other", "p00", "1", json!({"app": "a0"})));
+        let sel = Selector::parse("app=a3,tier=web").unwrap();
+        assert_eq!(
+            names(&c.select("d", &sel)),
+            ["p03", "p13", "p23", "p33", "p43"]
+        );
+        // A relabelled pod leaves the old label's set and joins the new one.
+        c.apply(pod("d", "p13", "2", json!({"app": "a4", "tier": "web"})));
+        assert_eq!(names(&c.select("d", &sel)), ["p03", "p23", "p33", "p43"]);
+        // Requirements other than equality still hold.
+        let not_web = Selector::parse("app=a4,tier!=web").unwrap();
+        assert!(c.select("d", &not_web).is_empty());
+        c.delete("d", "p03");
+        assert_eq!(names(&c.select("d", &sel)), ["p23", "p33", "p43"]);
+        // Without an equality, the namespace is scanned.
+        let exists = Selector::parse("tier").unwrap();
+        assert_eq!(c.select("d", &exists).len(), 49);
+        assert_eq!(
+            names(&c.select("other", &Selector::parse("app=a0").unwrap())),
+            ["p00"]
+        );
+        // The same resourceVersion is parsed once, whoever reads it.
+        let a = c.get("d", "p23").unwrap();
+        let b = c.select("d", &sel).remove(0);
+        assert!(Arc::ptr_eq(&a, &b));
     }
 
     #[test]

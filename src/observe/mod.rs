@@ -247,6 +247,37 @@ pub trait ObjectView: Send + Sync {
         self.list(kind, namespace)
     }
 
+    /// Objects of `kind` in `namespace` whose labels satisfy `selector`,
+    /// sorted by name. Caches answer this from a label index.
+    fn select(
+        &self,
+        kind: &KindRef,
+        namespace: &str,
+        selector: &crate::labels::Selector,
+    ) -> Vec<Arc<CachedObject>> {
+        let mut found = self.list(kind, namespace);
+        found.retain(|o| selector.matches_object(o.value()));
+        found
+    }
+
+    /// [`ObjectView::select`], read for one of the policy's own children
+    /// (see [`ObjectView::list_for_child`]).
+    fn select_for_child(
+        &self,
+        kind: &KindRef,
+        namespace: &str,
+        selector: &crate::labels::Selector,
+    ) -> Vec<Arc<CachedObject>> {
+        self.select(kind, namespace, selector)
+    }
+
+    /// [`ObjectView::owned_by`] for an owner other than the target (a
+    /// Deployment's ReplicaSets): a read of the namespace like
+    /// [`ObjectView::list`], answered from the owner index.
+    fn list_owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
+        self.owned_by(kind, namespace, uid)
+    }
+
     /// Objects of `kind` in `namespace` with an ownerReference to `uid`,
     /// sorted by name. Caches answer this from an index.
     fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {

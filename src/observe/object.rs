@@ -7,10 +7,12 @@
 //! watch. `managedFields` are dropped while decoding, before an object
 //! enters any cache. The object is kept as compact JSON text (a parsed JSON
 //! tree costs several times its text in memory) with the metadata the
-//! runtime indexes by; a decision parses it when it reads it.
+//! runtime indexes by (labels among them); the first decision that reads a
+//! resourceVersion parses it, and every later read shares that tree (kept
+//! as long as that version is cached).
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{ApiResource, DynamicResourceScope, Resource};
@@ -32,6 +34,9 @@ pub struct RawObject {
     /// server leaves both off the items of a list, so objects a watch
     /// lists (at start-up, after a failover or a 410) arrive without them.
     typed: bool,
+    /// The object parsed, once a decision first read it: every later read
+    /// of this resourceVersion shares it instead of parsing the text again.
+    parsed: OnceLock<Arc<CachedObject>>,
 }
 
 impl RawObject {
@@ -74,6 +79,11 @@ impl RawObject {
                 .and_then(|t| t.parse().ok())
                 .map(Time),
             owner_references: (!owners.is_empty()).then_some(owners),
+            labels: m.get("labels").and_then(Value::as_object).map(|l| {
+                l.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            }),
             ..Default::default()
         };
         if !m.is_object() {
@@ -94,6 +104,7 @@ impl RawObject {
             json,
             undecodable,
             typed,
+            parsed: OnceLock::new(),
         }
     }
 
@@ -119,6 +130,7 @@ impl RawObject {
         )
         .into();
         self.typed = true;
+        self.parsed = OnceLock::new();
     }
 
     /// The object parsed, as decisions read it.
@@ -126,9 +138,17 @@ impl RawObject {
         serde_json::from_str(&self.json).unwrap_or(Value::Null)
     }
 
-    /// The object as decisions see it: parsed now, for this reader.
+    /// The object as decisions see it: parsed on the first read of this
+    /// resourceVersion, shared by every read after it.
     pub fn cached(&self) -> Arc<CachedObject> {
-        CachedObject::new(self.value())
+        self.parsed
+            .get_or_init(|| CachedObject::new(self.value()))
+            .clone()
+    }
+
+    /// The object's label `key`, without parsing it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.meta.labels.as_ref()?.get(key).map(String::as_str)
     }
 
     pub fn name(&self) -> &str {

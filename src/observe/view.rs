@@ -9,6 +9,7 @@ use kube::runtime::reflector::Store;
 
 use super::cache::KindCache;
 use crate::kinds::KindRef;
+use crate::labels::Selector;
 use crate::observe::RawObject;
 use crate::observe::{CachedObject, ObjectView};
 use crate::util::lock;
@@ -74,6 +75,29 @@ impl ObjectView for Sources {
                     .filter(|o| o.undecodable.is_none())
                     .map(|o| o.cached())
             }
+        }
+    }
+
+    fn select(
+        &self,
+        kind: &KindRef,
+        namespace: &str,
+        selector: &Selector,
+    ) -> Vec<Arc<CachedObject>> {
+        match self.0.get(kind) {
+            Some(Source::Informer(c)) => c.select(namespace, selector),
+            Some(Source::Targets(s, _)) => sorted(
+                s.state()
+                    .into_iter()
+                    .filter(|o| {
+                        o.undecodable.is_none()
+                            && o.namespace() == namespace
+                            && selector.matches_with(|k| o.label(k))
+                    })
+                    .map(|o| o.cached())
+                    .collect(),
+            ),
+            None => Vec::new(),
         }
     }
 
@@ -163,9 +187,34 @@ impl ObjectView for Tracking {
         self.sources.list(kind, namespace)
     }
 
+    fn select(
+        &self,
+        kind: &KindRef,
+        namespace: &str,
+        selector: &Selector,
+    ) -> Vec<Arc<CachedObject>> {
+        self.note(kind, namespace, None, true);
+        self.sources.select(kind, namespace, selector)
+    }
+
+    fn select_for_child(
+        &self,
+        kind: &KindRef,
+        namespace: &str,
+        selector: &Selector,
+    ) -> Vec<Arc<CachedObject>> {
+        self.note(kind, namespace, None, false);
+        self.sources.select(kind, namespace, selector)
+    }
+
     fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
         self.note(kind, namespace, Some(name), true);
         self.sources.get(kind, namespace, name)
+    }
+
+    fn list_owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
+        self.note(kind, namespace, None, true);
+        self.sources.owned_by(kind, namespace, uid)
     }
 
     // Children report their own changes through their owner references.

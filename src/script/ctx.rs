@@ -259,11 +259,7 @@ fn register_reads(engine: &mut Engine) {
          -> RhaiResult<Array> {
             let k = c.kind(&call, kind)?;
             let sel = selector_of(&call, &selector)?;
-            Ok(Ctx::array(
-                c.objects(&k)
-                    .into_iter()
-                    .filter(|o| sel.matches_object(o.value())),
-            ))
+            Ok(Ctx::array(c.0.view.select(&k, &c.0.namespace, &sel)))
         },
     );
 }
@@ -287,10 +283,7 @@ fn register_relations(engine: &mut Engine) {
             Ok(Ctx::array(if uid == c.0.target_uid {
                 c.owned(&k)
             } else {
-                c.objects(&k)
-                    .into_iter()
-                    .filter(|o| o.is_owned_by(&uid))
-                    .collect()
+                c.0.view.list_owned_by(&k, &c.0.namespace, &uid)
             }))
         },
     );
@@ -323,16 +316,20 @@ fn register_relations(engine: &mut Engine) {
             };
             // The pods of one of the policy's own children are read for
             // the child's sake, not with the target author's rights.
-            let pods = if child {
-                c.0.view.list_for_child(&pod, &c.0.namespace)
-            } else {
-                c.objects(&pod)
-            }
-            .into_iter();
+            let view = &c.0.view;
+            let ns = &c.0.namespace;
             match (sel, uid) {
-                (Some(sel), _) => Ok(Ctx::array(pods.filter(|p| sel.matches_object(p.value())))),
+                (Some(sel), _) if child => Ok(Ctx::array(view.select_for_child(&pod, ns, &sel))),
+                (Some(sel), _) => Ok(Ctx::array(view.select(&pod, ns, &sel))),
                 // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.
-                (None, Some(uid)) => Ok(Ctx::array(pods.filter(|p| p.is_owned_by(&uid)))),
+                (None, Some(uid)) => {
+                    let pods = if child {
+                        view.list_for_child(&pod, ns)
+                    } else {
+                        c.objects(&pod)
+                    };
+                    Ok(Ctx::array(pods.into_iter().filter(|p| p.is_owned_by(&uid))))
+                }
                 (None, None) => fail(
                     &call,
                     "pods_of: the object has neither spec.selector nor a uid".into(),
