@@ -782,6 +782,98 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
     c.cleanup().await;
 }
 
+/// A leader that loses its Lease to an outage stops acting and stands by
+/// (it used to exit, leaving a single replica gone until restarted): while
+/// another holds the Lease it writes nothing, and when that holder stops
+/// renewing it leads again and reconciles what changed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_its_lease_stands_by_and_leads_again() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let c = Cluster::new("relead").await;
+    install_widget_crd(&c).await;
+    let proxy = Proxy::start(&c).await;
+    let metrics = Arc::new(Metrics::new());
+    let op = operator_through(
+        &c,
+        proxy.client().await,
+        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
+        OperatorConfig {
+            lease: Some(runbook::runtime::leader::LeaseConfig {
+                namespace: c.ns.clone(),
+                name: "runbook-leader".into(),
+                identity: "a".into(),
+                duration: Duration::from_secs(2),
+                renew_every: Duration::from_millis(300),
+            }),
+            identity: "a".into(),
+            ..Default::default()
+        },
+        metrics.clone(),
+        Arc::new(LogSink::default()),
+    );
+    op.start().await.unwrap();
+    let following = {
+        let op = op.clone();
+        tokio::spawn(async move { op.follow_leadership().await })
+    };
+    let widgets = widgets(&c);
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    create_widget(&c, &widgets, "first", json!({"size": 1})).await;
+    eventually("the leader to reconcile", 30, || async {
+        cms.get("first-config").await.is_ok()
+    })
+    .await;
+    // The API server goes away for the leader; once its renewal is no
+    // longer trusted it stops leading, and another holder takes the Lease.
+    proxy.cut();
+    eventually("the leader to step down", 30, || async { !op.is_leading() }).await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
+    // Another replica's renewals, written as the test's user.
+    let hold = move || {
+        let leases = leases.clone();
+        async move {
+            let mut l = leases.get("runbook-leader").await.unwrap();
+            let spec = l.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = Some("other".into());
+            spec.lease_duration_seconds = Some(2);
+            spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                jiff::Timestamp::now(),
+            ));
+            let _ = leases
+                .replace("runbook-leader", &PostParams::default(), &l)
+                .await;
+        }
+    };
+    hold().await;
+    let other = tokio::spawn(async move {
+        for _ in 0..20 {
+            hold().await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    proxy.restore();
+    create_widget(&c, &widgets, "meanwhile", json!({"size": 2})).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!following.is_finished(), "the replica stays, standing by");
+    assert!(!op.is_leading(), "another holds the Lease");
+    assert!(
+        cms.get_opt("meanwhile-config").await.unwrap().is_none(),
+        "a replica that lost the Lease writes nothing"
+    );
+    // The other holder stops renewing: the replica leads again and
+    // reconciles what was created meanwhile.
+    other.await.unwrap();
+    eventually("leading again", 30, || async { op.is_leading() }).await;
+    eventually("the change made meanwhile reconciled", 30, || async {
+        cms.get_opt("meanwhile-config").await.unwrap().is_some()
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    assert!(following.await.is_ok());
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
 const SHADOW_POLICY: &str = r#"
 apiVersion: runbook.dev/v1alpha1
 kind: Policy

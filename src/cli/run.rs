@@ -397,8 +397,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     serve(&args, op, reloader, sources).await
 }
 
-/// Start (once leading), reconcile until told to stop or the Lease is
-/// lost, then shut down within the grace period.
+/// Start (once leading), reconcile while leading (standing by whenever
+/// the Lease is lost), then shut down within the grace period.
 async fn serve(
     args: &RunArgs,
     op: Arc<Operator>,
@@ -415,14 +415,11 @@ async fn serve(
     }
     let _watchers = reload::spawn(reloader, op.clone(), sources);
     tracing::info!("reconciling");
-    let code = tokio::select! {
-        _ = super::shutdown_signal() => ExitCode::SUCCESS,
-        _ = op.lost_leadership() => {
-            tracing::error!("lost the leader lease; exiting so a fresh instance can stand by");
-            ExitCode::FAILURE
-        }
-    };
+    tokio::select! {
+        _ = super::shutdown_signal() => {}
+        _ = op.follow_leadership() => {}
+    }
     op.shutdown(grace).await;
     tracing::info!("stopped");
-    Ok(code)
+    Ok(ExitCode::SUCCESS)
 }

@@ -356,12 +356,7 @@ impl Operator {
             _ = leading.wait_for(|l| *l) => {}
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
-        self.ctx.metrics.leader.set(1);
-        self.keep_webhook_in_step(&set).await;
-        // What was notified before this leader, so that nothing is sent twice.
-        self.ctx.alerts.restore().await;
-        self.ensure_controllers(&set).await;
-        self.ctx.health.ready.store(true, Ordering::Release);
+        self.take_lead().await;
         let ctx = self.ctx.clone();
         let mut stop = self.ctx.stop.clone();
         lock(&self.tasks).push(tokio::spawn(async move {
@@ -373,7 +368,10 @@ impl Operator {
                         ctx.sweep_alerts();
                         ctx.prune_memory();
                     }
-                    _ = supervise.tick() => ctx.restart_ended(),
+                    // A replica that stepped down restarts nothing.
+                    _ = supervise.tick() => if ctx.health.leading.load(Ordering::Acquire) {
+                        ctx.restart_ended()
+                    },
                     _ = stop.wait_for(|s| *s) => return,
                 }
             }
@@ -512,6 +510,59 @@ impl Operator {
                     ("version", &p.version),
                 ]))
                 .set(1);
+        }
+    }
+
+    /// Begin acting as the leader: the alerts notified before, the
+    /// controllers of the policies in force, ready.
+    async fn take_lead(&self) {
+        let set = self.ctx.policies.load_full();
+        self.ctx.metrics.leader.set(1);
+        self.keep_webhook_in_step(&set).await;
+        // What was notified before this leader, so that nothing is sent twice.
+        self.ctx.alerts.restore().await;
+        self.ensure_controllers(&set).await;
+        self.ctx.health.ready.store(true, Ordering::Release);
+    }
+
+    /// Stop acting, having lost the Lease: every controller stopped (its
+    /// reconciles in flight dropped before their next write), nothing
+    /// queued. The caches stay filled, as a standby's do.
+    fn step_down(&self) {
+        self.ctx.health.ready.store(false, Ordering::Release);
+        self.ctx.metrics.leader.set(0);
+        let controllers: Vec<TargetController> = lock(&self.ctx.running.targets)
+            .drain()
+            .map(|(_, t)| t)
+            .collect();
+        for t in controllers {
+            t.task.abort();
+        }
+        lock(&self.ctx.queue.pending).clear();
+        self.ctx.metrics.queue_depth.set(0);
+    }
+
+    /// After [`Operator::start`]: while the Lease is held, reconcile; when
+    /// it is lost (an API server outage, a 403 while the server's RBAC
+    /// warms up, a standby that took over), stop acting and stand by,
+    /// trying to lead again, and resume once leading. Resolves only when
+    /// the operator is told to stop.
+    pub async fn follow_leadership(&self) {
+        let mut stop = self.ctx.stop.clone();
+        loop {
+            tokio::select! {
+                _ = self.lost_leadership() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            tracing::warn!("lost the leader lease: stopped acting; standing by to lead again");
+            self.step_down();
+            let mut leading = self.leading_rx.clone();
+            tokio::select! {
+                r = leading.wait_for(|l| *l) => if r.is_err() { return },
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            tracing::info!("leading again: resuming");
+            self.take_lead().await;
         }
     }
 

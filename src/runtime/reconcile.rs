@@ -303,7 +303,16 @@ pub(super) async fn reconcile(
         }
         return Ok(Action::await_change());
     }
+    // Counted while it runs, and uncounted however it ends (a replica
+    // that steps down drops its reconciles mid-way).
+    struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
     ctx.queue.in_flight.fetch_add(1, Ordering::AcqRel);
+    let in_flight = InFlight(&ctx.queue.in_flight);
     // A panic is a bug; it fails this reconcile only (retried with
     // backoff, counted, reported on the target), never the controller of
     // the whole kind.
@@ -317,7 +326,7 @@ pub(super) async fn reconcile(
             Err(caught(&ctx, &obj, &key, what).await)
         }
     };
-    ctx.queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+    drop(in_flight);
     ctx.queue.activity.fetch_add(1, Ordering::AcqRel);
     result
 }
