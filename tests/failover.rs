@@ -193,3 +193,80 @@ async fn a_missing_operator_namespace_stops_start_up_with_the_way_out() {
     let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }
+
+/// One HTTP GET on loopback: the status code and the body.
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split(' ').nth(1)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Some((code, body))
+}
+
+/// While start-up waits for an API server that is not there, the health
+/// port answers at once: live (a restart would not bring the API server
+/// back), not ready, saying what it waits for. It used to serve nothing
+/// until start-up was done, so the shipped liveness probe killed a pod
+/// that was waiting correctly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_served_while_start_up_waits_for_the_api_server() {
+    let dir = std::env::temp_dir().join(format!("runbook-waiting-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // An API server address nothing listens on.
+    let away = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = away.local_addr().unwrap();
+    drop(away);
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'http://{api}'}}}}]\nusers: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let health = port.local_addr().unwrap().to_string();
+    drop(port);
+    let child = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["run", "--skip-access-check", "--metrics-addr", &health])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("RUNBOOK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _running = Operator {
+        identity: "waiting".into(),
+        child,
+    };
+    let started = Instant::now();
+    let live = loop {
+        if let Some(answer) = http_get(&health, "/healthz") {
+            break answer;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "nothing served on {health} while start-up waits"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(live.0, 200, "{live:?}");
+    eventually("readiness to say what start-up waits for", 30, || async {
+        http_get(&health, "/readyz").is_some_and(|(code, body)| {
+            code == 503
+                && body.contains("waiting for the API server")
+                && body.contains("operator namespace")
+        })
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

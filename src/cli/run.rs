@@ -158,11 +158,15 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client
 /// Whether the operator namespace exists (it holds the Lease and the
 /// policy ConfigMaps), waiting out an API server that is not there yet;
 /// `None` when told to stop meanwhile.
-async fn operator_namespace_exists(args: &RunArgs, client: &kube::Client) -> Option<bool> {
+async fn operator_namespace_exists(
+    args: &RunArgs,
+    client: &kube::Client,
+    waiting: &health::Waiting,
+) -> Option<bool> {
     let ns = &args.operator_namespace;
     let what = format!("looking up the operator namespace {ns}");
     tokio::select! {
-        found = health::patiently(&what, || async {
+        found = health::patiently(waiting, &what, || async {
             match kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
                 .get_opt(ns)
                 .await
@@ -200,11 +204,12 @@ fn sources_of(args: &RunArgs) -> SourceConfig {
 async fn initial_bundles(
     client: &kube::Client,
     sources: &SourceConfig,
+    waiting: &health::Waiting,
 ) -> Option<Vec<crate::policy::Bundle>> {
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         let what = format!("reading the policy ConfigMaps in {ns}");
-        let read = health::patiently(&what, || async {
+        let read = health::patiently(waiting, &what, || async {
             crate::reload::sources::configmap_bundles(client, ns)
                 .await
                 .map_err(|e| crate::util::api_error(&e))
@@ -322,8 +327,52 @@ fn dispatcher(args: &RunArgs, client: &kube::Client, metrics: &Arc<Metrics>) -> 
     Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
 }
 
+/// `/readyz` and `/shadow` before the operator exists: not ready, saying
+/// what start-up waits for; the operator's own once it is built.
+#[derive(Clone, Default)]
+struct Probes {
+    startup: Arc<health::Waiting>,
+    ready: Arc<std::sync::OnceLock<telemetry::Readiness>>,
+    shadow: Arc<std::sync::OnceLock<telemetry::ShadowLog>>,
+}
+
+impl Probes {
+    fn readiness(&self) -> telemetry::Readiness {
+        let me = self.clone();
+        Arc::new(move || match me.ready.get() {
+            Some(ready) => ready(),
+            None => Err(match me.startup.now() {
+                Some(why) => format!("starting: waiting for the API server: {why}"),
+                None => "starting: loading policies".into(),
+            }),
+        })
+    }
+
+    fn shadow(&self) -> telemetry::ShadowLog {
+        let me = self.clone();
+        Arc::new(move || match me.shadow.get() {
+            Some(shadow) => shadow(),
+            None => "[]".into(),
+        })
+    }
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    // Health is served from the first moment: live while start-up waits
+    // (for an API server, for ConfigMaps it may not read yet), not ready
+    // until the operator is, with the reason.
+    let metrics = Arc::new(Metrics::new());
+    let probes = Probes::default();
+    let (addr, _server) = telemetry::serve(
+        args.metrics_addr,
+        metrics.clone(),
+        probes.readiness(),
+        probes.shadow(),
+    )
+    .await
+    .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");
     let client = client(args.kubeconfig.as_ref()).await?;
     let engine = Arc::new(ScriptEngine::new(ScriptLimits {
         wall_time: Duration::from_millis(args.script_timeout_ms),
@@ -338,7 +387,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if args.leader_elect || args.policy_configmaps {
         let ns = &args.operator_namespace;
-        let Some(found) = operator_namespace_exists(&args, &client).await else {
+        let Some(found) = operator_namespace_exists(&args, &client, &probes.startup).await else {
             return Ok(ExitCode::SUCCESS);
         };
         anyhow::ensure!(
@@ -346,7 +395,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "the operator namespace {ns:?} does not exist (it holds the leader Lease and the policy ConfigMaps): create it with `kubectl create namespace {ns}`, name another with --operator-namespace, or start with --leader-elect=false --policy-configmaps=false"
         );
     }
-    let metrics = Arc::new(Metrics::new());
     let sources = sources_of(&args);
     let reloader = Arc::new(
         Reloader::new(
@@ -359,7 +407,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_dangerous_kinds(args.allow_dangerous_kinds)
         .with_access_check(!args.skip_access_check),
     );
-    let Some(bundles) = initial_bundles(&client, &sources).await else {
+    let Some(bundles) = initial_bundles(&client, &sources, &probes.startup).await else {
         return Ok(ExitCode::SUCCESS);
     };
     let (set, errors) = reloader.initial(bundles).await;
@@ -386,14 +434,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         operator_config(&args),
     ));
     let shadow_ctx = op.ctx.clone();
-    let shadow: telemetry::ShadowLog = Arc::new(move || {
+    let _ = probes.shadow.set(Arc::new(move || {
         serde_json::to_string_pretty(&shadow_ctx.shadow_records()).unwrap_or_default()
-    });
-    let ready = reload::readiness(&op, &reloader);
-    let (addr, _server) = telemetry::serve(args.metrics_addr, metrics, ready, shadow)
-        .await
-        .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");
+    }));
+    let _ = probes.ready.set(reload::readiness(&op, &reloader));
     serve(&args, op, reloader, sources).await
 }
 

@@ -183,7 +183,7 @@ fn watch_error(e: &watcher::Error) -> String {
 /// tries, with a warning naming `what` and the error each time: for steps
 /// that must wait out an API server that is not there yet (start-up during
 /// an outage) rather than give up.
-pub async fn patiently<T, E, F, Fut>(what: &str, mut attempt: F) -> T
+pub async fn patiently<T, E, F, Fut>(waiting: &Waiting, what: &str, mut attempt: F) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
@@ -192,13 +192,32 @@ where
     let mut pause = Duration::from_secs(1);
     loop {
         match attempt().await {
-            Ok(v) => return v,
+            Ok(v) => {
+                waiting.set(None);
+                return v;
+            }
             Err(e) => {
                 tracing::warn!("{what}: {e}; trying again in {}s", pause.as_secs());
+                waiting.set(Some(format!("{what}: {e}")));
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
         }
+    }
+}
+
+/// What start-up is waiting for, with the last answer that held it up:
+/// `/readyz` says it while the instance is not ready yet.
+#[derive(Default)]
+pub struct Waiting(std::sync::Mutex<Option<String>>);
+
+impl Waiting {
+    pub fn set(&self, why: Option<String>) {
+        *crate::util::lock(&self.0) = why;
+    }
+
+    pub fn now(&self) -> Option<String> {
+        crate::util::lock(&self.0).clone()
     }
 }
 

@@ -854,7 +854,10 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemet
             .synced
             .load(std::sync::atomic::Ordering::Acquire)
         {
-            return Err("caches not synced yet".into());
+            return Err(match op.ctx.health.waiting.now() {
+                Some(why) => format!("starting: waiting for the API server: {why}"),
+                None => "starting: filling the watch caches".into(),
+            });
         }
         let mut failing = op.ctx.health.watches.ended();
         failing.extend(

@@ -120,6 +120,8 @@ pub struct Health {
     pub leading: Arc<AtomicBool>,
     /// Which watches fail, since when: `/readyz` reports them.
     pub watches: Arc<WatchHealth>,
+    /// What start-up waits for (discovery during an outage), and why.
+    pub waiting: Arc<crate::observe::health::Waiting>,
 }
 
 /// The watches running: an informer per kind policies own or read, a

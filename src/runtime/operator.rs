@@ -315,7 +315,7 @@ impl Operator {
         // kind it does not serve is an answer, and fails the start.
         let mut stop = self.ctx.stop.clone();
         let checked = tokio::select! {
-            r = crate::observe::health::patiently("discovering the policies' kinds", || async {
+            r = crate::observe::health::patiently(&self.ctx.health.waiting, "discovering the policies' kinds", || async {
                 match self.check_kinds(&self.ctx.policies.load_full()).await {
                     Err(StartError::Discovery(e)) => Err(crate::util::api_error(&e)),
                     other => Ok(other),
