@@ -683,3 +683,96 @@ async fn a_benchmark_pod_gets_no_privilege_or_secret_its_author_lacks() {
     drop(kubelet);
     c.cleanup().await;
 }
+
+/// The operator's own rights taken away under it: a write it may no longer
+/// make is seen on the target (`Degraded`, reason `Forbidden`), counted in
+/// `runbook_writes_forbidden_total`, and keeps `/readyz` failing within
+/// seconds, naming the write (its watches, authorized when they began,
+/// stay open: readiness stayed 200 for minutes); once the rights are back
+/// the write goes through and the instance is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_operator_may_no_longer_make_is_seen_and_unreadies_it() {
+    use k8s_openapi::api::rbac::v1::Role;
+    let c = Cluster::new("sec-revoked").await;
+    install(&c).await;
+    let op = start_operator(&c).await;
+    let reloader = Arc::new(runbook::reload::Reloader::new(
+        Arc::new(runbook::script::ScriptEngine::default()),
+        Some(c.client.clone()),
+        op.ctx.metrics.clone(),
+        "test",
+    ));
+    let ready = runbook::reload::readiness(&op, &reloader);
+    eventually("ready", 60, || async { ready().is_ok() }).await;
+    let kubelet = benchmark_kubelet(&c, &["gamma"]);
+    let deployments = model_deployment(&c, "gamma").await;
+    eventually("gamma at revision 1", 60, || async {
+        revision_of(&deployments.get("gamma").await.unwrap()) == "1"
+    })
+    .await;
+    // The administrator takes the operator's rights on Jobs away.
+    let roles: Api<Role> = c.api();
+    let granted = roles.get(&configuration(&c)).await.unwrap();
+    let mut revoked = granted.clone();
+    for rule in revoked.rules.iter_mut().flatten() {
+        if rule
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r == "jobs"))
+        {
+            rule.verbs
+                .retain(|v| !["create", "patch", "update"].contains(&v.as_str()));
+        }
+    }
+    roles
+        .replace(&configuration(&c), &PostParams::default(), &revoked)
+        .await
+        .unwrap();
+    let editor = user(&c, "cr-editor", &[editor(), viewer()]).await;
+    let evaluators = runbook_api(&editor, &c, "Evaluator");
+    create_as(&evaluators, evaluator("gamma", "gamma")).await;
+    let message = refused(&evaluators, "gamma", "Forbidden").await;
+    assert!(
+        message.contains("apply") && message.contains("Job"),
+        "{message}"
+    );
+    eventually("unready, naming the refused write", 30, || async {
+        ready().is_err_and(|why| why.contains("patch batch/jobs") && why.contains("403"))
+    })
+    .await;
+    let counted = op
+        .ctx
+        .metrics
+        .writes_forbidden
+        .get_or_create(&runbook::telemetry::Metrics::labels(&[
+            ("verb", "patch"),
+            ("resource", "batch/jobs"),
+        ]))
+        .get();
+    assert!(counted > 0, "counted in runbook_writes_forbidden_total");
+    // The rights come back: the Job is made and the instance is ready.
+    let mut back = roles.get(&configuration(&c)).await.unwrap();
+    back.rules = granted.rules.clone();
+    roles
+        .replace(&configuration(&c), &PostParams::default(), &back)
+        .await
+        .unwrap();
+    let jobs: Api<Job> = c.api();
+    eventually("the benchmark Job made once allowed", 60, || async {
+        jobs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|j| {
+                j.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("gamma-eval-"))
+            })
+    })
+    .await;
+    eventually("ready again", 60, || async { ready().is_ok() }).await;
+    drop(kubelet);
+    c.cleanup().await;
+}

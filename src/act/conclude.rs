@@ -22,6 +22,7 @@ const OWN_REASONS: &[&str] = &[
     "ActionRefused",
     "NotAuthorized",
     "ActionFailed",
+    "Forbidden",
     "ActionLimited",
     "ScheduleError",
 ];
@@ -98,6 +99,8 @@ pub fn problem_of(
         let reason = match f.label {
             "unauthorized" => "NotAuthorized",
             "refused" => "ActionRefused",
+            // The operator's own RBAC lacks it (not the author's rights).
+            "forbidden" => "Forbidden",
             _ => "ActionFailed",
         };
         return Some((reason, f.message.clone()));

@@ -866,6 +866,7 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemet
                 .watches
                 .failing_for(crate::observe::health::UNREADY_AFTER),
         );
+        failing.extend(op.ctx.health.forbidden.now());
         if !failing.is_empty() {
             return Err(failing.join("\n"));
         }

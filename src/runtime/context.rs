@@ -122,6 +122,8 @@ pub struct Health {
     pub watches: Arc<WatchHealth>,
     /// What start-up waits for (discovery during an outage), and why.
     pub waiting: Arc<crate::observe::health::Waiting>,
+    /// Writes the API server refused lately for lack of permission.
+    pub forbidden: Arc<super::forbidden::Forbidden>,
 }
 
 /// The watches running: an informer per kind policies own or read, a

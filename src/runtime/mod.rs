@@ -6,6 +6,7 @@
 pub mod access;
 mod context;
 mod controllers;
+pub mod forbidden;
 pub mod leader;
 pub mod operator;
 mod reconcile;

@@ -74,6 +74,10 @@ impl Operator {
         let (changes, changes_rx) = mpsc::unbounded_channel();
         let (leading_tx, leading_rx) = watch::channel(false);
         let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
+        // Every write's answer is looked at: a 403 counts, and keeps the
+        // instance unready until the same write succeeds.
+        let forbidden = Arc::new(super::forbidden::Forbidden::with_metrics(metrics.clone()));
+        let client = super::forbidden::observed(client, forbidden.clone());
         let ctx = Arc::new(Context {
             recorder: EventWriter::of_runbook(client.clone(), &config.identity),
             authority: act::authorize::Authority::new(client.clone(), config.signer.clone()),
@@ -88,6 +92,7 @@ impl Operator {
             config,
             health: Health {
                 watches,
+                forbidden,
                 ..Health::default()
             },
             running: Running::default(),

@@ -62,6 +62,9 @@ pub struct Metrics {
     /// 1 for each status field (or `conditions`) a policy declares that
     /// its target's served schema does not list.
     pub status_unlisted: Family<Labels, Gauge>,
+    /// Writes the API server refused for lack of permission (403), by
+    /// verb and resource.
+    pub writes_forbidden: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -95,6 +98,7 @@ impl Metrics {
             cache_waits_ended: Family::default(),
             status_dropped: Family::default(),
             status_unlisted: Family::default(),
+            writes_forbidden: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -166,6 +170,11 @@ impl Metrics {
             "status_unlisted",
             "1 for each status field a policy declares that its target's served schema does not list, by policy and field",
             m.status_unlisted.clone(),
+        );
+        registry.register(
+            "writes_forbidden",
+            "Writes the API server refused for lack of permission (403), by verb and resource",
+            m.writes_forbidden.clone(),
         );
         registry.register(
             "status_dropped",
