@@ -98,7 +98,8 @@ fn an_unknown_section_is_refused() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("want one of decision, writes, operator")
+        String::from_utf8_lossy(&out.stderr)
+            .contains("want one of decision, lookup, writes, operator")
     );
 }
 

@@ -755,3 +755,79 @@ async fn a_tenants_policy_acts_only_in_its_own_namespace() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+/// A storm of edits to one policy ConfigMap is loaded once per burst, the
+/// newest version each time: 30 edits sent back to back are swapped in a
+/// few times at most (each edit was loaded in turn, one wave of
+/// reconciles per edit, the last one in force long after the storm), and
+/// the last edit is what every target runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_edits_is_loaded_as_its_newest_version() {
+    let c = Cluster::new("reloadstorm").await;
+    install_widget_crd(&c).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    cms.create(
+        &PostParams::default(),
+        &bundle_cm(&c, &policy_yaml(&c, "0")),
+    )
+    .await
+    .unwrap();
+    let (op, _reloader) = start(
+        &c,
+        SourceConfig {
+            dirs: vec![],
+            configmap_namespaces: vec![c.ns.clone()],
+        },
+    )
+    .await;
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    for name in ["a", "b", "c"] {
+        create_widget(&c, &widgets, name, json!({})).await;
+    }
+    eventually("threshold 0 everywhere", 30, || async {
+        for name in ["a", "b", "c"] {
+            if status_threshold(&widgets, name).await != 0 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let swapped = || {
+        op.ctx
+            .metrics
+            .policy_reloads
+            .get_or_create(&Metrics::labels(&[("result", "ok")]))
+            .get()
+    };
+    let before = swapped();
+    for i in 1..=30 {
+        cms.patch(
+            "tuned-policy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"tuned.yaml": policy_yaml(&c, &i.to_string())}})),
+        )
+        .await
+        .unwrap();
+    }
+    eventually("the last edit in force everywhere", 30, || async {
+        for name in ["a", "b", "c"] {
+            if status_threshold(&widgets, name).await != 30 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    op.settle(Duration::from_millis(300), Duration::from_secs(10))
+        .await;
+    let loads = swapped() - before;
+    assert!(
+        (1..=5).contains(&loads),
+        "30 edits were loaded {loads} times"
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

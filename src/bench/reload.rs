@@ -37,6 +37,22 @@ pub struct ReloadFigures {
     pub targets: usize,
     /// From the edit of the ConfigMap to every target reconciled on the new version.
     pub requeue_all: Duration,
+    pub storm: StormFigures,
+}
+
+/// An edit storm: `edits` edits of one policy ConfigMap spread over
+/// `over`, beside `targets` targets.
+#[derive(Clone, Copy, Debug)]
+pub struct StormFigures {
+    pub edits: usize,
+    pub over: Duration,
+    pub targets: usize,
+    /// From the last edit to every target on its version.
+    pub converged: Duration,
+    /// The operator's API writes from the first edit until then.
+    pub writes: u64,
+    /// Policy sets swapped in for the storm.
+    pub loads: u64,
 }
 
 fn seen(sandbox: &Sandbox, namespace: &str, n: usize) -> usize {
@@ -73,7 +89,47 @@ pub async fn run(edits: usize, targets: usize) -> ReloadFigures {
         latency,
         targets,
         requeue_all,
+        storm: storm(100, Duration::from_secs(10), 1_000).await,
     }
+}
+
+/// `edits` edits spread evenly over `over` beside `targets` targets: how
+/// long after the last one every target runs on it, and what it cost.
+pub async fn storm(edits: usize, over: Duration, targets: usize) -> StormFigures {
+    let sandbox = Sandbox::default();
+    let ns = "storm";
+    populate(&sandbox, ns, targets);
+    let op = operator(&sandbox, ns, targets).await;
+    let cms: Api<ConfigMap> = Api::namespaced(sandbox.client(), ns);
+    let reloads = || {
+        op.ctx
+            .metrics
+            .policy_reloads
+            .get_or_create(&Metrics::labels(&[("result", "ok")]))
+            .get()
+    };
+    let (writes, loads) = (op.ctx.metrics.writes.get(), reloads());
+    let gap = over / edits.max(1) as u32;
+    for i in 1..edits {
+        edit(&cms, i).await;
+        tokio::time::sleep(gap).await;
+    }
+    edit(&cms, edits).await;
+    let last = Instant::now();
+    while seen(&sandbox, ns, edits) < targets && last.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let converged = last.elapsed();
+    let figures = StormFigures {
+        edits,
+        over,
+        targets,
+        converged,
+        writes: op.ctx.metrics.writes.get() - writes,
+        loads: reloads() - loads,
+    };
+    op.shutdown(Duration::from_secs(5)).await;
+    figures
 }
 
 /// The operator running the tuned policy from its ConfigMap, hot reload

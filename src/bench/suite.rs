@@ -440,6 +440,20 @@ async fn reload(quick: bool, n: usize) -> Vec<Row> {
             f.requeue_all.as_secs_f64(),
             "s",
         ),
+        Row::new(
+            s,
+            format!(
+                "{} edits over {} s beside {} targets: last edit -> every target on it",
+                f.storm.edits,
+                f.storm.over.as_secs(),
+                f.storm.targets
+            ),
+            f.storm.converged.as_secs_f64(),
+            "s",
+        )
+        .goal(Goal::AtMost(2.0)),
+        Row::new(s, "the storm's API writes", f.storm.writes as f64, "writes"),
+        Row::new(s, "the storm's policy loads", f.storm.loads as f64, "loads"),
     ]
 }
 

@@ -755,12 +755,92 @@ pub fn spawn(
     tasks
 }
 
+/// The newest version of each policy ConfigMap that changed and is not
+/// loaded yet (`None`: deleted), and when the last edit came. A burst of
+/// edits to one bundle leaves only its last version here, so it is
+/// compiled once.
+#[derive(Default)]
+struct Newest {
+    bundles: Mutex<Waiting>,
+    arrived: tokio::sync::Notify,
+}
+
+/// Bundles waiting to load, and when the last edit came.
+type Waiting = (
+    BTreeMap<Origin, Option<Bundle>>,
+    Option<tokio::time::Instant>,
+);
+
+/// Edits are loaded once none has come for this long...
+pub const EDIT_QUIET: Duration = Duration::from_millis(150);
+/// ...or once the first of them has waited this long: an edit storm loads
+/// its newest versions at most once per second, and its last edit is in
+/// force at most this long (plus one load) after it arrived.
+pub const EDIT_WAIT_MAX: Duration = Duration::from_secs(1);
+
+impl Newest {
+    fn put(&self, origin: Origin, bundle: Option<Bundle>) {
+        let mut b = lock(&self.bundles);
+        b.0.insert(origin, bundle);
+        b.1 = Some(tokio::time::Instant::now());
+        drop(b);
+        self.arrived.notify_one();
+    }
+
+    /// Every bundle waiting, once the edits have paused for [`EDIT_QUIET`]
+    /// or the first has waited [`EDIT_WAIT_MAX`].
+    async fn take(&self) -> BTreeMap<Origin, Option<Bundle>> {
+        loop {
+            let (waiting, latest) = {
+                let b = lock(&self.bundles);
+                (!b.0.is_empty(), b.1)
+            };
+            if let (true, Some(_)) = (waiting, latest) {
+                break;
+            }
+            self.arrived.notified().await;
+        }
+        let first = tokio::time::Instant::now();
+        loop {
+            let latest = lock(&self.bundles).1.unwrap_or(first);
+            let due = (latest + EDIT_QUIET).min(first + EDIT_WAIT_MAX);
+            if tokio::time::Instant::now() >= due {
+                return std::mem::take(&mut lock(&self.bundles).0);
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    }
+}
+
+/// Watch the policy ConfigMaps of a namespace. Edits are loaded by a task
+/// of their own, the newest version of each bundle at a time (see
+/// [`EDIT_QUIET`]): edits that arrive meanwhile, or while one loads (a
+/// load waits for the caches of new kinds and reconciles the targets of
+/// changed policies), replace each other.
 async fn watch_configmaps(
     reloader: Arc<Reloader>,
     op: Arc<Operator>,
     client: kube::Client,
     namespace: String,
 ) {
+    let newest = Arc::new(Newest::default());
+    let loader = {
+        let (newest, reloader, op) = (newest.clone(), reloader.clone(), op.clone());
+        tokio::spawn(async move {
+            loop {
+                for (origin, bundle) in newest.take().await {
+                    reloader.update(&op, origin, bundle).await;
+                }
+            }
+        })
+    };
+    struct Abort(tokio::task::JoinHandle<()>);
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _loader = Abort(loader);
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}=true"));
     let mut stream = watcher::watcher(api, config)
@@ -785,11 +865,11 @@ async fn watch_configmaps(
             Ok(Event::Apply(cm)) | Ok(Event::InitApply(cm)) => {
                 let b = bundle_of(&cm);
                 listed.push(b.origin.clone());
-                reloader.update(&op, b.origin.clone(), Some(b)).await;
+                newest.put(b.origin.clone(), Some(b));
             }
             Ok(Event::Delete(cm)) => {
                 let b = bundle_of(&cm);
-                reloader.update(&op, b.origin, None).await;
+                newest.put(b.origin, None);
             }
             Ok(Event::Init) => listed.clear(),
             Ok(Event::InitDone) => {
@@ -801,7 +881,7 @@ async fn watch_configmaps(
                     .collect();
                 for o in known {
                     if !listed.contains(&o) {
-                        reloader.update(&op, o, None).await;
+                        newest.put(o, None);
                     }
                 }
             }
