@@ -481,6 +481,25 @@ async fn alert_routes_naming_a_missing_secret_are_refused_until_it_exists() {
     );
     let (_, errors) = reloader.initial(vec![bundle()]).await;
     assert!(errors[0].ends_with("has no key \"url\""), "{errors:?}");
+    // Credentials before the host would be dropped silently by the HTTP
+    // client: refused, saying where a token goes, without echoing it.
+    secrets
+        .patch(
+            "hooks",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"stringData": {"url": "https://bot:hunter2@hooks.example.com/x"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let (_, errors) = reloader.initial(vec![bundle()]).await;
+    assert!(
+        errors[0].contains("key \"url\": the URL holds credentials")
+            && errors[0].contains("path or query")
+            && !errors[0].contains("hunter2"),
+        "{errors:?}"
+    );
     secrets
         .patch(
             "hooks",

@@ -497,6 +497,9 @@ impl Inner {
         if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(Failure::config("the receiver URL is not http(s)"));
         }
+        if super::routes::has_credentials(url) {
+            return Err(Failure::config(super::routes::CREDENTIALS_IN_URL));
+        }
         let req = http::Request::post(uri)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(

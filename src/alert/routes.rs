@@ -287,6 +287,18 @@ fn duration(
     }
 }
 
+/// Whether a URL carries credentials before its host (`user:pass@`),
+/// which an HTTP client does not send.
+pub fn has_credentials(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split(['/', '?', '#'])
+        .next()
+        .is_some_and(|authority| authority.contains('@'))
+}
+
+/// What is said of a receiver URL holding `user:pass@`.
+pub const CREDENTIALS_IN_URL: &str = "the URL holds credentials (user:password@), which are never sent: put the receiver's token in the URL's path or query instead (a URL from a Secret is kept out of logs and Events whole)";
+
 /// Whether a URL's host is the loopback interface.
 fn loopback(url: &str) -> bool {
     let rest = url
@@ -318,6 +330,10 @@ fn target_of(node: &Node, what: &str, errors: &mut Vec<RouteError>) -> Option<Ta
                     Some(node.pos),
                     format!("{what}: {url:?} is not an http(s) URL"),
                 ));
+                return None;
+            }
+            if has_credentials(url) {
+                errors.push(err(Some(node.pos), format!("{what}: {CREDENTIALS_IN_URL}")));
                 return None;
             }
             if !loopback(url) {
@@ -809,6 +825,25 @@ mod tests {
         };
         time_interval(&bad, None, &mut errors);
         assert_eq!(errors.len(), 2, "{errors:?}");
+    }
+
+    #[test]
+    fn credentials_in_a_url_are_found_before_its_host_only() {
+        assert!(has_credentials("http://user:pass@127.0.0.1:9093/hook"));
+        assert!(has_credentials("https://token@hooks.example.com/x"));
+        assert!(!has_credentials("https://hooks.example.com/x?user=a@b"));
+        assert!(!has_credentials("https://hooks.example.com/a@b"));
+        let text = format!(
+            "{HEAD}    - name: am\n      webhook: {{url: 'http://bot:hunter2@127.0.0.1:9/x'}}\n"
+        );
+        let errors = compile_text(&text).unwrap_err();
+        assert!(
+            errors[0].message.contains("holds credentials")
+                && errors[0].message.contains("path or query")
+                && !errors[0].message.contains("hunter2"),
+            "{errors:?}"
+        );
+        assert_eq!(errors[0].pos.map(|p| p.line), Some(8));
     }
 
     #[test]

@@ -266,13 +266,32 @@ impl Reloader {
                     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
                     let problem = match api.get_opt(&key.name).await {
                         Ok(Some(s)) => {
-                            let has = s.data.as_ref().is_some_and(|d| d.contains_key(&key.key))
-                                || s.string_data
-                                    .as_ref()
-                                    .is_some_and(|d| d.contains_key(&key.key));
-                            (!has).then(|| {
-                                format!("Secret {ns}/{} has no key {:?}", key.name, key.key)
-                            })
+                            let value = s
+                                .data
+                                .as_ref()
+                                .and_then(|d| d.get(&key.key))
+                                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                                .or_else(|| {
+                                    s.string_data
+                                        .as_ref()
+                                        .and_then(|d| d.get(&key.key))
+                                        .cloned()
+                                });
+                            match value {
+                                None => Some(format!(
+                                    "Secret {ns}/{} has no key {:?}",
+                                    key.name, key.key
+                                )),
+                                Some(url) if crate::alert::routes::has_credentials(url.trim()) => {
+                                    Some(format!(
+                                        "Secret {ns}/{} key {:?}: {}",
+                                        key.name,
+                                        key.key,
+                                        crate::alert::routes::CREDENTIALS_IN_URL
+                                    ))
+                                }
+                                Some(_) => None,
+                            }
                         }
                         Ok(None) => Some(format!("Secret {ns}/{} does not exist", key.name)),
                         Err(kube::Error::Api(s)) if s.code == 403 => Some(format!(
