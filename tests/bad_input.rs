@@ -478,3 +478,40 @@ fn a_selector_is_a_label_selector_checked_where_it_is_written() {
         errs[0]
     );
 }
+
+/// A decision is capped in what it may do at once: past 100 Events, 1,000
+/// actions or 256 KB of status it fails at the action that crossed the
+/// cap, and nothing of it is done (3,000 `event()` calls made 3,000
+/// Events; 65,536 actions took hundreds of MB).
+#[test]
+fn a_decision_past_its_caps_fails_at_the_action_that_crossed_them() {
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let out = [];\n  for i in 0..3000 {\n    out.push(event(\"Normal\", \"Tick\", `tick ${i}`));\n  }\n  out\n}\n",
+    );
+    assert_eq!(e.kind, ScriptErrorKind::BadResult, "{e}");
+    assert!(e.to_string().starts_with("test/p.rhai:4:14:"), "{e}");
+    assert!(e.message.contains("more than 100 Events"), "{e}");
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let out = [];\n  for i in 0..1500 {\n    out.push(status(#{ n: i }));\n  }\n  out\n}\n",
+    );
+    assert!(e.message.contains("more than 1000 actions"), "{e}");
+    assert!(e.to_string().starts_with("test/p.rhai:4:"), "{e}");
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let big = \"x\";\n  for i in 0..17 { big += big; }\n  [status(#{ a: big }), status(#{ b: big })]\n}\n",
+    );
+    assert!(
+        e.message
+            .contains("bytes of status fields, more than the 262144"),
+        "{e}"
+    );
+    assert!(e.to_string().starts_with("test/p.rhai:4:25:"), "{e}");
+    // Within the caps, the same shapes decide.
+    let w = runtime_world(
+        "fn reconcile(ctx) {\n  [event(\"Normal\", \"Tick\", \"one\"), status(#{ n: 1 })]\n}\n",
+    );
+    w.add(deployment("chatbot", 1));
+    assert!(
+        w.try_decide("p", &evaluator("chatbot", "chatbot", 0.9))
+            .is_ok()
+    );
+}

@@ -582,20 +582,18 @@ async fn finish_apart(
             tell_dropped(w, target, (&patch, &after), out).await;
             out.target_after = Some(after);
         }
-        Err(e) => status_failed(
-            w,
-            &kind,
-            target,
-            &e,
-            entry("status", "failed").fields(patch.clone()),
-            out,
-        ),
+        Err(e) => {
+            let entry = entry("status", "failed").fields(patch.clone());
+            status_failed(w, &kind, target, &e, entry, out).await
+        }
     }
 }
 
 /// A status write that failed: journaled (`entry`, with what it meant to
-/// set) and the decision's error.
-fn status_failed(
+/// set), the decision's error, and a Warning Event on the target (an
+/// Event is an object of its own, written where the status cannot be: a
+/// 413 for an object grown past the API server's limit, a 422, a 403).
+async fn status_failed(
     w: &Writer<'_>,
     kind: &KindRef,
     target: &CachedObject,
@@ -609,6 +607,12 @@ fn status_failed(
         crate::util::api_error(e)
     );
     w.observe(|| entry.detail(m.clone()));
+    let note = plan::Note {
+        type_: crate::events::EventType::Warning,
+        reason: "StatusWriteFailed".into(),
+        message: m.clone(),
+    };
+    w.event(target.value(), &note).await;
     out.error_label.get_or_insert("status");
     out.error.get_or_insert(m);
 }
@@ -678,6 +682,6 @@ async fn finish_status(
             }
             out.target_after = Some(after);
         }
-        Err(e) => status_failed(w, &kind, target, &e, entry("failed").fields(set()), out),
+        Err(e) => status_failed(w, &kind, target, &e, entry("failed").fields(set()), out).await,
     }
 }

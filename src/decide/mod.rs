@@ -332,7 +332,15 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
     }))
 }
 
-/// Flatten what a script returned into actions.
+/// The most actions one decision may take.
+pub const MAX_ACTIONS: usize = 1_000;
+/// The most Events one decision may record.
+pub const MAX_EVENTS: usize = 100;
+/// The most status one decision may write, as JSON (the API server takes
+/// about 1.5 MB for a whole object, and the decision record goes beside).
+pub const MAX_STATUS_BYTES: usize = 256 * 1024;
+
+/// Flatten what a script returned into actions, within a decision's caps.
 fn collect(
     file: &str,
     fn_pos: Option<crate::util::yaml::Pos>,
@@ -359,6 +367,41 @@ fn collect(
         let type_name = v.type_name().to_string();
         match v.try_cast::<ActionValue>() {
             Some(a) => {
+                let at =
+                    |message: String| Err(ScriptError::bad_result(file, a.pos.or(fn_pos), message));
+                if *index >= MAX_ACTIONS {
+                    return at(format!(
+                        "{name} returned more than {MAX_ACTIONS} actions, the most one decision may take; nothing of it was done"
+                    ));
+                }
+                if matches!(a.action, Action::Event { .. })
+                    && out
+                        .iter()
+                        .filter(|o| matches!(o.action, Action::Event { .. }))
+                        .count()
+                        >= MAX_EVENTS
+                {
+                    return at(format!(
+                        "{name} returned more than {MAX_EVENTS} Events, the most one decision may record; nothing of it was done"
+                    ));
+                }
+                if let Action::Status { .. } = &a.action {
+                    let size: usize = out
+                        .iter()
+                        .chain(std::iter::once(&a))
+                        .filter_map(|o| match &o.action {
+                            Action::Status { fields } => {
+                                serde_json::to_vec(fields).ok().map(|v| v.len())
+                            }
+                            _ => None,
+                        })
+                        .sum();
+                    if size > MAX_STATUS_BYTES {
+                        return at(format!(
+                            "{name} returned {size} bytes of status fields, more than the {MAX_STATUS_BYTES} one decision may write (an object's status shares the API server's size limit with the rest of it); nothing of it was done"
+                        ));
+                    }
+                }
                 out.push(a);
                 *index += 1;
                 Ok(())

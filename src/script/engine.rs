@@ -33,6 +33,9 @@ pub struct ScriptLimits {
     pub max_array_size: usize,
     pub max_map_size: usize,
     pub max_variables: usize,
+    /// Bytes a call may hold at once, all its values together (enforced
+    /// where the binary's counting allocator runs: `runbook`).
+    pub max_memory: usize,
 }
 
 impl Default for ScriptLimits {
@@ -47,6 +50,7 @@ impl Default for ScriptLimits {
             max_array_size: 100_000,
             max_map_size: 20_000,
             max_variables: 1_000,
+            max_memory: 32 << 20,
         }
     }
 }
@@ -54,7 +58,12 @@ impl Default for ScriptLimits {
 thread_local! {
     /// When the call running on this thread must stop. Set around each call.
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The thread's net allocation past which the running call must stop.
+    static MEMORY_CAP: Cell<Option<isize>> = const { Cell::new(None) };
 }
+
+/// What `on_progress` stops a call with when it holds too much.
+pub(crate) const OVER_MEMORY: &str = "memory";
 
 /// How often (in operations) the deadline is checked: often enough to stop
 /// within tens of microseconds, rarely enough to cost nothing measurable.
@@ -168,6 +177,11 @@ impl ScriptEngine {
         // table under a lock shared by every reconcile.
         engine.set_max_strings_interned(0);
         engine.on_progress(|ops| {
+            if let Some(cap) = MEMORY_CAP.get()
+                && crate::bench::alloc::thread_net().is_some_and(|n| n > cap)
+            {
+                return Some(Dynamic::from(OVER_MEMORY));
+            }
             if ops % DEADLINE_CHECK_EVERY == 0
                 && let Some(deadline) = DEADLINE.get()
                 && Instant::now() >= deadline
@@ -420,10 +434,16 @@ impl ScriptEngine {
     ) -> Result<T, Box<rhai::EvalAltResult>> {
         let previous = DEADLINE.get();
         let deadline = Instant::now() + self.limits.wall_time;
-        // A nested call keeps the earlier (outer) deadline.
+        // A nested call keeps the earlier (outer) deadline, and cap.
         DEADLINE.set(Some(previous.map_or(deadline, |p| p.min(deadline))));
+        let previous_cap = MEMORY_CAP.get();
+        if let Some(now) = crate::bench::alloc::thread_net() {
+            let cap = now.saturating_add(self.limits.max_memory as isize);
+            MEMORY_CAP.set(Some(previous_cap.map_or(cap, |p| p.min(cap))));
+        }
         let (out, unit_text) = strict::with(guards, f);
         DEADLINE.set(previous);
+        MEMORY_CAP.set(previous_cap);
         match (out, unit_text) {
             (Ok(_), Some(pos)) => Err(Box::new(rhai::EvalAltResult::ErrorRuntime(
                 strict::UNIT_IN_TEXT.into(),

@@ -93,6 +93,18 @@ impl ScriptError {
             err = inner;
         }
         let (kind, message) = match err {
+            EvalAltResult::ErrorTerminated(token, _)
+                if token.clone().into_string().ok().as_deref()
+                    == Some(super::engine::OVER_MEMORY) =>
+            {
+                (
+                    ScriptErrorKind::Limit,
+                    format!(
+                        "stopped: its values together took more than the memory cap of a call ({} MB)",
+                        super::ScriptLimits::default().max_memory >> 20
+                    ),
+                )
+            }
             EvalAltResult::ErrorTerminated(_, _) => (
                 ScriptErrorKind::Timeout,
                 format!("stopped: ran past its wall-clock budget of {budget_ms}ms"),
