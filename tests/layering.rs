@@ -32,7 +32,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("crd", &["schedule", "util"]),
     // Observe: watch caches, the views a decision reads, the dependencies
     // that wake targets, discovery, watch health.
-    ("observe", &["kinds", "telemetry", "util"]),
+    ("observe", &["kinds", "labels", "telemetry", "util"]),
     // Scripts: the hardened Rhai engine, `ctx`, helpers, actions.
     ("script", &["kinds", "labels", "names", "observe", "util"]),
     // Alerts: routing, grouping, delivery.
@@ -143,6 +143,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "crd",
             "decide",
             "kinds",
+            "labels",
             "observe",
             "policy",
             "reload",

@@ -799,7 +799,7 @@ spec:
     ]);
     let t = text(&out);
     assert!(
-        t.contains("hoard.rhai:") && t.contains("memory cap of a call (32 MB)"),
+        t.contains("hoard.rhai:") && t.contains("memory cap of a call (32 MB by default)"),
         "{t}"
     );
     assert!(

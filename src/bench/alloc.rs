@@ -5,31 +5,11 @@
 //! threaded process a good part of its time.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
+use crate::util::memory::thread_allocated;
+
 static ENABLED: AtomicBool = AtomicBool::new(false);
-/// Whether the process allocates through [`Counting`] at all.
-static INSTALLED: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    /// Bytes this thread allocated less those it freed, always counted
-    /// (a plain thread-local add): what a script holds is what its thread
-    /// allocated since the call began, so the engine can cap it.
-    static THREAD_NET: Cell<isize> = const { Cell::new(0) };
-}
-
-/// Bytes this thread holds, net, since it began; `None` where the global
-/// allocator is not [`Counting`] (tests, benches), which cannot tell.
-pub fn thread_net() -> Option<isize> {
-    INSTALLED
-        .load(Ordering::Relaxed)
-        .then(|| THREAD_NET.try_with(Cell::get).unwrap_or(0))
-}
-
-fn thread_add(by: isize) {
-    let _ = THREAD_NET.try_with(|n| n.set(n.get().wrapping_add(by)));
-}
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
 
@@ -43,10 +23,8 @@ pub fn enable() {
 }
 
 fn grew(by: usize) {
-    thread_add(by as isize);
-    if !INSTALLED.load(Ordering::Relaxed) {
-        INSTALLED.store(true, Ordering::Relaxed);
-    }
+    // Every thread's own count is always kept (a script's memory cap).
+    thread_allocated(by as isize);
     if !ENABLED.load(Ordering::Relaxed) {
         return;
     }
@@ -58,7 +36,7 @@ fn grew(by: usize) {
 }
 
 fn shrank(by: usize) {
-    thread_add(-(by as isize));
+    thread_allocated(-(by as isize));
     if ENABLED.load(Ordering::Relaxed) {
         LIVE.fetch_sub(by as isize, Ordering::Relaxed);
     }

@@ -14,7 +14,7 @@ use rhai::{AST, Caches, Dynamic, Engine, EvalContext, FuncArgs, OptimizationLeve
 
 use std::sync::{Arc, Mutex};
 
-use super::error::{FILE_START, ScriptError, ScriptErrorKind};
+use super::error::{FILE_START, OVER_MEMORY, ScriptError, ScriptErrorKind};
 use super::strict::{self, Guards};
 use crate::util::yaml::Pos;
 
@@ -61,9 +61,6 @@ thread_local! {
     /// The thread's net allocation past which the running call must stop.
     static MEMORY_CAP: Cell<Option<isize>> = const { Cell::new(None) };
 }
-
-/// What `on_progress` stops a call with when it holds too much.
-pub(crate) const OVER_MEMORY: &str = "memory";
 
 /// How often (in operations) the deadline is checked: often enough to stop
 /// within tens of microseconds, rarely enough to cost nothing measurable.
@@ -178,7 +175,7 @@ impl ScriptEngine {
         engine.set_max_strings_interned(0);
         engine.on_progress(|ops| {
             if let Some(cap) = MEMORY_CAP.get()
-                && crate::bench::alloc::thread_net().is_some_and(|n| n > cap)
+                && crate::util::memory::thread_held().is_some_and(|n| n > cap)
             {
                 return Some(Dynamic::from(OVER_MEMORY));
             }
@@ -437,7 +434,7 @@ impl ScriptEngine {
         // A nested call keeps the earlier (outer) deadline, and cap.
         DEADLINE.set(Some(previous.map_or(deadline, |p| p.min(deadline))));
         let previous_cap = MEMORY_CAP.get();
-        if let Some(now) = crate::bench::alloc::thread_net() {
+        if let Some(now) = crate::util::memory::thread_held() {
             let cap = now.saturating_add(self.limits.max_memory as isize);
             MEMORY_CAP.set(Some(previous_cap.map_or(cap, |p| p.min(cap))));
         }

@@ -71,6 +71,10 @@ pub fn pos_of(p: Position, origin: Pos) -> Option<Pos> {
     }
 }
 
+/// What a call is stopped with (the engine's `on_progress` token) when it
+/// holds more than its memory cap.
+pub(crate) const OVER_MEMORY: &str = "memory";
+
 /// The position a script starts at when it is a file of its own.
 pub const FILE_START: Pos = Pos { line: 1, col: 1 };
 
@@ -94,15 +98,11 @@ impl ScriptError {
         }
         let (kind, message) = match err {
             EvalAltResult::ErrorTerminated(token, _)
-                if token.clone().into_string().ok().as_deref()
-                    == Some(super::engine::OVER_MEMORY) =>
+                if token.clone().into_string().ok().as_deref() == Some(OVER_MEMORY) =>
             {
                 (
                     ScriptErrorKind::Limit,
-                    format!(
-                        "stopped: its values together took more than the memory cap of a call ({} MB)",
-                        super::ScriptLimits::default().max_memory >> 20
-                    ),
+                    "stopped: its values together took more than the memory cap of a call (32 MB by default)".to_string(),
                 )
             }
             EvalAltResult::ErrorTerminated(_, _) => (

@@ -54,3 +54,29 @@ mod tests {
         }
     }
 }
+
+thread_local! {
+    /// Bytes this thread allocated less those it freed, counted by the
+    /// binary's allocator (`bench::alloc::Counting`): what a script holds
+    /// is what its thread allocated since its call began.
+    static THREAD_NET: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the process allocates through a counting allocator at all.
+static COUNTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// An allocation (`by` > 0) or free on this thread, told by the allocator.
+pub fn thread_allocated(by: isize) {
+    if !COUNTED.load(std::sync::atomic::Ordering::Relaxed) {
+        COUNTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let _ = THREAD_NET.try_with(|n| n.set(n.get().wrapping_add(by)));
+}
+
+/// Bytes this thread holds, net, since it began; `None` where no counting
+/// allocator tells (test binaries), which cannot know.
+pub fn thread_held() -> Option<isize> {
+    COUNTED
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then(|| THREAD_NET.try_with(std::cell::Cell::get).unwrap_or(0))
+}
