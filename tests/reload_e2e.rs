@@ -147,27 +147,41 @@ fn bundle_cm(c: &Cluster, yaml: &str) -> ConfigMap {
     .unwrap_or_else(|e| panic!("{e}: {c:?}", c = c.ns))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything() {
-    let c = Cluster::new("reloadcm").await;
-    install_widget_crd(&c).await;
+/// The widget CRD, the tuned policy at `threshold` in a ConfigMap of the
+/// test's namespace, and an operator loading it from there: the operator,
+/// the widgets and the ConfigMaps.
+async fn from_configmap(
+    c: &Cluster,
+    threshold: &str,
+) -> (
+    Arc<runbook::runtime::Operator>,
+    Api<DynamicObject>,
+    Api<ConfigMap>,
+) {
+    install_widget_crd(c).await;
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     cms.create(
         &PostParams::default(),
-        &bundle_cm(&c, &policy_yaml(&c, "1")),
+        &bundle_cm(c, &policy_yaml(c, threshold)),
     )
     .await
     .unwrap();
     let (op, _reloader) = start(
-        &c,
+        c,
         SourceConfig {
             dirs: vec![],
             configmap_namespaces: vec![c.ns.clone()],
         },
     )
     .await;
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let widgets = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(c));
+    (op, widgets, cms)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything() {
+    let c = Cluster::new("reloadcm").await;
+    let (op, widgets, cms) = from_configmap(&c, "1").await;
     create_widget(&c, &widgets, "a", json!({})).await;
     eventually("threshold 1", 30, || async {
         status_threshold(&widgets, "a").await == 1
@@ -783,24 +797,7 @@ async fn a_tenants_policy_acts_only_in_its_own_namespace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_edits_is_loaded_as_its_newest_version() {
     let c = Cluster::new("reloadstorm").await;
-    install_widget_crd(&c).await;
-    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    cms.create(
-        &PostParams::default(),
-        &bundle_cm(&c, &policy_yaml(&c, "0")),
-    )
-    .await
-    .unwrap();
-    let (op, _reloader) = start(
-        &c,
-        SourceConfig {
-            dirs: vec![],
-            configmap_namespaces: vec![c.ns.clone()],
-        },
-    )
-    .await;
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let (op, widgets, cms) = from_configmap(&c, "0").await;
     for name in ["a", "b", "c"] {
         create_widget(&c, &widgets, name, json!({})).await;
     }

@@ -724,23 +724,30 @@ fn a_set_aside_policy_is_the_first_cause_of_its_failed_scenario() {
     assert!(cause < t.find("want at least one apply").expect(&t), "{t}");
 }
 
-/// A script that holds more than it should (900 strings of 512 KB, as a
-/// careless accumulation would) is stopped at the memory cap of a call,
-/// all its values together, where each value alone is within its limit;
-/// the decision fails with the script's position and writes nothing of
-/// its own. It used to take the operator from 43 to 272 MB of RSS.
-#[test]
-fn a_script_holding_too_much_is_stopped_at_the_memory_cap() {
-    // Locals, each within every per-value limit (an array's or map's
-    // strings count together against the string limit already).
-    let locals: String = (0..900)
-        .map(|i| format!("    let v{i} = s + {i};\n"))
-        .collect();
-    let script = format!(
-        "fn reconcile(ctx) {{\n    let s = \"x\";\n    for i in 0..19 {{ s += s; }}\n{locals}    [status(#{{ held: v899.len() }})]\n}}\n"
+/// A scenario directory: a `Hoard` CRD (status subresource, any fields),
+/// a policy `hoard` running `script` on it, and `s.yaml` creating Hoard
+/// `h1` at once, with `world` (more world events, indented as list items)
+/// and `expect` (expectations, the same) at that moment.
+fn hoard(name: &str, script: &str, world: &str, expect: &str) -> PathBuf {
+    let scenario = format!(
+        "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {{name: {name}}}
+spec:
+  policies: pol
+  objects: [crd.yaml]
+  start: \"2026-11-29T09:00:00Z\"
+  until: 1m
+  timeline:
+    - at: 0s
+      world:
+{world}        - create:
+            object: {{apiVersion: acme.io/v1, kind: Hoard, metadata: {{name: h1}}, spec: {{}}}}
+      expect:
+{expect}"
     );
     let dir = dir_with(
-        "greedy",
+        name,
         &[
             (
                 "crd.yaml",
@@ -769,34 +776,30 @@ spec:
   script: hoard.rhai
 ",
             ),
-            ("pol/hoard.rhai", &script),
-            (
-                "s.yaml",
-                "apiVersion: runbook.dev/v1alpha1
-kind: Scenario
-metadata: {name: greedy}
-spec:
-  policies: pol
-  objects: [crd.yaml]
-  start: \"2026-11-29T09:00:00Z\"
-  until: 1m
-  timeline:
-    - at: 0s
-      world:
-        - create:
-            object: {apiVersion: acme.io/v1, kind: Hoard, metadata: {name: h1}, spec: {}}
-      expect:
-        - {none: apply}
-",
-            ),
+            ("pol/hoard.rhai", script),
+            ("s.yaml", &scenario),
         ],
     );
-    let out = runbook(&[
-        "simulate",
-        dir.join("s.yaml").to_str().unwrap(),
-        "-o",
-        "json",
-    ]);
+    dir.join("s.yaml")
+}
+
+/// A script that holds more than it should (900 strings of 512 KB, as a
+/// careless accumulation would) is stopped at the memory cap of a call,
+/// all its values together, where each value alone is within its limit;
+/// the decision fails with the script's position and writes nothing of
+/// its own. It used to take the operator from 43 to 272 MB of RSS.
+#[test]
+fn a_script_holding_too_much_is_stopped_at_the_memory_cap() {
+    // Locals, each within every per-value limit (an array's or map's
+    // strings count together against the string limit already).
+    let locals: String = (0..900)
+        .map(|i| format!("    let v{i} = s + {i};\n"))
+        .collect();
+    let script = format!(
+        "fn reconcile(ctx) {{\n    let s = \"x\";\n    for i in 0..19 {{ s += s; }}\n{locals}    [status(#{{ held: v899.len() }})]\n}}\n"
+    );
+    let s = hoard("greedy", &script, "", "        - {none: apply}\n");
+    let out = runbook(&["simulate", s.to_str().unwrap(), "-o", "json"]);
     let t = text(&out);
     assert!(
         t.contains("hoard.rhai:") && t.contains("memory cap of a call (32 MB by default)"),
@@ -814,64 +817,13 @@ spec:
 /// record and nothing else).
 #[test]
 fn a_refused_status_write_is_told_on_the_target() {
-    let dir = dir_with(
+    let s = hoard(
         "toolarge",
-        &[
-            (
-                "crd.yaml",
-                "apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: hoards.acme.io}
-spec:
-  group: acme.io
-  scope: Namespaced
-  names: {kind: Hoard, plural: hoards, singular: hoard}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-",
-            ),
-            (
-                "pol/hoard.yaml",
-                "apiVersion: runbook.dev/v1alpha1
-kind: Policy
-metadata: {name: hoard}
-spec:
-  target: {apiVersion: acme.io/v1, kind: Hoard}
-  script: hoard.rhai
-",
-            ),
-            (
-                "pol/hoard.rhai",
-                "fn reconcile(ctx) {\n    [status(#{ phase: \"Counted\" })]\n}\n",
-            ),
-            (
-                "s.yaml",
-                "apiVersion: runbook.dev/v1alpha1
-kind: Scenario
-metadata: {name: toolarge}
-spec:
-  policies: pol
-  objects: [crd.yaml]
-  start: \"2026-11-29T09:00:00Z\"
-  until: 1m
-  timeline:
-    - at: 0s
-      world:
-        - fail: {verb: patch, resource: hoards/status, code: 413}
-        - create:
-            object: {apiVersion: acme.io/v1, kind: Hoard, metadata: {name: h1}, spec: {}}
-      expect:
-        - {action: event, kind: Hoard, name: h1, fields: {type: Warning, reason: StatusWriteFailed}}
-        - {action: status, kind: Hoard, name: h1, fields: {phase: Counted}}
-",
-            ),
-        ],
+        "fn reconcile(ctx) {\n    [status(#{ phase: \"Counted\" })]\n}\n",
+        "        - fail: {verb: patch, resource: hoards/status, code: 413}\n",
+        "        - {action: event, kind: Hoard, name: h1, fields: {type: Warning, reason: StatusWriteFailed}}\n        - {action: status, kind: Hoard, name: h1, fields: {phase: Counted}}\n",
     );
-    let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+    let out = runbook(&["simulate", s.to_str().unwrap()]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("StatusWriteFailed") && t.contains("413"), "{t}");
