@@ -349,6 +349,10 @@ fn writes(policies: &Path) -> Vec<Row> {
 }
 
 async fn operator(n: usize, rounds: usize) -> Vec<Row> {
+    // Under the log subscriber `runbook run` installs (its filter, its
+    // span bookkeeping, every line formatted), writing to nowhere so the
+    // table stays readable: logging's cost is in the figures.
+    let _ = tracing::subscriber::set_global_default(crate::telemetry::log::text(std::io::sink));
     let f = tokio::spawn(super::operator::run(n, rounds))
         .await
         .expect("operator benchmark");

@@ -117,14 +117,13 @@ pub enum LogFormat {
 }
 
 pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUNBOOK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => {
+            tracing::subscriber::set_global_default(telemetry::log::text(std::io::stderr))
+        }
+        LogFormat::Json => {
+            tracing::subscriber::set_global_default(telemetry::log::json(std::io::stderr))
+        }
     };
 }
 

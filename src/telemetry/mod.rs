@@ -2,6 +2,7 @@
 //! `/healthz` and `/readyz`.
 
 pub mod journal;
+pub mod log;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
