@@ -613,7 +613,9 @@ async fn status_failed(
         message: m.clone(),
     };
     w.event(target.value(), &note).await;
-    out.error_label.get_or_insert("status");
+    let forbidden = matches!(e, kube::Error::Api(s) if s.code == 403);
+    out.error_label
+        .get_or_insert(if forbidden { "forbidden" } else { "status" });
     out.error.get_or_insert(m);
 }
 

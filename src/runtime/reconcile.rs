@@ -448,7 +448,7 @@ impl Next {
         };
         let delay = backoff(
             ctx.config.backoff_base,
-            ctx.config.backoff_max,
+            longest_backoff(error.1, ctx.config.backoff_max),
             n,
             &format!("{}/{}/{}#{policy}", key.kind, key.namespace, key.name),
         );
@@ -843,6 +843,19 @@ pub(super) fn error_policy(
 /// Exponential backoff, capped, with ±20% jitter derived from the object
 /// (so retries of many objects spread out, and a given object's are
 /// reproducible).
+/// The longest a failure of this kind (its metric label) waits for its
+/// retry: `max`, except that a write refused for the operator's own lack
+/// of permission is tried again at least every 30 s, since what mends it
+/// (an administrator restoring a RoleBinding, the API server's RBAC cache
+/// warming up after a restart) happens outside and should be followed
+/// soon, not after minutes of doubled backoff.
+fn longest_backoff(label: &str, max: Duration) -> Duration {
+    match label {
+        "forbidden" => max.min(Duration::from_secs(30)),
+        _ => max,
+    }
+}
+
 pub fn backoff(base: Duration, max: Duration, attempt: u32, seed: &str) -> Duration {
     let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
     let capped = exp.min(max);
@@ -854,6 +867,18 @@ pub fn backoff(base: Duration, max: Duration, attempt: u32, seed: &str) -> Durat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forbidden_write_is_retried_within_half_a_minute() {
+        let max = Duration::from_secs(300);
+        let forbidden = longest_backoff("forbidden", max);
+        assert_eq!(forbidden, Duration::from_secs(30));
+        assert_eq!(longest_backoff("conflict", max), max);
+        // Twenty failures in, the retry still comes within the bound
+        // (with its jitter of at most +20%).
+        let d = backoff(Duration::from_millis(100), forbidden, 20, "t");
+        assert!(d <= Duration::from_secs(36), "{d:?}");
+    }
 
     #[test]
     fn backoff_grows_is_capped_and_jitters() {
