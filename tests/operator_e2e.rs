@@ -698,21 +698,30 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
     c.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
-    let c = Cluster::new("outage").await;
-    install_widget_crd(&c).await;
-    // The operator reaches its API server through a proxy the test cuts.
-    let proxy = Proxy::start(&c).await;
+/// The widget CRD, and an operator running the widget policy that reaches
+/// its API server through a proxy the test can cut.
+async fn behind_a_proxy(
+    c: &Cluster,
+    config: OperatorConfig,
+) -> (Proxy, Arc<runbook::runtime::Operator>, Arc<Metrics>) {
+    install_widget_crd(c).await;
+    let proxy = Proxy::start(c).await;
     let metrics = Arc::new(Metrics::new());
     let op = operator_through(
-        &c,
+        c,
         proxy.client().await,
-        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
-        OperatorConfig::default(),
+        policies(c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
+        config,
         metrics.clone(),
         Arc::new(LogSink::default()),
     );
+    (proxy, op, metrics)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
+    let c = Cluster::new("outage").await;
+    let (proxy, op, metrics) = behind_a_proxy(&c, OperatorConfig::default()).await;
     // It starts while the API server is away, and waits for it.
     proxy.cut();
     let starting = {
@@ -790,27 +799,18 @@ async fn an_api_server_outage_is_waited_out_and_nothing_is_done_twice() {
 async fn a_leader_that_loses_its_lease_stands_by_and_leads_again() {
     use k8s_openapi::api::coordination::v1::Lease;
     let c = Cluster::new("relead").await;
-    install_widget_crd(&c).await;
-    let proxy = Proxy::start(&c).await;
-    let metrics = Arc::new(Metrics::new());
-    let op = operator_through(
-        &c,
-        proxy.client().await,
-        policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
-        OperatorConfig {
-            lease: Some(runbook::runtime::leader::LeaseConfig {
-                namespace: c.ns.clone(),
-                name: "runbook-leader".into(),
-                identity: "a".into(),
-                duration: Duration::from_secs(2),
-                renew_every: Duration::from_millis(300),
-            }),
+    let config = OperatorConfig {
+        lease: Some(runbook::runtime::leader::LeaseConfig {
+            namespace: c.ns.clone(),
+            name: "runbook-leader".into(),
             identity: "a".into(),
-            ..Default::default()
-        },
-        metrics.clone(),
-        Arc::new(LogSink::default()),
-    );
+            duration: Duration::from_secs(2),
+            renew_every: Duration::from_millis(300),
+        }),
+        identity: "a".into(),
+        ..Default::default()
+    };
+    let (proxy, op, _metrics) = behind_a_proxy(&c, config).await;
     op.start().await.unwrap();
     let following = {
         let op = op.clone();

@@ -428,6 +428,22 @@ async fn released_twice(c: &Cluster, name: &str) -> Api<Deployment> {
     deployments
 }
 
+/// The benchmark Job of Evaluator `evaluator`, once there is one.
+async fn benchmark_job(jobs: &Api<Job>, evaluator: &str) -> Option<Job> {
+    let prefix = format!("{evaluator}-eval-");
+    jobs.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|j| {
+            j.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+}
+
 /// Evaluator `name` of Deployment `target`.
 fn evaluator(name: &str, target: &str) -> Value {
     json!({
@@ -606,20 +622,7 @@ async fn a_benchmark_pod_gets_no_privilege_or_secret_its_author_lacks() {
         "{record}"
     );
     let jobs: Api<Job> = c.api();
-    let honest_job = || async {
-        jobs.list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|j| {
-                j.metadata
-                    .name
-                    .as_deref()
-                    .unwrap_or("")
-                    .starts_with("honest-eval-")
-            })
-    };
+    let honest_job = || benchmark_job(&jobs, "honest");
     eventually("the honest benchmark Job", 60, || async {
         honest_job().await.is_some()
     })
@@ -666,18 +669,7 @@ async fn a_benchmark_pod_gets_no_privilege_or_secret_its_author_lacks() {
         .await
         .unwrap();
     eventually("early's benchmark", 60, || async {
-        jobs.list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|j| {
-                j.metadata
-                    .name
-                    .as_deref()
-                    .unwrap_or("")
-                    .starts_with("early-eval-")
-            })
+        benchmark_job(&jobs, "early").await.is_some()
     })
     .await;
     drop(kubelet);
@@ -759,17 +751,7 @@ async fn a_write_the_operator_may_no_longer_make_is_seen_and_unreadies_it() {
         .unwrap();
     let jobs: Api<Job> = c.api();
     eventually("the benchmark Job made once allowed", 60, || async {
-        jobs.list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|j| {
-                j.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with("gamma-eval-"))
-            })
+        benchmark_job(&jobs, "gamma").await.is_some()
     })
     .await;
     eventually("ready again", 60, || async { ready().is_ok() }).await;

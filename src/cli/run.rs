@@ -340,10 +340,7 @@ impl Probes {
         let me = self.clone();
         Arc::new(move || match me.ready.get() {
             Some(ready) => ready(),
-            None => Err(match me.startup.now() {
-                Some(why) => format!("starting: waiting for the API server: {why}"),
-                None => "starting: loading policies".into(),
-            }),
+            None => Err(me.startup.not_ready("loading policies")),
         })
     }
 

@@ -347,78 +347,86 @@ fn collect(
     name: &str,
     result: Dynamic,
 ) -> Result<Vec<ActionValue>, ScriptError> {
-    fn walk(
-        v: Dynamic,
-        out: &mut Vec<ActionValue>,
-        index: &mut usize,
-        file: &str,
-        fn_pos: Option<crate::util::yaml::Pos>,
-        name: &str,
-    ) -> Result<(), ScriptError> {
+    let mut c = Collected {
+        file,
+        fn_pos,
+        name,
+        out: Vec::new(),
+        events: 0,
+        status_bytes: 0,
+    };
+    c.walk(result)?;
+    Ok(c.out)
+}
+
+/// The actions found so far, and what counts against the caps.
+struct Collected<'a> {
+    file: &'a str,
+    fn_pos: Option<crate::util::yaml::Pos>,
+    name: &'a str,
+    out: Vec<ActionValue>,
+    events: usize,
+    status_bytes: usize,
+}
+
+impl Collected<'_> {
+    fn walk(&mut self, v: Dynamic) -> Result<(), ScriptError> {
         if v.is_unit() {
             return Ok(());
         }
         if v.is_array() {
             for item in v.cast::<Array>() {
-                walk(item, out, index, file, fn_pos, name)?;
+                self.walk(item)?;
             }
             return Ok(());
         }
         let type_name = v.type_name().to_string();
-        match v.try_cast::<ActionValue>() {
-            Some(a) => {
-                let at =
-                    |message: String| Err(ScriptError::bad_result(file, a.pos.or(fn_pos), message));
-                if *index >= MAX_ACTIONS {
-                    return at(format!(
-                        "{name} returned more than {MAX_ACTIONS} actions, the most one decision may take; nothing of it was done"
-                    ));
-                }
-                if matches!(a.action, Action::Event { .. })
-                    && out
-                        .iter()
-                        .filter(|o| matches!(o.action, Action::Event { .. }))
-                        .count()
-                        >= MAX_EVENTS
-                {
-                    return at(format!(
-                        "{name} returned more than {MAX_EVENTS} Events, the most one decision may record; nothing of it was done"
-                    ));
-                }
-                if let Action::Status { .. } = &a.action {
-                    let size: usize = out
-                        .iter()
-                        .chain(std::iter::once(&a))
-                        .filter_map(|o| match &o.action {
-                            Action::Status { fields } => {
-                                serde_json::to_vec(fields).ok().map(|v| v.len())
-                            }
-                            _ => None,
-                        })
-                        .sum();
-                    if size > MAX_STATUS_BYTES {
-                        return at(format!(
-                            "{name} returned {size} bytes of status fields, more than the {MAX_STATUS_BYTES} one decision may write (an object's status shares the API server's size limit with the rest of it); nothing of it was done"
-                        ));
-                    }
-                }
-                out.push(a);
-                *index += 1;
-                Ok(())
-            }
-            None => Err(ScriptError::bad_result(
-                file,
-                fn_pos,
+        let name = self.name;
+        let Some(a) = v.try_cast::<ActionValue>() else {
+            return Err(ScriptError::bad_result(
+                self.file,
+                self.fn_pos,
                 format!(
-                    "{name} returned a {type_name} at position {index}; want an array of actions such as apply(obj), status(map) or alert(map)"
+                    "{name} returned a {type_name} at position {}; want an array of actions such as apply(obj), status(map) or alert(map)",
+                    self.out.len()
                 ),
-            )),
+            ));
+        };
+        let over = |message: String| {
+            Err(ScriptError::bad_result(
+                self.file,
+                a.pos.or(self.fn_pos),
+                format!("{message}; nothing of it was done"),
+            ))
+        };
+        if self.out.len() >= MAX_ACTIONS {
+            return over(format!(
+                "{name} returned more than {MAX_ACTIONS} actions, the most one decision may take"
+            ));
         }
+        match &a.action {
+            Action::Event { .. } => {
+                self.events += 1;
+                if self.events > MAX_EVENTS {
+                    return over(format!(
+                        "{name} returned more than {MAX_EVENTS} Events, the most one decision may record"
+                    ));
+                }
+            }
+            Action::Status { fields } => {
+                self.status_bytes += serde_json::to_vec(fields).map_or(0, |v| v.len());
+                if self.status_bytes > MAX_STATUS_BYTES {
+                    return over(format!(
+                        "{name} returned {} bytes of status fields, more than the {MAX_STATUS_BYTES} one decision may write (an object's status shares the API server's size limit with the rest of it)",
+                        self.status_bytes
+                    ));
+                }
+            }
+            _ => {}
+        }
+        self.out.push(a);
+        Ok(())
     }
-    let mut out = Vec::new();
-    let mut index = 0;
-    walk(result, &mut out, &mut index, file, fn_pos, name)?;
-    Ok(out)
 }
 
 fn plan(

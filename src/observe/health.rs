@@ -219,6 +219,14 @@ impl Waiting {
     pub fn now(&self) -> Option<String> {
         crate::util::lock(&self.0).clone()
     }
+
+    /// Why start-up is not ready: what it waits for, else `otherwise`.
+    pub fn not_ready(&self, otherwise: &str) -> String {
+        match self.now() {
+            Some(why) => format!("starting: waiting for the API server: {why}"),
+            None => format!("starting: {otherwise}"),
+        }
+    }
 }
 
 /// Backoff between watch retries: 250 ms doubling to at most 5 s, back to

@@ -809,14 +809,7 @@ impl Newest {
     /// Every bundle waiting, once the edits have paused for [`EDIT_QUIET`]
     /// or the first has waited [`EDIT_WAIT_MAX`].
     async fn take(&self) -> BTreeMap<Origin, Option<Bundle>> {
-        loop {
-            let (waiting, latest) = {
-                let b = lock(&self.bundles);
-                (!b.0.is_empty(), b.1)
-            };
-            if let (true, Some(_)) = (waiting, latest) {
-                break;
-            }
+        while lock(&self.bundles).0.is_empty() {
             self.arrived.notified().await;
         }
         let first = tokio::time::Instant::now();
@@ -953,10 +946,7 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemet
             .synced
             .load(std::sync::atomic::Ordering::Acquire)
         {
-            return Err(match op.ctx.health.waiting.now() {
-                Some(why) => format!("starting: waiting for the API server: {why}"),
-                None => "starting: filling the watch caches".into(),
-            });
+            return Err(op.ctx.health.waiting.not_ready("filling the watch caches"));
         }
         let mut failing = op.ctx.health.watches.ended();
         failing.extend(
