@@ -186,8 +186,9 @@ fn runtime_error(script: &str) -> runbook::script::ScriptError {
 fn a_script_that_loops_forever_is_stopped_by_its_wall_clock_budget() {
     let e = runtime_error("fn reconcile(ctx) {\n  let n = 0;\n  loop { n += 1; }\n}\n");
     assert_eq!(e.kind, ScriptErrorKind::Timeout, "{e}");
-    // The loop that never ends, not the function's header.
-    assert!(e.to_string().starts_with("test/p.rhai:3:3:"), "{e}");
+    // Inside the loop that never ends (`n += 1`), not the function's header.
+    assert!(e.to_string().starts_with("test/p.rhai:3:"), "{e}");
+    assert!(e.pos.is_some_and(|p| p.col >= 10), "{e}");
     assert!(e.message.contains("wall-clock budget of 20ms"), "{e}");
 }
 
@@ -196,16 +197,37 @@ fn a_recursion_bomb_hits_the_call_depth_limit() {
     let e = runtime_error("fn boom(n) { boom(n + 1) }\nfn reconcile(ctx) {\n  boom(0)\n}\n");
     assert_eq!(e.kind, ScriptErrorKind::Limit, "{e}");
     assert!(e.message.contains("nested deeper"), "{e}");
+    // Inside the function that recursed (`n`, read at the depth past
+    // the limit), and how deep it went.
+    assert!(e.to_string().starts_with("test/p.rhai:1:19:"), "{e}");
+    assert!(e.message.starts_with("in boom (47 calls deep): "), "{e}");
+}
+
+#[test]
+fn a_limit_hit_in_a_called_function_is_told_where_it_was_hit() {
+    // Rhai moves the position of its own limit errors to the call site as
+    // they leave each function; the error still names the expression, and
+    // the functions it was in.
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let a = 1;\n  wait(a)\n}\nfn wait(a) {\n  let n = 0;\n  while a > 0 {\n    n += a;\n  }\n}\n",
+    );
+    assert_eq!(e.kind, ScriptErrorKind::Timeout, "{e}");
+    let at = e.pos.expect("a position");
+    assert!((7..=8).contains(&at.line), "{e}");
+    assert!(e.message.starts_with("in wait: stopped: ran past"), "{e}");
 }
 
 #[test]
 fn a_hundred_megabyte_string_hits_the_size_limit() {
     let e = runtime_error(
-        "fn reconcile(ctx) {\n  let s = \"x\";\n  while s.len() < 100000000 { s += s; }\n  []\n}\n",
+        "// doubles\nfn reconcile(ctx) {\n  let s = \"x\";\n  while s.len() < 100000000 { s += s; }\n  []\n}\n",
     );
     assert_eq!(e.kind, ScriptErrorKind::Limit, "{e}");
     assert!(e.message.contains("string"), "{e}");
-    assert!(e.to_string().starts_with("test/p.rhai:1:1:"), "{e}");
+    // Rhai drops the position of its size errors as they leave a
+    // function: the error names the function, not the top of the file.
+    assert!(e.to_string().starts_with("test/p.rhai:2:1:"), "{e}");
+    assert!(e.message.ends_with("(in fn reconcile)"), "{e}");
 }
 
 #[test]
@@ -514,4 +536,37 @@ fn a_decision_past_its_caps_fails_at_the_action_that_crossed_them() {
         w.try_decide("p", &evaluator("chatbot", "chatbot", 0.9))
             .is_ok()
     );
+}
+
+#[test]
+fn a_builtin_that_takes_the_budget_stops_the_call_in_its_statement() {
+    let e = runtime_error(
+        "fn reconcile(ctx) {\n  let a = [];\n  a.pad(100000, 0);\n  let found = false;\n  for i in 0..1000 {\n    found = a.contains(1);\n  }\n  []\n}\n",
+    );
+    assert_eq!(e.kind, ScriptErrorKind::Timeout, "{e}");
+    assert!(e.to_string().starts_with("test/p.rhai:6:"), "{e}");
+}
+
+#[test]
+fn a_lookup_that_takes_the_budget_is_named_when_time_runs_out() {
+    use runbook::bench::lookup::{busy_pods, caches};
+    // Every pod of a busy namespace, read cold: each one is parsed.
+    let yaml = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  reads: [{apiVersion: v1, kind: Pod}]\n  script: p.rhai\n";
+    let script = "fn count(ctx) {\n  let n = 0;\n  n += ctx.list(\"Pod\").len();\n  n\n}\nfn reconcile(ctx) {\n  let n = count(ctx);\n  []\n}\n";
+    let w = World::from_files(&[("p.yaml", yaml), ("p.rhai", script)]);
+    let ev = evaluator("chatbot", "chatbot", 0.9);
+    let observed = runbook::decide::Observed {
+        target: runbook::observe::CachedObject::new(ev),
+        view: std::sync::Arc::new(caches(busy_pods(5_000).collect::<Vec<_>>())),
+        now: w.now,
+    };
+    let e = match runbook::decide::decide(&w.engine, &w.set.policies["p"], &observed) {
+        Err(runbook::decide::DecideError::Script(e)) => e,
+        other => panic!("expected the lookup to run out of time, got {other:?}"),
+    };
+    assert_eq!(e.kind, ScriptErrorKind::Timeout, "{e}");
+    // The lookup that took the time, in the function that made it.
+    assert!(e.to_string().starts_with("test/p.rhai:3:"), "{e}");
+    assert!(e.message.starts_with("in count: "), "{e}");
+    assert!(e.message.contains("; this call took "), "{e}");
 }

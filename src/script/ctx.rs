@@ -228,26 +228,32 @@ fn register_reads(engine: &mut Engine) {
     engine.register_fn(
         "owned",
         |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
-            let k = c.kind(&call, kind)?;
-            Ok(Ctx::array(c.owned(&k)))
+            super::stop::timed(&call, || {
+                let k = c.kind(&call, kind)?;
+                Ok(Ctx::array(c.owned(&k)))
+            })
         },
     );
     engine.register_fn(
         "get",
         |call: NativeCallContext, c: &mut Ctx, kind: &str, name: &str| -> RhaiResult<Dynamic> {
-            let k = c.kind(&call, kind)?;
-            Ok(c.0
-                .view
-                .get(&k, &c.0.namespace, name)
-                .map(|o| super::obj::of(&o))
-                .unwrap_or(Dynamic::UNIT))
+            super::stop::timed(&call, || {
+                let k = c.kind(&call, kind)?;
+                Ok(c.0
+                    .view
+                    .get(&k, &c.0.namespace, name)
+                    .map(|o| super::obj::of(&o))
+                    .unwrap_or(Dynamic::UNIT))
+            })
         },
     );
     engine.register_fn(
         "list",
         |call: NativeCallContext, c: &mut Ctx, kind: &str| -> RhaiResult<Array> {
-            let k = c.kind(&call, kind)?;
-            Ok(Ctx::array(c.objects(&k)))
+            super::stop::timed(&call, || {
+                let k = c.kind(&call, kind)?;
+                Ok(Ctx::array(c.objects(&k)))
+            })
         },
     );
     engine.register_fn(
@@ -257,9 +263,11 @@ fn register_reads(engine: &mut Engine) {
          kind: &str,
          selector: Dynamic|
          -> RhaiResult<Array> {
-            let k = c.kind(&call, kind)?;
-            let sel = selector_of(&call, &selector)?;
-            Ok(Ctx::array(c.0.view.select(&k, &c.0.namespace, &sel)))
+            super::stop::timed(&call, || {
+                let k = c.kind(&call, kind)?;
+                let sel = selector_of(&call, &selector)?;
+                Ok(Ctx::array(c.0.view.select(&k, &c.0.namespace, &sel)))
+            })
         },
     );
 }
@@ -269,72 +277,80 @@ fn register_relations(engine: &mut Engine) {
     engine.register_fn(
         "owned_by",
         |call: NativeCallContext, c: &mut Ctx, kind: &str, owner: Dynamic| -> RhaiResult<Array> {
-            let k = c.kind(&call, kind)?;
-            let uid = match super::convert::with_json(&owner, |j| {
-                j.get("metadata")
-                    .and_then(|m| m.get("uid"))
-                    .and_then(|u| u.as_str())
-                    .map(str::to_string)
-            }) {
-                Ok(Some(uid)) => uid,
-                Ok(None) => return fail(&call, "owned_by: the owner has no metadata.uid".into()),
-                Err(e) => return fail(&call, format!("owned_by: {e}")),
-            };
-            Ok(Ctx::array(if uid == c.0.target_uid {
-                c.owned(&k)
-            } else {
-                c.0.view.list_owned_by(&k, &c.0.namespace, &uid)
-            }))
+            super::stop::timed(&call, || {
+                let k = c.kind(&call, kind)?;
+                let uid = match super::convert::with_json(&owner, |j| {
+                    j.get("metadata")
+                        .and_then(|m| m.get("uid"))
+                        .and_then(|u| u.as_str())
+                        .map(str::to_string)
+                }) {
+                    Ok(Some(uid)) => uid,
+                    Ok(None) => {
+                        return fail(&call, "owned_by: the owner has no metadata.uid".into());
+                    }
+                    Err(e) => return fail(&call, format!("owned_by: {e}")),
+                };
+                Ok(Ctx::array(if uid == c.0.target_uid {
+                    c.owned(&k)
+                } else {
+                    c.0.view.list_owned_by(&k, &c.0.namespace, &uid)
+                }))
+            })
         },
     );
     engine.register_fn(
         "pods_of",
         |call: NativeCallContext, c: &mut Ctx, obj: Dynamic| -> RhaiResult<Array> {
-            if obj.is_unit() {
-                return Ok(Array::new());
-            }
-            let pod = c.kind(&call, "v1 Pod").map_err(|_| {
-                Box::new(EvalAltResult::ErrorRuntime(
-                    "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
-                    call.call_position(),
-                ))
-            })?;
-            let mine = crate::observe::policy_label_value(&c.0.policy_name);
-            let found = super::convert::with_json(&obj, |j| {
-                (
-                    workload_selector(j),
-                    j.get("metadata")
-                        .and_then(|m| m.get("uid"))
-                        .and_then(|u| u.as_str())
-                        .map(str::to_string),
-                    crate::observe::is_child_of(j, &mine, &c.0.target_uid),
-                )
-            });
-            let (sel, uid, child) = match found {
-                Ok(f) => f,
-                Err(e) => return fail(&call, format!("pods_of: {e}")),
-            };
-            // The pods of one of the policy's own children are read for
-            // the child's sake, not with the target author's rights.
-            let view = &c.0.view;
-            let ns = &c.0.namespace;
-            match (sel, uid) {
-                (Some(sel), _) if child => Ok(Ctx::array(view.select_for_child(&pod, ns, &sel))),
-                (Some(sel), _) => Ok(Ctx::array(view.select(&pod, ns, &sel))),
-                // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.
-                (None, Some(uid)) => {
-                    let pods = if child {
-                        view.list_for_child(&pod, ns)
-                    } else {
-                        c.objects(&pod)
-                    };
-                    Ok(Ctx::array(pods.into_iter().filter(|p| p.is_owned_by(&uid))))
+            super::stop::timed(&call, || {
+                if obj.is_unit() {
+                    return Ok(Array::new());
                 }
-                (None, None) => fail(
-                    &call,
-                    "pods_of: the object has neither spec.selector nor a uid".into(),
-                ),
-            }
+                let pod = c.kind(&call, "v1 Pod").map_err(|_| {
+                    Box::new(EvalAltResult::ErrorRuntime(
+                        "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
+                        call.call_position(),
+                    ))
+                })?;
+                let mine = crate::observe::policy_label_value(&c.0.policy_name);
+                let found = super::convert::with_json(&obj, |j| {
+                    (
+                        workload_selector(j),
+                        j.get("metadata")
+                            .and_then(|m| m.get("uid"))
+                            .and_then(|u| u.as_str())
+                            .map(str::to_string),
+                        crate::observe::is_child_of(j, &mine, &c.0.target_uid),
+                    )
+                });
+                let (sel, uid, child) = match found {
+                    Ok(f) => f,
+                    Err(e) => return fail(&call, format!("pods_of: {e}")),
+                };
+                // The pods of one of the policy's own children are read for
+                // the child's sake, not with the target author's rights.
+                let view = &c.0.view;
+                let ns = &c.0.namespace;
+                match (sel, uid) {
+                    (Some(sel), _) if child => {
+                        Ok(Ctx::array(view.select_for_child(&pod, ns, &sel)))
+                    }
+                    (Some(sel), _) => Ok(Ctx::array(view.select(&pod, ns, &sel))),
+                    // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.
+                    (None, Some(uid)) => {
+                        let pods = if child {
+                            view.list_for_child(&pod, ns)
+                        } else {
+                            c.objects(&pod)
+                        };
+                        Ok(Ctx::array(pods.into_iter().filter(|p| p.is_owned_by(&uid))))
+                    }
+                    (None, None) => fail(
+                        &call,
+                        "pods_of: the object has neither spec.selector nor a uid".into(),
+                    ),
+                }
+            })
         },
     );
 }

@@ -6,15 +6,15 @@
 //! call-depth, expression-depth and size limits, so a runaway script fails
 //! its own reconcile and nothing else.
 
-use std::cell::Cell;
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rhai::{AST, Caches, Dynamic, Engine, EvalContext, FuncArgs, OptimizationLevel, Scope};
 
 use std::sync::{Arc, Mutex};
 
-use super::error::{FILE_START, OVER_MEMORY, ScriptError, ScriptErrorKind};
+use super::error::{FILE_START, ScriptError, ScriptErrorKind};
+use super::stop;
 use super::strict::{self, Guards};
 use crate::util::yaml::Pos;
 
@@ -54,17 +54,6 @@ impl Default for ScriptLimits {
         }
     }
 }
-
-thread_local! {
-    /// When the call running on this thread must stop. Set around each call.
-    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
-    /// The thread's net allocation past which the running call must stop.
-    static MEMORY_CAP: Cell<Option<isize>> = const { Cell::new(None) };
-}
-
-/// How often (in operations) the deadline is checked: often enough to stop
-/// within tens of microseconds, rarely enough to cost nothing measurable.
-const DEADLINE_CHECK_EVERY: u64 = 512;
 
 /// Function-resolution caches kept per script: as many as calls into one
 /// script usually run at once.
@@ -161,8 +150,10 @@ impl ScriptEngine {
         engine
             .set_optimization_level(OptimizationLevel::Simple)
             .set_strict_variables(true)
-            .set_max_operations(limits.max_operations)
-            .set_max_call_levels(limits.max_call_levels)
+            // Runbook stops a call at its limits itself (`stop`); Rhai's
+            // own, a little further out, are the backstop.
+            .set_max_operations(limits.max_operations + stop::GRACE)
+            .set_max_call_levels(limits.max_call_levels + stop::DEPTH_GRACE)
             .set_max_expr_depths(limits.max_expr_depth, limits.max_fn_expr_depth)
             .set_max_string_size(limits.max_string_size)
             .set_max_array_size(limits.max_array_size)
@@ -173,20 +164,13 @@ impl ScriptEngine {
         // name of each of thousands of targets) made it scan the whole
         // table under a lock shared by every reconcile.
         engine.set_max_strings_interned(0);
-        engine.on_progress(|ops| {
-            if let Some(cap) = MEMORY_CAP.get()
-                && crate::util::memory::thread_held().is_some_and(|n| n > cap)
-            {
-                return Some(Dynamic::from(OVER_MEMORY));
-            }
-            if ops % DEADLINE_CHECK_EVERY == 0
-                && let Some(deadline) = DEADLINE.get()
-                && Instant::now() >= deadline
-            {
-                return Some(Dynamic::from("deadline"));
-            }
-            None
-        });
+        let max_operations = limits.max_operations;
+        engine.on_progress(move |ops| stop::progress(ops, max_operations));
+        let max_call_levels = limits.max_call_levels;
+        // Marked deprecated only as "volatile": Rhai is pinned to one
+        // version in Cargo.toml for this and the `internals` it uses.
+        #[allow(deprecated)]
+        engine.on_var(move |_, _, context| stop::on_var(&context, max_call_levels));
         engine.on_print(|text| tracing::info!(target: "runbook::script", "{text}"));
         engine.on_debug(|text, source, pos| {
             tracing::debug!(
@@ -429,18 +413,9 @@ impl ScriptEngine {
         guards: &Arc<Guards>,
         f: impl FnOnce() -> Result<T, Box<rhai::EvalAltResult>>,
     ) -> Result<T, Box<rhai::EvalAltResult>> {
-        let previous = DEADLINE.get();
-        let deadline = Instant::now() + self.limits.wall_time;
-        // A nested call keeps the earlier (outer) deadline, and cap.
-        DEADLINE.set(Some(previous.map_or(deadline, |p| p.min(deadline))));
-        let previous_cap = MEMORY_CAP.get();
-        if let Some(now) = crate::util::memory::thread_held() {
-            let cap = now.saturating_add(self.limits.max_memory as isize);
-            MEMORY_CAP.set(Some(previous_cap.map_or(cap, |p| p.min(cap))));
-        }
+        let budget = stop::Budget::enter(self.limits.wall_time, self.limits.max_memory);
         let (out, unit_text) = strict::with(guards, f);
-        DEADLINE.set(previous);
-        MEMORY_CAP.set(previous_cap);
+        drop(budget);
         match (out, unit_text) {
             (Ok(_), Some(pos)) => Err(Box::new(rhai::EvalAltResult::ErrorRuntime(
                 strict::UNIT_IN_TEXT.into(),

@@ -4,6 +4,7 @@ use std::fmt;
 
 use rhai::{EvalAltResult, ParseError, Position};
 
+use super::stop::{Limit, OVER_MEMORY, Stopped};
 use crate::util::yaml::Pos;
 
 /// What went wrong in a script.
@@ -71,10 +72,6 @@ pub fn pos_of(p: Position, origin: Pos) -> Option<Pos> {
     }
 }
 
-/// What a call is stopped with (the engine's `on_progress` token) when it
-/// holds more than its memory cap.
-pub(crate) const OVER_MEMORY: &str = "memory";
-
 /// The position a script starts at when it is a file of its own.
 pub const FILE_START: Pos = Pos { line: 1, col: 1 };
 
@@ -96,27 +93,71 @@ impl ScriptError {
             context.push(name.clone());
             err = inner;
         }
-        let (kind, message) = match err {
+        let stopped = match err {
+            EvalAltResult::ErrorRuntime(value, _) => value.clone().try_cast::<Stopped>(),
             EvalAltResult::ErrorTerminated(token, _)
                 if token.clone().into_string().ok().as_deref() == Some(OVER_MEMORY) =>
             {
-                (
-                    ScriptErrorKind::Limit,
-                    "stopped: its values together took more than the memory cap of a call (32 MB by default)".to_string(),
-                )
+                Some(Stopped {
+                    limit: Limit::Memory,
+                    took: None,
+                })
             }
-            EvalAltResult::ErrorTerminated(_, _) => (
-                ScriptErrorKind::Timeout,
-                format!("stopped: ran past its wall-clock budget of {budget_ms}ms"),
+            EvalAltResult::ErrorTerminated(_, _) => Some(Stopped {
+                limit: Limit::Time,
+                took: None,
+            }),
+            EvalAltResult::ErrorTooManyOperations(_) => Some(Stopped {
+                limit: Limit::Operations,
+                took: None,
+            }),
+            EvalAltResult::ErrorStackOverflow(_) => Some(Stopped {
+                limit: Limit::Depth,
+                took: None,
+            }),
+            _ => None,
+        };
+        let (kind, message) = match (stopped, err) {
+            (Some(Stopped { limit: Limit::Memory, .. }), _) => (
+                ScriptErrorKind::Limit,
+                "stopped: its values together took more than the memory cap of a call (32 MB by default)".to_string(),
             ),
-            EvalAltResult::ErrorTooManyOperations(_) => (
+            (Some(Stopped { limit: Limit::Time, took }), _) => (
+                ScriptErrorKind::Timeout,
+                match took.filter(|t| t.as_millis() * 4 >= budget_ms) {
+                    Some(t) => format!(
+                        "stopped: ran past its wall-clock budget of {budget_ms}ms; this call took {}ms",
+                        t.as_millis()
+                    ),
+                    None => format!("stopped: ran past its wall-clock budget of {budget_ms}ms"),
+                },
+            ),
+            (Some(Stopped { limit: Limit::Operations, .. }), _) => (
                 ScriptErrorKind::Limit,
                 "stopped: ran past the operation limit".to_string(),
             ),
-            EvalAltResult::ErrorStackOverflow(_) => (
+            (Some(Stopped { limit: Limit::Depth, .. }), _) => (
                 ScriptErrorKind::Limit,
                 "stopped: calls nested deeper than the limit (runaway recursion?)".to_string(),
             ),
+            (None, err) => Self::described(err),
+        };
+        let message = if context.is_empty() {
+            message
+        } else {
+            format!("in {}: {message}", chain(&context))
+        };
+        Self {
+            file: file.to_string(),
+            pos: pos_of(err.position(), origin),
+            kind,
+            message,
+        }
+    }
+
+    /// Any other runtime error, by its kind and message.
+    fn described(err: &EvalAltResult) -> (ScriptErrorKind, String) {
+        match err {
             EvalAltResult::ErrorDataTooLarge(what, _) => (
                 ScriptErrorKind::Limit,
                 format!("stopped: {} is larger than the limit", what.to_lowercase()),
@@ -130,17 +171,6 @@ impl ScriptError {
                 (ScriptErrorKind::Runtime, strip_position(&value.to_string()))
             }
             other => (ScriptErrorKind::Runtime, strip_position(&other.to_string())),
-        };
-        let message = if context.is_empty() {
-            message
-        } else {
-            format!("in {}: {message}", context.join(" > "))
-        };
-        Self {
-            file: file.to_string(),
-            pos: pos_of(err.position(), origin),
-            kind,
-            message,
         }
     }
 
@@ -152,6 +182,22 @@ impl ScriptError {
             message: message.into(),
         }
     }
+}
+
+/// The functions an error came through, outermost first; a function calling
+/// itself is named once with the depth.
+fn chain(names: &[String]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < names.len() {
+        let run = names[i..].iter().take_while(|n| **n == names[i]).count();
+        parts.push(match run {
+            1 => names[i].clone(),
+            n => format!("{} ({n} calls deep)", names[i]),
+        });
+        i += run;
+    }
+    parts.join(" > ")
 }
 
 /// Rhai appends " (line L, position C)" to messages; the position is ours to print.
