@@ -633,3 +633,25 @@ fn the_drift_policy_decides_within_its_budget_beside_5000_pods() {
     assert_eq!(rollbacks(&d), vec![("chatbot".to_string(), Some(3))]);
     assert_eq!(status_of(&d)["lastScore"], 0.72);
 }
+
+#[test]
+fn a_target_kind_is_listed_and_selected_as_a_watched_kind_is() {
+    use runbook::bench::lookup::{busy_pods, caches, target_store};
+    use runbook::observe::ObjectView;
+    let pod = runbook::kinds::KindRef::new("v1", "Pod");
+    let watched = caches(busy_pods(600).collect::<Vec<_>>());
+    let targets = target_store(busy_pods(600).collect::<Vec<_>>());
+    let names = |v: Vec<std::sync::Arc<runbook::observe::CachedObject>>| {
+        v.iter().map(|o| o.name().to_string()).collect::<Vec<_>>()
+    };
+    let ns = runbook::bench::fixtures::NS;
+    let sel = runbook::labels::Selector::parse("app=web-7").expect("a selector");
+    let picked = names(targets.select(&pod, ns, &sel));
+    assert_eq!(picked, names(watched.select(&pod, ns, &sel)));
+    assert_eq!(picked.len(), 3, "{picked:?}");
+    let all = names(targets.list(&pod, ns));
+    assert_eq!(all, names(watched.list(&pod, ns)));
+    assert_eq!(all.len(), 600);
+    assert!(all.windows(2).all(|w| w[0] <= w[1]), "sorted by name");
+    assert!(targets.list(&pod, "elsewhere").is_empty());
+}

@@ -56,6 +56,26 @@ pub fn caches(objects: impl IntoIterator<Item = Value>) -> Sources {
     )
 }
 
+/// The same pods as the objects of a target kind: a controller's store and
+/// the index kept beside it, as the operator fills them from its watch.
+pub fn target_store(objects: impl IntoIterator<Item = Value>) -> Sources {
+    use kube::runtime::watcher::Event;
+    let kind = KindRef::new("v1", "Pod");
+    let resource = kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
+    let mut writer = kube::runtime::reflector::store::Writer::<RawObject>::new(resource.clone());
+    let index = Arc::new(crate::observe::index::TargetIndex::default());
+    for v in objects {
+        let event = Event::Apply(RawObject::from_value(v));
+        index.observe(&event);
+        writer.apply_watcher_event(&event);
+    }
+    Sources(
+        [(kind, Source::Targets(writer.as_reader(), resource, index))]
+            .into_iter()
+            .collect(),
+    )
+}
+
 /// Figures for reads among `pods` pods in one namespace.
 pub struct LookupFigures {
     pub pods: usize,
@@ -70,6 +90,9 @@ pub struct LookupFigures {
     pub list_first: Duration,
     /// The drift policy's rollback decision in that namespace.
     pub decision: Stats,
+    /// One workload's pods by its selector when Pods are a target kind
+    /// (read from the controller's store through its index).
+    pub target_select: Stats,
 }
 
 pub fn run(policies: &std::path::Path, pods: usize, iters: usize) -> LookupFigures {
@@ -110,6 +133,10 @@ pub fn run(policies: &std::path::Path, pods: usize, iters: usize) -> LookupFigur
     let decision = measure(iters / 100, iters / 10, || {
         crate::decide::decide(&setup.engine, policy, &observed).expect("decision")
     });
+    let targets = target_store(busy_pods(pods));
+    let target_select = measure(iters / 10, iters, || {
+        targets.select(&pod, fixtures::NS, &sel)
+    });
     LookupFigures {
         pods,
         select,
@@ -117,5 +144,6 @@ pub fn run(policies: &std::path::Path, pods: usize, iters: usize) -> LookupFigur
         list_all,
         list_first,
         decision,
+        target_select,
     }
 }

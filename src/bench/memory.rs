@@ -92,7 +92,7 @@ pub async fn operator_child(kubeconfig: &Path, n: usize) {
     let kind = item_kind();
     loop {
         let finished = match op.ctx.sources().0.get(&kind) {
-            Some(crate::observe::view::Source::Targets(store, _)) => store
+            Some(crate::observe::view::Source::Targets(store, _, _)) => store
                 .state()
                 .iter()
                 .filter(|o| o.json.contains(r#""phase":"Done""#))

@@ -312,6 +312,13 @@ fn lookup(policies: &Path, quick: bool) -> Vec<Row> {
             "us",
         )
         .goal(Goal::AtMost(20_000.0)),
+        Row::new(
+            s,
+            format!("one workload's pods by selector among {n} pods of a target kind, median"),
+            us(f.target_select.median),
+            "us",
+        )
+        .goal(Goal::AtMost(1000.0)),
     ]
 }
 

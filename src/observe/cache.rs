@@ -4,7 +4,7 @@
 //! errors), indexed by namespace and by owner, and reports every change so
 //! that the targets it concerns can be reconciled.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -17,12 +17,12 @@ use tokio::sync::{Notify, mpsc};
 
 use super::health::{WatchBackoff, WatchHealth, report_watch};
 use crate::kinds::KindRef;
-use crate::labels::{Requirement, Selector};
+use crate::labels::Selector;
 use crate::observe::CachedObject;
 use crate::observe::RawObject;
 
-/// (namespace, name).
-pub type ObjKey = (String, String);
+use super::index::Index;
+pub use super::index::ObjKey;
 
 /// An owner an object points at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,56 +58,16 @@ fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
         .collect()
 }
 
-/// (namespace, label key, label value).
-type LabelKey = (String, String, String);
-
 #[derive(Default)]
 struct State {
     objects: HashMap<ObjKey, Arc<RawObject>>,
-    by_ns: BTreeMap<String, BTreeSet<String>>,
-    by_owner: HashMap<String, BTreeSet<ObjKey>>,
-    /// Names by one of their labels, within a namespace: a selector with an
-    /// equality looks at the objects carrying that label only.
-    by_label: HashMap<LabelKey, BTreeSet<String>>,
+    index: Index,
 }
 
 impl State {
     fn index(&mut self, key: &ObjKey, obj: &RawObject, add: bool) {
-        if add {
-            self.by_ns
-                .entry(key.0.clone())
-                .or_default()
-                .insert(key.1.clone());
-        } else if let Some(names) = self.by_ns.get_mut(&key.0) {
-            names.remove(&key.1);
-            if names.is_empty() {
-                self.by_ns.remove(&key.0);
-            }
-        }
-        for (k, v) in obj.meta.labels.iter().flatten() {
-            let lk = (key.0.clone(), k.clone(), v.clone());
-            if add {
-                self.by_label.entry(lk).or_default().insert(key.1.clone());
-            } else if let Some(names) = self.by_label.get_mut(&lk) {
-                names.remove(&key.1);
-                if names.is_empty() {
-                    self.by_label.remove(&lk);
-                }
-            }
-        }
-        for uid in obj.owner_uids() {
-            if add {
-                self.by_owner
-                    .entry(uid.to_string())
-                    .or_default()
-                    .insert(key.clone());
-            } else if let Some(set) = self.by_owner.get_mut(uid) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.by_owner.remove(uid);
-                }
-            }
-        }
+        self.index
+            .index(key, obj.meta.labels.iter().flatten(), obj.owner_uids(), add);
     }
 
     fn insert(&mut self, key: ObjKey, obj: Arc<RawObject>) -> Option<Arc<RawObject>> {
@@ -124,13 +84,17 @@ impl State {
         self.index(key, &old, false);
         Some(old)
     }
+
+    fn cached(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        self.objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|o| o.cached())
+    }
 }
 
 /// The cached objects of one kind.
 pub struct KindCache {
     pub kind: KindRef,
-    /// Whether the kind lives in namespaces, as discovery says.
-    namespaced: bool,
     state: RwLock<State>,
     synced: AtomicBool,
     synced_notify: Notify,
@@ -142,15 +106,8 @@ fn rv(o: &RawObject) -> &str {
 
 impl KindCache {
     pub fn new(kind: KindRef) -> Self {
-        let namespaced = kind.namespaced();
-        Self::scoped(kind, namespaced)
-    }
-
-    /// A cache for a kind whose scope discovery told.
-    pub fn scoped(kind: KindRef, namespaced: bool) -> Self {
         Self {
             kind,
-            namespaced,
             state: RwLock::new(State::default()),
             synced: AtomicBool::new(false),
             synced_notify: Notify::new(),
@@ -242,26 +199,14 @@ impl KindCache {
         raw.map(|o| o.cached())
     }
 
-    /// Objects in a namespace (every namespace if empty), sorted by name.
+    /// Objects in a namespace (`""`: of a cluster-scoped kind), sorted by
+    /// name.
     pub fn list(&self, namespace: &str) -> Vec<Arc<CachedObject>> {
         let st = self.read();
-        let pick = |ns: &str, names: &BTreeSet<String>| -> Vec<Arc<CachedObject>> {
-            names
-                .iter()
-                .filter_map(|n| {
-                    st.objects
-                        .get(&(ns.to_string(), n.clone()))
-                        .map(|o| o.cached())
-                })
-                .collect()
-        };
-        if namespace.is_empty() && !self.namespaced {
-            return st.by_ns.get("").map(|n| pick("", n)).unwrap_or_default();
-        }
-        st.by_ns
-            .get(namespace)
-            .map(|n| pick(namespace, n))
-            .unwrap_or_default()
+        st.index
+            .names(namespace)
+            .filter_map(|n| st.cached(namespace, n))
+            .collect()
     }
 
     /// Objects in a namespace whose labels satisfy `selector`, sorted by
@@ -271,23 +216,8 @@ impl KindCache {
     /// many objects the namespace holds.
     pub fn select(&self, namespace: &str, selector: &Selector) -> Vec<Arc<CachedObject>> {
         let st = self.read();
-        let empty = BTreeSet::new();
-        let labelled = |k: &String, v: &String| {
-            st.by_label
-                .get(&(namespace.to_string(), k.clone(), v.clone()))
-                .unwrap_or(&empty)
-        };
-        let narrowest = selector
-            .0
-            .iter()
-            .filter_map(|r| match r {
-                Requirement::Eq(k, v) => Some(labelled(k, v)),
-                _ => None,
-            })
-            .min_by_key(|names| names.len());
-        let names = narrowest.unwrap_or_else(|| st.by_ns.get(namespace).unwrap_or(&empty));
-        names
-            .iter()
+        st.index
+            .candidates(namespace, selector)
             .filter_map(|n| st.objects.get(&(namespace.to_string(), n.clone())))
             .filter(|o| selector.matches_with(|k| o.label(k)))
             .map(|o| o.cached())
@@ -296,16 +226,11 @@ impl KindCache {
 
     pub fn owned_by(&self, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
         let st = self.read();
-        let mut out: Vec<Arc<CachedObject>> = st
-            .by_owner
-            .get(uid)
+        st.index
+            .owned(namespace, uid)
             .into_iter()
-            .flatten()
-            .filter(|k| k.0 == namespace)
             .filter_map(|k| st.objects.get(k).map(|o| o.cached()))
-            .collect();
-        out.sort_by(|a, b| a.name().cmp(b.name()));
-        out
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -359,7 +284,7 @@ pub fn spawn_informer(
     health: Arc<WatchHealth>,
     namespaced: bool,
 ) -> Informer {
-    let cache = Arc::new(KindCache::scoped(kind.clone(), namespaced));
+    let cache = Arc::new(KindCache::new(kind.clone()));
     let api: Api<RawObject> = match (&namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
         _ => Api::all_with(client, &resource),

@@ -14,6 +14,7 @@ use crate::kinds::KindRef;
 pub mod cache;
 pub mod discovery;
 pub mod health;
+pub mod index;
 pub mod object;
 pub mod view;
 pub use object::RawObject;

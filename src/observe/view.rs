@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use kube::runtime::reflector::Store;
 
 use super::cache::KindCache;
+use super::index::TargetIndex;
 use crate::kinds::KindRef;
 use crate::labels::Selector;
 use crate::observe::RawObject;
@@ -35,33 +36,36 @@ pub struct AccessKey {
 pub enum Source {
     Informer(Arc<KindCache>),
     /// A target kind's controller store, with the resource its objects
-    /// are keyed under.
-    Targets(Store<RawObject>, kube::core::ApiResource),
+    /// are keyed under and the index that finds them.
+    Targets(Store<RawObject>, kube::core::ApiResource, Arc<TargetIndex>),
 }
 
 /// The caches by kind, as a reconcile sees them.
 #[derive(Clone, Default)]
 pub struct Sources(pub HashMap<KindRef, Source>);
 
-fn sorted(mut v: Vec<Arc<CachedObject>>) -> Vec<Arc<CachedObject>> {
-    v.sort_by(|a, b| a.name().cmp(b.name()));
-    v
+/// The objects of a target kind's store with these names, in that order.
+fn from_store(
+    store: &Store<RawObject>,
+    resource: &kube::core::ApiResource,
+    namespace: &str,
+    names: Vec<String>,
+) -> Vec<Arc<CachedObject>> {
+    names
+        .iter()
+        .filter_map(|name| store.get(&target_ref(resource, namespace, name)))
+        .filter(|o| o.undecodable.is_none())
+        .map(|o| o.cached())
+        .collect()
 }
 
 impl ObjectView for Sources {
     fn list(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
         match self.0.get(kind) {
             Some(Source::Informer(c)) => c.list(namespace),
-            Some(Source::Targets(s, _)) => sorted(
-                s.state()
-                    .into_iter()
-                    .filter(|o| {
-                        o.undecodable.is_none()
-                            && o.meta.namespace.as_deref().unwrap_or("") == namespace
-                    })
-                    .map(|o| o.cached())
-                    .collect(),
-            ),
+            Some(Source::Targets(s, resource, index)) => {
+                from_store(s, resource, namespace, index.names(namespace))
+            }
             None => Vec::new(),
         }
     }
@@ -69,7 +73,7 @@ impl ObjectView for Sources {
     fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
         match self.0.get(kind)? {
             Source::Informer(c) => c.get(namespace, name),
-            Source::Targets(s, resource) => {
+            Source::Targets(s, resource, _) => {
                 let r = target_ref(resource, namespace, name);
                 s.get(&r)
                     .filter(|o| o.undecodable.is_none())
@@ -86,17 +90,9 @@ impl ObjectView for Sources {
     ) -> Vec<Arc<CachedObject>> {
         match self.0.get(kind) {
             Some(Source::Informer(c)) => c.select(namespace, selector),
-            Some(Source::Targets(s, _)) => sorted(
-                s.state()
-                    .into_iter()
-                    .filter(|o| {
-                        o.undecodable.is_none()
-                            && o.namespace() == namespace
-                            && selector.matches_with(|k| o.label(k))
-                    })
-                    .map(|o| o.cached())
-                    .collect(),
-            ),
+            Some(Source::Targets(s, resource, index)) => {
+                from_store(s, resource, namespace, index.select(namespace, selector))
+            }
             None => Vec::new(),
         }
     }
@@ -104,11 +100,10 @@ impl ObjectView for Sources {
     fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
         match self.0.get(kind) {
             Some(Source::Informer(c)) => c.owned_by(namespace, uid),
-            _ => self
-                .list(kind, namespace)
-                .into_iter()
-                .filter(|o| o.is_owned_by(uid))
-                .collect(),
+            Some(Source::Targets(s, resource, index)) => {
+                from_store(s, resource, namespace, index.owned_by(namespace, uid))
+            }
+            None => Vec::new(),
         }
     }
 }

@@ -198,7 +198,11 @@ impl Context {
         for (k, t) in lock(&self.running.targets).iter() {
             map.insert(
                 k.clone(),
-                Source::Targets(t.store.clone(), self.resources.served_as(k).0),
+                Source::Targets(
+                    t.store.clone(),
+                    self.resources.served_as(k).0,
+                    t.index.clone(),
+                ),
             );
         }
         Sources(map)
@@ -324,6 +328,8 @@ impl Context {
 
 pub(super) struct TargetController {
     pub store: Store<RawObject>,
+    /// Where the store's objects are, by namespace, label and owner.
+    pub index: Arc<crate::observe::index::TargetIndex>,
     pub trigger: mpsc::UnboundedSender<ObjectRef<RawObject>>,
     pub resync: mpsc::UnboundedSender<()>,
     pub task: tokio::task::JoinHandle<()>,

@@ -16,6 +16,7 @@ use super::reconcile::{error_policy, panic_message, reconcile};
 use crate::kinds::KindRef;
 use crate::observe::RawObject;
 use crate::observe::health::{WatchBackoff, report_watch};
+use crate::observe::index::TargetIndex;
 use crate::telemetry::Metrics;
 use crate::util::lock;
 /// The watch of a target kind: pages of 500, and the policies' label
@@ -52,11 +53,18 @@ pub(super) fn spawn_target(
     let reader = writer.as_reader();
     let typed = ar.clone();
     let (health, watch_name) = (ctx.health.watches.clone(), k.to_string());
+    // Lists of the kind read this index, kept from the same events.
+    let index = Arc::new(TargetIndex::default());
+    let indexing = index.clone();
     let objects = reflector::reflector(
         writer,
         watcher::watcher(api, watch_config(selector.as_deref())).map(move |e| {
             report_watch(&health, &watch_name, e.as_ref().err());
-            e.map(|e| e.modify(|o| o.stamp(&typed)))
+            let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
+            if let Ok(event) = &e {
+                indexing.observe(event);
+            }
+            e
         }),
     )
     .applied_objects();
@@ -96,6 +104,7 @@ pub(super) fn spawn_target(
     TargetController {
         selector,
         store,
+        index,
         trigger,
         resync,
         task,
