@@ -40,6 +40,10 @@ pub struct Stopped {
 /// ends it where it is.
 pub(super) const GRACE: u64 = 10_000;
 
+/// The same past the memory cap: each operation may allocate (up to the
+/// size limits), so the backstop comes much sooner.
+const MEMORY_GRACE: u64 = 16;
+
 /// Call levels past Runbook's own limit where Rhai's backstop sits.
 pub(super) const DEPTH_GRACE: usize = 4;
 
@@ -106,7 +110,11 @@ fn past_deadline(now: Instant) -> bool {
 /// call where it is once it has run `GRACE` operations past it.
 pub(super) fn progress(ops: u64, max_operations: u64) -> Option<Dynamic> {
     if let Some((limit, at)) = ARMED.get() {
-        return (ops.saturating_sub(at) > GRACE).then(|| {
+        let grace = match limit {
+            Limit::Memory => MEMORY_GRACE,
+            _ => GRACE,
+        };
+        return (ops.saturating_sub(at) > grace).then(|| {
             Dynamic::from(match limit {
                 Limit::Memory => OVER_MEMORY,
                 _ => "deadline",
