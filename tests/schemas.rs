@@ -37,6 +37,13 @@ fn the_shipped_schemas_and_reference_are_current() {
             reference.display()
         ));
     }
+    let functions = root().join("docs/script-functions.md");
+    if std::fs::read_to_string(&functions).ok() != Some(runbook::script::reference::markdown()) {
+        stale.push(format!(
+            "{} is stale: cargo run -q -- schema --functions > docs/script-functions.md",
+            functions.display()
+        ));
+    }
     assert!(stale.is_empty(), "\n{}\n", stale.join("\n"));
 }
 

@@ -54,7 +54,7 @@ pub struct RbacArgs {
 pub struct WebhookObjectsArgs {
     /// Serve the authorship webhook, which records who wrote each target:
     /// without it no target has an author, and nothing a target refers to
-    /// is acted on unless its owner allows it (see README, Security model).
+    /// is acted on unless its owner allows it (see docs/security.md).
     /// `runbook rbac` then grants its Secret, its configuration and
     /// SubjectAccessReviews.
     #[arg(long, env = "RUNBOOK_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]

@@ -11,11 +11,15 @@ use crate::schema::{self, DocKind};
 #[derive(clap::Args, Debug)]
 pub struct SchemaArgs {
     /// Policy, AlertRoutes or Scenario (any case).
-    #[arg(required_unless_present_any = ["reference", "out_dir"])]
+    #[arg(required_unless_present_any = ["reference", "functions", "out_dir"])]
     pub kind: Option<String>,
     /// Print the Markdown reference of every document (docs/reference.md).
-    #[arg(long, conflicts_with_all = ["kind", "out_dir"])]
+    #[arg(long, conflicts_with_all = ["kind", "out_dir", "functions"])]
     pub reference: bool,
+    /// Print the Markdown reference of the functions a script can call
+    /// (docs/script-functions.md).
+    #[arg(long, conflicts_with_all = ["kind", "out_dir"])]
+    pub functions: bool,
     /// Write every kind's schema into this directory (KIND.schema.json).
     #[arg(long, conflicts_with = "kind")]
     pub out_dir: Option<PathBuf>,
@@ -24,6 +28,10 @@ pub struct SchemaArgs {
 pub fn run(args: SchemaArgs) -> anyhow::Result<ExitCode> {
     if args.reference {
         print!("{}", schema::reference());
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.functions {
+        print!("{}", crate::script::reference::markdown());
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(dir) = args.out_dir {

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod helpers;
 pub mod obj;
+pub mod reference;
 pub mod stop;
 pub mod strict;
 pub mod template;
