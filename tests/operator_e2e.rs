@@ -1612,3 +1612,74 @@ async fn a_change_of_a_status_field_the_decision_read_is_decided_on() {
     }
     teardown(c, op).await;
 }
+
+/// A function that gives a script something Runbook does not record: each
+/// call a new number (as a function reading the clock, or the target
+/// outside its view, unrecorded, would).
+fn engine_with_a_hidden_input() -> runbook::script::ScriptEngine {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static CALLS: AtomicI64 = AtomicI64::new(0);
+    let mut engine = runbook::script::ScriptEngine::default();
+    engine
+        .rhai_mut()
+        .register_fn("hidden", || CALLS.fetch_add(1, Ordering::Relaxed));
+    engine
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_reconcile_that_would_decide_differently_is_reported_when_checked() {
+    let c = Cluster::new("checkskips").await;
+    install_widget_crd(&c).await;
+    let engine = engine_with_a_hidden_input();
+    let script = r#"
+fn reconcile(ctx) {
+    [status(#{ phase: "Ready", seen: hidden() })]
+}
+"#;
+    let set = policies_on(
+        &c,
+        &engine,
+        &[("widget.yaml", POLICY), ("widget.rhai", script)],
+    );
+    let config = OperatorConfig {
+        check_skips: true,
+        ..Default::default()
+    };
+    let op = operator_on(&c, engine, set, config);
+    op.start().await.expect("the operator starts");
+    let widgets = widgets(&c);
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
+    eventually("the status", 30, || async {
+        widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
+    })
+    .await;
+    // A label: nothing the decision recorded changed, so the reconcile is
+    // skipped; decided again to check, it comes out different.
+    widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"owner": "sre"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the difference reported", 30, || async {
+        !op.ctx.skip_differences.lock().unwrap().is_empty()
+    })
+    .await;
+    let told = op.ctx.skip_differences.lock().unwrap()[0].clone();
+    assert!(told.starts_with("policy widget on "), "{told}");
+    assert!(
+        told.contains("/w1: a reconcile skipped as unchanged decides differently"),
+        "{told}"
+    );
+    assert!(
+        counter(
+            &op,
+            "runbook_skip_check_differences_total",
+            r#"policy="widget""#
+        ) >= 1,
+        "the metric counts it"
+    );
+    teardown(c, op).await;
+}

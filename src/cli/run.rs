@@ -86,6 +86,12 @@ pub struct RunArgs {
     /// admission webhooks, wildcards, ...); by default their bundles are refused.
     #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
     pub allow_dangerous_kinds: bool,
+    /// Decide again on every reconcile skipped as unchanged, and report
+    /// (log, metric `runbook_skip_check_differences_total`) any that would
+    /// decide differently: a check of Runbook itself, at the cost of the
+    /// decisions the skips save.
+    #[arg(long, env = "RUNBOOK_CHECK_SKIPS")]
+    pub check_skips: bool,
     /// Skip the start-up check (SelfSubjectAccessReviews) that the operator
     /// holds every permission its policies need.
     #[arg(long, env = "RUNBOOK_SKIP_ACCESS_CHECK")]
@@ -305,6 +311,7 @@ fn operator_config(args: &RunArgs) -> OperatorConfig {
             duration: Duration::from_secs(args.lease_duration),
             renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
         }),
+        check_skips: args.check_skips,
         ..Default::default()
     }
 }

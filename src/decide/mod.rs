@@ -17,7 +17,7 @@ use crate::policy::limits::{Recent, Verb};
 use crate::policy::model::Mode;
 use crate::schedule::Schedule;
 use crate::script::action::{Action, ActionValue};
-use crate::script::ctx::{Ctx, CtxData};
+use crate::script::ctx::{Ctx, CtxData, Timely};
 use crate::script::engine::ScriptEngine;
 use crate::script::error::ScriptError;
 use crate::script::obj::TargetReads;
@@ -307,28 +307,31 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
             .unwrap_or_else(|| "once".into()),
         None => "once".into(),
     };
+    let limited = {
+        let recent = Recent::of(observed.target.value(), &policy.name);
+        Verb::ALL
+            .into_iter()
+            .filter(|v| !recent.allows(&policy.limits, *v, observed.now))
+            .map(|v| v.as_str().to_string())
+            .collect()
+    };
     Ctx(Arc::new(CtxData {
         resource: crate::script::obj::of(&observed.target),
         params: policy.params_dyn.clone(),
-        now: observed.now.as_second(),
-        due: sched.is_some_and(|s| s.due),
-        next_run: sched.and_then(|s| s.next).map(|t| t.as_second()),
-        last_run: sched.and_then(|s| s.last).map(|t| t.as_second()),
-        run,
+        timely: Timely::new(
+            observed.now.as_second(),
+            sched.is_some_and(|s| s.due),
+            sched.and_then(|s| s.next).map(|t| t.as_second()),
+            sched.and_then(|s| s.last).map(|t| t.as_second()),
+            run,
+            limited,
+        ),
         policy_name: policy.name.clone(),
         policy_version: policy.version.clone(),
         namespace: observed.target.namespace().to_string(),
         target_uid: observed.target.uid().to_string(),
         view: observed.view.clone(),
         kinds: policy.kinds.clone(),
-        limited: {
-            let recent = Recent::of(observed.target.value(), &policy.name);
-            Verb::ALL
-                .into_iter()
-                .filter(|v| !recent.allows(&policy.limits, *v, observed.now))
-                .map(|v| v.as_str().to_string())
-                .collect()
-        },
     }))
 }
 

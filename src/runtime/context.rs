@@ -55,6 +55,10 @@ pub struct OperatorConfig {
     /// The operator's namespace: where Runbook's state of cluster-scoped
     /// targets is kept when every namespace is watched.
     pub operator_namespace: String,
+    /// Decide again on every reconcile skipped as unchanged and report a
+    /// different decision (`Context::skip_differences`): what scenario
+    /// runs and the test suite turn on.
+    pub check_skips: bool,
 }
 
 impl Default for OperatorConfig {
@@ -69,6 +73,7 @@ impl Default for OperatorConfig {
             signer: None,
             webhook: None,
             operator_namespace: "runbook-system".into(),
+            check_skips: false,
         }
     }
 }
@@ -99,6 +104,9 @@ pub struct Context {
     pub webhook: std::sync::OnceLock<Arc<super::webhook::Webhook>>,
     /// What `/readyz` and the leader's metrics report.
     pub health: Health,
+    /// Reconciles skipped as unchanged that decided differently when
+    /// decided again (`OperatorConfig::check_skips`), each told in a line.
+    pub skip_differences: Mutex<Vec<String>>,
     /// The watches and controllers running.
     pub(super) running: Running,
     /// Work waiting, failing and in flight.

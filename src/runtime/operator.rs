@@ -95,6 +95,7 @@ impl Operator {
                 forbidden,
                 ..Health::default()
             },
+            skip_differences: Mutex::default(),
             running: Running::default(),
             queue: Queue {
                 pending: Default::default(),

@@ -167,6 +167,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
             resyncs,
             woken,
             now,
+            check: ctx.config.check_skips,
         };
         ctx.memory.last.remember(key, p, carried_out, &last);
     }
@@ -766,6 +767,9 @@ fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next)
         return false;
     };
     tracing::debug!("nothing the last decision read changed: not decided again");
+    if ctx.config.check_skips {
+        check_skip(ctx, p, t, now);
+    }
     ctx.metrics
         .unchanged
         .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
@@ -774,6 +778,55 @@ fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next)
         next.requeue(ms);
     }
     true
+}
+
+/// Check a skip: decide again (nothing is carried out) and compare with the
+/// last decision, which the skip takes as what deciding again would give.
+/// A difference means the decision read something that was not written
+/// down (a function that reads the clock, or the target, unrecorded): it
+/// is told and counted, and the skip stands, so that checking changes
+/// nothing of what the operator does.
+fn check_skip(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, now: Timestamp) {
+    let Some(before) = ctx.memory.last.decided(t.key, p) else {
+        return;
+    };
+    let observed = Observed {
+        target: t.cached.clone(),
+        view: Arc::new(ctx.sources()),
+        now,
+    };
+    let again = match decide::decide(&ctx.engine, p, &observed) {
+        Ok(d) => super::unchanged::effects(&d),
+        Err(e) => format!("an error: {e}"),
+    };
+    if *before == *again {
+        return;
+    }
+    let key = t.key;
+    let told = format!(
+        "policy {} on {} {}/{}: a reconcile skipped as unchanged decides differently \
+         (the decision read something that was not recorded); before: {}; now: {}",
+        p.name,
+        key.kind,
+        key.namespace,
+        key.name,
+        cut(&before),
+        cut(&again),
+    );
+    tracing::error!("{told}");
+    ctx.metrics
+        .skip_differences
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .inc();
+    lock(&ctx.skip_differences).push(told);
+}
+
+/// The first 300 characters of a decision's text.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_string(),
+    }
 }
 
 /// A policy's decision on a live target, counted; the target as its

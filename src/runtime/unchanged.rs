@@ -46,6 +46,14 @@ struct Last {
     requeue_at: Option<Timestamp>,
     /// `LastDecisions::woken` before it was made.
     woken: u64,
+    /// What it decided (`effects`), kept when skips are checked.
+    decided: Option<Arc<str>>,
+}
+
+/// What a decision comes to, as text two decisions are compared by: its
+/// actions and when it asked to be made again.
+pub(super) fn effects(d: &Decision) -> String {
+    format!("{:?}; requeue after {:?} ms", d.actions, d.requeue_after_ms)
 }
 
 /// A 64-bit hash of a name, a version or a target.
@@ -94,6 +102,8 @@ pub(super) struct Made<'a> {
     /// `LastDecisions::woken()` before it was made.
     pub woken: u64,
     pub now: Timestamp,
+    /// Keep what it decided, for a check of the reconciles it lets skip.
+    pub check: bool,
 }
 
 /// Whether a policy's decisions can be known to repeat from the target's
@@ -130,6 +140,21 @@ impl LastDecisions {
             last.requeue_at
                 .map(|at| (at.as_millisecond() - now.as_millisecond()).max(1))
         })
+    }
+
+    /// What the last decision of `p` on `key` decided, where it was kept
+    /// (`Made::check`).
+    pub fn decided(&self, key: &TargetKey, p: &CompiledPolicy) -> Option<Arc<str>> {
+        let inner = lock(&self.0);
+        let policy = hash_of(p.name.as_str());
+        inner
+            .targets
+            .get(&hash_of(key))?
+            .last
+            .iter()
+            .find(|l| l.policy == policy)?
+            .decided
+            .clone()
     }
 
     /// Keep a decision carried out in full, when a later one could repeat
@@ -173,6 +198,9 @@ impl LastDecisions {
                 .and_then(|d| d.requeue_after_ms)
                 .map(|ms| Timestamp::from_millisecond(now.as_millisecond() + ms).unwrap_or(now)),
             woken: made.woken,
+            decided: decision
+                .filter(|_| made.check)
+                .map(|d| Arc::from(effects(d))),
         };
         let target = inner.targets.entry(hash_of(key)).or_default();
         target.last.retain(|l| l.policy != policy);

@@ -23,6 +23,7 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
 use crate::telemetry::journal::{Entry, Journal, MemoryJournal};
+use crate::util::lock;
 
 /// Alerts as the journal sees them: when each starts and stops firing,
 /// and the receivers its routes reach; then on to the dispatcher.
@@ -426,6 +427,9 @@ fn operator_for(
         // Runbook's state of cluster-scoped targets: a scenario's world
         // has the default namespace.
         operator_namespace: "default".into(),
+        // A scenario also checks that every reconcile the operator skips
+        // as unchanged would decide the same.
+        check_skips: true,
     };
     let op = Operator::new(
         world.sandbox.client(),
@@ -566,6 +570,13 @@ async fn run_async(s: &Scenario) -> Report {
         report.failures.push(Failure {
             pos: None,
             message: failing,
+            detail: Vec::new(),
+        });
+    }
+    for told in lock(&op.ctx.skip_differences).drain(..) {
+        report.failures.push(Failure {
+            pos: None,
+            message: told,
             detail: Vec::new(),
         });
     }

@@ -16,21 +16,89 @@ use crate::observe::{CachedObject, ObjectView};
 pub struct CtxData {
     pub resource: Dynamic,
     pub params: Dynamic,
-    /// Unix seconds.
-    pub now: i64,
-    pub due: bool,
-    pub next_run: Option<i64>,
-    pub last_run: Option<i64>,
-    /// Identifies the current scheduled run (the fire time), or "once".
-    pub run: String,
+    /// What changes with time rather than with the target.
+    pub timely: Timely,
     pub policy_name: String,
     pub policy_version: String,
     pub namespace: String,
     pub target_uid: String,
     pub view: Arc<dyn ObjectView>,
     pub kinds: Arc<DeclaredKinds>,
-    /// Verbs whose blast-radius limit would refuse one more action now.
-    pub limited: Vec<String>,
+}
+
+pub use timely::Timely;
+
+/// What a decision may know that changes with time rather than with its
+/// target: the clock, the schedule and the counts of the blast-radius
+/// limits. A decision that reads any of it is made again whatever
+/// changed (`obj::TargetReads::clock`); the fields are private to this
+/// module so that nothing, a function added later included, can read them
+/// without that being written down.
+mod timely {
+    use crate::script::obj::note_clock;
+
+    pub struct Timely {
+        now: i64,
+        due: bool,
+        next_run: Option<i64>,
+        last_run: Option<i64>,
+        run: String,
+        limited: Vec<String>,
+    }
+
+    impl Timely {
+        /// `now`, `next_run` and `last_run` in unix seconds; `run` names
+        /// the current scheduled run (its fire time) or is "once";
+        /// `limited`: the verbs whose limit refuses one more action now.
+        pub fn new(
+            now: i64,
+            due: bool,
+            next_run: Option<i64>,
+            last_run: Option<i64>,
+            run: String,
+            limited: Vec<String>,
+        ) -> Self {
+            Self {
+                now,
+                due,
+                next_run,
+                last_run,
+                run,
+                limited,
+            }
+        }
+
+        pub fn now(&self) -> i64 {
+            note_clock();
+            self.now
+        }
+
+        pub fn due(&self) -> bool {
+            note_clock();
+            self.due
+        }
+
+        pub fn next_run(&self) -> Option<i64> {
+            note_clock();
+            self.next_run
+        }
+
+        pub fn last_run(&self) -> Option<i64> {
+            note_clock();
+            self.last_run
+        }
+
+        pub fn run(&self) -> &str {
+            note_clock();
+            &self.run
+        }
+
+        /// Whether the limits allow one more action of `verb` now.
+        pub fn allows(&self, verb: &str) -> bool {
+            note_clock();
+            !self.limited.iter().any(|v| v == verb)
+        }
+    }
 }
 
 /// `ctx` as a Rhai value: cheap to clone.
@@ -181,28 +249,19 @@ pub fn register(engine: &mut Engine) {
 fn register_properties(engine: &mut Engine) {
     engine.register_get("resource", |c: &mut Ctx| c.0.resource.clone());
     engine.register_get("params", |c: &mut Ctx| c.0.params.clone());
-    // What the clock and the schedule say changes with time, not with the
-    // target: a decision that asks is made again whatever changed.
-    engine.register_get("now", |c: &mut Ctx| {
-        super::obj::note_clock();
-        c.0.now as INT
-    });
-    engine.register_get("due", |c: &mut Ctx| {
-        super::obj::note_clock();
-        c.0.due
-    });
+    engine.register_get("now", |c: &mut Ctx| c.0.timely.now() as INT);
+    engine.register_get("due", |c: &mut Ctx| c.0.timely.due());
     engine.register_get("next_run", |c: &mut Ctx| {
-        super::obj::note_clock();
-        c.0.next_run.map(Dynamic::from_int).unwrap_or(Dynamic::UNIT)
+        c.0.timely
+            .next_run()
+            .map_or(Dynamic::UNIT, Dynamic::from_int)
     });
     engine.register_get("last_run", |c: &mut Ctx| {
-        super::obj::note_clock();
-        c.0.last_run.map(Dynamic::from_int).unwrap_or(Dynamic::UNIT)
+        c.0.timely
+            .last_run()
+            .map_or(Dynamic::UNIT, Dynamic::from_int)
     });
-    engine.register_get("run", |c: &mut Ctx| {
-        super::obj::note_clock();
-        c.0.run.clone()
-    });
+    engine.register_get("run", |c: &mut Ctx| c.0.timely.run().to_string());
     engine.register_get("namespace", |c: &mut Ctx| c.0.namespace.clone());
     engine.register_get("policy", |c: &mut Ctx| {
         let mut m = Map::new();
@@ -215,10 +274,7 @@ fn register_properties(engine: &mut Engine) {
 /// `ctx`'s lookups in the caches: `owned`, `get`, `list`, `pods_of`, and `allowed`.
 fn register_lookups(engine: &mut Engine) {
     // The limits count actions over a window of time.
-    engine.register_fn("allowed", |c: &mut Ctx, verb: &str| {
-        super::obj::note_clock();
-        !c.0.limited.iter().any(|v| v == verb)
-    });
+    engine.register_fn("allowed", |c: &mut Ctx, verb: &str| c.0.timely.allows(verb));
     register_reads(engine);
     register_relations(engine);
 }

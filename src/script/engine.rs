@@ -197,6 +197,13 @@ impl ScriptEngine {
         &self.engine
     }
 
+    /// The engine, to register more functions on (a program embedding
+    /// Runbook's engine). Register before compiling: a script is checked
+    /// against the functions there are when it loads.
+    pub fn rhai_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
     /// Calls in a script of functions that exist nowhere: not defined in
     /// it or in `more` (a steps policy's `functions:` file), not a
     /// helper, action or standard function. Each with its position, and

@@ -35,6 +35,9 @@ pub struct Metrics {
     /// Reconciles of a policy on a target that changed nothing its last
     /// decision read, so were not decided again.
     pub unchanged: Family<Labels, Counter>,
+    /// Reconciles skipped as unchanged that decided differently when
+    /// checked (a read that was not recorded), by policy.
+    pub skip_differences: Family<Labels, Counter>,
     pub reconcile_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub script_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub actions: Family<Labels, Counter>,
@@ -80,6 +83,7 @@ impl Metrics {
         let m = Self {
             reconciles: Family::default(),
             unchanged: Family::default(),
+            skip_differences: Family::default(),
             reconcile_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             script_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             actions: Family::default(),
@@ -111,6 +115,11 @@ impl Metrics {
             "unchanged_reconciles",
             "Reconciles that were not decided again: nothing the last decision read had changed, by policy",
             m.unchanged.clone(),
+        );
+        registry.register(
+            "skip_check_differences",
+            "Reconciles skipped as unchanged that decided differently when decided again to check (a read that was not recorded), by policy",
+            m.skip_differences.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",

@@ -92,7 +92,15 @@ pub async fn create_widget(c: &Cluster, widgets: &Api<DynamicObject>, name: &str
 
 /// Policies from text; `GROUP` in the YAML is replaced with the widget group.
 pub fn policies(c: &Cluster, files: &[(&str, &str)]) -> runbook::policy::PolicySet {
-    let engine = ScriptEngine::default();
+    policies_on(c, &ScriptEngine::default(), files)
+}
+
+/// Policies from text, loaded by `engine` (one with functions of its own).
+pub fn policies_on(
+    c: &Cluster,
+    engine: &ScriptEngine,
+    files: &[(&str, &str)],
+) -> runbook::policy::PolicySet {
     let g = widget_group(c);
     let bundle = Bundle::new(
         Origin::Inline("test".into()),
@@ -101,7 +109,7 @@ pub fn policies(c: &Cluster, files: &[(&str, &str)]) -> runbook::policy::PolicyS
             .map(|(k, v)| (k.to_string(), v.replace("GROUP", &g)))
             .collect(),
     );
-    let (set, errors) = policy::load(&engine, &[bundle]);
+    let (set, errors) = policy::load(engine, &[bundle]);
     assert!(errors.is_empty(), "{errors:?}");
     set
 }
@@ -151,10 +159,43 @@ pub fn operator_through(
             .with_test_writer()
             .try_init();
     }
+    Arc::new(Operator::new(
+        client,
+        Arc::new(ScriptEngine::default()),
+        set,
+        Clock::real(),
+        sink,
+        metrics,
+        test_config(c, config),
+    ))
+}
+
+/// An operator whose scripts run on `engine` (one with functions of its
+/// own; the policies loaded by it too).
+pub fn operator_on(
+    c: &Cluster,
+    engine: ScriptEngine,
+    set: runbook::policy::PolicySet,
+    config: OperatorConfig,
+) -> Arc<Operator> {
+    Arc::new(Operator::new(
+        c.operator_client.clone(),
+        Arc::new(engine),
+        set,
+        Clock::real(),
+        Arc::new(LogSink::default()),
+        Arc::new(Metrics::new()),
+        test_config(c, config),
+    ))
+}
+
+/// A test's operator settings: its own namespace and webhook, short
+/// backoffs, unless the test chose otherwise.
+fn test_config(c: &Cluster, config: OperatorConfig) -> OperatorConfig {
     // Short backoffs, unless the test chose its own.
     let defaults = OperatorConfig::default();
     let webhook = config.webhook.clone().or_else(|| Some(test_webhook(c)));
-    let config = OperatorConfig {
+    OperatorConfig {
         webhook,
         // The test's namespace, unless the test asked for all of them.
         namespace: match config.namespace.as_deref() {
@@ -173,16 +214,7 @@ pub fn operator_through(
             config.backoff_max
         },
         ..config
-    };
-    Arc::new(Operator::new(
-        client,
-        Arc::new(ScriptEngine::default()),
-        set,
-        Clock::real(),
-        sink,
-        metrics,
-        config,
-    ))
+    }
 }
 
 /// The authorship webhook as tests run it: served on loopback, reached by
