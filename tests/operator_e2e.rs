@@ -1683,3 +1683,78 @@ fn reconcile(ctx) {
     );
     teardown(c, op).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_loses_nothing_a_resync_makes_it_up() {
+    // Thirty Widgets read one ConfigMap; changing it wakes all thirty at
+    // once, through a queue that holds two.
+    let c = Cluster::new("overflow").await;
+    install_widget_crd(&c).await;
+    let policy = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: widget}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  reads: [{apiVersion: v1, kind: ConfigMap}]
+  script: widget.rhai
+"#;
+    let script = r#"
+fn reconcile(ctx) {
+    let common = ctx.get("ConfigMap", "shared");
+    [status(#{ phase: "Ready", size: if common == () { "none" } else { common.data.size } })]
+}
+"#;
+    let set = policies(&c, &[("widget.yaml", policy), ("widget.rhai", script)]);
+    let metrics = Arc::new(Metrics::new());
+    let config = OperatorConfig {
+        queue_capacity: 2,
+        ..Default::default()
+    };
+    let op = operator_with_metrics(&c, set, config, metrics);
+    op.start().await.expect("the operator starts");
+    let widgets = widgets(&c);
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let shared = |size: &str| {
+        serde_json::from_value::<ConfigMap>(json!({
+            "metadata": {"name": "shared"}, "data": {"size": size}
+        }))
+        .unwrap()
+    };
+    cms.create(&PostParams::default(), &shared("1"))
+        .await
+        .unwrap();
+    for i in 0..30 {
+        create_widget(&c, &widgets, &format!("w{i}"), json!({"size": 1})).await;
+    }
+    let sizes = || async {
+        let list = widgets.list(&Default::default()).await.unwrap();
+        list.items
+            .iter()
+            .map(|w| w.data["status"]["size"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    eventually("every widget read the ConfigMap", 60, || async {
+        let s = sizes().await;
+        s.len() == 30 && s.iter().all(|v| v == "1")
+    })
+    .await;
+    settle(&op).await;
+    cms.replace("shared", &PostParams::default(), &{
+        let mut cm = cms.get("shared").await.unwrap();
+        cm.data = Some([("size".to_string(), "2".to_string())].into());
+        cm
+    })
+    .await
+    .unwrap();
+    eventually("every widget follows the change", 60, || async {
+        sizes().await.iter().all(|v| v == "2")
+    })
+    .await;
+    let dropped = counter(&op, "runbook_queue_overflows_total", r#"queue="trigger""#);
+    assert!(
+        dropped > 0,
+        "the queue of two never overflowed: the test shows nothing"
+    );
+    teardown(c, op).await;
+}

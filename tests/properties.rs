@@ -295,7 +295,7 @@ proptest! {
         cached in prop::collection::vec(script_object(), 0..3),
         answers in prop::collection::vec(api_answer(), 0..3),
     ) {
-        use runbook::act::{self, Exec, Mode, Writer};
+        use runbook::act::{self, Exec, Acting, Writer};
         use runbook::decide::{self, Observed};
         use runbook::observe::{CachedObject, MemoryView};
         use std::sync::Arc;
@@ -370,7 +370,7 @@ proptest! {
                 state_at: None,
                 dropped: &[],
             };
-            act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Mode::Enforce).await
+            act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Acting::Enforce).await
         });
         let steps = decision.as_ref().map(|d| d.actions.iter().filter(|p| !matches!(p.action, runbook::script::Action::Requeue { .. })).count()).unwrap_or(0);
         prop_assert_eq!(outcome.record.actions.len(), steps, "every action is recorded");

@@ -6,7 +6,7 @@
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
-use super::Mode;
+use super::Acting;
 use super::plan::{Note, Plan, Todo};
 use super::status;
 use crate::crd::{ActionRecord, ActionResult, DecisionRecord};
@@ -58,7 +58,7 @@ pub struct Input<'a> {
     /// holds), if one did.
     pub failed: Option<&'a super::plan::Failed>,
     pub inputs_hash: &'a str,
-    pub mode: &'a Mode,
+    pub mode: &'a Acting,
     pub now: Timestamp,
     /// Status fields of this policy the target's schema is known to drop.
     pub dropped: &'a [String],

@@ -102,7 +102,7 @@ impl From<&ExecError> for Failed {
 
 /// How a decision may act.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum Acting {
     Enforce,
     /// Decide and record, write nothing.
     Shadow,
@@ -110,12 +110,12 @@ pub enum Mode {
     Suspended(String),
 }
 
-impl Mode {
+impl Acting {
     pub fn as_str(&self) -> &'static str {
         match self {
-            Mode::Enforce => "enforce",
-            Mode::Shadow => "shadow",
-            Mode::Suspended(_) => "suspended",
+            Acting::Enforce => "enforce",
+            Acting::Shadow => "shadow",
+            Acting::Suspended(_) => "suspended",
         }
     }
 }
@@ -424,13 +424,13 @@ pub async fn execute(
     target: &CachedObject,
     target_kind: &Resolved,
     decision: Result<&Decision, &DecideError>,
-    mode: Mode,
+    mode: Acting,
 ) -> Outcome {
     let w = &x.writer;
     let t = target.value();
     let actions = decision.map(|d| d.actions.as_slice()).unwrap_or_default();
     let discovered = match mode {
-        Mode::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
+        Acting::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
         _ => Discovered::new(),
     };
     let mut plan = plan::plan(&plan::Input {
@@ -447,7 +447,7 @@ pub async fn execute(
     if let Some(own) = w.applied {
         plan.settled.iter().for_each(|k| own.settled(k));
     }
-    if mode == Mode::Enforce {
+    if mode == Acting::Enforce {
         let reads = authorize::reads_to_check(policy, target, x.reads);
         authorize::authorize(x.authority, x.resources, x.view, target, &mut plan, &reads).await;
     }
@@ -488,7 +488,7 @@ pub async fn execute(
         ..Outcome::default()
     };
     tally(&mut out, &plan, &done);
-    if mode == Mode::Shadow {
+    if mode == Acting::Shadow {
         return out;
     }
     for note in &end.events {

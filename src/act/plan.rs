@@ -14,14 +14,16 @@ use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use super::status;
-use super::{Applied, ChildKey, Mode};
+use super::{Acting, Applied, ChildKey};
 use crate::alert::routes::CompiledRoutes;
 use crate::alert::{Alert, AlertSource};
 use crate::crd::ActionResult;
 use crate::decide::Planned;
 use crate::kinds::{KindRef, Role};
 use crate::observe::discovery::Resolved;
-use crate::observe::{CachedObject, ObjectView, POLICY_LABEL, policy_label_value, policy_of_child};
+use crate::observe::{
+    CachedObject, ObjectView, POLICY_NAME_LABEL, policy_label_value, policy_of_child,
+};
 use crate::policy::compile::CompiledPolicy;
 use crate::policy::limits::Recent;
 use crate::script::action::{Action, Condition, EventType};
@@ -125,7 +127,7 @@ pub struct Input<'a> {
     pub target: &'a CachedObject,
     /// The decision's actions (none when it could not be made).
     pub actions: &'a [Planned],
-    pub mode: &'a Mode,
+    pub mode: &'a Acting,
     /// The cached objects the decision's writes would change.
     pub view: &'a dyn ObjectView,
     pub discovered: &'a Discovered,
@@ -470,7 +472,7 @@ fn about_target(input: &Input<'_>, plan: &mut Plan, a: &Action) -> Option<Todo> 
                 message: message.clone(),
             });
             match input.mode {
-                Mode::Enforce => ok,
+                Acting::Enforce => ok,
                 _ => Todo::Record(ActionResult::Shadow, None),
             }
         }
@@ -490,7 +492,7 @@ fn about_target(input: &Input<'_>, plan: &mut Plan, a: &Action) -> Option<Todo> 
                 starts_at: input.now,
             });
             match input.mode {
-                Mode::Shadow => Todo::Record(ActionResult::Shadow, None),
+                Acting::Shadow => Todo::Record(ActionResult::Shadow, None),
                 _ => ok,
             }
         }
@@ -508,9 +510,9 @@ fn elsewhere(
     a: &Action,
 ) -> Todo {
     match input.mode {
-        Mode::Shadow => return Todo::Record(ActionResult::Shadow, None),
-        Mode::Suspended(why) => return Todo::Record(ActionResult::Suspended, Some(why.clone())),
-        Mode::Enforce => {}
+        Acting::Shadow => return Todo::Record(ActionResult::Shadow, None),
+        Acting::Suspended(why) => return Todo::Record(ActionResult::Suspended, Some(why.clone())),
+        Acting::Enforce => {}
     }
     let limits = &input.policy.limits;
     let verb = a.limited_verb();
@@ -667,11 +669,11 @@ pub fn not_its_child_message(
     let controlled = crate::observe::controller_uid(live) == Some(target.uid);
     let why = match policy_of_child(live) {
         Some(other) if controlled && other != policy => {
-            format!("it is the work of policy {other:?} ({POLICY_LABEL}), not of this one")
+            format!("it is the work of policy {other:?} ({POLICY_NAME_LABEL}), not of this one")
         }
         _ => format!(
             "an object of that name exists that Runbook did not make for {tkind} {}/{} \
-             (it lacks the label {POLICY_LABEL}={policy} or a controller ownerReference to it); \
+             (it lacks the label {POLICY_NAME_LABEL}={policy} or a controller ownerReference to it); \
              Runbook never takes over an object it did not make: rename the {tkind} or remove that object",
             target.namespace, target.name
         ),
@@ -799,7 +801,7 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
     with_map(&mut meta, "labels", |l| {
         l.entry("app.kubernetes.io/managed-by")
             .or_insert_with(|| json!("runbook"));
-        l.insert(POLICY_LABEL.into(), json!(policy));
+        l.insert(POLICY_NAME_LABEL.into(), json!(policy));
     });
     with_map(&mut meta, "annotations", |a| {
         a.remove(APPLIED_HASH);
@@ -952,7 +954,7 @@ spec:
     }
 
     /// Plan `actions` against `target`, with the view holding `live`.
-    fn plan_of(target: &CachedObject, live: &[Value], mode: Mode, actions: Vec<Action>) -> Plan {
+    fn plan_of(target: &CachedObject, live: &[Value], mode: Acting, actions: Vec<Action>) -> Plan {
         plan_after(target, live, None, mode, actions)
     }
 
@@ -961,7 +963,7 @@ spec:
         target: &CachedObject,
         live: &[Value],
         applied: Option<&Applied>,
-        mode: Mode,
+        mode: Acting,
         actions: Vec<Action>,
     ) -> Plan {
         let view = MemoryView::new();
@@ -997,7 +999,7 @@ spec:
     #[test]
     fn a_new_child_is_applied_with_its_owner_label_and_hash() {
         let w = widget(json!({}));
-        let p = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let p = plan_of(&w, &[], Acting::Enforce, vec![config_map("w-a", "1")]);
         let Some(Write::Apply {
             key, object, hash, ..
         }) = write(&p, 0)
@@ -1025,7 +1027,7 @@ spec:
     #[test]
     fn a_child_the_cache_shows_as_applied_is_not_written_again() {
         let w = widget(json!({}));
-        let first = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let first = plan_of(&w, &[], Acting::Enforce, vec![config_map("w-a", "1")]);
         let Some(Write::Apply { object, .. }) = write(&first, 0) else {
             panic!("an apply");
         };
@@ -1034,20 +1036,20 @@ spec:
         let again = plan_of(
             &w,
             &[live.clone()],
-            Mode::Enforce,
+            Acting::Enforce,
             vec![config_map("w-a", "1")],
         );
         assert_eq!(todos(&again), [&Todo::Unchanged]);
         assert_eq!(again.settled.len(), 1, "no longer pending");
         // A changed child is written.
-        let changed = plan_of(&w, &[live], Mode::Enforce, vec![config_map("w-a", "2")]);
+        let changed = plan_of(&w, &[live], Acting::Enforce, vec![config_map("w-a", "2")]);
         assert!(matches!(write(&changed, 0), Some(Write::Apply { .. })));
     }
 
     #[test]
     fn a_pending_apply_settles_on_its_own_version_or_the_childs_deletion() {
         let w = widget(json!({}));
-        let first = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let first = plan_of(&w, &[], Acting::Enforce, vec![config_map("w-a", "1")]);
         let Some(Write::Apply { key, hash, .. }) = write(&first, 0) else {
             panic!("an apply, got {:?}", todos(&first));
         };
@@ -1062,7 +1064,7 @@ spec:
             &w,
             &[],
             Some(&applied),
-            Mode::Enforce,
+            Acting::Enforce,
             vec![config_map("w-a", "1")],
         );
         assert_eq!(todos(&lagging), [&Todo::Unchanged]);
@@ -1082,7 +1084,7 @@ spec:
             &w,
             &[],
             Some(&applied),
-            Mode::Enforce,
+            Acting::Enforce,
             vec![config_map("w-a", "1")],
         );
         assert!(
@@ -1136,7 +1138,7 @@ spec:
             let p = plan_of(
                 &w,
                 std::slice::from_ref(&live),
-                Mode::Enforce,
+                Acting::Enforce,
                 vec![config_map("w-a", "1")],
             );
             let Todo::Fail(f) = &p.steps[0].todo else {
@@ -1158,7 +1160,7 @@ spec:
                 name: "w-a".into(),
                 patch: json!({"data": {"admin": "no"}}),
             };
-            let p = plan_of(&w, &[live], Mode::Enforce, vec![delete, patch]);
+            let p = plan_of(&w, &[live], Acting::Enforce, vec![delete, patch]);
             for (i, verb) in [(0, "delete"), (1, "patch")] {
                 assert!(
                     matches!(&p.steps[i].todo, Todo::Fail(f) if f.is_refusal() && f.message.starts_with(verb)),
@@ -1170,7 +1172,7 @@ spec:
         let admin = plan_of(
             &w,
             &[foreign("w-a", json!({}), None)],
-            Mode::Enforce,
+            Acting::Enforce,
             vec![config_map("w-a", "1")],
         );
         let Todo::Fail(f) = &admin.steps[0].todo else {
@@ -1199,7 +1201,7 @@ spec:
             let p = plan_of(
                 &w,
                 live,
-                Mode::Enforce,
+                Acting::Enforce,
                 vec![pod.clone(), config_map("w-a", "1")],
             );
             let what: Vec<String> = p.steps[0]
@@ -1232,7 +1234,7 @@ spec:
     #[test]
     fn writes_to_a_child_name_its_uid_and_a_new_child_none() {
         let w = widget(json!({}));
-        let first = plan_of(&w, &[], Mode::Enforce, vec![config_map("w-a", "1")]);
+        let first = plan_of(&w, &[], Acting::Enforce, vec![config_map("w-a", "1")]);
         let Some(Write::Apply { object, uid, .. }) = write(&first, 0) else {
             panic!("an apply, got {:?}", todos(&first));
         };
@@ -1250,7 +1252,7 @@ spec:
         let p = plan_of(
             &w,
             &[live],
-            Mode::Enforce,
+            Acting::Enforce,
             vec![config_map("w-a", "2"), delete],
         );
         assert!(
@@ -1278,7 +1280,12 @@ spec:
             name: "web".into(),
             patch: json!({"spec": {"replicas": 3}}),
         };
-        let p = plan_of(&w, &[deployment], Mode::Enforce, vec![delete, same, scale]);
+        let p = plan_of(
+            &w,
+            &[deployment],
+            Acting::Enforce,
+            vec![delete, same, scale],
+        );
         assert_eq!(todos(&p)[..2], [&Todo::Unchanged, &Todo::Unchanged]);
         assert!(matches!(
             write(&p, 2),
@@ -1293,7 +1300,7 @@ spec:
             revision: None,
         };
         let fresh = widget(json!({}));
-        let p = plan_of(&fresh, &[], Mode::Enforce, vec![rollback(), rollback()]);
+        let p = plan_of(&fresh, &[], Acting::Enforce, vec![rollback(), rollback()]);
         assert!(matches!(write(&p, 0), Some(Write::Rollback { .. })));
         assert_eq!(
             p.steps[1].todo,
@@ -1307,14 +1314,14 @@ spec:
             json!({"decisions": [{"policy": "other", "policyVersion": "v", "inputsHash": "h",
             "recentActions": {"rollback": ["2026-11-29T09:50:00Z"]}}]}),
         );
-        let p = plan_of(&theirs, &[], Mode::Enforce, vec![rollback()]);
+        let p = plan_of(&theirs, &[], Acting::Enforce, vec![rollback()]);
         assert!(matches!(write(&p, 0), Some(Write::Rollback { .. })));
         // This policy's rollback ten minutes ago counts.
         let recent = widget(
             json!({"decisions": [{"policy": "widget", "policyVersion": "v", "inputsHash": "h",
             "recentActions": {"rollback": ["2026-11-29T09:50:00Z"]}}]}),
         );
-        let p = plan_of(&recent, &[], Mode::Enforce, vec![rollback()]);
+        let p = plan_of(&recent, &[], Acting::Enforce, vec![rollback()]);
         assert!(matches!(
             p.steps[0].todo,
             Todo::Record(ActionResult::Limited, _)
@@ -1324,9 +1331,9 @@ spec:
     #[test]
     fn shadow_and_suspended_modes_write_nothing() {
         let w = widget(json!({}));
-        let shadow = plan_of(&w, &[], Mode::Shadow, vec![config_map("w-a", "1")]);
+        let shadow = plan_of(&w, &[], Acting::Shadow, vec![config_map("w-a", "1")]);
         assert_eq!(todos(&shadow), [&Todo::Record(ActionResult::Shadow, None)]);
-        let open = Mode::Suspended("3 errors in 1m".into());
+        let open = Acting::Suspended("3 errors in 1m".into());
         let suspended = plan_of(&w, &[], open, vec![config_map("w-a", "1")]);
         assert_eq!(
             todos(&suspended),
@@ -1362,7 +1369,7 @@ spec:
         let p = plan_of(
             &w,
             &[],
-            Mode::Enforce,
+            Acting::Enforce,
             vec![status, ready, event, alert, requeue],
         );
         assert_eq!(p.steps.len(), 4, "a requeue is not a step");
@@ -1398,7 +1405,7 @@ spec:
             policy: &policy(),
             target: &w,
             actions: &actions,
-            mode: &Mode::Enforce,
+            mode: &Acting::Enforce,
             view: &view,
             discovered: &discovered(),
             applied: None,

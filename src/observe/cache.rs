@@ -13,7 +13,7 @@ use kube::Api;
 use kube::core::ApiResource;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 use super::health::{WatchBackoff, WatchHealth, report_watch};
 use crate::kinds::KindRef;
@@ -280,7 +280,7 @@ pub fn spawn_informer(
     resource: ApiResource,
     kind: KindRef,
     namespace: Option<String>,
-    changes: mpsc::UnboundedSender<Change>,
+    changes: crate::util::channel::Sender<Change>,
     health: Arc<WatchHealth>,
     namespaced: bool,
 ) -> Informer {

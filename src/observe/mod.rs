@@ -117,7 +117,7 @@ pub fn is_child_of(v: &Value, policy: &str, target_uid: &str) -> bool {
     let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
     !target_uid.is_empty()
         && label(MANAGED_BY) == Some("runbook")
-        && label(POLICY_LABEL) == Some(policy)
+        && label(POLICY_NAME_LABEL) == Some(policy)
         && controller_uid(v) == Some(target_uid)
 }
 
@@ -135,7 +135,7 @@ pub fn controller_uid(v: &Value) -> Option<&str> {
 
 /// The label naming the policy that made a child: each policy on a target
 /// sees, counts and cleans up only its own children.
-pub const POLICY_LABEL: &str = "runbook.dev/policy-name";
+pub const POLICY_NAME_LABEL: &str = "runbook.dev/policy-name";
 
 /// A policy's name as a label value (63 characters at most: a longer name
 /// is cut and ends in a hash of the whole).
@@ -155,7 +155,7 @@ pub fn policy_label_value(policy: &str) -> String {
 pub fn policy_of_child(v: &Value) -> Option<&str> {
     v.get("metadata")?
         .get("labels")?
-        .get(POLICY_LABEL)?
+        .get(POLICY_NAME_LABEL)?
         .as_str()
 }
 

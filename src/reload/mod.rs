@@ -26,9 +26,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use tokio::sync::mpsc;
 
-use self::sources::POLICY_LABEL;
+use self::sources::BUNDLE_LABEL;
 use crate::alert::routes::{ReceiverKind, Target};
 use crate::policy::compile::{LoadError, Loaded, load_bundle};
 use crate::policy::{Bundle, Origin, PolicySet};
@@ -854,7 +853,7 @@ async fn watch_configmaps(
     }
     let _loader = Abort(loader);
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}=true"));
+    let config = watcher::Config::default().labels(&format!("{BUNDLE_LABEL}=true"));
     let mut stream = watcher::watcher(api, config)
         .backoff(crate::observe::health::WatchBackoff::default())
         .boxed();
@@ -908,7 +907,8 @@ pub const DEBOUNCE: Duration = Duration::from_millis(100);
 
 async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBuf>) {
     use notify::{RecursiveMode, Watcher};
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    // One event waiting is as good as many: the directories are re-read.
+    let (tx, mut rx) = crate::util::channel::bounded::<()>(1);
     let mut watcher =
         match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if res.is_ok() {
@@ -929,7 +929,7 @@ async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBu
     while rx.recv().await.is_some() {
         // Gather the burst, then read once.
         tokio::time::sleep(DEBOUNCE).await;
-        while rx.try_recv().is_ok() {}
+        while rx.try_recv().is_some() {}
         reloader.rescan_dirs(&op, &dirs).await;
     }
 }

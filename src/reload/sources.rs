@@ -7,7 +7,10 @@ use kube::api::ListParams;
 
 use crate::policy::Bundle;
 
-pub const POLICY_LABEL: &str = "runbook.dev/policy";
+/// The label (`runbook.dev/policy: "true"`) that marks a ConfigMap as a
+/// bundle of policies to load; not to be confused with
+/// `observe::POLICY_NAME_LABEL`, which names the policy of a child.
+pub const BUNDLE_LABEL: &str = "runbook.dev/policy";
 
 /// Every policy ConfigMap in a namespace, as bundles.
 pub async fn configmap_bundles(
@@ -16,7 +19,7 @@ pub async fn configmap_bundles(
 ) -> Result<Vec<Bundle>, kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let list = match api
-        .list(&ListParams::default().labels(&format!("{POLICY_LABEL}=true")))
+        .list(&ListParams::default().labels(&format!("{BUNDLE_LABEL}=true")))
         .await
     {
         Ok(l) => l,

@@ -11,9 +11,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::observe::RawObject;
+use crate::util::channel::{self, Sent};
 
 use super::leader::LeaseConfig;
 use crate::act;
@@ -59,6 +60,10 @@ pub struct OperatorConfig {
     /// different decision (`Context::skip_differences`): what scenario
     /// runs and the test suite turn on.
     pub check_skips: bool,
+    /// How many items each of the operator's queues (changes to route,
+    /// targets to reconcile) holds before a full one drops and a resync
+    /// makes up for it.
+    pub queue_capacity: usize,
 }
 
 impl Default for OperatorConfig {
@@ -74,6 +79,7 @@ impl Default for OperatorConfig {
             webhook: None,
             operator_namespace: "runbook-system".into(),
             check_skips: false,
+            queue_capacity: 65_536,
         }
     }
 }
@@ -153,7 +159,7 @@ pub(super) struct Queue {
     /// Moves whenever a reconcile finishes.
     pub activity: AtomicU64,
     /// Changes of cached objects, to route to the targets they concern.
-    pub changes: mpsc::UnboundedSender<Change>,
+    pub changes: channel::Sender<Change>,
     /// Moves with every resync asked for (and every controller restart):
     /// a decision made before one is made again.
     pub resyncs: AtomicU64,
@@ -244,12 +250,34 @@ impl Context {
             // Woken before it is sent: the reconcile it starts decides
             // again, however unchanged the target itself is.
             self.memory.last.wake(&key);
-            if t.trigger.send(r).is_ok() {
-                let mut pending = lock(&self.queue.pending);
-                pending.insert(key);
-                self.metrics.queue_depth.set(pending.len() as i64);
+            match t.trigger.send(r) {
+                Sent::Queued => {
+                    let mut pending = lock(&self.queue.pending);
+                    pending.insert(key);
+                    self.metrics.queue_depth.set(pending.len() as i64);
+                }
+                // Too many waiting: the kind is reconciled whole instead
+                // (the target was woken above, so it decides again).
+                Sent::Dropped => {
+                    self.overflowed("trigger", 1);
+                    let _ = t.resync.send(());
+                }
+                Sent::Closed => {}
             }
         }
+    }
+
+    /// Count `n` items a full queue dropped.
+    pub(super) fn overflowed(&self, queue: &str, n: u64) {
+        tracing::warn!(
+            queue,
+            dropped = n,
+            "a queue was full: what it dropped is made up by a resync"
+        );
+        self.metrics
+            .queue_overflows
+            .get_or_create(&Metrics::labels(&[("queue", queue)]))
+            .inc_by(n);
     }
 
     /// Resolve the alerts of objects that are gone (or were replaced by a
@@ -338,8 +366,8 @@ pub(super) struct TargetController {
     pub store: Store<RawObject>,
     /// Where the store's objects are, by namespace, label and owner.
     pub index: Arc<crate::observe::index::TargetIndex>,
-    pub trigger: mpsc::UnboundedSender<ObjectRef<RawObject>>,
-    pub resync: mpsc::UnboundedSender<()>,
+    pub trigger: channel::Sender<ObjectRef<RawObject>>,
+    pub resync: channel::Sender<()>,
     pub task: tokio::task::JoinHandle<()>,
     /// Why the task ended, when it ended on its own.
     pub ended: Arc<Mutex<Option<String>>>,

@@ -4,12 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{FutureExt, StreamExt};
 use kube::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::mpsc;
 
 use super::context::{Context, TargetController};
 use super::reconcile::{error_policy, panic_message, reconcile};
@@ -18,6 +17,7 @@ use crate::observe::RawObject;
 use crate::observe::health::{WatchBackoff, report_watch};
 use crate::observe::index::TargetIndex;
 use crate::telemetry::Metrics;
+use crate::util::channel;
 use crate::util::lock;
 /// The watch of a target kind: pages of 500, and the policies' label
 /// selector where the API server can apply it.
@@ -44,8 +44,11 @@ pub(super) fn spawn_target(
         (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
         _ => Api::all_with(ctx.client.clone(), &ar),
     };
-    let (trigger, trigger_rx) = mpsc::unbounded_channel();
-    let (resync, resync_rx) = mpsc::unbounded_channel();
+    // Targets waiting to be reconciled after a change; past the capacity,
+    // one drops and the whole kind is resynced instead.
+    let (trigger, trigger_rx) = channel::bounded(ctx.config.queue_capacity);
+    // One resync waiting is as good as many.
+    let (resync, resync_rx) = channel::bounded(1);
     let mut stop = ctx.stop.clone();
     // The controller's own reflector, fed by a watch whose listed
     // objects take the kind of the watch (see `RawObject::stamp`).
@@ -71,8 +74,8 @@ pub(super) fn spawn_target(
     let controller = Controller::for_stream_with(objects, reader, ar)
         .trigger_backoff(WatchBackoff::default())
         .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))
-        .reconcile_on(channel_stream(trigger_rx))
-        .reconcile_all_on(channel_stream(resync_rx))
+        .reconcile_on(trigger_rx.into_stream())
+        .reconcile_all_on(resync_rx.into_stream())
         .graceful_shutdown_on(async move {
             let _ = stop.wait_for(|s| *s).await;
         });
@@ -121,12 +124,6 @@ fn restart_delay(restarts: u32) -> Duration {
 
 /// How often ended controllers are looked for.
 pub(super) const SUPERVISE_EVERY: Duration = Duration::from_millis(250);
-
-fn channel_stream<T: Send + 'static>(
-    rx: mpsc::UnboundedReceiver<T>,
-) -> impl Stream<Item = T> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
-}
 
 impl Context {
     /// Restart the target controllers whose task ended on its own (a panic

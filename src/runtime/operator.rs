@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use kube::Client;
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::context::{Context, Health, Memory, OperatorConfig, Queue, Running, TargetController};
 use super::controllers::{SUPERVISE_EVERY, spawn_target};
@@ -26,6 +26,7 @@ use crate::observe::view::TargetKey;
 use crate::policy::PolicySet;
 use crate::script::ScriptEngine;
 use crate::telemetry::Metrics;
+use crate::util::channel;
 use crate::util::lock;
 
 /// How often, and how far apart, start-up asks discovery again for a kind
@@ -51,7 +52,7 @@ const ALERT_SWEEP: Duration = Duration::from_secs(15);
 pub struct Operator {
     pub ctx: Arc<Context>,
     stop: watch::Sender<bool>,
-    changes_rx: Mutex<Option<mpsc::UnboundedReceiver<Change>>>,
+    changes_rx: Mutex<Option<channel::Receiver<Change>>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     leading_rx: watch::Receiver<bool>,
     leading_tx: Mutex<Option<watch::Sender<bool>>>,
@@ -71,7 +72,10 @@ impl Operator {
         config: OperatorConfig,
     ) -> Self {
         let (stop, stop_rx) = watch::channel(false);
-        let (changes, changes_rx) = mpsc::unbounded_channel();
+        // Changes of watched objects waiting to be routed to the targets
+        // they concern; past the capacity, one drops and every target is
+        // resynced.
+        let (changes, changes_rx) = channel::bounded(config.queue_capacity);
         let (leading_tx, leading_rx) = watch::channel(false);
         let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
         // Every write's answer is looked at: a 403 counts, and keeps the
@@ -684,7 +688,7 @@ impl Operator {
 
 /// Route cache changes to the targets they concern: owners by their
 /// ownerReferences, readers by what their last decision looked up.
-async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
+async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
     let mut stop = ctx.stop.clone();
     loop {
         let ch = tokio::select! {
@@ -694,6 +698,12 @@ async fn dispatch(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Change>) {
             },
             _ = stop.wait_for(|s| *s) => return,
         };
+        // Changes the full queue dropped could have woken any target.
+        let lost = rx.take_dropped();
+        if lost > 0 {
+            ctx.overflowed("changes", lost);
+            ctx.resync(&[]);
+        }
         let set = ctx.policies.load_full();
         let targets = set.target_kinds();
         let mut keys: Vec<TargetKey> = Vec::new();

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::context::{Context, ShadowRecord};
-use crate::act::{self, Exec, Mode};
+use crate::act::{self, Acting, Exec};
 use crate::decide::{self, Observed};
 use crate::kinds::KindRef;
 use crate::observe::RawObject;
@@ -180,7 +180,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
         }
     }
     count(ctx, p, now, &outcome);
-    if mode == Mode::Shadow {
+    if mode == Acting::Shadow {
         keep_shadow(ctx, p, key, now, &outcome);
     }
     if let Ok(d) = &decision {
@@ -191,9 +191,9 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
 
 /// How a policy may act now: shadow, enforcing, or suspended while its
 /// circuit breaker is open.
-fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Mode {
+fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Acting {
     let mode = match p.mode {
-        policy::Mode::Shadow => Mode::Shadow,
+        policy::Mode::Shadow => Acting::Shadow,
         policy::Mode::Enforce => {
             let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
                 lock(&ctx.memory.breakers)
@@ -201,13 +201,13 @@ fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Mode {
                     .or_default()
                     .open(cb, now.as_millisecond())
             });
-            open.map_or(Mode::Enforce, Mode::Suspended)
+            open.map_or(Acting::Enforce, Acting::Suspended)
         }
     };
     ctx.metrics
         .circuit_open
         .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
-        .set(matches!(mode, Mode::Suspended(_)) as i64);
+        .set(matches!(mode, Acting::Suspended(_)) as i64);
     mode
 }
 

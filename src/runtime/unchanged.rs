@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use jiff::Timestamp;
 use serde_json::Value;
 
-use crate::act::Mode;
+use crate::act::Acting;
 use crate::decide::Decision;
 use crate::observe::view::TargetKey;
 use crate::policy::compile::{Body, CompiledPolicy};
@@ -96,7 +96,7 @@ pub(super) struct Made<'a> {
     pub target: &'a Value,
     /// It looked up objects of the target's own kind.
     pub reads_own_kind: bool,
-    pub mode: &'a Mode,
+    pub mode: &'a Acting,
     /// `Context::resyncs` before it was made.
     pub resyncs: u64,
     /// `LastDecisions::woken()` before it was made.
@@ -122,7 +122,7 @@ impl LastDecisions {
         key: &TargetKey,
         p: &CompiledPolicy,
         target: &Value,
-        mode: &Mode,
+        mode: &Acting,
         resyncs: u64,
         now: Timestamp,
     ) -> Option<Option<i64>> {
@@ -132,7 +132,7 @@ impl LastDecisions {
         let last = decisions.last.iter().find(|l| l.policy == policy)?;
         let same = decisions.woken <= last.woken
             && last.version == hash_of(p.version.as_str())
-            && *mode == Mode::Enforce
+            && *mode == Acting::Enforce
             && last.resyncs == resyncs
             && last.requeue_at.is_none_or(|at| at > now)
             && last.reads.fingerprint(target) == last.fingerprint;
@@ -168,7 +168,7 @@ impl LastDecisions {
     ) {
         let reads = match decision {
             Some(d)
-                if *made.mode == Mode::Enforce
+                if *made.mode == Acting::Enforce
                     && repeatable(p)
                     && d.target_reads.fields_only()
                     && !made.reads_own_kind =>

@@ -430,6 +430,7 @@ fn operator_for(
         // A scenario also checks that every reconcile the operator skips
         // as unchanged would decide the same.
         check_skips: true,
+        ..OperatorConfig::default()
     };
     let op = Operator::new(
         world.sandbox.client(),

@@ -35,6 +35,8 @@ pub struct Metrics {
     /// Reconciles of a policy on a target that changed nothing its last
     /// decision read, so were not decided again.
     pub unchanged: Family<Labels, Counter>,
+    /// Items a full queue dropped (made up by a resync), by queue.
+    pub queue_overflows: Family<Labels, Counter>,
     /// Reconciles skipped as unchanged that decided differently when
     /// checked (a read that was not recorded), by policy.
     pub skip_differences: Family<Labels, Counter>,
@@ -83,6 +85,7 @@ impl Metrics {
         let m = Self {
             reconciles: Family::default(),
             unchanged: Family::default(),
+            queue_overflows: Family::default(),
             skip_differences: Family::default(),
             reconcile_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             script_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
@@ -115,6 +118,11 @@ impl Metrics {
             "unchanged_reconciles",
             "Reconciles that were not decided again: nothing the last decision read had changed, by policy",
             m.unchanged.clone(),
+        );
+        registry.register(
+            "queue_overflows",
+            "Items a full queue dropped, made up by a resync, by queue (changes, trigger)",
+            m.queue_overflows.clone(),
         );
         registry.register(
             "skip_check_differences",

@@ -2,6 +2,7 @@
 //! the process's memory settings.
 
 #[allow(unsafe_code)]
+pub mod channel;
 pub mod hash;
 #[allow(unsafe_code)]
 pub mod memory;
