@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector;
@@ -38,8 +38,7 @@ pub(super) fn spawn_target(
     k: &KindRef,
     selector: Option<String>,
 ) -> TargetController {
-    let k = k.clone();
-    let (ar, namespaced) = ctx.resources.served_as(&k);
+    let (ar, namespaced) = ctx.resources.served_as(k);
     let api: Api<RawObject> = match (&ctx.config.namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
         _ => Api::all_with(ctx.client.clone(), &ar),
@@ -54,21 +53,11 @@ pub(super) fn spawn_target(
     // objects take the kind of the watch (see `RawObject::stamp`).
     let writer = reflector::store::Writer::<RawObject>::new(ar.clone());
     let reader = writer.as_reader();
-    let typed = ar.clone();
-    let (health, watch_name) = (ctx.health.watches.clone(), k.to_string());
     // Lists of the kind read this index, kept from the same events.
     let index = Arc::new(TargetIndex::default());
-    let indexing = index.clone();
     let objects = reflector::reflector(
         writer,
-        watcher::watcher(api, watch_config(selector.as_deref())).map(move |e| {
-            report_watch(&health, &watch_name, e.as_ref().err());
-            let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
-            if let Ok(event) = &e {
-                indexing.observe(event);
-            }
-            e
-        }),
+        watched(ctx, k, api, &ar, selector.as_deref(), index.clone()),
     )
     .applied_objects();
     let controller = Controller::for_stream_with(objects, reader, ar)
@@ -80,30 +69,13 @@ pub(super) fn spawn_target(
             let _ = stop.wait_for(|s| *s).await;
         });
     let store = controller.store();
-    let ctx = ctx.clone();
-
-    let kind = k.clone();
-    let kind2 = k.clone();
     let ended = Arc::new(Mutex::new(None));
-    let why = ended.clone();
-    let task = tokio::spawn(async move {
-        let run = controller
-            .run(
-                move |obj, ctx| reconcile(obj, ctx, kind.clone()),
-                move |obj, err, ctx| error_policy(obj, err, ctx, &kind2),
-                ctx,
-            )
-            .for_each(|r| async move {
-                if let Err(e) = r {
-                    tracing::debug!("controller: {e}");
-                }
-            });
-        let reason = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
-            Ok(()) => "its event stream ended".to_string(),
-            Err(panic) => format!("it panicked: {}", panic_message(&*panic)),
-        };
-        *lock(&why) = Some(reason);
-    });
+    let task = tokio::spawn(run_controller(
+        controller,
+        ctx.clone(),
+        k.clone(),
+        ended.clone(),
+    ));
     TargetController {
         selector,
         store,
@@ -114,6 +86,54 @@ pub(super) fn spawn_target(
         ended,
         restarts: 0,
     }
+}
+
+/// The watch of a target kind: its health reported, each listed object
+/// stamped with the kind, and every event kept in the kind's index.
+fn watched(
+    ctx: &Context,
+    k: &KindRef,
+    api: Api<RawObject>,
+    ar: &kube::core::ApiResource,
+    selector: Option<&str>,
+    index: Arc<TargetIndex>,
+) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
+    let (health, watch_name, typed) = (ctx.health.watches.clone(), k.to_string(), ar.clone());
+    watcher::watcher(api, watch_config(selector)).map(move |e| {
+        report_watch(&health, &watch_name, e.as_ref().err());
+        let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
+        if let Ok(event) = &e {
+            index.observe(event);
+        }
+        e
+    })
+}
+
+/// Run a target kind's controller until it ends, keeping why in `ended`
+/// (a panic outside a reconcile is caught here).
+async fn run_controller(
+    controller: Controller<RawObject>,
+    ctx: Arc<Context>,
+    kind: KindRef,
+    ended: Arc<Mutex<Option<String>>>,
+) {
+    let again = kind.clone();
+    let run = controller
+        .run(
+            move |obj, ctx| reconcile(obj, ctx, kind.clone()),
+            move |obj, err, ctx| error_policy(obj, err, ctx, &again),
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("controller: {e}");
+            }
+        });
+    let reason = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(()) => "its event stream ended".to_string(),
+        Err(panic) => format!("it panicked: {}", panic_message(&*panic)),
+    };
+    *lock(&ended) = Some(reason);
 }
 
 /// How long a controller that ended waits before its restart: 1 s, doubling

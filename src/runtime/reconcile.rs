@@ -93,26 +93,8 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let now: Timestamp = ctx.clock.now();
     let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
     let woken = ctx.memory.last.woken();
-    let tracking = Arc::new(Tracking::new(
-        ctx.sources(),
-        ctx.memory.deps.clone(),
-        key.clone(),
-        &p.name,
-    ));
-    let observed = Observed {
-        target: target.clone(),
-        view: tracking.clone(),
-        now,
-    };
-    let started = Instant::now();
-    let decision = match hook {
-        Hook::Reconcile => decide::decide(&ctx.engine, p, &observed),
-        Hook::Finalize => decide::finalize(&ctx.engine, p, &observed),
-    };
-    ctx.metrics
-        .script_seconds
-        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
-        .observe(started.elapsed().as_secs_f64());
+    let (tracking, observed) = tracked(ctx, p, t, now);
+    let decision = timed_decision(ctx, p, &observed, hook);
     let read = tracking.take();
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
@@ -135,12 +117,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
         authority: &ctx.authority,
         reads: &checked,
         state: apart,
-        state_at: (!act::state::owns_schema(&key.kind)
-            && ctx
-                .memory
-                .states_served
-                .load(std::sync::atomic::Ordering::Acquire))
-        .then(|| state_location(ctx, &key.kind, key)),
+        state_at: state_apart(ctx, key),
         dropped: &dropped,
     };
     let routes = set.routes_for(p);
@@ -171,14 +148,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
         };
         ctx.memory.last.remember(key, p, carried_out, &last);
     }
-    if !outcome.dropped.is_empty() || !outcome.kept.is_empty() {
-        let mut d = lock(&ctx.memory.dropped);
-        let known = d.entry((p.name.clone(), key.kind.clone())).or_default();
-        known.extend(outcome.dropped.iter().cloned());
-        for k in &outcome.kept {
-            known.remove(k);
-        }
-    }
+    note_dropped(ctx, p, &key.kind, &outcome);
     count(ctx, p, now, &outcome);
     if mode == Acting::Shadow {
         keep_shadow(ctx, p, key, now, &outcome);
@@ -187,6 +157,73 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
         outcome.requeue_ms = d.requeue_after_ms;
     }
     outcome
+}
+
+/// What a decision on `t` observes, through a view that records what it
+/// reads.
+fn tracked(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    now: Timestamp,
+) -> (Arc<Tracking>, Observed) {
+    let tracking = Arc::new(Tracking::new(
+        ctx.sources(),
+        ctx.memory.deps.clone(),
+        t.key.clone(),
+        &p.name,
+    ));
+    let observed = Observed {
+        target: t.cached.clone(),
+        view: tracking.clone(),
+        now,
+    };
+    (tracking, observed)
+}
+
+/// A policy's decision (or finalize), its script time measured.
+fn timed_decision(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    observed: &Observed,
+    hook: Hook,
+) -> Result<decide::Decision, decide::DecideError> {
+    let started = Instant::now();
+    let decision = match hook {
+        Hook::Reconcile => decide::decide(&ctx.engine, p, observed),
+        Hook::Finalize => decide::finalize(&ctx.engine, p, observed),
+    };
+    ctx.metrics
+        .script_seconds
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .observe(started.elapsed().as_secs_f64());
+    decision
+}
+
+/// Where Runbook's state of a target is kept apart from it, when it is:
+/// a kind whose schema is not Runbook's, once the server serves the
+/// state's kind.
+fn state_apart(ctx: &Context, key: &TargetKey) -> Option<(String, String)> {
+    (!act::state::owns_schema(&key.kind)
+        && ctx
+            .memory
+            .states_served
+            .load(std::sync::atomic::Ordering::Acquire))
+    .then(|| state_location(ctx, &key.kind, key))
+}
+
+/// Keep which status fields of `kind` the API server dropped from a
+/// policy's writes (and which it kept again), for the next write.
+fn note_dropped(ctx: &Context, p: &CompiledPolicy, kind: &KindRef, outcome: &act::Outcome) {
+    if outcome.dropped.is_empty() && outcome.kept.is_empty() {
+        return;
+    }
+    let mut d = lock(&ctx.memory.dropped);
+    let known = d.entry((p.name.clone(), kind.clone())).or_default();
+    known.extend(outcome.dropped.iter().cloned());
+    for k in &outcome.kept {
+        known.remove(k);
+    }
 }
 
 /// How a policy may act now: shadow, enforcing, or suspended while its

@@ -469,24 +469,82 @@ async fn policies(
     Some((bundle, set))
 }
 
-async fn run_async(s: &Scenario) -> Report {
-    let t0 = tokio::time::Instant::now();
-    let clock = Clock::tokio(s.start);
+/// A policy the operator set aside (a kind it declares is not served)
+/// does nothing: harmless where the scenario is about another policy, the
+/// first thing to say where an expectation then fails.
+fn set_aside(
+    op: &Operator,
+    world: &World,
+    declared: &[(String, String, Vec<crate::kinds::KindRef>)],
+    report: &mut Report,
+) {
+    let running = op.ctx.policies.load();
+    for (name, file, kinds) in declared {
+        if running.policies.contains_key(name) {
+            continue;
+        }
+        let absent: Vec<String> = kinds
+            .iter()
+            .filter(|k| world.served(Some(&k.api_version), &k.kind).is_err())
+            .map(|k| k.to_string())
+            .collect();
+        report.set_aside.push(format!(
+            "policy {name} ({file}) was set aside: the sandbox does not serve {}; add the CustomResourceDefinition that defines it to the scenario's objects",
+            absent.join(", ")
+        ));
+    }
+}
+
+/// What the operator itself found wrong over the run: a watch that could
+/// not run (a kind at a URL the API does not serve, a refusal) makes every
+/// expectation about its objects meaningless, so it fails the scenario,
+/// named, rather than passing by silence; and a reconcile skipped as
+/// unchanged that would have decided differently.
+fn operator_failures(op: &Operator) -> Vec<Failure> {
+    let watches = op.ctx.health.watches.failing_for(Duration::ZERO);
+    let skips = lock(&op.ctx.skip_differences).drain(..).collect::<Vec<_>>();
+    watches
+        .into_iter()
+        .chain(skips)
+        .map(|message| Failure {
+            pos: None,
+            message,
+            detail: Vec::new(),
+        })
+        .collect()
+}
+
+/// The scenario's API server on its clock, with the authorship webhook
+/// installed (and the key it signs with).
+async fn sandbox_for(
+    s: &Scenario,
+    clock: &Clock,
+    report: &mut Report,
+) -> Option<(Sandbox, crate::admission::Signer)> {
     let sandbox = Sandbox::new(SandboxConfig {
         clock: clock.clone(),
         bookmark_interval: Duration::from_secs(3600),
         ..Default::default()
     });
-    let journal = Arc::new(MemoryJournal::default());
-    let mut report = Report::new(s);
     let signer = crate::admission::Signer::random();
     if let Err(e) = install_authorship(&sandbox, &signer).await {
         report.load_errors.push(load_error(
             &s.file,
             format!("installing the authorship webhook: {e}"),
         ));
-        return report;
+        return None;
     }
+    Some((sandbox, signer))
+}
+
+async fn run_async(s: &Scenario) -> Report {
+    let t0 = tokio::time::Instant::now();
+    let clock = Clock::tokio(s.start);
+    let journal = Arc::new(MemoryJournal::default());
+    let mut report = Report::new(s);
+    let Some((sandbox, signer)) = sandbox_for(s, &clock, &mut report).await else {
+        return report;
+    };
     let world = World::new(sandbox.clone(), &s.namespace, journal.clone());
     let world = build_cluster(s, world, &mut report).await;
     if !report.load_errors.is_empty() {
@@ -528,24 +586,7 @@ async fn run_async(s: &Scenario) -> Report {
         report.load_errors.push(load_error(&s.file, e.to_string()));
         return report;
     }
-    // A policy the operator set aside (a kind it declares is not served)
-    // does nothing: harmless where the scenario is about another policy,
-    // the first thing to say where an expectation then fails.
-    let running = op.ctx.policies.load();
-    for (name, file, kinds) in &declared {
-        if running.policies.contains_key(name) {
-            continue;
-        }
-        let absent: Vec<String> = kinds
-            .iter()
-            .filter(|k| world.served(Some(&k.api_version), &k.kind).is_err())
-            .map(|k| k.to_string())
-            .collect();
-        report.set_aside.push(format!(
-            "policy {name} ({file}) was set aside: the sandbox does not serve {}; add the CustomResourceDefinition that defines it to the scenario's objects",
-            absent.join(", ")
-        ));
-    }
+    set_aside(&op, &world, &declared, &mut report);
     for step in &s.steps {
         tokio::time::sleep_until(t0 + Duration::from_millis(step.at_ms as u64)).await;
         for (ev, pos) in &step.world {
@@ -564,23 +605,7 @@ async fn run_async(s: &Scenario) -> Report {
             report.failures.push(failure);
         }
     }
-    // A watch that could not run (a kind at a URL the API does not serve,
-    // a refusal) makes every expectation about its objects meaningless:
-    // it fails the scenario, named, rather than passing by silence.
-    for failing in op.ctx.health.watches.failing_for(Duration::ZERO) {
-        report.failures.push(Failure {
-            pos: None,
-            message: failing,
-            detail: Vec::new(),
-        });
-    }
-    for told in lock(&op.ctx.skip_differences).drain(..) {
-        report.failures.push(Failure {
-            pos: None,
-            message: told,
-            detail: Vec::new(),
-        });
-    }
+    report.failures.extend(operator_failures(&op));
     op.shutdown(Duration::from_secs(1)).await;
     let entries = journal.entries();
     report.specs = target_specs(&world, &entries).await;

@@ -358,55 +358,57 @@ fn register_relations(engine: &mut Engine) {
     engine.register_fn(
         "pods_of",
         |call: NativeCallContext, c: &mut Ctx, obj: Dynamic| -> RhaiResult<Array> {
-            super::stop::timed(&call, || {
-                if obj.is_unit() {
-                    return Ok(Array::new());
-                }
-                let pod = c.kind(&call, "v1 Pod").map_err(|_| {
-                    Box::new(EvalAltResult::ErrorRuntime(
-                        "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
-                        call.call_position(),
-                    ))
-                })?;
-                let mine = crate::observe::policy_label_value(&c.0.policy_name);
-                let found = super::convert::with_json(&obj, |j| {
-                    (
-                        workload_selector(j),
-                        j.get("metadata")
-                            .and_then(|m| m.get("uid"))
-                            .and_then(|u| u.as_str())
-                            .map(str::to_string),
-                        crate::observe::is_child_of(j, &mine, &c.0.target_uid),
-                    )
-                });
-                let (sel, uid, child) = match found {
-                    Ok(f) => f,
-                    Err(e) => return fail(&call, format!("pods_of: {e}")),
-                };
-                // The pods of one of the policy's own children are read for
-                // the child's sake, not with the target author's rights.
-                let view = &c.0.view;
-                let ns = &c.0.namespace;
-                match (sel, uid) {
-                    (Some(sel), _) if child => {
-                        Ok(Ctx::array(view.select_for_child(&pod, ns, &sel)))
-                    }
-                    (Some(sel), _) => Ok(Ctx::array(view.select(&pod, ns, &sel))),
-                    // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.
-                    (None, Some(uid)) => {
-                        let pods = if child {
-                            view.list_for_child(&pod, ns)
-                        } else {
-                            c.objects(&pod)
-                        };
-                        Ok(Ctx::array(pods.into_iter().filter(|p| p.is_owned_by(&uid))))
-                    }
-                    (None, None) => fail(
-                        &call,
-                        "pods_of: the object has neither spec.selector nor a uid".into(),
-                    ),
-                }
-            })
+            super::stop::timed(&call, || pods_of(&call, c, obj))
         },
     );
+}
+
+/// `ctx.pods_of(obj)`: the pods a workload's selector picks, or (a Job the
+/// server has not defaulted yet) the pods it owns.
+fn pods_of(call: &NativeCallContext, c: &Ctx, obj: Dynamic) -> RhaiResult<Array> {
+    if obj.is_unit() {
+        return Ok(Array::new());
+    }
+    let pod = c.kind(call, "v1 Pod").map_err(|_| {
+        Box::new(EvalAltResult::ErrorRuntime(
+            "pods_of needs {apiVersion: v1, kind: Pod} in the policy's reads".into(),
+            call.call_position(),
+        ))
+    })?;
+    let mine = crate::observe::policy_label_value(&c.0.policy_name);
+    let found = super::convert::with_json(&obj, |j| {
+        (
+            workload_selector(j),
+            j.get("metadata")
+                .and_then(|m| m.get("uid"))
+                .and_then(|u| u.as_str())
+                .map(str::to_string),
+            crate::observe::is_child_of(j, &mine, &c.0.target_uid),
+        )
+    });
+    let (sel, uid, child) = match found {
+        Ok(f) => f,
+        Err(e) => return fail(call, format!("pods_of: {e}")),
+    };
+    // The pods of one of the policy's own children are read for
+    // the child's sake, not with the target author's rights.
+    let view = &c.0.view;
+    let ns = &c.0.namespace;
+    match (sel, uid) {
+        (Some(sel), _) if child => Ok(Ctx::array(view.select_for_child(&pod, ns, &sel))),
+        (Some(sel), _) => Ok(Ctx::array(view.select(&pod, ns, &sel))),
+        // No selector (a Job not yet defaulted by the server): its pods are the ones it owns.
+        (None, Some(uid)) => {
+            let pods = if child {
+                view.list_for_child(&pod, ns)
+            } else {
+                c.objects(&pod)
+            };
+            Ok(Ctx::array(pods.into_iter().filter(|p| p.is_owned_by(&uid))))
+        }
+        (None, None) => fail(
+            call,
+            "pods_of: the object has neither spec.selector nor a uid".into(),
+        ),
+    }
 }
