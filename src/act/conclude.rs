@@ -232,6 +232,49 @@ fn action_records(plan: &Plan, done: &[Done]) -> Vec<ActionRecord> {
         .collect()
 }
 
+/// Fields of the status the target's schema drops, as a problem: said
+/// where Runbook's own condition can be written (its state, if not the
+/// status).
+fn dropped_fields(input: &Input<'_>) -> Option<(&'static str, String)> {
+    let lost: Vec<&String> = input
+        .plan
+        .fields
+        .keys()
+        .filter(|k| input.dropped.contains(k))
+        .collect();
+    if lost.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = lost.iter().map(|k| format!("status.{k}")).collect();
+    Some((
+        "StatusDropped",
+        format!(
+            "the API server drops {}: the target's status schema does not list {}",
+            names.join(", "),
+            if lost.len() == 1 { "it" } else { "them" }
+        ),
+    ))
+}
+
+/// A Warning Event for a problem the previous decision did not already
+/// tell (in its error or an action's message).
+fn new_problem(
+    problem: Option<&(&'static str, String)>,
+    previous: &DecisionRecord,
+) -> Option<Note> {
+    let (reason, message) = problem?;
+    let told = previous.error.as_deref() == Some(message.as_str())
+        || previous
+            .actions
+            .iter()
+            .any(|a| a.message.as_deref() == Some(message.as_str()));
+    (!told).then(|| Note {
+        type_: EventType::Warning,
+        reason: reason.to_string(),
+        message: message.clone(),
+    })
+}
+
 /// Conclude a decision.
 pub fn conclude(input: &Input<'_>) -> Conclusion {
     let t = input.target;
@@ -244,28 +287,8 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let previous = DecisionRecord::of(t, &input.policy.name).unwrap_or_default();
     let failed = input.failed.map(|f| f.message.clone());
     let error = input.decide_error.map(|e| e.to_string()).or(failed);
-    let problem =
-        problem_of(input.decide_error, input.failed, input.plan, input.done).or_else(|| {
-            // Fields the target's schema drops: said where Runbook's own
-            // condition can be written (its state, if not the status).
-            let lost: Vec<&String> = input
-                .plan
-                .fields
-                .keys()
-                .filter(|k| input.dropped.contains(k))
-                .collect();
-            (!lost.is_empty()).then(|| {
-                let names: Vec<String> = lost.iter().map(|k| format!("status.{k}")).collect();
-                (
-                    "StatusDropped",
-                    format!(
-                        "the API server drops {}: the target's status schema does not list {}",
-                        names.join(", "),
-                        if lost.len() == 1 { "it" } else { "them" }
-                    ),
-                )
-            })
-        });
+    let problem = problem_of(input.decide_error, input.failed, input.plan, input.done)
+        .or_else(|| dropped_fields(input));
     let others_troubled = DecisionRecord::others(t, &input.policy.name)
         .iter()
         .any(DecisionRecord::has_problem);
@@ -302,19 +325,7 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let record = record_to_keep(record, &previous, status_unchanged, quiet, &now);
     new_status["decisions"] = record.upsert_into(current.get("decisions"));
     let mut events = input.plan.events.clone();
-    if let Some((reason, message)) = &problem
-        && previous.error.as_deref() != Some(message.as_str())
-        && !previous
-            .actions
-            .iter()
-            .any(|a| a.message.as_deref() == Some(message.as_str()))
-    {
-        events.push(Note {
-            type_: EventType::Warning,
-            reason: reason.to_string(),
-            message: message.clone(),
-        });
-    }
+    events.extend(new_problem(problem.as_ref(), &previous));
     Conclusion {
         patch: status::merge_diff(&current, &new_status),
         record,

@@ -429,28 +429,7 @@ pub async fn execute(
     let w = &x.writer;
     let t = target.value();
     let actions = decision.map(|d| d.actions.as_slice()).unwrap_or_default();
-    let discovered = match mode {
-        Acting::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
-        _ => Discovered::new(),
-    };
-    let mut plan = plan::plan(&plan::Input {
-        policy,
-        target,
-        actions,
-        mode: &mode,
-        view: x.view,
-        discovered: &discovered,
-        applied: w.applied,
-        routes: routes.map(|r| r.as_ref()),
-        now: w.now,
-    });
-    if let Some(own) = w.applied {
-        plan.settled.iter().for_each(|k| own.settled(k));
-    }
-    if mode == Acting::Enforce {
-        let reads = authorize::reads_to_check(policy, target, x.reads);
-        authorize::authorize(x.authority, x.resources, x.view, target, &mut plan, &reads).await;
-    }
+    let plan = authorized_plan(x, policy, routes, target, actions, &mode).await;
     let (done, failure) = carry_out(w, policy, t, &plan).await;
     let decide_error = decision.err();
     if let Some(e) = decide_error {
@@ -503,6 +482,43 @@ pub async fn execute(
         finish_status(x, policy, target, target_kind, &plan, &end, patch, &mut out).await;
     }
     out
+}
+
+/// A decision's actions planned into writes and results, and (enforcing)
+/// each write on something not Runbook's own checked against the rights of
+/// the target's author.
+async fn authorized_plan(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    routes: Option<&Arc<CompiledRoutes>>,
+    target: &CachedObject,
+    actions: &[crate::decide::Planned],
+    mode: &Acting,
+) -> plan::Plan {
+    let w = &x.writer;
+    let discovered = match mode {
+        Acting::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
+        _ => Discovered::new(),
+    };
+    let mut plan = plan::plan(&plan::Input {
+        policy,
+        target,
+        actions,
+        mode,
+        view: x.view,
+        discovered: &discovered,
+        applied: w.applied,
+        routes: routes.map(|r| r.as_ref()),
+        now: w.now,
+    });
+    if let Some(own) = w.applied {
+        plan.settled.iter().for_each(|k| own.settled(k));
+    }
+    if *mode == Acting::Enforce {
+        let reads = authorize::reads_to_check(policy, target, x.reads);
+        authorize::authorize(x.authority, x.resources, x.view, target, &mut plan, &reads).await;
+    }
+    plan
 }
 
 /// Tell the journal of a decision that failed.

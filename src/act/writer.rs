@@ -325,47 +325,15 @@ impl Writer<'_> {
                 hash,
                 uid,
             } => {
-                let what = || {
-                    format!(
-                        "apply {}",
-                        target_string(&key.kind, &key.namespace, &key.name)
-                    )
-                };
-                let uid = match uid {
-                    Some(u) => Some(u.clone()),
-                    None => self.new_child(kind, key, object).await?,
-                };
-                let answer = self
-                    .apply(kind, key, object, uid.as_deref())
+                self.apply_child(kind, key, object, hash, uid.as_deref())
                     .await
-                    .map_err(|e| ExecError::api(&what(), e))?;
-                if let Some(own) = self.applied {
-                    let write = AppliedWrite {
-                        hash: hash.clone(),
-                        version: version_of(&answer),
-                    };
-                    own.remember(key.clone(), write);
-                }
-                Ok(Some(object.clone()))
             }
             Write::Delete {
                 kind,
                 namespace,
                 name,
                 uid,
-            } => match api(self.client, kind, namespace)
-                .delete(name, &delete_params(uid))
-                .await
-            {
-                Ok(_) => Ok(Some(Value::Null)),
-                // Gone, or another object by now (the uid precondition):
-                // nothing of this policy's is left to delete.
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(None),
-                Err(e) => {
-                    let what = target_string(&kind.kind_ref(), namespace, name);
-                    Err(ExecError::api(&format!("delete {what}"), e))
-                }
-            },
+            } => self.delete(kind, namespace, name, uid).await,
             Write::Patch {
                 kind,
                 namespace,
@@ -404,6 +372,64 @@ impl Writer<'_> {
                 }
                 rollback::RolledBack::AlreadyAt(_) => Ok(None),
             },
+        }
+    }
+
+    /// Server-side apply of a child: a new one is made first (so that it
+    /// is Runbook's, never an object of that name it did not make), then
+    /// remembered with the version the answer gave.
+    async fn apply_child(
+        &self,
+        kind: &Resolved,
+        key: &super::ChildKey,
+        object: &Value,
+        hash: &str,
+        uid: Option<&str>,
+    ) -> Result<Option<Value>, ExecError> {
+        let what = || {
+            format!(
+                "apply {}",
+                target_string(&key.kind, &key.namespace, &key.name)
+            )
+        };
+        let uid = match uid {
+            Some(u) => Some(u.to_string()),
+            None => self.new_child(kind, key, object).await?,
+        };
+        let answer = self
+            .apply(kind, key, object, uid.as_deref())
+            .await
+            .map_err(|e| ExecError::api(&what(), e))?;
+        if let Some(own) = self.applied {
+            let write = AppliedWrite {
+                hash: hash.to_string(),
+                version: version_of(&answer),
+            };
+            own.remember(key.clone(), write);
+        }
+        Ok(Some(object.clone()))
+    }
+
+    /// Delete one object: the one with `uid` (a precondition).
+    async fn delete(
+        &self,
+        kind: &Resolved,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<Value>, ExecError> {
+        match api(self.client, kind, namespace)
+            .delete(name, &delete_params(uid))
+            .await
+        {
+            Ok(_) => Ok(Some(Value::Null)),
+            // Gone, or another object by now (the uid precondition):
+            // nothing of this policy's is left to delete.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(None),
+            Err(e) => {
+                let what = target_string(&kind.kind_ref(), namespace, name);
+                Err(ExecError::api(&format!("delete {what}"), e))
+            }
         }
     }
 
