@@ -84,6 +84,63 @@ fn base64_encode(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
+/// What to do with the material a Secret holds.
+enum Next {
+    /// It is good: use it.
+    Keep(Material),
+    /// Write this (new, or renewed).
+    Write(Material),
+}
+
+/// The material to use given what Secret `secret` holds (`data`).
+fn next_material(
+    data: &BTreeMap<String, Vec<u8>>,
+    hosts: &[String],
+    now: Timestamp,
+    secret: &str,
+) -> Result<Next, String> {
+    if data.is_empty() {
+        return Ok(Next::Write(Material::generate(hosts, now)?));
+    }
+    match Material::from_data(data) {
+        Ok(m) => match m.due(hosts, now) {
+            None => Ok(Next::Keep(m)),
+            Some(due) => Ok(Next::Write(m.renewed(due, hosts, now)?)),
+        },
+        // Unreadable: made anew (author records signed with the old key
+        // are then no longer trusted; they are made again at the targets'
+        // next edit).
+        Err(e) => {
+            tracing::warn!(
+                "Secret {secret} does not hold webhook material ({e}); making new material"
+            );
+            Ok(Next::Write(Material::generate(hosts, now)?))
+        }
+    }
+}
+
+/// The Secret holding `next`, over what was `found` (its resourceVersion
+/// kept, so that of replicas racing one write wins).
+fn material_secret(namespace: &str, name: &str, found: Option<&Secret>, next: &Material) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            resource_version: found.and_then(|s| s.metadata.resource_version.clone()),
+            labels: Some([("app.kubernetes.io/name".to_string(), "runbook".to_string())].into()),
+            ..found.map(|s| s.metadata.clone()).unwrap_or_default()
+        },
+        data: Some(
+            next.to_data()
+                .into_iter()
+                .map(|(k, v)| (k, ByteString(v)))
+                .collect(),
+        ),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
 /// The material in Secret `name` of `namespace`, made if the Secret is
 /// missing or empty and renewed when due; written guarded by the
 /// resourceVersion read, so that of replicas racing one write wins and
@@ -110,47 +167,11 @@ pub async fn material(
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect();
-        let current = (!data.is_empty()).then(|| Material::from_data(&data));
-        let next = match &current {
-            Some(Ok(m)) => match m.due(hosts, now) {
-                None => return Ok(m.clone()),
-                Some(due) => m.renewed(due, hosts, now)?,
-            },
-            // Unreadable: made anew (author records signed with the old
-            // key are then no longer trusted; they are made again at the
-            // targets' next edit).
-            Some(Err(e)) => {
-                tracing::warn!(
-                    "Secret {namespace}/{name} does not hold webhook material ({e}); making new material"
-                );
-                Material::generate(hosts, now)?
-            }
-            None => Material::generate(hosts, now)?,
+        let next = match next_material(&data, hosts, now, &format!("{namespace}/{name}"))? {
+            Next::Keep(m) => return Ok(m),
+            Next::Write(m) => m,
         };
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(namespace.to_string()),
-                resource_version: found
-                    .as_ref()
-                    .and_then(|s| s.metadata.resource_version.clone()),
-                labels: Some(
-                    [("app.kubernetes.io/name".to_string(), "runbook".to_string())].into(),
-                ),
-                ..found
-                    .as_ref()
-                    .map(|s| s.metadata.clone())
-                    .unwrap_or_default()
-            },
-            data: Some(
-                next.to_data()
-                    .into_iter()
-                    .map(|(k, v)| (k, ByteString(v)))
-                    .collect(),
-            ),
-            type_: Some("Opaque".into()),
-            ..Default::default()
-        };
+        let secret = material_secret(namespace, name, found.as_ref(), &next);
         let written = match &found {
             Some(_) => api.replace(name, &PostParams::default(), &secret).await,
             None => api.create(&PostParams::default(), &secret).await,

@@ -211,47 +211,49 @@ fn status_schema(docs: &[serde_json::Value], kind: &KindRef) -> Option<serde_jso
     Some(root["properties"]["status"].clone())
 }
 
+/// What a policy does, in a few words: its script, or its steps.
+fn body_of(p: &crate::policy::compile::CompiledPolicy) -> String {
+    match &p.body {
+        Body::Script {
+            script,
+            has_finalize,
+            ..
+        } => format!(
+            "script {}{}",
+            script.file.rsplit('/').next().unwrap_or(&script.file),
+            if *has_finalize {
+                " (with finalize)"
+            } else {
+                ""
+            }
+        ),
+        Body::Steps {
+            steps,
+            on_failure,
+            retention,
+        } => format!(
+            "{} steps, {} on failure{}",
+            steps.len(),
+            on_failure.len(),
+            if retention.is_some() {
+                ", retention"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let (set, errors, scripts, bundles) = load_paths(&args.paths)?;
     let docs = crd_docs(&bundles);
     for p in set.policies.values() {
-        let how = match &p.body {
-            Body::Script {
-                script,
-                has_finalize,
-                ..
-            } => format!(
-                "script {}{}",
-                script.file.rsplit('/').next().unwrap_or(&script.file),
-                if *has_finalize {
-                    " (with finalize)"
-                } else {
-                    ""
-                }
-            ),
-            Body::Steps {
-                steps,
-                on_failure,
-                retention,
-            } => {
-                format!(
-                    "{} steps, {} on failure{}",
-                    steps.len(),
-                    on_failure.len(),
-                    if retention.is_some() {
-                        ", retention"
-                    } else {
-                        ""
-                    }
-                )
-            }
-        };
         println!(
             "ok  policy {} ({}) targets {} [{}] mode {} version {}",
             p.name,
             p.file,
             p.target,
-            how,
+            body_of(p),
             p.mode.as_str(),
             p.version
         );

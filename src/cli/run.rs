@@ -360,6 +360,34 @@ impl Probes {
     }
 }
 
+/// Check that the policy directories are directories and (where the
+/// operator keeps a Lease or reads policy ConfigMaps) that its namespace
+/// exists; `false`: stopped while waiting for the API server.
+async fn where_policies_live(
+    args: &RunArgs,
+    client: &kube::Client,
+    probes: &Probes,
+) -> anyhow::Result<bool> {
+    for dir in &args.policy_dirs {
+        anyhow::ensure!(
+            dir.is_dir(),
+            "--policy-dir {}: not a directory",
+            dir.display()
+        );
+    }
+    if args.leader_elect || args.policy_configmaps {
+        let ns = &args.operator_namespace;
+        let Some(found) = operator_namespace_exists(args, client, &probes.startup).await else {
+            return Ok(false);
+        };
+        anyhow::ensure!(
+            found,
+            "the operator namespace {ns:?} does not exist (it holds the leader Lease and the policy ConfigMaps): create it with `kubectl create namespace {ns}`, name another with --operator-namespace, or start with --leader-elect=false --policy-configmaps=false"
+        );
+    }
+    Ok(true)
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     // Health is served from the first moment: live while start-up waits
@@ -381,22 +409,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         wall_time: Duration::from_millis(args.script_timeout_ms),
         ..Default::default()
     }));
-    for dir in &args.policy_dirs {
-        anyhow::ensure!(
-            dir.is_dir(),
-            "--policy-dir {}: not a directory",
-            dir.display()
-        );
-    }
-    if args.leader_elect || args.policy_configmaps {
-        let ns = &args.operator_namespace;
-        let Some(found) = operator_namespace_exists(&args, &client, &probes.startup).await else {
-            return Ok(ExitCode::SUCCESS);
-        };
-        anyhow::ensure!(
-            found,
-            "the operator namespace {ns:?} does not exist (it holds the leader Lease and the policy ConfigMaps): create it with `kubectl create namespace {ns}`, name another with --operator-namespace, or start with --leader-elect=false --policy-configmaps=false"
-        );
+    if !where_policies_live(&args, &client, &probes).await? {
+        return Ok(ExitCode::SUCCESS);
     }
     let sources = sources_of(&args);
     let reloader = Arc::new(

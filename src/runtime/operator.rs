@@ -127,7 +127,6 @@ impl Operator {
     /// only owns or reads a missing kind is set aside (and said so), and
     /// the others run.
     pub async fn check_kinds(&self, set: &PolicySet) -> Result<PolicySet, StartError> {
-        let mut missing: Vec<KindRef> = Vec::new();
         let mut kinds: Vec<KindRef> = Vec::new();
         for p in set.policies.values() {
             for k in p.kinds.kinds() {
@@ -146,26 +145,7 @@ impl Operator {
         if needs_state {
             kinds.push(state.clone());
         }
-        // A CRD applied a moment ago is served before discovery lists it:
-        // a kind not found is asked for again for a little while.
-        let mut pending = kinds.clone();
-        for attempt in 0..=DISCOVERY_RETRIES {
-            missing.clear();
-            for k in &pending {
-                match self.ctx.resources.resolve(k).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => missing.push(k.clone()),
-                    Err(kube::Error::Discovery(_)) => missing.push(k.clone()),
-                    Err(e) => return Err(StartError::Discovery(e)),
-                }
-            }
-            if missing.is_empty() || attempt == DISCOVERY_RETRIES {
-                break;
-            }
-            tracing::debug!(kinds = ?missing, "not in discovery yet; asking again");
-            tokio::time::sleep(DISCOVERY_RETRY_EVERY).await;
-            pending = missing.clone();
-        }
+        let mut missing = self.not_served(kinds).await?;
         // Without RunbookState, Runbook's state of a built-in kind has
         // nowhere to go; of another kind it stays in the status (and a
         // status that prunes it is said so at its first write).
@@ -198,6 +178,38 @@ impl Operator {
                 names.join(", ")
             )));
         }
+        Ok(self.set_aside(set, &missing))
+    }
+
+    /// The kinds discovery does not list. A CRD applied a moment ago is
+    /// served before discovery lists it: a kind not found is asked for
+    /// again for a little while.
+    async fn not_served(&self, kinds: Vec<KindRef>) -> Result<Vec<KindRef>, StartError> {
+        let mut pending = kinds;
+        let mut missing = Vec::new();
+        for attempt in 0..=DISCOVERY_RETRIES {
+            missing.clear();
+            for k in &pending {
+                match self.ctx.resources.resolve(k).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => missing.push(k.clone()),
+                    Err(kube::Error::Discovery(_)) => missing.push(k.clone()),
+                    Err(e) => return Err(StartError::Discovery(e)),
+                }
+            }
+            if missing.is_empty() || attempt == DISCOVERY_RETRIES {
+                break;
+            }
+            tracing::debug!(kinds = ?missing, "not in discovery yet; asking again");
+            tokio::time::sleep(DISCOVERY_RETRY_EVERY).await;
+            pending = missing.clone();
+        }
+        Ok(missing)
+    }
+
+    /// The policies without those that need a kind in `missing` (each set
+    /// aside said and counted).
+    fn set_aside(&self, set: &PolicySet, missing: &[KindRef]) -> PolicySet {
         let mut kept = set.clone();
         for (name, p) in &set.policies {
             let absent: Vec<String> = p
@@ -217,7 +229,7 @@ impl Operator {
                 kept.policies.remove(name);
             }
         }
-        Ok(kept)
+        kept
     }
 
     fn ensure_informers(&self, set: &PolicySet) {
