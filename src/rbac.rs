@@ -354,54 +354,7 @@ impl Needs {
                         // kind whose schema is not Runbook's is kept
                         // apart (a RunbookState).
                         KindRole::Target => {
-                            if p.has_finalizer() {
-                                self.add(
-                                    scope.clone(),
-                                    g,
-                                    &plural,
-                                    &["patch", "update"],
-                                    &[],
-                                    why.clone(),
-                                );
-                            }
-                            let writes_status = crate::kinds::owns_schema(k)
-                                || !p.status.declared
-                                || !p.status.fields.is_empty()
-                                || !p.status.conditions.is_empty();
-                            if writes_status {
-                                let status = format!("{plural}/status");
-                                self.add(
-                                    scope.clone(),
-                                    g,
-                                    &status,
-                                    &["get", "patch", "update"],
-                                    &[],
-                                    why.clone(),
-                                );
-                            }
-                            if !crate::kinds::owns_schema(k) {
-                                // Its state: in the target's namespace; for
-                                // a cluster-scoped one, in the namespace
-                                // watched, or else the operator's.
-                                let at = match (&scope, namespaced) {
-                                    (_, true) | (Scope::Namespace(_), _) => scope.clone(),
-                                    _ => Scope::Namespace(
-                                        opts.watch_namespaces
-                                            .first()
-                                            .cloned()
-                                            .unwrap_or_else(|| opts.namespace.clone()),
-                                    ),
-                                };
-                                let states = "Runbook's state of targets whose schema is not Runbook's (RunbookState)";
-                                self.add(
-                                    at,
-                                    "runbook.dev",
-                                    "runbookstates",
-                                    &["create", "get", "list", "patch", "watch"],
-                                    &[],
-                                    format!("{why}: {states}"),
-                                );
-                            }
+                            self.target_rights(p, k, (&scope, namespaced), &plural, opts, &why)
                         }
                         KindRole::Owns => self.add(scope, g, &plural, WRITE, &[], why),
                         KindRole::Mutates => {
@@ -412,6 +365,63 @@ impl Needs {
                 }
             }
         }
+    }
+
+    /// The rights on a policy's target kind beyond reading it: its
+    /// finalizers, its status where the policy writes some, and Runbook's
+    /// state of it where that is kept apart (a RunbookState in its
+    /// namespace; for a cluster-scoped one, in the namespace watched, or
+    /// else the operator's).
+    fn target_rights(
+        &mut self,
+        p: &crate::policy::CompiledPolicy,
+        k: &KindRef,
+        (scope, namespaced): (&Scope, bool),
+        plural: &str,
+        opts: &Options,
+        why: &str,
+    ) {
+        let g = k.group();
+        if p.has_finalizer() {
+            self.add(
+                scope.clone(),
+                g,
+                plural,
+                &["patch", "update"],
+                &[],
+                why.to_string(),
+            );
+        }
+        let writes_status = crate::kinds::owns_schema(k)
+            || !p.status.declared
+            || !p.status.fields.is_empty()
+            || !p.status.conditions.is_empty();
+        if writes_status {
+            let status = format!("{plural}/status");
+            let verbs = &["get", "patch", "update"];
+            self.add(scope.clone(), g, &status, verbs, &[], why.to_string());
+        }
+        if crate::kinds::owns_schema(k) {
+            return;
+        }
+        let at = match (scope, namespaced) {
+            (_, true) | (Scope::Namespace(_), _) => scope.clone(),
+            _ => Scope::Namespace(
+                opts.watch_namespaces
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| opts.namespace.clone()),
+            ),
+        };
+        let states = "Runbook's state of targets whose schema is not Runbook's (RunbookState)";
+        self.add(
+            at,
+            "runbook.dev",
+            "runbookstates",
+            &["create", "get", "list", "patch", "watch"],
+            &[],
+            format!("{why}: {states}"),
+        );
     }
 
     /// Events on targets, the leader Lease, and the notification log.
