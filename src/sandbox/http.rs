@@ -295,6 +295,24 @@ impl Api {
         })
     }
 
+    /// Whether `user` may make this request (RBAC, as stored).
+    fn authorized(&self, user: &UserInfo, verb: Verb, t: &Target) -> Result<(), ApiError> {
+        if user.is_master() {
+            return Ok(());
+        }
+        let a = auth::attributes(
+            &t.def,
+            verb.as_str(),
+            t.namespace.as_deref(),
+            t.name.as_deref(),
+            t.sub.as_deref(),
+        );
+        if !auth::authorize(&self.store, user, &a).allowed {
+            return Err(ApiError::forbidden(a.forbidden_message(&user.username)));
+        }
+        Ok(())
+    }
+
     async fn resource(
         &self,
         method: &Method,
@@ -308,18 +326,7 @@ impl Api {
             return answer;
         }
         let user = UserInfo::of_request(headers);
-        if !user.is_master() {
-            let a = auth::attributes(
-                &t.def,
-                verb.as_str(),
-                t.namespace.as_deref(),
-                t.name.as_deref(),
-                t.sub.as_deref(),
-            );
-            if !auth::authorize(&self.store, &user, &a).allowed {
-                return Err(ApiError::forbidden(a.forbidden_message(&user.username)));
-            }
-        }
+        self.authorized(&user, verb, &t)?;
         let accept = headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())

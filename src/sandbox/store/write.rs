@@ -273,6 +273,18 @@ impl Store {
     /// then identity, status, generation, validation and finalizers are
     /// applied as the API server does, and the result committed unless it
     /// changes nothing.
+    /// Record `manager`'s update in the managed fields, starting from
+    /// those the object had.
+    fn record_manager(&self, old: &Value, new: &mut Value, manager: &str, part: Part) {
+        match old.pointer("/metadata/managedFields") {
+            Some(m) => meta_mut(new).insert("managedFields".into(), m.clone()),
+            None => meta_mut(new).remove("managedFields"),
+        };
+        let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
+        let sub = (part == Part::Status).then_some("status");
+        fields::record_update(old, new, manager, &api_version, sub, &self.now());
+    }
+
     pub(super) fn modify_with(
         &self,
         def: &ResourceDef,
@@ -315,62 +327,84 @@ impl Store {
         }
         inner.validate_content(def, &mut new, opts, &mut warnings, name)?;
         if let Some(manager) = updated_by {
-            // The record starts from the managed fields as they were.
-            match old.pointer("/metadata/managedFields") {
-                Some(m) => meta_mut(&mut new).insert("managedFields".into(), m.clone()),
-                None => meta_mut(&mut new).remove("managedFields"),
-            };
-            let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
-            let sub = (part == Part::Status).then_some("status");
-            fields::record_update(&old, &mut new, &manager, &api_version, sub, &self.now());
+            self.record_manager(&old, &mut new, &manager, part);
         }
         if def.has_generation {
             let g = next_generation(def, &old, &new);
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
-        let is_crd = def.key()
-            == (
-                "apiextensions.k8s.io".to_string(),
-                "customresourcedefinitions".to_string(),
-            );
-        if is_crd && part == Part::Main {
+        if part == Part::Main && is_crd(def) {
             let rd = crd_def(def, &new, name)?;
             if !opts.dry_run {
                 inner.defs.insert(rd.key(), Arc::new(rd));
             }
         }
-        if same_content(&old, &new) {
-            return Ok(Written {
-                bytes: stored.bytes,
+        Ok(self.store_modified(
+            &mut inner,
+            def,
+            key,
+            stored.bytes,
+            (&old, new),
+            opts,
+            warnings,
+        ))
+    }
+
+    /// Keep the modified object `new` (nothing, if it is the same as
+    /// `old`; a dry run only tells it); one being deleted whose last
+    /// finalizer went is removed.
+    #[allow(clippy::too_many_arguments)]
+    fn store_modified(
+        &self,
+        inner: &mut Inner,
+        def: &ResourceDef,
+        key: (String, String),
+        stored: Bytes,
+        (old, new): (&Value, Value),
+        opts: &WriteOpts,
+        warnings: Vec<String>,
+    ) -> Written {
+        if same_content(old, &new) {
+            return Written {
+                bytes: stored,
                 created: false,
                 warnings,
-            });
+            };
         }
         if opts.dry_run {
-            return Ok(Written {
+            return Written {
                 bytes: Bytes::from(serde_json::to_vec(&new).unwrap_or_default()),
                 created: false,
                 warnings,
-            });
+            };
         }
         let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
         let is_namespace = def.key() == (String::new(), "namespaces".to_string());
         if deleting && finalizers_of(&new).is_empty() && !is_namespace {
             let bytes = inner.remove(def, key, Some(new), &self.config, &self.now());
-            return Ok(Written {
+            return Written {
                 bytes,
                 created: false,
                 warnings,
-            });
+            };
         }
-        let bytes = inner.commit(def, key.clone(), new, EventType::Modified, &self.config);
+        let bytes = inner.commit(def, key, new, EventType::Modified, &self.config);
         inner.finish_foreground(&self.config, &self.now());
-        Ok(Written {
+        Written {
             bytes,
             created: false,
             warnings,
-        })
+        }
     }
+}
+
+/// Whether objects of `def` are CustomResourceDefinitions.
+fn is_crd(def: &ResourceDef) -> bool {
+    def.key()
+        == (
+            "apiextensions.k8s.io".to_string(),
+            "customresourcedefinitions".to_string(),
+        )
 }
 
 /// Identity the client cannot change: uid, times, namespace, name, the
