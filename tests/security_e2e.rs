@@ -198,7 +198,32 @@ async fn user(c: &Cluster, name: &str, rules: &[Value]) -> Client {
         ],
     )
     .await;
-    c.client_as(name, &["system:authenticated"]).await
+    let client = c.client_as(name, &["system:authenticated"]).await;
+    in_force(c, &client, &all).await;
+    client
+}
+
+/// Wait until the API server grants what `rules` give (a real one's RBAC
+/// follows new bindings through a cache, a moment later).
+async fn in_force(c: &Cluster, client: &Client, rules: &[Value]) {
+    use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+    let Some(rule) = rules.first() else { return };
+    let first = |k: &str| rule[k][0].as_str().unwrap_or("").to_string();
+    let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+        "spec": {"resourceAttributes": {
+            "namespace": c.ns, "verb": first("verbs"),
+            "group": first("apiGroups"), "resource": first("resources"),
+        }}
+    }))
+    .unwrap();
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    eventually("the user's Role in force", 30, || async {
+        reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .is_ok_and(|r| r.status.is_some_and(|s| s.allowed))
+    })
+    .await;
 }
 
 fn runbook_api(client: &Client, c: &Cluster, kind: &str) -> Api<DynamicObject> {
