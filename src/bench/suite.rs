@@ -109,6 +109,108 @@ impl Options {
     }
 }
 
+/// The same decision as the hooks users write instead: a process per
+/// event, deciding with jq or Python (`rhai`: the Rhai decision's seconds).
+fn hook_rows(
+    s: &'static str,
+    shell: Result<super::hooks::HookFigures, String>,
+    python: Result<super::hooks::HookFigures, String>,
+    rhai: f64,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (figures, what, label, goal) in [
+        (
+            shell,
+            "shell-operator-style hook (bash + jq)",
+            "shell hook",
+            Some(1000.0),
+        ),
+        (python, "Python hook process", "Python hook", None),
+    ] {
+        match figures {
+            Ok(f) if f.to_revision == Some(3) => {
+                rows.push(Row::new(
+                    s,
+                    format!("{what}: rollback decision, median"),
+                    ms(f.wall.median),
+                    "ms",
+                ));
+                if let Some(cpu) = f.cpu {
+                    rows.push(Row::new(
+                        s,
+                        format!("{what}: CPU per decision"),
+                        ms(cpu),
+                        "ms",
+                    ));
+                    let ratio = Row::new(
+                        s,
+                        format!("{label} CPU / Rhai"),
+                        cpu.as_secs_f64() / rhai,
+                        "x",
+                    );
+                    rows.push(match goal {
+                        Some(g) => ratio.goal(Goal::AtLeast(g)),
+                        None => ratio,
+                    });
+                }
+                rows.push(Row::new(
+                    s,
+                    format!("{label} wall / Rhai"),
+                    f.wall.median.as_secs_f64() / rhai,
+                    "x",
+                ));
+            }
+            Ok(f) => eprintln!(
+                "{what}: decided {:?}, not the rollback to revision 3; not reported",
+                f.to_revision
+            ),
+            Err(e) => eprintln!("{what}: not measured: {e}"),
+        }
+    }
+    rows
+}
+
+/// What the Rhai interpreter alone costs the decisions: their operations
+/// as Rhai counts them, and the rollback decision's at a plain engine's
+/// time per operation.
+fn interpreter_rows(s: &'static str, f: &super::decision::DecisionFigures) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (what, ops) in [
+        ("rollback decision", f.operations),
+        ("steady state", f.idle_operations),
+    ] {
+        if let Some(ops) = ops {
+            rows.push(Row::new(
+                s,
+                format!("Rhai policy: {what}, script operations"),
+                ops as f64,
+                "ops",
+            ));
+        }
+    }
+    rows.push(Row::new(
+        s,
+        "plain Rhai engine, a loop assigning a constant: time per operation, median of 5 rounds",
+        f.plain_per_operation.as_secs_f64() * 1e9,
+        "ns",
+    ));
+    if let Some(plain) = f.at_plain_cost() {
+        rows.push(Row::new(
+            s,
+            "the rollback decision's operations at that time each",
+            us(plain),
+            "us",
+        ));
+        rows.push(Row::new(
+            s,
+            "rollback decision / its operations at that time each",
+            f.scripted.median.as_secs_f64() / plain.as_secs_f64().max(1e-12),
+            "x",
+        ));
+    }
+    rows
+}
+
 fn decision(policies: &Path, quick: bool) -> Vec<Row> {
     let iters = if quick { 2_000 } else { 20_000 };
     let f = super::decision::run(policies, iters);
@@ -168,42 +270,7 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
         )
         .goal(Goal::AtMost(15.0)),
     ];
-    // What the Rhai interpreter alone costs the decisions: their operations
-    // as Rhai counts them, and the rollback decision's at a plain engine's
-    // time per operation.
-    for (what, ops) in [
-        ("rollback decision", f.operations),
-        ("steady state", f.idle_operations),
-    ] {
-        if let Some(ops) = ops {
-            rows.push(Row::new(
-                s,
-                format!("Rhai policy: {what}, script operations"),
-                ops as f64,
-                "ops",
-            ));
-        }
-    }
-    rows.push(Row::new(
-        s,
-        "plain Rhai engine, a loop assigning a constant: time per operation, median of 5 rounds",
-        f.plain_per_operation.as_secs_f64() * 1e9,
-        "ns",
-    ));
-    if let Some(plain) = f.at_plain_cost() {
-        rows.push(Row::new(
-            s,
-            "the rollback decision's operations at that time each",
-            us(plain),
-            "us",
-        ));
-        rows.push(Row::new(
-            s,
-            "rollback decision / its operations at that time each",
-            f.scripted.median.as_secs_f64() / plain.as_secs_f64().max(1e-12),
-            "x",
-        ));
-    }
+    rows.extend(interpreter_rows(s, &f));
     rows.extend([
         Row::new(
             s,
@@ -218,63 +285,12 @@ fn decision(policies: &Path, quick: bool) -> Vec<Row> {
             "x",
         ),
     ]);
-    // The same decision as the hooks users write instead: a process per
-    // event, deciding with jq or Python.
-    for (figures, what, label, goal) in [
-        (
-            shell,
-            "shell-operator-style hook (bash + jq)",
-            "shell hook",
-            Some(1000.0),
-        ),
-        (python, "Python hook process", "Python hook", None),
-    ] {
-        match figures {
-            Ok(f) if f.to_revision == Some(3) => {
-                rows.push(Row::new(
-                    s,
-                    format!("{what}: rollback decision, median"),
-                    ms(f.wall.median),
-                    "ms",
-                ));
-                if let Some(cpu) = f.cpu {
-                    rows.push(Row::new(
-                        s,
-                        format!("{what}: CPU per decision"),
-                        ms(cpu),
-                        "ms",
-                    ));
-                    let ratio = Row::new(
-                        s,
-                        format!("{label} CPU / Rhai"),
-                        cpu.as_secs_f64() / rhai,
-                        "x",
-                    );
-                    rows.push(match goal {
-                        Some(g) => ratio.goal(Goal::AtLeast(g)),
-                        None => ratio,
-                    });
-                }
-                rows.push(Row::new(
-                    s,
-                    format!("{label} wall / Rhai"),
-                    f.wall.median.as_secs_f64() / rhai,
-                    "x",
-                ));
-            }
-            Ok(f) => eprintln!(
-                "{what}: decided {:?}, not the rollback to revision 3; not reported",
-                f.to_revision
-            ),
-            Err(e) => eprintln!("{what}: not measured: {e}"),
-        }
-    }
+    rows.extend(hook_rows(s, shell, python, rhai));
     rows
 }
 
-/// The writes of the README's week: each must change something a reader
-/// can see, so a benchmark run costs the four the workflow needs (apply
-/// its Job, status running, status done, delete the oldest Job).
+/// Reads in a busy namespace: lookups among 5,000 pods, and the drift
+/// policy's decision beside them.
 fn lookup(policies: &Path, quick: bool) -> Vec<Row> {
     let f = super::lookup::run(policies, 5_000, if quick { 1_000 } else { 10_000 });
     let s = "lookup";
@@ -322,6 +338,9 @@ fn lookup(policies: &Path, quick: bool) -> Vec<Row> {
     ]
 }
 
+/// The writes of the README's week: each must change something a reader
+/// can see, so a benchmark run costs the four the workflow needs (apply
+/// its Job, status running, status done, delete the oldest Job).
 fn writes(policies: &Path) -> Vec<Row> {
     let week = policies.join("../examples/evaluator-drift/week.yaml");
     let s = "writes";

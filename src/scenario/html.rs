@@ -277,6 +277,13 @@ fn lane_hover(report: &Report, e: &Entry) -> String {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
+/// A panel's chart: time across, a status number up.
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
 /// One chart: a numeric status field over time, bands, references,
 /// markers. Returns the SVG.
 struct Panel<'a> {
@@ -292,8 +299,9 @@ struct Panel<'a> {
     caption: String,
 }
 
-fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
-    let frame = p.frame;
+/// The y range a panel shows (its values and references, padded) and its
+/// height; with no number to draw (phases alone), a band lane.
+fn y_range(p: &Panel) -> (f64, f64, u32, bool) {
     let mut lo = p.points.iter().map(|q| q.1).fold(f64::INFINITY, f64::min);
     let mut hi = p
         .points
@@ -304,14 +312,172 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
         lo = lo.min(*v);
         hi = hi.max(*v);
     }
-    // Phases alone (no number to draw): a band lane, its phases named.
-    let phases_only = !lo.is_finite() || !hi.is_finite();
-    let (lo, hi, height) = if phases_only {
-        (0.0, 1.0, PHASE_HEIGHT)
-    } else {
-        let pad = ((hi - lo) * 0.15).max(0.05 * hi.abs().max(1.0));
-        (lo - pad, hi + pad, PANEL_HEIGHT)
-    };
+    if !lo.is_finite() || !hi.is_finite() {
+        return (0.0, 1.0, PHASE_HEIGHT, true);
+    }
+    let pad = ((hi - lo) * 0.15).max(0.05 * hi.abs().max(1.0));
+    (lo - pad, hi + pad, PANEL_HEIGHT, false)
+}
+
+/// A step line through a panel's values: each value holds until the next
+/// write (a close-up starts from the value its first instant holds).
+fn step_line(p: &Panel) -> Vec<(f64, f64)> {
+    let mut steps: Vec<(f64, f64)> = Vec::new();
+    let mut held: Option<f64> = None;
+    for (x, y, _) in &p.points {
+        if *x < p.from {
+            held = Some(*y);
+            continue;
+        }
+        if *x > p.to {
+            break;
+        }
+        match (held, steps.is_empty()) {
+            (Some(h), true) => steps.extend([(p.from, h), (*x, h)]),
+            (Some(h), false) => steps.push((*x, h)),
+            (None, _) => {}
+        }
+        steps.push((*x, *y));
+        held = Some(*y);
+    }
+    if let Some(h) = held {
+        if steps.is_empty() {
+            steps.push((p.from, h));
+        }
+        steps.push((p.to, h));
+    }
+    steps
+}
+
+/// A point where the value changed, with what was written (`at`: where a
+/// value is drawn).
+fn value_points(p: &Panel, at: impl Fn(f64, f64) -> (i32, i32), overlay: &mut String) {
+    let frame = p.frame;
+    let mut last: Option<f64> = None;
+    for (x, y, i) in &p.points {
+        if last == Some(*y) {
+            continue;
+        }
+        last = Some(*y);
+        if !(p.from..=p.to).contains(x) {
+            continue;
+        }
+        let (px, py) = at(*x, *y);
+        let e = &frame.report.entries[*i];
+        let _ = write!(
+            overlay,
+            r#"<circle class="point" cx="{px}" cy="{py}" r="4" fill="{}"><title>{} = {}&#10;{}</title></circle>"#,
+            colour(LINE),
+            esc(p.field),
+            trim_y(*y),
+            esc(&hover(frame.report, e))
+        );
+    }
+}
+
+/// The markers (rollbacks, alerts, ...): those at one instant stand side
+/// by side, the rollback (drawn last, so on top) at the line itself.
+fn markers(
+    p: &Panel,
+    at: impl Fn(f64, f64) -> (i32, i32),
+    (lo, hi): (f64, f64),
+    overlay: &mut String,
+) {
+    let frame = p.frame;
+    let mut markers: Vec<&&Entry> = p.markers.iter().collect();
+    markers.sort_by_key(|e| (e.time, marker_rank(e)));
+    markers.retain(|e| (p.from..=p.to).contains(&frame.x(e)));
+    let mut beside: BTreeMap<i32, i32> = BTreeMap::new();
+    for e in markers {
+        let Some((class, c)) = marker_kind(e) else {
+            continue;
+        };
+        let x = frame.x(e);
+        let (line_x, top) = at(x, hi);
+        let (_, bottom) = at(x, lo);
+        let n = beside.entry(line_x).or_insert(0);
+        let px = line_x + 15 * *n;
+        *n += 1;
+        let _ = write!(
+            overlay,
+            r#"<g class="marker {class}" data-at="{}"><title>{}</title><line x1="{line_x}" y1="{top}" x2="{line_x}" y2="{bottom}" stroke="{col}" stroke-width="2" stroke-dasharray="3 2"/><path d="M{} {} l14 0 l-7 12 z" fill="{col}"/></g>"#,
+            esc(&offset(
+                e.time.as_millisecond() - frame.report.start.as_millisecond()
+            )),
+            esc(&hover(frame.report, e)),
+            px - 7,
+            top - 13,
+            col = colour(c),
+        );
+    }
+}
+
+/// A panel's phases as bands (named on a band lane, where they fit).
+fn draw_bands(
+    chart: &mut Chart,
+    p: &Panel,
+    (lo, hi): (f64, f64),
+    phases_only: bool,
+    others: &mut Vec<String>,
+    overlay: &mut String,
+) -> Result<(), String> {
+    for (from, to, phase) in p.bands {
+        let c = phase_colour(phase, others);
+        let (from, to) = (from.max(p.from), to.min(p.to));
+        if from >= to {
+            continue;
+        }
+        let (left, mid) = chart.backend_coord(&(from, 0.5));
+        let (right, _) = chart.backend_coord(&(to, 0.5));
+        if phases_only && right - left > 8 * phase.len() as i32 {
+            let _ = write!(
+                overlay,
+                r#"<text class="phase" x="{}" y="{}" font-size="12" fill="{}">{}</text>"#,
+                left + 4,
+                mid + 4,
+                colour(c),
+                esc(phase)
+            );
+        }
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(from, lo), (to, hi)],
+                c.mix(0.13).filled(),
+            )))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A panel's references (spec numbers) as dashed lines, named.
+fn draw_references(chart: &mut Chart, p: &Panel, overlay: &mut String) -> Result<(), String> {
+    for (name, v) in &p.references {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(p.from, *v), (p.to, *v)],
+                6,
+                4,
+                REFERENCE.stroke_width(1),
+            ))
+            .map_err(|e| e.to_string())?
+            .label(name.clone());
+        let (x, y) = chart.backend_coord(&(p.to, *v));
+        let _ = write!(
+            overlay,
+            r#"<text class="reference" x="{}" y="{}" text-anchor="end" font-size="12" fill="{}">{} {}</text>"#,
+            x - 4,
+            y - 4,
+            colour(REFERENCE),
+            esc(name),
+            trim_y(*v)
+        );
+    }
+    Ok(())
+}
+
+fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
+    let frame = p.frame;
+    let (lo, hi, height, phases_only) = y_range(p);
     let mut svg = String::new();
     let mut overlay = String::new();
     {
@@ -324,31 +490,7 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
             .y_label_area_size(LEFT)
             .build_cartesian_2d(p.from..p.to, lo..hi)
             .map_err(|e| e.to_string())?;
-        for (from, to, phase) in p.bands {
-            let c = phase_colour(phase, others);
-            let (from, to) = (from.max(p.from), to.min(p.to));
-            if from >= to {
-                continue;
-            }
-            let (left, mid) = chart.backend_coord(&(from, 0.5));
-            let (right, _) = chart.backend_coord(&(to, 0.5));
-            if phases_only && right - left > 8 * phase.len() as i32 {
-                let _ = write!(
-                    overlay,
-                    r#"<text class="phase" x="{}" y="{}" font-size="12" fill="{}">{}</text>"#,
-                    left + 4,
-                    mid + 4,
-                    colour(c),
-                    esc(phase)
-                );
-            }
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(from, lo), (to, hi)],
-                    c.mix(0.13).filled(),
-                )))
-                .map_err(|e| e.to_string())?;
-        }
+        draw_bands(&mut chart, p, (lo, hi), phases_only, others, &mut overlay)?;
         chart
             .configure_mesh()
             .label_style(("sans-serif", 12))
@@ -359,105 +501,13 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
             .y_label_formatter(&|y| trim_y(*y))
             .draw()
             .map_err(|e| e.to_string())?;
-        for (name, v) in &p.references {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    [(p.from, *v), (p.to, *v)],
-                    6,
-                    4,
-                    REFERENCE.stroke_width(1),
-                ))
-                .map_err(|e| e.to_string())?
-                .label(name.clone());
-            let (x, y) = chart.backend_coord(&(p.to, *v));
-            let _ = write!(
-                overlay,
-                r#"<text class="reference" x="{}" y="{}" text-anchor="end" font-size="12" fill="{}">{} {}</text>"#,
-                x - 4,
-                y - 4,
-                colour(REFERENCE),
-                esc(name),
-                trim_y(*v)
-            );
-        }
-        // A step line: each value holds until the next write (a close-up
-        // starts from the value its first instant holds).
-        let mut steps: Vec<(f64, f64)> = Vec::new();
-        let mut held: Option<f64> = None;
-        for (x, y, _) in &p.points {
-            if *x < p.from {
-                held = Some(*y);
-                continue;
-            }
-            if *x > p.to {
-                break;
-            }
-            match (held, steps.is_empty()) {
-                (Some(h), true) => steps.extend([(p.from, h), (*x, h)]),
-                (Some(h), false) => steps.push((*x, h)),
-                (None, _) => {}
-            }
-            steps.push((*x, *y));
-            held = Some(*y);
-        }
-        if let Some(h) = held {
-            if steps.is_empty() {
-                steps.push((p.from, h));
-            }
-            steps.push((p.to, h));
-        }
+        draw_references(&mut chart, p, &mut overlay)?;
         chart
-            .draw_series(LineSeries::new(steps, LINE.stroke_width(2)))
+            .draw_series(LineSeries::new(step_line(p), LINE.stroke_width(2)))
             .map_err(|e| e.to_string())?;
-        // A point where the value changed, with what was written.
-        let mut last: Option<f64> = None;
-        for (x, y, i) in &p.points {
-            if last == Some(*y) {
-                continue;
-            }
-            last = Some(*y);
-            if !(p.from..=p.to).contains(x) {
-                continue;
-            }
-            let (px, py) = chart.backend_coord(&(*x, *y));
-            let e = &frame.report.entries[*i];
-            let _ = write!(
-                overlay,
-                r#"<circle class="point" cx="{px}" cy="{py}" r="4" fill="{}"><title>{} = {}&#10;{}</title></circle>"#,
-                colour(LINE),
-                esc(p.field),
-                trim_y(*y),
-                esc(&hover(frame.report, e))
-            );
-        }
-        // Markers at one instant stand side by side, the rollback (drawn
-        // last, so on top) at the line itself.
-        let mut markers: Vec<&&Entry> = p.markers.iter().collect();
-        markers.sort_by_key(|e| (e.time, marker_rank(e)));
-        markers.retain(|e| (p.from..=p.to).contains(&frame.x(e)));
-        let mut beside: BTreeMap<i32, i32> = BTreeMap::new();
-        for e in markers {
-            let Some((class, c)) = marker_kind(e) else {
-                continue;
-            };
-            let x = frame.x(e);
-            let (line_x, top) = chart.backend_coord(&(x, hi));
-            let (_, bottom) = chart.backend_coord(&(x, lo));
-            let n = beside.entry(line_x).or_insert(0);
-            let px = line_x + 15 * *n;
-            *n += 1;
-            let _ = write!(
-                overlay,
-                r#"<g class="marker {class}" data-at="{}"><title>{}</title><line x1="{line_x}" y1="{top}" x2="{line_x}" y2="{bottom}" stroke="{col}" stroke-width="2" stroke-dasharray="3 2"/><path d="M{} {} l14 0 l-7 12 z" fill="{col}"/></g>"#,
-                esc(&offset(
-                    e.time.as_millisecond() - frame.report.start.as_millisecond()
-                )),
-                esc(&hover(frame.report, e)),
-                px - 7,
-                top - 13,
-                col = colour(c),
-            );
-        }
+        let at = |x: f64, y: f64| chart.backend_coord(&(x, y));
+        value_points(p, at, &mut overlay);
+        markers(p, at, (lo, hi), &mut overlay);
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(format!(
@@ -593,7 +643,9 @@ svg { display: block; }
 ";
 
 /// One scenario's part of the page.
-fn article(report: &Report) -> Result<String, String> {
+/// The time axis of a scenario's charts (hours past three hours, minutes
+/// below), and how long the run lasted in milliseconds.
+fn frame_of(report: &Report) -> (Frame<'_>, i64) {
     let last = report
         .entries
         .iter()
@@ -612,6 +664,140 @@ fn article(report: &Report) -> Result<String, String> {
         unit,
         end: (last as f64 / unit_ms) * 1.01,
     };
+    (frame, last)
+}
+
+/// The numbers of a target's spec drawn as references beside a status
+/// field: those of its sort (fractions for fractions, counts for counts)
+/// near its range, as an Evaluator's threshold beside its score.
+fn references(spec: Option<&Value>, points: &[(f64, f64, usize)]) -> Vec<(String, f64)> {
+    let (lo, hi) = points
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), p| {
+            (l.min(p.1), h.max(p.1))
+        });
+    let span = (hi - lo).max(hi.abs() * 0.1);
+    let fractional = |v: f64| v.fract() != 0.0;
+    let field_fractional = points.iter().any(|p| fractional(p.1));
+    spec.and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((format!("spec.{k}"), v.as_f64()?)))
+        .filter(|(_, v)| fractional(*v) == field_fractional)
+        .filter(|(_, v)| *v >= lo - span && *v <= hi + span)
+        .collect()
+}
+
+/// A target's legend: its phases, and the markers it has, counted.
+fn legend(bands: &[(f64, f64, String)], markers: &[&Entry], others: &mut Vec<String>) -> String {
+    let mut legend = String::from(r#"<p class="legend">"#);
+    let mut shown: Vec<&str> = Vec::new();
+    for (_, _, phase) in bands {
+        if shown.contains(&phase.as_str()) {
+            continue;
+        }
+        shown.push(phase);
+        let c = phase_colour(phase, others);
+        let _ = write!(
+            legend,
+            r#"<span><i style="background:{}; opacity:0.45"></i>phase {}</span>"#,
+            colour(c),
+            esc(phase)
+        );
+    }
+    for (class, c) in [
+        ("rollback", RGBColor(214, 60, 50)),
+        ("alert", RGBColor(230, 140, 20)),
+        ("resolve", RGBColor(46, 160, 67)),
+        ("event", RGBColor(110, 110, 110)),
+    ] {
+        let n = markers
+            .iter()
+            .filter(|e| marker_kind(e).map(|m| m.0) == Some(class))
+            .count();
+        if n > 0 {
+            let _ = write!(
+                legend,
+                r#"<span><i style="background:{}"></i>{class} ({n})</span>"#,
+                colour(c)
+            );
+        }
+    }
+    legend.push_str("</p></section>\n");
+    legend
+}
+
+/// What one target's panels are drawn from.
+struct TargetView<'a> {
+    history: &'a [(usize, Value)],
+    spec: Option<&'a Value>,
+    bands: &'a [(f64, f64, String)],
+    markers: &'a [&'a Entry],
+}
+
+/// One target's panels: a chart per numeric status field (or its phases
+/// alone), with close-ups of the markers.
+fn panels(
+    frame: &Frame,
+    view: &TargetView,
+    body: &mut String,
+    others: &mut Vec<String>,
+) -> Result<(), String> {
+    let report = frame.report;
+    let fields = numeric_fields(view.history);
+    let close_up = close_up(frame, view.markers);
+    let mut close_ups = String::new();
+    for field in &fields {
+        let points: Vec<(f64, f64, usize)> = view
+            .history
+            .iter()
+            .filter_map(|(i, s)| Some((frame.x(&report.entries[*i]), s[field].as_f64()?, *i)))
+            .collect();
+        let references = references(view.spec, &points);
+        let mut panel = Panel {
+            frame,
+            field,
+            points,
+            references,
+            bands: view.bands,
+            markers: view.markers,
+            from: 0.0,
+            to: frame.end,
+            caption: format!("status.{field}"),
+        };
+        draw_with_close_up(&mut panel, close_up, body, &mut close_ups, others)?;
+    }
+    if fields.is_empty() && !view.bands.is_empty() {
+        let mut panel = Panel {
+            frame,
+            field: "phase",
+            points: Vec::new(),
+            references: Vec::new(),
+            bands: view.bands,
+            markers: view.markers,
+            from: 0.0,
+            to: frame.end,
+            caption: "status.phase".into(),
+        };
+        draw_with_close_up(&mut panel, close_up, body, &mut close_ups, others)?;
+    }
+    if !close_ups.is_empty() {
+        let _ = write!(
+            body,
+            r#"<details class="close-up" open><summary>Close-up of the markers</summary>{close_ups}</details>"#
+        );
+    }
+    if fields.is_empty() && view.bands.is_empty() {
+        let _ = writeln!(
+            body,
+            "<p class=\"meta\">no numeric status field and no phase</p>"
+        );
+    }
+    Ok(())
+}
+
+fn article(report: &Report) -> Result<String, String> {
+    let (frame, last) = frame_of(report);
     let statuses = statuses(report);
     let targets: Vec<Target> = statuses.keys().cloned().collect();
     let sole = sole_target_of(report, &targets);
@@ -628,7 +814,6 @@ fn article(report: &Report) -> Result<String, String> {
             })
             .collect();
         let bands = phase_bands(&frame, history);
-        let spec = report.specs.get(&target.key());
         let _ = writeln!(
             body,
             r#"<section class="target" data-target="{}"><h2>{} <small>({})</small></h2>"#,
@@ -636,106 +821,15 @@ fn article(report: &Report) -> Result<String, String> {
             esc(&target.shown()),
             esc(&target.api_version)
         );
-        let fields = numeric_fields(history);
-        let close_up = close_up(&frame, &markers);
-        let mut close_ups = String::new();
-        for field in &fields {
-            let points: Vec<(f64, f64, usize)> = history
-                .iter()
-                .filter_map(|(i, s)| Some((frame.x(&report.entries[*i]), s[field].as_f64()?, *i)))
-                .collect();
-            let (lo, hi) = points
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), p| {
-                    (l.min(p.1), h.max(p.1))
-                });
-            // A spec number is a reference for a status number of its
-            // sort (fractions for fractions, counts for counts) near its
-            // range: an Evaluator's threshold for its score.
-            let span = (hi - lo).max(hi.abs() * 0.1);
-            let fractional = |v: f64| v.fract() != 0.0;
-            let field_fractional = points.iter().any(|p| fractional(p.1));
-            let references: Vec<(String, f64)> = spec
-                .and_then(Value::as_object)
-                .into_iter()
-                .flatten()
-                .filter_map(|(k, v)| Some((format!("spec.{k}"), v.as_f64()?)))
-                .filter(|(_, v)| fractional(*v) == field_fractional)
-                .filter(|(_, v)| *v >= lo - span && *v <= hi + span)
-                .collect();
-            let mut panel = Panel {
-                frame: &frame,
-                field,
-                points,
-                references,
-                bands: &bands,
-                markers: &markers,
-                from: 0.0,
-                to: frame.end,
-                caption: format!("status.{field}"),
-            };
-            draw_with_close_up(&mut panel, close_up, &mut body, &mut close_ups, &mut others)?;
-        }
-        if fields.is_empty() && !bands.is_empty() {
-            let mut panel = Panel {
-                frame: &frame,
-                field: "phase",
-                points: Vec::new(),
-                references: Vec::new(),
-                bands: &bands,
-                markers: &markers,
-                from: 0.0,
-                to: frame.end,
-                caption: "status.phase".into(),
-            };
-            draw_with_close_up(&mut panel, close_up, &mut body, &mut close_ups, &mut others)?;
-        }
-        if !close_ups.is_empty() {
-            let _ = write!(
-                body,
-                r#"<details class="close-up" open><summary>Close-up of the markers</summary>{close_ups}</details>"#
-            );
-        }
-        if fields.is_empty() && bands.is_empty() {
-            let _ = writeln!(
-                body,
-                "<p class=\"meta\">no numeric status field and no phase</p>"
-            );
-        }
-        let mut legend = String::from(r#"<p class="legend">"#);
-        let mut shown: Vec<&str> = Vec::new();
-        for (_, _, phase) in &bands {
-            if shown.contains(&phase.as_str()) {
-                continue;
-            }
-            shown.push(phase);
-            let c = phase_colour(phase, &mut others);
-            let _ = write!(
-                legend,
-                r#"<span><i style="background:{}; opacity:0.45"></i>phase {}</span>"#,
-                colour(c),
-                esc(phase)
-            );
-        }
-        for (class, c) in [
-            ("rollback", RGBColor(214, 60, 50)),
-            ("alert", RGBColor(230, 140, 20)),
-            ("resolve", RGBColor(46, 160, 67)),
-            ("event", RGBColor(110, 110, 110)),
-        ] {
-            let n = markers
-                .iter()
-                .filter(|e| marker_kind(e).map(|m| m.0) == Some(class))
-                .count();
-            if n > 0 {
-                let _ = write!(
-                    legend,
-                    r#"<span><i style="background:{}"></i>{class} ({n})</span>"#,
-                    colour(c)
-                );
-            }
-        }
-        legend.push_str("</p></section>\n");
+        let spec = report.specs.get(&target.key());
+        let view = TargetView {
+            history,
+            spec,
+            bands: &bands,
+            markers: &markers,
+        };
+        panels(&frame, &view, &mut body, &mut others)?;
+        let legend = legend(&bands, &markers, &mut others);
         body.push_str(&legend);
     }
     let lanes = draw_lanes(&frame)?;
