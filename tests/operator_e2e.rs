@@ -90,6 +90,26 @@ async fn setup_with(
     (c, op, widgets, cms)
 }
 
+/// Wait until Widget `name` says Ready.
+async fn ready(widgets: &Api<DynamicObject>, name: &str) {
+    eventually("the status", 30, || async {
+        widgets.get(name).await.unwrap().data["status"]["phase"] == "Ready"
+    })
+    .await;
+}
+
+/// Label Widget `name`: a change no decision reads.
+async fn label_owner(widgets: &Api<DynamicObject>, name: &str) {
+    widgets
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"owner": "sre"}}})),
+        )
+        .await
+        .unwrap();
+}
+
 async fn teardown(c: Cluster, op: std::sync::Arc<runbook::runtime::Operator>) {
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
@@ -135,10 +155,7 @@ async fn a_new_cr_gets_its_children_and_status() {
     let owner = &child.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(owner.uid, w.metadata.uid.clone().unwrap());
     assert_eq!(owner.controller, Some(true));
-    eventually("the status", 30, || async {
-        widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
-    })
-    .await;
+    ready(&widgets, "w1").await;
     let w = widgets.get("w1").await.unwrap();
     let st = &w.data["status"];
     assert_eq!(st["observedGeneration"], 1);
@@ -165,10 +182,7 @@ async fn reconciling_again_without_change_writes_nothing() {
     let (c, op, widgets, cms) = setup("noop").await;
     let before = op.ctx.metrics.writes.get();
     create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
-    eventually("the status", 30, || async {
-        widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
-    })
-    .await;
+    ready(&widgets, "w1").await;
     settle(&op).await;
     // The finalizer, two children and one status write; the reconciles
     // that our own writes trigger decide again and write nothing.
@@ -1501,10 +1515,7 @@ fn not_decided_again(op: &runbook::runtime::Operator) -> u64 {
 async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
     let (c, op, widgets, cms) = setup_with("unchanged", SPEC_ONLY).await;
     create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
-    eventually("the status", 30, || async {
-        widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
-    })
-    .await;
+    ready(&widgets, "w1").await;
     settle(&op).await;
     let (made, skipped, writes) = (
         decided(&op),
@@ -1517,14 +1528,7 @@ async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
     assert!(made <= 2, "{made} decisions for one new Widget");
 
     // A label and another writer's status field: no decision, no write.
-    widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"owner": "sre"}}})),
-        )
-        .await
-        .unwrap();
+    label_owner(&widgets, "w1").await;
     widgets
         .patch_status(
             "w1",
@@ -1649,20 +1653,10 @@ fn reconcile(ctx) {
     op.start().await.expect("the operator starts");
     let widgets = widgets(&c);
     create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
-    eventually("the status", 30, || async {
-        widgets.get("w1").await.unwrap().data["status"]["phase"] == "Ready"
-    })
-    .await;
+    ready(&widgets, "w1").await;
     // A label: nothing the decision recorded changed, so the reconcile is
     // skipped; decided again to check, it comes out different.
-    widgets
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"owner": "sre"}}})),
-        )
-        .await
-        .unwrap();
+    label_owner(&widgets, "w1").await;
     eventually("the difference reported", 30, || async {
         !op.ctx.skip_differences.lock().unwrap().is_empty()
     })
