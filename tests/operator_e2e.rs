@@ -1684,15 +1684,7 @@ async fn a_full_queue_loses_nothing_a_resync_makes_it_up() {
     // once, through a queue that holds two.
     let c = Cluster::new("overflow").await;
     install_widget_crd(&c).await;
-    let policy = r#"
-apiVersion: runbook.dev/v1alpha1
-kind: Policy
-metadata: {name: widget}
-spec:
-  target: {apiVersion: GROUP/v1, kind: Widget}
-  reads: [{apiVersion: v1, kind: ConfigMap}]
-  script: widget.rhai
-"#;
+    let policy = &POLICY.replace("owns:", "reads:");
     let script = r#"
 fn reconcile(ctx) {
     let common = ctx.get("ConfigMap", "shared");

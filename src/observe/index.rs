@@ -100,25 +100,20 @@ impl Index {
         namespace: &str,
         selector: &Selector,
     ) -> impl Iterator<Item = &String> {
+        // An equality on a label no object carries finds none (`None`).
         let narrowest = selector
             .0
             .iter()
             .filter_map(|r| match r {
-                Requirement::Eq(k, v) => Some(
-                    self.by_label
-                        .get(&(namespace.to_string(), k.clone(), v.clone()))
-                        .map_or(0, BTreeSet::len),
-                )
-                .map(|n| (n, k, v)),
+                Requirement::Eq(k, v) => Some(self.by_label.get(&(
+                    namespace.to_string(),
+                    k.clone(),
+                    v.clone(),
+                ))),
                 _ => None,
             })
-            .min_by_key(|(n, _, _)| *n);
-        let names = match narrowest {
-            Some((_, k, v)) => self
-                .by_label
-                .get(&(namespace.to_string(), k.clone(), v.clone())),
-            None => self.by_ns.get(namespace),
-        };
+            .min_by_key(|names| names.map_or(0, BTreeSet::len));
+        let names = narrowest.unwrap_or_else(|| self.by_ns.get(namespace));
         names.into_iter().flatten()
     }
 

@@ -259,21 +259,24 @@ impl Context {
                 // Too many waiting: the kind is reconciled whole instead
                 // (the target was woken above, so it decides again).
                 Sent::Dropped => {
-                    self.overflowed("trigger", 1);
-                    let _ = t.resync.send(());
+                    let resync = t.resync.send(());
+                    // Told once per resync it asks for, not per drop.
+                    self.overflowed("trigger", 1, resync == Sent::Queued);
                 }
                 Sent::Closed => {}
             }
         }
     }
 
-    /// Count `n` items a full queue dropped.
-    pub(super) fn overflowed(&self, queue: &str, n: u64) {
-        tracing::warn!(
-            queue,
-            dropped = n,
-            "a queue was full: what it dropped is made up by a resync"
-        );
+    /// Count `n` items a full queue dropped (`tell`: say so in the log).
+    pub(super) fn overflowed(&self, queue: &str, n: u64, tell: bool) {
+        if tell {
+            tracing::warn!(
+                queue,
+                dropped = n,
+                "a queue was full: what it dropped is made up by a resync"
+            );
+        }
         self.metrics
             .queue_overflows
             .get_or_create(&Metrics::labels(&[("queue", queue)]))

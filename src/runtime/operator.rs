@@ -713,7 +713,7 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
         // Changes the full queue dropped could have woken any target.
         let lost = rx.take_dropped();
         if lost > 0 {
-            ctx.overflowed("changes", lost);
+            ctx.overflowed("changes", lost, true);
             ctx.resync(&[]);
         }
         let set = ctx.policies.load_full();
