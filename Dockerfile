@@ -8,18 +8,25 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # Dependencies first, so that editing the sources reuses their layer.
 COPY Cargo.toml Cargo.lock ./
+COPY crates/core/Cargo.toml crates/core/
+COPY crates/operator/Cargo.toml crates/operator/
+COPY crates/sandbox/Cargo.toml crates/sandbox/
+COPY crates/simulator/Cargo.toml crates/simulator/
+COPY crates/bench/Cargo.toml crates/bench/
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
+    && for c in core operator sandbox simulator bench; do mkdir -p crates/$c/src && touch crates/$c/src/lib.rs; done \
     && for b in decision sandbox operator reload scenario; do echo 'fn main() {}' > benches/$b.rs; done \
     && cargo build --release --locked \
-    && rm -rf src benches
+    && rm -rf src benches crates/*/src
+COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
 COPY policies ./policies
 COPY crds ./crds
 COPY examples ./examples
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin runbook
+RUN touch src/main.rs src/lib.rs crates/*/src/lib.rs && cargo build --release --locked --bin runbook
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/runbook /usr/local/bin/runbook

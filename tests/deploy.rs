@@ -504,7 +504,8 @@ async fn the_startup_check_names_a_missing_permission() {
 
 /// No container engine runs here, so the Dockerfile is held to the tree:
 /// every path it copies exists, and its dependency-layer stubs cover every
-/// bench target Cargo.toml declares (a missing one breaks the build).
+/// crate of the workspace and every bench target Cargo.toml declares (a
+/// missing one breaks the build).
 #[test]
 fn the_dockerfile_matches_the_tree() {
     let docker = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
@@ -537,6 +538,25 @@ fn the_dockerfile_matches_the_tree() {
                 .split_whitespace()
                 .any(|w| w.trim_end_matches(';') == name),
             "the Dockerfile stubs no benches/{name}.rs"
+        );
+    }
+    // Every crate of the workspace has its manifest in the dependency
+    // layer and a stub library there (cargo refuses a member without one).
+    let crates = docker
+        .lines()
+        .find(|l| l.contains("for c in "))
+        .expect("the crate stubs line");
+    for entry in std::fs::read_dir(repo().join("crates")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        assert!(
+            docker.contains(&format!("COPY crates/{name}/Cargo.toml crates/{name}/")),
+            "the Dockerfile's dependency layer lacks crates/{name}/Cargo.toml"
+        );
+        assert!(
+            crates
+                .split_whitespace()
+                .any(|w| w.trim_end_matches(';') == name),
+            "the Dockerfile stubs no crates/{name}/src/lib.rs"
         );
     }
     assert!(docker.contains("USER 65532"), "the image runs as non-root");

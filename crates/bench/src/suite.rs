@@ -1,0 +1,752 @@
+//! `runbook bench`: every figure of the performance suite in one run, as a
+//! table or JSON, each with its goal and whether it was met.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::us;
+
+/// A goal a figure is held to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Goal {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// One figure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub section: &'static str,
+    pub figure: String,
+    pub value: f64,
+    pub unit: &'static str,
+    pub goal: Option<Goal>,
+}
+
+impl Row {
+    fn new(
+        section: &'static str,
+        figure: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+    ) -> Self {
+        Self {
+            section,
+            figure: figure.into(),
+            value,
+            unit,
+            goal: None,
+        }
+    }
+
+    fn goal(mut self, g: Goal) -> Self {
+        self.goal = Some(g);
+        self
+    }
+
+    pub fn met(&self) -> Option<bool> {
+        self.goal.map(|g| match g {
+            Goal::AtMost(x) => self.value <= x,
+            Goal::AtLeast(x) => self.value >= x,
+        })
+    }
+
+    fn goal_text(&self) -> String {
+        match self.goal {
+            Some(Goal::AtMost(x)) => format!("<= {}", trim(x)),
+            Some(Goal::AtLeast(x)) => format!(">= {}", trim(x)),
+            None => String::new(),
+        }
+    }
+}
+
+fn trim(x: f64) -> String {
+    let s = format!("{x:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1_048_576.0
+}
+
+/// What to run and how long.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Fewer samples and 2,000 targets instead of 10,000.
+    pub quick: bool,
+    pub sections: Vec<String>,
+    pub policies: PathBuf,
+    /// This program and the arguments that start it in a child role
+    /// (for the memory figures).
+    pub exe: PathBuf,
+    pub child_args: Vec<String>,
+}
+
+pub const SECTIONS: &[&str] = &[
+    "decision",
+    "lookup",
+    "writes",
+    "operator",
+    "reload",
+    "memory",
+    "scale",
+    "containment",
+];
+
+impl Options {
+    fn wants(&self, s: &str) -> bool {
+        self.sections.is_empty() || self.sections.iter().any(|x| x == s)
+    }
+
+    fn targets(&self) -> usize {
+        if self.quick { 2_000 } else { 10_000 }
+    }
+}
+
+/// The same decision as the hooks users write instead: a process per
+/// event, deciding with jq or Python (`rhai`: the Rhai decision's seconds).
+fn hook_rows(
+    s: &'static str,
+    shell: Result<super::hooks::HookFigures, String>,
+    python: Result<super::hooks::HookFigures, String>,
+    rhai: f64,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (figures, what, label, goal) in [
+        (
+            shell,
+            "shell-operator-style hook (bash + jq)",
+            "shell hook",
+            Some(1000.0),
+        ),
+        (python, "Python hook process", "Python hook", None),
+    ] {
+        match figures {
+            Ok(f) if f.to_revision == Some(3) => {
+                rows.push(Row::new(
+                    s,
+                    format!("{what}: rollback decision, median"),
+                    ms(f.wall.median),
+                    "ms",
+                ));
+                if let Some(cpu) = f.cpu {
+                    rows.push(Row::new(
+                        s,
+                        format!("{what}: CPU per decision"),
+                        ms(cpu),
+                        "ms",
+                    ));
+                    let ratio = Row::new(
+                        s,
+                        format!("{label} CPU / Rhai"),
+                        cpu.as_secs_f64() / rhai,
+                        "x",
+                    );
+                    rows.push(match goal {
+                        Some(g) => ratio.goal(Goal::AtLeast(g)),
+                        None => ratio,
+                    });
+                }
+                rows.push(Row::new(
+                    s,
+                    format!("{label} wall / Rhai"),
+                    f.wall.median.as_secs_f64() / rhai,
+                    "x",
+                ));
+            }
+            Ok(f) => eprintln!(
+                "{what}: decided {:?}, not the rollback to revision 3; not reported",
+                f.to_revision
+            ),
+            Err(e) => eprintln!("{what}: not measured: {e}"),
+        }
+    }
+    rows
+}
+
+/// What the Rhai interpreter alone costs the decisions: their operations
+/// as Rhai counts them, and the rollback decision's at a plain engine's
+/// time per operation.
+fn interpreter_rows(s: &'static str, f: &super::decision::DecisionFigures) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (what, ops) in [
+        ("rollback decision", f.operations),
+        ("steady state", f.idle_operations),
+    ] {
+        if let Some(ops) = ops {
+            rows.push(Row::new(
+                s,
+                format!("Rhai policy: {what}, script operations"),
+                ops as f64,
+                "ops",
+            ));
+        }
+    }
+    rows.push(Row::new(
+        s,
+        "plain Rhai engine, a loop assigning a constant: time per operation, median of 5 rounds",
+        f.plain_per_operation.as_secs_f64() * 1e9,
+        "ns",
+    ));
+    if let Some(plain) = f.at_plain_cost() {
+        rows.push(Row::new(
+            s,
+            "the rollback decision's operations at that time each",
+            us(plain),
+            "us",
+        ));
+        rows.push(Row::new(
+            s,
+            "rollback decision / its operations at that time each",
+            f.scripted.median.as_secs_f64() / plain.as_secs_f64().max(1e-12),
+            "x",
+        ));
+    }
+    rows
+}
+
+fn decision(policies: &Path, quick: bool) -> Vec<Row> {
+    let iters = if quick { 2_000 } else { 20_000 };
+    let f = super::decision::run(policies, iters);
+    let setup = super::decision::Setup::new(policies, 0.72);
+    let body = bytes::Bytes::from(serde_json::to_vec(&setup.target).unwrap_or_default());
+    let hook_iters = if quick { 10 } else { 30 };
+    let shell = super::hooks::measure(super::hooks::Hook::Shell, &setup, hook_iters);
+    let python = super::hooks::measure(super::hooks::Hook::Python, &setup, hook_iters);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let http = rt.block_on(super::baseline::http_round_trip(
+        body,
+        if quick { 1_000 } else { 5_000 },
+    ));
+    let rhai = f.scripted.median.as_secs_f64();
+    let s = "decision";
+    let mut rows = vec![
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, median of 5 rounds",
+            us(f.scripted.median),
+            "us",
+        )
+        .goal(Goal::AtMost(25.0)),
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, lowest round",
+            us(f.scripted_spread.0),
+            "us",
+        ),
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, highest round",
+            us(f.scripted_spread.1),
+            "us",
+        ),
+        Row::new(
+            s,
+            "Rhai policy: rollback decision, p99",
+            us(f.scripted.p99),
+            "us",
+        ),
+        Row::new(
+            s,
+            "native Rust: the same decision, median",
+            us(f.native.median),
+            "us",
+        ),
+        Row::new(s, "Rhai / native", f.ratio(), "x").goal(Goal::AtMost(50.0)),
+        Row::new(
+            s,
+            "Rhai policy: steady state (nothing due), median of 5 rounds",
+            us(f.scripted_idle.median),
+            "us",
+        )
+        .goal(Goal::AtMost(15.0)),
+    ];
+    rows.extend(interpreter_rows(s, &f));
+    rows.extend([
+        Row::new(
+            s,
+            "HTTP round trip on loopback (webhook floor), median",
+            us(http.median),
+            "us",
+        ),
+        Row::new(
+            s,
+            "HTTP round trip / Rhai",
+            http.median.as_secs_f64() / rhai,
+            "x",
+        ),
+    ]);
+    rows.extend(hook_rows(s, shell, python, rhai));
+    rows
+}
+
+/// Reads in a busy namespace: lookups among 5,000 pods, and the drift
+/// policy's decision beside them.
+fn lookup(policies: &Path, quick: bool) -> Vec<Row> {
+    let f = super::lookup::run(policies, 5_000, if quick { 1_000 } else { 10_000 });
+    let s = "lookup";
+    let n = f.pods;
+    vec![
+        Row::new(
+            s,
+            format!("one workload's pods by selector among {n} pods, median"),
+            us(f.select.median),
+            "us",
+        )
+        .goal(Goal::AtMost(1000.0)),
+        Row::new(
+            s,
+            format!("the same, first read (the pods it returns parsed), among {n} pods"),
+            ms(f.select_first),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("every pod of the namespace ({n}), median"),
+            ms(f.list_all.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("the same, first read (each of the {n} pods parsed)"),
+            ms(f.list_first),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("drift policy's rollback decision beside {n} pods, median"),
+            us(f.decision.median),
+            "us",
+        )
+        .goal(Goal::AtMost(20_000.0)),
+        Row::new(
+            s,
+            format!("one workload's pods by selector among {n} pods of a target kind, median"),
+            us(f.target_select.median),
+            "us",
+        )
+        .goal(Goal::AtMost(1000.0)),
+    ]
+}
+
+/// The writes of the README's week: each must change something a reader
+/// can see, so a benchmark run costs the four the workflow needs (apply
+/// its Job, status running, status done, delete the oldest Job).
+fn writes(policies: &Path) -> Vec<Row> {
+    let week = policies.join("../examples/evaluator-drift/week.yaml");
+    let s = "writes";
+    match super::scenario::writes(&week) {
+        Ok(f) => vec![
+            Row::new(
+                s,
+                format!("writes per evaluation cycle (the week: {} runs)", f.runs),
+                f.per_cycle(),
+                "writes",
+            )
+            .goal(Goal::AtMost(4.0)),
+            Row::new(
+                s,
+                "status writes per benchmark run",
+                f.status_per_run(),
+                "writes",
+            )
+            .goal(Goal::AtMost(2.0)),
+            Row::new(
+                s,
+                "API writes of the whole week",
+                f.all_writes as f64,
+                "writes",
+            ),
+        ],
+        Err(e) => {
+            eprintln!("the week scenario failed ({}): {e}", week.display());
+            Vec::new()
+        }
+    }
+}
+
+async fn operator(n: usize, rounds: usize) -> Vec<Row> {
+    // Under the log subscriber `runbook run` installs (its filter, its
+    // span bookkeeping, every line formatted), writing to nowhere so the
+    // table stays readable: logging's cost is in the figures.
+    let _ = tracing::subscriber::set_global_default(runbook_operator::telemetry::log::text(
+        std::io::sink,
+    ));
+    let f = tokio::spawn(super::operator::run(n, rounds))
+        .await
+        .expect("operator benchmark");
+    let s = "operator";
+    let (low, high) = f.spread();
+    vec![
+        Row::new(
+            s,
+            format!(
+                "hand-written kube-rs controller owning its ConfigMaps (as Runbook does), {n} targets, median of {rounds}"
+            ),
+            f.median_hand(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("Runbook (Rhai policy), {n} targets, median of {rounds}"),
+            f.median_runbook(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("Runbook / hand-written, median of {rounds} interleaved rounds"),
+            f.ratio(),
+            "x",
+        )
+        .goal(Goal::AtMost(1.3)),
+        Row::new(s, "Runbook / hand-written, lowest round", low, "x"),
+        Row::new(s, "Runbook / hand-written, highest round", high, "x"),
+        Row::new(
+            s,
+            format!(
+                "the hand-written controller without a watch on its ConfigMaps, median of {rounds}"
+            ),
+            f.median_hand_unwatched(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("Runbook / that controller, median of {rounds} interleaved rounds"),
+            f.ratio_unwatched(),
+            "x",
+        ),
+        Row::new(
+            s,
+            "Runbook decisions per target, from new to done (most of the rounds)",
+            f.decisions as f64 / n.max(1) as f64,
+            "decisions",
+        ),
+        Row::new(
+            s,
+            "API writes of a no-op resync of every target",
+            f.noop_writes as f64,
+            "writes",
+        ),
+        Row::new(
+            s,
+            "API writes per reconcile, steady state",
+            f.noop_writes as f64 / n.max(1) as f64,
+            "writes",
+        )
+        .goal(Goal::AtMost(0.0)),
+    ]
+}
+
+async fn reload(quick: bool, n: usize) -> Vec<Row> {
+    let edits = if quick { 30 } else { 100 };
+    let f = tokio::spawn(super::reload::run(edits, n))
+        .await
+        .expect("reload benchmark");
+    let s = "reload";
+    vec![
+        Row::new(
+            s,
+            format!("ConfigMap edit -> first reconcile on the new version, p50 ({edits} edits)"),
+            ms(f.latency.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("ConfigMap edit -> first reconcile on the new version, p99 ({edits} edits)"),
+            ms(f.latency.p99),
+            "ms",
+        )
+        .goal(Goal::AtMost(200.0)),
+        Row::new(
+            s,
+            format!("edit -> all {n} targets on the new version"),
+            f.requeue_all.as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!(
+                "{} edits over {} s beside {} targets: last edit -> every target on it",
+                f.storm.edits,
+                f.storm.over.as_secs(),
+                f.storm.targets
+            ),
+            f.storm.converged.as_secs_f64(),
+            "s",
+        )
+        .goal(Goal::AtMost(2.0)),
+        Row::new(s, "the storm's API writes", f.storm.writes as f64, "writes"),
+        Row::new(s, "the storm's policy loads", f.storm.loads as f64, "loads"),
+    ]
+}
+
+fn memory(opts: &Options) -> Vec<Row> {
+    let n = opts.targets();
+    let args: Vec<&str> = opts.child_args.iter().map(String::as_str).collect();
+    let f = super::memory::measure(&opts.exe, &args, n);
+    let s = "memory";
+    vec![
+        Row::new(
+            s,
+            format!("operator RSS, {n} targets and {n} children cached"),
+            mb(f.rss),
+            "MB",
+        )
+        .goal(Goal::AtMost(100.0)),
+        Row::new(s, "operator live heap, same", mb(f.heap), "MB"),
+        Row::new(
+            s,
+            format!(
+                "peak RSS while every watch relists ({} lists after a compaction)",
+                f.relists
+            ),
+            mb(f.peak_rss),
+            "MB",
+        ),
+        Row::new(
+            s,
+            "peak RSS during relist / steady RSS",
+            f.peak_rss as f64 / f.rss.max(1) as f64,
+            "x",
+        )
+        .goal(Goal::AtMost(2.0)),
+        Row::new(
+            s,
+            "peak live heap during relist / steady heap",
+            f.peak_heap as f64 / f.heap.max(1) as f64,
+            "x",
+        ),
+    ]
+}
+
+/// Reconcile time and operator RSS as the targets grow (each with one
+/// child): the cost per target, and whether it stays flat.
+async fn scale(opts: &Options) -> Vec<Row> {
+    let sizes: &[usize] = if opts.quick {
+        &[500, 2_000]
+    } else {
+        &[1_000, 10_000, 50_000]
+    };
+    let s = "scale";
+    let mut rows = Vec::new();
+    let mut points: Vec<(usize, f64, u64)> = Vec::new();
+    for &n in sizes {
+        let sandbox = runbook_sandbox::Sandbox::default();
+        super::operator::populate(&sandbox, "runbook", n);
+        let took = super::operator::run_runbook(&sandbox, "runbook", n, 16)
+            .await
+            .took;
+        drop(sandbox);
+        let o = opts.clone();
+        let mem = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = o.child_args.iter().map(String::as_str).collect();
+            super::memory::measure(&o.exe, &args, n)
+        })
+        .await
+        .expect("memory at scale");
+        let per = took.as_secs_f64() * 1e6 / n as f64;
+        rows.push(Row::new(
+            s,
+            format!("{n} targets: reconcile time per target"),
+            per,
+            "us",
+        ));
+        rows.push(Row::new(
+            s,
+            format!("{n} targets: operator RSS"),
+            mb(mem.rss),
+            "MB",
+        ));
+        points.push((n, per, mem.rss));
+    }
+    if let (Some(first), Some(last)) = (points.first(), points.last())
+        && last.0 > first.0
+    {
+        let kb = (last.2 as f64 - first.2 as f64) / 1024.0 / (last.0 - first.0) as f64;
+        rows.push(
+            Row::new(
+                s,
+                format!(
+                    "RSS per further target with its child ({} to {})",
+                    first.0, last.0
+                ),
+                kb,
+                "KB",
+            )
+            .goal(Goal::AtMost(10.0)),
+        );
+        rows.push(
+            Row::new(
+                s,
+                format!("time per target at {} / at {}", last.0, first.0),
+                last.1 / first.1.max(1e-9),
+                "x",
+            )
+            .goal(Goal::AtMost(1.5)),
+        );
+    }
+    rows
+}
+
+async fn containment(quick: bool) -> Vec<Row> {
+    let items = if quick { 1_000 } else { 3_000 };
+    let f = super::containment::run(items, 4, if quick { 10 } else { 30 }).await;
+    let s = "containment";
+    vec![
+        Row::new(
+            s,
+            "runaway script: start -> terminated, median",
+            ms(f.runaway.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            "runaway script: start -> terminated, max",
+            ms(f.runaway.p99),
+            "ms",
+        )
+        .goal(Goal::AtMost(50.0)),
+        Row::new(
+            s,
+            format!("{items} targets reconciled alone"),
+            f.alone.as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            s,
+            format!(
+                "the same beside {} runaway targets ({} stopped)",
+                f.runaways, f.runaway_errors
+            ),
+            f.beside_runaways.as_secs_f64(),
+            "s",
+        ),
+        Row::new(s, "slowdown beside runaways", f.slowdown(), "x"),
+    ]
+}
+
+/// Run the chosen sections.
+pub async fn run(opts: &Options) -> Vec<Row> {
+    let mut rows = Vec::new();
+    if opts.wants("decision") {
+        let (p, q) = (opts.policies.clone(), opts.quick);
+        rows.extend(
+            tokio::task::spawn_blocking(move || decision(&p, q))
+                .await
+                .expect("decision benchmark"),
+        );
+    }
+    if opts.wants("lookup") {
+        let (p, q) = (opts.policies.clone(), opts.quick);
+        rows.extend(
+            tokio::task::spawn_blocking(move || lookup(&p, q))
+                .await
+                .expect("lookup benchmark"),
+        );
+    }
+    if opts.wants("writes") {
+        let p = opts.policies.clone();
+        rows.extend(
+            tokio::task::spawn_blocking(move || writes(&p))
+                .await
+                .expect("writes benchmark"),
+        );
+    }
+    if opts.wants("operator") {
+        rows.extend(operator(opts.targets(), if opts.quick { 1 } else { 5 }).await);
+    }
+    if opts.wants("reload") {
+        rows.extend(reload(opts.quick, opts.targets()).await);
+    }
+    if opts.wants("memory") {
+        let o = opts.clone();
+        rows.extend(
+            tokio::task::spawn_blocking(move || memory(&o))
+                .await
+                .expect("memory benchmark"),
+        );
+    }
+    if opts.wants("scale") {
+        rows.extend(scale(opts).await);
+    }
+    if opts.wants("containment") {
+        rows.extend(containment(opts.quick).await);
+    }
+    rows
+}
+
+/// The rows as a Markdown table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out =
+        String::from("| section | figure | value | goal | met |\n|---|---|---:|---|---|\n");
+    for r in rows {
+        let value = if r.value.abs() >= 100.0 || r.value == r.value.trunc() {
+            format!("{:.0} {}", r.value, r.unit)
+        } else {
+            format!("{:.2} {}", r.value, r.unit)
+        };
+        let met = match r.met() {
+            Some(true) => "yes",
+            Some(false) => "**MISSED**",
+            None => "",
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            r.section,
+            r.figure,
+            value,
+            r.goal_text(),
+            met
+        ));
+    }
+    out
+}
+
+pub fn to_json(rows: &[Row]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                json!({
+                    "section": r.section, "figure": r.figure, "value": r.value, "unit": r.unit,
+                    "goal": r.goal_text(), "met": r.met(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The machine, for the record.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| format!("{:.0} GiB", kb as f64 / 1_048_576.0))
+        .unwrap_or_default();
+    format!("{cpu}, {cores} cores, {mem}")
+}

@@ -1,0 +1,391 @@
+//! `RawObject`: any Kubernetes object, kept compact, as every watch and
+//! cache of the runtime holds it.
+//!
+//! It decodes leniently: whatever the API server sends becomes a
+//! `RawObject`, and one whose metadata Runbook cannot use is marked
+//! undecodable (logged and skipped) instead of failing a whole list or
+//! watch. `managedFields` are dropped while decoding, before an object
+//! enters any cache. The object is kept as compact JSON text (a parsed JSON
+//! tree costs several times its text in memory) with the metadata the
+//! runtime indexes by (labels among them); the first decision that reads a
+//! resourceVersion parses it, and every later read shares that tree (kept
+//! as long as that version is cached).
+
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube_core::{ApiResource, DynamicResourceScope, Resource};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use super::CachedObject;
+
+#[derive(Clone, Debug)]
+pub struct RawObject {
+    /// Just what the runtime needs: name, namespace, uid, resourceVersion,
+    /// generation, deletionTimestamp, ownerReferences.
+    pub meta: ObjectMeta,
+    /// The whole object as compact JSON, without managedFields.
+    pub json: Arc<str>,
+    /// Why the object cannot be used, if it cannot.
+    pub undecodable: Option<String>,
+    /// Whether the object carries its `apiVersion` and `kind`. A real API
+    /// server leaves both off the items of a list, so objects a watch
+    /// lists (at start-up, after a failover or a 410) arrive without them.
+    typed: bool,
+    /// The object parsed, once a decision first read it: every later read
+    /// of this resourceVersion shares it instead of parsing the text again.
+    parsed: OnceLock<Arc<CachedObject>>,
+}
+
+impl RawObject {
+    pub fn from_value(mut value: Value) -> Self {
+        let mut undecodable = None;
+        let typed = ["apiVersion", "kind"].iter().all(|k| {
+            value
+                .get(k)
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        });
+        if let Some(m) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        let m = &value["metadata"];
+        let s = |k: &str| m.get(k).and_then(Value::as_str).map(str::to_string);
+        let owners: Vec<OwnerReference> = m
+            .get("ownerReferences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                Some(OwnerReference {
+                    api_version: r.get("apiVersion")?.as_str()?.to_string(),
+                    kind: r.get("kind")?.as_str()?.to_string(),
+                    name: r.get("name")?.as_str()?.to_string(),
+                    uid: r.get("uid")?.as_str()?.to_string(),
+                    controller: r.get("controller").and_then(Value::as_bool),
+                    block_owner_deletion: None,
+                })
+            })
+            .collect();
+        let meta = ObjectMeta {
+            name: s("name"),
+            namespace: s("namespace"),
+            uid: s("uid"),
+            resource_version: s("resourceVersion"),
+            generation: m.get("generation").and_then(Value::as_i64),
+            deletion_timestamp: s("deletionTimestamp")
+                .and_then(|t| t.parse().ok())
+                .map(Time),
+            owner_references: (!owners.is_empty()).then_some(owners),
+            labels: m.get("labels").and_then(Value::as_object).map(|l| {
+                l.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            }),
+            ..Default::default()
+        };
+        if !m.is_object() {
+            undecodable = Some("the object has no metadata".to_string());
+        } else if meta.name.as_deref().is_none_or(str::is_empty) {
+            undecodable = Some("the object has no metadata.name".to_string());
+        } else if let Some(labels) = m.get("labels")
+            && !labels.is_null()
+            && !labels
+                .as_object()
+                .is_some_and(|l| l.values().all(Value::is_string))
+        {
+            undecodable = Some("metadata.labels is not a map of strings".to_string());
+        }
+        let json: Arc<str> = serde_json::to_string(&value).unwrap_or_default().into();
+        Self {
+            meta,
+            json,
+            undecodable,
+            typed,
+            parsed: OnceLock::new(),
+        }
+    }
+
+    /// Give the object the `apiVersion` and `kind` of the watch it came
+    /// from where it arrived without them (a listed object). Every object
+    /// a cache holds goes through here, so decisions, `is_ready` and
+    /// `delete(obj)` see the kind whichever way the object arrived.
+    pub fn stamp(&mut self, resource: &ApiResource) {
+        if self.typed {
+            return;
+        }
+        // Appended to the text (last, so they win over an empty one the
+        // object carried), not parsed and written again.
+        let Some(body) = self.json.strip_suffix('}').filter(|b| b.starts_with('{')) else {
+            return;
+        };
+        let quote = |s: &str| Value::String(s.to_string()).to_string();
+        let sep = if body.len() > 1 { "," } else { "" };
+        self.json = format!(
+            "{body}{sep}\"apiVersion\":{},\"kind\":{}}}",
+            quote(&resource.api_version),
+            quote(&resource.kind)
+        )
+        .into();
+        self.typed = true;
+        self.parsed = OnceLock::new();
+    }
+
+    /// The object parsed, as decisions read it.
+    pub fn value(&self) -> Value {
+        serde_json::from_str(&self.json).unwrap_or(Value::Null)
+    }
+
+    /// The object as decisions see it: parsed on the first read of this
+    /// resourceVersion, shared by every read after it.
+    pub fn cached(&self) -> Arc<CachedObject> {
+        self.parsed
+            .get_or_init(|| CachedObject::new(self.value()))
+            .clone()
+    }
+
+    /// The object's label `key`, without parsing it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.meta.labels.as_ref()?.get(key).map(String::as_str)
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or("")
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.meta.namespace.as_deref().unwrap_or("")
+    }
+
+    pub fn resource_version(&self) -> &str {
+        self.meta.resource_version.as_deref().unwrap_or("")
+    }
+
+    pub fn owner_uids(&self) -> impl Iterator<Item = &str> {
+        self.meta
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for RawObject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(WithoutManagedFields { top: true })
+            .map(RawObject::from_value)
+    }
+}
+
+/// An object's JSON text decoded to a tree without its
+/// `metadata.managedFields`, which are never built.
+pub fn decode_without_managed_fields(text: &str) -> serde_json::Result<Value> {
+    let mut d = serde_json::Deserializer::from_str(text);
+    let v = serde::Deserializer::deserialize_any(&mut d, WithoutManagedFields { top: true })?;
+    d.end()?;
+    Ok(v)
+}
+
+/// Decodes an object as a JSON tree, passing over `metadata.managedFields`
+/// instead of building it (a good part of what the API server sends, and
+/// dropped anyway): one pass, and no tree built only to be freed.
+struct WithoutManagedFields {
+    /// Decoding the object itself (else its `metadata`).
+    top: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for WithoutManagedFields {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for WithoutManagedFields {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "metadata" if self.top => {
+                    let meta = map.next_value_seed(WithoutManagedFields { top: false })?;
+                    out.insert(key, meta);
+                }
+                "managedFields" if !self.top => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                _ => {
+                    out.insert(key, map.next_value::<Value>()?);
+                }
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
+    // Anything but a map is kept as it is (and `from_value` says what is
+    // wrong with it).
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
+impl Resource for RawObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_listed_object_takes_the_kind_of_its_watch() {
+        let mut o: RawObject = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "prod"}, "spec": {"replicas": 2}
+        }))
+        .unwrap();
+        let sts = ApiResource {
+            group: "apps".into(),
+            version: "v1".into(),
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            plural: "statefulsets".into(),
+        };
+        o.stamp(&sts);
+        let v = o.value();
+        assert_eq!(
+            (v["apiVersion"].as_str(), v["kind"].as_str()),
+            (Some("apps/v1"), Some("StatefulSet"))
+        );
+        assert_eq!(v["spec"]["replicas"], 2);
+        // An object that names its kind keeps it.
+        let mut typed: RawObject = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
+        )
+        .unwrap();
+        typed.stamp(&sts);
+        assert_eq!(typed.value()["kind"], "Pod");
+        // An empty kind is no kind; an empty object gets both.
+        for (text, spec) in [
+            (
+                r#"{"apiVersion":"","kind":"","metadata":{"name":"e"},"spec":{"r":1}}"#,
+                json!({"r": 1}),
+            ),
+            ("{}", Value::Null),
+        ] {
+            let mut o: RawObject = serde_json::from_str(text).unwrap();
+            o.stamp(&sts);
+            let v = o.value();
+            assert_eq!(
+                (v["apiVersion"].as_str(), v["kind"].as_str()),
+                (Some("apps/v1"), Some("StatefulSet")),
+                "{text}"
+            );
+            assert_eq!(v["spec"], spec);
+        }
+    }
+
+    #[test]
+    fn managed_fields_are_dropped_on_the_way_in() {
+        let o: RawObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "d", "resourceVersion": "5", "managedFields": [{"manager": "x"}],
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "u1"}]}
+        }))
+        .unwrap();
+        assert!(o.undecodable.is_none());
+        assert_eq!(o.resource_version(), "5");
+        assert!(o.value()["metadata"].get("managedFields").is_none());
+        assert_eq!(o.owner_uids().collect::<Vec<_>>(), ["u1"]);
+    }
+
+    #[test]
+    fn decoding_text_passes_over_managed_fields_of_the_metadata_only() {
+        // As watches and lists read objects: from the API server's text.
+        let text = r#"{"apiVersion":"v1","kind":"ConfigMap",
+            "metadata":{"name":"a","namespace":"d","managedFields":[{"manager":"x","fieldsV1":{"f:data":{}}}],"labels":{"app":"x"}},
+            "data":{"managedFields":"kept","metadata":"kept"},
+            "spec":{"metadata":{"managedFields":[1]}},"n":[1,2.5,-3,true,null,"s"]}"#;
+        let o: RawObject = serde_json::from_str(text).unwrap();
+        assert!(o.undecodable.is_none());
+        let v = o.value();
+        let mut want: Value = serde_json::from_str(text).unwrap();
+        want["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert_eq!(v, want, "everything but metadata.managedFields, as sent");
+        // A write's answer, decoded the same way.
+        assert_eq!(decode_without_managed_fields(text).unwrap(), want);
+        assert!(decode_without_managed_fields(&format!("{text} x")).is_err());
+        assert!(decode_without_managed_fields("{\"metadata\":").is_err());
+        // Not an object at all: decoded, and marked.
+        for odd in ["[1,2]", "3", "\"x\"", "null", "true"] {
+            let o: RawObject = serde_json::from_str(odd).unwrap();
+            assert!(o.undecodable.is_some(), "{odd}");
+        }
+        // Not JSON: an error, as before.
+        assert!(serde_json::from_str::<RawObject>("{\"metadata\":").is_err());
+    }
+
+    #[test]
+    fn odd_objects_decode_but_are_marked() {
+        let o: RawObject =
+            serde_json::from_value(json!({"metadata": {"name": "a", "labels": {"x": 1}}})).unwrap();
+        assert!(o.undecodable.unwrap().contains("labels"));
+        let o: RawObject = serde_json::from_value(json!({"kind": "X"})).unwrap();
+        assert!(o.undecodable.is_some());
+    }
+}

@@ -1,0 +1,600 @@
+//! Actions: what a decision asks the executor to do. Scripts build them with
+//! `apply(obj)`, `status(map)`, `rollback(name)` and friends; declarative
+//! steps build the same values. Each remembers where in the script it was
+//! made, so a refusal can point at the line.
+
+use std::collections::BTreeMap;
+
+use rhai::{Dynamic, Engine, EvalAltResult, INT, NativeCallContext};
+use serde_json::Value;
+
+use super::convert::to_json;
+pub use crate::kinds::KindName;
+use crate::util::yaml::Pos;
+
+/// One thing a decision wants done.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Server-side apply a child object (ownerReference added by the executor).
+    Apply { object: Value },
+    /// Delete an object.
+    Delete { kind: KindName, name: String },
+    /// JSON merge patch a declared object.
+    Patch {
+        kind: KindName,
+        name: String,
+        patch: Value,
+    },
+    /// Merge fields into the target's status.
+    Status {
+        fields: serde_json::Map<String, Value>,
+    },
+    /// Set one standard condition on the target.
+    Condition(Condition),
+    /// `kubectl rollout undo` a Deployment, to a revision or the previous one.
+    Rollback {
+        deployment: String,
+        revision: Option<i64>,
+    },
+    /// Raise an alert (routed by the policy's AlertRoutes).
+    Alert {
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    },
+    /// Record a Kubernetes Event on the target.
+    Event {
+        type_: EventType,
+        reason: String,
+        message: String,
+    },
+    /// Reconcile again after this long.
+    Requeue { after_ms: i64 },
+}
+
+impl Action {
+    /// The verb, as decision records and metrics name it.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Action::Apply { .. } => "apply",
+            Action::Delete { .. } => "delete",
+            Action::Patch { .. } => "patch",
+            Action::Status { .. } => "status",
+            Action::Condition { .. } => "condition",
+            Action::Rollback { .. } => "rollback",
+            Action::Alert { .. } => "alert",
+            Action::Event { .. } => "event",
+            Action::Requeue { .. } => "requeue",
+        }
+    }
+
+    /// The verb of an action that writes to another object than the
+    /// target: the ones limits count.
+    pub fn limited_verb(&self) -> Option<Verb> {
+        match self {
+            Action::Apply { .. } => Some(Verb::Apply),
+            Action::Delete { .. } => Some(Verb::Delete),
+            Action::Patch { .. } => Some(Verb::Patch),
+            Action::Rollback { .. } => Some(Verb::Rollback),
+            _ => None,
+        }
+    }
+}
+
+/// The actions that write to objects other than the target, which rate
+/// limits count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verb {
+    Rollback,
+    Delete,
+    Patch,
+    Apply,
+}
+
+impl Verb {
+    /// Every limited verb, in the order records list them.
+    pub const ALL: [Verb; 4] = [Verb::Rollback, Verb::Delete, Verb::Patch, Verb::Apply];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Rollback => "rollback",
+            Verb::Delete => "delete",
+            Verb::Patch => "patch",
+            Verb::Apply => "apply",
+        }
+    }
+
+    /// The verb an action or a script names, if it is a limited one.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The status of a standard condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::True, Self::False, Self::Unknown]
+            .into_iter()
+            .find(|s| s.as_str() == text)
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(b: bool) -> Self {
+        if b { Self::True } else { Self::False }
+    }
+}
+
+/// One standard condition (`type`, `status`, `reason`, `message`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub type_: String,
+    pub status: ConditionStatus,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The type of an Event: `Normal` or `Warning`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// An Event type as scripts and records write it.
+pub fn event_type_str(t: &EventType) -> &'static str {
+    match t {
+        EventType::Normal => "Normal",
+        EventType::Warning => "Warning",
+    }
+}
+
+/// An action as a Rhai value, with the place it was made.
+#[derive(Clone, Debug)]
+pub struct ActionValue {
+    pub action: Action,
+    pub pos: Option<Pos>,
+}
+
+type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
+
+fn here(ctx: &NativeCallContext) -> Option<Pos> {
+    let p = ctx.call_position();
+    Some(Pos {
+        line: p.line()? as u32,
+        col: p.position().unwrap_or(1) as u32,
+    })
+}
+
+fn make(ctx: &NativeCallContext, action: Action) -> ActionValue {
+    ActionValue {
+        action,
+        pos: here(ctx),
+    }
+}
+
+fn fail<T>(ctx: &NativeCallContext, message: String) -> RhaiResult<T> {
+    Err(Box::new(EvalAltResult::ErrorRuntime(
+        message.into(),
+        ctx.call_position(),
+    )))
+}
+
+/// The JSON of a map or object argument; anything else is an error.
+fn map_json(ctx: &NativeCallContext, what: &str, m: Dynamic) -> RhaiResult<Value> {
+    match to_json(&m, what) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => fail(
+            ctx,
+            format!("{what}: expected a map, not a {}", m.type_name()),
+        ),
+        Err(e) => fail(ctx, e),
+    }
+}
+
+/// What is wrong with the shape of an object a script hands over to be
+/// written, if anything: checked where the script made it, so the error
+/// names that place (and nothing malformed reaches the executor).
+pub fn shape_problem(obj: &Value) -> Option<String> {
+    let kind_of = |v: &Value| match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "map",
+    };
+    let Some(meta) = obj.get("metadata").and_then(Value::as_object) else {
+        return Some("metadata must be a map".into());
+    };
+    match meta.get("name").and_then(Value::as_str) {
+        Some(n) if crate::names::is_dns_subdomain(n) => {}
+        Some(n) => {
+            return Some(format!(
+                "metadata.name {n:?} is not a valid name (lowercase letters, digits, '-' and '.', at most 253 characters)"
+            ));
+        }
+        None => return Some("metadata.name must be a string".into()),
+    }
+    for field in ["labels", "annotations"] {
+        match meta.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                if let Some((k, v)) = m.iter().find(|(_, v)| !v.is_string()) {
+                    return Some(format!(
+                        "metadata.{field}.{k} must be a string, not a {}",
+                        kind_of(v)
+                    ));
+                }
+            }
+            Some(other) => {
+                return Some(format!(
+                    "metadata.{field} must be a map of strings, not a {}",
+                    kind_of(other)
+                ));
+            }
+        }
+    }
+    if let Some(ns) = meta.get("namespace")
+        && !ns.is_string()
+        && !ns.is_null()
+    {
+        return Some(format!(
+            "metadata.namespace must be a string, not a {}",
+            kind_of(ns)
+        ));
+    }
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let version_ok = version.starts_with('v')
+        && version.len() > 1
+        && version
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !version_ok || (api_version.contains('/') && !crate::names::is_dns_subdomain(group)) {
+        return Some(format!(
+            "apiVersion {api_version:?} is not GROUP/VERSION or VERSION (like apps/v1 or v1)"
+        ));
+    }
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    if !kind.starts_with(|c: char| c.is_ascii_uppercase())
+        || !kind.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        return Some(format!(
+            "kind {kind:?} is not a kind name (like Deployment)"
+        ));
+    }
+    None
+}
+
+fn name_of(obj: &Value) -> Option<String> {
+    obj.get("metadata")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn string_map(
+    ctx: &NativeCallContext,
+    what: &str,
+    v: Option<&Value>,
+) -> RhaiResult<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    match v {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                let text = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => continue,
+                    other => other.to_string(),
+                };
+                out.insert(k.clone(), text);
+            }
+        }
+        Some(other) => return fail(ctx, format!("{what} must be a map, not {other}")),
+    }
+    Ok(out)
+}
+
+fn duration_ms(ctx: &NativeCallContext, d: &Dynamic) -> RhaiResult<i64> {
+    if let Ok(secs) = d.as_int() {
+        return Ok(secs.saturating_mul(1000));
+    }
+    if let Ok(secs) = d.as_float() {
+        return Ok((secs * 1000.0) as i64);
+    }
+    if d.is_string() {
+        let text = d.clone().into_string().unwrap_or_default();
+        return match crate::util::time::parse_duration_ms(&text) {
+            Ok(ms) => Ok(ms),
+            Err(e) => fail(ctx, e),
+        };
+    }
+    fail(
+        ctx,
+        format!(
+            "a duration must be seconds or a string like \"5m\", not {}",
+            d.type_name()
+        ),
+    )
+}
+
+/// Register the action builders.
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<ActionValue>("Action");
+    engine.register_fn("to_string", |a: &mut ActionValue| format!("{:?}", a.action));
+    engine.register_get("verb", |a: &mut ActionValue| a.action.verb().to_string());
+    register_children(engine);
+    register_target(engine);
+    register_others(engine);
+}
+
+/// `apply`, `delete` and `patch`: objects other than the target.
+fn register_children(engine: &mut Engine) {
+    engine.register_fn(
+        "apply",
+        |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
+            let object = map_json(&ctx, "apply(obj)", obj)?;
+            if KindName::of(&object).is_none_or(|k| k.api_version.is_none()) {
+                return fail(&ctx, "apply: the object needs apiVersion and kind".into());
+            }
+            if name_of(&object).is_none_or(|n| n.is_empty()) {
+                return fail(
+                    &ctx,
+                    "apply: the object needs metadata.name (names must be deterministic)".into(),
+                );
+            }
+            if let Some(problem) = shape_problem(&object) {
+                return fail(&ctx, format!("apply: {problem}"));
+            }
+            Ok(make(&ctx, Action::Apply { object }))
+        },
+    );
+
+    engine.register_fn(
+        "delete",
+        |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
+            let object = map_json(&ctx, "delete(obj)", obj)?;
+            let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+                return fail(
+                    &ctx,
+                    "delete: the object needs kind and metadata.name".into(),
+                );
+            };
+            Ok(make(&ctx, Action::Delete { kind, name }))
+        },
+    );
+    engine.register_fn(
+        "delete",
+        |ctx: NativeCallContext, kind: &str, name: &str| -> RhaiResult<ActionValue> {
+            Ok(make(
+                &ctx,
+                Action::Delete {
+                    kind: KindName::parse(kind),
+                    name: name.to_string(),
+                },
+            ))
+        },
+    );
+
+    engine.register_fn(
+        "patch",
+        |ctx: NativeCallContext, obj: Dynamic, patch: Dynamic| -> RhaiResult<ActionValue> {
+            let object = map_json(&ctx, "patch(obj)", obj)?;
+            let patch = map_json(&ctx, "patch(_, merge_patch)", patch)?;
+            let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+                return fail(
+                    &ctx,
+                    "patch: the object needs kind and metadata.name".into(),
+                );
+            };
+            Ok(make(&ctx, Action::Patch { kind, name, patch }))
+        },
+    );
+    engine.register_fn(
+        "patch",
+        |ctx: NativeCallContext,
+         kind: &str,
+         name: &str,
+         patch: Dynamic|
+         -> RhaiResult<ActionValue> {
+            let patch = map_json(&ctx, "patch(_, _, merge_patch)", patch)?;
+            Ok(make(
+                &ctx,
+                Action::Patch {
+                    kind: KindName::parse(kind),
+                    name: name.to_string(),
+                    patch,
+                },
+            ))
+        },
+    );
+}
+
+/// `status` and `condition`: the target itself.
+fn register_target(engine: &mut Engine) {
+    engine.register_fn(
+        "status",
+        |ctx: NativeCallContext, fields: Dynamic| -> RhaiResult<ActionValue> {
+            match map_json(&ctx, "status(map)", fields)? {
+                Value::Object(fields) => Ok(make(&ctx, Action::Status { fields })),
+                _ => unreachable!("a map converts to an object"),
+            }
+        },
+    );
+
+    engine.register_fn(
+        "condition",
+        |ctx: NativeCallContext, type_: &str, status: Dynamic, reason: &str, message: &str| -> RhaiResult<ActionValue> {
+            let status = match status.as_bool() {
+                Ok(b) => ConditionStatus::from(b),
+                Err(_) => {
+                    let s = status.to_string();
+                    match ConditionStatus::parse(&s) {
+                        Some(st) => st,
+                        None => return fail(&ctx, format!("condition status must be true, false, \"True\", \"False\" or \"Unknown\", not {s:?}")),
+                    }
+                }
+            };
+            Ok(make(&ctx, Action::Condition(Condition {
+                type_: type_.to_string(),
+                status,
+                reason: reason.to_string(),
+                message: message.to_string(),
+            })))
+        },
+    );
+}
+
+/// `rollback`, `alert`, `event` and `requeue`.
+fn register_others(engine: &mut Engine) {
+    register_rollback(engine);
+    register_signals(engine);
+}
+
+/// `rollback`, to the previous revision or a given one.
+fn register_rollback(engine: &mut Engine) {
+    engine.register_fn(
+        "rollback",
+        |ctx: NativeCallContext, name: &str| -> RhaiResult<ActionValue> {
+            Ok(make(
+                &ctx,
+                Action::Rollback {
+                    deployment: name.to_string(),
+                    revision: None,
+                },
+            ))
+        },
+    );
+    engine.register_fn(
+        "rollback",
+        |ctx: NativeCallContext, name: &str, revision: INT| -> RhaiResult<ActionValue> {
+            if revision <= 0 {
+                return fail(
+                    &ctx,
+                    format!("rollback: revision must be positive, not {revision}"),
+                );
+            }
+            Ok(make(
+                &ctx,
+                Action::Rollback {
+                    deployment: name.to_string(),
+                    revision: Some(revision),
+                },
+            ))
+        },
+    );
+    engine.register_fn(
+        "rollback",
+        |ctx: NativeCallContext, name: &str, _revision: ()| -> RhaiResult<ActionValue> {
+            Ok(make(
+                &ctx,
+                Action::Rollback {
+                    deployment: name.to_string(),
+                    revision: None,
+                },
+            ))
+        },
+    );
+}
+
+/// `alert`, `event` and `requeue`.
+fn register_signals(engine: &mut Engine) {
+    engine.register_fn(
+        "alert",
+        |ctx: NativeCallContext, spec: Dynamic| -> RhaiResult<ActionValue> {
+            let spec = map_json(&ctx, "alert(map)", spec)?;
+            for key in spec.as_object().into_iter().flat_map(|m| m.keys()) {
+                if key != "labels" && key != "annotations" {
+                    return fail(
+                        &ctx,
+                        format!("alert: unknown key {key:?} (use labels and annotations)"),
+                    );
+                }
+            }
+            let labels = string_map(&ctx, "alert labels", spec.get("labels"))?;
+            let annotations = string_map(&ctx, "alert annotations", spec.get("annotations"))?;
+            Ok(make(
+                &ctx,
+                Action::Alert {
+                    labels,
+                    annotations,
+                },
+            ))
+        },
+    );
+    engine.register_fn(
+        "alert",
+        |ctx: NativeCallContext, severity: &str, summary: &str| -> RhaiResult<ActionValue> {
+            let labels = BTreeMap::from([("severity".to_string(), severity.to_string())]);
+            let annotations = BTreeMap::from([("summary".to_string(), summary.to_string())]);
+            Ok(make(
+                &ctx,
+                Action::Alert {
+                    labels,
+                    annotations,
+                },
+            ))
+        },
+    );
+
+    engine.register_fn(
+        "event",
+        |ctx: NativeCallContext,
+         type_: &str,
+         reason: &str,
+         message: &str|
+         -> RhaiResult<ActionValue> {
+            let type_ = match type_ {
+                "Normal" => EventType::Normal,
+                "Warning" => EventType::Warning,
+                other => {
+                    return fail(
+                        &ctx,
+                        format!("event type must be \"Normal\" or \"Warning\", not {other:?}"),
+                    );
+                }
+            };
+            Ok(make(
+                &ctx,
+                Action::Event {
+                    type_,
+                    reason: reason.into(),
+                    message: message.into(),
+                },
+            ))
+        },
+    );
+
+    engine.register_fn(
+        "requeue",
+        |ctx: NativeCallContext, after: Dynamic| -> RhaiResult<ActionValue> {
+            let after_ms = duration_ms(&ctx, &after)?;
+            if after_ms <= 0 {
+                return fail(&ctx, "requeue: the delay must be positive".into());
+            }
+            Ok(make(&ctx, Action::Requeue { after_ms }))
+        },
+    );
+}

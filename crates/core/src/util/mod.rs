@@ -1,0 +1,16 @@
+//! Small shared pieces: YAML with positions, time formatting, hashing,
+//! the process's memory settings.
+
+pub mod hash;
+#[allow(unsafe_code)]
+pub mod memory;
+pub mod suggest;
+pub mod time;
+pub mod yaml;
+
+/// Lock a mutex, taking over the data a panicking thread left behind:
+/// every lock in Runbook guards data that is valid between any two of its
+/// statements, and a panic is caught and reported where it happens.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

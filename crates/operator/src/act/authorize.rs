@@ -1,0 +1,368 @@
+//! Acting for a target's author, never for more than they may do. Runbook
+//! acts with its own ServiceAccount's rights; before it acts on what a
+//! target refers to (a Deployment to roll back, a Secret or volume put
+//! into a child, objects read to decide), it asks the API server, with a
+//! SubjectAccessReview, whether the target's author may do that
+//! themselves, unless the object's owner allowed the target with the
+//! annotation `runbook.dev/allow-targets`. The author comes from the
+//! target's author record, which only Runbook's authorship webhook writes;
+//! a target without a record Runbook can trust has no author, and only
+//! what an owner allowed is done for it.
+//!
+//! Answers are remembered for [`TTL`] per author and question, so a
+//! permission revoked takes effect within that time.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use super::plan::{Access, Failed, Plan, Todo};
+use crate::admission::{Author, Signer};
+use crate::observe::CachedObject;
+use crate::observe::discovery::Resources;
+use crate::observe::view::AccessKey;
+use crate::util::lock;
+use runbook_core::kinds::{KindRef, Role};
+use runbook_core::policy::compile::CompiledPolicy;
+
+/// How long an answer of the API server is trusted.
+pub const TTL: Duration = Duration::from_secs(30);
+/// Answers remembered at most (beyond, the memory starts over).
+const REMEMBERED: usize = 20_000;
+
+/// One question to the authorizer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Ask {
+    verb: &'static str,
+    group: String,
+    resource: String,
+    namespace: String,
+    name: String,
+}
+
+/// Who targets are acted for, and what the API server says they may do.
+pub struct Authority {
+    client: kube::Client,
+    signer: std::sync::OnceLock<Signer>,
+    /// Runbook's own user name, as the API server authenticates it: a
+    /// target Runbook wrote is acted on for the author of the target it
+    /// was made for, never with Runbook's own rights.
+    runbook: std::sync::OnceLock<String>,
+    answers: Mutex<HashMap<(Author, Ask), (bool, tokio::time::Instant)>>,
+}
+
+/// How many targets made by Runbook for targets made by Runbook are
+/// followed to a person.
+const OWNER_DEPTH: usize = 4;
+
+impl Authority {
+    /// `signer` verifies author records; `None`: Runbook runs without its
+    /// authorship webhook, so no target has an author.
+    pub fn new(client: kube::Client, signer: Option<Signer>) -> Self {
+        let cell = std::sync::OnceLock::new();
+        if let Some(s) = signer {
+            let _ = cell.set(s);
+        }
+        Self {
+            client,
+            signer: cell,
+            runbook: std::sync::OnceLock::new(),
+            answers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn signer(&self) -> Option<&Signer> {
+        self.signer.get()
+    }
+
+    /// Verify author records with `signer` from now on (once: the webhook
+    /// started after the operator was made).
+    pub fn set_signer(&self, signer: Signer) {
+        let _ = self.signer.set(signer);
+    }
+
+    /// Learn Runbook's own user name from the API server (a
+    /// SelfSubjectReview, which every identity may make).
+    pub async fn learn_identity(&self) -> Result<String, String> {
+        if let Some(me) = self.runbook.get() {
+            return Ok(me.clone());
+        }
+        let api: Api<k8s_openapi::api::authentication::v1::SelfSubjectReview> =
+            Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &Default::default())
+            .await
+            .map_err(|e| {
+                format!(
+                    "asking the API server who Runbook is (SelfSubjectReview): {}",
+                    crate::util::api_error(&e)
+                )
+            })?;
+        let me = answer
+            .status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .filter(|u| !u.is_empty())
+            .ok_or("the SelfSubjectReview named no user")?;
+        Ok(self.runbook.get_or_init(|| me).clone())
+    }
+
+    /// The author of a target, or why it has none. A target Runbook wrote
+    /// itself (a child another policy targets) is acted on for the author
+    /// of the target it was made for (its controller, which `view` holds).
+    pub fn author_of(
+        &self,
+        target: &serde_json::Value,
+        view: &dyn crate::observe::ObjectView,
+    ) -> Result<Author, String> {
+        let Some(signer) = self.signer.get() else {
+            return Err("Runbook runs without its authorship webhook, so no target has an author it can trust".into());
+        };
+        let Some(me) = self.runbook.get() else {
+            return Err("Runbook has not learned its own identity from the API server yet".into());
+        };
+        let mut object = std::sync::Arc::new(target.clone());
+        for _ in 0..OWNER_DEPTH {
+            let author = signer.verify(&object).map_err(|e| e.to_string())?;
+            if author.user != *me {
+                return Ok(author);
+            }
+            let owner = object
+                .pointer("/metadata/ownerReferences")
+                .and_then(serde_json::Value::as_array)
+                .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+                .cloned()
+                .ok_or("it was written by Runbook itself, for no target")?;
+            let text = |k: &str| owner[k].as_str().unwrap_or("").to_string();
+            let kind = KindRef::new(text("apiVersion"), text("kind"));
+            let ns = object
+                .pointer("/metadata/namespace")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("");
+            let found = view
+                .get(&kind, ns, &text("name"))
+                .filter(|o| o.uid() == text("uid"))
+                .ok_or_else(|| {
+                    format!(
+                        "it was written by Runbook for {} {}, which Runbook does not see",
+                        kind.kind,
+                        text("name")
+                    )
+                })?;
+            object = found.shared();
+        }
+        Err("it was written by Runbook for a chain of targets too long to follow".into())
+    }
+
+    /// Whether `author` may do what `ask` says (asked once per [`TTL`]).
+    async fn may(&self, author: &Author, ask: &Ask) -> Result<bool, String> {
+        let key = (author.clone(), ask.clone());
+        let now = tokio::time::Instant::now();
+        if let Some((allowed, at)) = lock(&self.answers).get(&key)
+            && now.duration_since(*at) < TTL
+        {
+            return Ok(*allowed);
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(author.user.clone()),
+                uid: (!author.uid.is_empty()).then(|| author.uid.clone()),
+                groups: (!author.groups.is_empty()).then(|| author.groups.clone()),
+                extra: (!author.extra.is_empty())
+                    .then(|| author.extra.clone().into_iter().collect()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(ask.verb.to_string()),
+                    group: Some(ask.group.clone()),
+                    resource: Some(ask.resource.clone()),
+                    namespace: Some(ask.namespace.clone()),
+                    name: (!ask.name.is_empty()).then(|| ask.name.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                format!(
+                    "asking the API server (SubjectAccessReview): {}",
+                    crate::util::api_error(&e)
+                )
+            })?;
+        let allowed = answer
+            .status
+            .is_some_and(|s| s.allowed && s.denied != Some(true));
+        let mut answers = lock(&self.answers);
+        if answers.len() >= REMEMBERED {
+            answers.clear();
+        }
+        answers.insert(key, (allowed, now));
+        Ok(allowed)
+    }
+}
+
+/// `apps/v1 Deployment` as `deployments.apps`, the way refusals name it.
+fn resource_name(group: &str, resource: &str) -> String {
+    if group.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}.{group}")
+    }
+}
+
+/// The reads of a decision its author must be allowed: those of kinds the
+/// policy reads or mutates (not the target's own kind, not its children's
+/// kinds), each a `get` of one object or a `list` of the namespace.
+pub fn reads_to_check(
+    policy: &CompiledPolicy,
+    target: &CachedObject,
+    reads: &[AccessKey],
+) -> Vec<Access> {
+    let kinds = &policy.kinds;
+    reads
+        .iter()
+        .filter(|r| r.kind != policy.target && !kinds.has(&r.kind, Role::Owns))
+        .filter(|r| kinds.has(&r.kind, Role::Reads) || kinds.has(&r.kind, Role::Mutates))
+        .map(|r| Access {
+            verb: if r.name.is_some() { "get" } else { "list" },
+            kind: r.kind.clone(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            why: match &r.name {
+                Some(n) => format!("read {} {}/{n}", r.kind.kind, r.namespace),
+                None => format!("read the {} of {}", r.kind.plural(), r.namespace),
+            },
+            opted_in: false,
+        })
+        .filter(|a| !(a.namespace.is_empty() && target.namespace().is_empty() && a.name.is_none()))
+        .collect()
+}
+
+/// Why `access` may not be used for `target`, if it may not.
+async fn refusal(
+    authority: &Authority,
+    resources: &Resources,
+    target: &CachedObject,
+    author: &Result<Author, String>,
+    access: &Access,
+) -> Option<String> {
+    if access.opted_in {
+        return None;
+    }
+    let tkind = target
+        .value()
+        .get("kind")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("target");
+    let (ns, tname) = (target.namespace(), target.name());
+    let allow = |kind: &KindRef| match &access.name {
+        Some(_) => format!(
+            "; or the owner of that {} allows it: annotation {}={tkind}/{tname}",
+            kind.kind,
+            super::plan::ALLOW_TARGETS
+        ),
+        None => String::new(),
+    };
+    let author = match author {
+        Ok(a) => a,
+        Err(why) => {
+            return Some(format!(
+                "{tkind} {ns}/{tname} has no author Runbook can trust ({why}), and to {} Runbook needs its author's rights: apply it again with the authorship webhook running{}",
+                access.why,
+                allow(&access.kind)
+            ));
+        }
+    };
+    let (group, resource) = match resources.resolve(&access.kind).await {
+        Ok(r) => (r.resource.group, r.resource.plural),
+        Err(_) => (access.kind.group().to_string(), access.kind.plural()),
+    };
+    let ask = Ask {
+        verb: access.verb,
+        group: group.clone(),
+        resource: resource.clone(),
+        namespace: access.namespace.clone(),
+        name: access.name.clone().unwrap_or_default(),
+    };
+    let what = match &access.name {
+        Some(n) => format!("{} {} {n:?}", access.verb, resource_name(&group, &resource)),
+        None => format!("{} {}", access.verb, resource_name(&group, &resource)),
+    };
+    match authority.may(author, &ask).await {
+        Ok(true) => None,
+        Ok(false) => Some(format!(
+            "{tkind} {ns}/{tname} was written by {author}, who may not {what} in namespace {:?}, and Runbook does for a target only what its author may do (to {}){}",
+            access.namespace,
+            access.why,
+            allow(&access.kind)
+        )),
+        Err(e) => Some(format!(
+            "whether {author} may {what} in namespace {:?} could not be checked: {e}",
+            access.namespace
+        )),
+    }
+}
+
+/// Refuse every write of the plan its target's author may not have made
+/// (see the module). A read the author may not make refuses the whole
+/// decision: nothing it concluded from what its author may not see is
+/// written, not even to the target's status.
+pub async fn authorize(
+    authority: &Authority,
+    resources: &Resources,
+    view: &dyn crate::observe::ObjectView,
+    target: &CachedObject,
+    plan: &mut Plan,
+    reads: &[Access],
+) {
+    let any = !reads.is_empty() || plan.steps.iter().any(|s| !s.needs.is_empty());
+    if !any {
+        return;
+    }
+    let author = authority.author_of(target.value(), view);
+    for access in reads {
+        if let Some(why) = refusal(authority, resources, target, &author, access).await {
+            for step in &mut plan.steps {
+                if matches!(step.todo, Todo::Refused(_)) {
+                    continue;
+                }
+                step.todo = Todo::Fail(Failed::unauthorized(format!(
+                    "{} refused: {why}",
+                    step.action.verb()
+                )));
+            }
+            plan.fields.clear();
+            plan.conditions.clear();
+            plan.events.clear();
+            plan.alerts.clear();
+            return;
+        }
+    }
+    for step in &mut plan.steps {
+        if !matches!(step.todo, Todo::Write(_)) {
+            continue;
+        }
+        for access in &step.needs {
+            if let Some(why) = refusal(authority, resources, target, &author, access).await {
+                let on = step
+                    .target
+                    .as_deref()
+                    .map(|t| format!(" of {t}"))
+                    .unwrap_or_default();
+                step.todo = Todo::Fail(Failed::unauthorized(format!(
+                    "{}{on} refused: {why}",
+                    step.action.verb()
+                )));
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,632 @@
+//! Act: a decision carried out. Three parts, in order:
+//!
+//! 1. [`plan`] (pure, in `runbook_core`): the decision and the cached state in, the steps out
+//!    — each a write to make, or a result to record without one
+//!    (refused, shadow, suspended, limited, unchanged);
+//! 2. [`writer`]: the one code that writes to the API server for a
+//!    decision, performing the plan's writes in order (after a failed one,
+//!    the writes that follow are skipped); the journal hears every outcome
+//!    there;
+//! 3. [`conclude`] (pure, in `runbook_core`): the steps' results in, the target's new status,
+//!    its decision record and the Events to write out.
+//!
+//! A no-op reconcile makes no request at all; shadow mode and an open
+//! circuit breaker write nothing but the record (shadow not even that).
+
+pub mod authorize;
+pub mod rollback;
+pub mod writer;
+
+pub use runbook_core::plan::{self, conclude, pods, state, status};
+pub use runbook_core::plan::{Acting, Applied, AppliedWrite, ChildKey};
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use serde_json::{Value, json};
+
+use self::conclude::Done;
+pub use self::plan::{APPLIED_HASH, apply_is_noop, prepare_child};
+use self::plan::{Discovered, Failed, Note, Plan, Todo};
+pub use self::writer::{MANAGER, Writer, manager_of};
+use crate::alert::AlertSink;
+use crate::alert::routes::CompiledRoutes;
+use crate::observe::discovery::{Resolved, Resources};
+use crate::observe::{CachedObject, ObjectView};
+use crate::telemetry::journal::Entry;
+use runbook_core::crd::{ActionResult, DecisionRecord};
+use runbook_core::decide::{DecideError, Decision};
+use runbook_core::kinds::KindRef;
+use runbook_core::policy::compile::CompiledPolicy;
+
+/// Why an action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// One line: what was being done, and the API server's message.
+    #[error("{what}: {}", crate::util::api_error(.source))]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Rollback(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// The object in the way is not the policy's to write (found when
+    /// the writer looked before making a new child).
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl ExecError {
+    pub fn api(what: &str, source: kube::Error) -> Self {
+        Self::Api {
+            what: what.to_string(),
+            source,
+        }
+    }
+
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ExecError::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => match s.code {
+                409 => "conflict",
+                422 => "invalid",
+                403 => "forbidden",
+                404 => "not_found",
+                c if c >= 500 => "server",
+                _ => "api",
+            },
+            ExecError::Api { .. } => "transport",
+            ExecError::Rollback(_) => "rollback",
+            ExecError::Invalid(_) => "invalid",
+            ExecError::Refused(_) => "refused",
+        }
+    }
+}
+
+impl From<&ExecError> for Failed {
+    fn from(e: &ExecError) -> Self {
+        Failed {
+            message: e.to_string(),
+            label: e.metric_label(),
+        }
+    }
+}
+
+/// What carrying out a decision needs.
+pub struct Exec<'a> {
+    pub writer: Writer<'a>,
+    pub resources: &'a Resources,
+    /// The caches the decision read, for what its writes would change.
+    pub view: &'a dyn ObjectView,
+    pub alerts: &'a dyn AlertSink,
+    /// Who the target's author is and what they may do.
+    pub authority: &'a authorize::Authority,
+    /// What the decision read for the target's sake (its author must be
+    /// allowed to read it).
+    pub reads: &'a [crate::observe::view::AccessKey],
+    /// Where Runbook's state of the target lives when it is not in the
+    /// target's status (a kind whose schema is not Runbook's).
+    pub state: Option<&'a state::Apart>,
+    /// Where the state would be kept apart (namespace, name), for a kind
+    /// whose status turns out to prune it.
+    pub state_at: Option<(String, String)>,
+    /// Status fields of the policy the target's schema is known to drop.
+    pub dropped: &'a [String],
+}
+
+/// What executing a decision did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub record: DecisionRecord,
+    /// API write requests made (0 for a no-op reconcile).
+    pub writes: u32,
+    /// The error that ended the reconcile: a decide error or a failed action.
+    pub error: Option<String>,
+    pub error_label: Option<&'static str>,
+    /// (verb, reason) of each refused action.
+    pub refused: Vec<(String, String)>,
+    pub limited: Vec<String>,
+    /// (verb, result) of each action on another object and each refused
+    /// one, for metrics.
+    pub results: Vec<(&'static str, &'static str)>,
+    /// When the decision wants to run again.
+    pub requeue_ms: Option<i64>,
+    /// Whether the target's status was written.
+    pub status_written: bool,
+    /// The target as the status write left it, for the next policy on it.
+    pub target_after: Option<Value>,
+    /// Runbook's state of the target as its write left it (a kind whose
+    /// schema is not Runbook's).
+    pub state_after: Option<Value>,
+    /// The status write's answer lacked the decision record written: the
+    /// target's kind prunes Runbook's fields from its status.
+    pub pruned: bool,
+    /// Status fields the policy wrote that the API server dropped (its
+    /// schema does not list them), and those it kept.
+    pub dropped: Vec<String>,
+    pub kept: Vec<String>,
+}
+
+/// The top-level status fields `patch` set that `after` (the API server's
+/// answer) does not hold: dropped by the target's schema. Runbook's own
+/// fields are not counted (they move apart when dropped).
+fn dropped_fields(patch: &Value, after: &Value) -> Vec<String> {
+    let Some(sent) = patch.as_object() else {
+        return Vec::new();
+    };
+    sent.iter()
+        .filter(|(k, v)| {
+            !v.is_null()
+                && k.as_str() != "conditions"
+                && !state::STATE_FIELDS.contains(&k.as_str())
+                && !state::STEP_FIELDS.contains(&k.as_str())
+                && k.as_str() != "observedGeneration"
+                && after.pointer(&format!("/status/{k}")).is_none()
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Tell that the API server dropped status fields the policy wrote: a
+/// Warning Event on the target, and the outcome (counted by the caller,
+/// and remembered, so the next decision says it in Runbook's condition).
+async fn tell_dropped(
+    w: &Writer<'_>,
+    target: &CachedObject,
+    (patch, after): (&Value, &Value),
+    out: &mut Outcome,
+) {
+    let fields = dropped_fields(patch, after);
+    out.kept = patch
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| !v.is_null() && !fields.contains(k))
+        .map(|(k, _)| k.clone())
+        .collect();
+    if fields.is_empty() {
+        return;
+    }
+    let kind = plan::kind_of(target.value());
+    let list: Vec<String> = fields.iter().map(|f| format!("status.{f}")).collect();
+    let message = format!(
+        "the API server dropped {} of {}: {}'s status schema does not list {}; add {} to its CRD, or stop writing {}",
+        list.join(", "),
+        plan::target_string(&kind, target.namespace(), target.name()),
+        kind.kind,
+        if fields.len() == 1 { "it" } else { "them" },
+        if fields.len() == 1 { "it" } else { "them" },
+        if fields.len() == 1 { "it" } else { "them" },
+    );
+    tracing::warn!("{message}");
+    w.event(
+        target.value(),
+        &Note {
+            type_: runbook_core::script::action::EventType::Warning,
+            reason: "StatusDropped".into(),
+            message,
+        },
+    )
+    .await;
+    out.dropped = fields;
+}
+
+/// The `ObjectReference` Events point at.
+pub fn object_ref(target: &Value) -> ObjectReference {
+    let m = &target["metadata"];
+    let s = |v: &Value| v.as_str().map(str::to_string);
+    ObjectReference {
+        api_version: s(&target["apiVersion"]),
+        kind: s(&target["kind"]),
+        name: s(&m["name"]),
+        namespace: s(&m["namespace"]),
+        uid: s(&m["uid"]),
+        resource_version: s(&m["resourceVersion"]),
+        field_path: None,
+    }
+}
+
+/// Ask discovery about each kind (it remembers what it was told).
+async fn discover(resources: &Resources, kinds: Vec<KindRef>) -> Discovered {
+    let mut out = Discovered::new();
+    for k in kinds {
+        let answer = resources
+            .resolve(&k)
+            .await
+            .map_err(|e| Failed::from(&ExecError::api(&format!("discovering {k}"), e)));
+        out.insert(k, answer);
+    }
+    out
+}
+
+/// Carry out the plan's steps in order; after a failed write, the writes
+/// that follow are skipped. Returns each step's result and the failure.
+async fn carry_out(
+    w: &Writer<'_>,
+    policy: &CompiledPolicy,
+    target: &Value,
+    plan: &Plan,
+) -> (Vec<Done>, Option<Failed>) {
+    let mut done = Vec::with_capacity(plan.steps.len());
+    let mut failure: Option<Failed> = None;
+    for step in &plan.steps {
+        if failure.is_some() && step.writes_elsewhere() {
+            let why = "an earlier action failed".to_string();
+            done.push(Done::new(ActionResult::Skipped, Some(why)));
+            continue;
+        }
+        let tell = |result: &str, fields: Value, detail: Option<&str>| {
+            w.observe(|| w.step_entry(policy, target, step, result, fields, detail))
+        };
+        let d = match &step.todo {
+            Todo::Refused(r) => {
+                w.observe(|| {
+                    let mut e = w.step_entry(policy, target, step, "refused", Value::Null, Some(r));
+                    e.action = "refusal".into();
+                    e.fields = json!({"action": step.action.verb()});
+                    e
+                });
+                Done::new(ActionResult::Refused, Some(r.clone()))
+            }
+            Todo::Record(result, detail) => {
+                if step.action.limited_verb().is_some() {
+                    tell(result.as_str(), Value::Null, detail.as_deref());
+                }
+                Done::new(*result, detail.clone())
+            }
+            Todo::Unchanged => {
+                tell("unchanged", Value::Null, None);
+                Done::new(ActionResult::Ok, None)
+            }
+            Todo::Write(write) => match w.write(write).await {
+                Ok(Some(wrote)) => {
+                    tell("ok", wrote, None);
+                    Done {
+                        result: ActionResult::Ok,
+                        detail: None,
+                        wrote: true,
+                    }
+                }
+                Ok(None) => {
+                    tell("unchanged", Value::Null, None);
+                    Done::new(ActionResult::Ok, None)
+                }
+                Err(e) => fail(&mut failure, Failed::from(&e), tell),
+            },
+            Todo::Fail(f) => fail(&mut failure, f.clone(), tell),
+        };
+        done.push(d);
+    }
+    (done, failure)
+}
+
+/// A step that failed (or was refused on what the cluster holds): told,
+/// and kept as the decision's failure, which stops its later writes.
+fn fail(failure: &mut Option<Failed>, f: Failed, tell: impl Fn(&str, Value, Option<&str>)) -> Done {
+    let result = if f.is_refusal() {
+        ActionResult::Refused
+    } else {
+        ActionResult::Failed
+    };
+    tell(result.as_str(), Value::Null, Some(&f.message));
+    let d = Done::new(result, Some(f.message.clone()));
+    *failure = Some(f);
+    d
+}
+
+/// What the outcome counts of the steps: refusals, limits, results.
+fn tally(out: &mut Outcome, plan: &Plan, done: &[Done]) {
+    for (s, d) in plan.steps.iter().zip(done) {
+        let verb = s.action.verb();
+        if let Todo::Refused(r) = &s.todo {
+            out.refused.push((verb.to_string(), r.clone()));
+        } else if d.result == ActionResult::Refused {
+            out.refused
+                .push((verb.to_string(), d.detail.clone().unwrap_or_default()));
+        } else if s.action.limited_verb().is_none() {
+            continue;
+        }
+        if d.result == ActionResult::Limited {
+            out.limited.push(d.detail.clone().unwrap_or_default());
+        }
+        out.writes += u32::from(d.wrote);
+        out.results.push((verb, d.result.as_str()));
+    }
+}
+
+/// Carry out a decision (or report why none could be made).
+pub async fn execute(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    routes: Option<&Arc<CompiledRoutes>>,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    decision: Result<&Decision, &DecideError>,
+    mode: Acting,
+) -> Outcome {
+    let w = &x.writer;
+    let t = target.value();
+    let actions = decision.map(|d| d.actions.as_slice()).unwrap_or_default();
+    let plan = authorized_plan(x, policy, routes, target, actions, &mode).await;
+    let (done, failure) = carry_out(w, policy, t, &plan).await;
+    let decide_error = decision.err();
+    if let Some(e) = decide_error {
+        observe_error(w, policy, target, e);
+    }
+    // A decision that failed keeps the inputs hash its record had.
+    let previous_hash = match decision {
+        Ok(_) => String::new(),
+        Err(_) => {
+            DecisionRecord::of(t, &policy.name)
+                .unwrap_or_default()
+                .inputs_hash
+        }
+    };
+    let end = conclude::conclude(&conclude::Input {
+        policy,
+        target: t,
+        plan: &plan,
+        done: &done,
+        decide_error,
+        failed: failure.as_ref(),
+        inputs_hash: decision.map_or(previous_hash.as_str(), |d| d.inputs_hash.as_str()),
+        mode: &mode,
+        now: w.now,
+        dropped: x.dropped,
+    });
+    let mut out = Outcome {
+        record: end.record.clone(),
+        error: decide_error
+            .map(|e| e.to_string())
+            .or(failure.as_ref().map(|f| f.message.clone())),
+        error_label: decide_error
+            .map(|e| e.metric_label())
+            .or(failure.as_ref().map(|f| f.label)),
+        ..Outcome::default()
+    };
+    tally(&mut out, &plan, &done);
+    if mode == Acting::Shadow {
+        return out;
+    }
+    for note in &end.events {
+        w.event(t, note).await;
+    }
+    // A decision that failed says nothing about its alerts: keep them as
+    // they were rather than resolve them.
+    if decision.is_ok() {
+        x.alerts.report(&plan.source, routes, plan.alerts.clone());
+    }
+    if let Some(patch) = &end.patch {
+        finish_status(x, policy, target, target_kind, &plan, &end, patch, &mut out).await;
+    }
+    out
+}
+
+/// A decision's actions planned into writes and results, and (enforcing)
+/// each write on something not Runbook's own checked against the rights of
+/// the target's author.
+async fn authorized_plan(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    routes: Option<&Arc<CompiledRoutes>>,
+    target: &CachedObject,
+    actions: &[runbook_core::decide::Planned],
+    mode: &Acting,
+) -> plan::Plan {
+    let w = &x.writer;
+    let discovered = match mode {
+        Acting::Enforce => discover(x.resources, plan::kinds_to_discover(policy, actions)).await,
+        _ => Discovered::new(),
+    };
+    let mut plan = plan::plan(&plan::Input {
+        policy,
+        target,
+        actions,
+        mode,
+        view: x.view,
+        discovered: &discovered,
+        applied: w.applied,
+        routes: routes.map(|r| r.as_ref()),
+        now: w.now,
+    });
+    if let Some(own) = w.applied {
+        plan.settled.iter().for_each(|k| own.settled(k));
+    }
+    if *mode == Acting::Enforce {
+        let reads = authorize::reads_to_check(policy, target, x.reads);
+        authorize::authorize(x.authority, x.resources, x.view, target, &mut plan, &reads).await;
+    }
+    plan
+}
+
+/// Tell the journal of a decision that failed.
+fn observe_error(w: &Writer<'_>, policy: &CompiledPolicy, target: &CachedObject, e: &DecideError) {
+    w.observe(|| {
+        let k = plan::kind_of(target.value());
+        Entry::new(w.now, "error", "failed")
+            .policy(&policy.name)
+            .object(&k.api_version, &k.kind, target.namespace(), target.name())
+            .detail(e.to_string())
+    });
+}
+
+/// Where Runbook's state of a target lives apart: the concluded status
+/// split in two, each part written only if it changed (the state first, so
+/// that records an earlier release left in the target's status are
+/// carried over before they are removed from it).
+#[allow(clippy::too_many_arguments)]
+async fn finish_apart(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    apart: &state::Apart,
+    end: &conclude::Conclusion,
+    out: &mut Outcome,
+) {
+    let w = &x.writer;
+    let (ns, name) = (target.namespace(), target.name());
+    let kind = plan::kind_of(target.value());
+    let empty = json!({});
+    let seen = target.value().get("status").unwrap_or(&empty);
+    let own_now = apart.target.get("status").unwrap_or(&empty);
+    let state_now = apart
+        .state
+        .as_deref()
+        .and_then(|s| s.get("status"))
+        .unwrap_or(&empty);
+    let steps = matches!(
+        policy.body,
+        runbook_core::policy::compile::Body::Steps { .. }
+    );
+    let (own, runbooks) = state::split(own_now, state_now, seen, &end.status, steps);
+    let entry = |action: &str, result: &str| {
+        Entry::new(w.now, action, result)
+            .policy(&policy.name)
+            .object(&kind.api_version, &kind.kind, ns, name)
+    };
+    if status::merge_diff(state_now, &runbooks).is_some() {
+        let whole = state::new_state(apart, &runbooks);
+        match w.runbook_state(&whole).await {
+            Ok(after) => {
+                w.observe(|| entry("state", "ok").fields(runbooks.clone()));
+                out.writes += 1;
+                out.state_after = Some(after);
+            }
+            Err(e) => {
+                let m = format!(
+                    "writing Runbook's state of {} (RunbookState {}/{}): {}",
+                    plan::target_string(&kind, ns, name),
+                    apart.namespace,
+                    apart.name,
+                    crate::util::api_error(&e)
+                );
+                w.observe(|| entry("state", "failed").detail(m.clone()));
+                out.error_label.get_or_insert("status");
+                out.error.get_or_insert(m);
+                return;
+            }
+        }
+    }
+    let Some(patch) = status::merge_diff(own_now, &own) else {
+        return;
+    };
+    match w.status(target_kind, ns, name, &patch).await {
+        Ok(after) => {
+            w.observe(|| entry("status", "ok").fields(patch.clone()));
+            out.writes += 1;
+            out.status_written = true;
+            tell_dropped(w, target, (&patch, &after), out).await;
+            out.target_after = Some(after);
+        }
+        Err(e) => {
+            let entry = entry("status", "failed").fields(patch.clone());
+            status_failed(w, &kind, target, &e, entry, out).await
+        }
+    }
+}
+
+/// A status write that failed: journaled (`entry`, with what it meant to
+/// set), the decision's error, and a Warning Event on the target (an
+/// Event is an object of its own, written where the status cannot be: a
+/// 413 for an object grown past the API server's limit, a 422, a 403).
+async fn status_failed(
+    w: &Writer<'_>,
+    kind: &KindRef,
+    target: &CachedObject,
+    e: &kube::Error,
+    entry: Entry,
+    out: &mut Outcome,
+) {
+    let m = format!(
+        "writing the status of {}: {}",
+        plan::target_string(kind, target.namespace(), target.name()),
+        crate::util::api_error(e)
+    );
+    w.observe(|| entry.detail(m.clone()));
+    let note = plan::Note {
+        type_: crate::events::EventType::Warning,
+        reason: "StatusWriteFailed".into(),
+        message: m.clone(),
+    };
+    w.event(target.value(), &note).await;
+    let forbidden = matches!(e, kube::Error::Api(s) if s.code == 403);
+    out.error_label
+        .get_or_insert(if forbidden { "forbidden" } else { "status" });
+    out.error.get_or_insert(m);
+}
+
+/// Write the status the decision ends with.
+#[allow(clippy::too_many_arguments)]
+async fn finish_status(
+    x: &Exec<'_>,
+    policy: &CompiledPolicy,
+    target: &CachedObject,
+    target_kind: &Resolved,
+    plan: &Plan,
+    end: &conclude::Conclusion,
+    patch: &Value,
+    out: &mut Outcome,
+) {
+    let w = &x.writer;
+    let (ns, name) = (target.namespace(), target.name());
+    let kind = plan::kind_of(target.value());
+    // What the write sets, as the journal shows it: the decision's fields
+    // only when it was carried out (a failed one writes its conditions and
+    // record, not the fields it meant to set), and the conditions.
+    let set = || {
+        let mut set = match out.error {
+            None => Value::Object(plan.fields.clone()),
+            Some(_) => Value::Object(Default::default()),
+        };
+        if let Some(c) = end.status.get("conditions") {
+            set["conditions"] = c.clone();
+        }
+        set
+    };
+    let entry = |result: &str| {
+        Entry::new(w.now, "status", result)
+            .policy(&policy.name)
+            .object(&kind.api_version, &kind.kind, ns, name)
+    };
+    if let Some(apart) = x.state {
+        return finish_apart(x, policy, target, target_kind, apart, end, out).await;
+    }
+    match w.status(target_kind, ns, name, patch).await {
+        Ok(after) => {
+            w.observe(|| entry("ok").fields(set()));
+            out.writes += 1;
+            out.status_written = true;
+            // The answer lacks the record just written: this kind's status
+            // prunes Runbook's fields. What the decision concluded is kept
+            // apart at once (a schedule's times, the record), so nothing
+            // is decided twice for want of it.
+            let kept = |v: &Value| v.pointer("/status/decisions").is_some_and(|d| !d.is_null());
+            tell_dropped(w, target, (patch, &after), out).await;
+            if let Some((namespace, state_name)) = &x.state_at
+                && end.status.get("decisions").is_some()
+                && !kept(&after)
+            {
+                out.pruned = true;
+                let apart = state::Apart {
+                    namespace: namespace.clone(),
+                    name: state_name.clone(),
+                    state: None,
+                    target: std::sync::Arc::new(after.clone()),
+                };
+                let seen = CachedObject::new(after.clone());
+                out.target_after = Some(after);
+                finish_apart(x, policy, &seen, target_kind, &apart, end, out).await;
+                return;
+            }
+            out.target_after = Some(after);
+        }
+        Err(e) => status_failed(w, &kind, target, &e, entry("failed").fields(set()), out).await,
+    }
+}

@@ -1,0 +1,444 @@
+//! Watch caches: one per kind, shared by every policy that declares the
+//! kind. Each is filled by a kube-runtime watcher (which lists, watches,
+//! resumes from resourceVersions, relists after 410 and backs off on
+//! errors), indexed by namespace and by owner, and reports every change so
+//! that the targets it concerns can be reconciled.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use kube::Api;
+use kube::core::ApiResource;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::Notify;
+
+use super::health::{WatchBackoff, WatchHealth, report_watch};
+use crate::observe::CachedObject;
+use crate::observe::RawObject;
+use runbook_core::kinds::KindRef;
+use runbook_core::labels::Selector;
+
+use super::index::Index;
+pub use super::index::ObjKey;
+
+/// An owner an object points at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRef {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// One object that was added, changed or removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub kind: KindRef,
+    pub namespace: String,
+    pub name: String,
+    pub owners: Vec<OwnerRef>,
+    /// The object's resourceVersion now; `None` when it is gone.
+    pub version: Option<String>,
+}
+
+fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
+    o.meta
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|r| OwnerRef {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct State {
+    objects: HashMap<ObjKey, Arc<RawObject>>,
+    index: Index,
+}
+
+impl State {
+    fn index(&mut self, key: &ObjKey, obj: &RawObject, add: bool) {
+        self.index
+            .index(key, obj.meta.labels.iter().flatten(), obj.owner_uids(), add);
+    }
+
+    fn insert(&mut self, key: ObjKey, obj: Arc<RawObject>) -> Option<Arc<RawObject>> {
+        let old = self.objects.insert(key.clone(), obj.clone());
+        if let Some(o) = &old {
+            self.index(&key, o, false);
+        }
+        self.index(&key, &obj, true);
+        old
+    }
+
+    fn remove(&mut self, key: &ObjKey) -> Option<Arc<RawObject>> {
+        let old = self.objects.remove(key)?;
+        self.index(key, &old, false);
+        Some(old)
+    }
+
+    fn cached(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        self.objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|o| o.cached())
+    }
+}
+
+/// The cached objects of one kind.
+pub struct KindCache {
+    pub kind: KindRef,
+    state: RwLock<State>,
+    synced: AtomicBool,
+    synced_notify: Notify,
+}
+
+fn rv(o: &RawObject) -> &str {
+    o.resource_version()
+}
+
+impl KindCache {
+    pub fn new(kind: KindRef) -> Self {
+        Self {
+            kind,
+            state: RwLock::new(State::default()),
+            synced: AtomicBool::new(false),
+            synced_notify: Notify::new(),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A change to `o`, which is now in the cache, or (`present` false)
+    /// no longer.
+    fn change(&self, o: &RawObject, present: bool) -> Change {
+        Change {
+            kind: self.kind.clone(),
+            namespace: o.namespace().to_string(),
+            name: o.name().to_string(),
+            owners: owners_of(o),
+            version: present.then(|| o.resource_version().to_string()),
+        }
+    }
+
+    /// Add or replace an object; a change unless the resourceVersion is the same.
+    pub fn apply(&self, obj: Arc<RawObject>) -> Option<Change> {
+        let key = (obj.namespace().to_string(), obj.name().to_string());
+        let old = self.write().insert(key, obj.clone());
+        match old {
+            Some(o) if rv(&o) == rv(&obj) && !rv(&obj).is_empty() => None,
+            Some(o) => {
+                // Owners that were dropped hear about it too.
+                let mut c = self.change(&obj, true);
+                for owner in owners_of(&o) {
+                    if !c.owners.contains(&owner) {
+                        c.owners.push(owner);
+                    }
+                }
+                Some(c)
+            }
+            None => Some(self.change(&obj, true)),
+        }
+    }
+
+    pub fn delete(&self, namespace: &str, name: &str) -> Option<Change> {
+        let old = self
+            .write()
+            .remove(&(namespace.to_string(), name.to_string()))?;
+        Some(self.change(&old, false))
+    }
+
+    /// Replace everything after a (re)list; the changes are what differs.
+    pub fn replace_all(&self, objs: Vec<Arc<RawObject>>) -> Vec<Change> {
+        let mut changes = Vec::new();
+        let mut fresh: HashMap<ObjKey, Arc<RawObject>> = HashMap::new();
+        for o in objs {
+            fresh.insert((o.namespace().to_string(), o.name().to_string()), o);
+        }
+        let mut st = self.write();
+        let gone: Vec<ObjKey> = st
+            .objects
+            .keys()
+            .filter(|k| !fresh.contains_key(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(o) = st.remove(&k) {
+                changes.push(self.change(&o, false));
+            }
+        }
+        for (k, o) in fresh {
+            let same = st.objects.get(&k).is_some_and(|old| rv(old) == rv(&o));
+            if !same {
+                changes.push(self.change(&o, true));
+                st.insert(k, o);
+            }
+        }
+        changes
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        let raw = self
+            .read()
+            .objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned();
+        raw.map(|o| o.cached())
+    }
+
+    /// Objects in a namespace (`""`: of a cluster-scoped kind), sorted by
+    /// name.
+    pub fn list(&self, namespace: &str) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        st.index
+            .names(namespace)
+            .filter_map(|n| st.cached(namespace, n))
+            .collect()
+    }
+
+    /// Objects in a namespace whose labels satisfy `selector`, sorted by
+    /// name. Labels are matched without parsing an object; with an
+    /// equality among the requirements only the objects carrying that
+    /// label are looked at, so the cost follows what is returned, not how
+    /// many objects the namespace holds.
+    pub fn select(&self, namespace: &str, selector: &Selector) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        st.index
+            .candidates(namespace, selector)
+            .filter_map(|n| st.objects.get(&(namespace.to_string(), n.clone())))
+            .filter(|o| selector.matches_with(|k| o.label(k)))
+            .map(|o| o.cached())
+            .collect()
+    }
+
+    pub fn owned_by(&self, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        st.index
+            .owned(namespace, uid)
+            .into_iter()
+            .filter_map(|k| st.objects.get(k).map(|o| o.cached()))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+        self.synced_notify.notify_waiters();
+    }
+
+    /// Wait until the first list has filled the cache.
+    pub async fn wait_synced(&self) {
+        loop {
+            let notified = self.synced_notify.notified();
+            if self.is_synced() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A running informer: its cache and the task that fills it.
+pub struct Informer {
+    pub cache: Arc<KindCache>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Informer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watch one kind into a cache, sending every change to `changes`.
+pub fn spawn_informer(
+    client: kube::Client,
+    resource: ApiResource,
+    kind: KindRef,
+    namespace: Option<String>,
+    changes: crate::util::channel::Sender<Change>,
+    health: Arc<WatchHealth>,
+    namespaced: bool,
+) -> Informer {
+    let cache = Arc::new(KindCache::new(kind.clone()));
+    let api: Api<RawObject> = match (&namespace, namespaced) {
+        (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
+        _ => Api::all_with(client, &resource),
+    };
+    let config = watcher::Config::default().page_size(500);
+    let c = cache.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
+        let mut buffer: Vec<Arc<RawObject>> = Vec::new();
+        let name = c.kind.to_string();
+        while let Some(event) = stream.next().await {
+            report_watch(&health, &name, event.as_ref().err());
+            let event = event.map(|e| e.modify(|o| o.stamp(&resource)));
+            let usable = |o: &RawObject| match &o.undecodable {
+                Some(why) => {
+                    tracing::warn!(kind = %c.kind, name = o.meta.name.as_deref().unwrap_or("?"), "skipping an object: {why}");
+                    false
+                }
+                None => true,
+            };
+            match event {
+                Ok(Event::Apply(o)) if usable(&o) => {
+                    if let Some(ch) = c.apply(Arc::new(o)) {
+                        let _ = changes.send(ch);
+                    }
+                }
+                Ok(Event::Delete(o)) => {
+                    let (ns, name) = (
+                        o.meta.namespace.clone().unwrap_or_default(),
+                        o.meta.name.clone().unwrap_or_default(),
+                    );
+                    if let Some(ch) = c.delete(&ns, &name) {
+                        let _ = changes.send(ch);
+                    }
+                }
+                Ok(Event::Init) => buffer.clear(),
+                Ok(Event::InitApply(o)) if usable(&o) => buffer.push(Arc::new(o)),
+                Ok(Event::InitDone) => {
+                    for ch in c.replace_all(std::mem::take(&mut buffer)) {
+                        let _ = changes.send(ch);
+                    }
+                    c.mark_synced();
+                }
+                Ok(_) | Err(_) => {}
+            }
+        }
+    });
+    Informer { cache, task }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<RawObject> {
+        let mut v = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "d", "resourceVersion": rv}});
+        if let Some(o) = owner {
+            v["metadata"]["ownerReferences"] =
+                json!([{"apiVersion": "x/v1", "kind": "X", "name": "owner", "uid": o}]);
+        }
+        Arc::new(RawObject::from_value(v))
+    }
+
+    #[test]
+    fn changes_are_reported_once_per_resource_version() {
+        let c = KindCache::new(KindRef::new("batch/v1", "Job"));
+        assert!(c.apply(obj("a", "1", Some("u1"))).is_some());
+        assert!(
+            c.apply(obj("a", "1", Some("u1"))).is_none(),
+            "same resourceVersion, no change"
+        );
+        let ch = c.apply(obj("a", "2", None)).unwrap();
+        assert_eq!(ch.owners.len(), 1, "the former owner hears of the change");
+        assert!(c.owned_by("d", "u1").is_empty());
+    }
+
+    #[test]
+    fn owners_and_namespaces_are_indexed() {
+        let c = KindCache::new(KindRef::new("batch/v1", "Job"));
+        c.apply(obj("b", "1", Some("u1")));
+        c.apply(obj("a", "1", Some("u1")));
+        c.apply(obj("c", "1", Some("u2")));
+        let names: Vec<String> = c
+            .owned_by("d", "u1")
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(c.list("d").len(), 3);
+        assert!(c.list("other").is_empty());
+        c.delete("d", "a");
+        assert_eq!(c.owned_by("d", "u1").len(), 1);
+    }
+
+    fn pod(ns: &str, name: &str, rv: &str, labels: Value) -> Arc<RawObject> {
+        Arc::new(RawObject::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels}}),
+        ))
+    }
+
+    fn names(objs: &[Arc<CachedObject>]) -> Vec<&str> {
+        objs.iter().map(|o| o.name()).collect()
+    }
+
+    #[test]
+    fn a_selector_is_answered_from_the_label_index_and_follows_changes() {
+        let c = KindCache::new(KindRef::new("v1", "Pod"));
+        for i in 0..50 {
+            c.apply(pod(
+                "d",
+                &format!("p{i:02}"),
+                "1",
+                json!({"app": format!("a{}", i % 10), "tier": "web"}),
+            ));
+        }
+        c.apply(pod("other", "p00", "1", json!({"app": "a0"})));
+        let sel = Selector::parse("app=a3,tier=web").unwrap();
+        assert_eq!(
+            names(&c.select("d", &sel)),
+            ["p03", "p13", "p23", "p33", "p43"]
+        );
+        // A relabelled pod leaves the old label's set and joins the new one.
+        c.apply(pod("d", "p13", "2", json!({"app": "a4", "tier": "web"})));
+        assert_eq!(names(&c.select("d", &sel)), ["p03", "p23", "p33", "p43"]);
+        // Requirements other than equality still hold.
+        let not_web = Selector::parse("app=a4,tier!=web").unwrap();
+        assert!(c.select("d", &not_web).is_empty());
+        c.delete("d", "p03");
+        assert_eq!(names(&c.select("d", &sel)), ["p23", "p33", "p43"]);
+        // Without an equality, the namespace is scanned.
+        let exists = Selector::parse("tier").unwrap();
+        assert_eq!(c.select("d", &exists).len(), 49);
+        assert_eq!(
+            names(&c.select("other", &Selector::parse("app=a0").unwrap())),
+            ["p00"]
+        );
+        // The same resourceVersion is parsed once, whoever reads it.
+        let a = c.get("d", "p23").unwrap();
+        let b = c.select("d", &sel).remove(0);
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn a_relist_reports_what_differs() {
+        let c = KindCache::new(KindRef::new("batch/v1", "Job"));
+        c.apply(obj("a", "1", None));
+        c.apply(obj("b", "1", None));
+        let changes = c.replace_all(vec![obj("a", "1", None), obj("c", "1", None)]);
+        let mut names: Vec<String> = changes.iter().map(|c| c.name.clone()).collect();
+        names.sort();
+        assert_eq!(names, ["b", "c"]);
+    }
+}

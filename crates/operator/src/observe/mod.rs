@@ -1,0 +1,11 @@
+//! What a decision can see, kept current: the object model of
+//! `runbook_core::observe`, and here the watch caches that fill it, the
+//! views over them, the indexes, discovery and watch health.
+
+pub use runbook_core::observe::*;
+
+pub mod cache;
+pub mod discovery;
+pub mod health;
+pub mod index;
+pub mod view;

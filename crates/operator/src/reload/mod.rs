@@ -1,0 +1,972 @@
+//! Hot reload: policy bundles from ConfigMaps (watched through the API) and
+//! from directories (watched with notify), each compiled off the hot path
+//! into a new immutable PolicySet that is swapped in whole.
+//!
+//! Every bundle keeps its last good version. A broken edit (bad YAML, a
+//! script that does not compile, an undeclared kind, a missing script, a
+//! kind the API server does not serve) leaves that version serving; the
+//! error, with `file:line:col`, goes to the log, to an Event on the
+//! ConfigMap, and to `runbook_policy_reload_total{result="error"}`. Fixing
+//! the edit brings the new version in. A refusal the cluster may mend by
+//! itself (a Secret or a permission missing, a kind not served yet) is
+//! tried again with backoff, without waiting for an edit. Deleting a
+//! bundle removes its policies (their controllers stop) and touches none
+//! of their objects.
+
+pub mod sources;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::events::{Event as KubeEvent, EventType, EventWriter};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+use self::sources::BUNDLE_LABEL;
+use crate::alert::routes::{ReceiverKind, Target};
+use crate::runtime::Operator;
+use crate::telemetry::Metrics;
+use crate::util::lock;
+use runbook_core::policy::compile::{LoadError, Loaded, load_bundle};
+use runbook_core::policy::{Bundle, Origin, PolicySet};
+use runbook_core::script::ScriptEngine;
+
+/// Where bundles come from.
+#[derive(Clone, Debug, Default)]
+pub struct SourceConfig {
+    pub dirs: Vec<PathBuf>,
+    /// Namespaces whose `runbook.dev/policy=true` ConfigMaps are bundles.
+    pub configmap_namespaces: Vec<String>,
+}
+
+struct BundleState {
+    bundle: Bundle,
+    good: Option<Arc<Loaded>>,
+    /// Set while the bundle's latest version is refused for a reason the
+    /// cluster may mend by itself (a Secret or a permission missing, a
+    /// kind not served yet): when to try it again, and the pause after.
+    retry: Option<Retry>,
+    /// The errors of the latest refusal, to report a change only once.
+    errors: Vec<String>,
+}
+
+impl BundleState {
+    fn new(bundle: Bundle) -> Self {
+        Self {
+            bundle,
+            good: None,
+            retry: None,
+            errors: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    at: tokio::time::Instant,
+    pause: Duration,
+}
+
+/// The first pause before a refused bundle is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Why a bundle version was refused.
+struct Refusal {
+    errors: Vec<String>,
+    /// Caused by the cluster's state, not the bundle's text: worth trying
+    /// again without an edit.
+    transient: bool,
+}
+
+impl Refusal {
+    fn content(errors: Vec<String>) -> Self {
+        Self {
+            errors,
+            transient: false,
+        }
+    }
+
+    fn cluster(errors: Vec<String>) -> Self {
+        Self {
+            errors,
+            transient: true,
+        }
+    }
+}
+
+/// The outcome of one reload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reloaded {
+    /// A new set is in force.
+    Swapped { version: String },
+    /// The bundle's edit was refused; the last good version stays.
+    Refused { errors: Vec<String> },
+    /// Nothing changed.
+    Unchanged,
+}
+
+/// Keeps every bundle's last good version and builds the set from them.
+pub struct Reloader {
+    engine: Arc<ScriptEngine>,
+    client: Option<kube::Client>,
+    metrics: Arc<Metrics>,
+    recorder: Option<EventWriter>,
+    bundles: Mutex<BTreeMap<Origin, BundleState>>,
+    /// Where alert receivers' Secrets are read when the routes came from a directory.
+    secret_namespace: String,
+    dangerous_kinds: bool,
+    access_check: bool,
+    /// Compile on the calling task rather than a blocking thread (a
+    /// simulation, whose clock must not run on while compiling).
+    inline: bool,
+    /// Serialises reloads: one set is built at a time.
+    gate: tokio::sync::Mutex<()>,
+    /// Failing watches already told to a bundle: (bundle, watch).
+    watch_told: Mutex<std::collections::BTreeSet<(Origin, String)>>,
+}
+
+fn clone_loaded(l: &Loaded) -> Loaded {
+    Loaded {
+        policies: l.policies.clone(),
+        routes: l.routes.clone(),
+        scripts: l.scripts.clone(),
+        errors: Vec::new(),
+        declared: Vec::new(),
+    }
+}
+
+impl Reloader {
+    pub fn new(
+        engine: Arc<ScriptEngine>,
+        client: Option<kube::Client>,
+        metrics: Arc<Metrics>,
+        identity: &str,
+    ) -> Self {
+        let recorder = client.clone().map(|c| EventWriter::of_runbook(c, identity));
+        Self {
+            engine,
+            client,
+            metrics,
+            recorder,
+            bundles: Mutex::new(BTreeMap::new()),
+            secret_namespace: "runbook-system".into(),
+            dangerous_kinds: false,
+            access_check: false,
+            inline: false,
+            gate: tokio::sync::Mutex::new(()),
+            watch_told: Mutex::default(),
+        }
+    }
+
+    /// Compile bundles on the calling task (for simulations).
+    pub fn compile_inline(mut self) -> Self {
+        self.inline = true;
+        self
+    }
+
+    /// Read receivers' Secrets without a namespace from `ns` (the operator's).
+    /// Before swapping in an edited bundle, ask the API server whether the
+    /// operator holds what its policies need (as `runbook run` does at
+    /// start-up), and refuse the edit if not.
+    pub fn with_access_check(mut self, on: bool) -> Self {
+        self.access_check = on;
+        self
+    }
+
+    /// The namespace a bundle's policies are confined to: that of a
+    /// ConfigMap outside the operator's namespace (a tenant's).
+    pub fn tenant_of(&self, origin: &Origin) -> Option<String> {
+        match origin {
+            Origin::ConfigMap { namespace, .. } if *namespace != self.secret_namespace => {
+                Some(namespace.clone())
+            }
+            _ => None,
+        }
+    }
+
+    async fn check_access(
+        &self,
+        op: &Operator,
+        set: &PolicySet,
+        names: &[String],
+        tenant: Option<String>,
+    ) -> Result<(), Vec<String>> {
+        let Some(client) = &self.client else {
+            return Ok(());
+        };
+        let mut only = set.clone();
+        only.policies.retain(|n, _| names.contains(n));
+        let watch_namespaces: Vec<String> = match &tenant {
+            Some(t) => vec![t.clone()],
+            None => op.ctx.config.namespace.iter().cloned().collect(),
+        };
+        let opts = crate::rbac::Options {
+            namespace: self.secret_namespace.clone(),
+            watch_namespaces: watch_namespaces.clone(),
+            tenant,
+            // Only what the edited policies need; the webhook's own
+            // rights were checked at start-up.
+            webhook: None,
+            ..Default::default()
+        };
+        let watched = watch_namespaces.first().map(String::as_str);
+        match crate::runtime::access::missing_for(client, &only, &opts, watched).await {
+            Ok(missing) if missing.is_empty() => Ok(()),
+            Ok(missing) => Err(missing
+                .iter()
+                .map(|m| {
+                    format!("missing permission: {m}; grant it (see `runbook rbac`) and edit again")
+                })
+                .collect()),
+            Err(e) => {
+                tracing::warn!("could not check permissions (SelfSubjectAccessReview): {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Accept policies that declare dangerous kinds (Secrets, RBAC
+    /// objects, wildcards, ...) instead of refusing their bundles.
+    pub fn with_dangerous_kinds(mut self, allowed: bool) -> Self {
+        self.dangerous_kinds = allowed;
+        self
+    }
+
+    pub fn with_secret_namespace(mut self, ns: &str) -> Self {
+        self.secret_namespace = ns.to_string();
+        self
+    }
+
+    /// Every Secret the alert receivers of `loaded` name must exist and
+    /// hold its key. A Secret that cannot be checked now (the API server
+    /// failing) does not refuse the bundle; delivery reports it later.
+    async fn check_secrets(&self, loaded: &Loaded) -> Vec<String> {
+        let Some(client) = &self.client else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        for routes in &loaded.routes {
+            for receiver in routes.receivers.values() {
+                for url in receiver.kinds.iter().flat_map(ReceiverKind::targets) {
+                    let Target::Secret { key, pos } = url else {
+                        continue;
+                    };
+                    let ns = key
+                        .namespace
+                        .as_deref()
+                        .or(routes.secret_namespace.as_deref())
+                        .unwrap_or(&self.secret_namespace);
+                    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+                    let problem = match api.get_opt(&key.name).await {
+                        Ok(Some(s)) => {
+                            let value = s
+                                .data
+                                .as_ref()
+                                .and_then(|d| d.get(&key.key))
+                                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                                .or_else(|| {
+                                    s.string_data
+                                        .as_ref()
+                                        .and_then(|d| d.get(&key.key))
+                                        .cloned()
+                                });
+                            match value {
+                                None => Some(format!(
+                                    "Secret {ns}/{} has no key {:?}",
+                                    key.name, key.key
+                                )),
+                                Some(url) if crate::alert::routes::has_credentials(url.trim()) => {
+                                    Some(format!(
+                                        "Secret {ns}/{} key {:?}: {}",
+                                        key.name,
+                                        key.key,
+                                        crate::alert::routes::CREDENTIALS_IN_URL
+                                    ))
+                                }
+                                Some(_) => None,
+                            }
+                        }
+                        Ok(None) => Some(format!("Secret {ns}/{} does not exist", key.name)),
+                        Err(kube::Error::Api(s)) if s.code == 403 => Some(format!(
+                            "Secret {ns}/{} cannot be read: {}",
+                            key.name, s.message
+                        )),
+                        Err(e) => {
+                            tracing::warn!("could not check Secret {ns}/{}: {e}", key.name);
+                            None
+                        }
+                    };
+                    if let Some(message) = problem {
+                        errors.push(
+                            LoadError {
+                                file: routes.file.clone(),
+                                pos: Some(*pos),
+                                message: format!("receiver {:?}: {message}", receiver.name),
+                            }
+                            .to_string(),
+                        );
+                    }
+                }
+            }
+        }
+        errors
+    }
+
+    fn count(&self, result: &str) {
+        self.metrics
+            .policy_reloads
+            .get_or_create(&Metrics::labels(&[("result", result)]))
+            .inc();
+    }
+
+    /// The set built from every bundle's last good version.
+    pub fn current_set(&self) -> (PolicySet, Vec<LoadError>) {
+        let bundles = lock(&self.bundles);
+        let loaded: Vec<Loaded> = bundles
+            .values()
+            .filter_map(|b| b.good.as_deref().map(clone_loaded))
+            .collect();
+        PolicySet::build(loaded)
+    }
+
+    /// Compile a bundle and decide whether it may replace its last good
+    /// version. Returns the errors that refuse it.
+    async fn try_bundle(
+        &self,
+        bundle: Bundle,
+        serve_check: Option<&Operator>,
+    ) -> Result<(), Refusal> {
+        let engine = self.engine.clone();
+        let b = bundle.clone();
+        // Compiling (scripts, templates) happens off the async workers.
+        let mut loaded = if self.inline {
+            load_bundle(&engine, &b, None)
+        } else {
+            tokio::task::spawn_blocking(move || load_bundle(&engine, &b, None))
+                .await
+                .map_err(|e| Refusal::cluster(vec![format!("compiling {}: {e}", bundle.origin)]))?
+        };
+        if let Some(tenant) = self.tenant_of(&bundle.origin) {
+            loaded.confine_to(&tenant);
+        }
+        if !loaded.errors.is_empty() {
+            return Err(Refusal::content(
+                loaded.errors.iter().map(|e| e.to_string()).collect(),
+            ));
+        }
+        self.check_dangers(&loaded)?;
+        let secret_errors = self.check_secrets(&loaded).await;
+        if !secret_errors.is_empty() {
+            return Err(Refusal::cluster(secret_errors));
+        }
+        let candidate = Arc::new(loaded);
+        let set = self.check_with_the_rest(&bundle, &candidate)?;
+        if let Some(op) = serve_check {
+            self.check_serving(op, &bundle, &candidate, &set).await?;
+        }
+        let mut bundles = lock(&self.bundles);
+        let mut state = BundleState::new(bundle);
+        state.good = Some(candidate);
+        bundles.insert(state.bundle.origin.clone(), state);
+        Ok(())
+    }
+
+    /// A bundle declaring a dangerous kind is refused unless allowed.
+    fn check_dangers(&self, loaded: &Loaded) -> Result<(), Refusal> {
+        if self.dangerous_kinds {
+            return Ok(());
+        }
+        let dangers = crate::rbac::dangers_of(loaded.policies.iter());
+        if dangers.is_empty() {
+            return Ok(());
+        }
+        Err(Refusal::content(
+            dangers
+                .into_iter()
+                .map(|d| format!("refused: {d} (start with --allow-dangerous-kinds to accept it)"))
+                .collect(),
+        ))
+    }
+
+    /// Cross-bundle checks: the whole set built with this version in; the
+    /// errors about this bundle refuse it.
+    fn check_with_the_rest(
+        &self,
+        bundle: &Bundle,
+        candidate: &Arc<Loaded>,
+    ) -> Result<PolicySet, Refusal> {
+        let (set, errors) = {
+            let bundles = lock(&self.bundles);
+            let mut loaded: Vec<Loaded> = bundles
+                .iter()
+                .filter(|(o, _)| **o != bundle.origin)
+                .filter_map(|(_, b)| b.good.as_deref().map(clone_loaded))
+                .collect();
+            loaded.push(clone_loaded(candidate));
+            PolicySet::build(loaded)
+        };
+        let ours: Vec<String> = candidate.policies.iter().map(|p| p.file.clone()).collect();
+        let mine: Vec<String> = errors
+            .iter()
+            .filter(|e| e.file.is_empty() || ours.contains(&e.file))
+            .map(|e| e.to_string())
+            .collect();
+        if mine.is_empty() {
+            Ok(set)
+        } else {
+            Err(Refusal::content(mine))
+        }
+    }
+
+    /// What the running operator can serve: a policy the edit would stop
+    /// (it runs now) or that it adds unable to run is refused; one already
+    /// set aside at start-up for a kind the cluster lacks stays set aside
+    /// and does not hold up edits of the rest of its bundle. Then the
+    /// permissions the new version needs.
+    async fn check_serving(
+        &self,
+        op: &Operator,
+        bundle: &Bundle,
+        candidate: &Loaded,
+        set: &PolicySet,
+    ) -> Result<(), Refusal> {
+        let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
+        let kept = op
+            .check_kinds(set)
+            .await
+            .map_err(|e| Refusal::cluster(vec![e.to_string()]))?;
+        let serving = op.ctx.policies.load_full();
+        let before: Vec<String> = lock(&self.bundles)
+            .get(&bundle.origin)
+            .and_then(|b| b.good.as_deref())
+            .map(|l| l.policies.iter().map(|p| p.name.clone()).collect())
+            .unwrap_or_default();
+        let refused: Vec<String> = names
+            .iter()
+            .filter(|n| !kept.policies.contains_key(*n))
+            .filter(|n| serving.policies.contains_key(*n) || !before.contains(n))
+            .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
+            .collect();
+        if !refused.is_empty() {
+            return Err(Refusal::cluster(refused));
+        }
+        if self.access_check {
+            let tenant = self.tenant_of(&bundle.origin);
+            self.check_access(op, &kept, &names, tenant)
+                .await
+                .map_err(Refusal::cluster)?;
+        }
+        Ok(())
+    }
+
+    /// Note a refused version of a bundle: log it and put an Event on its
+    /// ConfigMap when the errors are new, and schedule another try when
+    /// the cluster may mend the cause.
+    async fn refused(&self, bundle: Bundle, refusal: &Refusal) {
+        let origin = bundle.origin.clone();
+        let (serving, repeated, retry) = {
+            let mut bundles = lock(&self.bundles);
+            let state = bundles
+                .entry(origin.clone())
+                .or_insert_with(|| BundleState::new(bundle.clone()));
+            let repeated = state.bundle == bundle && state.errors == refusal.errors;
+            state.bundle = bundle;
+            state.errors = refusal.errors.clone();
+            state.retry = refusal.transient.then(|| {
+                let pause = match state.retry {
+                    Some(r) if repeated => (r.pause * 2).min(RETRY_MAX),
+                    _ => RETRY_FIRST,
+                };
+                Retry {
+                    at: tokio::time::Instant::now() + pause,
+                    pause,
+                }
+            });
+            (state.good.is_some(), repeated, state.retry)
+        };
+        self.count("error");
+        let what = if serving {
+            "the last good version keeps serving"
+        } else {
+            "none of its policies run until it loads"
+        };
+        let again = retry
+            .map(|r| format!("; trying again in {}s", r.pause.as_secs()))
+            .unwrap_or_default();
+        for e in &refusal.errors {
+            if repeated {
+                tracing::warn!(bundle = %origin, "policy bundle still refused{again}: {e}");
+            } else {
+                tracing::error!(bundle = %origin, "policy bundle refused, {what}{again}: {e}");
+            }
+        }
+        if !repeated {
+            self.event(&origin, true, "PolicyInvalid", &refusal.errors.join("\n"))
+                .await;
+        }
+    }
+
+    /// The bundles of which no version has loaded yet (nothing of them
+    /// runs): `/readyz` is not ready while there are any.
+    pub fn never_loaded(&self) -> Vec<String> {
+        lock(&self.bundles)
+            .iter()
+            .filter(|(_, b)| b.good.is_none())
+            .map(|(o, _)| o.to_string())
+            .collect()
+    }
+
+    /// Try again the bundles refused for a cause the cluster may have
+    /// mended since (a Secret created, a permission granted, a CRD
+    /// installed), each after its backoff.
+    pub async fn retry_due(&self, op: &Operator) -> Vec<Reloaded> {
+        let now = tokio::time::Instant::now();
+        let due: Vec<Bundle> = lock(&self.bundles)
+            .values()
+            .filter(|b| b.retry.is_some_and(|r| r.at <= now))
+            .map(|b| b.bundle.clone())
+            .collect();
+        let mut out = Vec::new();
+        for b in due {
+            out.push(self.apply(op, b.origin.clone(), Some(b), true).await);
+        }
+        out
+    }
+
+    /// Load bundles at start-up, before the operator exists.
+    pub async fn initial(&self, bundles: Vec<Bundle>) -> (PolicySet, Vec<String>) {
+        let mut all_errors = Vec::new();
+        for b in bundles {
+            match self.try_bundle(b.clone(), None).await {
+                Err(refusal) => {
+                    self.refused(b, &refusal).await;
+                    all_errors.extend(refusal.errors);
+                }
+                Ok(()) => self.count("ok"),
+            }
+        }
+        let (set, _) = self.current_set();
+        (set, all_errors)
+    }
+
+    /// A bundle changed (`Some`) or went away (`None`): rebuild and swap.
+    pub async fn update(&self, op: &Operator, origin: Origin, bundle: Option<Bundle>) -> Reloaded {
+        self.apply(op, origin, bundle, false).await
+    }
+
+    /// `update`, or (`retry`) another try of a refused version.
+    async fn apply(
+        &self,
+        op: &Operator,
+        origin: Origin,
+        bundle: Option<Bundle>,
+        retry: bool,
+    ) -> Reloaded {
+        let _gate = self.gate.lock().await;
+        match bundle {
+            None => {
+                let removed = lock(&self.bundles).remove(&origin).is_some();
+                if !removed {
+                    return Reloaded::Unchanged;
+                }
+                tracing::info!(bundle = %origin, "policy bundle removed");
+            }
+            Some(b) => {
+                let same = lock(&self.bundles)
+                    .get(&origin)
+                    .is_some_and(|s| s.bundle == b && (s.good.is_some() || !s.errors.is_empty()));
+                if same && !retry {
+                    return Reloaded::Unchanged;
+                }
+                if let Err(refusal) = self.try_bundle(b.clone(), Some(op)).await {
+                    self.refused(b, &refusal).await;
+                    return Reloaded::Refused {
+                        errors: refusal.errors,
+                    };
+                }
+            }
+        }
+        let (set, _) = self.current_set();
+        let version = set.version.clone();
+        let requeued = op.swap_policies(set.clone()).await;
+        self.count("ok");
+        tracing::info!(
+            version = %version,
+            policies = ?set.policies.values().map(|p| format!("{}@{}", p.name, p.version)).collect::<Vec<_>>(),
+            requeued = ?requeued.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            "policy set swapped in"
+        );
+        self.event(
+            &origin,
+            false,
+            "PolicyLoaded",
+            &format!("policy set version {version} in force"),
+        )
+        .await;
+        Reloaded::Swapped { version }
+    }
+
+    async fn event(&self, origin: &Origin, warning: bool, reason: &str, message: &str) {
+        let (Some(rec), Origin::ConfigMap { namespace, name }) = (&self.recorder, origin) else {
+            return;
+        };
+        let Some(client) = &self.client else { return };
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let uid = api
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.metadata.uid);
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            uid,
+            ..Default::default()
+        };
+        let ev = KubeEvent {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(message.chars().take(1024).collect()),
+            action: "Reload".into(),
+            secondary: None,
+        };
+        if let Err(e) = rec.publish(&ev, &reference).await {
+            tracing::warn!("recording an Event on {origin}: {e}");
+        }
+    }
+
+    /// Tell each bundle whose policies use a kind whose watch fails: a
+    /// Warning Event `WatchFailing` on its ConfigMap with the API's answer
+    /// (once per failure, after `TELL_POLICIES_AFTER`), and a Normal
+    /// `WatchRecovered` when the watch delivers again. The log line and
+    /// `runbook_watch_failing` come from the watch itself.
+    pub async fn tell_failing_watches(&self, op: &Operator) {
+        let failing = op
+            .ctx
+            .health
+            .watches
+            .failing_errors(crate::observe::health::TELL_POLICIES_AFTER);
+        let mut failed = Vec::new();
+        let mut recovered = Vec::new();
+        {
+            let bundles = lock(&self.bundles);
+            let mut told = lock(&self.watch_told);
+            for (origin, state) in bundles.iter() {
+                let Some(good) = &state.good else { continue };
+                for (watch, error) in &failing {
+                    let users: Vec<&str> = good
+                        .policies
+                        .iter()
+                        .filter(|p| {
+                            p.target.to_string() == *watch
+                                || p.kinds.kinds().iter().any(|k| k.to_string() == *watch)
+                        })
+                        .map(|p| p.name.as_str())
+                        .collect();
+                    if !users.is_empty() && told.insert((origin.clone(), watch.clone())) {
+                        failed.push((
+                            origin.clone(),
+                            watch.clone(),
+                            error.clone(),
+                            users.join(", "),
+                        ));
+                    }
+                }
+            }
+            told.retain(|(origin, watch)| {
+                let still = failing.contains_key(watch) && bundles.contains_key(origin);
+                if !still {
+                    recovered.push((origin.clone(), watch.clone()));
+                }
+                still
+            });
+        }
+        for (origin, watch, error, users) in failed {
+            let message = format!(
+                "the watch of {watch} fails: {error}; policy {users} sees no change of that kind until it recovers"
+            );
+            self.event(&origin, true, "WatchFailing", &message).await;
+        }
+        for (origin, watch) in recovered {
+            let message = format!("the watch of {watch} delivers again");
+            self.event(&origin, false, "WatchRecovered", &message).await;
+        }
+    }
+
+    /// The directory bundles as they are on disk now.
+    pub fn read_dirs(dirs: &[PathBuf]) -> Vec<Bundle> {
+        let mut out = Vec::new();
+        for d in dirs {
+            match Bundle::discover(d) {
+                Ok(b) => out.extend(b),
+                Err(e) => tracing::error!(dir = %d.display(), "reading policies: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Re-read the directories; apply what changed and what went away.
+    pub async fn rescan_dirs(&self, op: &Operator, dirs: &[PathBuf]) -> Vec<Reloaded> {
+        let fresh = Self::read_dirs(dirs);
+        let mut out = Vec::new();
+        let known: Vec<Origin> = lock(&self.bundles)
+            .keys()
+            .filter(|o| matches!(o, Origin::Dir(p) if dirs.iter().any(|d| p.starts_with(d))))
+            .cloned()
+            .collect();
+        for o in known {
+            if !fresh.iter().any(|b| b.origin == o) {
+                out.push(self.update(op, o, None).await);
+            }
+        }
+        for b in fresh {
+            let origin = b.origin.clone();
+            out.push(self.update(op, origin, Some(b)).await);
+        }
+        out
+    }
+}
+
+/// Watch the sources and reload on every change until the operator stops.
+pub fn spawn(
+    reloader: Arc<Reloader>,
+    op: Arc<Operator>,
+    sources: SourceConfig,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let Some(client) = reloader.client.clone() {
+        for ns in sources.configmap_namespaces.clone() {
+            let (r, op) = (reloader.clone(), op.clone());
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                watch_configmaps(r, op, client, ns).await
+            }));
+        }
+    }
+    if !sources.dirs.is_empty() {
+        let (r, op) = (reloader.clone(), op.clone());
+        tasks.push(tokio::spawn(async move {
+            watch_dirs(r, op, sources.dirs).await
+        }));
+    }
+    let (r, op) = (reloader.clone(), op.clone());
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            r.retry_due(&op).await;
+            r.tell_failing_watches(&op).await;
+        }
+    }));
+    tasks
+}
+
+/// The newest version of each policy ConfigMap that changed and is not
+/// loaded yet (`None`: deleted), and when the last edit came. A burst of
+/// edits to one bundle leaves only its last version here, so it is
+/// compiled once.
+#[derive(Default)]
+struct Newest {
+    bundles: Mutex<Waiting>,
+    arrived: tokio::sync::Notify,
+}
+
+/// Bundles waiting to load, and when the last edit came.
+type Waiting = (
+    BTreeMap<Origin, Option<Bundle>>,
+    Option<tokio::time::Instant>,
+);
+
+/// Edits are loaded once none has come for this long...
+pub const EDIT_QUIET: Duration = Duration::from_millis(150);
+/// ...or once the first of them has waited this long: an edit storm loads
+/// its newest versions at most once per second, and its last edit is in
+/// force at most this long (plus one load) after it arrived.
+pub const EDIT_WAIT_MAX: Duration = Duration::from_secs(1);
+
+impl Newest {
+    fn put(&self, origin: Origin, bundle: Option<Bundle>) {
+        let mut b = lock(&self.bundles);
+        b.0.insert(origin, bundle);
+        b.1 = Some(tokio::time::Instant::now());
+        drop(b);
+        self.arrived.notify_one();
+    }
+
+    /// Every bundle waiting, once the edits have paused for [`EDIT_QUIET`]
+    /// or the first has waited [`EDIT_WAIT_MAX`].
+    async fn take(&self) -> BTreeMap<Origin, Option<Bundle>> {
+        while lock(&self.bundles).0.is_empty() {
+            self.arrived.notified().await;
+        }
+        let first = tokio::time::Instant::now();
+        loop {
+            let latest = lock(&self.bundles).1.unwrap_or(first);
+            let due = (latest + EDIT_QUIET).min(first + EDIT_WAIT_MAX);
+            if tokio::time::Instant::now() >= due {
+                return std::mem::take(&mut lock(&self.bundles).0);
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    }
+}
+
+/// Watch the policy ConfigMaps of a namespace. Edits are loaded by a task
+/// of their own, the newest version of each bundle at a time (see
+/// [`EDIT_QUIET`]): edits that arrive meanwhile, or while one loads (a
+/// load waits for the caches of new kinds and reconciles the targets of
+/// changed policies), replace each other.
+async fn watch_configmaps(
+    reloader: Arc<Reloader>,
+    op: Arc<Operator>,
+    client: kube::Client,
+    namespace: String,
+) {
+    let newest = Arc::new(Newest::default());
+    let loader = {
+        let (newest, reloader, op) = (newest.clone(), reloader.clone(), op.clone());
+        tokio::spawn(async move {
+            loop {
+                for (origin, bundle) in newest.take().await {
+                    reloader.update(&op, origin, bundle).await;
+                }
+            }
+        })
+    };
+    struct Abort(tokio::task::JoinHandle<()>);
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _loader = Abort(loader);
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&format!("{BUNDLE_LABEL}=true"));
+    let mut stream = watcher::watcher(api, config)
+        .backoff(crate::observe::health::WatchBackoff::default())
+        .boxed();
+    let watch_name = format!("policy ConfigMaps in {namespace}");
+    let mut listed: Vec<Origin> = Vec::new();
+    let bundle_of = |cm: &ConfigMap| {
+        Bundle::from_configmap(
+            &namespace,
+            cm.metadata.name.as_deref().unwrap_or(""),
+            &cm.data.clone().unwrap_or_default(),
+        )
+    };
+    while let Some(ev) = stream.next().await {
+        crate::observe::health::report_watch(
+            &op.ctx.health.watches,
+            &watch_name,
+            ev.as_ref().err(),
+        );
+        match ev {
+            Ok(Event::Apply(cm)) | Ok(Event::InitApply(cm)) => {
+                let b = bundle_of(&cm);
+                listed.push(b.origin.clone());
+                newest.put(b.origin.clone(), Some(b));
+            }
+            Ok(Event::Delete(cm)) => {
+                let b = bundle_of(&cm);
+                newest.put(b.origin, None);
+            }
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitDone) => {
+                // ConfigMaps deleted while the watch was down.
+                let known: Vec<Origin> = lock(&reloader.bundles)
+                    .keys()
+                    .filter(|o| matches!(o, Origin::ConfigMap { namespace: ns, .. } if *ns == namespace))
+                    .cloned()
+                    .collect();
+                for o in known {
+                    if !listed.contains(&o) {
+                        newest.put(o, None);
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// How long file events are gathered before the directories are re-read:
+/// editors and ConfigMap volume updates write in several steps.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBuf>) {
+    use notify::{RecursiveMode, Watcher};
+    // One event waiting is as good as many: the directories are re-read.
+    let (tx, mut rx) = crate::util::channel::bounded::<()>(1);
+    let mut watcher =
+        match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if res.is_ok() {
+                let _ = tx.send(());
+            }
+        }) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!("watching policy directories is not possible: {e}");
+                return;
+            }
+        };
+    for d in &dirs {
+        if let Err(e) = watcher.watch(d, RecursiveMode::Recursive) {
+            tracing::error!(dir = %d.display(), "watching: {e}");
+        }
+    }
+    while rx.recv().await.is_some() {
+        // Gather the burst, then read once.
+        tokio::time::sleep(DEBOUNCE).await;
+        while rx.try_recv().is_some() {}
+        reloader.rescan_dirs(&op, &dirs).await;
+    }
+}
+
+/// What `/readyz` reports for an operator and its reloader: ready once the
+/// caches are synced, while no watch has failed for long and every policy
+/// bundle has loaded at least once; otherwise why not.
+pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemetry::Readiness {
+    let (op, reloader) = (op.clone(), reloader.clone());
+    Arc::new(move || {
+        if !op
+            .ctx
+            .health
+            .synced
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(op.ctx.health.waiting.not_ready("filling the watch caches"));
+        }
+        let mut failing = op.ctx.health.watches.ended();
+        failing.extend(
+            op.ctx
+                .health
+                .watches
+                .failing_for(crate::observe::health::UNREADY_AFTER),
+        );
+        failing.extend(op.ctx.health.forbidden.now());
+        if !failing.is_empty() {
+            return Err(failing.join("\n"));
+        }
+        let never = reloader.never_loaded();
+        if never.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "policy bundles that never loaded (see their PolicyInvalid Events): {}",
+                never.join(", ")
+            ))
+        }
+    })
+}

@@ -1,0 +1,381 @@
+//! The context every reconcile shares, in cohesive parts: the shared
+//! services (client, engine, policies, clock, discovery, metrics, alerts,
+//! Events), what health reports, the watches running, the work queue, and
+//! what reconciles remember from one to the next.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::watch;
+
+use crate::observe::RawObject;
+use crate::util::channel::{self, Sent};
+
+use super::leader::LeaseConfig;
+use crate::act;
+use crate::alert::AlertSink;
+use crate::events::EventWriter;
+use crate::observe::OwnWrites;
+use crate::observe::cache::{Change, Informer};
+use crate::observe::discovery::Resources;
+use crate::observe::health::WatchHealth;
+use crate::observe::view::{Dependencies, Source, Sources, TargetKey, target_ref};
+use crate::telemetry::Metrics;
+use crate::telemetry::journal::Journal;
+use crate::util::lock;
+use runbook_core::clock::Clock;
+use runbook_core::crd::DecisionRecord;
+use runbook_core::kinds::KindRef;
+use runbook_core::policy::PolicySet;
+use runbook_core::policy::limits::Breaker;
+use runbook_core::script::ScriptEngine;
+
+/// How the operator runs.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    /// Watch and reconcile only this namespace (None: every namespace).
+    pub namespace: Option<String>,
+    pub concurrency: u16,
+    /// Names this instance in the Lease and in Events.
+    pub identity: String,
+    /// Leader election; None runs as the only instance.
+    pub lease: Option<LeaseConfig>,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// The key of the author records the authorship webhook writes
+    /// (`None`: no webhook, so no target has an author Runbook trusts).
+    pub signer: Option<crate::admission::Signer>,
+    /// Serve the authorship webhook (and, leading, keep its configuration
+    /// in step); its key then signs the author records.
+    pub webhook: Option<super::webhook::WebhookConfig>,
+    /// The operator's namespace: where Runbook's state of cluster-scoped
+    /// targets is kept when every namespace is watched.
+    pub operator_namespace: String,
+    /// Decide again on every reconcile skipped as unchanged and report a
+    /// different decision (`Context::skip_differences`): what scenario
+    /// runs and the test suite turn on.
+    pub check_skips: bool,
+    /// How many items each of the operator's queues (changes to route,
+    /// targets to reconcile) holds before a full one drops and a resync
+    /// makes up for it.
+    pub queue_capacity: usize,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            concurrency: 16,
+            identity: "runbook".into(),
+            lease: None,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            signer: None,
+            webhook: None,
+            operator_namespace: "runbook-system".into(),
+            check_skips: false,
+            queue_capacity: 65_536,
+        }
+    }
+}
+
+/// A decision of a shadow policy, kept for inspection.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ShadowRecord {
+    pub time: String,
+    pub target: String,
+    pub record: DecisionRecord,
+}
+
+/// Everything a reconcile shares: no globals. The shared services first,
+/// then four parts, each with one job.
+pub struct Context {
+    pub client: Client,
+    pub engine: Arc<ScriptEngine>,
+    pub policies: ArcSwap<PolicySet>,
+    pub clock: Clock,
+    pub resources: Resources,
+    pub metrics: Arc<Metrics>,
+    pub alerts: Arc<dyn AlertSink>,
+    pub recorder: EventWriter,
+    pub config: OperatorConfig,
+    /// Who targets are acted for, and what they may do.
+    pub authority: act::authorize::Authority,
+    /// The authorship webhook this process serves, once started.
+    pub webhook: std::sync::OnceLock<Arc<super::webhook::Webhook>>,
+    /// What `/readyz` and the leader's metrics report.
+    pub health: Health,
+    /// Reconciles skipped as unchanged that decided differently when
+    /// decided again (`OperatorConfig::check_skips`), each told in a line.
+    pub skip_differences: Mutex<Vec<String>>,
+    /// The watches and controllers running.
+    pub(super) running: Running,
+    /// Work waiting, failing and in flight.
+    pub(super) queue: Queue,
+    /// What reconciles remember from one to the next.
+    pub(super) memory: Memory,
+    pub(super) stop: watch::Receiver<bool>,
+}
+
+/// What `/readyz` and the leader's metrics report.
+#[derive(Default)]
+pub struct Health {
+    /// Controllers are running (on the leader).
+    pub ready: Arc<AtomicBool>,
+    /// Policies loaded and watch caches filled: what `/readyz` reports, on
+    /// the leader and on standbys alike, so rolling updates of a
+    /// leader-elected Deployment are not held up by the standby.
+    pub synced: Arc<AtomicBool>,
+    pub leading: Arc<AtomicBool>,
+    /// Which watches fail, since when: `/readyz` reports them.
+    pub watches: Arc<WatchHealth>,
+    /// What start-up waits for (discovery during an outage), and why.
+    pub waiting: Arc<crate::observe::health::Waiting>,
+    /// Writes the API server refused lately for lack of permission.
+    pub forbidden: Arc<super::forbidden::Forbidden>,
+}
+
+/// The watches running: an informer per kind policies own or read, a
+/// controller per target kind.
+#[derive(Default)]
+pub(super) struct Running {
+    pub informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
+    pub targets: Mutex<HashMap<KindRef, TargetController>>,
+}
+
+/// Work waiting, failing and in flight.
+pub(super) struct Queue {
+    /// Targets triggered and not reconciled yet.
+    pub pending: Mutex<HashSet<TargetKey>>,
+    /// Failed reconciles in a row, by target and policy (no policy: the
+    /// target's own writes, such as finalizers), for the backoff.
+    pub failures: Mutex<HashMap<(TargetKey, String), u32>>,
+    pub in_flight: AtomicUsize,
+    /// Moves whenever a reconcile finishes.
+    pub activity: AtomicU64,
+    /// Changes of cached objects, to route to the targets they concern.
+    pub changes: channel::Sender<Change>,
+    /// Moves with every resync asked for (and every controller restart):
+    /// a decision made before one is made again.
+    pub resyncs: AtomicU64,
+}
+
+/// What reconciles remember from one to the next.
+#[derive(Default)]
+pub(super) struct Memory {
+    /// What each target's last decision looked up.
+    pub deps: Arc<Mutex<Dependencies>>,
+    /// Last decisions that need not be made again while nothing they read changes.
+    pub last: super::unchanged::LastDecisions,
+    pub breakers: Mutex<HashMap<String, Breaker>>,
+    /// Targets whose status this process wrote, with the resourceVersions
+    /// each write replaced (one per policy that wrote): while the cache
+    /// shows one of them, a reconcile would decide on a status that no
+    /// longer is.
+    pub written: OwnWrites<TargetKey, (Vec<String>, tokio::time::Instant)>,
+    /// Children this process applied that the cache may not show yet.
+    pub applied: act::Applied,
+    /// Runbook's state of targets (`RunbookState`) as this process last
+    /// wrote it, with the resourceVersion it replaced (`None`: it made
+    /// it): used while the cache still shows the state before.
+    pub states: OwnWrites<TargetKey, (Option<String>, Arc<serde_json::Value>)>,
+    /// Kinds whose status a write showed to prune Runbook's fields: their
+    /// targets' state is kept apart from then on.
+    pub pruning: Mutex<HashSet<KindRef>>,
+    /// Status fields a policy writes that a target kind's schema drops
+    /// (from its served schema, or a write's answer), by policy and kind.
+    pub dropped: Mutex<HashMap<(String, KindRef), std::collections::BTreeSet<String>>>,
+    /// Whether the API server serves `RunbookState` (checked at start).
+    pub states_served: std::sync::atomic::AtomicBool,
+    pub shadow: Mutex<VecDeque<ShadowRecord>>,
+    /// Where action outcomes are written down, when someone listens (scenarios).
+    pub journal: std::sync::OnceLock<Arc<dyn Journal>>,
+}
+
+impl Context {
+    /// Write every action's outcome to `journal` from now on (once).
+    pub fn set_journal(&self, journal: Arc<dyn Journal>) {
+        let _ = self.memory.journal.set(journal);
+    }
+
+    /// The caches a reconcile reads, by kind.
+    pub fn sources(&self) -> Sources {
+        let mut map = HashMap::new();
+        for (k, i) in lock(&self.running.informers).iter() {
+            map.insert(k.clone(), Source::Informer(i.cache.clone()));
+        }
+        for (k, t) in lock(&self.running.targets).iter() {
+            map.insert(
+                k.clone(),
+                Source::Targets(
+                    t.store.clone(),
+                    self.resources.served_as(k).0,
+                    t.index.clone(),
+                ),
+            );
+        }
+        Sources(map)
+    }
+
+    /// The writer of this process, at the clock's time.
+    pub fn writer(&self) -> act::Writer<'_> {
+        act::Writer {
+            client: &self.client,
+            recorder: Some(&self.recorder),
+            journal: self.memory.journal.get().map(|j| j.as_ref()),
+            applied: Some(&self.memory.applied),
+            now: self.clock.now(),
+            manager: act::MANAGER,
+        }
+    }
+
+    /// Shadow decisions, newest last.
+    pub fn shadow_records(&self) -> Vec<ShadowRecord> {
+        lock(&self.memory.shadow).iter().cloned().collect()
+    }
+
+    pub(super) fn trigger(&self, key: TargetKey) {
+        let targets = lock(&self.running.targets);
+        if let Some(t) = targets.get(&key.kind) {
+            let r = target_ref(
+                &self.resources.served_as(&key.kind).0,
+                &key.namespace,
+                &key.name,
+            );
+            // Woken before it is sent: the reconcile it starts decides
+            // again, however unchanged the target itself is.
+            self.memory.last.wake(&key);
+            match t.trigger.send(r) {
+                Sent::Queued => {
+                    let mut pending = lock(&self.queue.pending);
+                    pending.insert(key);
+                    self.metrics.queue_depth.set(pending.len() as i64);
+                }
+                // Too many waiting: the kind is reconciled whole instead
+                // (the target was woken above, so it decides again).
+                Sent::Dropped => {
+                    let resync = t.resync.send(());
+                    // Told once per resync it asks for, not per drop.
+                    self.overflowed("trigger", 1, resync == Sent::Queued);
+                }
+                Sent::Closed => {}
+            }
+        }
+    }
+
+    /// Count `n` items a full queue dropped (`tell`: say so in the log).
+    pub(super) fn overflowed(&self, queue: &str, n: u64, tell: bool) {
+        if tell {
+            tracing::warn!(
+                queue,
+                dropped = n,
+                "a queue was full: what it dropped is made up by a resync"
+            );
+        }
+        self.metrics
+            .queue_overflows
+            .get_or_create(&Metrics::labels(&[("queue", queue)]))
+            .inc_by(n);
+    }
+
+    /// Resolve the alerts of objects that are gone (or were replaced by a
+    /// new object of the same name) and of policies no longer loaded.
+    /// Only the leader's caches are complete enough to say so.
+    pub fn sweep_alerts(&self) {
+        if !self.health.leading.load(Ordering::Acquire)
+            || !self.health.ready.load(Ordering::Acquire)
+        {
+            return;
+        }
+        let set = self.policies.load_full();
+        let targets = lock(&self.running.targets);
+        let alive = |s: &crate::alert::AlertSource| {
+            if !set.policies.contains_key(&s.policy) {
+                return false;
+            }
+            let kind = KindRef::new(s.api_version.clone(), s.kind.clone());
+            let Some(t) = targets.get(&kind) else {
+                return false;
+            };
+            let r = target_ref(&self.resources.served_as(&kind).0, &s.namespace, &s.name);
+            t.store
+                .get(&r)
+                .is_some_and(|o| o.meta.uid.as_deref().unwrap_or("") == s.uid)
+        };
+        self.alerts.retain(&alive);
+    }
+
+    /// Reconcile every target of these kinds (all kinds if empty) again.
+    pub fn resync(&self, kinds: &[KindRef]) {
+        self.queue.resyncs.fetch_add(1, Ordering::AcqRel);
+        for (k, t) in lock(&self.running.targets).iter() {
+            if kinds.is_empty() || kinds.contains(k) {
+                let _ = t.resync.send(());
+            }
+        }
+    }
+
+    /// Drop what reconciles remember of targets no longer cached.
+    pub(super) fn prune_memory(&self) {
+        let kinds: Vec<KindRef> = lock(&self.running.targets).keys().cloned().collect();
+        self.memory.last.prune(self.target_keys(&kinds));
+    }
+
+    /// Reconcile these targets again.
+    pub fn requeue(&self, keys: impl IntoIterator<Item = TargetKey>) {
+        for k in keys {
+            self.trigger(k);
+        }
+    }
+
+    /// Every target currently cached, of the given kinds.
+    pub fn target_keys(&self, kinds: &[KindRef]) -> Vec<TargetKey> {
+        let targets = lock(&self.running.targets);
+        let mut out = Vec::new();
+        for (k, t) in targets.iter().filter(|(k, _)| kinds.contains(k)) {
+            for o in t.store.state() {
+                out.push(TargetKey {
+                    kind: k.clone(),
+                    namespace: o.meta.namespace.clone().unwrap_or_default(),
+                    name: o.meta.name.clone().unwrap_or_default(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Reconciles running right now.
+    pub fn in_flight(&self) -> usize {
+        self.queue.in_flight.load(Ordering::Acquire)
+    }
+
+    /// A counter that moves whenever a reconcile finishes.
+    pub fn activity(&self) -> u64 {
+        self.queue.activity.load(Ordering::Acquire)
+    }
+
+    /// Targets waiting after a change.
+    pub fn pending(&self) -> usize {
+        lock(&self.queue.pending).len()
+    }
+}
+
+pub(super) struct TargetController {
+    pub store: Store<RawObject>,
+    /// Where the store's objects are, by namespace, label and owner.
+    pub index: Arc<crate::observe::index::TargetIndex>,
+    pub trigger: channel::Sender<ObjectRef<RawObject>>,
+    pub resync: channel::Sender<()>,
+    pub task: tokio::task::JoinHandle<()>,
+    /// Why the task ended, when it ended on its own.
+    pub ended: Arc<Mutex<Option<String>>>,
+    /// How many times this kind's controller was restarted.
+    pub restarts: u32,
+    /// The label selector its watch asks the API server for, if any.
+    pub selector: Option<String>,
+}

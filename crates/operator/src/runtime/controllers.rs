@@ -1,0 +1,198 @@
+//! A controller per target kind: its watch, its reflector and its
+//! reconciles, supervised (a controller whose task ends is restarted).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{FutureExt, Stream, StreamExt};
+use kube::Api;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::context::{Context, TargetController};
+use super::reconcile::{error_policy, panic_message, reconcile};
+use crate::observe::RawObject;
+use crate::observe::health::{WatchBackoff, report_watch};
+use crate::observe::index::TargetIndex;
+use crate::telemetry::Metrics;
+use crate::util::channel;
+use crate::util::lock;
+use runbook_core::kinds::KindRef;
+/// The watch of a target kind: pages of 500, and the policies' label
+/// selector where the API server can apply it.
+fn watch_config(selector: Option<&str>) -> watcher::Config {
+    let config = watcher::Config::default().page_size(500);
+    match selector {
+        Some(s) => config.labels(s),
+        None => config,
+    }
+}
+
+/// Start the controller of one target kind: its watch, its reflector and
+/// its reconciles. A panic that escapes the controller (anywhere but a
+/// reconcile, which catches its own) is caught here and kept as the reason
+/// the task ended; the supervisor (`Context::restart_ended`) restarts it.
+pub(super) fn spawn_target(
+    ctx: &Arc<Context>,
+    k: &KindRef,
+    selector: Option<String>,
+) -> TargetController {
+    let (ar, namespaced) = ctx.resources.served_as(k);
+    let api: Api<RawObject> = match (&ctx.config.namespace, namespaced) {
+        (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
+        _ => Api::all_with(ctx.client.clone(), &ar),
+    };
+    // Targets waiting to be reconciled after a change; past the capacity,
+    // one drops and the whole kind is resynced instead.
+    let (trigger, trigger_rx) = channel::bounded(ctx.config.queue_capacity);
+    // One resync waiting is as good as many.
+    let (resync, resync_rx) = channel::bounded(1);
+    let mut stop = ctx.stop.clone();
+    // The controller's own reflector, fed by a watch whose listed
+    // objects take the kind of the watch (see `RawObject::stamp`).
+    let writer = reflector::store::Writer::<RawObject>::new(ar.clone());
+    let reader = writer.as_reader();
+    // Lists of the kind read this index, kept from the same events.
+    let index = Arc::new(TargetIndex::default());
+    let objects = reflector::reflector(
+        writer,
+        watched(ctx, k, api, &ar, selector.as_deref(), index.clone()),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream_with(objects, reader, ar)
+        .trigger_backoff(WatchBackoff::default())
+        .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))
+        .reconcile_on(trigger_rx.into_stream())
+        .reconcile_all_on(resync_rx.into_stream())
+        .graceful_shutdown_on(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+    let store = controller.store();
+    let ended = Arc::new(Mutex::new(None));
+    let task = tokio::spawn(run_controller(
+        controller,
+        ctx.clone(),
+        k.clone(),
+        ended.clone(),
+    ));
+    TargetController {
+        selector,
+        store,
+        index,
+        trigger,
+        resync,
+        task,
+        ended,
+        restarts: 0,
+    }
+}
+
+/// The watch of a target kind: its health reported, each listed object
+/// stamped with the kind, and every event kept in the kind's index.
+fn watched(
+    ctx: &Context,
+    k: &KindRef,
+    api: Api<RawObject>,
+    ar: &kube::core::ApiResource,
+    selector: Option<&str>,
+    index: Arc<TargetIndex>,
+) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
+    let (health, watch_name, typed) = (ctx.health.watches.clone(), k.to_string(), ar.clone());
+    watcher::watcher(api, watch_config(selector)).map(move |e| {
+        report_watch(&health, &watch_name, e.as_ref().err());
+        let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
+        if let Ok(event) = &e {
+            index.observe(event);
+        }
+        e
+    })
+}
+
+/// Run a target kind's controller until it ends, keeping why in `ended`
+/// (a panic outside a reconcile is caught here).
+async fn run_controller(
+    controller: Controller<RawObject>,
+    ctx: Arc<Context>,
+    kind: KindRef,
+    ended: Arc<Mutex<Option<String>>>,
+) {
+    let again = kind.clone();
+    let run = controller
+        .run(
+            move |obj, ctx| reconcile(obj, ctx, kind.clone()),
+            move |obj, err, ctx| error_policy(obj, err, ctx, &again),
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("controller: {e}");
+            }
+        });
+    let reason = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(()) => "its event stream ended".to_string(),
+        Err(panic) => format!("it panicked: {}", panic_message(&*panic)),
+    };
+    *lock(&ended) = Some(reason);
+}
+
+/// How long a controller that ended waits before its restart: 1 s, doubling
+/// with each restart of the same kind, at most 30 s.
+fn restart_delay(restarts: u32) -> Duration {
+    Duration::from_secs(1u64 << restarts.min(5)).min(Duration::from_secs(30))
+}
+
+/// How often ended controllers are looked for.
+pub(super) const SUPERVISE_EVERY: Duration = Duration::from_millis(250);
+
+impl Context {
+    /// Restart the target controllers whose task ended on its own (a panic
+    /// outside a reconcile, a stream that ended, an abort), each after
+    /// `restart_delay`; until it runs again `/readyz` names it, and the
+    /// restart is counted in `runbook_controller_restarts_total{kind}`.
+    pub fn restart_ended(self: &Arc<Self>) {
+        if *self.stop.borrow() {
+            return;
+        }
+        let mut targets = lock(&self.running.targets);
+        for (k, t) in targets.iter_mut() {
+            if !t.task.is_finished() {
+                continue;
+            }
+            let name = format!("controller of {k}");
+            let reason = lock(&t.ended)
+                .clone()
+                .unwrap_or_else(|| "it was stopped".into());
+            let down = self.health.watches.controller_ended(&name, &reason);
+            if down.is_zero() {
+                tracing::error!(kind = %k, "the {name} ended: {reason}; restarting it");
+            }
+            if down < restart_delay(t.restarts) {
+                continue;
+            }
+            let restarts = t.restarts + 1;
+            // What changed while it was down reaches its targets as a
+            // relist, not as changes: every target is decided again.
+            self.queue
+                .resyncs
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            *t = spawn_target(self, k, t.selector.clone());
+            t.restarts = restarts;
+            self.metrics
+                .controller_restarts
+                .get_or_create(&Metrics::labels(&[("kind", &k.kind)]))
+                .inc();
+            self.health.watches.controller_restarted(&name);
+            tracing::warn!(kind = %k, restarts, "restarted the {name}");
+        }
+    }
+
+    /// End the controller of `kind` as a fault would (for tests of the
+    /// supervision): the supervisor restarts it.
+    #[doc(hidden)]
+    pub fn end_controller(&self, kind: &KindRef) {
+        if let Some(t) = lock(&self.running.targets).get(kind) {
+            t.task.abort();
+        }
+    }
+}

@@ -1,0 +1,747 @@
+//! The operator: starts the watches and controllers a policy set needs
+//! (once it leads), swaps policy sets in, routes cache changes to the
+//! targets they concern, and shuts down.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use kube::Client;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::context::{Context, Health, Memory, OperatorConfig, Queue, Running, TargetController};
+use super::controllers::{SUPERVISE_EVERY, spawn_target};
+use super::leader::Elector;
+use crate::act;
+use crate::alert::AlertSink;
+use crate::events::EventWriter;
+use crate::observe::cache::{Change, spawn_informer};
+use crate::observe::discovery::Resources;
+use crate::observe::health::WatchHealth;
+use crate::observe::view::TargetKey;
+use crate::telemetry::Metrics;
+use crate::util::channel;
+use crate::util::lock;
+use runbook_core::clock::Clock;
+use runbook_core::kinds::KindRef;
+use runbook_core::policy::PolicySet;
+use runbook_core::script::ScriptEngine;
+
+/// How often, and how far apart, start-up asks discovery again for a kind
+/// it does not list (a CRD being established): two seconds in all.
+const DISCOVERY_RETRIES: u32 = 8;
+const DISCOVERY_RETRY_EVERY: Duration = Duration::from_millis(250);
+
+/// Why the operator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    MissingKinds(String),
+    #[error("discovery failed: {}", crate::util::api_error(.0))]
+    Discovery(kube::Error),
+    #[error("the authorship webhook: {0}")]
+    Webhook(String),
+}
+
+/// How often the alerts of deleted objects are resolved.
+const ALERT_SWEEP: Duration = Duration::from_secs(15);
+
+/// The operator.
+pub struct Operator {
+    pub ctx: Arc<Context>,
+    stop: watch::Sender<bool>,
+    changes_rx: Mutex<Option<channel::Receiver<Change>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    leading_rx: watch::Receiver<bool>,
+    leading_tx: Mutex<Option<watch::Sender<bool>>>,
+}
+
+/// How long start-up and a policy edit wait for the caches to fill.
+const SYNC_WAIT: Duration = Duration::from_secs(60);
+
+impl Operator {
+    pub fn new(
+        client: Client,
+        engine: Arc<ScriptEngine>,
+        policies: PolicySet,
+        clock: Clock,
+        alerts: Arc<dyn AlertSink>,
+        metrics: Arc<Metrics>,
+        config: OperatorConfig,
+    ) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        // Changes of watched objects waiting to be routed to the targets
+        // they concern; past the capacity, one drops and every target is
+        // resynced.
+        let (changes, changes_rx) = channel::bounded(config.queue_capacity);
+        let (leading_tx, leading_rx) = watch::channel(false);
+        let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
+        // Every write's answer is looked at: a 403 counts, and keeps the
+        // instance unready until the same write succeeds.
+        let forbidden = Arc::new(super::forbidden::Forbidden::with_metrics(metrics.clone()));
+        let client = super::forbidden::observed(client, forbidden.clone());
+        let ctx = Arc::new(Context {
+            recorder: EventWriter::of_runbook(client.clone(), &config.identity),
+            authority: act::authorize::Authority::new(client.clone(), config.signer.clone()),
+            webhook: std::sync::OnceLock::new(),
+            resources: Resources::new(client.clone()),
+            client,
+            engine,
+            policies: ArcSwap::from_pointee(policies),
+            clock,
+            metrics,
+            alerts,
+            config,
+            health: Health {
+                watches,
+                forbidden,
+                ..Health::default()
+            },
+            skip_differences: Mutex::default(),
+            running: Running::default(),
+            queue: Queue {
+                pending: Default::default(),
+                failures: Default::default(),
+                in_flight: Default::default(),
+                activity: Default::default(),
+                changes,
+                resyncs: Default::default(),
+            },
+            memory: Memory::default(),
+            stop: stop_rx,
+        });
+        Self {
+            ctx,
+            stop,
+            changes_rx: Mutex::new(Some(changes_rx)),
+            tasks: Mutex::new(Vec::new()),
+            leading_rx,
+            leading_tx: Mutex::new(Some(leading_tx)),
+        }
+    }
+
+    /// Check that every kind the policies name is served. A missing target
+    /// kind stops the start with the command that fixes it; a policy that
+    /// only owns or reads a missing kind is set aside (and said so), and
+    /// the others run.
+    pub async fn check_kinds(&self, set: &PolicySet) -> Result<PolicySet, StartError> {
+        let mut kinds: Vec<KindRef> = Vec::new();
+        for p in set.policies.values() {
+            for k in p.kinds.kinds() {
+                if !kinds.contains(k) {
+                    kinds.push(k.clone());
+                }
+            }
+        }
+        // Runbook keeps its state of targets of other kinds' schemas in a
+        // kind of its own, which must be served too.
+        let state = super::reconcile::state_kind();
+        let needs_state = set
+            .target_kinds()
+            .iter()
+            .any(|k| !crate::act::state::owns_schema(k));
+        if needs_state {
+            kinds.push(state.clone());
+        }
+        let mut missing = self.not_served(kinds).await?;
+        // Without RunbookState, Runbook's state of a built-in kind has
+        // nowhere to go; of another kind it stays in the status (and a
+        // status that prunes it is said so at its first write).
+        let served = !missing.contains(&state);
+        self.ctx
+            .memory
+            .states_served
+            .store(needs_state && served, Ordering::Release);
+        let built_in_target = set.target_kinds().iter().any(crate::act::state::built_in);
+        if needs_state && !served && !built_in_target {
+            tracing::warn!(
+                "the API server does not serve {state}: Runbook's state of targets whose status prunes it has nowhere to go; install Runbook's CRDs (runbook crds | kubectl apply --server-side -f -)"
+            );
+            missing.retain(|k| *k != state);
+        }
+        let targets: Vec<KindRef> = missing
+            .iter()
+            .filter(|k| set.target_kinds().contains(k) || **k == state)
+            .cloned()
+            .collect();
+        if !targets.is_empty() {
+            let names: Vec<String> = targets.iter().map(|k| k.to_string()).collect();
+            let fix = if targets.iter().any(|k| k.group() == "runbook.dev") {
+                "install Runbook's CRDs with: runbook crds | kubectl apply --server-side -f -"
+            } else {
+                "install the CustomResourceDefinitions that define them (kubectl apply -f <crd.yaml>), then start again"
+            };
+            return Err(StartError::MissingKinds(format!(
+                "the policies need {}, which the API server does not serve; {fix}",
+                names.join(", ")
+            )));
+        }
+        Ok(self.set_aside(set, &missing))
+    }
+
+    /// The kinds discovery does not list. A CRD applied a moment ago is
+    /// served before discovery lists it: a kind not found is asked for
+    /// again for a little while.
+    async fn not_served(&self, kinds: Vec<KindRef>) -> Result<Vec<KindRef>, StartError> {
+        let mut pending = kinds;
+        let mut missing = Vec::new();
+        for attempt in 0..=DISCOVERY_RETRIES {
+            missing.clear();
+            for k in &pending {
+                match self.ctx.resources.resolve(k).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => missing.push(k.clone()),
+                    Err(kube::Error::Discovery(_)) => missing.push(k.clone()),
+                    Err(e) => return Err(StartError::Discovery(e)),
+                }
+            }
+            if missing.is_empty() || attempt == DISCOVERY_RETRIES {
+                break;
+            }
+            tracing::debug!(kinds = ?missing, "not in discovery yet; asking again");
+            tokio::time::sleep(DISCOVERY_RETRY_EVERY).await;
+            pending = missing.clone();
+        }
+        Ok(missing)
+    }
+
+    /// The policies without those that need a kind in `missing` (each set
+    /// aside said and counted).
+    fn set_aside(&self, set: &PolicySet, missing: &[KindRef]) -> PolicySet {
+        let mut kept = set.clone();
+        for (name, p) in &set.policies {
+            let absent: Vec<String> = p
+                .kinds
+                .kinds()
+                .into_iter()
+                .filter(|k| missing.contains(k))
+                .map(|k| k.to_string())
+                .collect();
+            if !absent.is_empty() {
+                tracing::error!(policy = %name, "set aside: the API server does not serve {}; install the CRDs that define them", absent.join(", "));
+                self.ctx
+                    .metrics
+                    .policy_reloads
+                    .get_or_create(&Metrics::labels(&[("result", "missing_kinds")]))
+                    .inc();
+                kept.policies.remove(name);
+            }
+        }
+        kept
+    }
+
+    fn ensure_informers(&self, set: &PolicySet) {
+        let targets: Vec<KindRef> = set.target_kinds();
+        let mut wanted: Vec<KindRef> = Vec::new();
+        // Runbook's state of targets whose schema is not Runbook's.
+        if self.ctx.memory.states_served.load(Ordering::Acquire) {
+            wanted.push(super::reconcile::state_kind());
+        }
+        for p in set.policies.values() {
+            for k in p.kinds.kinds() {
+                if !targets.contains(k) && !wanted.contains(k) {
+                    wanted.push(k.clone());
+                }
+            }
+        }
+        let mut informers = lock(&self.ctx.running.informers);
+        informers.retain(|k, _| wanted.contains(k));
+        for k in wanted {
+            informers.entry(k.clone()).or_insert_with(|| {
+                // Plural and scope as discovery found them (a CRD may name
+                // its plural anything, and be cluster-scoped).
+                let (resource, namespaced) = self.ctx.resources.served_as(&k);
+                Arc::new(spawn_informer(
+                    self.ctx.client.clone(),
+                    resource,
+                    k.clone(),
+                    self.ctx.config.namespace.clone(),
+                    self.ctx.queue.changes.clone(),
+                    self.ctx.health.watches.clone(),
+                    namespaced,
+                ))
+            });
+        }
+    }
+
+    /// Wait for the caches to fill, at most [`SYNC_WAIT`]: a kind whose
+    /// watch cannot list (a permission revoked, a CRD removed) does not
+    /// hold up the others or a policy edit for ever. Reaching the bound is
+    /// logged and counted; that kind's targets are decided once it fills
+    /// (its watch failing is in `/readyz`).
+    async fn wait_informers(&self) {
+        let caches: Vec<Arc<crate::observe::cache::KindCache>> = lock(&self.ctx.running.informers)
+            .values()
+            .map(|i| i.cache.clone())
+            .collect();
+        let all = futures::future::join_all(caches.iter().map(|c| c.wait_synced()));
+        if tokio::time::timeout(SYNC_WAIT, all).await.is_ok() {
+            return;
+        }
+        for c in caches.iter().filter(|c| !c.is_synced()) {
+            tracing::warn!(kind = %c.kind, "the cache of this kind did not fill within {}s; going on without it", SYNC_WAIT.as_secs());
+            self.ctx
+                .metrics
+                .cache_waits_ended
+                .get_or_create(&Metrics::labels(&[
+                    ("kind", &c.kind.kind),
+                    ("wait", "fill"),
+                ]))
+                .inc();
+        }
+    }
+
+    async fn ensure_controllers(&self, set: &PolicySet) {
+        let wanted = set.target_kinds();
+        let mut new_stores = Vec::new();
+        {
+            let mut targets = lock(&self.ctx.running.targets);
+            // Gone, or watched with another selector than the policies
+            // now ask for: stopped (and started again below).
+            let stale: Vec<KindRef> = targets
+                .iter()
+                .filter(|(k, t)| !wanted.contains(k) || t.selector != set.watch_selector(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in stale {
+                if let Some(t) = targets.remove(&k) {
+                    t.task.abort();
+                }
+            }
+            for k in wanted {
+                if targets.contains_key(&k) {
+                    continue;
+                }
+                let t = spawn_target(&self.ctx, &k, set.watch_selector(&k));
+                new_stores.push(t.store.clone());
+                targets.insert(k, t);
+            }
+        }
+        for s in new_stores {
+            // A waiter that arrives while the store is being marked ready
+            // can miss the wake-up; polling again finds it ready.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(100), s.wait_until_ready()).await {
+                    Ok(_) => break,
+                    Err(_) => continue,
+                }
+            }
+        }
+    }
+
+    /// Start: check kinds, fill caches, then (once leading) reconcile.
+    pub async fn start(&self) -> Result<(), StartError> {
+        // Discovery waits out an API server that is not there (yet); a
+        // kind it does not serve is an answer, and fails the start.
+        let mut stop = self.ctx.stop.clone();
+        let checked = tokio::select! {
+            r = crate::observe::health::patiently(&self.ctx.health.waiting, "discovering the policies' kinds", || async {
+                match self.check_kinds(&self.ctx.policies.load_full()).await {
+                    Err(StartError::Discovery(e)) => Err(crate::util::api_error(&e)),
+                    other => Ok(other),
+                }
+            }) => r,
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        };
+        let set = Arc::new(checked?);
+        self.ctx.policies.store(set.clone());
+        self.warn_unlisted_status(&set).await;
+        self.learn_identity();
+        self.start_webhook().await?;
+        self.ensure_informers(&set);
+        if let Some(rx) = lock(&self.changes_rx).take() {
+            lock(&self.tasks).push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
+        }
+        self.wait_informers().await;
+        self.ctx.health.synced.store(true, Ordering::Release);
+        let leading_tx = lock(&self.leading_tx).take().expect("start runs once");
+        match self.ctx.config.lease.clone() {
+            None => {
+                self.ctx.health.leading.store(true, Ordering::Release);
+                let _ = leading_tx.send(true);
+            }
+            Some(lease) => {
+                let elector = Elector::new(self.ctx.client.clone(), lease, Clock::real());
+                let task = tokio::spawn(elector.run(
+                    self.ctx.health.leading.clone(),
+                    leading_tx,
+                    self.ctx.stop.clone(),
+                ));
+                lock(&self.tasks).push(task);
+            }
+        }
+        let mut leading = self.leading_rx.clone();
+        let mut stop = self.ctx.stop.clone();
+        tokio::select! {
+            _ = leading.wait_for(|l| *l) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        self.take_lead().await;
+        let ctx = self.ctx.clone();
+        let mut stop = self.ctx.stop.clone();
+        lock(&self.tasks).push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(ALERT_SWEEP);
+            let mut supervise = tokio::time::interval(SUPERVISE_EVERY);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {
+                        ctx.sweep_alerts();
+                        ctx.prune_memory();
+                    }
+                    // A replica that stepped down restarts nothing.
+                    _ = supervise.tick() => if ctx.health.leading.load(Ordering::Acquire) {
+                        ctx.restart_ended()
+                    },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        }));
+        self.publish_policy_info(&set);
+        Ok(())
+    }
+
+    /// Status the policies declare that their targets' served schemas
+    /// (the API server's OpenAPI v3 documents) would drop: each logged
+    /// and set in `runbook_status_unlisted{policy,field}`, so it is seen
+    /// before the first write drops it.
+    async fn warn_unlisted_status(&self, set: &PolicySet) {
+        self.ctx.metrics.status_unlisted.clear();
+        lock(&self.ctx.memory.dropped).clear();
+        let mut documents: std::collections::HashMap<String, Option<Value>> = Default::default();
+        for p in set.policies.values() {
+            let k = &p.target;
+            if !p.status.declared || runbook_core::kinds::built_in(k) {
+                continue;
+            }
+            let path = match k.group() {
+                "" => format!("/openapi/v3/api/{}", k.version()),
+                g => format!("/openapi/v3/apis/{g}/{}", k.version()),
+            };
+            if !documents.contains_key(&path) {
+                let doc = match http::Request::get(&path).body(Vec::new()) {
+                    Ok(req) => self.ctx.client.request::<Value>(req).await.ok(),
+                    Err(_) => None,
+                };
+                documents.insert(path.clone(), doc);
+            }
+            let Some(doc) = documents.get(&path).and_then(Option::as_ref) else {
+                continue;
+            };
+            let reversed: Vec<&str> = k.group().split('.').rev().collect();
+            let key = format!("{}.{}.{}", reversed.join("."), k.version(), k.kind);
+            let Some(schema) =
+                doc.pointer(&format!("/components/schemas/{}", key.replace('/', "~1")))
+            else {
+                continue;
+            };
+            if schema["x-kubernetes-preserve-unknown-fields"] == true {
+                continue;
+            }
+            let status = schema["properties"]["status"].clone();
+            for (what, _) in crate::act::state::unlisted(&status, &p.status) {
+                tracing::warn!(policy = %p.name, kind = %k, "the policy declares status {what:?}, which the served schema of {k} does not list: the API server will drop it (add it to the CRD's status properties)");
+                self.ctx
+                    .metrics
+                    .status_unlisted
+                    .get_or_create(&Metrics::labels(&[("policy", &p.name), ("field", &what)]))
+                    .set(1);
+                lock(&self.ctx.memory.dropped)
+                    .entry((p.name.clone(), k.clone()))
+                    .or_default()
+                    .insert(what);
+            }
+        }
+    }
+
+    /// Serve the authorship webhook, if configured (every replica does),
+    /// and verify author records with its key.
+    async fn start_webhook(&self) -> Result<(), StartError> {
+        let Some(config) = self.ctx.config.webhook.clone() else {
+            return Ok(());
+        };
+        if self.ctx.webhook.get().is_some() {
+            return Ok(());
+        }
+        let hook = Arc::new(
+            super::webhook::Webhook::start(&self.ctx.client, config)
+                .await
+                .map_err(StartError::Webhook)?,
+        );
+        self.ctx.authority.set_signer(hook.signer());
+        lock(&self.tasks).push(hook.spawn_renewal(self.ctx.client.clone(), self.ctx.stop.clone()));
+        let _ = self.ctx.webhook.set(hook);
+        Ok(())
+    }
+
+    /// Point the webhook configuration at this webhook for the kinds `set`
+    /// targets (the leader does).
+    async fn keep_webhook_in_step(&self, set: &PolicySet) {
+        let Some(hook) = self.ctx.webhook.get() else {
+            return;
+        };
+        match hook
+            .keep_in_step(&self.ctx.client, set, &self.ctx.resources)
+            .await
+        {
+            Ok(true) => {
+                tracing::info!("the authorship webhook's configuration was brought in step")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!("keeping the authorship webhook's configuration in step: {e}")
+            }
+        }
+    }
+
+    /// Learn Runbook's own identity (for targets it writes itself), asking
+    /// again until the API server answers; until then no target has an
+    /// author it trusts.
+    fn learn_identity(&self) {
+        let ctx = self.ctx.clone();
+        let mut stop = self.ctx.stop.clone();
+        lock(&self.tasks).push(tokio::spawn(async move {
+            let mut pause = Duration::from_millis(200);
+            loop {
+                match ctx.authority.learn_identity().await {
+                    Ok(me) => {
+                        tracing::debug!(user = %me, "the API server knows Runbook as this user");
+                        return;
+                    }
+                    Err(e) => tracing::warn!("{e}; asking again in {}s", pause.as_secs_f32()),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        }));
+    }
+
+    /// `runbook_policy_info{policy,version}`: exactly the policies in force.
+    fn publish_policy_info(&self, set: &PolicySet) {
+        self.ctx.metrics.policy_info.clear();
+        for p in set.policies.values() {
+            self.ctx
+                .metrics
+                .policy_info
+                .get_or_create(&Metrics::labels(&[
+                    ("policy", &p.name),
+                    ("version", &p.version),
+                ]))
+                .set(1);
+        }
+    }
+
+    /// Begin acting as the leader: the alerts notified before, the
+    /// controllers of the policies in force, ready.
+    async fn take_lead(&self) {
+        let set = self.ctx.policies.load_full();
+        self.ctx.metrics.leader.set(1);
+        self.keep_webhook_in_step(&set).await;
+        // What was notified before this leader, so that nothing is sent twice.
+        self.ctx.alerts.restore().await;
+        self.ensure_controllers(&set).await;
+        self.ctx.health.ready.store(true, Ordering::Release);
+    }
+
+    /// Stop acting, having lost the Lease: every controller stopped (its
+    /// reconciles in flight dropped before their next write), nothing
+    /// queued. The caches stay filled, as a standby's do.
+    fn step_down(&self) {
+        self.ctx.health.ready.store(false, Ordering::Release);
+        self.ctx.metrics.leader.set(0);
+        let controllers: Vec<TargetController> = lock(&self.ctx.running.targets)
+            .drain()
+            .map(|(_, t)| t)
+            .collect();
+        for t in controllers {
+            t.task.abort();
+        }
+        lock(&self.ctx.queue.pending).clear();
+        self.ctx.metrics.queue_depth.set(0);
+    }
+
+    /// After [`Operator::start`]: while the Lease is held, reconcile; when
+    /// it is lost (an API server outage, a 403 while the server's RBAC
+    /// warms up, a standby that took over), stop acting and stand by,
+    /// trying to lead again, and resume once leading. Resolves only when
+    /// the operator is told to stop.
+    pub async fn follow_leadership(&self) {
+        let mut stop = self.ctx.stop.clone();
+        loop {
+            tokio::select! {
+                _ = self.lost_leadership() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            tracing::warn!("lost the leader lease: stopped acting; standing by to lead again");
+            self.step_down();
+            let mut leading = self.leading_rx.clone();
+            tokio::select! {
+                r = leading.wait_for(|l| *l) => if r.is_err() { return },
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            tracing::info!("leading again: resuming");
+            self.take_lead().await;
+        }
+    }
+
+    /// Resolves when this instance stops leading (after having led);
+    /// never, without leader election.
+    pub async fn lost_leadership(&self) {
+        let mut rx = self.leading_rx.clone();
+        if rx.wait_for(|l| *l).await.is_err() || rx.wait_for(|l| !*l).await.is_err() {
+            // No elector: the leadership cannot be lost.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.ctx.health.leading.load(Ordering::Acquire)
+    }
+
+    /// Swap in a new policy set: start what it needs, stop what it no
+    /// longer needs, and reconcile every target of a changed policy once.
+    pub async fn swap_policies(&self, set: PolicySet) -> Vec<KindRef> {
+        // Policies naming a kind the cluster does not serve stay set aside,
+        // as at start-up, whichever bundle they come from.
+        let set = match self.check_kinds(&set).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                tracing::error!("checking the kinds of the new policy set: {e}");
+                set
+            }
+        };
+        let old = self.ctx.policies.load_full();
+        let mut changed: Vec<KindRef> = Vec::new();
+        for p in set.policies.values() {
+            let same = old
+                .policies
+                .get(&p.name)
+                .is_some_and(|q| q.version == p.version);
+            if !same && !changed.contains(&p.target) {
+                changed.push(p.target.clone());
+            }
+        }
+        for (name, q) in &old.policies {
+            if !set.policies.contains_key(name) && !changed.contains(&q.target) {
+                changed.push(q.target.clone());
+            }
+        }
+        self.ctx.policies.store(Arc::new(set.clone()));
+        self.warn_unlisted_status(&set).await;
+        self.ensure_informers(&set);
+        self.wait_informers().await;
+        if self.is_leading() {
+            self.keep_webhook_in_step(&set).await;
+            self.ensure_controllers(&set).await;
+        }
+        self.publish_policy_info(&set);
+        let still: Vec<KindRef> = changed
+            .into_iter()
+            .filter(|k| set.target_kinds().contains(k))
+            .collect();
+        self.ctx.resync(&still);
+        still
+    }
+
+    /// Stop taking work, let reconciles in flight finish (up to `grace`),
+    /// release the Lease.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = self.stop.send(true);
+        let deadline = Instant::now() + grace;
+        while self.ctx.in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let tasks: Vec<tokio::task::JoinHandle<()>> = std::mem::take(&mut *lock(&self.tasks));
+        for t in tasks {
+            let _ = tokio::time::timeout(
+                deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1),
+                t,
+            )
+            .await;
+        }
+        let controllers: Vec<TargetController> = lock(&self.ctx.running.targets)
+            .drain()
+            .map(|(_, t)| t)
+            .collect();
+        for t in controllers {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t.task).await;
+        }
+        lock(&self.ctx.running.informers).clear();
+        self.ctx.health.ready.store(false, Ordering::Release);
+        self.ctx.health.synced.store(false, Ordering::Release);
+        self.ctx.metrics.leader.set(0);
+    }
+
+    /// Wait until nothing is in flight or pending and no reconcile has
+    /// finished for `quiet` (tests and simulations use this to settle).
+    pub async fn settle(&self, quiet: Duration, max: Duration) {
+        let deadline = Instant::now() + max;
+        let mut last = self.ctx.activity();
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let now = self.ctx.activity();
+            if now != last || self.ctx.in_flight() > 0 || self.ctx.pending() > 0 {
+                last = now;
+                since = Instant::now();
+            } else if since.elapsed() >= quiet {
+                return;
+            }
+            if Instant::now() > deadline {
+                return;
+            }
+        }
+    }
+}
+
+/// Route cache changes to the targets they concern: owners by their
+/// ownerReferences, readers by what their last decision looked up.
+async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
+    let mut stop = ctx.stop.clone();
+    loop {
+        let ch = tokio::select! {
+            ch = rx.recv() => match ch {
+                Some(ch) => ch,
+                None => return,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        // Changes the full queue dropped could have woken any target.
+        let lost = rx.take_dropped();
+        if lost > 0 {
+            ctx.overflowed("changes", lost, true);
+            ctx.resync(&[]);
+        }
+        let set = ctx.policies.load_full();
+        let targets = set.target_kinds();
+        let mut keys: Vec<TargetKey> = Vec::new();
+        // A child's own apply coming back changes nothing its owner's
+        // decision did not read (it is what the decision asked for): its
+        // owner is not woken for it, only what read it.
+        let child = act::ChildKey::new(&ch.kind, &ch.namespace, &ch.name);
+        let own_apply = ctx.memory.applied.seen(&child, ch.version.as_deref());
+        if own_apply {
+            tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is not woken for it");
+        }
+        for o in ch.owners.iter().filter(|_| !own_apply) {
+            let k = KindRef::new(&o.api_version, &o.kind);
+            if targets.contains(&k) {
+                keys.push(TargetKey {
+                    kind: k,
+                    namespace: ch.namespace.clone(),
+                    name: o.name.clone(),
+                });
+            }
+        }
+        keys.extend(lock(&ctx.memory.deps).readers_of(&ch.kind, &ch.namespace, &ch.name));
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            ctx.trigger(k);
+        }
+    }
+}

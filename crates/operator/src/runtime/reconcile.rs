@@ -1,0 +1,994 @@
+//! One reconcile of one target: every policy bound to it decides, and
+//! `act` carries each decision out; finalizers, the read-your-own-writes
+//! guard, the circuit breaker, metrics and the backoff of failures.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use jiff::Timestamp;
+use kube::runtime::controller::Action;
+use serde_json::Value;
+use tracing::Instrument;
+
+use super::context::{Context, ShadowRecord};
+use crate::act::{self, Acting, Exec};
+use crate::observe::RawObject;
+use crate::observe::discovery::Resolved;
+use crate::observe::view::{TargetKey, Tracking};
+use crate::telemetry::Metrics;
+use crate::util::lock;
+use runbook_core::decide::{self, Observed};
+use runbook_core::kinds::KindRef;
+use runbook_core::policy::compile::CompiledPolicy;
+use runbook_core::policy::{self, PolicySet};
+
+/// Why a reconcile failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ReconcileError {
+    pub message: String,
+    pub label: &'static str,
+}
+
+fn finalizer_name(policy: &str) -> String {
+    let name = if policy.len() <= 63 {
+        policy.to_string()
+    } else {
+        runbook_core::names::child_name(
+            &policy[..50],
+            &crate::util::hash::short_hex(policy.as_bytes(), 8),
+        )
+    };
+    format!("runbook.dev/{name}")
+}
+
+/// A warning Event on a target.
+fn warning(reason: &str, message: String) -> act::plan::Note {
+    act::plan::Note {
+        type_: crate::events::EventType::Warning,
+        reason: reason.into(),
+        message,
+    }
+}
+
+/// Add or remove one of the target's finalizers (counted as a write), as
+/// the policy it is for.
+async fn finalizers(
+    ctx: &Context,
+    policy: &str,
+    kind: &Resolved,
+    target: &Value,
+    add: Option<&str>,
+    remove: Option<&str>,
+) -> Result<(), ReconcileError> {
+    ctx.metrics.writes.inc();
+    let manager = act::manager_of(policy);
+    act::Writer {
+        manager: &manager,
+        ..ctx.writer()
+    }
+    .finalizers(kind, target, add, remove)
+    .await
+    .map_err(|e| ReconcileError {
+        message: e.to_string(),
+        label: "finalizer",
+    })
+}
+
+/// Which of a policy's functions a reconcile runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hook {
+    /// `reconcile` (or the steps): the target is alive.
+    Reconcile,
+    /// `finalize`: the target is being deleted and holds our finalizer.
+    Finalize,
+}
+
+/// One policy's decision on one target, carried out.
+async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hook) -> act::Outcome {
+    let (set, target, resolved, key) = (&*t.set, &t.cached, &t.resolved, t.key);
+    let apart = t.apart.as_ref();
+    let now: Timestamp = ctx.clock.now();
+    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
+    let woken = ctx.memory.last.woken();
+    let (tracking, observed) = tracked(ctx, p, t, now);
+    let decision = timed_decision(ctx, p, &observed, hook);
+    let read = tracking.take();
+    let checked = tracking.take_checked();
+    let mode = mode_of(ctx, p, now);
+    let reads_target = read.iter().any(|a| a.kind == key.kind);
+    lock(&ctx.memory.deps).set(key, &p.name, read);
+    let manager = act::manager_of(&p.name);
+    let dropped: Vec<String> = lock(&ctx.memory.dropped)
+        .get(&(p.name.clone(), key.kind.clone()))
+        .map(|d| d.iter().cloned().collect())
+        .unwrap_or_default();
+    let exec = Exec {
+        writer: act::Writer {
+            now,
+            manager: &manager,
+            ..ctx.writer()
+        },
+        resources: &ctx.resources,
+        view: &tracking.sources,
+        alerts: ctx.alerts.as_ref(),
+        authority: &ctx.authority,
+        reads: &checked,
+        state: apart,
+        state_at: state_apart(ctx, key),
+        dropped: &dropped,
+    };
+    let routes = set.routes_for(p);
+    let decided = decision.as_ref();
+    let mut outcome = act::execute(
+        &exec,
+        p,
+        routes.as_ref(),
+        target,
+        resolved,
+        decided,
+        mode.clone(),
+    )
+    .await;
+    if let Err(e) = &decision {
+        tracing::warn!(policy = %p.name, "{e}");
+    }
+    if hook == Hook::Reconcile {
+        let carried_out = decision.as_ref().ok().filter(|_| outcome.error.is_none());
+        let last = super::unchanged::Made {
+            target: target.value(),
+            reads_own_kind: reads_target,
+            mode: &mode,
+            resyncs,
+            woken,
+            now,
+            check: ctx.config.check_skips,
+        };
+        ctx.memory.last.remember(key, p, carried_out, &last);
+    }
+    note_dropped(ctx, p, &key.kind, &outcome);
+    count(ctx, p, now, &outcome);
+    if mode == Acting::Shadow {
+        keep_shadow(ctx, p, key, now, &outcome);
+    }
+    if let Ok(d) = &decision {
+        outcome.requeue_ms = d.requeue_after_ms;
+    }
+    outcome
+}
+
+/// What a decision on `t` observes, through a view that records what it
+/// reads.
+fn tracked(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    now: Timestamp,
+) -> (Arc<Tracking>, Observed) {
+    let tracking = Arc::new(Tracking::new(
+        ctx.sources(),
+        ctx.memory.deps.clone(),
+        t.key.clone(),
+        &p.name,
+    ));
+    let observed = Observed {
+        target: t.cached.clone(),
+        view: tracking.clone(),
+        now,
+    };
+    (tracking, observed)
+}
+
+/// A policy's decision (or finalize), its script time measured.
+fn timed_decision(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    observed: &Observed,
+    hook: Hook,
+) -> Result<decide::Decision, decide::DecideError> {
+    let started = Instant::now();
+    let decision = match hook {
+        Hook::Reconcile => decide::decide(&ctx.engine, p, observed),
+        Hook::Finalize => decide::finalize(&ctx.engine, p, observed),
+    };
+    ctx.metrics
+        .script_seconds
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .observe(started.elapsed().as_secs_f64());
+    decision
+}
+
+/// Where Runbook's state of a target is kept apart from it, when it is:
+/// a kind whose schema is not Runbook's, once the server serves the
+/// state's kind.
+fn state_apart(ctx: &Context, key: &TargetKey) -> Option<(String, String)> {
+    (!act::state::owns_schema(&key.kind)
+        && ctx
+            .memory
+            .states_served
+            .load(std::sync::atomic::Ordering::Acquire))
+    .then(|| state_location(ctx, &key.kind, key))
+}
+
+/// Keep which status fields of `kind` the API server dropped from a
+/// policy's writes (and which it kept again), for the next write.
+fn note_dropped(ctx: &Context, p: &CompiledPolicy, kind: &KindRef, outcome: &act::Outcome) {
+    if outcome.dropped.is_empty() && outcome.kept.is_empty() {
+        return;
+    }
+    let mut d = lock(&ctx.memory.dropped);
+    let known = d.entry((p.name.clone(), kind.clone())).or_default();
+    known.extend(outcome.dropped.iter().cloned());
+    for k in &outcome.kept {
+        known.remove(k);
+    }
+}
+
+/// How a policy may act now: shadow, enforcing, or suspended while its
+/// circuit breaker is open.
+fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Acting {
+    let mode = match p.mode {
+        policy::Mode::Shadow => Acting::Shadow,
+        policy::Mode::Enforce => {
+            let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
+                lock(&ctx.memory.breakers)
+                    .entry(p.name.clone())
+                    .or_default()
+                    .open(cb, now.as_millisecond())
+            });
+            open.map_or(Acting::Enforce, Acting::Suspended)
+        }
+    };
+    ctx.metrics
+        .circuit_open
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .set(matches!(mode, Acting::Suspended(_)) as i64);
+    mode
+}
+
+/// Count what a decision did (metrics, and the circuit breaker's errors).
+fn count(ctx: &Context, p: &CompiledPolicy, now: Timestamp, outcome: &act::Outcome) {
+    let m = &ctx.metrics;
+    for (verb, result) in &outcome.results {
+        let labels = [
+            ("policy", p.name.as_str()),
+            ("action", verb),
+            ("result", result),
+        ];
+        m.actions.get_or_create(&Metrics::labels(&labels)).inc();
+    }
+    for (verb, _) in &outcome.refused {
+        let labels = [("policy", p.name.as_str()), ("action", verb.as_str())];
+        m.refusals.get_or_create(&Metrics::labels(&labels)).inc();
+    }
+    m.writes.inc_by(u64::from(outcome.writes));
+    for field in &outcome.dropped {
+        let labels = [("policy", p.name.as_str()), ("field", field.as_str())];
+        m.status_dropped
+            .get_or_create(&Metrics::labels(&labels))
+            .inc();
+    }
+    if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
+        lock(&ctx.memory.breakers)
+            .entry(p.name.clone())
+            .or_default()
+            .record(cb, now.as_millisecond(), outcome.error.is_some());
+    }
+}
+
+/// Keep a shadow policy's decision for inspection (the newest thousand).
+fn keep_shadow(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    key: &TargetKey,
+    now: Timestamp,
+    outcome: &act::Outcome,
+) {
+    tracing::info!(policy = %p.name, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
+    let mut log = lock(&ctx.memory.shadow);
+    log.push_back(ShadowRecord {
+        time: crate::util::time::format(now),
+        target: format!("{} {}/{}", key.kind, key.namespace, key.name),
+        record: outcome.record.clone(),
+    });
+    while log.len() > 1000 {
+        log.pop_front();
+    }
+}
+
+/// What a caught panic said.
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+fn key_of(kind: &KindRef, obj: &RawObject) -> TargetKey {
+    TargetKey {
+        kind: kind.clone(),
+        namespace: obj.meta.namespace.clone().unwrap_or_default(),
+        name: obj.meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Reconcile one target (what the kind's controller calls).
+pub(super) async fn reconcile(
+    obj: Arc<RawObject>,
+    ctx: Arc<Context>,
+    kind: KindRef,
+) -> Result<Action, ReconcileError> {
+    let key = key_of(&kind, &obj);
+    {
+        let mut pending = lock(&ctx.queue.pending);
+        pending.remove(&key);
+        ctx.metrics.queue_depth.set(pending.len() as i64);
+    }
+    tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
+    pass_on_change(&ctx, &kind, &key, &obj);
+    if let Some(why) = &obj.undecodable {
+        tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");
+        ctx.metrics
+            .skipped
+            .get_or_create(&Metrics::labels(&[("kind", &kind.kind)]))
+            .inc();
+        if obj.meta.name.is_some() {
+            let note = warning("Undecodable", format!("Runbook skips this object: {why}"));
+            ctx.writer().event(&obj.value(), &note).await;
+        }
+        return Ok(Action::await_change());
+    }
+    // Counted while it runs, and uncounted however it ends (a replica
+    // that steps down drops its reconciles mid-way).
+    struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    ctx.queue.in_flight.fetch_add(1, Ordering::AcqRel);
+    let in_flight = InFlight(&ctx.queue.in_flight);
+    // A panic is a bug; it fails this reconcile only (retried with
+    // backoff, counted, reported on the target), never the controller of
+    // the whole kind.
+    let result = match std::panic::AssertUnwindSafe(reconcile_target(&obj, &ctx, &kind, &key))
+        .catch_unwind()
+        .await
+    {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic_message(&*panic);
+            Err(caught(&ctx, &obj, &key, what).await)
+        }
+    };
+    drop(in_flight);
+    ctx.queue.activity.fetch_add(1, Ordering::AcqRel);
+    result
+}
+
+/// A target kind that other policies own, read or mutate has no cache of
+/// its own sending changes (its controller's store serves it), so its
+/// changes, which each bring a reconcile here, are passed on: a
+/// DatabaseBackup's progress wakes the DatabaseCluster that owns it.
+fn pass_on_change(ctx: &Context, kind: &KindRef, key: &TargetKey, obj: &RawObject) {
+    let watched_by_others = ctx
+        .policies
+        .load()
+        .policies
+        .values()
+        .any(|p| p.target != *kind && p.kinds.declares(kind));
+    if !watched_by_others {
+        return;
+    }
+    let owners = obj.meta.owner_references.iter().flatten();
+    let _ = ctx.queue.changes.send(crate::observe::cache::Change {
+        kind: kind.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        owners: owners
+            .map(|o| crate::observe::cache::OwnerRef {
+                api_version: o.api_version.clone(),
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+                uid: o.uid.clone(),
+            })
+            .collect(),
+        version: Some(obj.resource_version().to_string()),
+    });
+}
+
+/// A panic caught in a reconcile: counted, logged, told on the target.
+async fn caught(ctx: &Context, obj: &RawObject, key: &TargetKey, what: String) -> ReconcileError {
+    ctx.metrics
+        .panics
+        .get_or_create(&Metrics::labels(&[("kind", &key.kind.kind)]))
+        .inc();
+    let message =
+        format!("internal error while reconciling (a bug in Runbook, please report it): {what}");
+    tracing::error!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "{message}");
+    let note = warning("InternalError", message.clone());
+    ctx.writer().event(&obj.value(), &note).await;
+    ReconcileError {
+        message,
+        label: "panic",
+    }
+}
+
+/// How long a reconcile waits for the cache to show its own status write
+/// before it decides on what the cache shows (a watch that lost the
+/// event, a write the server turned into something else).
+pub const CACHE_WAIT: Duration = Duration::from_secs(30);
+
+/// Read our own writes: deciding on a status the cache has not caught up
+/// with would repeat what the last decision did. The wait is bounded by
+/// [`CACHE_WAIT`]; reaching it is logged and counted.
+fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
+    match ctx.memory.written.pending(key) {
+        Some((before, since)) if before.iter().any(|rv| rv == obj.resource_version()) => {
+            if since.elapsed() < CACHE_WAIT {
+                tracing::debug!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
+                return true;
+            }
+            tracing::info!(kind = %key.kind, namespace = %key.namespace, name = %key.name,
+                "the cache did not show the last status write within {}s; deciding on what it shows",
+                CACHE_WAIT.as_secs());
+            ctx.metrics
+                .cache_waits_ended
+                .get_or_create(&Metrics::labels(&[
+                    ("kind", &key.kind.kind),
+                    ("wait", "status"),
+                ]))
+                .inc();
+            ctx.memory.written.settled(key);
+            false
+        }
+        Some(_) => {
+            ctx.memory.written.settled(key);
+            false
+        }
+        None => false,
+    }
+}
+
+/// What the policies of one reconcile leave to do: when to come back, and
+/// the last error (each failed policy's backoff is in the requeue).
+#[derive(Default)]
+struct Next {
+    requeue_ms: Option<i64>,
+    error: Option<(String, &'static str)>,
+    /// The versions of the target the status writes replaced: while the
+    /// cache shows one of them, it lags behind.
+    written_over: Vec<String>,
+}
+
+impl Next {
+    fn requeue(&mut self, ms: i64) {
+        self.requeue_ms = Some(self.requeue_ms.map_or(ms, |r| r.min(ms)));
+    }
+
+    /// A policy failed on the target: it comes back after its own
+    /// backoff, which grows with its own consecutive failures there.
+    fn failed(
+        &mut self,
+        ctx: &Context,
+        key: &TargetKey,
+        policy: &str,
+        error: (String, &'static str),
+    ) {
+        let n = {
+            let mut f = lock(&ctx.queue.failures);
+            let n = f.entry((key.clone(), policy.to_string())).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let delay = backoff(
+            ctx.config.backoff_base,
+            longest_backoff(error.1, ctx.config.backoff_max),
+            n,
+            &format!("{}/{}/{}#{policy}", key.kind, key.namespace, key.name),
+        );
+        self.requeue(delay.as_millis() as i64);
+        self.error = Some(error);
+    }
+
+    /// A policy succeeded on the target: its backoff starts over.
+    fn succeeded(ctx: &Context, key: &TargetKey, policy: &str) {
+        lock(&ctx.queue.failures).remove(&(key.clone(), policy.to_string()));
+    }
+}
+
+/// What one target's reconcile shares between its policies.
+struct Target<'a> {
+    /// The target as decisions see it: with Runbook's state laid over its
+    /// status where that state is kept apart.
+    cached: Arc<crate::observe::CachedObject>,
+    key: &'a TargetKey,
+    resolved: Resolved,
+    set: Arc<PolicySet>,
+    /// Runbook's state of the target, for a kind whose schema is not
+    /// Runbook's.
+    apart: Option<act::state::Apart>,
+}
+
+/// The kind Runbook keeps its state of targets in.
+pub fn state_kind() -> KindRef {
+    KindRef::new("runbook.dev/v1alpha1", "RunbookState")
+}
+
+/// Where Runbook's state of a target is kept apart: the target's
+/// namespace (for a cluster-scoped one, the namespace watched, or else the
+/// operator's), and a name from its kind and name.
+fn state_location(ctx: &Context, kind: &KindRef, key: &TargetKey) -> (String, String) {
+    let namespace = if key.namespace.is_empty() {
+        ctx.config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| ctx.config.operator_namespace.clone())
+    } else {
+        key.namespace.clone()
+    };
+    let name = runbook_core::crd::state::name_for(kind.group(), &kind.kind, &key.name);
+    (namespace, name)
+}
+
+/// Runbook's state of a target whose kind's schema is not Runbook's: the
+/// `RunbookState` as the cache shows it, or as this process last wrote it
+/// while the cache still shows what that write replaced. A state left by
+/// an earlier object of the target's name (another uid) is not its.
+fn apart_of(
+    ctx: &Context,
+    kind: &KindRef,
+    key: &TargetKey,
+    target: &crate::observe::CachedObject,
+) -> Option<act::state::Apart> {
+    if act::state::owns_schema(kind)
+        || !ctx
+            .memory
+            .states_served
+            .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return None;
+    }
+    let (namespace, name) = state_location(ctx, kind, key);
+    let cache = lock(&ctx.running.informers)
+        .get(&state_kind())
+        .map(|i| i.cache.clone());
+    let cached = cache
+        .and_then(|c| c.get(&namespace, &name))
+        .map(|o| o.shared());
+    let cached_version = cached
+        .as_deref()
+        .and_then(|s| s.pointer("/metadata/resourceVersion"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let state = match ctx.memory.states.pending(key) {
+        Some((before, written)) if before == cached_version || cached.is_none() => Some(written),
+        Some(_) => {
+            ctx.memory.states.settled(key);
+            cached
+        }
+        None => cached,
+    };
+    let state = state
+        .filter(|s| s.pointer("/spec/target/uid").and_then(Value::as_str) == Some(target.uid()));
+    // Kept in the status while the kind's status keeps what Runbook
+    // writes there, and no state of the target exists apart.
+    let apart =
+        state.is_some() || act::state::built_in(kind) || lock(&ctx.memory.pruning).contains(kind);
+    if !apart {
+        return None;
+    }
+    Some(act::state::Apart {
+        namespace,
+        name,
+        state,
+        target: target.shared(),
+    })
+}
+
+async fn reconcile_target(
+    obj: &RawObject,
+    ctx: &Arc<Context>,
+    kind: &KindRef,
+    key: &TargetKey,
+) -> Result<Action, ReconcileError> {
+    if cache_lags(ctx, obj, key) {
+        // The watch event of that write reconciles again; the requeue is a
+        // backstop, at the end of the wait.
+        return Ok(Action::requeue(CACHE_WAIT));
+    }
+    let set = ctx.policies.load_full();
+    let cached = obj.cached();
+    let policies: Vec<Arc<CompiledPolicy>> = set
+        .for_target(kind)
+        .into_iter()
+        .filter(|p| p.selector.is_empty() || p.selector.matches_object(cached.value()))
+        .filter(|p| p.acts_in(&key.namespace))
+        .collect();
+    if policies.is_empty() {
+        lock(&ctx.memory.deps).forget(key);
+        ctx.memory.last.forget(key);
+        return Ok(Action::await_change());
+    }
+    ctx.memory
+        .last
+        .keep_only(key, policies.iter().map(|p| p.name.as_str()));
+    let resolved = ctx
+        .resources
+        .resolve(kind)
+        .await
+        .map_err(|e| ReconcileError {
+            message: format!("discovering {kind}: {}", crate::util::api_error(&e)),
+            label: "discovery",
+        })?;
+    let apart = apart_of(ctx, kind, key, &cached);
+    let cached = match &apart {
+        Some(a) => crate::observe::CachedObject::new(a.overlaid()),
+        None => cached,
+    };
+    let mut target = Target {
+        cached,
+        key,
+        resolved,
+        set,
+        apart,
+    };
+    let deleting = obj.meta.deletion_timestamp.is_some();
+    let mut next = Next::default();
+    let early = each_policy(ctx, &policies, &mut target, deleting, &mut next).await;
+    if !next.written_over.is_empty() {
+        ctx.memory.written.remember(
+            key.clone(),
+            (
+                std::mem::take(&mut next.written_over),
+                tokio::time::Instant::now(),
+            ),
+        );
+    }
+    if let Some(action) = early? {
+        return Ok(action);
+    }
+    if let Some((message, label)) = &next.error {
+        // Each failed policy is retried on its own backoff (in the
+        // requeue); the others keep their own times.
+        tracing::debug!(error = %message, label = *label, delay_ms = next.requeue_ms, "reconcile failed; retrying");
+    }
+    lock(&ctx.queue.failures).remove(&(key.clone(), String::new()));
+    Ok(match next.requeue_ms {
+        Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
+        None => Action::await_change(),
+    })
+}
+
+/// Run each policy on the target in turn, each deciding on the status the
+/// one before left; `Some` when the reconcile ends early (a finalizer
+/// added: its watch event reconciles again).
+async fn each_policy(
+    ctx: &Context,
+    policies: &[Arc<CompiledPolicy>],
+    target: &mut Target<'_>,
+    deleting: bool,
+    next: &mut Next,
+) -> Result<Option<Action>, ReconcileError> {
+    let present = crate::observe::finalizers_of(target.cached.value());
+    for p in policies {
+        let key = target.key;
+        // The span is the decision's future's own: entered only while it
+        // runs, on whichever worker thread polls it (a guard held across
+        // an await would leave it entered on the thread it left).
+        let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %key.kind.kind, namespace = %key.namespace, name = %key.name);
+        let early = one_policy(ctx, p, target, deleting, &present, next)
+            .instrument(span)
+            .await?;
+        if early.is_some() {
+            return Ok(early);
+        }
+    }
+    Ok(None)
+}
+
+/// One policy on the target (see `each_policy`): `Some` when the
+/// reconcile ends here.
+async fn one_policy(
+    ctx: &Context,
+    p: &Arc<CompiledPolicy>,
+    target: &mut Target<'_>,
+    deleting: bool,
+    present: &[String],
+    next: &mut Next,
+) -> Result<Option<Action>, ReconcileError> {
+    let key = target.key;
+    let fin = finalizer_name(&p.name);
+    if deleting {
+        if present.contains(&fin) {
+            finalize_policy(ctx, p, target, &fin, next).await?;
+        }
+        return Ok(None);
+    }
+    if p.has_finalizer() && p.mode == policy::Mode::Enforce && !present.contains(&fin) {
+        let (kind, value) = (&target.resolved, target.cached.value());
+        finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
+        return Ok(Some(Action::await_change()));
+    }
+    let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
+    if pruned && lock(&ctx.memory.pruning).insert(key.kind.clone()) {
+        tracing::info!(kind = %key.kind, "the status of this kind prunes what Runbook keeps there: its targets' state is kept in RunbookStates");
+    }
+    if state_after.is_some() && target.apart.is_none() {
+        // Moved apart by this write: the state's place.
+        let (namespace, name) = state_location(ctx, &key.kind, key);
+        target.apart = Some(act::state::Apart {
+            namespace,
+            name,
+            state: None,
+            target: Arc::new(
+                after
+                    .clone()
+                    .unwrap_or_else(|| target.cached.value().clone()),
+            ),
+        });
+    }
+    if let (Some(state), Some(apart)) = (state_after, target.apart.as_mut()) {
+        let before = apart
+            .state
+            .as_deref()
+            .and_then(|s| s.pointer("/metadata/resourceVersion"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let state = Arc::new(state);
+        ctx.memory
+            .states
+            .remember(key.clone(), (before, state.clone()));
+        apart.state = Some(state);
+        if after.is_none() {
+            target.cached = crate::observe::CachedObject::new(apart.overlaid());
+        }
+    }
+    if let Some(after) = after {
+        let before = target.cached.value()["metadata"]["resourceVersion"].as_str();
+        let now = after["metadata"]["resourceVersion"].as_str();
+        // A write the server made nothing of (what it holds already, or
+        // what its schema prunes) gets no new version: the cache shows
+        // it already, and waiting for a newer one would never end.
+        if let Some(before) = before
+            && now != Some(before)
+        {
+            next.written_over.push(before.to_string());
+        }
+        target.cached = match target.apart.as_mut() {
+            Some(apart) => {
+                apart.target = Arc::new(after);
+                crate::observe::CachedObject::new(apart.overlaid())
+            }
+            None => crate::observe::CachedObject::new(after),
+        };
+    }
+    Ok(None)
+}
+
+/// A policy's `finalize` on a target being deleted; once it asks for no
+/// more writes, its finalizer is removed.
+async fn finalize_policy(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    fin: &str,
+    next: &mut Next,
+) -> Result<(), ReconcileError> {
+    let cached = &t.cached;
+    let outcome = run_policy(ctx, p, t, Hook::Finalize).await;
+    let work_left = !outcome.results.is_empty();
+    if let Some(e) = outcome.error {
+        let label = outcome.error_label.unwrap_or("finalize");
+        next.failed(ctx, t.key, &p.name, (e, label));
+    } else if !work_left && p.mode == policy::Mode::Enforce {
+        finalizers(ctx, &p.name, &t.resolved, cached.value(), None, Some(fin)).await?;
+    } else {
+        next.requeue(5_000);
+    }
+    Ok(())
+}
+
+/// Whether the last decision of `p` on the target would only be made
+/// again (nothing it read changed since): then it is not, and the time it
+/// asked to come back at still holds.
+fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next) -> bool {
+    let now = ctx.clock.now();
+    let mode = mode_of(ctx, p, now);
+    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
+    let last = &ctx.memory.last;
+    let Some(requeue) = last.repeats(t.key, p, t.cached.value(), &mode, resyncs, now) else {
+        return false;
+    };
+    tracing::debug!("nothing the last decision read changed: not decided again");
+    if ctx.config.check_skips {
+        check_skip(ctx, p, t, now);
+    }
+    ctx.metrics
+        .unchanged
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .inc();
+    if let Some(ms) = requeue {
+        next.requeue(ms);
+    }
+    true
+}
+
+/// Check a skip: decide again (nothing is carried out) and compare with the
+/// last decision, which the skip takes as what deciding again would give.
+/// A difference means the decision read something that was not written
+/// down (a function that reads the clock, or the target, unrecorded): it
+/// is told and counted, and the skip stands, so that checking changes
+/// nothing of what the operator does.
+fn check_skip(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, now: Timestamp) {
+    let Some(before) = ctx.memory.last.decided(t.key, p) else {
+        return;
+    };
+    let observed = Observed {
+        target: t.cached.clone(),
+        view: Arc::new(ctx.sources()),
+        now,
+    };
+    let again = match decide::decide(&ctx.engine, p, &observed) {
+        Ok(d) => super::unchanged::effects(&d),
+        Err(e) => format!("an error: {e}"),
+    };
+    if *before == *again {
+        return;
+    }
+    let key = t.key;
+    let told = format!(
+        "policy {} on {} {}/{}: a reconcile skipped as unchanged decides differently \
+         (the decision read something that was not recorded); before: {}; now: {}",
+        p.name,
+        key.kind,
+        key.namespace,
+        key.name,
+        cut(&before),
+        cut(&again),
+    );
+    tracing::error!("{told}");
+    ctx.metrics
+        .skip_differences
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .inc();
+    lock(&ctx.skip_differences).push(told);
+}
+
+/// The first 300 characters of a decision's text.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+/// A policy's decision on a live target, counted; the target as its
+/// status write left it, if it wrote one, and Runbook's state of it as
+/// its write left it, if it wrote that.
+async fn reconcile_policy(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    next: &mut Next,
+) -> (Option<Value>, Option<Value>, bool) {
+    let started = Instant::now();
+    if unchanged(ctx, p, t, next) {
+        return (None, None, false);
+    }
+    let outcome = run_policy(ctx, p, t, Hook::Reconcile).await;
+    let result = if outcome.error.is_some() {
+        "error"
+    } else {
+        "ok"
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&Metrics::labels(&[("policy", &p.name), ("result", result)]))
+        .inc();
+    ctx.metrics
+        .reconcile_seconds
+        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .observe(started.elapsed().as_secs_f64());
+    if let Some(ms) = outcome.requeue_ms {
+        next.requeue(ms);
+    }
+    match outcome.error {
+        Some(e) => {
+            tracing::warn!("{e}");
+            let label = outcome.error_label.unwrap_or("error");
+            next.failed(ctx, t.key, &p.name, (e, label));
+        }
+        None => Next::succeeded(ctx, t.key, &p.name),
+    }
+    (outcome.target_after, outcome.state_after, outcome.pruned)
+}
+
+pub(super) fn error_policy(
+    obj: Arc<RawObject>,
+    err: &ReconcileError,
+    ctx: Arc<Context>,
+    kind: &KindRef,
+) -> Action {
+    let key = key_of(kind, &obj);
+    let n = {
+        let mut f = lock(&ctx.queue.failures);
+        let n = f.entry((key.clone(), String::new())).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(
+        ctx.config.backoff_base,
+        ctx.config.backoff_max,
+        n,
+        &format!("{}/{}/{}", kind, key.namespace, key.name),
+    );
+    tracing::debug!(error = %err, label = err.label, attempt = n, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+/// Exponential backoff, capped, with ±20% jitter derived from the object
+/// (so retries of many objects spread out, and a given object's are
+/// reproducible).
+/// The longest a failure of this kind (its metric label) waits for its
+/// retry: `max`, except that a write refused for the operator's own lack
+/// of permission is tried again at least every 30 s, since what mends it
+/// (an administrator restoring a RoleBinding, the API server's RBAC cache
+/// warming up after a restart) happens outside and should be followed
+/// soon, not after minutes of doubled backoff.
+fn longest_backoff(label: &str, max: Duration) -> Duration {
+    match label {
+        "forbidden" => max.min(Duration::from_secs(30)),
+        _ => max,
+    }
+}
+
+pub fn backoff(base: Duration, max: Duration, attempt: u32, seed: &str) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+    let capped = exp.min(max);
+    let h = crate::util::hash::fnv64(format!("{seed}#{attempt}").as_bytes());
+    let jitter = 0.8 + (h % 4001) as f64 / 10_000.0;
+    capped.mul_f64(jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forbidden_write_is_retried_within_half_a_minute() {
+        let max = Duration::from_secs(300);
+        let forbidden = longest_backoff("forbidden", max);
+        assert_eq!(forbidden, Duration::from_secs(30));
+        assert_eq!(longest_backoff("conflict", max), max);
+        // Twenty failures in, the retry still comes within the bound
+        // (with its jitter of at most +20%).
+        let d = backoff(Duration::from_millis(100), forbidden, 20, "t");
+        assert!(d <= Duration::from_secs(36), "{d:?}");
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_jitters() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(10);
+        let d1 = backoff(base, max, 1, "a");
+        let d4 = backoff(base, max, 4, "a");
+        assert!(
+            d1 >= Duration::from_millis(80) && d1 <= Duration::from_millis(120),
+            "{d1:?}"
+        );
+        assert!(
+            d4 >= Duration::from_millis(640) && d4 <= Duration::from_millis(960),
+            "{d4:?}"
+        );
+        assert!(backoff(base, max, 30, "a") <= Duration::from_secs(12));
+        assert_ne!(
+            backoff(base, max, 3, "a"),
+            backoff(base, max, 3, "b"),
+            "objects spread out"
+        );
+    }
+}

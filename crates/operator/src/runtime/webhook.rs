@@ -1,0 +1,177 @@
+//! The authorship webhook as the operator runs it: every replica serves
+//! it over HTTPS with the material in the shared Secret (renewed when
+//! due, the new certificate served from the next connection on), and the
+//! leader keeps the webhook configuration in step with the policies
+//! loaded (their target kinds) and the CA.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use jiff::Timestamp;
+use serde_json::Value;
+
+use crate::admission::config::{self, AUTHORSHIP_PATH, Endpoint};
+use crate::admission::tls::Material;
+use crate::admission::{Authorship, Signer};
+use crate::observe::discovery::Resources;
+use runbook_core::policy::PolicySet;
+
+/// How the webhook is served and announced.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// Where the HTTPS server listens (port 0: any free port).
+    pub listen: SocketAddr,
+    /// How the API server reaches it; `None`: `https://` the address
+    /// bound (an API server on the same host: tests, local runs).
+    pub endpoint: Option<Endpoint>,
+    /// The MutatingWebhookConfiguration kept in step.
+    pub configuration: String,
+    /// The Secret (namespace, name) holding the material the replicas
+    /// share; `None`: made in memory for this process only.
+    pub secret: Option<(String, String)>,
+    /// What a configuration made from nothing carries beside the webhook
+    /// (a namespace selector, say).
+    pub created_with: Option<Value>,
+}
+
+/// How often the material is checked for renewal (and read again, to
+/// pick up what another replica renewed).
+const RENEW_EVERY: Duration = Duration::from_secs(3600);
+
+/// The webhook this process serves.
+pub struct Webhook {
+    config: WebhookConfig,
+    endpoint: Endpoint,
+    material: ArcSwap<Material>,
+    tls: Arc<ArcSwap<rustls::ServerConfig>>,
+    pub addr: SocketAddr,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl Webhook {
+    /// Read (or make) the material and start serving.
+    pub async fn start(client: &kube::Client, config: WebhookConfig) -> Result<Self, String> {
+        let listener = std::net::TcpListener::bind(config.listen)
+            .map_err(|e| format!("listening on {}: {e}", config.listen))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("listening on {}: {e}", config.listen))?;
+        let endpoint = config
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| Endpoint::Url(format!("https://{addr}")));
+        let material = load(client, &config, &endpoint).await?;
+        let tls = Arc::new(ArcSwap::from_pointee(material.server_config()?));
+        let hook = Authorship {
+            signer: Signer::new(material.signing_key.clone()),
+        };
+        let routes = crate::admission::server::Routes::default().with(
+            AUTHORSHIP_PATH,
+            Arc::new(move |review: &Value| hook.review(review)),
+        );
+        let (addr, server) = crate::admission::server::serve(listener, tls.clone(), routes)
+            .map_err(|e| format!("serving the webhook on {addr}: {e}"))?;
+        tracing::info!(%addr, "serving the authorship webhook");
+        Ok(Self {
+            config,
+            endpoint,
+            material: ArcSwap::from_pointee(material),
+            tls,
+            addr,
+            _server: server,
+        })
+    }
+
+    /// The key author records are signed with.
+    pub fn signer(&self) -> Signer {
+        Signer::new(self.material.load().signing_key.clone())
+    }
+
+    /// Check the material (another replica may have renewed it, or it is
+    /// due); serve what is current. Whether it changed.
+    pub async fn renew(&self, client: &kube::Client) -> Result<bool, String> {
+        if self.config.secret.is_none() {
+            // Material made in memory lives as long as the process.
+            return Ok(false);
+        }
+        let fresh = load(client, &self.config, &self.endpoint).await?;
+        if **self.material.load() == fresh {
+            return Ok(false);
+        }
+        self.tls.store(Arc::new(fresh.server_config()?));
+        self.material.store(Arc::new(fresh));
+        Ok(true)
+    }
+
+    /// Bring the webhook configuration in step with `set`: one rule per
+    /// kind its policies target, as discovery serves them.
+    pub async fn keep_in_step(
+        &self,
+        client: &kube::Client,
+        set: &PolicySet,
+        resources: &Resources,
+    ) -> Result<bool, String> {
+        let mut rules = Vec::new();
+        for kind in set.target_kinds() {
+            match resources.resolve(&kind).await {
+                Ok(r) => rules.push(config::rule(
+                    &r.resource.group,
+                    &r.resource.version,
+                    &r.resource.plural,
+                )),
+                Err(e) => tracing::warn!(
+                    "the authorship webhook cannot cover {kind}: {}",
+                    crate::util::api_error(&e)
+                ),
+            }
+        }
+        let material = self.material.load_full();
+        config::keep_in_step(
+            client,
+            &self.config.configuration,
+            &self.endpoint,
+            &material,
+            &rules,
+            self.config.created_with.as_ref(),
+        )
+        .await
+    }
+
+    /// Renew the material when due, every [`RENEW_EVERY`], until `stop`.
+    pub fn spawn_renewal(
+        self: &Arc<Self>,
+        client: kube::Client,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let hook = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(RENEW_EVERY) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                match hook.renew(&client).await {
+                    Ok(true) => tracing::info!("the webhook's certificate was renewed"),
+                    Ok(false) => {}
+                    Err(e) => tracing::error!("renewing the webhook's certificate: {e}"),
+                }
+            }
+        })
+    }
+}
+
+/// The material: from the Secret when one is named, else made here.
+async fn load(
+    client: &kube::Client,
+    config: &WebhookConfig,
+    endpoint: &Endpoint,
+) -> Result<Material, String> {
+    let hosts = endpoint.hosts();
+    let now = Timestamp::now();
+    match &config.secret {
+        Some((ns, name)) => config::material(client, ns, name, &hosts, now).await,
+        None => Material::generate(&hosts, now),
+    }
+}

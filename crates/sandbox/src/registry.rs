@@ -1,0 +1,515 @@
+//! The resource types the sandbox serves: the built-in kinds, and whatever
+//! CustomResourceDefinitions are created at run time.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// One served resource type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceDef {
+    pub group: String,
+    /// Served versions; the first is the storage version.
+    pub versions: Vec<String>,
+    pub kind: String,
+    pub list_kind: String,
+    pub plural: String,
+    pub singular: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub status_subresource: bool,
+    /// Whether writes maintain `metadata.generation`.
+    pub has_generation: bool,
+    /// Object names must be DNS labels (not just subdomains).
+    pub dns_label_names: bool,
+    /// OpenAPI v3 schemas by version (CRDs only).
+    pub schemas: BTreeMap<String, Value>,
+    /// Printer columns by version (CRDs only).
+    pub columns: BTreeMap<String, Vec<Value>>,
+    /// Set for kinds that come from a CRD.
+    pub crd: Option<String>,
+}
+
+/// How a resource type is keyed in the store: group and plural.
+pub type ResKey = (String, String);
+
+impl ResourceDef {
+    /// Whether the kind serves the `scale` subresource (autoscaling/v1
+    /// Scale), as the built-in workloads do.
+    pub fn has_scale(&self) -> bool {
+        self.group == "apps"
+            && matches!(
+                self.kind.as_str(),
+                "Deployment" | "ReplicaSet" | "StatefulSet"
+            )
+    }
+
+    pub fn key(&self) -> ResKey {
+        (self.group.clone(), self.plural.clone())
+    }
+
+    /// Where its objects are kept. Core `v1` Events and `events.k8s.io/v1`
+    /// Events are one resource served in two groups, as on a real server.
+    pub fn storage(&self) -> ResKey {
+        if self.is_event() {
+            ("events.k8s.io".into(), "events".into())
+        } else {
+            self.key()
+        }
+    }
+
+    /// One of the two Event resources.
+    pub fn is_event(&self) -> bool {
+        self.plural == "events" && (self.group.is_empty() || self.group == "events.k8s.io")
+    }
+
+    pub fn api_version(&self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{}", self.group, version)
+        }
+    }
+
+    pub fn storage_version(&self) -> &str {
+        &self.versions[0]
+    }
+
+    /// `deployments.apps`, as error messages name a resource.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn serves(&self, version: &str) -> bool {
+        self.versions.iter().any(|v| v == version)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn builtin(
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    namespaced: bool,
+    short: &[&str],
+    status: bool,
+    generation: bool,
+) -> ResourceDef {
+    ResourceDef {
+        group: group.into(),
+        versions: vec![version.into()],
+        kind: kind.into(),
+        list_kind: format!("{kind}List"),
+        plural: plural.into(),
+        singular: kind.to_ascii_lowercase(),
+        namespaced,
+        short_names: short.iter().map(|s| s.to_string()).collect(),
+        categories: if matches!(
+            kind,
+            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "StatefulSet" | "Job" | "CronJob"
+        ) {
+            vec!["all".into()]
+        } else {
+            vec![]
+        },
+        status_subresource: status,
+        has_generation: generation,
+        dns_label_names: matches!(kind, "Namespace" | "Service"),
+        schemas: BTreeMap::new(),
+        columns: BTreeMap::new(),
+        crd: None,
+    }
+}
+
+/// The kinds every sandbox serves from the start.
+pub fn builtins() -> Vec<ResourceDef> {
+    vec![
+        builtin(
+            "",
+            "v1",
+            "Namespace",
+            "namespaces",
+            false,
+            &["ns"],
+            true,
+            false,
+        ),
+        builtin("", "v1", "Pod", "pods", true, &["po"], true, false),
+        builtin(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            &["cm"],
+            false,
+            false,
+        ),
+        builtin("", "v1", "Secret", "secrets", true, &[], false, false),
+        builtin("", "v1", "Service", "services", true, &["svc"], true, false),
+        builtin(
+            "",
+            "v1",
+            "ServiceAccount",
+            "serviceaccounts",
+            true,
+            &["sa"],
+            false,
+            false,
+        ),
+        builtin("", "v1", "Event", "events", true, &["ev"], false, false),
+        builtin(
+            "",
+            "v1",
+            "PersistentVolumeClaim",
+            "persistentvolumeclaims",
+            true,
+            &["pvc"],
+            true,
+            false,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+            true,
+            &["deploy"],
+            true,
+            true,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "ReplicaSet",
+            "replicasets",
+            true,
+            &["rs"],
+            true,
+            true,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "StatefulSet",
+            "statefulsets",
+            true,
+            &["sts"],
+            true,
+            true,
+        ),
+        builtin("batch", "v1", "Job", "jobs", true, &[], true, true),
+        builtin(
+            "batch",
+            "v1",
+            "CronJob",
+            "cronjobs",
+            true,
+            &["cj"],
+            true,
+            true,
+        ),
+        builtin(
+            "coordination.k8s.io",
+            "v1",
+            "Lease",
+            "leases",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "events.k8s.io",
+            "v1",
+            "Event",
+            "events",
+            true,
+            &["ev"],
+            false,
+            false,
+        ),
+        builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+            &["crd", "crds"],
+            true,
+            true,
+        ),
+        builtin(
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+            &["pdb"],
+            true,
+            true,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "Role",
+            "roles",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "v1",
+            "SelfSubjectAccessReview",
+            "selfsubjectaccessreviews",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "v1",
+            "SubjectAccessReview",
+            "subjectaccessreviews",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "authentication.k8s.io",
+            "v1",
+            "SelfSubjectReview",
+            "selfsubjectreviews",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            false,
+            &[],
+            false,
+            true,
+        ),
+        builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            false,
+            &[],
+            false,
+            true,
+        ),
+    ]
+}
+
+impl ResourceDef {
+    /// A review the API server answers without storing it (access and
+    /// identity reviews): `create` is its only verb.
+    pub fn is_review(&self) -> bool {
+        matches!(
+            self.kind.as_str(),
+            "SelfSubjectAccessReview" | "SubjectAccessReview" | "SelfSubjectReview"
+        )
+    }
+}
+
+/// Build a resource type from a CustomResourceDefinition, or say why it is
+/// not a valid one.
+/// The annotation a CRD in a protected group must carry.
+const API_APPROVED: &str = "api-approved.kubernetes.io";
+
+/// kube-apiserver refuses a CRD in a group the Kubernetes community owns
+/// (`k8s.io`, `kubernetes.io` and their subdomains) unless it names the
+/// approval of its API (a URL) or says it is unapproved.
+fn api_approval(group: &str, annotation: &Value) -> Option<String> {
+    let protected = ["k8s.io", "kubernetes.io"]
+        .iter()
+        .any(|p| group == *p || group.ends_with(&format!(".{p}")));
+    if !protected {
+        return None;
+    }
+    let why = format!(
+        "protected groups must have approval annotation {API_APPROVED:?}, see https://github.com/kubernetes/enhancements/pull/1111"
+    );
+    match annotation.as_str() {
+        None => Some(format!("Required value: {why}")),
+        Some(v) if v.starts_with("unapproved") => None,
+        Some(v)
+            if v.split_once("://")
+                .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty()) =>
+        {
+            None
+        }
+        Some(v) => Some(format!("Invalid value: {v:?}: {why}")),
+    }
+}
+
+/// What the API server refuses in a CustomResourceDefinition: a group
+/// that is not a domain, a plural that is not a label, no kind, a protected
+/// group without approval, a name that is not `plural.group`, an unknown
+/// scope, not exactly one storage version.
+fn crd_problems(crd: &Value) -> Vec<(String, String)> {
+    let mut errors: Vec<(String, String)> = Vec::new();
+    let spec = &crd["spec"];
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let (group, plural, kind) = (
+        s(&spec["group"]),
+        s(&spec["names"]["plural"]),
+        s(&spec["names"]["kind"]),
+    );
+    let name = s(&crd["metadata"]["name"]);
+    let mut problem = |field: &str, message: String| errors.push((field.to_string(), message));
+    if group.is_empty() || !runbook_core::names::is_dns_subdomain(&group) || !group.contains('.') {
+        let m = format!("Invalid value: {group:?}: should be a domain with at least one dot");
+        problem("spec.group", m);
+    }
+    if plural.is_empty() || !runbook_core::names::is_dns_label(&plural) {
+        let m = format!("Invalid value: {plural:?}: a lowercase RFC 1123 label is required");
+        problem("spec.names.plural", m);
+    }
+    if kind.is_empty() {
+        problem("spec.names.kind", "Required value".into());
+    }
+    if let Some(e) = api_approval(&group, &crd["metadata"]["annotations"][API_APPROVED]) {
+        problem(&format!("metadata.annotations[{API_APPROVED}]"), e);
+    }
+    if name != format!("{plural}.{group}") {
+        let m = format!("Invalid value: {name:?}: must be spec.names.plural+\".\"+spec.group");
+        problem("metadata.name", m);
+    }
+    let scope = s(&spec["scope"]);
+    if scope != "Namespaced" && scope != "Cluster" {
+        let m =
+            format!("Unsupported value: {scope:?}: supported values: \"Cluster\", \"Namespaced\"");
+        problem("spec.scope", m);
+    }
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    let storage = versions.iter().filter(|v| v["storage"] == true).count();
+    let one_storage = "Invalid value: must have exactly one version marked as storage version";
+    if versions.is_empty() {
+        problem("spec.versions", one_storage.into());
+    }
+    if !versions.is_empty() && storage != 1 {
+        problem("spec.versions", one_storage.into());
+    }
+    errors
+}
+
+/// The kind a valid CustomResourceDefinition serves.
+pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
+    let errors = crd_problems(crd);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let spec = &crd["spec"];
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let names = &spec["names"];
+    let kind = s(&names["kind"]);
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    let storage_name = versions
+        .iter()
+        .find(|v| v["storage"] == true)
+        .map(|v| s(&v["name"]))
+        .unwrap_or_default();
+    let mut served: Vec<String> = vec![storage_name.clone()];
+    let mut schemas = BTreeMap::new();
+    let mut columns = BTreeMap::new();
+    let mut status = false;
+    for v in &versions {
+        let vn = s(&v["name"]);
+        if v["served"] != false && vn != storage_name {
+            served.push(vn.clone());
+        }
+        if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
+            schemas.insert(vn.clone(), schema.clone());
+        }
+        if let Some(cols) = v["additionalPrinterColumns"].as_array() {
+            columns.insert(vn.clone(), cols.clone());
+        }
+        status |= v.pointer("/subresources/status").is_some();
+    }
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect()
+    };
+    let or = |v: &Value, default: String| v.as_str().map(str::to_string).unwrap_or(default);
+    Ok(ResourceDef {
+        group: s(&spec["group"]),
+        versions: served,
+        list_kind: or(&names["listKind"], format!("{kind}List")),
+        singular: or(&names["singular"], kind.to_ascii_lowercase()),
+        plural: s(&names["plural"]),
+        kind,
+        namespaced: s(&spec["scope"]) == "Namespaced",
+        short_names: strings(&names["shortNames"]),
+        categories: strings(&names["categories"]),
+        status_subresource: status,
+        has_generation: true,
+        dns_label_names: false,
+        schemas,
+        columns,
+        crd: Some(s(&crd["metadata"]["name"])),
+    })
+}
+
+/// The status a CRD gets once its kind is served.
+pub fn crd_status(crd: &Value, now: &str) -> Value {
+    json!({
+        "acceptedNames": crd["spec"]["names"],
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now}
+        ],
+        "storedVersions": crd["spec"]["versions"].as_array().into_iter().flatten()
+            .filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect::<Vec<_>>()
+    })
+}
