@@ -17,7 +17,9 @@ pub mod cli;
 pub mod schema;
 
 pub use runbook_bench as bench;
-pub use runbook_core::{clock, crd, decide, kinds, labels, names, plan, policy, schedule, script};
+pub use runbook_core::{
+    clock, crd, decide, failure, kinds, labels, names, plan, policy, schedule, script,
+};
 pub use runbook_operator::{
     act, admission, alert, events, observe, rbac, reload, runtime, telemetry, util,
 };

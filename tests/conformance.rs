@@ -1321,7 +1321,7 @@ async fn injected_faults_fail_requests_then_clear() {
     let api: Api<ConfigMap> = c.api();
     sandbox.faults().fail_next(
         2,
-        Some(runbook::sandbox::Verb::Create),
+        Some(runbook::sandbox::ApiVerb::Create),
         Some("configmaps"),
         500,
     );

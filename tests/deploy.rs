@@ -464,7 +464,7 @@ async fn the_startup_check_names_a_missing_permission() {
             .unwrap();
         assert!(missing.is_empty(), "{missing:?}");
         sandbox.faults().deny(runbook::sandbox::Denied {
-            verb: runbook::sandbox::Verb::Create,
+            verb: runbook::sandbox::ApiVerb::Create,
             group: "batch".into(),
             resource: "jobs".into(),
             namespace: None,

@@ -78,6 +78,8 @@ const CORE: Layers = &[
     ("script", &["kinds", "labels", "names", "observe", "util"]),
     // Alert routes and the alerts raised.
     ("alert", &["util"]),
+    // The kinds of failure and refusal every layer's error names.
+    ("failure", &["kinds", "script"]),
     // Policies: documents compiled into what decides.
     (
         "policy",
@@ -89,14 +91,14 @@ const CORE: Layers = &[
     (
         "decide",
         &[
-            "crd", "kinds", "observe", "policy", "schedule", "script", "util",
+            "crd", "failure", "kinds", "observe", "policy", "schedule", "script", "util",
         ],
     ),
     // The plan: a decision turned into writes, and their conclusion.
     (
         "plan",
         &[
-            "alert", "crd", "decide", "kinds", "observe", "policy", "script", "util",
+            "alert", "crd", "decide", "failure", "kinds", "observe", "policy", "script", "util",
         ],
     ),
 ];
@@ -416,6 +418,7 @@ fn the_layering_tables_have_no_cycle() {
             .map(|(m, deps)| (*m, deps.iter().copied().collect()))
             .collect();
         assert_eq!(find_cycle(&graph), None, "{folder}");
+        assert_eq!(graph.len(), layers.len(), "{folder}: a module listed twice");
         for (m, deps) in *layers {
             for d in *deps {
                 assert!(

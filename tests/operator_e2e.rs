@@ -328,7 +328,7 @@ async fn injected_server_errors_back_off_and_converge() {
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     sandbox.faults().fail_next(
         4,
-        Some(runbook::sandbox::Verb::Patch),
+        Some(runbook::sandbox::ApiVerb::Patch),
         Some("configmaps"),
         500,
     );
@@ -354,6 +354,18 @@ async fn injected_server_errors_back_off_and_converge() {
         Some(json!("False")),
         "the failure was reported, then cleared"
     );
+    // Each failed decision is counted by its cause: the API server's 500s.
+    let failures: u64 = op
+        .ctx
+        .metrics
+        .render()
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("runbook_reconcile_failures_total{kind=\"Widget\",cause=\"server\"} ")
+        })
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum();
+    assert!((1..=4).contains(&failures), "{failures}");
     teardown(c, op).await;
 }
 

@@ -201,15 +201,15 @@ fn action_value() -> impl Strategy<Value = Value> {
 }
 
 /// What the API server may answer a write with, besides success.
-fn api_answer() -> impl Strategy<Value = (Option<runbook::sandbox::faults::Verb>, u16)> {
-    use runbook::sandbox::faults::Verb;
+fn api_answer() -> impl Strategy<Value = (Option<runbook::sandbox::faults::ApiVerb>, u16)> {
+    use runbook::sandbox::faults::ApiVerb;
     let verb = prop_oneof![
         Just(None),
-        Just(Some(Verb::Patch)),
-        Just(Some(Verb::Delete)),
-        Just(Some(Verb::Get)),
-        Just(Some(Verb::List)),
-        Just(Some(Verb::Create)),
+        Just(Some(ApiVerb::Patch)),
+        Just(Some(ApiVerb::Delete)),
+        Just(Some(ApiVerb::Get)),
+        Just(Some(ApiVerb::List)),
+        Just(Some(ApiVerb::Create)),
     ];
     let code = prop_oneof![
         Just(404u16),
@@ -374,9 +374,9 @@ proptest! {
         });
         let steps = decision.as_ref().map(|d| d.actions.iter().filter(|p| !matches!(p.action, runbook::script::Action::Requeue { .. })).count()).unwrap_or(0);
         prop_assert_eq!(outcome.record.actions.len(), steps, "every action is recorded");
-        if let Some(e) = &outcome.error {
+        if let Some(f) = &outcome.failure {
+            let e = &f.message;
             prop_assert!(!e.contains('\n') && !e.contains("Status {"), "one line, no Debug dump: {e}");
-            prop_assert!(outcome.error_label.is_some());
         }
         for a in &outcome.record.actions {
             if a.result == runbook::crd::ActionResult::Failed || a.result == runbook::crd::ActionResult::Refused {

@@ -566,7 +566,7 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
 
     // The operator may not create CronJobs; the edit makes the policy own them.
     sandbox.faults().deny(runbook::sandbox::Denied {
-        verb: runbook::sandbox::Verb::Create,
+        verb: runbook::sandbox::ApiVerb::Create,
         group: "batch".into(),
         resource: "cronjobs".into(),
         namespace: None,

@@ -13,6 +13,7 @@
 //! - `observe`: the object model a decision reads;
 //! - `script`: the hardened Rhai engine, `ctx`, helpers, actions;
 //! - `alert`: routes and the alerts raised;
+//! - `failure`: the kinds of failure every layer's error names;
 //! - `policy`: documents compiled into what decides;
 //! - `decide`: from what is observed to a decision;
 //! - `plan`: a decision turned into writes, and their conclusion.
@@ -22,6 +23,7 @@ pub mod alert;
 pub mod clock;
 pub mod crd;
 pub mod decide;
+pub mod failure;
 pub mod kinds;
 pub mod labels;
 pub mod names;

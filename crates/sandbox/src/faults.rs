@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// The verbs of the Kubernetes API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Verb {
+pub enum ApiVerb {
     Get,
     List,
     Watch,
@@ -17,45 +17,45 @@ pub enum Verb {
     DeleteCollection,
 }
 
-impl Verb {
+impl ApiVerb {
     /// A verb by name (`get`, `list`, `watch`, `create`, `update`, `patch`,
     /// `delete`, `deletecollection`).
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|v| v.as_str() == text)
     }
 
-    pub const ALL: [Verb; 8] = [
-        Verb::Get,
-        Verb::List,
-        Verb::Watch,
-        Verb::Create,
-        Verb::Update,
-        Verb::Patch,
-        Verb::Delete,
-        Verb::DeleteCollection,
+    pub const ALL: [ApiVerb; 8] = [
+        ApiVerb::Get,
+        ApiVerb::List,
+        ApiVerb::Watch,
+        ApiVerb::Create,
+        ApiVerb::Update,
+        ApiVerb::Patch,
+        ApiVerb::Delete,
+        ApiVerb::DeleteCollection,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Verb::Get => "get",
-            Verb::List => "list",
-            Verb::Watch => "watch",
-            Verb::Create => "create",
-            Verb::Update => "update",
-            Verb::Patch => "patch",
-            Verb::Delete => "delete",
-            Verb::DeleteCollection => "deletecollection",
+            ApiVerb::Get => "get",
+            ApiVerb::List => "list",
+            ApiVerb::Watch => "watch",
+            ApiVerb::Create => "create",
+            ApiVerb::Update => "update",
+            ApiVerb::Patch => "patch",
+            ApiVerb::Delete => "delete",
+            ApiVerb::DeleteCollection => "deletecollection",
         }
     }
 
     pub fn is_write(self) -> bool {
-        !matches!(self, Verb::Get | Verb::List | Verb::Watch)
+        !matches!(self, ApiVerb::Get | ApiVerb::List | ApiVerb::Watch)
     }
 }
 
 #[derive(Clone, Debug)]
 struct Rule {
-    verb: Option<Verb>,
+    verb: Option<ApiVerb>,
     resource: Option<String>,
     remaining: u32,
     code: u16,
@@ -64,7 +64,7 @@ struct Rule {
 /// A permission the sandbox's user lacks, as RBAC would word it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Denied {
-    pub verb: Verb,
+    pub verb: ApiVerb,
     /// API group; empty for the core group.
     pub group: String,
     /// A plural, or `plural/subresource`.
@@ -85,7 +85,7 @@ pub struct Faults {
 impl Faults {
     /// Fail the next `n` requests of `verb` (any, if None) on `resource`
     /// (a plural such as "deployments"; any, if None) with `code`.
-    pub fn fail_next(&self, n: u32, verb: Option<Verb>, resource: Option<&str>, code: u16) {
+    pub fn fail_next(&self, n: u32, verb: Option<ApiVerb>, resource: Option<&str>, code: u16) {
         self.rules.lock().expect("faults lock").push(Rule {
             verb,
             resource: resource.map(str::to_string),
@@ -104,7 +104,7 @@ impl Faults {
     /// Whether a request with these attributes is denied.
     pub fn is_denied(
         &self,
-        verb: Verb,
+        verb: ApiVerb,
         group: &str,
         resource: &str,
         namespace: Option<&str>,
@@ -144,7 +144,7 @@ impl Faults {
     /// up). `resource` is the request's plural, or `plural/subresource`; a
     /// rule on a plural matches its subresources too, a rule on
     /// `plural/subresource` only that subresource.
-    pub fn take(&self, verb: Verb, resource: &str) -> Option<u16> {
+    pub fn take(&self, verb: ApiVerb, resource: &str) -> Option<u16> {
         let plural = resource.split('/').next().unwrap_or(resource);
         let mut rules = self.rules.lock().expect("faults lock");
         let idx = rules.iter().position(|r| {
@@ -171,15 +171,19 @@ mod tests {
     #[test]
     fn a_rule_on_a_plural_covers_its_subresources_and_one_on_a_subresource_only_it() {
         let f = Faults::default();
-        f.fail_next(1, Some(Verb::Patch), Some("evaluators/status"), 503);
-        assert_eq!(f.take(Verb::Patch, "evaluators"), None, "the object itself");
-        assert_eq!(f.take(Verb::Patch, "evaluators/scale"), None);
-        assert_eq!(f.take(Verb::Patch, "evaluators/status"), Some(503));
-        assert_eq!(f.take(Verb::Patch, "evaluators/status"), None, "used up");
+        f.fail_next(1, Some(ApiVerb::Patch), Some("evaluators/status"), 503);
+        assert_eq!(
+            f.take(ApiVerb::Patch, "evaluators"),
+            None,
+            "the object itself"
+        );
+        assert_eq!(f.take(ApiVerb::Patch, "evaluators/scale"), None);
+        assert_eq!(f.take(ApiVerb::Patch, "evaluators/status"), Some(503));
+        assert_eq!(f.take(ApiVerb::Patch, "evaluators/status"), None, "used up");
         f.fail_next(2, None, Some("jobs"), 500);
-        assert_eq!(f.take(Verb::Patch, "jobs/status"), Some(500));
-        assert_eq!(f.take(Verb::Get, "jobs"), Some(500));
-        assert_eq!(f.take(Verb::Get, "jobs"), None);
+        assert_eq!(f.take(ApiVerb::Patch, "jobs/status"), Some(500));
+        assert_eq!(f.take(ApiVerb::Get, "jobs"), Some(500));
+        assert_eq!(f.take(ApiVerb::Get, "jobs"), None);
         assert_eq!(f.failed(), 3);
     }
 }

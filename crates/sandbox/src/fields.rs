@@ -21,7 +21,7 @@ pub struct FieldSet(pub BTreeMap<String, FieldSet>);
 
 /// One step of a path into an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub enum PathStep {
     Field(String),
     Item(String, Value),
 }
@@ -31,14 +31,14 @@ fn item_key(key: &str, item: &Value) -> Option<String> {
     Some(format!("k:{}", json!({ key: id })))
 }
 
-fn parse_step(s: &str) -> Option<Step> {
+fn parse_step(s: &str) -> Option<PathStep> {
     if let Some(f) = s.strip_prefix("f:") {
-        return Some(Step::Field(f.to_string()));
+        return Some(PathStep::Field(f.to_string()));
     }
     if let Some(k) = s.strip_prefix("k:") {
         let v: Value = serde_json::from_str(k).ok()?;
         let (key, id) = v.as_object()?.iter().next()?;
-        return Some(Step::Item(key.clone(), id.clone()));
+        return Some(PathStep::Item(key.clone(), id.clone()));
     }
     None
 }
@@ -190,8 +190,8 @@ pub fn resolve<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
             continue;
         }
         cur = match parse_step(step)? {
-            Step::Field(f) => cur.get(&f)?,
-            Step::Item(key, id) => cur.as_array()?.iter().find(|i| i.get(&key) == Some(&id))?,
+            PathStep::Field(f) => cur.get(&f)?,
+            PathStep::Item(key, id) => cur.as_array()?.iter().find(|i| i.get(&key) == Some(&id))?,
         };
     }
     Some(cur)
@@ -207,8 +207,8 @@ pub fn delete_at(v: &mut Value, path: &[String]) {
     let mut cur = v;
     for step in parents {
         let next = match parse_step(step) {
-            Some(Step::Field(f)) => cur.get_mut(&f),
-            Some(Step::Item(key, id)) => cur
+            Some(PathStep::Field(f)) => cur.get_mut(&f),
+            Some(PathStep::Item(key, id)) => cur
                 .as_array_mut()
                 .and_then(|items| items.iter_mut().find(|i| i.get(&key) == Some(&id))),
             None => None,
@@ -219,12 +219,12 @@ pub fn delete_at(v: &mut Value, path: &[String]) {
         }
     }
     match parse_step(last) {
-        Some(Step::Field(f)) => {
+        Some(PathStep::Field(f)) => {
             if let Some(m) = cur.as_object_mut() {
                 m.remove(&f);
             }
         }
-        Some(Step::Item(key, id)) => {
+        Some(PathStep::Item(key, id)) => {
             if let Some(items) = cur.as_array_mut() {
                 items.retain(|i| i.get(&key) != Some(&id));
             }
@@ -476,11 +476,11 @@ pub fn render_path(path: &[String]) -> String {
     let mut out = String::new();
     for step in path {
         match parse_step(step) {
-            Some(Step::Field(f)) => {
+            Some(PathStep::Field(f)) => {
                 out.push('.');
                 out.push_str(&f);
             }
-            Some(Step::Item(k, id)) => out.push_str(&format!(
+            Some(PathStep::Item(k, id)) => out.push_str(&format!(
                 "[{k}={}]",
                 id.as_str().map(str::to_string).unwrap_or(id.to_string())
             )),

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::auth::{self, UserInfo};
-use super::faults::{Faults, Verb};
+use super::faults::{ApiVerb, Faults};
 use super::registry::ResourceDef;
 use super::status::ApiError;
 use super::store::{
@@ -280,23 +280,27 @@ impl Api {
         Ok(target)
     }
 
-    fn verb(method: &Method, t: &Target, q: &BTreeMap<String, String>) -> Result<Verb, ApiError> {
+    fn verb(
+        method: &Method,
+        t: &Target,
+        q: &BTreeMap<String, String>,
+    ) -> Result<ApiVerb, ApiError> {
         let collection = t.name.is_none();
         Ok(match (method.as_str(), collection) {
-            ("GET", true) if is_true(q.get("watch")) => Verb::Watch,
-            ("GET", true) => Verb::List,
-            ("GET", false) => Verb::Get,
-            ("POST", true) => Verb::Create,
-            ("PUT", false) => Verb::Update,
-            ("PATCH", false) => Verb::Patch,
-            ("DELETE", false) => Verb::Delete,
-            ("DELETE", true) => Verb::DeleteCollection,
+            ("GET", true) if is_true(q.get("watch")) => ApiVerb::Watch,
+            ("GET", true) => ApiVerb::List,
+            ("GET", false) => ApiVerb::Get,
+            ("POST", true) => ApiVerb::Create,
+            ("PUT", false) => ApiVerb::Update,
+            ("PATCH", false) => ApiVerb::Patch,
+            ("DELETE", false) => ApiVerb::Delete,
+            ("DELETE", true) => ApiVerb::DeleteCollection,
             _ => return Err(ApiError::method_not_allowed()),
         })
     }
 
     /// Whether `user` may make this request (RBAC, as stored).
-    fn authorized(&self, user: &UserInfo, verb: Verb, t: &Target) -> Result<(), ApiError> {
+    fn authorized(&self, user: &UserInfo, verb: ApiVerb, t: &Target) -> Result<(), ApiError> {
         if user.is_master() {
             return Ok(());
         }
@@ -352,10 +356,10 @@ impl Api {
             return self.scale(verb, &t, &c.ns, headers, &c.body, &c.opts);
         }
         match verb {
-            Verb::Get => self.get(&c),
-            Verb::List => self.list(&c),
-            Verb::Watch => self.watch(&t, q, c.table),
-            Verb::Create => {
+            ApiVerb::Get => self.get(&c),
+            ApiVerb::List => self.list(&c),
+            ApiVerb::Watch => self.watch(&t, q, c.table),
+            ApiVerb::Create => {
                 if t.sub.is_some() {
                     return Err(ApiError::method_not_allowed());
                 }
@@ -367,7 +371,7 @@ impl Api {
                     .await?;
                 Ok(c.written(StatusCode::CREATED, w))
             }
-            Verb::Update => {
+            ApiVerb::Update => {
                 let obj = parse_body(headers, &c.body)?;
                 let name = t.name.as_deref().unwrap_or_default();
                 let w = self
@@ -378,15 +382,15 @@ impl Api {
                     .await?;
                 Ok(c.written(StatusCode::OK, w))
             }
-            Verb::Patch => self.patch(&c, &user).await,
-            Verb::Delete => self.delete(&c),
-            Verb::DeleteCollection => self.delete_collection(&c),
+            ApiVerb::Patch => self.patch(&c, &user).await,
+            ApiVerb::Delete => self.delete(&c),
+            ApiVerb::DeleteCollection => self.delete_collection(&c),
         }
     }
 
     /// A request the sandbox was told to refuse (403) or fail (an injected
     /// status code), answered as the real server would.
-    fn fault(&self, verb: Verb, t: &Target) -> Option<Result<Resp, ApiError>> {
+    fn fault(&self, verb: ApiVerb, t: &Target) -> Option<Result<Resp, ApiError>> {
         let resource = match &t.sub {
             Some(sub) => format!("{}/{sub}", t.def.plural),
             None => t.def.plural.clone(),
@@ -431,8 +435,8 @@ impl Api {
     /// SelfSubjectAccessReview for the requester, a SubjectAccessReview
     /// for its `spec` (user, groups), both by RBAC and the permissions a
     /// test denied; a SelfSubjectReview says who the requester is.
-    fn review(&self, verb: Verb, c: &Call<'_>, requester: &UserInfo) -> Result<Resp, ApiError> {
-        if verb != Verb::Create {
+    fn review(&self, verb: ApiVerb, c: &Call<'_>, requester: &UserInfo) -> Result<Resp, ApiError> {
+        if verb != ApiVerb::Create {
             return Err(ApiError::method_not_allowed());
         }
         let mut review = parse_body(c.headers, &c.body)?;
@@ -469,7 +473,7 @@ impl Api {
         };
         let a = auth::review_attributes(&spec);
         let ns = Some(a.namespace.as_str()).filter(|s| !s.is_empty());
-        let denied = Verb::parse(&a.verb)
+        let denied = ApiVerb::parse(&a.verb)
             .is_some_and(|v| self.faults.is_denied(v, &a.group, &a.combined(), ns));
         let verdict = auth::authorize(&self.store, &who, &a);
         review["status"] = if denied {
@@ -721,7 +725,7 @@ impl Api {
     /// Scale, read and written (`kubectl scale`, autoscalers).
     fn scale(
         &self,
-        verb: Verb,
+        verb: ApiVerb,
         t: &Target,
         ns: &str,
         headers: &http::HeaderMap,
@@ -733,9 +737,9 @@ impl Api {
             serde_json::from_slice(&self.store.get(&t.def, ns, name)?).unwrap_or_default();
         let mut scale = scale_of(&current);
         match verb {
-            Verb::Get => return Ok(value_response(StatusCode::OK, &scale)),
-            Verb::Update => scale = parse_body(headers, body)?,
-            Verb::Patch => {
+            ApiVerb::Get => return Ok(value_response(StatusCode::OK, &scale)),
+            ApiVerb::Update => scale = parse_body(headers, body)?,
+            ApiVerb::Patch => {
                 let media = headers
                     .get(header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())

@@ -34,7 +34,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-pub use self::faults::{Denied, Faults, Verb};
+pub use self::faults::{ApiVerb, Denied, Faults};
 pub use self::http::SandboxBody;
 pub use self::store::{Store, StoreConfig};
 use runbook_core::clock::Clock;

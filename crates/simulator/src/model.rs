@@ -486,7 +486,7 @@ impl std::fmt::Display for ScenarioError {
 
 /// One step, compiled.
 #[derive(Clone, Debug)]
-pub struct Step {
+pub struct TimelineStep {
     pub at_ms: i64,
     pub pos: Pos,
     pub world: Vec<(WorldEvent, Pos)>,
@@ -508,7 +508,7 @@ pub struct Scenario {
     pub start: jiff::Timestamp,
     pub until_ms: i64,
     pub rules: Vec<(RuleSpec, i64, Pos)>,
-    pub steps: Vec<Step>,
+    pub steps: Vec<TimelineStep>,
     pub final_: Vec<(FinalSpec, Pos)>,
 }
 
@@ -667,7 +667,7 @@ impl Loader {
     }
 
     /// The timeline, in order, its world events and expectations checked.
-    fn steps(&mut self, doc: &ScenarioDoc, node: &Node, policies: &Path) -> Vec<Step> {
+    fn steps(&mut self, doc: &ScenarioDoc, node: &Node, policies: &Path) -> Vec<TimelineStep> {
         let nodes = items(node, &["spec", "timeline"]);
         let mut steps = Vec::new();
         let mut last = -1;
@@ -699,7 +699,7 @@ impl Loader {
                     Err(m) => self.fail(Some(epos), m),
                 }
             }
-            steps.push(Step {
+            steps.push(TimelineStep {
                 at_ms: at,
                 pos,
                 world,
@@ -735,9 +735,9 @@ impl Loader {
             }
             WorldEvent::Fail(f) => {
                 if let Some(v) = &f.verb
-                    && runbook_sandbox::faults::Verb::parse(v).is_none()
+                    && runbook_sandbox::faults::ApiVerb::parse(v).is_none()
                 {
-                    let known: Vec<&str> = runbook_sandbox::faults::Verb::ALL
+                    let known: Vec<&str> = runbook_sandbox::faults::ApiVerb::ALL
                         .iter()
                         .map(|v| v.as_str())
                         .collect();

@@ -702,7 +702,7 @@ fn fail_requests(f: &super::model::FailSpec, world: &World) {
     let verb = f
         .verb
         .as_deref()
-        .and_then(runbook_sandbox::faults::Verb::parse);
+        .and_then(runbook_sandbox::faults::ApiVerb::parse);
     let faults = world.sandbox.faults();
     faults.fail_next(f.count, verb, f.resource.as_deref(), f.code);
     world.note(

@@ -10,6 +10,7 @@ use jiff::Timestamp;
 use rhai::{Array, Dynamic};
 use serde_json::Value;
 
+use crate::failure::{Cause, Refusal, Refused};
 use crate::kinds::{KindRef, Role};
 use crate::observe::{CachedObject, ObjectView};
 use crate::policy::compile::{Body, CompiledPolicy, ScheduleSource};
@@ -38,7 +39,7 @@ pub struct Planned {
     /// `file:line:col` of the call that made it, for scripts.
     pub origin: Option<String>,
     /// Set when the policy may not do this (undeclared kind, other namespace).
-    pub refusal: Option<String>,
+    pub refusal: Option<Refusal>,
 }
 
 /// What a policy decided for one target.
@@ -79,11 +80,10 @@ pub enum DecideError {
 }
 
 impl DecideError {
-    /// Label for metrics.
-    pub fn metric_label(&self) -> &'static str {
+    pub fn cause(&self) -> Cause {
         match self {
-            DecideError::Script(e) => e.kind.as_str(),
-            DecideError::Schedule { .. } => "schedule",
+            DecideError::Script(e) => Cause::Script(e.kind),
+            DecideError::Schedule { .. } => Cause::Schedule,
         }
     }
 }
@@ -225,26 +225,29 @@ pub fn check_permission(
     policy: &CompiledPolicy,
     target_ns: &str,
     action: &Action,
-) -> Option<String> {
+) -> Option<Refused> {
     let kinds = &policy.kinds;
-    let refuse_kind = |k: &KindRef, verb: &str, roles: &str| {
-        Some(format!(
-            "{verb} of {k} refused: the policy does not declare it in {roles}"
-        ))
+    let refuse_kind = |kind: &KindRef, verb, roles| {
+        Some(Refused::Undeclared {
+            verb,
+            kind: kind.clone(),
+            roles,
+        })
     };
-    let check_ns = |obj_ns: Option<&str>, k: &KindRef| -> Option<String> {
+    let check_ns = |obj_ns: Option<&str>, k: &KindRef| -> Option<Refused> {
         if !k.namespaced() {
-            return Some(format!(
-                "{k} is cluster-scoped; a policy acts only in its target's namespace"
-            ));
+            return Some(Refused::ClusterScoped { kind: k.clone() });
         }
         match obj_ns {
-            Some(ns) if !ns.is_empty() && ns != target_ns => Some(format!(
-                "{k} in namespace {ns:?} refused: a policy acts only in its target's namespace ({target_ns:?})"
-            )),
+            Some(ns) if !ns.is_empty() && ns != target_ns => Some(Refused::OtherNamespace {
+                kind: k.clone(),
+                namespace: ns.to_string(),
+                target: target_ns.to_string(),
+            }),
             _ => None,
         }
     };
+    let unknown = |verb, error: String| Some(Refused::UnknownKind { verb, error });
     match action {
         Action::Apply { object } => {
             let k = KindRef::new(
@@ -259,14 +262,14 @@ pub fn check_permission(
         Action::Delete { kind, .. } => match kinds.resolve(kind) {
             Ok(k) if kinds.has(&k, Role::Owns) => check_ns(None, &k),
             Ok(k) => refuse_kind(&k, "delete", "owns"),
-            Err(e) => Some(format!("delete refused: {e}")),
+            Err(e) => unknown("delete", e),
         },
         Action::Patch { kind, .. } => match kinds.resolve(kind) {
             Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Mutates) => {
                 check_ns(None, &k)
             }
             Ok(k) => refuse_kind(&k, "patch", "owns or mutates"),
-            Err(e) => Some(format!("patch refused: {e}")),
+            Err(e) => unknown("patch", e),
         },
         Action::Rollback { .. } => {
             let k = KindRef::new("apps/v1", "Deployment");
@@ -278,22 +281,18 @@ pub fn check_permission(
         }
         Action::Status { fields } => {
             let claim = &policy.status;
-            let outside: Vec<&str> = fields
+            let outside: Vec<String> = fields
                 .keys()
-                .map(String::as_str)
                 .filter(|f| !claim.allows_field(f))
+                .cloned()
                 .collect();
-            (!outside.is_empty()).then(|| {
-                format!(
-                    "status of {} refused: the policy does not declare it in spec.status.fields",
-                    outside.join(", ")
-                )
+            (!outside.is_empty()).then_some(Refused::StatusFields { fields: outside })
+        }
+        Action::Condition(c) if !policy.status.allows_condition(&c.type_) => {
+            Some(Refused::Condition {
+                type_: c.type_.clone(),
             })
         }
-        Action::Condition(c) if !policy.status.allows_condition(&c.type_) => Some(format!(
-            "condition {} refused: the policy does not declare it in spec.status.conditions",
-            c.type_
-        )),
         _ => None,
     }
 }
@@ -446,9 +445,9 @@ fn plan(
                 (Some(f), None) => Some(f.to_string()),
                 _ => None,
             };
-            let refusal = check_permission(policy, target_ns, &a.action).map(|r| match &origin {
-                Some(o) => format!("{o}: {r}"),
-                None => r,
+            let refusal = check_permission(policy, target_ns, &a.action).map(|why| Refusal {
+                why,
+                origin: origin.clone(),
             });
             Planned {
                 action: a.action,

@@ -89,24 +89,13 @@ pub fn problem_of(
     done: &[Done],
 ) -> Option<(&'static str, String)> {
     if let Some(e) = decide_error {
-        let reason = match e {
-            DecideError::Schedule { .. } => "ScheduleError",
-            _ => "ScriptError",
-        };
-        return Some((reason, e.to_string()));
+        return Some((e.cause().reason(), e.to_string()));
     }
     if let Some(f) = failed {
-        let reason = match f.label {
-            "unauthorized" => "NotAuthorized",
-            "refused" => "ActionRefused",
-            // The operator's own RBAC lacks it (not the author's rights).
-            "forbidden" => "Forbidden",
-            _ => "ActionFailed",
-        };
-        return Some((reason, f.message.clone()));
+        return Some((f.cause.reason(), f.message.clone()));
     }
     let refused = plan.steps.iter().find_map(|s| match &s.todo {
-        Todo::Refused(r) => Some(r.clone()),
+        Todo::Refused(r) => Some(r.to_string()),
         _ => None,
     });
     if let Some(r) = refused {

@@ -18,6 +18,8 @@ pub mod pods;
 pub mod state;
 pub mod status;
 
+pub use crate::failure::{Cause, Failed, Refusal, Refused};
+
 use crate::alert::routes::CompiledRoutes;
 use crate::alert::{Alert, AlertSource};
 use crate::crd::ActionResult;
@@ -111,49 +113,6 @@ impl Applied {
 /// What discovery answered for each kind the decision writes (an error
 /// fails the action that needed it, at its turn).
 pub type Discovered = HashMap<KindRef, Result<Resolved, Failed>>;
-
-/// Why a write could not be prepared: the message a person reads, and the
-/// label metrics count it under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failed {
-    pub message: String,
-    pub label: &'static str,
-}
-
-impl Failed {
-    /// A kind the policy does not declare, or names ambiguously.
-    fn invalid(message: String) -> Self {
-        Self {
-            message,
-            label: "invalid",
-        }
-    }
-
-    /// An object the policy may not touch (it is not a child it made):
-    /// recorded as refused, and, like a failure, it stops the decision's
-    /// later writes and is tried again with backoff, so the child is made
-    /// once the object in its way is gone.
-    pub fn refused(message: String) -> Self {
-        Self {
-            message,
-            label: "refused",
-        }
-    }
-
-    /// An action on what the target refers to that its author may not
-    /// take (or the target has no author Runbook can trust): refused like
-    /// [`Failed::refused`], under its own reason.
-    pub fn unauthorized(message: String) -> Self {
-        Self {
-            message,
-            label: "unauthorized",
-        }
-    }
-
-    pub fn is_refusal(&self) -> bool {
-        matches!(self.label, "refused" | "unauthorized")
-    }
-}
 
 /// Something the target's author must be allowed to do for an action to
 /// be taken for them: what the API server's authorizer is asked.
@@ -259,7 +218,7 @@ pub enum Write {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Todo {
     /// The policy may not do this (undeclared kind, other namespace).
-    Refused(String),
+    Refused(Refusal),
     /// Recorded with this result and detail; nothing to write.
     Record(ActionResult, Option<String>),
     /// The cluster already is as the action wants it.
@@ -612,10 +571,10 @@ fn elsewhere(
 fn discovered(input: &Input<'_>, kind: &KindRef) -> Result<Resolved, Failed> {
     match input.discovered.get(kind) {
         Some(r) => r.clone(),
-        None => Err(Failed {
-            message: format!("discovering {kind}: it was not looked up"),
-            label: "discovery",
-        }),
+        None => Err(Failed::new(
+            Cause::Discovery,
+            format!("discovering {kind}: it was not looked up"),
+        )),
     }
 }
 
@@ -770,13 +729,12 @@ pub fn not_its_child_message(
 /// namespace (its kind is cluster-scoped): a policy acts in its target's
 /// namespace, and there is none. Sent as it is, the request would have no
 /// namespace, be answered 404 and be retried for ever.
-fn without_namespace(verb: &str, r: &Resolved, ns: &str) -> Option<Todo> {
+fn without_namespace(verb: &'static str, r: &Resolved, ns: &str) -> Option<Todo> {
     (r.namespaced && ns.is_empty()).then(|| {
-        Todo::Refused(format!(
-            "{verb} of {} refused: it is namespaced and the target is cluster-scoped; a policy \
-             acts only in its target's namespace, and a cluster-scoped target has none",
-            r.kind_ref()
-        ))
+        Todo::Refused(Refusal::new(Refused::NoNamespace {
+            verb,
+            kind: r.kind_ref(),
+        }))
     })
 }
 
@@ -1467,7 +1425,15 @@ spec:
     fn a_refusal_and_an_unknown_kind_are_steps_that_write_nothing() {
         let w = widget(json!({}));
         let mut refused = planned(config_map("w-a", "1"));
-        refused.refusal = Some("v1 Secret is not declared".into());
+        let secret = Refusal {
+            why: Refused::Undeclared {
+                verb: "apply",
+                kind: KindRef::new("v1", "Secret"),
+                roles: "owns",
+            },
+            origin: Some("p.rhai:3:5".into()),
+        };
+        refused.refusal = Some(secret.clone());
         let undeclared = planned(Action::Delete {
             kind: KindName::parse("Secret"),
             name: "s".into(),
@@ -1489,11 +1455,8 @@ spec:
             routes: None,
             now: "2026-11-29T10:00:00Z".parse().unwrap(),
         });
-        assert_eq!(
-            p.steps[0].todo,
-            Todo::Refused("v1 Secret is not declared".into())
-        );
-        assert!(matches!(&p.steps[1].todo, Todo::Fail(f) if f.label == "invalid"));
+        assert_eq!(p.steps[0].todo, Todo::Refused(secret));
+        assert!(matches!(&p.steps[1].todo, Todo::Fail(f) if f.cause == Cause::Invalid));
         assert!(
             matches!(&p.steps[2].todo, Todo::Fail(f) if f.message.starts_with("discovering batch/v1 Job"))
         );

@@ -8,7 +8,7 @@ use super::stop::{Limit, OVER_MEMORY, Stopped};
 use crate::util::yaml::Pos;
 
 /// What went wrong in a script.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScriptErrorKind {
     /// The script does not parse.
     Syntax,

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use self::conclude::Done;
 pub use self::plan::{APPLIED_HASH, apply_is_noop, prepare_child};
-use self::plan::{Discovered, Failed, Note, Plan, Todo};
+use self::plan::{Cause, Discovered, Failed, Note, Plan, Todo};
 pub use self::writer::{MANAGER, Writer, manager_of};
 use crate::alert::AlertSink;
 use crate::alert::routes::CompiledRoutes;
@@ -67,34 +67,23 @@ impl ExecError {
         }
     }
 
-    /// Label for metrics.
-    pub fn metric_label(&self) -> &'static str {
+    pub fn cause(&self) -> Cause {
         match self {
             ExecError::Api {
                 source: kube::Error::Api(s),
                 ..
-            } => match s.code {
-                409 => "conflict",
-                422 => "invalid",
-                403 => "forbidden",
-                404 => "not_found",
-                c if c >= 500 => "server",
-                _ => "api",
-            },
-            ExecError::Api { .. } => "transport",
-            ExecError::Rollback(_) => "rollback",
-            ExecError::Invalid(_) => "invalid",
-            ExecError::Refused(_) => "refused",
+            } => Cause::of_status(s.code),
+            ExecError::Api { .. } => Cause::Transport,
+            ExecError::Rollback(_) => Cause::Rollback,
+            ExecError::Invalid(_) => Cause::Invalid,
+            ExecError::Refused(_) => Cause::Refused,
         }
     }
 }
 
 impl From<&ExecError> for Failed {
     fn from(e: &ExecError) -> Self {
-        Failed {
-            message: e.to_string(),
-            label: e.metric_label(),
-        }
+        Failed::new(e.cause(), e.to_string())
     }
 }
 
@@ -126,9 +115,8 @@ pub struct Outcome {
     pub record: DecisionRecord,
     /// API write requests made (0 for a no-op reconcile).
     pub writes: u32,
-    /// The error that ended the reconcile: a decide error or a failed action.
-    pub error: Option<String>,
-    pub error_label: Option<&'static str>,
+    /// What ended the reconcile: a decide error or a failed action.
+    pub failure: Option<Failed>,
     /// (verb, reason) of each refused action.
     pub refused: Vec<(String, String)>,
     pub limited: Vec<String>,
@@ -266,13 +254,15 @@ async fn carry_out(
         };
         let d = match &step.todo {
             Todo::Refused(r) => {
+                let r = r.to_string();
                 w.observe(|| {
-                    let mut e = w.step_entry(policy, target, step, "refused", Value::Null, Some(r));
+                    let mut e =
+                        w.step_entry(policy, target, step, "refused", Value::Null, Some(&r));
                     e.action = "refusal".into();
                     e.fields = json!({"action": step.action.verb()});
                     e
                 });
-                Done::new(ActionResult::Refused, Some(r.clone()))
+                Done::new(ActionResult::Refused, Some(r))
             }
             Todo::Record(result, detail) => {
                 if step.action.limited_verb().is_some() {
@@ -325,7 +315,7 @@ fn tally(out: &mut Outcome, plan: &Plan, done: &[Done]) {
     for (s, d) in plan.steps.iter().zip(done) {
         let verb = s.action.verb();
         if let Todo::Refused(r) = &s.todo {
-            out.refused.push((verb.to_string(), r.clone()));
+            out.refused.push((verb.to_string(), r.to_string()));
         } else if d.result == ActionResult::Refused {
             out.refused
                 .push((verb.to_string(), d.detail.clone().unwrap_or_default()));
@@ -382,12 +372,9 @@ pub async fn execute(
     });
     let mut out = Outcome {
         record: end.record.clone(),
-        error: decide_error
-            .map(|e| e.to_string())
-            .or(failure.as_ref().map(|f| f.message.clone())),
-        error_label: decide_error
-            .map(|e| e.metric_label())
-            .or(failure.as_ref().map(|f| f.label)),
+        failure: decide_error
+            .map(|e| Failed::new(e.cause(), e.to_string()))
+            .or(failure),
         ..Outcome::default()
     };
     tally(&mut out, &plan, &done);
@@ -508,8 +495,7 @@ async fn finish_apart(
                     crate::util::api_error(&e)
                 );
                 w.observe(|| entry("state", "failed").detail(m.clone()));
-                out.error_label.get_or_insert("status");
-                out.error.get_or_insert(m);
+                out.failure.get_or_insert(Failed::new(Cause::Status, m));
                 return;
             }
         }
@@ -556,10 +542,11 @@ async fn status_failed(
         message: m.clone(),
     };
     w.event(target.value(), &note).await;
-    let forbidden = matches!(e, kube::Error::Api(s) if s.code == 403);
-    out.error_label
-        .get_or_insert(if forbidden { "forbidden" } else { "status" });
-    out.error.get_or_insert(m);
+    let cause = match e {
+        kube::Error::Api(s) if s.code == 403 => Cause::Forbidden,
+        _ => Cause::Status,
+    };
+    out.failure.get_or_insert(Failed::new(cause, m));
 }
 
 /// Write the status the decision ends with.
@@ -581,7 +568,7 @@ async fn finish_status(
     // only when it was carried out (a failed one writes its conditions and
     // record, not the fields it meant to set), and the conditions.
     let set = || {
-        let mut set = match out.error {
+        let mut set = match out.failure {
             None => Value::Object(plan.fields.clone()),
             Some(_) => Value::Object(Default::default()),
         };

@@ -148,13 +148,20 @@ pub(super) struct Running {
     pub targets: Mutex<HashMap<KindRef, TargetController>>,
 }
 
+/// What failed on a target, for its backoff: one of its policies, or the
+/// reconcile itself before any decided (discovery, a finalizer, a panic).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Failing {
+    Policy(String),
+    Reconcile,
+}
+
 /// Work waiting, failing and in flight.
 pub(super) struct Queue {
     /// Targets triggered and not reconciled yet.
     pub pending: Mutex<HashSet<TargetKey>>,
-    /// Failed reconciles in a row, by target and policy (no policy: the
-    /// target's own writes, such as finalizers), for the backoff.
-    pub failures: Mutex<HashMap<(TargetKey, String), u32>>,
+    /// Failed reconciles in a row, for the backoff.
+    pub failures: Mutex<HashMap<(TargetKey, Failing), u32>>,
     pub in_flight: AtomicUsize,
     /// Moves whenever a reconcile finishes.
     pub activity: AtomicU64,

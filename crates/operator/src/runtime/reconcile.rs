@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::context::{Context, ShadowRecord};
+use super::context::{Context, Failing, ShadowRecord};
 use crate::act::{self, Acting, Exec};
 use crate::observe::RawObject;
 use crate::observe::discovery::Resolved;
@@ -20,16 +20,39 @@ use crate::observe::view::{TargetKey, Tracking};
 use crate::telemetry::Metrics;
 use crate::util::lock;
 use runbook_core::decide::{self, Observed};
+use runbook_core::failure::{Cause, Failed};
 use runbook_core::kinds::KindRef;
 use runbook_core::policy::compile::CompiledPolicy;
 use runbook_core::policy::{self, PolicySet};
 
-/// Why a reconcile failed (it is retried with backoff).
+/// Why a reconcile failed before its policies decided (it is retried with
+/// backoff). A policy's own failure is its decision's (`Outcome::failure`),
+/// retried on that policy's backoff.
 #[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ReconcileError {
-    pub message: String,
-    pub label: &'static str,
+pub enum ReconcileError {
+    /// Discovery could not say how the target's kind is served.
+    #[error("discovering {kind}: {}", crate::util::api_error(.source))]
+    Discovery {
+        kind: KindRef,
+        #[source]
+        source: kube::Error,
+    },
+    /// A finalizer could not be added or removed.
+    #[error("{0}")]
+    Finalizer(#[source] act::ExecError),
+    /// Runbook itself failed: a panic, caught (the message says where).
+    #[error("{0}")]
+    Panic(String),
+}
+
+impl ReconcileError {
+    pub fn cause(&self) -> Cause {
+        match self {
+            ReconcileError::Discovery { .. } => Cause::Discovery,
+            ReconcileError::Finalizer(_) => Cause::Finalizer,
+            ReconcileError::Panic(_) => Cause::Panic,
+        }
+    }
 }
 
 fn finalizer_name(policy: &str) -> String {
@@ -71,10 +94,7 @@ async fn finalizers(
     }
     .finalizers(kind, target, add, remove)
     .await
-    .map_err(|e| ReconcileError {
-        message: e.to_string(),
-        label: "finalizer",
-    })
+    .map_err(ReconcileError::Finalizer)
 }
 
 /// Which of a policy's functions a reconcile runs.
@@ -136,7 +156,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
         tracing::warn!(policy = %p.name, "{e}");
     }
     if hook == Hook::Reconcile {
-        let carried_out = decision.as_ref().ok().filter(|_| outcome.error.is_none());
+        let carried_out = decision.as_ref().ok().filter(|_| outcome.failure.is_none());
         let last = super::unchanged::Made {
             target: target.value(),
             reads_own_kind: reads_target,
@@ -274,7 +294,7 @@ fn count(ctx: &Context, p: &CompiledPolicy, now: Timestamp, outcome: &act::Outco
         lock(&ctx.memory.breakers)
             .entry(p.name.clone())
             .or_default()
-            .record(cb, now.as_millisecond(), outcome.error.is_some());
+            .record(cb, now.as_millisecond(), outcome.failure.is_some());
     }
 }
 
@@ -411,10 +431,7 @@ async fn caught(ctx: &Context, obj: &RawObject, key: &TargetKey, what: String) -
     tracing::error!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "{message}");
     let note = warning("InternalError", message.clone());
     ctx.writer().event(&obj.value(), &note).await;
-    ReconcileError {
-        message,
-        label: "panic",
-    }
+    ReconcileError::Panic(message)
 }
 
 /// How long a reconcile waits for the cache to show its own status write
@@ -458,7 +475,7 @@ fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
 #[derive(Default)]
 struct Next {
     requeue_ms: Option<i64>,
-    error: Option<(String, &'static str)>,
+    failure: Option<Failed>,
     /// The versions of the target the status writes replaced: while the
     /// cache shows one of them, it lags behind.
     written_over: Vec<String>,
@@ -471,32 +488,29 @@ impl Next {
 
     /// A policy failed on the target: it comes back after its own
     /// backoff, which grows with its own consecutive failures there.
-    fn failed(
-        &mut self,
-        ctx: &Context,
-        key: &TargetKey,
-        policy: &str,
-        error: (String, &'static str),
-    ) {
+    fn failed(&mut self, ctx: &Context, key: &TargetKey, policy: &str, failure: Failed) {
         let n = {
             let mut f = lock(&ctx.queue.failures);
-            let n = f.entry((key.clone(), policy.to_string())).or_insert(0);
+            let n = f
+                .entry((key.clone(), Failing::Policy(policy.to_string())))
+                .or_insert(0);
             *n += 1;
             *n
         };
         let delay = backoff(
             ctx.config.backoff_base,
-            longest_backoff(error.1, ctx.config.backoff_max),
+            failure.cause.longest_backoff(ctx.config.backoff_max),
             n,
             &format!("{}/{}/{}#{policy}", key.kind, key.namespace, key.name),
         );
         self.requeue(delay.as_millis() as i64);
-        self.error = Some(error);
+        count_failure(ctx, &key.kind, failure.cause);
+        self.failure = Some(failure);
     }
 
     /// A policy succeeded on the target: its backoff starts over.
     fn succeeded(ctx: &Context, key: &TargetKey, policy: &str) {
-        lock(&ctx.queue.failures).remove(&(key.clone(), policy.to_string()));
+        lock(&ctx.queue.failures).remove(&(key.clone(), Failing::Policy(policy.to_string())));
     }
 }
 
@@ -616,14 +630,14 @@ async fn reconcile_target(
     ctx.memory
         .last
         .keep_only(key, policies.iter().map(|p| p.name.as_str()));
-    let resolved = ctx
-        .resources
-        .resolve(kind)
-        .await
-        .map_err(|e| ReconcileError {
-            message: format!("discovering {kind}: {}", crate::util::api_error(&e)),
-            label: "discovery",
-        })?;
+    let resolved =
+        ctx.resources
+            .resolve(kind)
+            .await
+            .map_err(|source| ReconcileError::Discovery {
+                kind: kind.clone(),
+                source,
+            })?;
     let apart = apart_of(ctx, kind, key, &cached);
     let cached = match &apart {
         Some(a) => crate::observe::CachedObject::new(a.overlaid()),
@@ -651,12 +665,12 @@ async fn reconcile_target(
     if let Some(action) = early? {
         return Ok(action);
     }
-    if let Some((message, label)) = &next.error {
+    if let Some(f) = &next.failure {
         // Each failed policy is retried on its own backoff (in the
         // requeue); the others keep their own times.
-        tracing::debug!(error = %message, label = *label, delay_ms = next.requeue_ms, "reconcile failed; retrying");
+        tracing::debug!(error = %f, label = f.cause.label(), delay_ms = next.requeue_ms, "reconcile failed; retrying");
     }
-    lock(&ctx.queue.failures).remove(&(key.clone(), String::new()));
+    lock(&ctx.queue.failures).remove(&(key.clone(), Failing::Reconcile));
     Ok(match next.requeue_ms {
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
@@ -781,9 +795,8 @@ async fn finalize_policy(
     let cached = &t.cached;
     let outcome = run_policy(ctx, p, t, Hook::Finalize).await;
     let work_left = !outcome.results.is_empty();
-    if let Some(e) = outcome.error {
-        let label = outcome.error_label.unwrap_or("finalize");
-        next.failed(ctx, t.key, &p.name, (e, label));
+    if let Some(f) = outcome.failure {
+        next.failed(ctx, t.key, &p.name, f);
     } else if !work_left && p.mode == policy::Mode::Enforce {
         finalizers(ctx, &p.name, &t.resolved, cached.value(), None, Some(fin)).await?;
     } else {
@@ -880,7 +893,7 @@ async fn reconcile_policy(
         return (None, None, false);
     }
     let outcome = run_policy(ctx, p, t, Hook::Reconcile).await;
-    let result = if outcome.error.is_some() {
+    let result = if outcome.failure.is_some() {
         "error"
     } else {
         "ok"
@@ -896,15 +909,25 @@ async fn reconcile_policy(
     if let Some(ms) = outcome.requeue_ms {
         next.requeue(ms);
     }
-    match outcome.error {
-        Some(e) => {
-            tracing::warn!("{e}");
-            let label = outcome.error_label.unwrap_or("error");
-            next.failed(ctx, t.key, &p.name, (e, label));
+    match outcome.failure {
+        Some(f) => {
+            tracing::warn!("{f}");
+            next.failed(ctx, t.key, &p.name, f);
         }
         None => Next::succeeded(ctx, t.key, &p.name),
     }
     (outcome.target_after, outcome.state_after, outcome.pruned)
+}
+
+/// A failure counted by the target's kind and its cause.
+fn count_failure(ctx: &Context, kind: &KindRef, cause: Cause) {
+    ctx.metrics
+        .failures
+        .get_or_create(&Metrics::labels(&[
+            ("kind", &kind.kind),
+            ("cause", cause.label()),
+        ]))
+        .inc();
 }
 
 pub(super) fn error_policy(
@@ -916,7 +939,7 @@ pub(super) fn error_policy(
     let key = key_of(kind, &obj);
     let n = {
         let mut f = lock(&ctx.queue.failures);
-        let n = f.entry((key.clone(), String::new())).or_insert(0);
+        let n = f.entry((key.clone(), Failing::Reconcile)).or_insert(0);
         *n += 1;
         *n
     };
@@ -926,26 +949,14 @@ pub(super) fn error_policy(
         n,
         &format!("{}/{}/{}", kind, key.namespace, key.name),
     );
-    tracing::debug!(error = %err, label = err.label, attempt = n, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
+    count_failure(&ctx, kind, err.cause());
+    tracing::debug!(error = %err, label = err.cause().label(), attempt = n, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
     Action::requeue(delay)
 }
 
 /// Exponential backoff, capped, with ±20% jitter derived from the object
 /// (so retries of many objects spread out, and a given object's are
 /// reproducible).
-/// The longest a failure of this kind (its metric label) waits for its
-/// retry: `max`, except that a write refused for the operator's own lack
-/// of permission is tried again at least every 30 s, since what mends it
-/// (an administrator restoring a RoleBinding, the API server's RBAC cache
-/// warming up after a restart) happens outside and should be followed
-/// soon, not after minutes of doubled backoff.
-fn longest_backoff(label: &str, max: Duration) -> Duration {
-    match label {
-        "forbidden" => max.min(Duration::from_secs(30)),
-        _ => max,
-    }
-}
-
 pub fn backoff(base: Duration, max: Duration, attempt: u32, seed: &str) -> Duration {
     let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
     let capped = exp.min(max);
@@ -961,9 +972,9 @@ mod tests {
     #[test]
     fn a_forbidden_write_is_retried_within_half_a_minute() {
         let max = Duration::from_secs(300);
-        let forbidden = longest_backoff("forbidden", max);
+        let forbidden = Cause::Forbidden.longest_backoff(max);
         assert_eq!(forbidden, Duration::from_secs(30));
-        assert_eq!(longest_backoff("conflict", max), max);
+        assert_eq!(Cause::Conflict.longest_backoff(max), max);
         // Twenty failures in, the retry still comes within the bound
         // (with its jitter of at most +20%).
         let d = backoff(Duration::from_millis(100), forbidden, 20, "t");

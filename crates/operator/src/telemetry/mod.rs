@@ -55,6 +55,9 @@ pub struct Metrics {
     pub skipped: Family<Labels, Counter>,
     /// Reconciles that panicked (a bug, caught: that reconcile fails alone).
     pub panics: Family<Labels, Counter>,
+    /// Failed decisions and reconciles, by target kind and cause
+    /// (`runbook_core::failure::Cause::label`).
+    pub failures: Family<Labels, Counter>,
     /// 1 while a watch fails (by watch), 0 once it recovers.
     pub watch_failing: Family<Labels, Gauge>,
     /// Target controllers restarted after their task ended, by kind.
@@ -101,6 +104,7 @@ impl Metrics {
             alert_queue: Family::default(),
             skipped: Family::default(),
             panics: Family::default(),
+            failures: Family::default(),
             watch_failing: Family::default(),
             controller_restarts: Family::default(),
             cache_waits_ended: Family::default(),
@@ -203,6 +207,11 @@ impl Metrics {
             "cache_waits_ended",
             "Waits for a cache that reached their bound, by kind and wait: a reconcile for its last status write to show (30 s), or start-up and policy edits for a kind's cache to fill (60 s)",
             m.cache_waits_ended.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "Failed decisions and reconciles (each retried with backoff), by target kind and cause: a script's error kind (syntax, runtime, timeout, limit, bad_result), schedule, refused, unauthorized, forbidden, invalid, conflict, not_found, server, api, transport, rollback, discovery, status, finalizer, panic",
+            m.failures.clone(),
         );
         registry.register(
             "panics",
