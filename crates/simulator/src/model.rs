@@ -507,9 +507,32 @@ pub struct Scenario {
     pub namespace: String,
     pub start: jiff::Timestamp,
     pub until_ms: i64,
-    pub rules: Vec<(RuleSpec, i64, Pos)>,
+    pub rules: Vec<Rule>,
     pub steps: Vec<TimelineStep>,
     pub final_: Vec<(FinalSpec, Pos)>,
+}
+
+/// A standing rule, compiled: the objects it claims, how long after their
+/// creation it acts, and what it does to each, as the world event a step
+/// would give (`None`: it claims them and does nothing).
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub kind: String,
+    pub api_version: Option<String>,
+    /// A name glob.
+    pub name: String,
+    /// Only objects holding these fields (a subset match).
+    pub fields: Option<Value>,
+    pub after_ms: i64,
+    pub pos: Pos,
+    pub does: Option<WorldEvent>,
+}
+
+impl Rule {
+    /// Whether the rule claims an object of this name and content.
+    pub fn matches(&self, name: &str, object: &Value) -> bool {
+        glob(&self.name, name) && self.fields.as_ref().is_none_or(|f| subset(f, object))
+    }
 }
 
 fn items<'a>(node: &'a Node, path: &[&str]) -> Vec<&'a Node> {
@@ -642,26 +665,39 @@ impl Loader {
     }
 
     /// The standing rules: each does exactly one thing, after a delay.
-    fn rules(&mut self, doc: &ScenarioDoc, node: &Node) -> Vec<(RuleSpec, i64, Pos)> {
+    fn rules(&mut self, doc: &ScenarioDoc, node: &Node) -> Vec<Rule> {
         let nodes = items(node, &["spec", "rules"]);
         let mut rules = Vec::new();
         for (i, r) in doc.spec.rules.iter().enumerate() {
             let pos = nodes.get(i).map(|n| n.pos).unwrap_or_default();
-            let after = r
+            let after_ms = r
                 .after
                 .as_deref()
                 .map_or(0, |a| self.duration(a, Some(pos), "after"));
-            let does = [
-                r.complete.is_some(),
-                r.snapshot_ready.is_some(),
-                r.pod_ready.is_some(),
-                r.ignore,
-            ];
-            if does.iter().filter(|a| **a).count() != 1 {
+            let mut does: Vec<Option<WorldEvent>> = Vec::new();
+            does.extend(r.complete.clone().map(|c| Some(WorldEvent::Complete(c))));
+            does.extend(
+                r.snapshot_ready
+                    .clone()
+                    .map(|s| Some(WorldEvent::SnapshotReady(s))),
+            );
+            does.extend(r.pod_ready.clone().map(|p| Some(WorldEvent::PodReady(p))));
+            if r.ignore {
+                does.push(None);
+            }
+            if does.len() != 1 {
                 let m = "a rule does exactly one of complete, snapshotReady, podReady, ignore";
                 self.fail(Some(pos), m);
             }
-            rules.push((r.clone(), after, pos));
+            rules.push(Rule {
+                kind: r.kind.clone(),
+                api_version: r.api_version.clone(),
+                name: r.name.clone(),
+                fields: r.fields.clone(),
+                after_ms,
+                pos,
+                does: does.into_iter().next().flatten(),
+            });
         }
         rules
     }

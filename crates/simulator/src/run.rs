@@ -198,8 +198,8 @@ fn unknown_kinds(s: &Scenario, kinds: &Kinds) -> Vec<ScenarioError> {
             });
         }
     };
-    for (r, _, pos) in &s.rules {
-        check(r.api_version.as_deref(), &r.kind, *pos);
+    for r in &s.rules {
+        check(r.api_version.as_deref(), &r.kind, r.pos);
     }
     for step in &s.steps {
         for (w, pos) in &step.world {
@@ -576,12 +576,7 @@ async fn run_async(s: &Scenario) -> Report {
         })
         .collect();
     let op = operator_for(&world, signer, engine, set, metrics, &journal, &clock);
-    let rules = s
-        .rules
-        .iter()
-        .map(|(r, after, _)| (r.clone(), *after))
-        .collect();
-    let _world = world.spawn(rules);
+    let _world = world.spawn(s.rules.clone());
     if let Err(e) = op.start().await {
         report.load_errors.push(load_error(&s.file, e.to_string()));
         return report;
@@ -658,14 +653,8 @@ async fn apply(
             world.delete(av, &d.kind, ns, &d.name).await?;
             world.note(format!("deleted {} {}", d.kind, d.name), None);
         }
-        WorldEvent::Complete(c) => {
-            world.complete(c, None).await?;
-        }
-        WorldEvent::PodReady(p) => {
-            world.pod_ready(p, None).await?;
-        }
-        WorldEvent::SnapshotReady(r) => {
-            world.snapshot_ready(r, None).await?;
+        WorldEvent::Complete(_) | WorldEvent::PodReady(_) | WorldEvent::SnapshotReady(_) => {
+            world.on_objects(ev, None).await?;
         }
         WorldEvent::Fail(f) => fail_requests(f, world),
         WorldEvent::EditPolicy(e) => edit_policy(e, world, op, reloader, bundle).await?,

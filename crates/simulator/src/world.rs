@@ -14,7 +14,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
-use super::model::{CompleteSpec, PodReadySpec, RuleSpec, SnapshotReadySpec, glob};
+use super::model::{CompleteSpec, PodReadySpec, Rule, SnapshotReadySpec, WorldEvent, glob};
 use runbook_core::clock::Clock;
 use runbook_core::script::helpers::without_hash;
 use runbook_operator::observe::health::WatchBackoff;
@@ -539,10 +539,7 @@ impl World {
     }
 
     /// Run the standing rules and the Deployment controller until dropped.
-    pub fn spawn(
-        self: &Arc<Self>,
-        rules: Vec<(RuleSpec, i64)>,
-    ) -> Vec<tokio::task::JoinHandle<()>> {
+    pub fn spawn(self: &Arc<Self>, rules: Vec<Rule>) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();
         if let Ok(deps) = self.served(Some("apps/v1"), "Deployment") {
             let w = self.clone();
@@ -559,8 +556,8 @@ impl World {
             }));
         }
         // One watch per kind; the first matching rule claims an object.
-        let mut by_kind: Vec<(Served, Vec<(RuleSpec, i64)>)> = Vec::new();
-        for (rule, after) in rules {
+        let mut by_kind: Vec<(Served, Vec<Rule>)> = Vec::new();
+        for rule in rules {
             let Ok(s) = self.served(rule.api_version.as_deref(), &rule.kind) else {
                 continue;
             };
@@ -569,8 +566,8 @@ impl World {
                     && k.resource.kind == s.resource.kind
             };
             match by_kind.iter_mut().find(|(k, _)| same(k)) {
-                Some((_, rs)) => rs.push((rule, after)),
-                None => by_kind.push((s, vec![(rule, after)])),
+                Some((_, rs)) => rs.push(rule),
+                None => by_kind.push((s, vec![rule])),
             }
         }
         for (s, rules) in by_kind {
@@ -590,59 +587,66 @@ impl World {
 
     /// The first rule matching an object claims it (once per object): what
     /// it says happens after its delay.
-    fn claim(self: &Arc<Self>, rules: &[(RuleSpec, i64)], o: &DynamicObject) {
+    fn claim(self: &Arc<Self>, rules: &[Rule], o: &DynamicObject) {
         let name = o.metadata.name.clone().unwrap_or_default();
         let uid = o.metadata.uid.clone().unwrap_or_default();
         let value = serde_json::to_value(o).unwrap_or_default();
-        let matches = |r: &RuleSpec| {
-            glob(&r.name, &name)
-                && r.fields
-                    .as_ref()
-                    .is_none_or(|f| super::model::subset(f, &value))
-        };
-        let Some((rule, after)) = rules.iter().find(|(r, _)| matches(r)) else {
+        let Some(rule) = rules.iter().find(|r| r.matches(&name, &value)) else {
             return;
         };
         if !runbook_operator::util::lock(&self.seen).insert(uid) {
             return;
         }
-        let (w, rule, after) = (self.clone(), rule.clone(), *after);
+        let Some(event) = rule.does.clone() else {
+            return;
+        };
+        let (w, kind, after) = (self.clone(), rule.kind.clone(), rule.after_ms);
         let ns = o.metadata.namespace.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(after as u64)).await;
-            if let Err(e) = w.carry_out(&rule, ns, &name).await {
-                w.note(format!("rule on {} {name} failed: {e}", rule.kind), None);
+            if let Err(e) = w.on_objects(&event, Some((ns, &name))).await {
+                w.note(format!("rule on {kind} {name} failed: {e}"), None);
             }
         });
     }
 
-    /// What a rule does to the object it claimed.
-    async fn carry_out(
+    /// A world event on objects (finish Jobs, make pods or snapshots
+    /// ready), from a step or a rule. A rule acts on the object it claimed
+    /// (`claimed`: its namespace and name) instead of the event's
+    /// namespace and name glob. How many objects it changed.
+    pub async fn on_objects(
         &self,
-        rule: &RuleSpec,
-        ns: Option<String>,
-        name: &str,
+        event: &WorldEvent,
+        claimed: Option<(Option<String>, &str)>,
     ) -> Result<usize, String> {
-        if let Some(c) = &rule.complete {
-            let c = CompleteSpec {
-                namespace: ns,
-                ..c.clone()
-            };
-            self.complete(&c, Some(name)).await
-        } else if let Some(s) = &rule.snapshot_ready {
-            let s = SnapshotReadySpec {
-                namespace: ns,
-                ..s.clone()
-            };
-            self.snapshot_ready(&s, Some(name)).await
-        } else if let Some(p) = &rule.pod_ready {
-            let p = PodReadySpec {
-                namespace: ns,
-                ..p.clone()
-            };
-            self.pod_ready(&p, Some(name)).await
-        } else {
-            Ok(0)
+        let only = claimed.as_ref().map(|(_, name)| *name);
+        let ns = |own: &Option<String>| match &claimed {
+            Some((ns, _)) => ns.clone(),
+            None => own.clone(),
+        };
+        match event {
+            WorldEvent::Complete(c) => {
+                let c = CompleteSpec {
+                    namespace: ns(&c.namespace),
+                    ..c.clone()
+                };
+                self.complete(&c, only).await
+            }
+            WorldEvent::SnapshotReady(s) => {
+                let s = SnapshotReadySpec {
+                    namespace: ns(&s.namespace),
+                    ..s.clone()
+                };
+                self.snapshot_ready(&s, only).await
+            }
+            WorldEvent::PodReady(p) => {
+                let p = PodReadySpec {
+                    namespace: ns(&p.namespace),
+                    ..p.clone()
+                };
+                self.pod_ready(&p, only).await
+            }
+            other => Err(format!("{} is not an event on objects", other.name())),
         }
     }
 
