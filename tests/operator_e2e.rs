@@ -254,6 +254,16 @@ async fn deleting_a_cr_runs_finalize_then_its_children_are_collected() {
         cms.get("w1-config").await.is_err()
     })
     .await;
+    // Once the widget is gone from the cache, nothing is remembered of it.
+    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    eventually("the widget out of the cache", 30, || async {
+        op.ctx.target_keys(std::slice::from_ref(&kind)).is_empty()
+    })
+    .await;
+    op.ctx.prune_memory();
+    for (store, n) in op.ctx.remembered() {
+        assert_eq!(n, 0, "{store} still holds the deleted widget");
+    }
     teardown(c, op).await;
 }
 

@@ -231,6 +231,11 @@ impl<K: std::hash::Hash + Eq, V: Clone> OwnWrites<K, V> {
         self.map().remove(key);
     }
 
+    /// Keep only the writes whose key `keep` says.
+    pub fn retain(&self, keep: impl Fn(&K) -> bool) {
+        self.map().retain(|k, _| keep(k));
+    }
+
     pub fn len(&self) -> usize {
         self.map().len()
     }

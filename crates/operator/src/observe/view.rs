@@ -268,6 +268,24 @@ impl Dependencies {
         }
     }
 
+    /// The targets whose reads are kept.
+    pub fn targets(&self) -> impl Iterator<Item = &TargetKey> {
+        self.reads.keys()
+    }
+
+    /// Forget the reads of every target but those `alive`.
+    pub fn prune(&mut self, alive: &HashSet<TargetKey>) {
+        let gone: Vec<TargetKey> = self
+            .reads
+            .keys()
+            .filter(|t| !alive.contains(*t))
+            .cloned()
+            .collect();
+        for t in &gone {
+            self.forget(t);
+        }
+    }
+
     /// Forget every read of a target (it is gone, or no policy applies).
     pub fn forget(&mut self, target: &TargetKey) {
         for keys in self

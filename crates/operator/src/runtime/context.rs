@@ -160,8 +160,6 @@ pub(super) enum Failing {
 pub(super) struct Queue {
     /// Targets triggered and not reconciled yet.
     pub pending: Mutex<HashSet<TargetKey>>,
-    /// Failed reconciles in a row, for the backoff.
-    pub failures: Mutex<HashMap<(TargetKey, Failing), u32>>,
     pub in_flight: AtomicUsize,
     /// Moves whenever a reconcile finishes.
     pub activity: AtomicU64,
@@ -172,9 +170,13 @@ pub(super) struct Queue {
     pub resyncs: AtomicU64,
 }
 
-/// What reconciles remember from one to the next.
+/// What reconciles remember from one to the next. Everything kept per
+/// target is here, and [`Memory::prune`] drops all of it for targets no
+/// longer cached (deleted, even while a watch was down).
 #[derive(Default)]
 pub(super) struct Memory {
+    /// Failed reconciles in a row, for the backoff.
+    pub failures: Mutex<HashMap<(TargetKey, Failing), u32>>,
     /// What each target's last decision looked up.
     pub deps: Arc<Mutex<Dependencies>>,
     /// Last decisions that need not be made again while nothing they read changes.
@@ -202,6 +204,30 @@ pub(super) struct Memory {
     pub shadow: Mutex<VecDeque<ShadowRecord>>,
     /// Where action outcomes are written down, when someone listens (scenarios).
     pub journal: std::sync::OnceLock<Arc<dyn Journal>>,
+}
+
+impl Memory {
+    /// Keep what is remembered of the targets `alive` only, in every
+    /// per-target store.
+    pub fn prune(&self, alive: &HashSet<TargetKey>) {
+        lock(&self.deps).prune(alive);
+        self.last.prune(alive);
+        self.written.retain(|k| alive.contains(k));
+        self.states.retain(|k| alive.contains(k));
+        lock(&self.failures).retain(|(k, _), _| alive.contains(k));
+    }
+
+    /// How many targets each per-target store holds something of, by
+    /// store.
+    pub fn remembered(&self) -> [(&'static str, usize); 5] {
+        [
+            ("deps", lock(&self.deps).targets().count()),
+            ("last", self.last.len()),
+            ("written", self.written.len()),
+            ("states", self.states.len()),
+            ("failures", lock(&self.failures).len()),
+        ]
+    }
 }
 
 impl Context {
@@ -327,10 +353,18 @@ impl Context {
         }
     }
 
-    /// Drop what reconciles remember of targets no longer cached.
-    pub(super) fn prune_memory(&self) {
+    /// Drop what reconciles remember of targets no longer cached (the
+    /// operator does it every 15 s).
+    pub fn prune_memory(&self) {
         let kinds: Vec<KindRef> = lock(&self.running.targets).keys().cloned().collect();
-        self.memory.last.prune(self.target_keys(&kinds));
+        let alive: HashSet<TargetKey> = self.target_keys(&kinds).into_iter().collect();
+        self.memory.prune(&alive);
+    }
+
+    /// What reconciles remember, by per-target store: how many targets
+    /// each holds something of.
+    pub fn remembered(&self) -> [(&'static str, usize); 5] {
+        self.memory.remembered()
     }
 
     /// Reconcile these targets again.
@@ -385,4 +419,53 @@ pub(super) struct TargetController {
     pub restarts: u32,
     /// The label selector its watch asks the API server for, if any.
     pub selector: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::view::AccessKey;
+
+    fn key(name: &str) -> TargetKey {
+        TargetKey {
+            kind: KindRef::new("example.com/v1", "Widget"),
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    /// A target deleted while nothing reconciled it again (or while its
+    /// watch was down) leaves nothing behind in any per-target store.
+    #[test]
+    fn pruning_forgets_a_gone_target_in_every_store() {
+        let m = Memory::default();
+        let (gone, kept) = (key("gone"), key("kept"));
+        for k in [&gone, &kept] {
+            let read = AccessKey {
+                kind: KindRef::new("v1", "ConfigMap"),
+                namespace: "ns".into(),
+                name: Some(format!("{}-config", k.name)),
+            };
+            lock(&m.deps).set(k, "p", vec![read]);
+            let now = tokio::time::Instant::now();
+            m.written.remember(k.clone(), (vec!["7".into()], now));
+            let state = Arc::new(serde_json::json!({}));
+            m.states.remember(k.clone(), (None, state));
+            let failing = (k.clone(), Failing::Policy("p".into()));
+            lock(&m.failures).insert(failing, 3);
+        }
+        let before = m.remembered();
+        m.prune(&HashSet::from([kept.clone()]));
+        for ((store, was), (_, now)) in before.iter().zip(m.remembered()) {
+            let expected = was.min(&1);
+            assert_eq!(now, *expected, "{store}: {was} -> {now}");
+        }
+        assert_eq!(lock(&m.deps).targets().collect::<Vec<_>>(), [&kept]);
+        assert!(
+            lock(&m.deps)
+                .readers_of(&KindRef::new("v1", "ConfigMap"), "ns", "gone-config")
+                .is_empty()
+        );
+        assert!(m.written.pending(&gone).is_none() && m.written.pending(&kept).is_some());
+    }
 }

@@ -45,7 +45,8 @@ pub enum StartError {
     Webhook(String),
 }
 
-/// How often the alerts of deleted objects are resolved.
+/// How often the alerts of deleted objects are resolved, and what
+/// reconciles remember of deleted targets dropped.
 const ALERT_SWEEP: Duration = Duration::from_secs(15);
 
 /// The operator.
@@ -103,7 +104,6 @@ impl Operator {
             running: Running::default(),
             queue: Queue {
                 pending: Default::default(),
-                failures: Default::default(),
                 in_flight: Default::default(),
                 activity: Default::default(),
                 changes,

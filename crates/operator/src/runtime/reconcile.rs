@@ -490,7 +490,7 @@ impl Next {
     /// backoff, which grows with its own consecutive failures there.
     fn failed(&mut self, ctx: &Context, key: &TargetKey, policy: &str, failure: Failed) {
         let n = {
-            let mut f = lock(&ctx.queue.failures);
+            let mut f = lock(&ctx.memory.failures);
             let n = f
                 .entry((key.clone(), Failing::Policy(policy.to_string())))
                 .or_insert(0);
@@ -510,7 +510,7 @@ impl Next {
 
     /// A policy succeeded on the target: its backoff starts over.
     fn succeeded(ctx: &Context, key: &TargetKey, policy: &str) {
-        lock(&ctx.queue.failures).remove(&(key.clone(), Failing::Policy(policy.to_string())));
+        lock(&ctx.memory.failures).remove(&(key.clone(), Failing::Policy(policy.to_string())));
     }
 }
 
@@ -670,7 +670,7 @@ async fn reconcile_target(
         // requeue); the others keep their own times.
         tracing::debug!(error = %f, label = f.cause.label(), delay_ms = next.requeue_ms, "reconcile failed; retrying");
     }
-    lock(&ctx.queue.failures).remove(&(key.clone(), Failing::Reconcile));
+    lock(&ctx.memory.failures).remove(&(key.clone(), Failing::Reconcile));
     Ok(match next.requeue_ms {
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
@@ -938,7 +938,7 @@ pub(super) fn error_policy(
 ) -> Action {
     let key = key_of(kind, &obj);
     let n = {
-        let mut f = lock(&ctx.queue.failures);
+        let mut f = lock(&ctx.memory.failures);
         let n = f.entry((key.clone(), Failing::Reconcile)).or_insert(0);
         *n += 1;
         *n

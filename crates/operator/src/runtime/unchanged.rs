@@ -250,9 +250,13 @@ impl LastDecisions {
     }
 
     /// Keep only the decisions on the targets still `alive`.
-    pub fn prune(&self, alive: impl IntoIterator<Item = TargetKey>) {
-        let alive: std::collections::HashSet<u64> =
-            alive.into_iter().map(|k| hash_of(&k)).collect();
+    pub fn prune(&self, alive: &std::collections::HashSet<TargetKey>) {
+        let alive: std::collections::HashSet<u64> = alive.iter().map(hash_of).collect();
         lock(&self.0).targets.retain(|k, _| alive.contains(k));
+    }
+
+    /// How many targets have a decision kept.
+    pub fn len(&self) -> usize {
+        lock(&self.0).targets.len()
     }
 }
