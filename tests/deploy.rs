@@ -408,6 +408,26 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
             .ends_with(&format!(":{}", served["containerPort"])),
         "{listen} {served}"
     );
+    // The policy webhook: policy ConfigMaps of the operator's namespace,
+    // at the same Service, as the operator would write it.
+    let vwc = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingWebhookConfiguration")
+        .expect("deploy/webhook.yaml ships the policy webhook");
+    let endpoint = runbook::admission::config::Endpoint::Service {
+        namespace: svc_ref["namespace"].as_str().unwrap().into(),
+        name: svc_ref["name"].as_str().unwrap().into(),
+        port: svc_ref["port"].as_u64().unwrap() as u16,
+    };
+    let written = runbook::admission::config::policies_webhook(
+        Some(&vwc["webhooks"][0]),
+        &endpoint,
+        None,
+        runbook::reload::sources::BUNDLE_LABEL,
+        &[svc_ref["namespace"].as_str().unwrap().to_string()],
+    );
+    assert_eq!(vwc["webhooks"][0], written, "as the operator keeps it");
+    assert_eq!(vwc["metadata"]["name"], mwc["metadata"]["name"]);
     let secret = docs.iter().find(|d| d["kind"] == "Secret").unwrap();
     let objects = runbook::rbac::WebhookObjects::default();
     assert_eq!(secret["metadata"]["name"], objects.secret.as_str());
@@ -421,6 +441,11 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         (
             "admissionregistration.k8s.io",
             "mutatingwebhookconfigurations",
+            &objects.configuration,
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
             &objects.configuration,
         ),
     ] {

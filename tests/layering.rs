@@ -148,6 +148,7 @@ const OPERATOR: Layers = &[
     (
         "reload",
         &[
+            "admission",
             "alert",
             "events",
             "observe",

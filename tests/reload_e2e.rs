@@ -171,6 +171,7 @@ async fn from_configmap(
         SourceConfig {
             dirs: vec![],
             configmap_namespaces: vec![c.ns.clone()],
+            admission: false,
         },
     )
     .await;
@@ -367,6 +368,7 @@ async fn a_directory_reloads_on_edits_and_on_a_configmap_volume_swap() {
         SourceConfig {
             dirs: vec![dir.clone()],
             configmap_namespaces: vec![],
+            admission: false,
         },
     )
     .await;
@@ -552,6 +554,7 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
         SourceConfig {
             dirs: vec![],
             configmap_namespaces: vec![c.ns.clone()],
+            admission: false,
         },
         |r| r.with_secret_namespace(&c.ns).with_access_check(true),
     )
@@ -620,6 +623,7 @@ async fn a_bundle_refused_for_a_missing_secret_loads_once_it_exists() {
         SourceConfig {
             dirs: vec![],
             configmap_namespaces: vec![c.ns.clone()],
+            admission: false,
         },
         |r| r.with_secret_namespace(&c.ns),
     )
@@ -737,6 +741,7 @@ async fn a_tenants_policy_acts_only_in_its_own_namespace() {
         SourceConfig {
             dirs: vec![],
             configmap_namespaces: vec![c.ns.clone()],
+            admission: false,
         },
         // The operator's own namespace is another one: the test's is a tenant's.
         |r| r.with_secret_namespace(&format!("{}-ops", c.ns)),
@@ -845,5 +850,167 @@ async fn a_storm_of_edits_is_loaded_as_its_newest_version() {
     );
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+/// `kubectl` with the cluster's kubeconfig in the test's namespace, its
+/// exit status, stdout and stderr.
+fn kubectl(kubeconfig: &std::path::Path, ns: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("kubectl")
+        .env("KUBECONFIG", kubeconfig)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A policy ConfigMap, as a user writes it for `kubectl apply`.
+fn policy_configmap(name: &str, files: &[(&str, &str)]) -> String {
+    let data: serde_json::Map<String, serde_json::Value> = files
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    serde_json::to_string(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {"runbook.dev/policy": "true"}},
+        "data": data,
+    }))
+    .unwrap()
+}
+
+/// With the policy webhook on, `kubectl apply` of a broken policy is
+/// refused, printing each error at its place (a Rhai syntax error, an
+/// enforcing policy that claims what another one already writes), and
+/// `--dry-run=server` gives the same verdict without writing anything; a
+/// good policy is accepted and loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_policy_is_refused_at_kubectl_apply() {
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let c = Cluster::new("admitpol").await;
+    install_widget_crd(&c).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    cms.create(
+        &PostParams::default(),
+        &bundle_cm(&c, &policy_yaml(&c, "0.5")),
+    )
+    .await
+    .unwrap();
+    let sources = SourceConfig {
+        configmap_namespaces: vec![c.ns.clone()],
+        admission: true,
+        ..Default::default()
+    };
+    let (op, _reloader) = start(&c, sources).await;
+    let configurations: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &runbook::kinds::KindRef::new(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+        )
+        .api_resource(),
+    );
+    let name = format!("runbook-{}", c.ns);
+    eventually("the policy webhook's configuration", 30, || async {
+        configurations.get(&name).await.is_ok_and(|v| {
+            v.data["webhooks"][0]["name"] == runbook::admission::policies::POLICIES_WEBHOOK
+        })
+    })
+    .await;
+    let dir = std::env::temp_dir().join(format!("runbook-admit-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    // A second enforcing policy on the widgets claiming the status field
+    // `threshold` the tuned policy writes, with a script that does not parse.
+    let clash = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: clash}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  script: clash.rhai\n  status: {{fields: [threshold]}}\n",
+        widget_group(&c)
+    );
+    let broken = "fn reconcile(ctx) {\n    let x = ;\n    []\n}\n";
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        policy_configmap("clash", &[("clash.yaml", &clash), ("clash.rhai", broken)]),
+    )
+    .unwrap();
+    let bad_path = bad.to_str().unwrap();
+    for dry_run in [true, false] {
+        let mut args = vec!["apply", "-f", bad_path];
+        if dry_run {
+            args.push("--dry-run=server");
+        }
+        let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &args);
+        assert!(!ok, "{args:?} was accepted: {out}");
+        let place = format!("configmap/{}/clash/clash.rhai:2:", c.ns);
+        assert!(err.contains("Runbook refuses this policy"), "{err}");
+        assert!(err.contains(&place), "{args:?}: no {place} in {err}");
+        assert!(
+            cms.get_opt("clash").await.unwrap().is_none(),
+            "nothing was written"
+        );
+    }
+    // Fixed, the script parses; its claim on the widgets' status still
+    // clashes with the tuned policy, which writes the whole status.
+    let fixed = "fn reconcile(ctx) {\n    []\n}\n";
+    std::fs::write(
+        &bad,
+        policy_configmap("clash", &[("clash.yaml", &clash), ("clash.rhai", fixed)]),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", bad_path]);
+    assert!(!ok, "a conflicting claim was accepted: {out}");
+    assert!(err.contains("both write the whole status"), "{err}");
+    let places = [
+        format!("configmap/{}/clash/clash.yaml:7:11", c.ns),
+        format!("configmap/{}/tuned-policy/tuned.yaml:5:11", c.ns),
+    ];
+    for place in places {
+        assert!(err.contains(&place), "no {place} in {err}");
+    }
+    // A misspelt kind: no API serves it, said at its place with the kind
+    // the group serves.
+    let typo = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: typo}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widgets}}\n  mode: shadow\n  script: typo.rhai\n",
+        widget_group(&c)
+    );
+    std::fs::write(
+        &bad,
+        policy_configmap("typo", &[("typo.yaml", &typo), ("typo.rhai", fixed)]),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", bad_path]);
+    assert!(!ok, "a misspelt kind was accepted: {out}");
+    let place = format!("configmap/{}/typo/typo.yaml:5:11: spec.target", c.ns);
+    assert!(err.contains(&place), "no {place} in {err}");
+    let meant = format!("(did you mean {}/v1 Widget?)", widget_group(&c));
+    assert!(err.contains(&meant), "no {meant} in {err}");
+    // A good policy goes through and is loaded.
+    let good = dir.join("good.json");
+    let own = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: fine}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  mode: shadow\n  script: fine.rhai\n",
+        widget_group(&c)
+    );
+    std::fs::write(
+        &good,
+        policy_configmap("fine", &[("fine.yaml", &own), ("fine.rhai", fixed)]),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", good.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    eventually("the good policy loaded", 30, || async {
+        op.ctx.policies.load().policies.contains_key("fine")
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }

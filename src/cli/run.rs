@@ -40,6 +40,10 @@ pub struct RunArgs {
     /// Namespaces whose policy ConfigMaps are read (default: the operator's).
     #[arg(long, env = "RUNBOOK_POLICY_NAMESPACES", value_delimiter = ',')]
     pub policy_namespaces: Vec<String>,
+    /// Check policy ConfigMaps as they are written (`kubectl apply` is
+    /// refused with each error) through the webhook, when it is served.
+    #[arg(long, env = "RUNBOOK_POLICY_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub policy_webhook: bool,
     /// Watch and reconcile only this namespace.
     #[arg(
         long,
@@ -201,6 +205,7 @@ fn sources_of(args: &RunArgs) -> SourceConfig {
         } else {
             Vec::new()
         },
+        admission: args.policy_webhook,
     }
 }
 

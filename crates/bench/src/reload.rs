@@ -177,6 +177,7 @@ async fn operator(sandbox: &Sandbox, ns: &str, targets: usize) -> Arc<Operator> 
     let sources = SourceConfig {
         dirs: vec![],
         configmap_namespaces: vec![ns.into()],
+        admission: false,
     };
     // The reload tasks run as long as the runtime does.
     let _tasks = reload::spawn(reloader, op.clone(), sources);

@@ -491,6 +491,18 @@ impl Needs {
             std::slice::from_ref(&w.configuration),
             "the authorship webhook's configuration: its CA bundle and target kinds".into(),
         );
+        if opts.policy_configmaps {
+            self.add(
+                Scope::Cluster,
+                "admissionregistration.k8s.io",
+                "validatingwebhookconfigurations",
+                &["get", "update"],
+                std::slice::from_ref(&w.configuration),
+                "the policy webhook's configuration: its CA bundle and the namespaces of policy \
+                 ConfigMaps"
+                    .into(),
+            );
+        }
         self.add(
             Scope::Cluster,
             "authorization.k8s.io",

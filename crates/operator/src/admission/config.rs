@@ -203,13 +203,32 @@ pub async fn material(
     ))
 }
 
-fn configurations() -> ApiResource {
-    ApiResource {
-        group: "admissionregistration.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "admissionregistration.k8s.io/v1".into(),
-        kind: "MutatingWebhookConfiguration".into(),
-        plural: "mutatingwebhookconfigurations".into(),
+/// Which kind of webhook configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Configures {
+    /// `MutatingWebhookConfiguration` (the authorship webhook).
+    Mutating,
+    /// `ValidatingWebhookConfiguration` (the policy webhook).
+    Validating,
+}
+
+impl Configures {
+    fn kind(self) -> &'static str {
+        match self {
+            Configures::Mutating => "MutatingWebhookConfiguration",
+            Configures::Validating => "ValidatingWebhookConfiguration",
+        }
+    }
+
+    fn resource(self) -> ApiResource {
+        let kind = self.kind();
+        ApiResource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+        }
     }
 }
 
@@ -256,28 +275,72 @@ pub fn authorship_webhook(
     w
 }
 
-/// Bring MutatingWebhookConfiguration `name` in step: the authorship
-/// webhook at `endpoint`, trusting `material`'s CA (unless cert-manager
-/// injects it), for `rules`. `created_with` says what a configuration
-/// made from nothing carries beside (a namespace selector, say); an
-/// existing one keeps its own. Writes only when something differs.
+/// The policy webhook as it should be: creates and updates of ConfigMaps
+/// labelled `label=true` in `namespaces` (all when empty), at
+/// `endpoint`; failure policy and timeout as `live` has them, or the
+/// defaults: failures ignored (the reload checks every version it loads,
+/// so a policy written while no replica answers is still refused there),
+/// 5 s.
+pub fn policies_webhook(
+    live: Option<&Value>,
+    endpoint: &Endpoint,
+    ca: Option<&str>,
+    label: &str,
+    namespaces: &[String],
+) -> Value {
+    let mut w = live.cloned().unwrap_or_else(|| json!({}));
+    let mut client = endpoint.client_config(super::policies::POLICIES_PATH, ca);
+    if ca.is_none()
+        && let Some(b) = live.and_then(|l| l.pointer("/clientConfig/caBundle"))
+    {
+        client["caBundle"] = b.clone();
+    }
+    w["name"] = json!(super::policies::POLICIES_WEBHOOK);
+    w["clientConfig"] = client;
+    w["rules"] = json!([{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
+                         "apiVersions": ["v1"], "resources": ["configmaps"], "scope": "Namespaced"}]);
+    w["objectSelector"] = json!({"matchLabels": {label: "true"}});
+    w["namespaceSelector"] = if namespaces.is_empty() {
+        json!({})
+    } else {
+        json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                     "values": namespaces}]})
+    };
+    w["admissionReviewVersions"] = json!(["v1"]);
+    w["sideEffects"] = json!("None");
+    for (k, v) in [
+        ("failurePolicy", json!("Ignore")),
+        ("timeoutSeconds", json!(5)),
+        ("matchPolicy", json!("Equivalent")),
+    ] {
+        if w.get(k).is_none_or(Value::is_null) {
+            w[k] = v;
+        }
+    }
+    w
+}
+
+/// Bring the `configures` configuration `name` in step: its webhook
+/// `webhook` as `desired` makes it from the live one (if any) and the CA
+/// to trust (`None`: cert-manager injects it, and the live bundle is
+/// kept). `created_with` says what a configuration made from nothing
+/// carries beside (a namespace selector, say); an existing one keeps its
+/// own. Writes only when something differs.
 pub async fn keep_in_step(
     client: &kube::Client,
-    name: &str,
-    endpoint: &Endpoint,
+    (configures, name, webhook): (Configures, &str, &str),
     material: &Material,
-    rules: &[Value],
+    desired: impl Fn(Option<&Value>, Option<&str>) -> Value,
     created_with: Option<&Value>,
 ) -> Result<bool, String> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &configurations());
-    let live = api.get_opt(name).await.map_err(|e| {
-        format!(
-            "reading MutatingWebhookConfiguration {name}: {}",
-            crate::util::api_error(&e)
-        )
-    })?;
+    let kind = configures.kind();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &configures.resource());
+    let live = api
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading {kind} {name}: {}", crate::util::api_error(&e)))?;
     let Some(live) = live else {
-        let mut hook = authorship_webhook(created_with, endpoint, Some(&material.ca_bundle), rules);
+        let mut hook = desired(created_with, Some(&material.ca_bundle));
         if let Some(extra) = created_with.and_then(Value::as_object) {
             for (k, v) in extra {
                 if hook.get(k).is_none() {
@@ -286,19 +349,14 @@ pub async fn keep_in_step(
             }
         }
         let obj: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
             "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "runbook"}},
             "webhooks": [hook],
         }))
         .map_err(|e| e.to_string())?;
         api.create(&PostParams::default(), &obj)
             .await
-            .map_err(|e| {
-                format!(
-                    "creating MutatingWebhookConfiguration {name}: {}",
-                    crate::util::api_error(&e)
-                )
-            })?;
+            .map_err(|e| format!("creating {kind} {name}: {}", crate::util::api_error(&e)))?;
         return Ok(true);
     };
     let injected = live
@@ -315,8 +373,8 @@ pub async fn keep_in_step(
         .unwrap_or_default();
     let at = webhooks
         .iter()
-        .position(|w| w.get("name").and_then(Value::as_str) == Some(AUTHORSHIP_WEBHOOK));
-    let desired = authorship_webhook(at.map(|i| &webhooks[i]), endpoint, ca, rules);
+        .position(|w| w.get("name").and_then(Value::as_str) == Some(webhook));
+    let desired = desired(at.map(|i| &webhooks[i]), ca);
     match at {
         Some(i) if webhooks[i] == desired => return Ok(false),
         Some(i) => webhooks[i] = desired,
@@ -326,12 +384,7 @@ pub async fn keep_in_step(
     updated.data["webhooks"] = json!(webhooks);
     api.replace(name, &PostParams::default(), &updated)
         .await
-        .map_err(|e| {
-            format!(
-                "updating MutatingWebhookConfiguration {name}: {}",
-                crate::util::api_error(&e)
-            )
-        })?;
+        .map_err(|e| format!("updating {kind} {name}: {}", crate::util::api_error(&e)))?;
     Ok(true)
 }
 

@@ -5,14 +5,17 @@
 //!   signed so that nobody can make one up;
 //! - [`review`]: the answers to admission reviews (the authorship
 //!   webhook writes author records);
+//! - [`policies`]: the policy webhook, which checks a policy ConfigMap as
+//!   it is written;
 //! - [`tls`]: the CA, serving certificate and signing key, in a Secret
 //!   the replicas share;
 //! - [`server`]: the HTTPS server every replica runs;
-//! - [`config`]: the material's Secret and the webhook configuration,
+//! - [`config`]: the material's Secret and the webhook configurations,
 //!   kept in step with the policies loaded.
 
 pub mod author;
 pub mod config;
+pub mod policies;
 pub mod review;
 pub mod server;
 pub mod tls;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::server::conn::http1;
@@ -21,7 +22,7 @@ use tokio::net::TcpListener;
 const MAX_BODY: usize = 8 * 1024 * 1024;
 
 /// What answers the reviews sent to one path.
-pub type Handler = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+pub type Handler = Arc<dyn Fn(Value) -> BoxFuture<'static, Value> + Send + Sync>;
 
 /// The paths served and their handlers.
 #[derive(Clone, Default)]
@@ -82,7 +83,7 @@ async fn handle(routes: &Routes, req: Request<hyper::body::Incoming>) -> Respons
             return respond(StatusCode::BAD_REQUEST, msg.into_bytes(), false);
         }
     };
-    let answer = handler(&review);
+    let answer = handler(review).await;
     respond(
         StatusCode::OK,
         serde_json::to_vec(&answer).unwrap_or_default(),

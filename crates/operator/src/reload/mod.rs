@@ -28,6 +28,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
 use self::sources::BUNDLE_LABEL;
+use crate::admission::policies::{PolicyCheck, Verdict};
 use crate::alert::routes::{ReceiverKind, Target};
 use crate::runtime::Operator;
 use crate::telemetry::Metrics;
@@ -42,6 +43,9 @@ pub struct SourceConfig {
     pub dirs: Vec<PathBuf>,
     /// Namespaces whose `runbook.dev/policy=true` ConfigMaps are bundles.
     pub configmap_namespaces: Vec<String>,
+    /// Check those ConfigMaps as they are written too, through the policy
+    /// webhook (when this process serves the webhook).
+    pub admission: bool,
 }
 
 struct BundleState {
@@ -336,12 +340,30 @@ impl Reloader {
     }
 
     /// Compile a bundle and decide whether it may replace its last good
-    /// version. Returns the errors that refuse it.
+    /// version; if so, it does. Returns the errors that refuse it.
     async fn try_bundle(
         &self,
         bundle: Bundle,
         serve_check: Option<&Operator>,
     ) -> Result<(), Refusal> {
+        let (candidate, _) = self.check(bundle.clone(), serve_check).await?;
+        let mut bundles = lock(&self.bundles);
+        let mut state = BundleState::new(bundle);
+        state.good = Some(candidate);
+        bundles.insert(state.bundle.origin.clone(), state);
+        Ok(())
+    }
+
+    /// Every check a bundle must pass to replace its last good version
+    /// (compiled, not dangerous, its Secrets there, no conflict with the
+    /// other bundles, served and permitted when `serve_check` is given),
+    /// changing nothing. On success, the compiled bundle and notes that
+    /// are not errors (policies that will stay set aside).
+    async fn check(
+        &self,
+        bundle: Bundle,
+        serve_check: Option<&Operator>,
+    ) -> Result<(Arc<Loaded>, Vec<String>), Refusal> {
         let engine = self.engine.clone();
         let b = bundle.clone();
         // Compiling (scripts, templates) happens off the async workers.
@@ -367,14 +389,11 @@ impl Reloader {
         }
         let candidate = Arc::new(loaded);
         let set = self.check_with_the_rest(&bundle, &candidate)?;
+        let mut notes = Vec::new();
         if let Some(op) = serve_check {
-            self.check_serving(op, &bundle, &candidate, &set).await?;
+            notes = self.check_serving(op, &bundle, &candidate, &set).await?;
         }
-        let mut bundles = lock(&self.bundles);
-        let mut state = BundleState::new(bundle);
-        state.good = Some(candidate);
-        bundles.insert(state.bundle.origin.clone(), state);
-        Ok(())
+        Ok((candidate, notes))
     }
 
     /// A bundle declaring a dangerous kind is refused unless allowed.
@@ -435,12 +454,19 @@ impl Reloader {
         bundle: &Bundle,
         candidate: &Loaded,
         set: &PolicySet,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Vec<String>, Refusal> {
         let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
-        let kept = op
-            .check_kinds(set)
-            .await
-            .map_err(|e| Refusal::cluster(vec![e.to_string()]))?;
+        let kept = match op.check_kinds(set).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                let placed = unserved_places(op, candidate).await;
+                return Err(Refusal::cluster(if placed.is_empty() {
+                    vec![e.to_string()]
+                } else {
+                    placed
+                }));
+            }
+        };
         let serving = op.ctx.policies.load_full();
         let before: Vec<String> = lock(&self.bundles)
             .get(&bundle.origin)
@@ -454,7 +480,12 @@ impl Reloader {
             .map(|n| format!("policy {n}: a kind it names is not served by the API server"))
             .collect();
         if !refused.is_empty() {
-            return Err(Refusal::cluster(refused));
+            let placed = unserved_places(op, candidate).await;
+            return Err(Refusal::cluster(if placed.is_empty() {
+                refused
+            } else {
+                placed
+            }));
         }
         if self.access_check {
             let tenant = self.tenant_of(&bundle.origin);
@@ -462,7 +493,13 @@ impl Reloader {
                 .await
                 .map_err(Refusal::cluster)?;
         }
-        Ok(())
+        Ok(names
+            .iter()
+            .filter(|n| !kept.policies.contains_key(*n))
+            .map(|n| {
+                format!("policy {n} stays set aside until the API server serves the kinds it names")
+            })
+            .collect())
     }
 
     /// Note a refused version of a bundle: log it and put an Event on its
@@ -748,6 +785,7 @@ pub fn spawn(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     if let Some(client) = reloader.client.clone() {
+        tasks.extend(check_at_admission(&reloader, &op, &client, &sources));
         for ns in sources.configmap_namespaces.clone() {
             let (r, op) = (reloader.clone(), op.clone());
             let client = client.clone();
@@ -771,6 +809,115 @@ pub fn spawn(
         }
     }));
     tasks
+}
+
+/// Each kind the bundle declares that the API server does not serve, at
+/// its place, with the kind meant where one is near: one the kind's
+/// group and version serve, or a kind built into Kubernetes.
+async fn unserved_places(op: &Operator, candidate: &Loaded) -> Vec<String> {
+    let mut out = Vec::new();
+    for (file, places) in &candidate.declared {
+        for (place, kind, pos) in places {
+            match op.ctx.resources.resolve(kind).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Discovery(_)) => {}
+                _ => continue,
+            }
+            let served = served_in(&op.ctx.client, &kind.api_version).await;
+            let known: Vec<String> = runbook_core::kinds::well_known_kinds()
+                .iter()
+                .map(|k| k.to_string())
+                .collect();
+            let meant =
+                runbook_core::util::suggest::closest(&kind.kind, served.iter().map(String::as_str))
+                    .map(|k| format!("{} {k}", kind.api_version))
+                    .or_else(|| {
+                        runbook_core::util::suggest::closest(
+                            &kind.to_string(),
+                            known.iter().map(String::as_str),
+                        )
+                        .map(str::to_string)
+                    });
+            let at = pos.map_or(String::new(), |p| format!(":{}:{}", p.line, p.col));
+            let hint = meant.map_or(String::new(), |m| format!(" (did you mean {m}?)"));
+            out.push(format!(
+                "{file}{at}: {place}: the API server serves no {kind}{hint}"
+            ));
+        }
+    }
+    out
+}
+
+/// The kinds an API group version serves (none when it serves nothing).
+async fn served_in(client: &kube::Client, api_version: &str) -> Vec<String> {
+    let list = if api_version.contains('/') {
+        client.list_api_group_resources(api_version).await
+    } else {
+        client.list_core_api_resources(api_version).await
+    };
+    list.map(|l| {
+        l.resources
+            .into_iter()
+            .filter(|r| !r.name.contains('/'))
+            .map(|r| r.kind)
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Policy ConfigMaps checked as they are written: the webhook this
+/// replica serves (if any) checks them with this reload's checks, and the
+/// policy webhook's configuration is pointed at the namespaces watched.
+fn check_at_admission(
+    reloader: &Arc<Reloader>,
+    op: &Arc<Operator>,
+    client: &kube::Client,
+    sources: &SourceConfig,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let hook = op.ctx.webhook.get()?.clone();
+    if !sources.admission || sources.configmap_namespaces.is_empty() {
+        return None;
+    }
+    hook.check_policies(Arc::new(AdmissionCheck {
+        reloader: reloader.clone(),
+        op: op.clone(),
+    }));
+    let (client, namespaces) = (client.clone(), sources.configmap_namespaces.clone());
+    Some(tokio::spawn(async move {
+        match hook
+            .keep_policies_in_step(&client, BUNDLE_LABEL, &namespaces)
+            .await
+        {
+            Ok(true) => tracing::info!("the policy webhook's configuration was brought in step"),
+            Ok(false) => {}
+            Err(e) => tracing::error!(
+                "pointing the policy webhook at this replica: {e}; policy ConfigMaps are checked when loaded only"
+            ),
+        }
+    }))
+}
+
+/// The reload's checks, run on a bundle at admission.
+struct AdmissionCheck {
+    reloader: Arc<Reloader>,
+    op: Arc<Operator>,
+}
+
+impl PolicyCheck for AdmissionCheck {
+    fn check(&self, bundle: Bundle) -> futures::future::BoxFuture<'_, Verdict> {
+        Box::pin(async move {
+            match self.reloader.check(bundle, Some(&self.op)).await {
+                Ok((_, notes)) => Verdict {
+                    errors: Vec::new(),
+                    warnings: notes,
+                },
+                Err(refusal) => Verdict {
+                    errors: refusal.errors,
+                    warnings: Vec::new(),
+                },
+            }
+        })
+    }
 }
 
 /// The newest version of each policy ConfigMap that changed and is not

@@ -1,18 +1,21 @@
-//! The authorship webhook as the operator runs it: every replica serves
-//! it over HTTPS with the material in the shared Secret (renewed when
-//! due, the new certificate served from the next connection on), and the
-//! leader keeps the webhook configuration in step with the policies
-//! loaded (their target kinds) and the CA.
+//! The webhooks as the operator runs them: every replica serves them over
+//! HTTPS with the material in the shared Secret (renewed when due, the new
+//! certificate served from the next connection on). The leader keeps the
+//! authorship webhook's configuration in step with the policies loaded
+//! (their target kinds) and the CA; the policy webhook checks policy
+//! ConfigMaps as they are written, once the reload has registered its
+//! check (`check_policies`).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use jiff::Timestamp;
 use serde_json::Value;
 
-use crate::admission::config::{self, AUTHORSHIP_PATH, Endpoint};
+use crate::admission::config::{self, AUTHORSHIP_PATH, AUTHORSHIP_WEBHOOK, Configures, Endpoint};
+use crate::admission::policies::{self, POLICIES_PATH, POLICIES_WEBHOOK, PolicyCheck};
 use crate::admission::tls::Material;
 use crate::admission::{Authorship, Signer};
 use crate::observe::discovery::Resources;
@@ -46,6 +49,8 @@ pub struct Webhook {
     endpoint: Endpoint,
     material: ArcSwap<Material>,
     tls: Arc<ArcSwap<rustls::ServerConfig>>,
+    /// What checks policy ConfigMaps, once the reload registered it.
+    policy_check: Arc<OnceLock<Arc<dyn PolicyCheck>>>,
     pub addr: SocketAddr,
     _server: tokio::task::JoinHandle<()>,
 }
@@ -67,10 +72,23 @@ impl Webhook {
         let hook = Authorship {
             signer: Signer::new(material.signing_key.clone()),
         };
-        let routes = crate::admission::server::Routes::default().with(
-            AUTHORSHIP_PATH,
-            Arc::new(move |review: &Value| hook.review(review)),
-        );
+        let policy_check: Arc<OnceLock<Arc<dyn PolicyCheck>>> = Arc::default();
+        let check = policy_check.clone();
+        let routes = crate::admission::server::Routes::default()
+            .with(
+                AUTHORSHIP_PATH,
+                Arc::new(move |review: Value| {
+                    let answer = hook.review(&review);
+                    Box::pin(async move { answer })
+                }),
+            )
+            .with(
+                POLICIES_PATH,
+                Arc::new(move |review: Value| {
+                    let check = check.get().cloned();
+                    Box::pin(async move { policies::review(check.as_deref(), &review).await })
+                }),
+            );
         let (addr, server) = crate::admission::server::serve(listener, tls.clone(), routes)
             .map_err(|e| format!("serving the webhook on {addr}: {e}"))?;
         tracing::info!(%addr, "serving the authorship webhook");
@@ -79,6 +97,7 @@ impl Webhook {
             endpoint,
             material: ArcSwap::from_pointee(material),
             tls,
+            policy_check,
             addr,
             _server: server,
         })
@@ -130,11 +149,44 @@ impl Webhook {
         let material = self.material.load_full();
         config::keep_in_step(
             client,
-            &self.config.configuration,
-            &self.endpoint,
+            (
+                Configures::Mutating,
+                &self.config.configuration,
+                AUTHORSHIP_WEBHOOK,
+            ),
             &material,
-            &rules,
+            |live, ca| config::authorship_webhook(live, &self.endpoint, ca, &rules),
             self.config.created_with.as_ref(),
+        )
+        .await
+    }
+
+    /// Check policy ConfigMaps with `check` from now on (once; the reload
+    /// registers its own).
+    pub fn check_policies(&self, check: Arc<dyn PolicyCheck>) {
+        let _ = self.policy_check.set(check);
+    }
+
+    /// Bring the policy webhook's ValidatingWebhookConfiguration (named as
+    /// the authorship webhook's) in step: ConfigMaps labelled `label=true`
+    /// in `namespaces`, at this webhook, trusting its CA.
+    pub async fn keep_policies_in_step(
+        &self,
+        client: &kube::Client,
+        label: &str,
+        namespaces: &[String],
+    ) -> Result<bool, String> {
+        let material = self.material.load_full();
+        config::keep_in_step(
+            client,
+            (
+                Configures::Validating,
+                &self.config.configuration,
+                POLICIES_WEBHOOK,
+            ),
+            &material,
+            |live, ca| config::policies_webhook(live, &self.endpoint, ca, label, namespaces),
+            None,
         )
         .await
     }
