@@ -1011,6 +1011,24 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
         op.ctx.policies.load().policies.contains_key("fine")
     })
     .await;
+    // With no replica answering, the failure policy (Ignore) lets an
+    // edit through unchecked; the next operator refuses it at load.
+    op.shutdown(Duration::from_secs(1)).await;
+    std::fs::write(
+        &bad,
+        policy_configmap("clash", &[("clash.yaml", &clash), ("clash.rhai", broken)]),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", bad_path]);
+    assert!(ok, "refused with the operator down: {out}{err}");
+    let sources = SourceConfig {
+        configmap_namespaces: vec![c.ns.clone()],
+        admission: true,
+        ..Default::default()
+    };
+    let (_next, _reloader, errors) = start_refusing(&c, sources, |r| r).await;
+    let place = format!("configmap/{}/clash/clash.rhai:2:13", c.ns);
+    assert!(errors.iter().any(|e| e.contains(&place)), "{errors:?}");
     let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }

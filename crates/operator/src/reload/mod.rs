@@ -878,16 +878,14 @@ fn check_at_admission(
     if !sources.admission || sources.configmap_namespaces.is_empty() {
         return None;
     }
-    hook.check_policies(Arc::new(AdmissionCheck {
+    let check = Arc::new(AdmissionCheck {
         reloader: reloader.clone(),
         op: op.clone(),
-    }));
-    let (client, namespaces) = (client.clone(), sources.configmap_namespaces.clone());
+    });
+    hook.check_policies(check, BUNDLE_LABEL, &sources.configmap_namespaces);
+    let client = client.clone();
     Some(tokio::spawn(async move {
-        match hook
-            .keep_policies_in_step(&client, BUNDLE_LABEL, &namespaces)
-            .await
-        {
+        match hook.keep_policies_in_step(&client).await {
             Ok(true) => tracing::info!("the policy webhook's configuration was brought in step"),
             Ok(false) => {}
             Err(e) => tracing::error!(

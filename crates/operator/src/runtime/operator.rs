@@ -475,8 +475,9 @@ impl Operator {
         Ok(())
     }
 
-    /// Point the webhook configuration at this webhook for the kinds `set`
-    /// targets (the leader does).
+    /// Point the webhook configurations at this webhook: the authorship
+    /// webhook's for the kinds `set` targets, the policy webhook's where
+    /// policies are checked here (the leader does).
     async fn keep_webhook_in_step(&self, set: &PolicySet) {
         let Some(hook) = self.ctx.webhook.get() else {
             return;
@@ -492,6 +493,11 @@ impl Operator {
             Err(e) => {
                 tracing::error!("keeping the authorship webhook's configuration in step: {e}")
             }
+        }
+        match hook.keep_policies_in_step(&self.ctx.client).await {
+            Ok(true) => tracing::info!("the policy webhook's configuration was brought in step"),
+            Ok(false) => {}
+            Err(e) => tracing::error!("keeping the policy webhook's configuration in step: {e}"),
         }
     }
 
@@ -671,6 +677,9 @@ impl Operator {
             let _ = tokio::time::timeout(Duration::from_secs(2), t.task).await;
         }
         lock(&self.ctx.running.informers).clear();
+        if let Some(hook) = self.ctx.webhook.get() {
+            hook.stop();
+        }
         self.ctx.health.ready.store(false, Ordering::Release);
         self.ctx.health.synced.store(false, Ordering::Release);
         self.ctx.metrics.leader.set(0);

@@ -51,8 +51,10 @@ pub struct Webhook {
     tls: Arc<ArcSwap<rustls::ServerConfig>>,
     /// What checks policy ConfigMaps, once the reload registered it.
     policy_check: Arc<OnceLock<Arc<dyn PolicyCheck>>>,
+    /// The policy ConfigMaps it checks: their label and namespaces.
+    policy_scope: OnceLock<(String, Vec<String>)>,
     pub addr: SocketAddr,
-    _server: tokio::task::JoinHandle<()>,
+    server: tokio::task::JoinHandle<()>,
 }
 
 impl Webhook {
@@ -98,8 +100,9 @@ impl Webhook {
             material: ArcSwap::from_pointee(material),
             tls,
             policy_check,
+            policy_scope: OnceLock::new(),
             addr,
-            _server: server,
+            server,
         })
     }
 
@@ -161,21 +164,30 @@ impl Webhook {
         .await
     }
 
-    /// Check policy ConfigMaps with `check` from now on (once; the reload
-    /// registers its own).
-    pub fn check_policies(&self, check: Arc<dyn PolicyCheck>) {
+    /// Stop accepting reviews (the process is shutting down): the API
+    /// server then finds no replica here and applies the failure policy.
+    pub fn stop(&self) {
+        self.server.abort();
+    }
+
+    /// Check the ConfigMaps labelled `label=true` in `namespaces` with
+    /// `check` from now on (once; the reload registers its own).
+    pub fn check_policies(&self, check: Arc<dyn PolicyCheck>, label: &str, namespaces: &[String]) {
         let _ = self.policy_check.set(check);
+        let _ = self
+            .policy_scope
+            .set((label.to_string(), namespaces.to_vec()));
     }
 
     /// Bring the policy webhook's ValidatingWebhookConfiguration (named as
-    /// the authorship webhook's) in step: ConfigMaps labelled `label=true`
-    /// in `namespaces`, at this webhook, trusting its CA.
-    pub async fn keep_policies_in_step(
-        &self,
-        client: &kube::Client,
-        label: &str,
-        namespaces: &[String],
-    ) -> Result<bool, String> {
+    /// the authorship webhook's) in step with this webhook and its CA, once
+    /// policies are checked here (`false` until then). The reload does it
+    /// when it starts, the leader whenever it keeps the authorship
+    /// webhook's in step (so a new leader points both at itself).
+    pub async fn keep_policies_in_step(&self, client: &kube::Client) -> Result<bool, String> {
+        let Some((label, namespaces)) = self.policy_scope.get() else {
+            return Ok(false);
+        };
         let material = self.material.load_full();
         config::keep_in_step(
             client,
