@@ -158,6 +158,20 @@ async fn from_configmap(
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
+    checked_at_admission(c, threshold, false).await
+}
+
+/// As `from_configmap`, with the policy webhook checking policy
+/// ConfigMaps as they are written when `admission`.
+async fn checked_at_admission(
+    c: &Cluster,
+    threshold: &str,
+    admission: bool,
+) -> (
+    Arc<runbook::runtime::Operator>,
+    Api<DynamicObject>,
+    Api<ConfigMap>,
+) {
     install_widget_crd(c).await;
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     cms.create(
@@ -171,7 +185,7 @@ async fn from_configmap(
         SourceConfig {
             dirs: vec![],
             configmap_namespaces: vec![c.ns.clone()],
-            admission: false,
+            admission,
         },
     )
     .await;
@@ -899,20 +913,7 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
         return;
     }
     let c = Cluster::new("admitpol").await;
-    install_widget_crd(&c).await;
-    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    cms.create(
-        &PostParams::default(),
-        &bundle_cm(&c, &policy_yaml(&c, "0.5")),
-    )
-    .await
-    .unwrap();
-    let sources = SourceConfig {
-        configmap_namespaces: vec![c.ns.clone()],
-        admission: true,
-        ..Default::default()
-    };
-    let (op, _reloader) = start(&c, sources).await;
+    let (op, _widgets, cms) = checked_at_admission(&c, "0.5", true).await;
     let configurations: Api<DynamicObject> = Api::all_with(
         c.client.clone(),
         &runbook::kinds::KindRef::new(
