@@ -52,8 +52,8 @@ pub async fn review(check: Option<&dyn PolicyCheck>, review: &Value) -> Value {
         return answer(true, None, Vec::new());
     }
     let Some(check) = check else {
-        let note = "Runbook has not checked this policy yet (its policies are still loading); \
-                    the operator checks it when it loads it";
+        let note = "Runbook did not check this policy: the replica that answered is standing \
+                    by or still loading its policies; the leader checks it when it loads it";
         return answer(true, None, vec![note.to_string()]);
     };
     let namespace = object["metadata"]["namespace"]
@@ -140,6 +140,6 @@ mod tests {
         let a = review(None, &request("CREATE", json!({}))).await;
         assert_eq!(a["response"]["allowed"], true);
         let warning = a["response"]["warnings"][0].as_str().unwrap();
-        assert!(warning.contains("not checked this policy yet"), "{warning}");
+        assert!(warning.contains("did not check this policy"), "{warning}");
     }
 }
