@@ -472,6 +472,23 @@ async fn serve(
     sources: SourceConfig,
 ) -> anyhow::Result<ExitCode> {
     let grace = Duration::from_secs(args.shutdown_grace);
+    // Every replica follows policy edits once its caches are filled, the
+    // standbys too: each checks policies at admission, and a standby
+    // takes the lead on the set in force.
+    let watchers = {
+        let (op, reloader) = (op.clone(), reloader.clone());
+        tokio::spawn(async move {
+            while !op
+                .ctx
+                .health
+                .synced
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            reload::spawn(reloader, op, sources)
+        })
+    };
     tokio::select! {
         r = op.start() => r.map_err(|e| anyhow::anyhow!("{e}"))?,
         _ = super::shutdown_signal() => {
@@ -479,7 +496,7 @@ async fn serve(
             return Ok(ExitCode::SUCCESS);
         }
     }
-    let _watchers = reload::spawn(reloader, op.clone(), sources);
+    let _watchers = watchers.await;
     tracing::info!("reconciling");
     tokio::select! {
         _ = super::shutdown_signal() => {}

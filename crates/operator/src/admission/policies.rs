@@ -52,8 +52,8 @@ pub async fn review(check: Option<&dyn PolicyCheck>, review: &Value) -> Value {
         return answer(true, None, Vec::new());
     }
     let Some(check) = check else {
-        let note = "Runbook did not check this policy: the replica that answered is standing \
-                    by or still loading its policies; the leader checks it when it loads it";
+        let note = "Runbook did not check this policy: the replica that answered is still \
+                    loading its policies; the operator checks it when it loads it";
         return answer(true, None, vec![note.to_string()]);
     };
     let namespace = object["metadata"]["namespace"]

@@ -133,6 +133,10 @@ pub struct Reloader {
     gate: tokio::sync::Mutex<()>,
     /// Failing watches already told to a bundle: (bundle, watch).
     watch_told: Mutex<std::collections::BTreeSet<(Origin, String)>>,
+    /// Whether this replica leads, once `spawn` follows the operator's: a
+    /// standby follows edits too (to check policies at admission and to
+    /// lead on the set in force) but leaves the Events to the leader.
+    leading: std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 fn clone_loaded(l: &Loaded) -> Loaded {
@@ -165,6 +169,7 @@ impl Reloader {
             inline: false,
             gate: tokio::sync::Mutex::new(()),
             watch_told: Mutex::default(),
+            leading: std::sync::OnceLock::new(),
         }
     }
 
@@ -653,6 +658,13 @@ impl Reloader {
         let (Some(rec), Origin::ConfigMap { namespace, name }) = (&self.recorder, origin) else {
             return;
         };
+        let standing_by = self
+            .leading
+            .get()
+            .is_some_and(|l| !l.load(std::sync::atomic::Ordering::Acquire));
+        if standing_by {
+            return;
+        }
         let Some(client) = &self.client else { return };
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let uid = api
@@ -784,6 +796,7 @@ pub fn spawn(
     sources: SourceConfig,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
+    let _ = reloader.leading.set(op.ctx.health.leading.clone());
     if let Some(client) = reloader.client.clone() {
         tasks.extend(check_at_admission(&reloader, &op, &client, &sources));
         for ns in sources.configmap_namespaces.clone() {
