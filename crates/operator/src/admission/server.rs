@@ -91,17 +91,32 @@ async fn handle(routes: &Routes, req: Request<hyper::body::Incoming>) -> Respons
     )
 }
 
+/// A server running: stop it to close its listener and every connection
+/// it holds (an API server keeps its connections to a webhook open).
+pub struct Server {
+    task: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Server {
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+        self.task.abort();
+    }
+}
+
 /// Serve `routes` over HTTPS on `listener` with the configuration `tls`
 /// holds at each new connection; returns the address it listens on.
 pub fn serve(
     listener: std::net::TcpListener,
     tls: Arc<ArcSwap<rustls::ServerConfig>>,
     routes: Routes,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> std::io::Result<(SocketAddr, Server)> {
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
     let local = listener.local_addr()?;
     let routes = Arc::new(routes);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -110,22 +125,29 @@ pub fn serve(
             };
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.load_full());
             let routes = routes.clone();
+            let mut stopped = stopped.clone();
             tokio::spawn(async move {
-                // A client that never finishes its handshake holds nothing.
-                let handshake =
-                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
-                let Ok(Ok(stream)) = handshake.await else {
-                    return;
+                let serving = async {
+                    // A client that never finishes its handshake holds nothing.
+                    let handshake =
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+                    let Ok(Ok(stream)) = handshake.await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(move |req| {
+                        let routes = routes.clone();
+                        async move { Ok::<_, std::convert::Infallible>(handle(&routes, req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 };
-                let svc = hyper::service::service_fn(move |req| {
-                    let routes = routes.clone();
-                    async move { Ok::<_, std::convert::Infallible>(handle(&routes, req).await) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                tokio::select! {
+                    _ = serving => {}
+                    _ = stopped.wait_for(|s| *s) => {}
+                }
             });
         }
     });
-    Ok((local, task))
+    Ok((local, Server { task, stop }))
 }

@@ -54,7 +54,7 @@ pub struct Webhook {
     /// The policy ConfigMaps it checks: their label and namespaces.
     policy_scope: OnceLock<(String, Vec<String>)>,
     pub addr: SocketAddr,
-    server: tokio::task::JoinHandle<()>,
+    server: crate::admission::server::Server,
 }
 
 impl Webhook {
@@ -167,7 +167,7 @@ impl Webhook {
     /// Stop accepting reviews (the process is shutting down): the API
     /// server then finds no replica here and applies the failure policy.
     pub fn stop(&self) {
-        self.server.abort();
+        self.server.stop();
     }
 
     /// Check the ConfigMaps labelled `label=true` in `namespaces` with
