@@ -89,6 +89,22 @@ fn the_suite_reports_each_figure_with_its_goal() {
     assert_eq!(met, runaway["value"].as_f64().unwrap() <= 50.0);
 }
 
+/// The policy webhook's answer to a server-side dry run of the shipped
+/// policies, with its goal.
+#[test]
+fn the_policy_webhook_is_measured_through_an_api_server() {
+    let v = bench_json("admission");
+    let figures = v["figures"].as_array().unwrap();
+    let p99 = figures
+        .iter()
+        .find(|f| f["figure"].as_str().unwrap().ends_with(", p99"))
+        .unwrap_or_else(|| panic!("no p99: {figures:?}"));
+    assert_eq!(p99["section"], "admission");
+    assert_eq!(p99["goal"], "<= 100");
+    assert!(p99["value"].as_f64() > Some(0.0), "{p99}");
+    assert!(p99["figure"].as_str().unwrap().contains("dry-run=server"));
+}
+
 #[test]
 fn an_unknown_section_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_runbook"))

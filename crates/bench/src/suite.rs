@@ -94,6 +94,7 @@ pub const SECTIONS: &[&str] = &[
     "writes",
     "operator",
     "reload",
+    "admission",
     "memory",
     "scale",
     "containment",
@@ -634,6 +635,23 @@ async fn containment(quick: bool) -> Vec<Row> {
     ]
 }
 
+async fn admission(policies: &Path, quick: bool) -> Vec<Row> {
+    let reviews = if quick { 50 } else { 300 };
+    let p = policies.to_path_buf();
+    let f = tokio::spawn(async move { super::admission::run(&p, reviews).await })
+        .await
+        .expect("admission benchmark");
+    let s = "admission";
+    let what = format!(
+        "policy webhook: kubectl apply --dry-run=server of the shipped policies ({} files, {} reviews)",
+        f.files, f.reviews
+    );
+    vec![
+        Row::new(s, format!("{what}, p50"), ms(f.latency.median), "ms"),
+        Row::new(s, format!("{what}, p99"), ms(f.latency.p99), "ms").goal(Goal::AtMost(100.0)),
+    ]
+}
+
 /// Run the chosen sections.
 pub async fn run(opts: &Options) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -666,6 +684,9 @@ pub async fn run(opts: &Options) -> Vec<Row> {
     }
     if opts.wants("reload") {
         rows.extend(reload(opts.quick, opts.targets()).await);
+    }
+    if opts.wants("admission") {
+        rows.extend(admission(&opts.policies, opts.quick).await);
     }
     if opts.wants("memory") {
         let o = opts.clone();
