@@ -610,6 +610,10 @@ const WRITERS: &[(&str, &str)] = &[
         "what a scenario's world does",
     ),
     ("crates/bench/src/operator.rs", "benchmark fixtures"),
+    (
+        "crates/bench/src/admission.rs",
+        "server-side dry runs of the shipped policies (nothing stored)",
+    ),
     ("crates/bench/src/reload.rs", "benchmark fixtures"),
     ("crates/bench/src/sandbox.rs", "benchmark fixtures"),
 ];
