@@ -248,31 +248,49 @@ pub fn authorship_webhook(
     ca: Option<&str>,
     rules: &[Value],
 ) -> Value {
+    let mut w = webhook(live, (AUTHORSHIP_WEBHOOK, AUTHORSHIP_PATH), endpoint, ca);
+    w["rules"] = json!(rules);
+    defaults(&mut w, &[("reinvocationPolicy", json!("IfNeeded"))]);
+    w
+}
+
+/// A webhook named `name`, served at `path` of `endpoint`, over what is
+/// `live`: trusting `ca` (without a CA of ours, the live bundle, which
+/// cert-manager keeps, stays as it is), reviews v1, no side effects.
+fn webhook(
+    live: Option<&Value>,
+    (name, path): (&str, &str),
+    endpoint: &Endpoint,
+    ca: Option<&str>,
+) -> Value {
     let mut w = live.cloned().unwrap_or_else(|| json!({}));
-    // Without a CA of ours, cert-manager's bundle is kept as it is.
-    let keep_ca = ca.map(|ca| ca.to_string());
-    let mut client = endpoint.client_config(AUTHORSHIP_PATH, keep_ca.as_deref());
-    if keep_ca.is_none()
+    let mut client = endpoint.client_config(path, ca);
+    if ca.is_none()
         && let Some(b) = live.and_then(|l| l.pointer("/clientConfig/caBundle"))
     {
         client["caBundle"] = b.clone();
     }
-    w["name"] = json!(AUTHORSHIP_WEBHOOK);
+    w["name"] = json!(name);
     w["clientConfig"] = client;
-    w["rules"] = json!(rules);
     w["admissionReviewVersions"] = json!(["v1"]);
     w["sideEffects"] = json!("None");
-    for (k, v) in [
+    w
+}
+
+/// Runbook's defaults for what an administrator may set on a webhook
+/// (kept where set): failures ignored, 5 s, equivalent versions matched,
+/// and `more`.
+fn defaults(w: &mut Value, more: &[(&str, Value)]) {
+    let common = [
         ("failurePolicy", json!("Ignore")),
         ("timeoutSeconds", json!(5)),
-        ("reinvocationPolicy", json!("IfNeeded")),
         ("matchPolicy", json!("Equivalent")),
-    ] {
-        if w.get(k).is_none_or(Value::is_null) {
-            w[k] = v;
+    ];
+    for (k, v) in common.iter().chain(more) {
+        if w.get(*k).is_none_or(Value::is_null) {
+            w[*k] = v.clone();
         }
     }
-    w
 }
 
 /// The policy webhook as it should be: creates and updates of ConfigMaps
@@ -288,15 +306,11 @@ pub fn policies_webhook(
     label: &str,
     namespaces: &[String],
 ) -> Value {
-    let mut w = live.cloned().unwrap_or_else(|| json!({}));
-    let mut client = endpoint.client_config(super::policies::POLICIES_PATH, ca);
-    if ca.is_none()
-        && let Some(b) = live.and_then(|l| l.pointer("/clientConfig/caBundle"))
-    {
-        client["caBundle"] = b.clone();
-    }
-    w["name"] = json!(super::policies::POLICIES_WEBHOOK);
-    w["clientConfig"] = client;
+    let hook = (
+        super::policies::POLICIES_WEBHOOK,
+        super::policies::POLICIES_PATH,
+    );
+    let mut w = webhook(live, hook, endpoint, ca);
     w["rules"] = json!([{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
                          "apiVersions": ["v1"], "resources": ["configmaps"], "scope": "Namespaced"}]);
     w["objectSelector"] = json!({"matchLabels": {label: "true"}});
@@ -306,17 +320,7 @@ pub fn policies_webhook(
         json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                      "values": namespaces}]})
     };
-    w["admissionReviewVersions"] = json!(["v1"]);
-    w["sideEffects"] = json!("None");
-    for (k, v) in [
-        ("failurePolicy", json!("Ignore")),
-        ("timeoutSeconds", json!(5)),
-        ("matchPolicy", json!("Equivalent")),
-    ] {
-        if w.get(k).is_none_or(Value::is_null) {
-            w[k] = v;
-        }
-    }
+    defaults(&mut w, &[]);
     w
 }
 

@@ -828,6 +828,12 @@ pub fn spawn(
 /// its place, with the kind meant where one is near: one the kind's
 /// group and version serve, or a kind built into Kubernetes.
 async fn unserved_places(op: &Operator, candidate: &Loaded) -> Vec<String> {
+    let built_in: Vec<String> = runbook_core::kinds::well_known_kinds()
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    // Each group version is asked once, however many places name it.
+    let mut served: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut out = Vec::new();
     for (file, places) in &candidate.declared {
         for (place, kind, pos) in places {
@@ -836,21 +842,18 @@ async fn unserved_places(op: &Operator, candidate: &Loaded) -> Vec<String> {
                 Err(kube::Error::Discovery(_)) => {}
                 _ => continue,
             }
-            let served = served_in(&op.ctx.client, &kind.api_version).await;
-            let known: Vec<String> = runbook_core::kinds::well_known_kinds()
-                .iter()
-                .map(|k| k.to_string())
-                .collect();
-            let meant =
-                runbook_core::util::suggest::closest(&kind.kind, served.iter().map(String::as_str))
-                    .map(|k| format!("{} {k}", kind.api_version))
-                    .or_else(|| {
-                        runbook_core::util::suggest::closest(
-                            &kind.to_string(),
-                            known.iter().map(String::as_str),
-                        )
+            if !served.contains_key(&kind.api_version) {
+                let kinds = served_in(&op.ctx.client, &kind.api_version).await;
+                served.insert(kind.api_version.clone(), kinds);
+            }
+            let near = served[&kind.api_version].iter().map(String::as_str);
+            let meant = runbook_core::util::suggest::closest(&kind.kind, near)
+                .map(|k| format!("{} {k}", kind.api_version))
+                .or_else(|| {
+                    let known = built_in.iter().map(String::as_str);
+                    runbook_core::util::suggest::closest(&kind.to_string(), known)
                         .map(str::to_string)
-                    });
+                });
             let at = pos.map_or(String::new(), |p| format!(":{}:{}", p.line, p.col));
             let hint = meant.map_or(String::new(), |m| format!(" (did you mean {m}?)"));
             out.push(format!(
