@@ -7,63 +7,10 @@ mod cluster;
 #[path = "support/operator.rs"]
 mod support;
 
-use cluster::{Cluster, crd_resource, eventually};
+use cluster::{Cluster, eventually};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::ApiResource;
 use serde_json::{Value, json};
-
-/// A Mirror: a CRD shaped like third-party ones, its status a structural
-/// schema of its own fields only (`value`), so the API server prunes
-/// whatever else is written there.
-async fn install_mirror_crd(c: &Cluster) -> ApiResource {
-    let g = support::widget_group(c);
-    let crd: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("mirrors.{g}")},
-        "spec": {
-            "group": g, "scope": "Namespaced",
-            "names": {"kind": "Mirror", "plural": "mirrors", "singular": "mirror"},
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {"source": {"type": "string"}}},
-                    "status": {"type": "object", "properties": {"value": {"type": "string"}}}
-                }}}
-            }]
-        }
-    }))
-    .unwrap();
-    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
-    crds.create(&PostParams::default(), &crd).await.unwrap();
-    let resource = ApiResource {
-        group: g.clone(),
-        version: "v1".into(),
-        api_version: format!("{g}/v1"),
-        kind: "Mirror".into(),
-        plural: "mirrors".into(),
-    };
-    let mirrors: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &resource);
-    eventually("the Mirror kind to be served", 60, || async {
-        mirrors.list(&Default::default()).await.is_ok()
-    })
-    .await;
-    // And its schema published (a real API server does so a moment later).
-    let reversed: Vec<&str> = g.split('.').rev().collect();
-    let key = format!("{}.v1.Mirror", reversed.join("."));
-    eventually("the Mirror schema to be published", 60, || async {
-        let req = http::Request::get(format!("/openapi/v3/apis/{g}/v1"))
-            .body(Vec::new())
-            .unwrap();
-        c.client
-            .request::<Value>(req)
-            .await
-            .is_ok_and(|d| d["components"]["schemas"].get(&key).is_some())
-    })
-    .await;
-    resource
-}
 
 const MIRROR: &str = r#"
 apiVersion: runbook.dev/v1alpha1
@@ -106,7 +53,7 @@ async fn set_source(sources: &Api<ConfigMap>, value: &str, note: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target() {
     let c = Cluster::new("any-mirror").await;
-    let resource = install_mirror_crd(&c).await;
+    let resource = support::install_mirror_crd(&c).await;
     let sources: Api<ConfigMap> = c.api();
     set_source(&sources, "one", "").await;
     let op = support::started(
@@ -370,7 +317,7 @@ fn reconcile(ctx) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_policy_on_a_pruning_kind_fires_on_its_schedule() {
     let c = Cluster::new("any-tick").await;
-    let resource = install_mirror_crd(&c).await;
+    let resource = support::install_mirror_crd(&c).await;
     let op = support::started(&c, &[("tick.yaml", TICK), ("tick.rhai", TICK_SCRIPT)]).await;
     let mirrors: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &resource);
     mirrors

@@ -995,10 +995,13 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
     assert!(err.contains(&place), "no {place} in {err}");
     let meant = format!("(did you mean {}/v1 Widget?)", widget_group(&c));
     assert!(err.contains(&meant), "no {meant} in {err}");
-    // A good policy goes through and is loaded.
+    // A good policy goes through and is loaded, with a warning: the
+    // status field it declares is not in its target's schema, and the
+    // one it lists is near.
     let good = dir.join("good.json");
+    operator::install_mirror_crd(&c).await;
     let own = format!(
-        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: fine}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  mode: shadow\n  script: fine.rhai\n",
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: fine}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Mirror}}\n  mode: shadow\n  status: {{fields: [valeu]}}\n  script: fine.rhai\n",
         widget_group(&c)
     );
     std::fs::write(
@@ -1008,6 +1011,11 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
     .unwrap();
     let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", good.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
+    let warning = format!(
+        "Warning: configmap/{}/fine/fine.yaml:7:21: spec.status.fields: Mirror's status schema has no field \"valeu\" (did you mean \"value\"?)",
+        c.ns
+    );
+    assert!(err.contains(&warning), "no {warning} in {err}");
     eventually("the good policy loaded", 30, || async {
         op.ctx.policies.load().policies.contains_key("fine")
     })

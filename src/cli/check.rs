@@ -171,17 +171,8 @@ fn pruned_status(set: &crate::policy::PolicySet, docs: &[serde_json::Value]) -> 
         let Some(status) = status_schema(docs, &p.target) else {
             continue;
         };
-        let kind = &p.target.kind;
-        for (what, pos) in crate::act::state::unlisted(&status, &p.status) {
-            let message = if what == "conditions" {
-                format!(
-                    "spec.status.conditions: {kind}'s status schema has no `conditions`, so the API server would drop the conditions the policy sets; add conditions to the CRD's status properties"
-                )
-            } else {
-                format!(
-                    "spec.status.fields: {kind}'s status schema has no field {what:?}, so the API server would drop what the policy writes there; add it to the CRD's status properties"
-                )
-            };
+        let notes = crate::act::state::unlisted_notes(&p.target.kind, &status, &p.status);
+        for (pos, message) in notes {
             out.push(LoadError {
                 file: p.file.clone(),
                 pos,

@@ -67,6 +67,58 @@ pub async fn install_widget_crd(c: &Cluster) {
     .await;
 }
 
+/// A Mirror: a CRD shaped like third-party ones, its status a structural
+/// schema of its own fields only (`value`), so the API server prunes
+/// whatever else is written there.
+pub async fn install_mirror_crd(c: &Cluster) -> ApiResource {
+    let g = widget_group(c);
+    let crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("mirrors.{g}")},
+        "spec": {
+            "group": g, "scope": "Namespaced",
+            "names": {"kind": "Mirror", "plural": "mirrors", "singular": "mirror"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"source": {"type": "string"}}},
+                    "status": {"type": "object", "properties": {"value": {"type": "string"}}}
+                }}}
+            }]
+        }
+    }))
+    .unwrap();
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let resource = ApiResource {
+        group: g.clone(),
+        version: "v1".into(),
+        api_version: format!("{g}/v1"),
+        kind: "Mirror".into(),
+        plural: "mirrors".into(),
+    };
+    let mirrors: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), &c.ns, &resource);
+    eventually("the Mirror kind to be served", 60, || async {
+        mirrors.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    // And its schema published (a real API server does so a moment later).
+    let reversed: Vec<&str> = g.split('.').rev().collect();
+    let key = format!("{}.v1.Mirror", reversed.join("."));
+    eventually("the Mirror schema to be published", 60, || async {
+        let req = http::Request::get(format!("/openapi/v3/apis/{g}/v1"))
+            .body(Vec::new())
+            .unwrap();
+        c.client
+            .request::<Value>(req)
+            .await
+            .is_ok_and(|d| d["components"]["schemas"].get(&key).is_some())
+    })
+    .await;
+    resource
+}
+
 pub async fn remove_widget_crd(c: &Cluster) {
     let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
     let _ = crds

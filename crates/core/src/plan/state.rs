@@ -54,6 +54,38 @@ pub fn unlisted(
     out
 }
 
+/// What `unlisted` finds, said at each place for the policy's author:
+/// the field the schema lacks, what becomes of it, and the field it lists
+/// that the author may have meant.
+pub fn unlisted_notes(
+    kind: &str,
+    status: &Value,
+    claim: &crate::policy::claim::StatusClaim,
+) -> Vec<(Option<crate::util::yaml::Pos>, String)> {
+    let listed: Vec<&str> = status["properties"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    unlisted(status, claim)
+        .into_iter()
+        .map(|(what, pos)| {
+            let message = if what == "conditions" {
+                format!(
+                    "spec.status.conditions: {kind}'s status schema has no `conditions`, so the API server would drop the conditions the policy sets; add conditions to the CRD's status properties"
+                )
+            } else {
+                let hint = crate::util::suggest::closest(&what, listed.iter().copied())
+                    .map(|m| format!(" (did you mean {m:?}?)"))
+                    .unwrap_or_default();
+                format!(
+                    "spec.status.fields: {kind}'s status schema has no field {what:?}{hint}, so the API server would drop what the policy writes there; add it to the CRD's status properties"
+                )
+            };
+            (pos, message)
+        })
+        .collect()
+}
+
 /// The `RunbookState` of a target whose schema is not Runbook's.
 #[derive(Clone, Debug)]
 pub struct Apart {

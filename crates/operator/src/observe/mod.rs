@@ -8,4 +8,5 @@ pub mod cache;
 pub mod discovery;
 pub mod health;
 pub mod index;
+pub mod schemas;
 pub mod view;

@@ -498,13 +498,15 @@ impl Reloader {
                 .await
                 .map_err(Refusal::cluster)?;
         }
-        Ok(names
+        let mut notes: Vec<String> = names
             .iter()
             .filter(|n| !kept.policies.contains_key(*n))
             .map(|n| {
                 format!("policy {n} stays set aside until the API server serves the kinds it names")
             })
-            .collect())
+            .collect();
+        notes.extend(dropped_status_places(op, candidate).await);
+        Ok(notes)
     }
 
     /// Note a refused version of a bundle: log it and put an Event on its
@@ -859,6 +861,28 @@ async fn unserved_places(op: &Operator, candidate: &Loaded) -> Vec<String> {
             out.push(format!(
                 "{file}{at}: {place}: the API server serves no {kind}{hint}"
             ));
+        }
+    }
+    out
+}
+
+/// Status the bundle's policies declare that their targets' served
+/// schemas would drop, each at its place with the field meant where one
+/// is near. Not an error: the CRD may gain the field later.
+async fn dropped_status_places(op: &Operator, candidate: &Loaded) -> Vec<String> {
+    let mut schemas = crate::observe::schemas::ServedSchemas::default();
+    let mut out = Vec::new();
+    for p in &candidate.policies {
+        if !p.status.declared || runbook_core::kinds::built_in(&p.target) {
+            continue;
+        }
+        let Some(status) = schemas.status(&op.ctx.client, &p.target).await else {
+            continue;
+        };
+        for (pos, message) in crate::act::state::unlisted_notes(&p.target.kind, &status, &p.status)
+        {
+            let at = pos.map_or(String::new(), |p| format!(":{}:{}", p.line, p.col));
+            out.push(format!("{}{at}: {message}", p.file));
         }
     }
     out

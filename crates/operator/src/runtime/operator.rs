@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kube::Client;
-use serde_json::Value;
 use tokio::sync::watch;
 
 use super::context::{Context, Health, Memory, OperatorConfig, Queue, Running, TargetController};
@@ -409,37 +408,15 @@ impl Operator {
     async fn warn_unlisted_status(&self, set: &PolicySet) {
         self.ctx.metrics.status_unlisted.clear();
         lock(&self.ctx.memory.dropped).clear();
-        let mut documents: std::collections::HashMap<String, Option<Value>> = Default::default();
+        let mut schemas = crate::observe::schemas::ServedSchemas::default();
         for p in set.policies.values() {
             let k = &p.target;
             if !p.status.declared || runbook_core::kinds::built_in(k) {
                 continue;
             }
-            let path = match k.group() {
-                "" => format!("/openapi/v3/api/{}", k.version()),
-                g => format!("/openapi/v3/apis/{g}/{}", k.version()),
-            };
-            if !documents.contains_key(&path) {
-                let doc = match http::Request::get(&path).body(Vec::new()) {
-                    Ok(req) => self.ctx.client.request::<Value>(req).await.ok(),
-                    Err(_) => None,
-                };
-                documents.insert(path.clone(), doc);
-            }
-            let Some(doc) = documents.get(&path).and_then(Option::as_ref) else {
+            let Some(status) = schemas.status(&self.ctx.client, k).await else {
                 continue;
             };
-            let reversed: Vec<&str> = k.group().split('.').rev().collect();
-            let key = format!("{}.{}.{}", reversed.join("."), k.version(), k.kind);
-            let Some(schema) =
-                doc.pointer(&format!("/components/schemas/{}", key.replace('/', "~1")))
-            else {
-                continue;
-            };
-            if schema["x-kubernetes-preserve-unknown-fields"] == true {
-                continue;
-            }
-            let status = schema["properties"]["status"].clone();
             for (what, _) in crate::act::state::unlisted(&status, &p.status) {
                 tracing::warn!(policy = %p.name, kind = %k, "the policy declares status {what:?}, which the served schema of {k} does not list: the API server will drop it (add it to the CRD's status properties)");
                 self.ctx
