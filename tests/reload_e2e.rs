@@ -23,7 +23,7 @@ use runbook::reload::{self, Reloader, SourceConfig};
 use runbook::runtime::OperatorConfig;
 use runbook::script::ScriptEngine;
 use runbook::telemetry::Metrics;
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn policy_yaml(c: &Cluster, threshold: &str) -> String {
     format!(
@@ -884,6 +884,22 @@ fn kubectl(kubeconfig: &std::path::Path, ns: &str, args: &[&str]) -> (bool, Stri
 }
 
 /// A policy ConfigMap, as a user writes it for `kubectl apply`.
+/// A CRD of the test's own group: `Gizmo`, its object any shape.
+fn gizmo_crd(c: &Cluster) -> Value {
+    let g = widget_group(c);
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("gizmos.{g}")},
+        "spec": {
+            "group": g, "scope": "Namespaced",
+            "names": {"kind": "Gizmo", "plural": "gizmos", "singular": "gizmo"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    })
+}
+
 fn policy_configmap(name: &str, files: &[(&str, &str)]) -> String {
     let data: serde_json::Map<String, serde_json::Value> = files
         .iter()
@@ -1018,6 +1034,33 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
     assert!(err.contains(&warning), "no {warning} in {err}");
     eventually("the good policy loaded", 30, || async {
         op.ctx.policies.load().policies.contains_key("fine")
+    })
+    .await;
+    // A CRD and a policy on its kind in one `kubectl apply`: the check
+    // waits for the new kind to be served rather than refuse the policy.
+    let together = dir.join("together.json");
+    let gizmos = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: gizmos}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Gizmo}}\n  mode: shadow\n  script: fine.rhai\n",
+        widget_group(&c)
+    );
+    let cm: Value = serde_json::from_str(&policy_configmap(
+        "gizmos",
+        &[("gizmos.yaml", &gizmos), ("fine.rhai", fixed)],
+    ))
+    .unwrap();
+    std::fs::write(
+        &together,
+        json!({"apiVersion": "v1", "kind": "List", "items": [gizmo_crd(&c), cm]}).to_string(),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &c.ns,
+        &["apply", "-f", together.to_str().unwrap()],
+    );
+    assert!(ok, "a policy applied with its CRD was refused: {out}{err}");
+    eventually("the policy applied with its CRD loaded", 30, || async {
+        op.ctx.policies.load().policies.contains_key("gizmos")
     })
     .await;
     // With no replica answering, the failure policy (Ignore) lets an

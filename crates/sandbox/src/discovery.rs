@@ -170,6 +170,18 @@ pub fn openapi_root(defs: &[Arc<ResourceDef>]) -> Value {
     json!({"paths": paths})
 }
 
+/// The OpenAPI v2 document, with no definitions: kubectl reads it to
+/// validate a `List` (which v3 has no path for) and, finding none of the
+/// items' kinds, leaves them to the server's field validation.
+pub fn openapi_v2() -> Value {
+    json!({
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": version_string()},
+        "paths": {},
+        "definitions": {}
+    })
+}
+
 /// The OpenAPI v3 document of a group version: enough for kubectl to see
 /// that every kind supports server-side field validation, which it then
 /// leaves to the server instead of validating client-side.

@@ -165,7 +165,7 @@ impl Api {
             .split('/')
             .filter(|s| !s.is_empty())
             .collect();
-        if let Some(answer) = self.meta_path(&segs) {
+        if let Some(answer) = self.meta_path(&segs, headers) {
             if method != Method::GET {
                 return Err(ApiError::method_not_allowed());
             }
@@ -182,7 +182,11 @@ impl Api {
 
     /// The paths that are not resources: version, health, discovery,
     /// OpenAPI (`None` for a resource path).
-    fn meta_path(&self, segs: &[&str]) -> Option<Result<Resp, ApiError>> {
+    fn meta_path(
+        &self,
+        segs: &[&str],
+        headers: &http::HeaderMap,
+    ) -> Option<Result<Resp, ApiError>> {
         use super::discovery as d;
         let ok = |v: Value| Ok(value_response(StatusCode::OK, &v));
         let found = |v: Option<Value>| {
@@ -203,6 +207,25 @@ impl Api {
             ["apis", group] => found(d::group(&defs(), group)),
             ["api", "v1"] => found(d::resources(&defs(), "", "v1")),
             ["apis", group, version] => found(d::resources(&defs(), group, version)),
+            ["openapi", "v2"] => {
+                let accept = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                if !accept.contains("protobuf") {
+                    return Some(ok(d::openapi_v2()));
+                }
+                // The same empty document as protobuf, as kubectl asks:
+                // every field at its default encodes as no bytes.
+                let mut r = Response::new(SandboxBody::Full(Some(Bytes::new())));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(
+                        "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                    ),
+                );
+                Ok(r)
+            }
             ["openapi", "v3"] => ok(d::openapi_root(&defs())),
             ["openapi", "v3", "api", version] => found(d::openapi_gv(&defs(), "", version)),
             ["openapi", "v3", "apis", group, version] => {

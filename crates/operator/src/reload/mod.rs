@@ -461,7 +461,7 @@ impl Reloader {
         set: &PolicySet,
     ) -> Result<Vec<String>, Refusal> {
         let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
-        let kept = match op.check_kinds(set).await {
+        let kept = match op.dry_check_kinds(set).await {
             Ok(kept) => kept,
             Err(e) => {
                 let placed = unserved_places(op, candidate).await;

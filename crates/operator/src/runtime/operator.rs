@@ -126,6 +126,17 @@ impl Operator {
     /// only owns or reads a missing kind is set aside (and said so), and
     /// the others run.
     pub async fn check_kinds(&self, set: &PolicySet) -> Result<PolicySet, StartError> {
+        self.served_part(set, false).await
+    }
+
+    /// What `check_kinds` would keep of `set`, changing nothing and saying
+    /// nothing: a policy edit checked before it is loaded (the reload's
+    /// checks, the policy webhook's).
+    pub async fn dry_check_kinds(&self, set: &PolicySet) -> Result<PolicySet, StartError> {
+        self.served_part(set, true).await
+    }
+
+    async fn served_part(&self, set: &PolicySet, dry: bool) -> Result<PolicySet, StartError> {
         let mut kinds: Vec<KindRef> = Vec::new();
         for p in set.policies.values() {
             for k in p.kinds.kinds() {
@@ -149,15 +160,19 @@ impl Operator {
         // nowhere to go; of another kind it stays in the status (and a
         // status that prunes it is said so at its first write).
         let served = !missing.contains(&state);
-        self.ctx
-            .memory
-            .states_served
-            .store(needs_state && served, Ordering::Release);
+        if !dry {
+            self.ctx
+                .memory
+                .states_served
+                .store(needs_state && served, Ordering::Release);
+        }
         let built_in_target = set.target_kinds().iter().any(crate::act::state::built_in);
         if needs_state && !served && !built_in_target {
-            tracing::warn!(
-                "the API server does not serve {state}: Runbook's state of targets whose status prunes it has nowhere to go; install Runbook's CRDs (runbook crds | kubectl apply --server-side -f -)"
-            );
+            if !dry {
+                tracing::warn!(
+                    "the API server does not serve {state}: Runbook's state of targets whose status prunes it has nowhere to go; install Runbook's CRDs (runbook crds | kubectl apply --server-side -f -)"
+                );
+            }
             missing.retain(|k| *k != state);
         }
         let targets: Vec<KindRef> = missing
@@ -176,6 +191,12 @@ impl Operator {
                 "the policies need {}, which the API server does not serve; {fix}",
                 names.join(", ")
             )));
+        }
+        if dry {
+            let mut kept = set.clone();
+            kept.policies
+                .retain(|_, p| !p.kinds.kinds().into_iter().any(|k| missing.contains(k)));
+            return Ok(kept);
         }
         Ok(self.set_aside(set, &missing))
     }
