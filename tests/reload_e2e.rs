@@ -1084,3 +1084,109 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
     let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }
+
+/// The policy webhook reached through a Service, as an install reaches
+/// it: the API server resolves the Service (here an `ExternalName` one
+/// naming the loopback address the test's operator listens on) and checks
+/// that the certificate names `<service>.<namespace>.svc`. With the
+/// operator and its Service gone, the webhook cannot be called and its
+/// failure policy (`Ignore`) lets the edit through, to be checked at load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_webhook_is_reached_through_its_service() {
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let c = Cluster::new("admitsvc").await;
+    install_widget_crd(&c).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let services: Api<k8s_openapi::api::core::v1::Service> = c.api();
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": "runbook-webhook"},
+        "spec": {"type": "ExternalName", "externalName": "127.0.0.1"}
+    }))
+    .unwrap();
+    services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let webhook = runbook::runtime::WebhookConfig {
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
+        endpoint: Some(runbook::admission::config::Endpoint::Service {
+            namespace: c.ns.clone(),
+            name: "runbook-webhook".into(),
+            port,
+        }),
+        ..operator::test_webhook(&c)
+    };
+    let sources = SourceConfig {
+        configmap_namespaces: vec![c.ns.clone()],
+        admission: true,
+        ..Default::default()
+    };
+    let config = OperatorConfig {
+        webhook: Some(webhook),
+        ..Default::default()
+    };
+    let (op, _reloader, errors) = start_configured(&c, sources, |r| r, config).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    let configurations: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &runbook::kinds::KindRef::new(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+        )
+        .api_resource(),
+    );
+    let name = format!("runbook-{}", c.ns);
+    eventually("the policy webhook pointed at the Service", 30, || async {
+        configurations.get(&name).await.is_ok_and(|v| {
+            v.data["webhooks"][0]["clientConfig"]["service"]["name"] == "runbook-webhook"
+        })
+    })
+    .await;
+    let dir = std::env::temp_dir().join(format!("runbook-admit-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let broken = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: broken}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  mode: shadow\n  script: broken.rhai\n",
+        widget_group(&c)
+    );
+    let file = dir.join("broken.json");
+    std::fs::write(
+        &file,
+        policy_configmap(
+            "broken",
+            &[
+                ("broken.yaml", &broken),
+                ("broken.rhai", "fn reconcile(ctx) {\n    let = 1;\n}\n"),
+            ],
+        ),
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", path]);
+    assert!(
+        !ok,
+        "a broken policy was accepted through the Service: {out}"
+    );
+    let place = format!("configmap/{}/broken/broken.rhai:2:", c.ns);
+    assert!(err.contains(&place), "no {place} in {err}");
+    // The operator down and its Service gone: the call fails (a kept
+    // connection no longer helps), and the failure is ignored.
+    op.shutdown(Duration::from_secs(1)).await;
+    services
+        .delete("runbook-webhook", &Default::default())
+        .await
+        .unwrap();
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", path]);
+    assert!(ok, "refused with the webhook unreachable: {out}{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}

@@ -9,17 +9,28 @@
 //! cannot be called refuses it too, unless its `failurePolicy` is
 //! `Ignore`.
 //!
-//! Simpler than a real server: only URL webhooks are called (a `service`
-//! reference cannot be resolved here: it counts as a failed call), only
-//! `admission.k8s.io/v1` reviews are sent, a mutating webhook is called
-//! once (no reinvocation), match conditions (CEL) are not evaluated, and
-//! subresources and deletions are not sent.
+//! A webhook is reached at its URL, or through the Service it names, as
+//! kube-apiserver reaches one without aggregator routing: the request goes
+//! to `https://<service>.<namespace>.svc:<port><path>`, the certificate
+//! must carry that name, and the name is resolved when a connection is
+//! made (an `ExternalName` Service to its external name, another to its
+//! cluster IP, which nothing answers in the sandbox as no proxy runs).
+//! Connections are kept and reused, so an open one outlives its Service,
+//! as on a real server.
+//!
+//! Simpler than a real server: only `admission.k8s.io/v1` reviews are
+//! sent, a mutating webhook is called once (no reinvocation), match
+//! conditions (CEL) are not evaluated, and subresources and deletions are
+//! not sent.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use futures::future::BoxFuture;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use serde_json::{Value, json};
 
 use super::auth::UserInfo;
@@ -35,7 +46,8 @@ pub struct Webhook {
     pub configuration: String,
     pub name: String,
     pub mutating: bool,
-    pub url: Option<String>,
+    /// The URL it is called at, or why its client config names none.
+    pub url: Result<String, String>,
     /// PEM certificates the server's certificate must chain to.
     pub ca_bundle: Vec<u8>,
     pub ignore_failures: bool,
@@ -43,6 +55,82 @@ pub struct Webhook {
     rules: Vec<Value>,
     namespace_selector: Selector,
     object_selector: Selector,
+}
+
+/// The URL a webhook's client config names: its `url`, or its Service's
+/// DNS name (resolved when a connection is made).
+fn url_of(client: &Value) -> Result<String, String> {
+    if let Some(url) = client.get("url").and_then(Value::as_str) {
+        return Ok(url.to_string());
+    }
+    let svc = client
+        .get("service")
+        .ok_or("the webhook's clientConfig names neither a url nor a service")?;
+    let text = |k: &str| svc.get(k).and_then(Value::as_str).unwrap_or("");
+    let port = svc.get("port").and_then(Value::as_u64).unwrap_or(443);
+    Ok(format!(
+        "https://{}.{}.svc:{port}{}",
+        text("name"),
+        text("namespace"),
+        text("path")
+    ))
+}
+
+/// The host a name resolves to: a Service's (`<service>.<namespace>.svc`)
+/// as the API server resolves it, any other name as it is.
+fn resolve_service(store: &Store, name: &str) -> Result<String, String> {
+    let Some((service, namespace)) = name
+        .strip_suffix(".svc")
+        .and_then(|n| n.split_once('.'))
+        .filter(|(_, ns)| !ns.contains('.'))
+    else {
+        return Ok(name.to_string());
+    };
+    let not_found = || format!("service \"{service}\" not found");
+    let def = store.def("", "services").ok_or_else(not_found)?;
+    let bytes = store
+        .get(&def, namespace, service)
+        .map_err(|_| not_found())?;
+    let object: Value = serde_json::from_slice(&bytes).map_err(|_| not_found())?;
+    let spec = &object["spec"];
+    match spec["type"].as_str().unwrap_or("ClusterIP") {
+        "ExternalName" => Ok(spec["externalName"].as_str().unwrap_or("").to_string()),
+        "ClusterIP" | "NodePort" | "LoadBalancer" => match spec["clusterIP"].as_str() {
+            Some(ip) if !ip.is_empty() && ip != "None" => Ok(ip.to_string()),
+            ip => Err(format!(
+                "cannot route to service with ClusterIP {:?}",
+                ip.unwrap_or("")
+            )),
+        },
+        other => Err(format!("unsupported service type {other:?}")),
+    }
+}
+
+/// Host names resolved at each new connection: a Service's through the
+/// sandbox's store, then every name through the system's resolver.
+#[derive(Clone)]
+struct ServiceNames(Arc<Store>);
+
+impl tower::Service<Name> for ServiceNames {
+    type Response = std::vec::IntoIter<std::net::SocketAddr>;
+    type Error = std::io::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let host = resolve_service(&self.0, name.as_str());
+        Box::pin(async move {
+            let host = host.map_err(std::io::Error::other)?;
+            let addrs: Vec<_> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            Ok(addrs.into_iter())
+        })
+    }
 }
 
 /// How the sandbox reaches a webhook: HTTPS by default; a simulation puts
@@ -112,10 +200,7 @@ pub fn webhooks(store: &Store, mutating: bool) -> Vec<Webhook> {
                     .unwrap_or("")
                     .to_string(),
                 mutating,
-                url: w
-                    .pointer("/clientConfig/url")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                url: url_of(w.get("clientConfig").unwrap_or(&Value::Null)),
                 ca_bundle: ca,
                 ignore_failures: w.get("failurePolicy").and_then(Value::as_str) == Some("Ignore"),
                 timeout: Duration::from_secs(
@@ -347,21 +432,58 @@ async fn ask(
     Ok(Some(response.clone()))
 }
 
-/// Reviews sent over HTTPS to a webhook's URL, trusting its CA bundle.
-pub struct Https;
+/// Reviews sent over HTTPS to a webhook's URL, trusting its CA bundle;
+/// a client (and its connections) is kept per CA bundle.
+pub struct Https {
+    names: ServiceNames,
+    clients: std::sync::Mutex<HashMap<Vec<u8>, HttpsClient>>,
+}
+
+type HttpsClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<HttpConnector<ServiceNames>>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// So many kept clients at most; past it, all are dropped and made again.
+const KEPT_CLIENTS: usize = 64;
+
+impl Https {
+    /// Calls resolving Services in `store`.
+    pub fn new(store: Arc<Store>) -> Self {
+        Self {
+            names: ServiceNames(store),
+            clients: Default::default(),
+        }
+    }
+
+    fn client(&self, ca: &[u8]) -> Result<HttpsClient, String> {
+        let mut clients = runbook_core::util::lock(&self.clients);
+        if let Some(c) = clients.get(ca) {
+            return Ok(c.clone());
+        }
+        let client = https_client(ca, self.names.clone())?;
+        if clients.len() >= KEPT_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(ca.to_vec(), client.clone());
+        Ok(client)
+    }
+}
 
 impl Caller for Https {
     fn call(&self, hook: &Webhook, review: Value) -> BoxFuture<'static, Result<Value, String>> {
-        let (url, ca) = (hook.url.clone(), hook.ca_bundle.clone());
+        let called = hook
+            .url
+            .clone()
+            .and_then(|url| Ok((self.client(&hook.ca_bundle)?, url)));
         Box::pin(async move {
-            let url = url.ok_or("the webhook names a service; the sandbox calls URLs only")?;
-            post(&url, &ca, &review).await
+            let (client, url) = called?;
+            post(&client, &url, &review).await
         })
     }
 }
 
-async fn post(url: &str, ca: &[u8], review: &Value) -> Result<Value, String> {
-    use http_body_util::{BodyExt, Full};
+fn https_client(ca: &[u8], names: ServiceNames) -> Result<HttpsClient, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -375,14 +497,22 @@ async fn post(url: &str, ca: &[u8], review: &Value) -> Result<Value, String> {
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let mut http = HttpConnector::new_with_resolver(names);
+    http.enforce_http(false);
+    http.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
         .enable_http1()
-        .build();
-    let client: hyper_util::client::legacy::Client<_, Full<bytes::Bytes>> =
+        .wrap_connector(http);
+    Ok(
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(https);
+            .build(https),
+    )
+}
+
+async fn post(client: &HttpsClient, url: &str, review: &Value) -> Result<Value, String> {
+    use http_body_util::{BodyExt, Full};
     let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
     let req = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -410,15 +540,14 @@ pub struct Admission {
     caller: std::sync::Mutex<Arc<dyn Caller>>,
 }
 
-impl Default for Admission {
-    fn default() -> Self {
+impl Admission {
+    /// Webhooks called over HTTPS, their Services resolved in `store`.
+    pub fn new(store: Arc<Store>) -> Self {
         Self {
-            caller: std::sync::Mutex::new(Arc::new(Https)),
+            caller: std::sync::Mutex::new(Arc::new(Https::new(store))),
         }
     }
-}
 
-impl Admission {
     pub fn caller(&self) -> Arc<dyn Caller> {
         runbook_core::util::lock(&self.caller).clone()
     }
@@ -437,7 +566,7 @@ mod tests {
             configuration: "c".into(),
             name: "w".into(),
             mutating: true,
-            url: None,
+            url: Err("none".into()),
             ca_bundle: Vec::new(),
             ignore_failures: false,
             timeout: Duration::from_secs(1),
@@ -445,6 +574,52 @@ mod tests {
             namespace_selector: Selector::from_label_selector(&ns_selector).unwrap(),
             object_selector: Selector::default(),
         }
+    }
+
+    #[test]
+    fn a_service_is_resolved_as_the_api_server_resolves_it() {
+        use super::super::store::WriteOpts;
+        let store = super::super::store::tests::store();
+        let def = store.def("", "services").unwrap();
+        for (name, spec) in [
+            (
+                "ext",
+                json!({"type": "ExternalName", "externalName": "127.0.0.1"}),
+            ),
+            (
+                "ip",
+                json!({"clusterIP": "10.0.0.7", "ports": [{"port": 443}]}),
+            ),
+            (
+                "headless",
+                json!({"clusterIP": "None", "ports": [{"port": 443}]}),
+            ),
+        ] {
+            let svc = json!({"apiVersion": "v1", "kind": "Service",
+                             "metadata": {"name": name, "namespace": "ns"}, "spec": spec});
+            store
+                .create(&def, "ns", svc, &WriteOpts::default())
+                .unwrap();
+        }
+        let url = url_of(
+            &json!({"service": {"namespace": "ops", "name": "ext", "port": 8443, "path": "/p"}}),
+        );
+        assert_eq!(url.unwrap(), "https://ext.ops.svc:8443/p");
+        assert_eq!(
+            url_of(&json!({"url": "https://h:1/x"})).unwrap(),
+            "https://h:1/x"
+        );
+        assert!(url_of(&json!({})).is_err());
+        assert_eq!(resolve_service(&store, "ext.ns.svc").unwrap(), "127.0.0.1");
+        assert_eq!(resolve_service(&store, "ip.ns.svc").unwrap(), "10.0.0.7");
+        let headless = resolve_service(&store, "headless.ns.svc").unwrap_err();
+        assert!(headless.contains("ClusterIP \"None\""), "{headless}");
+        let missing = resolve_service(&store, "gone.ns.svc").unwrap_err();
+        assert_eq!(missing, "service \"gone\" not found");
+        assert_eq!(
+            resolve_service(&store, "example.com").unwrap(),
+            "example.com"
+        );
     }
 
     #[test]

@@ -75,10 +75,10 @@ impl Sandbox {
     pub fn new(config: SandboxConfig) -> Self {
         let store = Arc::new(Store::new(config.clock.clone(), config.store));
         let api = Arc::new(http::Api {
+            admission: Arc::new(admission::Admission::new(store.clone())),
             store,
             faults: Arc::new(Faults::default()),
             bookmark_interval: config.bookmark_interval,
-            admission: Arc::new(admission::Admission::default()),
         });
         Self {
             api,
