@@ -11,12 +11,14 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/operator.rs"]
+mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{Cluster, eventually};
+use cluster::{Cluster, eventually, kubectl};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -139,6 +141,129 @@ async fn the_standby_takes_over_within_the_lease_duration() {
         );
     }
     drop(operators);
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}
+
+/// `runbook run` serving the policy webhook on `addr`, reached at `url`
+/// (the same for every replica, as a Service is), checking the policy
+/// ConfigMaps of `ns`.
+fn start_checking(
+    kubeconfig: &PathBuf,
+    ns: &str,
+    identity: &str,
+    addr: &str,
+    url: &str,
+) -> Operator {
+    let child = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args([
+            "run",
+            "--skip-access-check",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--operator-namespace",
+            ns,
+            "--namespace",
+            ns,
+            "--policy-namespaces",
+            ns,
+        ])
+        .args(["--identity", identity, "--lease-duration", "6"])
+        .args(["--webhook-addr", addr, "--webhook-url", url])
+        .args(["--webhook-configuration", &format!("runbook-{ns}")])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("RUNBOOK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting runbook run");
+    Operator {
+        identity: identity.into(),
+        child,
+    }
+}
+
+/// Every replica checks policy edits, a standby too, against the policies
+/// in force: with the webhook pointed at the standby only (the leader
+/// listens on 127.0.0.1, the standby on 127.0.0.2), a policy the leader
+/// and the standby have both loaded makes the standby refuse one that
+/// clashes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_checks_policy_edits_against_the_policies_in_force() {
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let c = Cluster::new("standby-check").await;
+    support::install_widget_crd(&c).await;
+    let dir = std::env::temp_dir().join(format!("runbook-standby-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let url = format!("https://127.0.0.2:{port}");
+    let _leader = start_checking(&kubeconfig, &c.ns, "a", &format!("127.0.0.1:{port}"), &url);
+    eventually("a leading", 60, || async {
+        holder(&leases).await.as_deref() == Some("a")
+    })
+    .await;
+    let _standby = start_checking(&kubeconfig, &c.ns, "b", &format!("127.0.0.2:{port}"), &url);
+    let policy = |name: &str| {
+        let yaml = format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: {name}}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  script: {name}.rhai\n",
+            support::widget_group(&c)
+        );
+        let file = dir.join(format!("{name}.json"));
+        let script = "fn reconcile(ctx) {\n    []\n}\n";
+        std::fs::write(
+            &file,
+            support::policy_configmap(
+                name,
+                &[
+                    (&format!("{name}.yaml"), &yaml),
+                    (&format!("{name}.rhai"), script),
+                ],
+            ),
+        )
+        .unwrap();
+        file.to_str().unwrap().to_string()
+    };
+    let first = policy("first");
+    let (ok, out, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", &first]);
+    assert!(ok, "{out}{err}");
+    // Both write the whole status of the widgets: once the standby has
+    // loaded the first, it refuses the second.
+    let second = policy("second");
+    let mut last = String::new();
+    eventually("the standby to refuse a clashing policy", 60, || {
+        let (ok, _, err) = kubectl(
+            &kubeconfig,
+            &c.ns,
+            &["apply", "--dry-run=server", "-f", &second],
+        );
+        last = err.clone();
+        async move { !ok && err.contains("both write the whole status") }
+    })
+    .await;
+    let (ok, _, err) = kubectl(&kubeconfig, &c.ns, &["apply", "-f", &second]);
+    assert!(
+        !ok && err.contains("configmap/") && err.contains("first.yaml"),
+        "{err} ({last})"
+    );
+    assert_eq!(
+        holder(&leases).await.as_deref(),
+        Some("a"),
+        "the answer came from the standby"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }

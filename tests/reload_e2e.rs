@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster::{Cluster, eventually};
+use cluster::{Cluster, eventually, kubectl};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -867,23 +867,6 @@ async fn a_storm_of_edits_is_loaded_as_its_newest_version() {
     c.cleanup().await;
 }
 
-/// `kubectl` with the cluster's kubeconfig in the test's namespace, its
-/// exit status, stdout and stderr.
-fn kubectl(kubeconfig: &std::path::Path, ns: &str, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .expect("running kubectl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A policy ConfigMap, as a user writes it for `kubectl apply`.
 /// A CRD of the test's own group: `Gizmo`, its object any shape.
 fn gizmo_crd(c: &Cluster) -> Value {
     let g = widget_group(c);
@@ -898,19 +881,6 @@ fn gizmo_crd(c: &Cluster) -> Value {
                     "x-kubernetes-preserve-unknown-fields": true}}}]
         }
     })
-}
-
-fn policy_configmap(name: &str, files: &[(&str, &str)]) -> String {
-    let data: serde_json::Map<String, serde_json::Value> = files
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    serde_json::to_string(&json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {"runbook.dev/policy": "true"}},
-        "data": data,
-    }))
-    .unwrap()
 }
 
 /// With the policy webhook on, `kubectl apply` of a broken policy is

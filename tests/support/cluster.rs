@@ -382,3 +382,19 @@ pub fn reason<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> (u16, String) {
         other => panic!("expected an API error, got {other:?}"),
     }
 }
+
+/// `kubectl` with the cluster's kubeconfig in the test's namespace, its
+/// exit status, stdout and stderr.
+pub fn kubectl(kubeconfig: &std::path::Path, ns: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("kubectl")
+        .env("KUBECONFIG", kubeconfig)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -310,3 +310,17 @@ pub async fn started(c: &Cluster, files: &[(&str, &str)]) -> Arc<Operator> {
     op.start().await.expect("the operator starts");
     op
 }
+
+/// A policy ConfigMap, as a user writes it for `kubectl apply`.
+pub fn policy_configmap(name: &str, files: &[(&str, &str)]) -> String {
+    let data: serde_json::Map<String, serde_json::Value> = files
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    serde_json::to_string(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {"runbook.dev/policy": "true"}},
+        "data": data,
+    }))
+    .unwrap()
+}
