@@ -6,8 +6,14 @@ use std::process::Command;
 
 /// `runbook bench --quick --only SECTIONS -o json`, which must succeed.
 fn bench_json(sections: &str) -> serde_json::Value {
+    bench_json_with(sections, &[])
+}
+
+/// As `bench_json`, with more arguments.
+fn bench_json_with(sections: &str, more: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
         .args(["bench", "--quick", "--only", sections, "-o", "json"])
+        .args(more)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
@@ -90,19 +96,47 @@ fn the_suite_reports_each_figure_with_its_goal() {
 }
 
 /// The policy webhook's answer to a server-side dry run of the shipped
-/// policies, with its goal.
+/// policies, with its goal: through a sandbox, and through the real
+/// control plane too where the suite runs against one
+/// (`RUNBOOK_TEST_KUBECONFIG`, as `--kubeconfig`).
 #[test]
 fn the_policy_webhook_is_measured_through_an_api_server() {
-    let v = bench_json("admission");
-    let figures = v["figures"].as_array().unwrap();
-    let p99 = figures
-        .iter()
-        .find(|f| f["figure"].as_str().unwrap().ends_with(", p99"))
-        .unwrap_or_else(|| panic!("no p99: {figures:?}"));
-    assert_eq!(p99["section"], "admission");
-    assert_eq!(p99["goal"], "<= 100");
-    assert!(p99["value"].as_f64() > Some(0.0), "{p99}");
-    assert!(p99["figure"].as_str().unwrap().contains("dry-run=server"));
+    let real = std::env::var("RUNBOOK_TEST_KUBECONFIG").ok();
+    let mut runs = vec![(bench_json("admission"), false)];
+    if let Some(kc) = &real {
+        runs.push((bench_json_with("admission", &["--kubeconfig", kc]), true));
+    }
+    for (v, real) in runs {
+        let figures = v["figures"].as_array().unwrap();
+        let p99 = figures
+            .iter()
+            .find(|f| f["figure"].as_str().unwrap().ends_with(", p99"))
+            .unwrap_or_else(|| panic!("no p99: {figures:?}"));
+        assert_eq!(p99["section"], "admission");
+        assert_eq!(p99["goal"], "<= 100");
+        assert!(p99["value"].as_f64() > Some(0.0), "{p99}");
+        let figure = p99["figure"].as_str().unwrap();
+        assert!(figure.contains("dry-run=server"));
+        assert_eq!(figure.contains("the given cluster"), real, "{figure}");
+    }
+}
+
+#[test]
+fn a_kubeconfig_that_cannot_be_read_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args([
+            "bench",
+            "--only",
+            "admission",
+            "--kubeconfig",
+            "no/such/kubeconfig",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kubeconfig no/such/kubeconfig"), "{err}");
 }
 
 #[test]

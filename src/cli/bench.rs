@@ -24,6 +24,11 @@ pub struct BenchArgs {
     pub policies: PathBuf,
     #[arg(long, short, value_enum, default_value_t = Output::Text, env = "RUNBOOK_BENCH_OUTPUT")]
     pub output: Output,
+    /// Run the admission section through this cluster's API server (it
+    /// must reach `runbook` on 127.0.0.1) instead of a sandbox; the other
+    /// sections ignore it.
+    #[arg(long, env = "RUNBOOK_BENCH_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// Internal: run as a child process of the memory benchmark.
     #[arg(long, hide = true, num_args = 1..)]
     pub child: Vec<String>,
@@ -67,6 +72,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "--policies {}: not a directory (run from the repository, or point it at policies/)",
         args.policies.display()
     );
+    if let Some(path) = &args.kubeconfig {
+        kube::config::Kubeconfig::read_from(path)
+            .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?;
+    }
     if cfg!(debug_assertions) {
         eprintln!(
             "note: a debug build; run `cargo run --release -- bench` for figures worth recording"
@@ -78,6 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         policies: args.policies,
         exe: std::env::current_exe()?,
         child_args: vec!["bench".into(), "--child".into()],
+        cluster: args.kubeconfig,
     };
     let rows = rt.block_on(suite::run(&opts));
     match args.output {

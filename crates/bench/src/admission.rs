@@ -1,7 +1,10 @@
 //! The policy webhook: how long `kubectl apply --dry-run=server` of the
-//! shipped policies takes, through an API server (the sandbox) that calls
-//! Runbook's webhook over HTTPS as kube-apiserver does, against an
-//! operator holding no other policy.
+//! shipped policies takes, through an API server that calls Runbook's
+//! webhook over HTTPS (the sandbox, or a real cluster's kube-apiserver
+//! calling it on loopback), against an operator holding no other policy.
+//! On a real cluster the benchmark applies Runbook's CRDs (and the
+//! VolumeSnapshot CRD the shipped policies name), works in a namespace of
+//! its own and removes that namespace and its webhook configuration after.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
 
@@ -24,8 +27,6 @@ use runbook_operator::runtime::{Operator, OperatorConfig, WebhookConfig};
 use runbook_operator::telemetry::Metrics;
 use runbook_sandbox::Sandbox;
 
-const NAMESPACE: &str = "runbook-system";
-
 #[derive(Clone, Copy, Debug)]
 pub struct AdmissionFigures {
     pub reviews: usize,
@@ -35,22 +36,33 @@ pub struct AdmissionFigures {
 }
 
 /// `reviews` server-side dry runs of a ConfigMap holding every file of
-/// `policies` (the shipped bundle), each answered by the policy webhook.
-pub async fn run(policies: &Path, reviews: usize) -> AdmissionFigures {
+/// `policies` (the shipped bundle), each answered by the policy webhook;
+/// through `cluster` where one is given, else through a sandbox.
+pub async fn run(
+    policies: &Path,
+    reviews: usize,
+    cluster: Option<kube::Client>,
+) -> AdmissionFigures {
     let sandbox = Sandbox::default();
-    let client = sandbox.client();
-    install(&sandbox, policies);
+    let real = cluster.is_some();
+    let client = cluster.unwrap_or_else(|| sandbox.client());
+    let namespace = if real {
+        format!("runbook-bench-{}", std::process::id())
+    } else {
+        "runbook-system".to_string()
+    };
+    install(&client, policies, &namespace).await;
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
     let webhook = WebhookConfig {
         listen: "127.0.0.1:0".parse().expect("an address"),
         endpoint: None,
-        configuration: "runbook".into(),
+        configuration: namespace.clone(),
         secret: None,
         created_with: None,
     };
     let config = OperatorConfig {
-        namespace: Some(NAMESPACE.into()),
+        namespace: Some(namespace.clone()),
         webhook: Some(webhook),
         ..Default::default()
     };
@@ -72,11 +84,11 @@ pub async fn run(policies: &Path, reviews: usize) -> AdmissionFigures {
     ));
     let sources = SourceConfig {
         dirs: vec![],
-        configmap_namespaces: vec![NAMESPACE.into()],
+        configmap_namespaces: vec![namespace.clone()],
         admission: true,
     };
     let _tasks = reload::spawn(reloader, op.clone(), sources);
-    wait_for_configuration(&client).await;
+    wait_for_configuration(&client, &namespace).await;
     let bundle = Bundle::from_dir(policies).expect("the policies directory");
     let cm: ConfigMap = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -84,7 +96,7 @@ pub async fn run(policies: &Path, reviews: usize) -> AdmissionFigures {
         "data": bundle.files,
     }))
     .expect("a ConfigMap");
-    let cms: Api<ConfigMap> = Api::namespaced(client, NAMESPACE);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
@@ -98,6 +110,9 @@ pub async fn run(policies: &Path, reviews: usize) -> AdmissionFigures {
         took.push(t.elapsed());
     }
     op.shutdown(Duration::from_secs(1)).await;
+    if real {
+        remove(&client, &namespace).await;
+    }
     AdmissionFigures {
         reviews,
         files: bundle.files.len(),
@@ -105,13 +120,9 @@ pub async fn run(policies: &Path, reviews: usize) -> AdmissionFigures {
     }
 }
 
-/// The kinds the shipped policies name: Runbook's CRDs, the
-/// VolumeSnapshot CRD beside them, and the operator's namespace.
-fn install(sandbox: &Sandbox, policies: &Path) {
-    let store = sandbox.store();
-    let crd_def = store
-        .def("apiextensions.k8s.io", "customresourcedefinitions")
-        .expect("CRDs");
+/// The kinds the shipped policies name (Runbook's CRDs, the
+/// VolumeSnapshot CRD beside them) served, and the namespace made.
+async fn install(client: &kube::Client, policies: &Path, namespace: &str) {
     let mut crds: Vec<serde_json::Value> = runbook_core::crd::all()
         .into_iter()
         .map(|c| serde_json::to_value(c).expect("a CRD serialises"))
@@ -120,24 +131,74 @@ fn install(sandbox: &Sandbox, policies: &Path) {
     let text = std::fs::read_to_string(&snapshots)
         .unwrap_or_else(|e| panic!("{}: {e}", snapshots.display()));
     crds.extend(runbook_core::util::yaml::parse_documents(&text).expect("the VolumeSnapshot CRD"));
-    for crd in crds {
-        store
-            .create(&crd_def, "", crd, &Default::default())
-            .expect("a CRD");
+    let definitions: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &KindRef::new("apiextensions.k8s.io/v1", "CustomResourceDefinition").api_resource(),
+    );
+    let apply = PatchParams::apply("runbook-bench").force();
+    for crd in &crds {
+        let name = crd["metadata"]["name"].as_str().expect("a CRD's name");
+        definitions
+            .patch(name, &apply, &Patch::Apply(crd))
+            .await
+            .unwrap_or_else(|e| panic!("applying the CRD {name}: {e}"));
     }
-    let ns_def = store.def("", "namespaces").expect("namespaces");
-    store
-        .create(
-            &ns_def,
-            "",
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
-            &Default::default(),
-        )
-        .expect("the namespace");
+    // Served once listed (a real API server establishes a CRD a moment
+    // after it is written).
+    for crd in &crds {
+        let spec = &crd["spec"];
+        let group = spec["group"].as_str().unwrap_or_default();
+        let version = spec["versions"][0]["name"].as_str().unwrap_or_default();
+        let kind = spec["names"]["kind"].as_str().unwrap_or_default();
+        let api: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &KindRef::new(&format!("{group}/{version}"), kind).api_resource(),
+        );
+        until("a CRD to be served", || async {
+            api.list(&Default::default()).await.is_ok()
+        })
+        .await;
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("a Namespace");
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating the namespace {namespace}: {e}"),
+    }
+}
+
+/// The namespace and the webhook configuration the benchmark made.
+async fn remove(client: &kube::Client, namespace: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let _ = namespaces.delete(namespace, &Default::default()).await;
+    for kind in [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ] {
+        let api: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &KindRef::new("admissionregistration.k8s.io/v1", kind).api_resource(),
+        );
+        let _ = api.delete(namespace, &Default::default()).await;
+    }
+}
+
+/// Poll `check` until it holds, for a minute at most.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Until the policy webhook's configuration is written.
-async fn wait_for_configuration(client: &kube::Client) {
+async fn wait_for_configuration(client: &kube::Client, name: &str) {
     let configurations: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &KindRef::new(
@@ -146,18 +207,8 @@ async fn wait_for_configuration(client: &kube::Client) {
         )
         .api_resource(),
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while configurations
-        .get_opt("runbook")
-        .await
-        .ok()
-        .flatten()
-        .is_none()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the policy webhook's configuration was not written"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the policy webhook's configuration", || async {
+        configurations.get_opt(name).await.ok().flatten().is_some()
+    })
+    .await;
 }

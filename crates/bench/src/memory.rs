@@ -77,15 +77,21 @@ pub async fn sandbox_child(n: usize) {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A client of the cluster a kubeconfig file names.
+pub async fn client_of(kubeconfig: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    kube::Client::try_from(config).expect("a client")
+}
+
 /// The operator child: reconcile and cache `n` Items and their children,
 /// report `STEADY rss heap`, then on `go` (sent once the API server forced
 /// a relist) wait for the relist to settle and report `PEAK rss heap`.
 pub async fn operator_child(kubeconfig: &Path, n: usize) {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config");
-    let client = kube::Client::try_from(config).expect("client");
+    let client = client_of(kubeconfig).await;
     let op = runbook_operator(client, "memory", 16);
     op.start().await.expect("the operator starts");
     let deadline = Instant::now() + Duration::from_secs(900);

@@ -86,6 +86,9 @@ pub struct Options {
     /// (for the memory figures).
     pub exe: PathBuf,
     pub child_args: Vec<String>,
+    /// The kubeconfig of a cluster to measure the sections that can run on
+    /// one (admission) against, instead of a sandbox.
+    pub cluster: Option<PathBuf>,
 }
 
 pub const SECTIONS: &[&str] = &[
@@ -635,16 +638,23 @@ async fn containment(quick: bool) -> Vec<Row> {
     ]
 }
 
-async fn admission(policies: &Path, quick: bool) -> Vec<Row> {
-    let reviews = if quick { 50 } else { 300 };
-    let p = policies.to_path_buf();
-    let f = tokio::spawn(async move { super::admission::run(&p, reviews).await })
+async fn admission(opts: &Options) -> Vec<Row> {
+    let reviews = if opts.quick { 50 } else { 300 };
+    let p = opts.policies.clone();
+    let cluster = match &opts.cluster {
+        Some(path) => Some(super::memory::client_of(path).await),
+        None => None,
+    };
+    let real = cluster.is_some();
+    let f = tokio::spawn(async move { super::admission::run(&p, reviews, cluster).await })
         .await
         .expect("admission benchmark");
     let s = "admission";
     let what = format!(
-        "policy webhook: kubectl apply --dry-run=server of the shipped policies ({} files, {} reviews)",
-        f.files, f.reviews
+        "policy webhook: kubectl apply --dry-run=server of the shipped policies ({} files, {} reviews{})",
+        f.files,
+        f.reviews,
+        if real { ", the given cluster" } else { "" }
     );
     vec![
         Row::new(s, format!("{what}, p50"), ms(f.latency.median), "ms"),
@@ -686,7 +696,7 @@ pub async fn run(opts: &Options) -> Vec<Row> {
         rows.extend(reload(opts.quick, opts.targets()).await);
     }
     if opts.wants("admission") {
-        rows.extend(admission(&opts.policies, opts.quick).await);
+        rows.extend(admission(opts).await);
     }
     if opts.wants("memory") {
         let o = opts.clone();
