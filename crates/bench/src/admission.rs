@@ -152,7 +152,7 @@ async fn install(client: &kube::Client, policies: &Path, namespace: &str) {
         let kind = spec["names"]["kind"].as_str().unwrap_or_default();
         let api: Api<DynamicObject> = Api::all_with(
             client.clone(),
-            &KindRef::new(&format!("{group}/{version}"), kind).api_resource(),
+            &KindRef::new(format!("{group}/{version}"), kind).api_resource(),
         );
         until("a CRD to be served", || async {
             api.list(&Default::default()).await.is_ok()
