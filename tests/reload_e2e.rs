@@ -931,6 +931,49 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
     )
     .unwrap();
     let bad_path = bad.to_str().unwrap();
+    // All three in one ConfigMap: one answer names each at its place.
+    let misspelt = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: typo}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widgets}}\n  mode: shadow\n  script: typo.rhai\n",
+        widget_group(&c)
+    );
+    let parsing = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: parsing}}\nspec:\n  target: {{apiVersion: {}/v1, kind: Widget}}\n  mode: shadow\n  script: parsing.rhai\n",
+        widget_group(&c)
+    );
+    let fine_script = "fn reconcile(ctx) {\n    []\n}\n";
+    let all_three = dir.join("three.json");
+    std::fs::write(
+        &all_three,
+        policy_configmap(
+            "three",
+            &[
+                ("clash.yaml", &clash),
+                ("clash.rhai", fine_script),
+                ("parsing.yaml", &parsing),
+                ("parsing.rhai", broken),
+                ("typo.yaml", &misspelt),
+                ("typo.rhai", fine_script),
+            ],
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &c.ns,
+        &["apply", "-f", all_three.to_str().unwrap()],
+    );
+    assert!(!ok, "a policy with three errors was accepted: {out}");
+    assert!(
+        err.contains("Runbook refuses this policy (3 errors)"),
+        "{err}"
+    );
+    for place in [
+        format!("configmap/{}/three/parsing.rhai:2:13: ", c.ns),
+        format!("configmap/{}/three/typo.yaml:5:11: spec.target", c.ns),
+        format!("configmap/{}/three/clash.yaml:7:11", c.ns),
+    ] {
+        assert!(err.contains(&place), "no {place} in {err}");
+    }
     for dry_run in [true, false] {
         let mut args = vec!["apply", "-f", bad_path];
         if dry_run {

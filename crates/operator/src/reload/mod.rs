@@ -383,9 +383,17 @@ impl Reloader {
             loaded.confine_to(&tenant);
         }
         if !loaded.errors.is_empty() {
-            return Err(Refusal::content(
-                loaded.errors.iter().map(|e| e.to_string()).collect(),
-            ));
+            // The rest of the bundle is checked too, so that one answer
+            // names every error: kinds not served, and conflicts of the
+            // policies that did compile.
+            let mut errors: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+            if let Some(op) = serve_check {
+                errors.extend(unserved_places(op, &loaded).await);
+            }
+            if let Err(more) = self.check_with_the_rest(&bundle, &Arc::new(clone_loaded(&loaded))) {
+                errors.extend(more.errors);
+            }
+            return Err(Refusal::content(errors));
         }
         self.check_dangers(&loaded)?;
         let secret_errors = self.check_secrets(&loaded).await;
