@@ -583,3 +583,40 @@ fn a_lookup_that_takes_the_budget_is_named_when_time_runs_out() {
     assert!(e.message.starts_with("in count: "), "{e}");
     assert!(e.message.contains("; this call took "), "{e}");
 }
+
+/// `runbook simulate ... | head -1`: the reader goes after one line and
+/// the command ends quietly, as `cat` would, not with a panic.
+#[cfg(unix)]
+#[test]
+fn a_reader_that_stops_early_ends_the_command_quietly() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for args in [
+        vec!["simulate", "examples/evaluator-drift", "-o", "json"],
+        vec!["crds"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runbook"))
+            .args(&args)
+            .current_dir(root)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty(), "{args:?} printed nothing");
+        // The reader is gone; what is left to print meets a closed pipe.
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}

@@ -4,6 +4,8 @@
 pub mod hash;
 #[allow(unsafe_code)]
 pub mod memory;
+#[allow(unsafe_code)]
+pub mod signals;
 pub mod suggest;
 pub mod time;
 pub mod yaml;
