@@ -887,7 +887,8 @@ async fn dropped_status_places(op: &Operator, candidate: &Loaded) -> Vec<String>
         let Some(status) = schemas.status(&op.ctx.client, &p.target).await else {
             continue;
         };
-        for (pos, message) in crate::act::state::unlisted_notes(&p.target.kind, &status, &p.status)
+        for (pos, message) in
+            runbook_core::plan::state::unlisted_notes(&p.target.kind, &status, &p.status)
         {
             let at = pos.map_or(String::new(), |p| format!(":{}:{}", p.line, p.col));
             out.push(format!("{}{at}: {message}", p.file));
