@@ -262,7 +262,7 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     // `runbook explain` finds the decisions where they are.
     let dir = std::env::temp_dir().join(format!("runbook-explain-{}", c.ns));
     let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
-    let ns = c.ns.clone();
+    let (ns, kc) = (c.ns.clone(), kubeconfig.clone());
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
             .args(["explain", "statefulset/db", "-n", &ns])
@@ -279,6 +279,26 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("policy:       sts-watch"), "{text}");
+    // An object that is not there: said in a line, not a Rust structure.
+    let ns = c.ns.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
+            .args(["explain", "statefulset/nope", "-n", &ns])
+            .env("KUBECONFIG", &kc)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim(),
+        format!(
+            "error: StatefulSet \"nope\" not found in namespace {:?}",
+            c.ns
+        )
+    );
     // Deleting the StatefulSet takes its state with it.
     sets.delete("db", &Default::default()).await.unwrap();
     eventually("the state collected with its target", 60, || async {

@@ -149,10 +149,19 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         Api::all_with(client.clone(), &ar)
     };
-    let obj = api
-        .get(name)
-        .await
-        .with_context(|| format!("reading {}/{name}", ar.kind))?;
+    let place = match caps.scope {
+        Scope::Namespaced => format!(" in namespace {:?}", args.namespace),
+        _ => String::new(),
+    };
+    let obj = match api.get_opt(name).await {
+        Ok(Some(obj)) => obj,
+        Ok(None) => anyhow::bail!("{} {name:?} not found{place}", ar.kind),
+        Err(e) => anyhow::bail!(
+            "reading {} {name:?}{place}: {}",
+            ar.kind,
+            crate::util::api_error(&e)
+        ),
+    };
     let mut value = obj.value();
     // A kind whose schema is not Runbook's: its records are in its
     // RunbookState (a cluster-scoped target's in the namespace watched,
