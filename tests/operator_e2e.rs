@@ -1766,3 +1766,48 @@ fn reconcile(ctx) {
     );
     teardown(c, op).await;
 }
+
+const REFUSED_FIRST: &str = r#"
+fn reconcile(ctx) {
+    let name = ctx.resource.metadata.name;
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${name}-away`, namespace: "kube-system" } }),
+     apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${name}-after` } }),
+     status(#{ phase: "Decided" })]
+}
+"#;
+
+/// A decision's actions are a sequence: after one is refused, the writes
+/// that follow are skipped (said in the record), and the status is still
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_refused_action_the_later_writes_are_skipped() {
+    let c = Cluster::new("refusedfirst").await;
+    install_widget_crd(&c).await;
+    let op = started(
+        &c,
+        &[("widget.yaml", POLICY), ("widget.rhai", REFUSED_FIRST)],
+    )
+    .await;
+    let widgets = widgets(&c);
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    create_widget(&c, &widgets, "w", json!({})).await;
+    eventually("the decision", 30, || async {
+        widgets.get("w").await.unwrap().data["status"]["phase"] == "Decided"
+    })
+    .await;
+    settle(&op).await;
+    let w = widgets.get("w").await.unwrap();
+    let actions = &w.data["status"]["decisions"][0]["actions"];
+    assert_eq!(actions[0]["result"], "refused", "{actions}");
+    assert_eq!(actions[1]["result"], "skipped", "{actions}");
+    assert!(
+        actions[1]["message"]
+            .as_str()
+            .is_some_and(|d| d.contains("an earlier action was refused")),
+        "{actions}"
+    );
+    assert!(cms.get_opt("w-after").await.unwrap().is_none());
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

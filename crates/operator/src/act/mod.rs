@@ -233,8 +233,10 @@ async fn discover(resources: &Resources, kinds: Vec<KindRef>) -> Discovered {
     out
 }
 
-/// Carry out the plan's steps in order; after a failed write, the writes
-/// that follow are skipped. Returns each step's result and the failure.
+/// Carry out the plan's steps in order; after a failed or refused
+/// action, the writes that follow are skipped (a decision's actions are a
+/// sequence: a later one may rely on an earlier one). Returns each step's
+/// result and the failure.
 async fn carry_out(
     w: &Writer<'_>,
     policy: &CompiledPolicy,
@@ -243,10 +245,15 @@ async fn carry_out(
 ) -> (Vec<Done>, Option<Failed>) {
     let mut done = Vec::with_capacity(plan.steps.len());
     let mut failure: Option<Failed> = None;
+    let mut refused = false;
     for step in &plan.steps {
-        if failure.is_some() && step.writes_elsewhere() {
-            let why = "an earlier action failed".to_string();
-            done.push(Done::new(ActionResult::Skipped, Some(why)));
+        if (failure.is_some() || refused) && step.writes_elsewhere() {
+            let why = if failure.is_some() {
+                "an earlier action failed"
+            } else {
+                "an earlier action was refused"
+            };
+            done.push(Done::new(ActionResult::Skipped, Some(why.to_string())));
             continue;
         }
         let tell = |result: &str, fields: Value, detail: Option<&str>| {
@@ -254,6 +261,7 @@ async fn carry_out(
         };
         let d = match &step.todo {
             Todo::Refused(r) => {
+                refused = true;
                 let r = r.to_string();
                 w.observe(|| {
                     let mut e =
