@@ -262,16 +262,7 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     // `runbook explain` finds the decisions where they are.
     let dir = std::env::temp_dir().join(format!("runbook-explain-{}", c.ns));
     let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
-    let (ns, kc) = (c.ns.clone(), kubeconfig.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
-            .args(["explain", "statefulset/db", "-n", &ns])
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = explain(&kubeconfig, "statefulset/db", &c.ns).await;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -280,16 +271,7 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("policy:       sts-watch"), "{text}");
     // An object that is not there: said in a line, not a Rust structure.
-    let ns = c.ns.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
-            .args(["explain", "statefulset/nope", "-n", &ns])
-            .env("KUBECONFIG", &kc)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = explain(&kubeconfig, "statefulset/nope", &c.ns).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(
@@ -311,6 +293,20 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     .await;
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
+}
+
+/// `runbook explain OBJECT -n NS` against the cluster of `kubeconfig`.
+async fn explain(kubeconfig: &std::path::Path, object: &str, ns: &str) -> std::process::Output {
+    let (kubeconfig, object, ns) = (kubeconfig.to_path_buf(), object.to_string(), ns.to_string());
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
+            .args(["explain", &object, "-n", &ns])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
 }
 
 const TICK: &str = r#"

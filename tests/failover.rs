@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{Cluster, eventually, kubectl};
+use cluster::{Cluster, eventually, have_kubectl, kubectl};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -42,8 +42,8 @@ fn env_or(name: &str, default: u64) -> u64 {
 }
 
 fn start(kubeconfig: &PathBuf, ns: &str, identity: &str, lease: u64) -> Operator {
-    let child = Command::new(env!("CARGO_BIN_EXE_runbook"))
-        .args(["run", "--policy-configmaps=false", "--skip-access-check"])
+    let mut run = Command::new(env!("CARGO_BIN_EXE_runbook"));
+    run.args(["run", "--policy-configmaps=false", "--skip-access-check"])
         // No policies: nothing to record authors for.
         .arg("--webhook=false")
         .args(["--metrics-addr", "127.0.0.1:0"])
@@ -53,7 +53,13 @@ fn start(kubeconfig: &PathBuf, ns: &str, identity: &str, lease: u64) -> Operator
             identity,
             "--lease-duration",
             &lease.to_string(),
-        ])
+        ]);
+    launch(run, kubeconfig, identity)
+}
+
+/// `run` started against the cluster of `kubeconfig`, its output quiet.
+fn launch(mut run: Command, kubeconfig: &PathBuf, identity: &str) -> Operator {
+    let child = run
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .env("RUNBOOK_LOG", "warn")
@@ -155,35 +161,25 @@ fn start_checking(
     addr: &str,
     url: &str,
 ) -> Operator {
-    let child = Command::new(env!("CARGO_BIN_EXE_runbook"))
-        .args([
-            "run",
-            "--skip-access-check",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--operator-namespace",
-            ns,
-            "--namespace",
-            ns,
-            "--policy-namespaces",
-            ns,
-        ])
-        .args(["--identity", identity, "--lease-duration", "6"])
-        .args(["--webhook-addr", addr, "--webhook-url", url])
-        .args(["--webhook-configuration", &format!("runbook-{ns}")])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env("RUNBOOK_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting runbook run");
-    Operator {
-        identity: identity.into(),
-        child,
-    }
+    let mut run = Command::new(env!("CARGO_BIN_EXE_runbook"));
+    run.args([
+        "run",
+        "--skip-access-check",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .args([
+        "--operator-namespace",
+        ns,
+        "--namespace",
+        ns,
+        "--policy-namespaces",
+        ns,
+    ])
+    .args(["--identity", identity, "--lease-duration", "6"])
+    .args(["--webhook-addr", addr, "--webhook-url", url])
+    .args(["--webhook-configuration", &format!("runbook-{ns}")]);
+    launch(run, kubeconfig, identity)
 }
 
 /// Every replica checks policy edits, a standby too, against the policies
@@ -193,12 +189,7 @@ fn start_checking(
 /// clashes with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_checks_policy_edits_against_the_policies_in_force() {
-    if Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: kubectl is not on PATH");
+    if !have_kubectl() {
         return;
     }
     let c = Cluster::new("standby-check").await;

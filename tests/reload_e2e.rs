@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster::{Cluster, eventually, kubectl};
+use cluster::{Cluster, eventually, have_kubectl, kubectl};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -867,6 +867,18 @@ async fn a_storm_of_edits_is_loaded_as_its_newest_version() {
     c.cleanup().await;
 }
 
+/// The ValidatingWebhookConfigurations of the cluster.
+fn validating_configurations(c: &Cluster) -> Api<DynamicObject> {
+    Api::all_with(
+        c.client.clone(),
+        &runbook::kinds::KindRef::new(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingWebhookConfiguration",
+        )
+        .api_resource(),
+    )
+}
+
 /// A CRD of the test's own group: `Gizmo`, its object any shape.
 fn gizmo_crd(c: &Cluster) -> Value {
     let g = widget_group(c);
@@ -890,24 +902,12 @@ fn gizmo_crd(c: &Cluster) -> Value {
 /// good policy is accepted and loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_policy_is_refused_at_kubectl_apply() {
-    if std::process::Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: kubectl is not on PATH");
+    if !have_kubectl() {
         return;
     }
     let c = Cluster::new("admitpol").await;
     let (op, _widgets, cms) = checked_at_admission(&c, "0.5", true).await;
-    let configurations: Api<DynamicObject> = Api::all_with(
-        c.client.clone(),
-        &runbook::kinds::KindRef::new(
-            "admissionregistration.k8s.io/v1",
-            "ValidatingWebhookConfiguration",
-        )
-        .api_resource(),
-    );
+    let configurations = validating_configurations(&c);
     let name = format!("runbook-{}", c.ns);
     eventually("the policy webhook's configuration", 30, || async {
         configurations.get(&name).await.is_ok_and(|v| {
@@ -1106,12 +1106,7 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
 /// failure policy (`Ignore`) lets the edit through, to be checked at load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_webhook_is_reached_through_its_service() {
-    if std::process::Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: kubectl is not on PATH");
+    if !have_kubectl() {
         return;
     }
     let c = Cluster::new("admitsvc").await;
@@ -1150,14 +1145,7 @@ async fn the_policy_webhook_is_reached_through_its_service() {
     };
     let (op, _reloader, errors) = start_configured(&c, sources, |r| r, config).await;
     assert!(errors.is_empty(), "{errors:?}");
-    let configurations: Api<DynamicObject> = Api::all_with(
-        c.client.clone(),
-        &runbook::kinds::KindRef::new(
-            "admissionregistration.k8s.io/v1",
-            "ValidatingWebhookConfiguration",
-        )
-        .api_resource(),
-    );
+    let configurations = validating_configurations(&c);
     let name = format!("runbook-{}", c.ns);
     eventually("the policy webhook pointed at the Service", 30, || async {
         configurations.get(&name).await.is_ok_and(|v| {

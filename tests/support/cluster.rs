@@ -398,3 +398,16 @@ pub fn kubectl(kubeconfig: &std::path::Path, ns: &str, args: &[&str]) -> (bool, 
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Whether kubectl is on PATH; a test that drives it skips, saying so,
+/// where it is not.
+pub fn have_kubectl() -> bool {
+    let found = std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok();
+    if !found {
+        eprintln!("skipped: kubectl is not on PATH");
+    }
+    found
+}
