@@ -394,3 +394,116 @@ async fn a_scheduled_policy_on_a_pruning_kind_fires_on_its_schedule() {
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }
+
+const GUARD: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: sts-guard}
+spec:
+  target: {apiVersion: apps/v1, kind: StatefulSet}
+  annotationSelector: {matchAnnotations: {example.com/guard: "on"}}
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  status: {fields: [], conditions: []}
+  script: sts-guard.rhai
+"#;
+
+const GUARD_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let name = `${ctx.resource.metadata.name}-guard`;
+    [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: name }, data: #{ guarded: "yes" } })]
+}
+
+// Clean-up: the guard goes before the finalizer does.
+fn finalize(ctx) {
+    let guard = ctx.get("ConfigMap", `${ctx.resource.metadata.name}-guard`);
+    if guard == () { [] } else { [delete(guard)] }
+}
+"#;
+
+fn statefulset(name: &str, annotations: Value) -> k8s_openapi::api::apps::v1::StatefulSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"replicas": 1, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}}}
+    }))
+    .unwrap()
+}
+
+/// A policy with `finalize` on StatefulSets, opted into by annotation:
+/// one that never matched gets no finalizer (and is deleted at once); the
+/// one that opts in gets it with the first thing the policy makes for it,
+/// and when it opts out, `finalize` runs and the finalizer goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizers_are_only_where_the_policy_made_something() {
+    let c = Cluster::new("any-guard").await;
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
+    let cms: Api<ConfigMap> = c.api();
+    let pp = PostParams::default();
+    sets.create(&pp, &statefulset("plain", json!({})))
+        .await
+        .unwrap();
+    sets.create(
+        &pp,
+        &statefulset("guarded", json!({"example.com/guard": "on"})),
+    )
+    .await
+    .unwrap();
+    let op = support::started(
+        &c,
+        &[("guard.yaml", GUARD), ("sts-guard.rhai", GUARD_SCRIPT)],
+    )
+    .await;
+    let finalizers = |name: &'static str| {
+        let sets = sets.clone();
+        async move {
+            sets.get(name)
+                .await
+                .unwrap()
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+        }
+    };
+    eventually("the guard of the opted-in StatefulSet", 30, || async {
+        cms.get_opt("guarded-guard").await.unwrap().is_some()
+    })
+    .await;
+    assert_eq!(finalizers("guarded").await, ["runbook.dev/sts-guard"]);
+    support::settle(&op).await;
+    assert!(
+        finalizers("plain").await.is_empty(),
+        "never matched, never held"
+    );
+    assert!(cms.get_opt("plain-guard").await.unwrap().is_none());
+    // Opting out: finalize deletes the guard, then the finalizer goes.
+    sets.patch(
+        "guarded",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"example.com/guard": null}}})),
+    )
+    .await
+    .unwrap();
+    eventually("the finalizer gone with the opt-out", 30, || async {
+        finalizers("guarded").await.is_empty()
+    })
+    .await;
+    assert!(
+        cms.get_opt("guarded-guard").await.unwrap().is_none(),
+        "finalize ran"
+    );
+    // Neither waits on Runbook to be deleted.
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    for name in ["plain", "guarded"] {
+        sets.delete(name, &Default::default()).await.unwrap();
+    }
+    eventually("both deleted with Runbook down", 30, || async {
+        sets.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    c.cleanup().await;
+}

@@ -117,8 +117,17 @@ impl Selector {
 
     /// Match the labels of a JSON object's metadata.
     pub fn matches_object(&self, obj: &serde_json::Value) -> bool {
-        let labels = obj.get("metadata").and_then(|m| m.get("labels"));
-        self.matches_with(|k| labels.and_then(|l| l.get(k)).and_then(|v| v.as_str()))
+        self.matches_field(obj, "labels")
+    }
+
+    /// Match the annotations of a JSON object's metadata.
+    pub fn matches_annotations(&self, obj: &serde_json::Value) -> bool {
+        self.matches_field(obj, "annotations")
+    }
+
+    fn matches_field(&self, obj: &serde_json::Value, field: &str) -> bool {
+        let map = obj.get("metadata").and_then(|m| m.get(field));
+        self.matches_with(|k| map.and_then(|l| l.get(k)).and_then(|v| v.as_str()))
     }
 }
 

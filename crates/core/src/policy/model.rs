@@ -43,6 +43,13 @@ pub struct PolicySpec {
     /// LabelSelector: `matchLabels`, `matchExpressions`).
     #[serde(default)]
     pub selector: Option<LabelSelectorSpec>,
+    /// Only targets whose annotations this selector matches
+    /// (`matchAnnotations`, `matchExpressions`), as an opt-in: checked by
+    /// Runbook as it reconciles, as annotations have no server-side
+    /// selector. A target that stops matching is left as one that stops
+    /// matching `selector` is (its `finalize` runs, its finalizer goes).
+    #[serde(default)]
+    pub annotation_selector: Option<AnnotationSelectorSpec>,
     /// Children: created with an ownerReference to the target, watched.
     #[serde(default)]
     pub owns: Vec<KindRef>,
@@ -128,6 +135,19 @@ pub struct LabelSelectorSpec {
     #[serde(default)]
     pub match_labels: BTreeMap<String, String>,
     /// Expressions over the target's labels; every one must hold.
+    #[serde(default)]
+    pub match_expressions: Vec<LabelExpression>,
+}
+
+/// `spec.annotationSelector`: a LabelSelector over annotations.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AnnotationSelectorSpec {
+    /// Annotations the target must carry, each with exactly this value.
+    #[serde(default)]
+    pub match_annotations: BTreeMap<String, String>,
+    /// Expressions over the target's annotations (`key` an annotation);
+    /// every one must hold.
     #[serde(default)]
     pub match_expressions: Vec<LabelExpression>,
 }

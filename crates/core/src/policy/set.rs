@@ -188,12 +188,16 @@ impl PolicySet {
 
     /// The label selector a watch of `kind`'s targets can ask the API
     /// server for: that of its policies when every one has the same
-    /// non-empty selector and no policy declares the kind otherwise (owns,
-    /// reads, mutates: it sees every object of it). `None`: watch all.
+    /// non-empty selector, no policy declares the kind otherwise (owns,
+    /// reads, mutates: it sees every object of it) and none has a
+    /// `finalize` (a target that stops matching must still be seen, to
+    /// finalize it and take its finalizer off). `None`: watch all.
     pub fn watch_selector(&self, kind: &KindRef) -> Option<String> {
         let targeting = self.for_target(kind);
         let first = &targeting.first()?.selector;
-        let same = targeting.iter().all(|p| &p.selector == first);
+        let same = targeting
+            .iter()
+            .all(|p| &p.selector == first && !p.has_finalizer());
         let declared_elsewhere = self
             .policies
             .values()
@@ -245,6 +249,34 @@ mod tests {
 
     fn routes(name: &str, secret: &str) -> String {
         ROUTES.replace("NAME", name).replace("SECRET", secret)
+    }
+
+    /// The server-side label selector of a watch of targets, unless a
+    /// policy on the kind has a `finalize`: then every object is watched,
+    /// so that one leaving the selector is finalized.
+    #[test]
+    fn a_policy_with_finalize_watches_every_object_of_its_kind() {
+        let evaluator = KindRef::new("runbook.dev/v1alpha1", "Evaluator");
+        for (script, watched) in [
+            ("fn reconcile(ctx) { [] }", Some("team=a".to_string())),
+            ("fn reconcile(ctx) { [] }\nfn finalize(ctx) { [] }", None),
+        ] {
+            let mut files: std::collections::BTreeMap<String, String> = Default::default();
+            files.insert(
+                "p.yaml".into(),
+                format!(
+                    "{}  selector: {{matchLabels: {{team: a}}}}\n",
+                    policy("p", "")
+                ),
+            );
+            files.insert("p.rhai".into(), script.into());
+            let origin = Origin::Inline("t".into());
+            let l = load_bundle(&ScriptEngine::default(), &Bundle::new(origin, files), None);
+            assert!(l.errors.is_empty(), "{:?}", l.errors);
+            let (set, errors) = PolicySet::build(vec![l]);
+            assert!(errors.is_empty(), "{errors:?}");
+            assert_eq!(set.watch_selector(&evaluator), watched, "{script}");
+        }
     }
 
     #[test]

@@ -616,11 +616,22 @@ async fn reconcile_target(
     }
     let set = ctx.policies.load_full();
     let cached = obj.cached();
+    let present = crate::observe::finalizers_of(cached.value());
+    // The policies that select the target, and those it has left (its
+    // labels or annotations no longer match) still holding their
+    // finalizer on it: they finalize it and take the finalizer off.
+    let mut leaving: Vec<String> = Vec::new();
     let policies: Vec<Arc<CompiledPolicy>> = set
         .for_target(kind)
         .into_iter()
-        .filter(|p| p.selector.is_empty() || p.selector.matches_object(cached.value()))
-        .filter(|p| p.acts_in(&key.namespace))
+        .filter(|p| {
+            let selects = p.selects(cached.value()) && p.acts_in(&key.namespace);
+            let left = !selects && present.contains(&finalizer_name(&p.name));
+            if left {
+                leaving.push(p.name.clone());
+            }
+            selects || left
+        })
         .collect();
     if policies.is_empty() {
         lock(&ctx.memory.deps).forget(key);
@@ -652,7 +663,7 @@ async fn reconcile_target(
     };
     let deleting = obj.meta.deletion_timestamp.is_some();
     let mut next = Next::default();
-    let early = each_policy(ctx, &policies, &mut target, deleting, &mut next).await;
+    let early = each_policy(ctx, &policies, &mut target, deleting, &leaving, &mut next).await;
     if !next.written_over.is_empty() {
         ctx.memory.written.remember(
             key.clone(),
@@ -685,16 +696,18 @@ async fn each_policy(
     policies: &[Arc<CompiledPolicy>],
     target: &mut Target<'_>,
     deleting: bool,
+    leaving: &[String],
     next: &mut Next,
 ) -> Result<Option<Action>, ReconcileError> {
     let present = crate::observe::finalizers_of(target.cached.value());
     for p in policies {
+        let ending = deleting || leaving.contains(&p.name);
         let key = target.key;
         // The span is the decision's future's own: entered only while it
         // runs, on whichever worker thread polls it (a guard held across
         // an await would leave it entered on the thread it left).
         let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %key.kind.kind, namespace = %key.namespace, name = %key.name);
-        let early = one_policy(ctx, p, target, deleting, &present, next)
+        let early = one_policy(ctx, p, target, ending, &present, next)
             .instrument(span)
             .await?;
         if early.is_some() {
@@ -705,24 +718,29 @@ async fn each_policy(
 }
 
 /// One policy on the target (see `each_policy`): `Some` when the
-/// reconcile ends here.
+/// reconcile ends here. `ending`: the target is being deleted, or the
+/// policy no longer selects it.
 async fn one_policy(
     ctx: &Context,
     p: &Arc<CompiledPolicy>,
     target: &mut Target<'_>,
-    deleting: bool,
+    ending: bool,
     present: &[String],
     next: &mut Next,
 ) -> Result<Option<Action>, ReconcileError> {
     let key = target.key;
     let fin = finalizer_name(&p.name);
-    if deleting {
+    if ending {
         if present.contains(&fin) {
             finalize_policy(ctx, p, target, &fin, next).await?;
         }
         return Ok(None);
     }
-    if p.has_finalizer() && p.mode == policy::Mode::Enforce && !present.contains(&fin) {
+    if p.has_finalizer()
+        && p.mode == policy::Mode::Enforce
+        && !present.contains(&fin)
+        && writes_elsewhere(ctx, p, target)
+    {
         let (kind, value) = (&target.resolved, target.cached.value());
         finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
         return Ok(Some(Action::await_change()));
@@ -783,8 +801,37 @@ async fn one_policy(
     Ok(None)
 }
 
-/// A policy's `finalize` on a target being deleted; once it asks for no
-/// more writes, its finalizer is removed.
+/// Whether the policy's decision on the target now writes to another
+/// object, so that the target needs the policy's finalizer first: its
+/// `finalize` has something to undo only once the policy has made or
+/// changed something beside the target. Decided without recording it
+/// (the reconcile after the finalizer's write decides again); a
+/// decision that would only repeat the last one (which wrote nothing
+/// elsewhere, or the finalizer would be there) is not made.
+fn writes_elsewhere(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>) -> bool {
+    let now = ctx.clock.now();
+    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
+    let mode = mode_of(ctx, p, now);
+    if ctx
+        .memory
+        .last
+        .repeats(t.key, p, t.cached.value(), &mode, resyncs, now)
+        .is_some()
+    {
+        return false;
+    }
+    let observed = Observed {
+        target: t.cached.clone(),
+        view: Arc::new(ctx.sources()),
+        now,
+    };
+    decide::decide(&ctx.engine, p, &observed)
+        .is_ok_and(|d| d.actions.iter().any(|a| a.action.limited_verb().is_some()))
+}
+
+/// A policy's `finalize` on a target being deleted, or that the policy no
+/// longer selects; once it asks for no more writes, its finalizer is
+/// removed.
 async fn finalize_policy(
     ctx: &Context,
     p: &CompiledPolicy,

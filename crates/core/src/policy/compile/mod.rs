@@ -121,6 +121,8 @@ pub struct CompiledPolicy {
     pub version: String,
     pub target: KindRef,
     pub selector: Selector,
+    /// `spec.annotationSelector`, over the target's annotations.
+    pub annotation_selector: Selector,
     pub kinds: Arc<DeclaredKinds>,
     pub schedule: Option<ScheduleSource>,
     pub body: Body,
@@ -148,6 +150,14 @@ pub struct CompiledPolicy {
 pub type KindPlaces = Vec<(String, KindRef, Option<Pos>)>;
 
 impl CompiledPolicy {
+    /// Whether the policy selects `target`: its labels and annotations
+    /// match its selectors.
+    pub fn selects(&self, target: &Value) -> bool {
+        (self.selector.is_empty() || self.selector.matches_object(target))
+            && (self.annotation_selector.is_empty()
+                || self.annotation_selector.matches_annotations(target))
+    }
+
     pub fn has_finalizer(&self) -> bool {
         matches!(
             self.body,

@@ -57,7 +57,28 @@ pub(super) fn load_policy(
     };
     let limits = compile_limits(cx, file, &node, &spec.limits);
     let params = params_of(cx, file, &node, spec);
-    let selector = selector_of(cx, file, &node, spec);
+    let selector = match &spec.selector {
+        Some(sel) => selector_of(
+            cx,
+            file,
+            &node,
+            ("selector", "matchLabels"),
+            &sel.match_labels,
+            &sel.match_expressions,
+        ),
+        None => Selector::default(),
+    };
+    let annotation_selector = match &spec.annotation_selector {
+        Some(sel) => selector_of(
+            cx,
+            file,
+            &node,
+            ("annotationSelector", "matchAnnotations"),
+            &sel.match_annotations,
+            &sel.match_expressions,
+        ),
+        None => Selector::default(),
+    };
     let status = compile_status_claim(cx, file, &node, spec);
     if cx.errors.len() > errors_before {
         return None;
@@ -69,6 +90,7 @@ pub(super) fn load_policy(
         version: version_of(cx, file, text, &used),
         target: spec.target.clone(),
         selector,
+        annotation_selector,
         kinds: Arc::new(kinds),
         schedule,
         body: body?,
@@ -314,28 +336,38 @@ fn params_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Value 
     params
 }
 
-/// `spec.selector`, a LabelSelector: its keys and values as labels
-/// allow, each expression's operator and values as the API server wants
-/// them.
-fn selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Selector {
+/// `spec.selector` (a LabelSelector: its keys and values as labels
+/// allow) or `spec.annotationSelector` (its keys as annotations allow, any
+/// value): each expression's operator and values as the API server wants
+/// them. `names` is the field and the name of its map of pairs.
+fn selector_of(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    names: (&str, &str),
+    pairs: &std::collections::BTreeMap<String, String>,
+    expressions: &[crate::policy::model::LabelExpression],
+) -> Selector {
     use crate::labels::Requirement;
-    let Some(sel) = &spec.selector else {
-        return Selector::default();
+    let (field, map) = names;
+    let labels = field == "selector";
+    let check_value = |v: &str| {
+        if labels {
+            crate::labels::check_value(v)
+        } else {
+            Ok(())
+        }
     };
     let mut reqs: Vec<Requirement> = Vec::new();
-    let at = |path: &[&str]| pos_at(node, &[&["spec", "selector"][..], path].concat());
-    for (k, v) in &sel.match_labels {
-        match crate::labels::check_key(k).and_then(|_| crate::labels::check_value(v)) {
+    let at = |path: &[&str]| pos_at(node, &[&["spec", field][..], path].concat());
+    for (k, v) in pairs {
+        match crate::labels::check_key(k).and_then(|_| check_value(v)) {
             Ok(()) => reqs.push(Requirement::Eq(k.clone(), v.clone())),
-            Err(e) => cx.error(
-                file,
-                at(&["matchLabels"]),
-                format!("spec.selector.matchLabels: {e}"),
-            ),
+            Err(e) => cx.error(file, at(&[map]), format!("spec.{field}.{map}: {e}")),
         }
     }
     let items: Vec<Option<crate::util::yaml::Pos>> = match node
-        .at(&["spec", "selector", "matchExpressions"])
+        .at(&["spec", field, "matchExpressions"])
         .map(|n| &n.value)
     {
         Some(crate::util::yaml::NodeValue::Seq(items)) => {
@@ -343,17 +375,14 @@ fn selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Sele
         }
         _ => Vec::new(),
     };
-    for (i, e) in sel.match_expressions.iter().enumerate() {
+    for (i, e) in expressions.iter().enumerate() {
         let pos = items
             .get(i)
             .copied()
             .flatten()
             .or(at(&["matchExpressions"]));
-        let checked = crate::labels::check_key(&e.key).and_then(|_| {
-            e.values
-                .iter()
-                .try_for_each(|v| crate::labels::check_value(v))
-        });
+        let checked = crate::labels::check_key(&e.key)
+            .and_then(|_| e.values.iter().try_for_each(|v| check_value(v)));
         let req = checked.and_then(|_| match (e.operator.as_str(), e.values.is_empty()) {
             ("In", false) => Ok(Requirement::In(e.key.clone(), e.values.clone())),
             ("NotIn", false) => Ok(Requirement::NotIn(e.key.clone(), e.values.clone())),
@@ -372,7 +401,7 @@ fn selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Sele
             Err(m) => cx.error(
                 file,
                 pos,
-                format!("spec.selector.matchExpressions[{i}]: {m}"),
+                format!("spec.{field}.matchExpressions[{i}]: {m}"),
             ),
         }
     }
@@ -490,6 +519,32 @@ mod tests {
             errors
                 .iter()
                 .any(|e| e.contains("onFailure step undo: compensation runs once")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn an_annotation_selector_takes_any_value_and_checks_its_keys() {
+        let good = format!(
+            "{HEAD}  script: p.rhai\n  annotationSelector:\n    matchAnnotations: {{example.com/note: 'any text, spaces and all'}}\n    matchExpressions: [{{key: example.com/opt, operator: Exists}}]\n"
+        );
+        let loaded = load(&[("p.yaml", &good), ("p.rhai", "fn reconcile(ctx) { [] }")]);
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        let p = &loaded.policies[0];
+        let both = serde_json::json!({"metadata": {"annotations": {
+            "example.com/note": "any text, spaces and all", "example.com/opt": ""}}});
+        let one = serde_json::json!({"metadata": {"annotations": {"example.com/opt": "x"},
+            "labels": {"example.com/note": "any text, spaces and all"}}});
+        assert!(p.selects(&both));
+        assert!(!p.selects(&one), "labels are not annotations");
+        let bad = format!(
+            "{HEAD}  script: p.rhai\n  annotationSelector:\n    matchExpressions: [{{key: 'bad key!', operator: Exists}}]\n"
+        );
+        let errors = errors_of(&bad);
+        assert!(
+            errors.iter().any(
+                |e| e.starts_with("p.yaml:8:24: spec.annotationSelector.matchExpressions[0]: ")
+            ),
             "{errors:?}"
         );
     }
