@@ -595,6 +595,11 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
             if let Some(refusal) = not_its_child(input, "delete", &k, &live) {
                 return refusal;
             }
+            // Already on its way out (its own finalizers hold it): a
+            // delete would change nothing, and is not sent again.
+            if live.value().pointer("/metadata/deletionTimestamp").is_some() {
+                return Todo::Unchanged;
+            }
             match found(&k) {
                 Ok(r) if let Some(refusal) = without_namespace("delete", &r, ns) => refusal,
                 Ok(r) => Todo::Write(Box::new(Write::Delete {
@@ -1286,7 +1291,7 @@ spec:
         };
         let p = plan_of(
             &w,
-            &[live],
+            std::slice::from_ref(&live),
             Acting::Enforce,
             vec![config_map("w-a", "2"), delete],
         );
@@ -1294,6 +1299,15 @@ spec:
             matches!(write(&p, 0), Some(Write::Apply { uid: Some(u), .. }) if u == "uid-child")
         );
         assert!(matches!(write(&p, 1), Some(Write::Delete { uid, .. }) if uid == "uid-child"));
+        // Once it is terminating, deleting it again changes nothing.
+        let mut terminating = live.clone();
+        terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let delete = Action::Delete {
+            kind: KindName::parse("ConfigMap"),
+            name: "w-a".into(),
+        };
+        let p = plan_of(&w, &[terminating], Acting::Enforce, vec![delete]);
+        assert_eq!(todos(&p), [&Todo::Unchanged]);
     }
 
     #[test]
