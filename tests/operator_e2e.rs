@@ -1811,3 +1811,88 @@ async fn after_a_refused_action_the_later_writes_are_skipped() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const DESIRED: &str = r#"
+fn reconcile(ctx) {
+    let name = ctx.resource.metadata.name;
+    let want = [];
+    for i in 0..ctx.resource.spec.size {
+        want.push(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${name}-${i}` }, data: #{ index: `${i}` } });
+    }
+    ctx.sync_children(want) + [status(#{ phase: "Synced" })]
+}
+"#;
+
+/// Children as a desired set: the policy says which it wants; Runbook
+/// applies them and deletes its own children the set no longer names,
+/// the highest first, and leaves objects it did not make alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_follow_the_desired_set() {
+    let c = Cluster::new("desired").await;
+    install_widget_crd(&c).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    // Someone else's ConfigMap in the namespace, not the policy's child.
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "w-9"}, "data": {"mine": "no"}}))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let op = started(&c, &[("widget.yaml", POLICY), ("widget.rhai", DESIRED)]).await;
+    let widgets = widgets(&c);
+    create_widget(&c, &widgets, "w", json!({"size": 3})).await;
+    let names = || async {
+        let mut n: Vec<String> = cms
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .filter(|n| n.starts_with("w-"))
+            .collect();
+        n.sort();
+        n
+    };
+    eventually("three children", 30, || async {
+        names().await == ["w-0", "w-1", "w-2", "w-9"]
+    })
+    .await;
+    widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 1}})),
+        )
+        .await
+        .unwrap();
+    eventually("the set shrunk to one", 30, || async {
+        names().await == ["w-0", "w-9"]
+    })
+    .await;
+    // The decision that shrank it, newest first among those recorded.
+    let w = widgets.get("w").await.unwrap();
+    let decisions = w.data["status"]["decisions"].as_array().unwrap().clone();
+    let deleted: Vec<String> = decisions
+        .iter()
+        .map(|d| {
+            d["actions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| a["action"] == "delete")
+                .map(|a| a["target"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        })
+        .find(|d| !d.is_empty())
+        .unwrap_or_default();
+    assert_eq!(deleted.len(), 2, "{decisions:?}");
+    assert!(
+        deleted[0].ends_with("/w-2") && deleted[1].ends_with("/w-1"),
+        "{deleted:?}"
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -597,7 +597,11 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
             }
             // Already on its way out (its own finalizers hold it): a
             // delete would change nothing, and is not sent again.
-            if live.value().pointer("/metadata/deletionTimestamp").is_some() {
+            if live
+                .value()
+                .pointer("/metadata/deletionTimestamp")
+                .is_some()
+            {
                 return Todo::Unchanged;
             }
             match found(&k) {

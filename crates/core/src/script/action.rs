@@ -5,11 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use rhai::{Dynamic, Engine, EvalAltResult, INT, NativeCallContext};
+use rhai::{Array, Dynamic, Engine, EvalAltResult, INT, NativeCallContext};
 use serde_json::Value;
 
 use super::convert::to_json;
+use super::ctx::Ctx;
 pub use crate::kinds::KindName;
+use crate::kinds::{KindRef, Role};
 use crate::util::yaml::Pos;
 
 /// One thing a decision wants done.
@@ -212,6 +214,84 @@ fn map_json(ctx: &NativeCallContext, what: &str, m: Dynamic) -> RhaiResult<Value
     }
 }
 
+/// An object to apply, checked: apiVersion, kind, a name, a sound shape.
+fn applied(ctx: &NativeCallContext, what: &str, object: Value) -> RhaiResult<Action> {
+    if KindName::of(&object).is_none_or(|k| k.api_version.is_none()) {
+        return fail(ctx, format!("{what}: the object needs apiVersion and kind"));
+    }
+    if name_of(&object).is_none_or(|n| n.is_empty()) {
+        return fail(
+            ctx,
+            format!("{what}: the object needs metadata.name (names must be deterministic)"),
+        );
+    }
+    if let Some(problem) = shape_problem(&object) {
+        return fail(ctx, format!("{what}: {problem}"));
+    }
+    Ok(Action::Apply { object })
+}
+
+/// `ctx.sync_children(want[, kinds])`: the complete set of children the
+/// policy wants for its target. Each is applied, in the order given; then
+/// each of the policy's own children of the kinds it owns (or of `kinds`)
+/// that the set does not name is deleted, the highest name first (`web-10`
+/// before `web-9`), so a numbered set shrinks from its end.
+fn sync_children(
+    call: &NativeCallContext,
+    c: &Ctx,
+    want: Array,
+    kinds: Option<Array>,
+) -> RhaiResult<Array> {
+    let what = "ctx.sync_children";
+    let declared = &c.0.kinds;
+    let owned_kind = |name: &KindName| -> RhaiResult<KindRef> {
+        match declared.resolve(name) {
+            Ok(k) if declared.has(&k, Role::Owns) => Ok(k),
+            Ok(k) => fail(
+                call,
+                format!("{what}: {k} is not a kind the policy owns (spec.owns)"),
+            ),
+            Err(e) => fail(call, format!("{what}: {e}")),
+        }
+    };
+    let mut out = Array::with_capacity(want.len());
+    let mut wanted: Vec<(KindRef, String)> = Vec::with_capacity(want.len());
+    for (i, item) in want.into_iter().enumerate() {
+        let object = map_json(call, &format!("{what}: item {i}"), item)?;
+        let action = applied(call, &format!("{what}: item {i}"), object)?;
+        if let Action::Apply { object } = &action
+            && let (Some(kind), Some(name)) = (KindName::of(object), name_of(object))
+        {
+            wanted.push((owned_kind(&kind)?, name));
+        }
+        out.push(Dynamic::from(make(call, action)));
+    }
+    let pruned: Vec<KindRef> = match kinds {
+        None => declared.with_role(Role::Owns).cloned().collect(),
+        Some(names) => names
+            .iter()
+            .map(|n| owned_kind(&KindName::parse(&n.to_string())))
+            .collect::<RhaiResult<_>>()?,
+    };
+    for kind in pruned {
+        let mut stale: Vec<String> = c
+            .owned(&kind)
+            .iter()
+            .map(|o| o.name().to_string())
+            .filter(|n| !wanted.iter().any(|(k, w)| *k == kind && w == n))
+            .collect();
+        stale.sort_by(|a, b| (b.len(), b).cmp(&(a.len(), a)));
+        for name in stale {
+            let kind = KindName {
+                api_version: Some(kind.api_version.clone()),
+                kind: kind.kind.clone(),
+            };
+            out.push(Dynamic::from(make(call, Action::Delete { kind, name })));
+        }
+    }
+    Ok(out)
+}
+
 /// What is wrong with the shape of an object a script hands over to be
 /// written, if anything: checked where the script made it, so the error
 /// names that place (and nothing malformed reaches the executor).
@@ -356,19 +436,19 @@ fn register_children(engine: &mut Engine) {
         "apply",
         |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
             let object = map_json(&ctx, "apply(obj)", obj)?;
-            if KindName::of(&object).is_none_or(|k| k.api_version.is_none()) {
-                return fail(&ctx, "apply: the object needs apiVersion and kind".into());
-            }
-            if name_of(&object).is_none_or(|n| n.is_empty()) {
-                return fail(
-                    &ctx,
-                    "apply: the object needs metadata.name (names must be deterministic)".into(),
-                );
-            }
-            if let Some(problem) = shape_problem(&object) {
-                return fail(&ctx, format!("apply: {problem}"));
-            }
-            Ok(make(&ctx, Action::Apply { object }))
+            Ok(make(&ctx, applied(&ctx, "apply", object)?))
+        },
+    );
+    engine.register_fn(
+        "sync_children",
+        |call: NativeCallContext, c: &mut Ctx, want: Array| -> RhaiResult<Array> {
+            super::stop::timed(&call, || sync_children(&call, c, want, None))
+        },
+    );
+    engine.register_fn(
+        "sync_children",
+        |call: NativeCallContext, c: &mut Ctx, want: Array, kinds: Array| -> RhaiResult<Array> {
+            super::stop::timed(&call, || sync_children(&call, c, want, Some(kinds)))
         },
     );
 

@@ -358,6 +358,20 @@ pub const FUNCTIONS: &[Entry] = &[
     ),
     entry!(
         Actions,
+        "sync_children",
+        2,
+        "ctx.sync_children(want)",
+        "The complete set of children the policy wants: an `apply` for each (in order), then a `delete` for each of its own children of the kinds it owns that `want` does not name, the highest name first. Terminating children are not deleted again."
+    ),
+    entry!(
+        Actions,
+        "sync_children",
+        3,
+        "ctx.sync_children(want, kinds)",
+        "The same, deleting only children of `kinds` (an array of owned kinds)."
+    ),
+    entry!(
+        Actions,
         "delete",
         1,
         "delete(obj)",
