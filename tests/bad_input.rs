@@ -306,8 +306,8 @@ fn reading_an_undeclared_kind_is_an_error() {
     assert_eq!(
         errs,
         [
-            "pol/p.rhai:2:12: kind Secret is not declared by this policy (declare it in owns, reads or mutates)",
-            "pol/p.rhai:3:13: kind job is not declared by this policy (declare it in owns, reads or mutates) (did you mean \"Job\"?)",
+            "pol/p.rhai:2:12: kind Secret is not declared by this policy (declare it in owns, reads, mutates or deletes)",
+            "pol/p.rhai:3:13: kind job is not declared by this policy (declare it in owns, reads, mutates or deletes) (did you mean \"Job\"?)",
         ]
     );
     // A kind made at run time: when the line runs.

@@ -363,7 +363,7 @@ fn a_new_policys_mistakes_are_found_before_it_runs() {
             "{p}:7:7: spec.owns[0]: no API serves batch/v2 Job: it is neither built into Kubernetes nor defined by a CRD among the paths (did you mean batch/v1 Job?)"
         ),
         format!(
-            "{r}:2:21: kind Statefulset is not declared by this policy (declare it in owns, reads or mutates) (did you mean \"StatefulSet\"?)"
+            "{r}:2:21: kind Statefulset is not declared by this policy (declare it in owns, reads, mutates or deletes) (did you mean \"StatefulSet\"?)"
         ),
         format!(
             "{r}:3:26: no function statuss exists: the script defines none, and it is not a helper or an action (did you mean status?)"

@@ -586,3 +586,26 @@ fn the_dockerfile_matches_the_tree() {
     }
     assert!(docker.contains("USER 65532"), "the image runs as non-root");
 }
+
+/// `spec.deletes` grants exactly `delete` (beside reading) on its kind,
+/// never create, patch or update.
+#[test]
+fn deletes_grant_delete_and_nothing_else() {
+    let dir = copy_policies("deletes");
+    let before = rules(&String::from_utf8_lossy(
+        &runbook(&["rbac", dir.to_str().unwrap(), "--webhook=false"]).stdout,
+    ));
+    assert_eq!(verbs_on(&before, "", "pods"), ["get", "list", "watch"]);
+    edit(
+        &dir.join("evaluator-drift.yaml"),
+        "  mutates:\n",
+        "  deletes:\n    - {apiVersion: v1, kind: Pod, selector: {matchLabels: {benchmark: done}}}\n  mutates:\n",
+    );
+    let out = runbook(&["rbac", dir.to_str().unwrap(), "--webhook=false"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let after = rules(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        verbs_on(&after, "", "pods"),
+        ["delete", "get", "list", "watch"]
+    );
+}

@@ -1896,3 +1896,102 @@ async fn children_follow_the_desired_set() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+const CLEANUP_POLICY: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: cleanup}
+spec:
+  target: {apiVersion: GROUP/v1, kind: Widget}
+  deletes:
+    - {apiVersion: GROUP/v1, kind: Widget}
+    - {apiVersion: v1, kind: Pod, selector: {matchLabels: {tier: scratch}}}
+  status: {fields: [], conditions: []}
+  script: cleanup.rhai
+"#;
+
+const CLEANUP: &str = r#"
+fn reconcile(ctx) {
+    if ctx.resource.spec?.expired == true {
+        return [delete(ctx.resource)];
+    }
+    ctx.list("Pod").map(|p| delete(p))
+}
+"#;
+
+fn pod(name: &str, labels: Value) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}
+    }))
+    .unwrap()
+}
+
+/// What a policy did not make it deletes only as `spec.deletes` declares:
+/// Pods its selector matches, and its own target (a TTL); another Pod is
+/// refused, saying where to declare it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_deletes_what_it_did_not_make_only_as_declared() {
+    let c = Cluster::new("deletes").await;
+    install_widget_crd(&c).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = c.api();
+    pods.create(
+        &PostParams::default(),
+        &pod("a-scratch", json!({"tier": "scratch"})),
+    )
+    .await
+    .unwrap();
+    pods.create(&PostParams::default(), &pod("z-keep", json!({})))
+        .await
+        .unwrap();
+    let policy = CLEANUP_POLICY.replace("GROUP", &widget_group(&c));
+    let policy = policy.as_str();
+    let op = operator(
+        &c,
+        policies(&c, &[("cleanup.yaml", policy), ("cleanup.rhai", CLEANUP)]),
+        OperatorConfig::default(),
+    );
+    op.start().await.expect("the operator starts");
+    let widgets = widgets(&c);
+    create_widget(&c, &widgets, "w", json!({})).await;
+    eventually("the scratch Pod deleted", 30, || async {
+        pods.get_opt("a-scratch").await.unwrap().is_none()
+    })
+    .await;
+    settle(&op).await;
+    assert!(
+        pods.get_opt("z-keep").await.unwrap().is_some(),
+        "not declared"
+    );
+    let w = widgets.get("w").await.unwrap();
+    let refused: Vec<String> = w.data["status"]["decisions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|d| d["actions"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["result"] == "refused")
+        .map(|a| a["message"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|m| m.contains("z-keep") && m.contains("only where spec.deletes declares them")),
+        "{refused:?}"
+    );
+    // The target itself, once it says it has expired.
+    widgets
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"expired": true}})),
+        )
+        .await
+        .unwrap();
+    eventually("the widget deleted by its own policy", 30, || async {
+        widgets.get_opt("w").await.unwrap().is_none()
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}

@@ -137,15 +137,27 @@ pub enum Role {
     Owns,
     Reads,
     Mutates,
+    /// Objects the policy may delete though it did not make them (a
+    /// clean-up, its own target at the end of a TTL).
+    Deletes,
 }
 
 impl Role {
+    pub const ALL: [Role; 5] = [
+        Role::Target,
+        Role::Owns,
+        Role::Reads,
+        Role::Mutates,
+        Role::Deletes,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Target => "target",
             Role::Owns => "owns",
             Role::Reads => "reads",
             Role::Mutates => "mutates",
+            Role::Deletes => "deletes",
         }
     }
 }
@@ -163,6 +175,13 @@ impl DeclaredKinds {
         entries.extend(reads.iter().map(|k| (k.clone(), Role::Reads)));
         entries.extend(mutates.iter().map(|k| (k.clone(), Role::Mutates)));
         Self { entries }
+    }
+
+    /// With kinds the policy may delete though it did not make them.
+    pub fn with_deletes(mut self, deletes: impl IntoIterator<Item = KindRef>) -> Self {
+        self.entries
+            .extend(deletes.into_iter().map(|k| (k, Role::Deletes)));
+        self
     }
 
     pub fn has(&self, kind: &KindRef, role: Role) -> bool {
@@ -204,7 +223,7 @@ impl DeclaredKinds {
         });
         let Some(first) = found.next() else {
             return Err(format!(
-                "kind {name} is not declared by this policy (declare it in owns, reads or mutates)"
+                "kind {name} is not declared by this policy (declare it in owns, reads, mutates or deletes)"
             ));
         };
         // A kind declared in two roles is still one kind.

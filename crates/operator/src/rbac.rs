@@ -130,7 +130,10 @@ impl Default for Options {
 /// A kind a policy may not touch without an explicit override, and why.
 pub fn danger(kind: &KindRef, role: KindRole) -> Option<&'static str> {
     let group = kind.group();
-    let writes = matches!(role, KindRole::Owns | KindRole::Mutates | KindRole::Target);
+    let writes = matches!(
+        role,
+        KindRole::Owns | KindRole::Mutates | KindRole::Target | KindRole::Deletes
+    );
     if kind.kind == "*" || kind.api_version == "*" || group == "*" {
         return Some("a wildcard kind grants every resource");
     }
@@ -171,12 +174,7 @@ pub fn dangers_of<'a>(
 ) -> Vec<String> {
     let mut out = Vec::new();
     for p in policies {
-        for role in [
-            KindRole::Target,
-            KindRole::Owns,
-            KindRole::Reads,
-            KindRole::Mutates,
-        ] {
+        for role in KindRole::ALL {
             for k in p.kinds.with_role(role) {
                 if let Some(why) = danger(k, role) {
                     out.push(format!(
@@ -319,7 +317,8 @@ impl Needs {
     }
 
     /// Every kind a policy declares, by its role: read all; targets get
-    /// finalizers and status, owned kinds are written, mutated ones patched.
+    /// finalizers and status, owned kinds are written, mutated ones
+    /// patched, those in `deletes` deleted.
     /// A tenant's policies see nothing outside their namespace, so they
     /// need nothing of cluster-scoped kinds.
     fn kinds(
@@ -328,14 +327,8 @@ impl Needs {
         opts: &Options,
         crds: &BTreeMap<(String, String), (String, bool)>,
     ) {
-        let roles = [
-            KindRole::Target,
-            KindRole::Owns,
-            KindRole::Reads,
-            KindRole::Mutates,
-        ];
         for p in set.policies.values() {
-            for role in roles {
+            for role in KindRole::ALL {
                 for k in p.kinds.with_role(role) {
                     let (plural, namespaced) = resource_of(k, crds);
                     let scope = match (&opts.tenant, namespaced) {
@@ -360,6 +353,7 @@ impl Needs {
                         KindRole::Mutates => {
                             self.add(scope, g, &plural, &["patch", "update"], &[], why)
                         }
+                        KindRole::Deletes => self.add(scope, g, &plural, &["delete"], &[], why),
                         KindRole::Reads => {}
                     }
                 }

@@ -260,8 +260,10 @@ pub fn check_permission(
             check_ns(object["metadata"]["namespace"].as_str(), &k)
         }
         Action::Delete { kind, .. } => match kinds.resolve(kind) {
-            Ok(k) if kinds.has(&k, Role::Owns) => check_ns(None, &k),
-            Ok(k) => refuse_kind(&k, "delete", "owns"),
+            Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Deletes) => {
+                check_ns(None, &k)
+            }
+            Ok(k) => refuse_kind(&k, "delete", "owns or deletes"),
             Err(e) => unknown("delete", e),
         },
         Action::Patch { kind, .. } => match kinds.resolve(kind) {

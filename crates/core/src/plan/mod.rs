@@ -448,6 +448,19 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
                 format!("patch {k} {ns}/{name}"),
             )]
         }
+        Write::Delete { kind, name, .. }
+            if !live(&kind.kind_ref(), name).is_some_and(|o| {
+                o.is_child_of(&policy_label_value(&input.policy.name), t.uid())
+            }) =>
+        {
+            let k = kind.kind_ref();
+            vec![access(
+                "delete",
+                k.clone(),
+                name,
+                format!("delete {k} {ns}/{name}"),
+            )]
+        }
         Write::Rollback { deployment, .. } => {
             let k = KindRef::new("apps/v1", "Deployment");
             vec![access(
@@ -592,7 +605,11 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
             let Some(live) = input.view.get(&k, ns, name) else {
                 return Todo::Unchanged;
             };
-            if let Some(refusal) = not_its_child(input, "delete", &k, &live) {
+            // What the policy did not make it deletes only where
+            // `spec.deletes` declares it (its kind, its selector).
+            if !policy.may_delete(&k, live.value())
+                && let Some(refusal) = not_its_child(input, "delete", &k, &live)
+            {
                 return refusal;
             }
             // Already on its way out (its own finalizers hold it): a
@@ -719,8 +736,14 @@ pub fn not_its_child_message(
         _ => format!(
             "an object of that name exists that Runbook did not make for {tkind} {}/{} \
              (it lacks the label {POLICY_NAME_LABEL}={policy} or a controller ownerReference to it); \
-             Runbook never takes over an object it did not make: rename the {tkind} or remove that object",
-            target.namespace, target.name
+             Runbook never takes over an object it did not make: rename the {tkind} or remove that object{}",
+            target.namespace,
+            target.name,
+            if verb == "delete" {
+                " (a policy deletes objects it did not make only where spec.deletes declares them)"
+            } else {
+                ""
+            }
         ),
     };
     let name = live

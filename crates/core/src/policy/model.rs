@@ -59,6 +59,13 @@ pub struct PolicySpec {
     /// Kinds that may be patched or rolled back, but are not owned.
     #[serde(default)]
     pub mutates: Vec<KindRef>,
+    /// Objects the policy may delete though it did not make them: of these
+    /// kinds, in its target's namespace, that the selector matches (a
+    /// clean-up of old Pods; the target itself when it names the target's
+    /// kind, at the end of a TTL). Anything else a policy did not make is
+    /// never deleted.
+    #[serde(default)]
+    pub deletes: Vec<DeletesSpec>,
     /// When the policy's work is due (a cron expression, or one read from the target).
     #[serde(default)]
     pub schedule: Option<ScheduleSpec>,
@@ -137,6 +144,23 @@ pub struct LabelSelectorSpec {
     /// Expressions over the target's labels; every one must hold.
     #[serde(default)]
     pub match_expressions: Vec<LabelExpression>,
+}
+
+/// One `spec.deletes` entry.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeletesSpec {
+    pub api_version: String,
+    pub kind: String,
+    /// Only objects this label selector matches (none: any of the kind).
+    #[serde(default)]
+    pub selector: Option<LabelSelectorSpec>,
+}
+
+impl DeletesSpec {
+    pub fn kind_ref(&self) -> KindRef {
+        KindRef::new(self.api_version.clone(), self.kind.clone())
+    }
 }
 
 /// `spec.annotationSelector`: a LabelSelector over annotations.

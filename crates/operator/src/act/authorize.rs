@@ -230,7 +230,11 @@ pub fn reads_to_check(
     reads
         .iter()
         .filter(|r| r.kind != policy.target && !kinds.has(&r.kind, Role::Owns))
-        .filter(|r| kinds.has(&r.kind, Role::Reads) || kinds.has(&r.kind, Role::Mutates))
+        .filter(|r| {
+            kinds.has(&r.kind, Role::Reads)
+                || kinds.has(&r.kind, Role::Mutates)
+                || kinds.has(&r.kind, Role::Deletes)
+        })
         .map(|r| Access {
             verb: if r.name.is_some() { "get" } else { "list" },
             kind: r.kind.clone(),

@@ -123,6 +123,9 @@ pub struct CompiledPolicy {
     pub selector: Selector,
     /// `spec.annotationSelector`, over the target's annotations.
     pub annotation_selector: Selector,
+    /// `spec.deletes`: kinds whose objects the policy may delete though
+    /// it did not make them, each with the selector they must match.
+    pub deletes: Vec<(KindRef, Selector)>,
     pub kinds: Arc<DeclaredKinds>,
     pub schedule: Option<ScheduleSource>,
     pub body: Body,
@@ -150,6 +153,13 @@ pub struct CompiledPolicy {
 pub type KindPlaces = Vec<(String, KindRef, Option<Pos>)>;
 
 impl CompiledPolicy {
+    /// Whether `spec.deletes` lets the policy delete `object` of `kind`.
+    pub fn may_delete(&self, kind: &KindRef, object: &Value) -> bool {
+        self.deletes
+            .iter()
+            .any(|(k, sel)| k == kind && (sel.is_empty() || sel.matches_object(object)))
+    }
+
     /// Whether the policy selects `target`: its labels and annotations
     /// match its selectors.
     pub fn selects(&self, target: &Value) -> bool {

@@ -32,7 +32,7 @@ pub(super) fn load_policy(
     let places = kind_places(&node, &doc.spec);
     cx.declared.push((cx.bundle.display_path(file), places));
     let spec = &doc.spec;
-    let kinds = DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates);
+    let kinds = declared_kinds(spec);
     let mut used: BTreeSet<String> = BTreeSet::from([file.to_string()]);
     let body = match (&spec.script, spec.steps.is_empty()) {
         (Some(_), false) => {
@@ -68,6 +68,25 @@ pub(super) fn load_policy(
         ),
         None => Selector::default(),
     };
+    let deletes = spec
+        .deletes
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let selector = match &d.selector {
+                Some(sel) => selector_of(
+                    cx,
+                    file,
+                    &node,
+                    (&format!("deletes[{i}].selector"), "matchLabels"),
+                    &sel.match_labels,
+                    &sel.match_expressions,
+                ),
+                None => Selector::default(),
+            };
+            (d.kind_ref(), selector)
+        })
+        .collect();
     let annotation_selector = match &spec.annotation_selector {
         Some(sel) => selector_of(
             cx,
@@ -91,6 +110,7 @@ pub(super) fn load_policy(
         target: spec.target.clone(),
         selector,
         annotation_selector,
+        deletes,
         kinds: Arc::new(kinds),
         schedule,
         body: body?,
@@ -142,6 +162,12 @@ fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
 }
 
 /// Each kind the policy declares, with where and at what position.
+/// Every kind the policy declares, by role.
+fn declared_kinds(spec: &PolicySpec) -> DeclaredKinds {
+    DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates)
+        .with_deletes(spec.deletes.iter().map(|d| d.kind_ref()))
+}
+
 fn kind_places(
     node: &Node,
     spec: &PolicySpec,
@@ -151,10 +177,12 @@ fn kind_places(
         spec.target.clone(),
         pos_at(node, &["spec", "target"]),
     )];
+    let deletes: Vec<crate::kinds::KindRef> = spec.deletes.iter().map(|d| d.kind_ref()).collect();
     for (key, list) in [
         ("owns", &spec.owns),
         ("reads", &spec.reads),
         ("mutates", &spec.mutates),
+        ("deletes", &deletes),
     ] {
         let items: Vec<Pos> = match node.at(&["spec", key]).map(|n| &n.value) {
             Some(crate::util::yaml::NodeValue::Seq(items)) => items.iter().map(|n| n.pos).collect(),
@@ -222,7 +250,7 @@ fn script_body(
         cx.error(script, Some(pos), m);
     }
     let text = cx.bundle.files[script].clone();
-    let kinds = DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates);
+    let kinds = declared_kinds(spec);
     for (name, pos) in super::pieces::literal_kinds(&text) {
         if let Err(e) = kinds.resolve(&crate::kinds::KindName::parse(&name)) {
             let declared: Vec<&str> = kinds.kinds().into_iter().map(|k| k.kind.as_str()).collect();
