@@ -184,7 +184,14 @@ pub fn schedule_state(
         .unwrap_or(now);
     let (due, fire) = match last {
         _ if suspended => (false, None),
-        None => (true, Some(created)),
+        None if policy.first_run == crate::policy::model::FirstRun::Creation => {
+            (true, Some(created))
+        }
+        // The first fire time after the creation, once it has come.
+        None => match schedule.last_at_or_before(created, now) {
+            Some(f) => (true, Some(f)),
+            None => (false, None),
+        },
         Some(last) => match schedule.last_at_or_before(last, now) {
             Some(f) => (true, Some(f)),
             None => (false, None),
@@ -580,6 +587,38 @@ pub fn finalize(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new target's first run: at its creation by default; with
+    /// `firstRun: schedule`, at the first fire time after it.
+    #[test]
+    fn the_first_run_is_at_creation_or_at_the_first_fire_time() {
+        let policy = |first: &str| {
+            let yaml = format!(
+                "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: p}}\nspec:\n  target: {{apiVersion: v1, kind: ConfigMap}}\n  schedule: {{cron: '0 * * * *'{first}}}\n  script: p.rhai\n"
+            );
+            let loaded = crate::policy::compile::tests::load(&[
+                ("p.yaml", &yaml),
+                ("p.rhai", "fn reconcile(ctx) { [] }"),
+            ]);
+            assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+            loaded.policies.into_iter().next().unwrap()
+        };
+        let target = serde_json::json!({"metadata": {"creationTimestamp": "2026-11-29T10:05:00Z"}});
+        let at = |t: &str| -> Timestamp { t.parse().unwrap() };
+        let state =
+            |p: &CompiledPolicy, now: &str| schedule_state(p, &target, at(now)).unwrap().unwrap();
+        let creation = policy("");
+        let s = state(&creation, "2026-11-29T10:06:00Z");
+        assert!(s.due);
+        assert_eq!(s.fire, Some(at("2026-11-29T10:05:00Z")));
+        let scheduled = policy(", firstRun: schedule");
+        let s = state(&scheduled, "2026-11-29T10:30:00Z");
+        assert!(!s.due, "{s:?}");
+        assert_eq!(s.next, Some(at("2026-11-29T11:00:00Z")));
+        let s = state(&scheduled, "2026-11-29T11:00:30Z");
+        assert!(s.due);
+        assert_eq!(s.fire, Some(at("2026-11-29T11:00:00Z")));
+    }
 
     #[test]
     fn a_run_is_named_by_its_fire_time() {

@@ -253,6 +253,22 @@ pub struct ScheduleSpec {
     /// The expression when the field is absent.
     #[serde(default)]
     pub default: Option<String>,
+    /// A new target's first run: at its creation (`creation`, the
+    /// default: a new Evaluator is benchmarked at once), or at the first
+    /// fire time after it (`schedule`: a nightly report starts tonight).
+    #[serde(default)]
+    pub first_run: FirstRun,
+}
+
+/// When a new target's first scheduled run is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FirstRun {
+    /// As soon as the target exists.
+    #[default]
+    Creation,
+    /// At the schedule's first fire time after the target's creation.
+    Schedule,
 }
 
 /// One declarative step.

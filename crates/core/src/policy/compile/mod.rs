@@ -128,6 +128,8 @@ pub struct CompiledPolicy {
     pub deletes: Vec<(KindRef, Selector)>,
     pub kinds: Arc<DeclaredKinds>,
     pub schedule: Option<ScheduleSource>,
+    /// When a new target's first scheduled run is.
+    pub first_run: super::model::FirstRun,
     pub body: Body,
     pub params: Value,
     pub params_dyn: Dynamic,

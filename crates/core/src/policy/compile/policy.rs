@@ -113,6 +113,11 @@ pub(super) fn load_policy(
         deletes,
         kinds: Arc::new(kinds),
         schedule,
+        first_run: spec
+            .schedule
+            .as_ref()
+            .map(|s| s.first_run)
+            .unwrap_or_default(),
         body: body?,
         params_dyn: crate::script::obj::view(Arc::new(params.clone())),
         params,
