@@ -141,6 +141,22 @@ impl ConditionStatus {
     }
 }
 
+impl ConditionStatus {
+    /// A status as scripts give one: `true`, `false`, or `"True"`,
+    /// `"False"`, `"Unknown"`; the error says what is wanted.
+    pub fn of_script(status: &Dynamic) -> Result<Self, String> {
+        if let Ok(b) = status.as_bool() {
+            return Ok(Self::from(b));
+        }
+        let s = status.to_string();
+        Self::parse(&s).ok_or_else(|| {
+            format!(
+                "a condition status is true, false, \"True\", \"False\" or \"Unknown\", not {s:?}"
+            )
+        })
+    }
+}
+
 impl From<bool> for ConditionStatus {
     fn from(b: bool) -> Self {
         if b { Self::True } else { Self::False }
@@ -526,23 +542,25 @@ fn register_target(engine: &mut Engine) {
 
     engine.register_fn(
         "condition",
-        |ctx: NativeCallContext, type_: &str, status: Dynamic, reason: &str, message: &str| -> RhaiResult<ActionValue> {
-            let status = match status.as_bool() {
-                Ok(b) => ConditionStatus::from(b),
-                Err(_) => {
-                    let s = status.to_string();
-                    match ConditionStatus::parse(&s) {
-                        Some(st) => st,
-                        None => return fail(&ctx, format!("condition status must be true, false, \"True\", \"False\" or \"Unknown\", not {s:?}")),
-                    }
-                }
+        |ctx: NativeCallContext,
+         type_: &str,
+         status: Dynamic,
+         reason: &str,
+         message: &str|
+         -> RhaiResult<ActionValue> {
+            let status = match ConditionStatus::of_script(&status) {
+                Ok(s) => s,
+                Err(e) => return fail(&ctx, format!("condition: {e}")),
             };
-            Ok(make(&ctx, Action::Condition(Condition {
-                type_: type_.to_string(),
-                status,
-                reason: reason.to_string(),
-                message: message.to_string(),
-            })))
+            Ok(make(
+                &ctx,
+                Action::Condition(Condition {
+                    type_: type_.to_string(),
+                    status,
+                    reason: reason.to_string(),
+                    message: message.to_string(),
+                }),
+            ))
         },
     );
 }

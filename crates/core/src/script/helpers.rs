@@ -158,10 +158,17 @@ fn register_readiness(engine: &mut Engine) {
     engine.register_fn("job_failed", |c: NativeCallContext, obj: Dynamic| {
         on(&c, &obj, false, job_failed)
     });
+    // The status in the forms `condition(...)` takes: a bool or a string.
     engine.register_fn(
         "condition_is",
-        |c: NativeCallContext, obj: Dynamic, t: &str, s: &str| {
-            on(&c, &obj, false, |v| condition_is(v, t, s))
+        |c: NativeCallContext, obj: Dynamic, t: &str, s: Dynamic| -> RhaiResult<bool> {
+            let status = super::action::ConditionStatus::of_script(&s).map_err(|e| {
+                Box::new(rhai::EvalAltResult::ErrorRuntime(
+                    format!("condition_is: {e}").into(),
+                    c.call_position(),
+                ))
+            })?;
+            on(&c, &obj, false, |v| condition_is(v, t, status.as_str()))
         },
     );
     engine.register_fn(
@@ -265,5 +272,40 @@ fn truncate(text: &str, max: usize) -> String {
     } else {
         let cut: String = text.chars().take(max).collect();
         format!("{cut}...")
+    }
+}
+
+#[cfg(test)]
+mod condition_tests {
+    use crate::script::ScriptEngine;
+    use crate::script::obj::view;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    /// `condition_is` takes the status as `condition` does: a bool or the
+    /// API's string; anything else is an error naming the forms.
+    #[test]
+    fn condition_is_takes_the_forms_condition_takes() {
+        let engine = ScriptEngine::default();
+        let job = view(Arc::new(json!({"status": {"conditions": [
+            {"type": "Complete", "status": "True"}, {"type": "Failed", "status": "False"}]}})));
+        let run = |body: &str| {
+            let script = engine
+                .compile("t.rhai", &format!("fn f(j) {{ {body} }}"))
+                .expect("compiles");
+            engine
+                .call(&script, "f", (job.clone(),))
+                .map_err(|e| e.to_string())
+        };
+        for (body, want) in [
+            (r#"condition_is(j, "Complete", true)"#, true),
+            (r#"condition_is(j, "Complete", "True")"#, true),
+            (r#"condition_is(j, "Failed", false)"#, true),
+            (r#"condition_is(j, "Failed", true)"#, false),
+        ] {
+            assert_eq!(run(body).unwrap().as_bool().unwrap(), want, "{body}");
+        }
+        let err = run(r#"condition_is(j, "Complete", "yes")"#).unwrap_err();
+        assert!(err.contains("true, false, \"True\""), "{err}");
     }
 }

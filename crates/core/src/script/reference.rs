@@ -232,7 +232,7 @@ pub const FUNCTIONS: &[Entry] = &[
         "condition_is",
         3,
         "condition_is(obj, type, status)",
-        "Whether an object's condition `type` has `status` (`\"True\"`, `\"False\"`, `\"Unknown\"`)."
+        "Whether an object's condition `type` has `status`: `true`, `false`, or `\"True\"`, `\"False\"`, `\"Unknown\"`, as `condition` takes it."
     ),
     entry!(
         Helpers,
