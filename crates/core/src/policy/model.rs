@@ -150,7 +150,9 @@ pub struct LabelSelectorSpec {
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeletesSpec {
+    /// The kind's API group and version, such as `v1`.
     pub api_version: String,
+    /// The kind (the target's own kind lets the policy delete its target).
     pub kind: String,
     /// Only objects this label selector matches (none: any of the kind).
     #[serde(default)]
