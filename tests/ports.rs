@@ -1,0 +1,143 @@
+//! Behaviours of other projects' example suites, ported onto Runbook
+//! (the examples' READMEs say which and how): each example's own policy,
+//! run by the operator against the test's cluster, checked as the peer's
+//! own test script checks it.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/operator.rs"]
+mod support;
+
+use std::path::Path;
+
+use cluster::{Cluster, eventually};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// The files of an example's `policy` folder.
+fn example_policy(example: &str) -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(example)
+        .join("policy");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// An example's object file, in the test's namespace.
+fn example_object<T: serde::de::DeserializeOwned>(example: &str, file: &str, ns: &str) -> T {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(example)
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut v = yaml_document(&text);
+    v["metadata"]["namespace"] = json!(ns);
+    serde_json::from_value(v).unwrap()
+}
+
+/// One YAML document as JSON, through Runbook's own YAML reader.
+fn yaml_document(text: &str) -> serde_json::Value {
+    runbook::util::yaml::parse_documents(text)
+        .unwrap()
+        .into_iter()
+        .next()
+        .unwrap()
+}
+
+/// Metacontroller's service-per-pod: a Service per Pod of an annotated
+/// StatefulSet; opting out (an annotation removed) cleans them up before
+/// the finalizer goes; opting in again brings them back; deleting the
+/// StatefulSet cleans them up again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_per_pod() {
+    let c = Cluster::new("port-spp").await;
+    let files = example_policy("service-per-pod");
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let op = support::started(&c, &files).await;
+    let sets: Api<StatefulSet> = c.api();
+    let services: Api<Service> = c.api();
+    sets.create(
+        &PostParams::default(),
+        &example_object("service-per-pod", "statefulset.yaml", &c.ns),
+    )
+    .await
+    .unwrap();
+    let selector_of = |name: &'static str| {
+        let services = services.clone();
+        async move {
+            services
+                .get_opt(name)
+                .await
+                .unwrap()
+                .and_then(|s| s.spec?.selector)
+                .and_then(|s| s.get("pod-name").cloned())
+        }
+    };
+    eventually("the per-pod Service", 30, || async {
+        selector_of("nginx-2").await.as_deref() == Some("nginx-2")
+    })
+    .await;
+    let finalizers = || async {
+        sets.get("nginx")
+            .await
+            .unwrap()
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+    };
+    assert_eq!(finalizers().await, ["runbook.dev/service-per-pod"]);
+    // Opt out without deleting the StatefulSet.
+    let annotate = |value: serde_json::Value| {
+        let sets = sets.clone();
+        async move {
+            sets.patch(
+                "nginx",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"service-per-pod-label": value}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    annotate(serde_json::Value::Null).await;
+    eventually(
+        "the Services cleaned up and the finalizer gone",
+        30,
+        || async {
+            services.get_opt("nginx-2").await.unwrap().is_none() && finalizers().await.is_empty()
+        },
+    )
+    .await;
+    // Opt in again.
+    annotate(json!("pod-name")).await;
+    eventually("the per-pod Service back", 30, || async {
+        selector_of("nginx-2").await.as_deref() == Some("nginx-2")
+    })
+    .await;
+    // Delete it: the Services go first, then the StatefulSet.
+    sets.delete("nginx", &Default::default()).await.unwrap();
+    eventually("the Services and the StatefulSet gone", 30, || async {
+        services.get_opt("nginx-2").await.unwrap().is_none()
+            && sets.get_opt("nginx").await.unwrap().is_none()
+    })
+    .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
