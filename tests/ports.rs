@@ -12,7 +12,7 @@ use std::path::Path;
 
 use cluster::{Cluster, eventually};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -138,6 +138,54 @@ async fn service_per_pod() {
             && sets.get_opt("nginx").await.unwrap().is_none()
     })
     .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+/// Kopf's pod killer (`examples/10-builtins`): a Pod is deleted once it
+/// has lived its lifetime (2 s here, 30 s as shipped); one its owner
+/// deleted first is not deleted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_lifetime() {
+    let c = Cluster::new("port-ttl").await;
+    let files: Vec<(String, String)> = example_policy("pod-lifetime")
+        .into_iter()
+        .map(|(k, v)| (k, v.replace("lifetime: 30s", "lifetime: 2s")))
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let pods: Api<Pod> = c.api();
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}}))
+        .unwrap()
+    };
+    // Made once Runbook runs, so that its authorship webhook records who
+    // made them: a Pod is deleted for its author, who may delete it.
+    let op = support::started(&c, &files).await;
+    pods.create(&PostParams::default(), &pod("web-1"))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("web-2"))
+        .await
+        .unwrap();
+    pods.delete("web-2", &Default::default()).await.unwrap();
+    let created = std::time::Instant::now();
+    eventually("the Pod deleted at the end of its lifetime", 30, || async {
+        pods.get_opt("web-1").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        created.elapsed() >= std::time::Duration::from_millis(500),
+        "deleted before its lifetime"
+    );
+    let errors = op.ctx.metrics.render();
+    assert!(
+        !errors.contains("runbook_reconcile_failures_total{"),
+        "{errors}"
+    );
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }

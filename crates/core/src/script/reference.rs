@@ -281,7 +281,7 @@ pub const FUNCTIONS: &[Entry] = &[
         "duration",
         1,
         "duration(text)",
-        "Milliseconds in a duration such as `\"90s\"`, `\"5m\"`, `\"1h30m\"`."
+        "Seconds in a duration such as `\"90s\"`, `\"5m\"`, `\"1h30m\"`."
     ),
     entry!(
         Helpers,
