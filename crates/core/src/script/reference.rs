@@ -375,7 +375,7 @@ pub const FUNCTIONS: &[Entry] = &[
         "delete",
         1,
         "delete(obj)",
-        "Delete one of the policy's own children."
+        "Delete one of the policy's own children, or an object `spec.deletes` lets it delete (its target included, where it names the target's kind)."
     ),
     entry!(
         Actions,
