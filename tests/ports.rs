@@ -189,3 +189,100 @@ async fn pod_lifetime() {
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }
+
+/// Kopf's children (`examples/02-children`): each example object gets a
+/// Pod, labelled as it is and owned by it, whose uid its status lists;
+/// deleting the example takes the Pod with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_pods() {
+    let c = Cluster::new("port-kids").await;
+    let crds: Api<kube::core::DynamicObject> =
+        Api::all_with(c.client.clone(), &cluster::crd_resource());
+    // The example's CRD, in a group of the test's own.
+    let group = format!("{}.kopf.dev", c.ns);
+    let mut crd: serde_json::Value = yaml_document(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/children-pods/crd.yaml"),
+        )
+        .unwrap(),
+    );
+    crd["metadata"]["name"] = json!(format!("kopfexamples.{group}"));
+    crd["spec"]["group"] = json!(group);
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    let resource =
+        runbook::kinds::KindRef::new(format!("{group}/v1"), "KopfExample").api_resource();
+    let examples: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &resource);
+    eventually("the KopfExample kind served", 60, || async {
+        examples.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    let files: Vec<(String, String)> = example_policy("children-pods")
+        .into_iter()
+        .map(|(k, v)| (k, v.replace("kopf.dev/v1", &format!("{group}/v1"))))
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let op = support::started(&c, &files).await;
+    let mut example: serde_json::Value = yaml_document(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/children-pods/example.yaml"),
+        )
+        .unwrap(),
+    );
+    example["apiVersion"] = json!(format!("{group}/v1"));
+    example["metadata"]["namespace"] = json!(c.ns);
+    examples
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(example).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = c.api();
+    eventually("the child's uid in the example's status", 30, || async {
+        let Some(pod) = pods.get_opt("kopf-example-1").await.unwrap() else {
+            return false;
+        };
+        let ex = examples.get("kopf-example-1").await.unwrap();
+        ex.data["status"]["children"] == json!([pod.metadata.uid])
+    })
+    .await;
+    let pod = pods.get("kopf-example-1").await.unwrap();
+    assert_eq!(
+        pod.metadata
+            .labels
+            .unwrap_or_default()
+            .get("somelabel")
+            .map(String::as_str),
+        Some("somevalue")
+    );
+    let env = &pod.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()[0];
+    assert_eq!(
+        (env.name.as_str(), env.value.as_deref()),
+        ("FIELD", Some("value"))
+    );
+    examples
+        .delete("kopf-example-1", &Default::default())
+        .await
+        .unwrap();
+    eventually("the Pod gone with its example", 60, || async {
+        pods.get_opt("kopf-example-1")
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}

@@ -212,11 +212,19 @@ impl ObjectView for Tracking {
         self.sources.owned_by(kind, namespace, uid)
     }
 
-    // Children report their own changes through their owner references.
+    // Children report their own changes through their owner references;
+    // that the decision read them is noted, so that its own apply of one
+    // coming back wakes it too (it now sees the child it made).
     fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
+        self.note(kind, namespace, Some(CHILDREN), false);
         self.sources.owned_by(kind, namespace, uid)
     }
 }
+
+/// The name under which a read of a target's children of a kind is
+/// noted: no object has it (names cannot hold a NUL), so it matches no
+/// read of an object by name.
+pub const CHILDREN: &str = "\u{0}children";
 
 /// Which targets read which objects: for each target, what the last
 /// decision of each of its policies looked up (two teams' policies on one
@@ -322,6 +330,19 @@ impl Dependencies {
         if targets.is_empty() {
             self.readers.remove(key);
         }
+    }
+
+    /// Whether the last decision of a policy on `target` read its children
+    /// of `kind` (see [`CHILDREN`]).
+    pub fn reads_children(&self, target: &TargetKey, kind: &KindRef) -> bool {
+        let key = AccessKey {
+            kind: kind.clone(),
+            namespace: target.namespace.clone(),
+            name: Some(CHILDREN.to_string()),
+        };
+        self.readers
+            .get(&key)
+            .is_some_and(|targets| targets.contains_key(target))
     }
 
     /// Targets that read this object, by name or by listing its namespace.

@@ -728,20 +728,25 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
         let mut keys: Vec<TargetKey> = Vec::new();
         // A child's own apply coming back changes nothing its owner's
         // decision did not read (it is what the decision asked for): its
-        // owner is not woken for it, only what read it.
+        // owner is not woken for it unless the decision read its children
+        // of that kind (it now sees one it did not), only what read it.
         let child = act::ChildKey::new(&ch.kind, &ch.namespace, &ch.name);
         let own_apply = ctx.memory.applied.seen(&child, ch.version.as_deref());
         if own_apply {
-            tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is not woken for it");
+            tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is woken only if it read its children");
         }
-        for o in ch.owners.iter().filter(|_| !own_apply) {
+        for o in &ch.owners {
             let k = KindRef::new(&o.api_version, &o.kind);
-            if targets.contains(&k) {
-                keys.push(TargetKey {
-                    kind: k,
-                    namespace: ch.namespace.clone(),
-                    name: o.name.clone(),
-                });
+            if !targets.contains(&k) {
+                continue;
+            }
+            let owner = TargetKey {
+                kind: k,
+                namespace: ch.namespace.clone(),
+                name: o.name.clone(),
+            };
+            if !own_apply || lock(&ctx.memory.deps).reads_children(&owner, &ch.kind) {
+                keys.push(owner);
             }
         }
         keys.extend(lock(&ctx.memory.deps).readers_of(&ch.kind, &ch.namespace, &ch.name));
