@@ -57,33 +57,14 @@ pub(super) fn load_policy(
     };
     let limits = compile_limits(cx, file, &node, &spec.limits);
     let params = params_of(cx, file, &node, spec);
-    let selector = match &spec.selector {
-        Some(sel) => selector_of(
-            cx,
-            file,
-            &node,
-            ("selector", "matchLabels"),
-            &sel.match_labels,
-            &sel.match_expressions,
-        ),
-        None => Selector::default(),
-    };
+    let selector = label_selector(cx, file, &node, "selector", spec.selector.as_ref());
     let deletes = spec
         .deletes
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let selector = match &d.selector {
-                Some(sel) => selector_of(
-                    cx,
-                    file,
-                    &node,
-                    (&format!("deletes[{i}].selector"), "matchLabels"),
-                    &sel.match_labels,
-                    &sel.match_expressions,
-                ),
-                None => Selector::default(),
-            };
+            let field = format!("deletes[{i}].selector");
+            let selector = label_selector(cx, file, &node, &field, d.selector.as_ref());
             (d.kind_ref(), selector)
         })
         .collect();
@@ -369,6 +350,27 @@ fn params_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Value 
     params
 }
 
+/// A LabelSelector at `spec.<field>` (none: everything).
+fn label_selector(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    field: &str,
+    sel: Option<&crate::policy::model::LabelSelectorSpec>,
+) -> Selector {
+    match sel {
+        Some(sel) => selector_of(
+            cx,
+            file,
+            node,
+            (field, "matchLabels"),
+            &sel.match_labels,
+            &sel.match_expressions,
+        ),
+        None => Selector::default(),
+    }
+}
+
 /// `spec.selector` (a LabelSelector: its keys and values as labels
 /// allow) or `spec.annotationSelector` (its keys as annotations allow, any
 /// value): each expression's operator and values as the API server wants
@@ -383,7 +385,7 @@ fn selector_of(
 ) -> Selector {
     use crate::labels::Requirement;
     let (field, map) = names;
-    let labels = field == "selector";
+    let labels = map == "matchLabels";
     let check_value = |v: &str| {
         if labels {
             crate::labels::check_value(v)
@@ -578,6 +580,22 @@ mod tests {
             errors.iter().any(
                 |e| e.starts_with("p.yaml:8:24: spec.annotationSelector.matchExpressions[0]: ")
             ),
+            "{errors:?}"
+        );
+    }
+
+    /// `spec.deletes` selectors are label selectors: their values are
+    /// checked as labels are.
+    #[test]
+    fn a_deletes_selector_checks_label_values() {
+        let text = format!(
+            "{HEAD}  script: p.rhai\n  deletes:\n    - {{apiVersion: v1, kind: Pod, selector: {{matchLabels: {{tier: 'not a label value!'}}}}}}\n"
+        );
+        let errors = errors_of(&text);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("spec.deletes[0].selector.matchLabels: ")),
             "{errors:?}"
         );
     }
