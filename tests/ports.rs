@@ -5,6 +5,8 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/kubelet.rs"]
+mod kubelet;
 #[path = "support/operator.rs"]
 mod support;
 
@@ -45,6 +47,57 @@ fn example_object<T: serde::de::DeserializeOwned>(example: &str, file: &str, ns:
     let mut v = yaml_document(&text);
     v["metadata"]["namespace"] = json!(ns);
     serde_json::from_value(v).unwrap()
+}
+
+/// An example's CRD installed in a group of the test's own
+/// (`<namespace>.<group>`), once served: the group and an API of the kind
+/// in the test's namespace.
+async fn example_crd(
+    c: &Cluster,
+    example: &str,
+    group: &str,
+) -> (String, Api<kube::core::DynamicObject>) {
+    let crds: Api<kube::core::DynamicObject> =
+        Api::all_with(c.client.clone(), &cluster::crd_resource());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(example)
+        .join("crd.yaml");
+    let mut crd = yaml_document(&std::fs::read_to_string(path).unwrap());
+    let ours = format!("{}.{group}", c.ns);
+    let plural = crd["spec"]["names"]["plural"].as_str().unwrap().to_string();
+    let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+    crd["metadata"]["name"] = json!(format!("{plural}.{ours}"));
+    crd["spec"]["group"] = json!(ours);
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    let resource = runbook::kinds::KindRef::new(format!("{ours}/v1"), kind).api_resource();
+    let api: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &resource);
+    eventually("the example's kind served", 60, || async {
+        api.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    (ours, api)
+}
+
+/// An example's object file as JSON, in the test's namespace, its group
+/// `group.0` replaced with `group.1`.
+fn example_json(c: &Cluster, example: &str, file: &str, group: (&str, &str)) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(example)
+        .join(file);
+    let text = std::fs::read_to_string(path)
+        .unwrap()
+        .replace(group.0, group.1);
+    let mut v = yaml_document(&text);
+    v["metadata"]["namespace"] = json!(c.ns);
+    v
 }
 
 /// One YAML document as JSON, through Runbook's own YAML reader.
@@ -196,32 +249,7 @@ async fn pod_lifetime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_pods() {
     let c = Cluster::new("port-kids").await;
-    let crds: Api<kube::core::DynamicObject> =
-        Api::all_with(c.client.clone(), &cluster::crd_resource());
-    // The example's CRD, in a group of the test's own.
-    let group = format!("{}.kopf.dev", c.ns);
-    let mut crd: serde_json::Value = yaml_document(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/children-pods/crd.yaml"),
-        )
-        .unwrap(),
-    );
-    crd["metadata"]["name"] = json!(format!("kopfexamples.{group}"));
-    crd["spec"]["group"] = json!(group);
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(crd).unwrap(),
-    )
-    .await
-    .unwrap();
-    let resource =
-        runbook::kinds::KindRef::new(format!("{group}/v1"), "KopfExample").api_resource();
-    let examples: Api<kube::core::DynamicObject> =
-        Api::namespaced_with(c.client.clone(), &c.ns, &resource);
-    eventually("the KopfExample kind served", 60, || async {
-        examples.list(&Default::default()).await.is_ok()
-    })
-    .await;
+    let (group, examples) = example_crd(&c, "children-pods", "kopf.dev").await;
     let files: Vec<(String, String)> = example_policy("children-pods")
         .into_iter()
         .map(|(k, v)| (k, v.replace("kopf.dev/v1", &format!("{group}/v1"))))
@@ -231,14 +259,7 @@ async fn children_pods() {
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let op = support::started(&c, &files).await;
-    let mut example: serde_json::Value = yaml_document(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/children-pods/example.yaml"),
-        )
-        .unwrap(),
-    );
-    example["apiVersion"] = json!(format!("{group}/v1"));
-    example["metadata"]["namespace"] = json!(c.ns);
+    let example = example_json(&c, "children-pods", "example.yaml", ("kopf.dev", &group));
     examples
         .create(
             &PostParams::default(),
@@ -281,6 +302,97 @@ async fn children_pods() {
             .await
             .unwrap()
             .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+/// Metacontroller's CatSet: Pods made in order, each once the ones before
+/// it are Ready; scaled up, then down (the highest first, its volume
+/// kept); deleted, scaled to zero before it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catset() {
+    let c = Cluster::new("port-catset").await;
+    let (group, catsets) = example_crd(&c, "catset", "catset.example.com").await;
+    let files: Vec<(String, String)> = example_policy("catset")
+        .into_iter()
+        .map(|(k, v)| (k, v.replace("catset.example.com", &group)))
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let kubelet = kubelet::Kubelet::start(&c);
+    kubelet.ready("nginx-backend-");
+    let op = support::started(&c, &files).await;
+    let cs = example_json(
+        &c,
+        "catset",
+        "nginx-backend.yaml",
+        ("catset.example.com", &group),
+    );
+    catsets
+        .create(&PostParams::default(), &serde_json::from_value(cs).unwrap())
+        .await
+        .unwrap();
+    let status = |field: &'static str| {
+        let catsets = catsets.clone();
+        async move {
+            catsets
+                .get_opt("nginx-backend")
+                .await
+                .unwrap()
+                .map(|o| o.data["status"][field].clone())
+        }
+    };
+    eventually("3 Pods Ready", 60, || async {
+        status("readyReplicas").await == Some(json!(3))
+    })
+    .await;
+    let scale = |n: i64| {
+        let catsets = catsets.clone();
+        async move {
+            catsets
+                .patch(
+                    "nginx-backend",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": n}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    scale(4).await;
+    eventually("4 Pods Ready", 60, || async {
+        status("readyReplicas").await == Some(json!(4))
+    })
+    .await;
+    scale(2).await;
+    let pods: Api<Pod> = c.api();
+    eventually("2 Pods, the highest gone", 60, || async {
+        status("replicas").await == Some(json!(2))
+            && status("readyReplicas").await == Some(json!(2))
+            && pods.get_opt("nginx-backend-3").await.unwrap().is_none()
+            && pods.get_opt("nginx-backend-2").await.unwrap().is_none()
+    })
+    .await;
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = c.api();
+    assert!(
+        claims
+            .get_opt("www-nginx-backend-3")
+            .await
+            .unwrap()
+            .is_some(),
+        "a scaled-down Pod's volume is kept"
+    );
+    catsets
+        .delete("nginx-backend", &Default::default())
+        .await
+        .unwrap();
+    eventually("scaled to zero, then gone", 60, || async {
+        catsets.get_opt("nginx-backend").await.unwrap().is_none()
+            && pods.get_opt("nginx-backend-0").await.unwrap().is_none()
     })
     .await;
     op.shutdown(std::time::Duration::from_secs(5)).await;
