@@ -19,34 +19,40 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// The files of an example's `policy` folder.
-fn example_policy(example: &str) -> Vec<(String, String)> {
+/// A file of an example, as text.
+fn example_file(example: &str, file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(example)
+        .join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// An operator running an example's `policy` folder, each file's text
+/// passed through `edit` (a group of the test's own, a shorter time).
+async fn start_example(
+    c: &Cluster,
+    example: &str,
+    edit: impl Fn(String) -> String,
+) -> std::sync::Arc<runbook::runtime::Operator> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples")
         .join(example)
         .join("policy");
     let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .map(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().to_string();
-            (name, std::fs::read_to_string(&p).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .map(|name| {
+            let text = example_file(example, &format!("policy/{name}"));
+            (name, edit(text))
         })
         .collect();
     files.sort();
-    files
-}
-
-/// An example's object file, in the test's namespace.
-fn example_object<T: serde::de::DeserializeOwned>(example: &str, file: &str, ns: &str) -> T {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(example)
-        .join(file);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let mut v = yaml_document(&text);
-    v["metadata"]["namespace"] = json!(ns);
-    serde_json::from_value(v).unwrap()
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    support::started(c, &files).await
 }
 
 /// An example's CRD installed in a group of the test's own
@@ -59,11 +65,7 @@ async fn example_crd(
 ) -> (String, Api<kube::core::DynamicObject>) {
     let crds: Api<kube::core::DynamicObject> =
         Api::all_with(c.client.clone(), &cluster::crd_resource());
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(example)
-        .join("crd.yaml");
-    let mut crd = yaml_document(&std::fs::read_to_string(path).unwrap());
+    let mut crd = yaml_document(&example_file(example, "crd.yaml"));
     let ours = format!("{}.{group}", c.ns);
     let plural = crd["spec"]["names"]["plural"].as_str().unwrap().to_string();
     let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
@@ -86,15 +88,17 @@ async fn example_crd(
 }
 
 /// An example's object file as JSON, in the test's namespace, its group
-/// `group.0` replaced with `group.1`.
-fn example_json(c: &Cluster, example: &str, file: &str, group: (&str, &str)) -> serde_json::Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(example)
-        .join(file);
-    let text = std::fs::read_to_string(path)
-        .unwrap()
-        .replace(group.0, group.1);
+/// `group.0` replaced with `group.1` where one is given.
+fn example_json(
+    c: &Cluster,
+    example: &str,
+    file: &str,
+    group: Option<(&str, &str)>,
+) -> serde_json::Value {
+    let mut text = example_file(example, file);
+    if let Some((from, to)) = group {
+        text = text.replace(from, to);
+    }
     let mut v = yaml_document(&text);
     v["metadata"]["namespace"] = json!(c.ns);
     v
@@ -116,17 +120,18 @@ fn yaml_document(text: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_per_pod() {
     let c = Cluster::new("port-spp").await;
-    let files = example_policy("service-per-pod");
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let op = support::started(&c, &files).await;
+    let op = start_example(&c, "service-per-pod", |t| t).await;
     let sets: Api<StatefulSet> = c.api();
     let services: Api<Service> = c.api();
     sets.create(
         &PostParams::default(),
-        &example_object("service-per-pod", "statefulset.yaml", &c.ns),
+        &serde_json::from_value(example_json(
+            &c,
+            "service-per-pod",
+            "statefulset.yaml",
+            None,
+        ))
+        .unwrap(),
     )
     .await
     .unwrap();
@@ -201,14 +206,6 @@ async fn service_per_pod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_lifetime() {
     let c = Cluster::new("port-ttl").await;
-    let files: Vec<(String, String)> = example_policy("pod-lifetime")
-        .into_iter()
-        .map(|(k, v)| (k, v.replace("lifetime: 30s", "lifetime: 2s")))
-        .collect();
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
     let pods: Api<Pod> = c.api();
     let pod = |name: &str| -> Pod {
         serde_json::from_value(json!({"metadata": {"name": name},
@@ -217,7 +214,10 @@ async fn pod_lifetime() {
     };
     // Made once Runbook runs, so that its authorship webhook records who
     // made them: a Pod is deleted for its author, who may delete it.
-    let op = support::started(&c, &files).await;
+    let op = start_example(&c, "pod-lifetime", |t| {
+        t.replace("lifetime: 30s", "lifetime: 2s")
+    })
+    .await;
     pods.create(&PostParams::default(), &pod("web-1"))
         .await
         .unwrap();
@@ -250,16 +250,16 @@ async fn pod_lifetime() {
 async fn children_pods() {
     let c = Cluster::new("port-kids").await;
     let (group, examples) = example_crd(&c, "children-pods", "kopf.dev").await;
-    let files: Vec<(String, String)> = example_policy("children-pods")
-        .into_iter()
-        .map(|(k, v)| (k, v.replace("kopf.dev/v1", &format!("{group}/v1"))))
-        .collect();
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let op = support::started(&c, &files).await;
-    let example = example_json(&c, "children-pods", "example.yaml", ("kopf.dev", &group));
+    let op = start_example(&c, "children-pods", |t| {
+        t.replace("kopf.dev/v1", &format!("{group}/v1"))
+    })
+    .await;
+    let example = example_json(
+        &c,
+        "children-pods",
+        "example.yaml",
+        Some(("kopf.dev", &group)),
+    );
     examples
         .create(
             &PostParams::default(),
@@ -315,22 +315,14 @@ async fn children_pods() {
 async fn catset() {
     let c = Cluster::new("port-catset").await;
     let (group, catsets) = example_crd(&c, "catset", "catset.example.com").await;
-    let files: Vec<(String, String)> = example_policy("catset")
-        .into_iter()
-        .map(|(k, v)| (k, v.replace("catset.example.com", &group)))
-        .collect();
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
     let kubelet = kubelet::Kubelet::start(&c);
     kubelet.ready("nginx-backend-");
-    let op = support::started(&c, &files).await;
+    let op = start_example(&c, "catset", |t| t.replace("catset.example.com", &group)).await;
     let cs = example_json(
         &c,
         "catset",
         "nginx-backend.yaml",
-        ("catset.example.com", &group),
+        Some(("catset.example.com", &group)),
     );
     catsets
         .create(&PostParams::default(), &serde_json::from_value(cs).unwrap())

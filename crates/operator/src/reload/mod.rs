@@ -506,15 +506,13 @@ impl Reloader {
                 .await
                 .map_err(Refusal::cluster)?;
         }
-        let mut notes: Vec<String> = names
+        Ok(names
             .iter()
             .filter(|n| !kept.policies.contains_key(*n))
             .map(|n| {
                 format!("policy {n} stays set aside until the API server serves the kinds it names")
             })
-            .collect();
-        notes.extend(dropped_status_places(op, candidate).await);
-        Ok(notes)
+            .collect())
     }
 
     /// Note a refused version of a bundle: log it and put an Event on its
@@ -954,10 +952,16 @@ impl PolicyCheck for AdmissionCheck {
     fn check(&self, bundle: Bundle) -> futures::future::BoxFuture<'_, Verdict> {
         Box::pin(async move {
             match self.reloader.check(bundle, Some(&self.op)).await {
-                Ok((_, notes)) => Verdict {
-                    errors: Vec::new(),
-                    warnings: notes,
-                },
+                // What the served schemas would drop is told here only:
+                // a load makes nothing of notes, and would ask for the
+                // schemas on every edit.
+                Ok((loaded, mut notes)) => {
+                    notes.extend(dropped_status_places(&self.op, &loaded).await);
+                    Verdict {
+                        errors: Vec::new(),
+                        warnings: notes,
+                    }
+                }
                 Err(refusal) => Verdict {
                     errors: refusal.errors,
                     warnings: Vec::new(),
