@@ -390,3 +390,101 @@ async fn catset() {
     op.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }
+
+/// shell-operator's schedule hook (`examples/103-schedule`): each
+/// binding of one hook runs on its own crontab, its times kept under its
+/// name, and each run is told by an Event naming the binding. The crons
+/// are shortened to every second and every two seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_hooks() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Event};
+    use kube::core::DynamicObject;
+    let c = Cluster::new("port-cron").await;
+    let op = start_example(&c, "schedule-hooks", |t| {
+        t.replace("*/5 * * * * *", "*/1 * * * * *")
+            .replace("*/10 * * * * *", "*/2 * * * * *")
+    })
+    .await;
+    let maps: Api<ConfigMap> = c.api();
+    let hook = |name: &str, labelled: bool| -> ConfigMap {
+        let labels = if labelled {
+            json!({"hooks.example.com/binding": "schedule"})
+        } else {
+            json!({})
+        };
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+    };
+    maps.create(&PostParams::default(), &hook("schedule-hook", true))
+        .await
+        .unwrap();
+    maps.create(&PostParams::default(), &hook("no-binding", false))
+        .await
+        .unwrap();
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    let times = || async {
+        let state = states.get_opt("configmap.schedule-hook").await.unwrap();
+        state.map(|s| s.data["status"]["schedules"].clone())
+    };
+    // Every second's binding runs again and again, each run at a whole
+    // second; the two-second one only on even seconds; the five-minute one
+    // is waiting for its time.
+    let runs = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    eventually("three runs of the every-second binding", 30, || async {
+        let s = times().await;
+        let mut runs = runs.lock().unwrap();
+        if let Some(s) = s
+            && let Some(last) = s["every 5 sec"]["lastRunTime"].as_str()
+        {
+            runs.insert(last.to_string());
+        }
+        runs.len() >= 3
+    })
+    .await;
+    let s = times().await.unwrap();
+    let even = s["every 10 sec"]["lastRunTime"]
+        .as_str()
+        .unwrap_or_default();
+    let second: u32 = even.get(17..19).and_then(|n| n.parse().ok()).unwrap_or(1);
+    assert_eq!(second % 2, 0, "{s}");
+    let next_five = s["every 5 min"]["nextRunTime"].as_str().unwrap_or_default();
+    assert!(
+        next_five.ends_with(":00Z") && next_five[14..16].parse::<u32>().unwrap() % 5 == 0,
+        "{s}"
+    );
+    // Each run is told by an Event naming its binding, on the hook only.
+    let events: Api<Event> = c.api();
+    let listed = events.list(&Default::default()).await.unwrap();
+    let on = |name: &str| -> Vec<String> {
+        listed
+            .items
+            .iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .filter(|e| e.reason.as_deref() == Some("Schedule"))
+            .filter_map(|e| e.message.clone())
+            .collect()
+    };
+    for binding in ["every 5 sec", "every 10 sec"] {
+        let want = format!(
+            "Message from 'schedule' hook with 6 fields crontab: [{{\"binding\":\"{binding}\"}}]"
+        );
+        assert!(
+            on("schedule-hook").contains(&want),
+            "{:?}",
+            on("schedule-hook")
+        );
+    }
+    assert!(on("no-binding").is_empty());
+    assert!(
+        states
+            .get_opt("configmap.no-binding")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}

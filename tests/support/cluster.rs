@@ -218,12 +218,24 @@ async fn install_state_crd(client: &Client, ns: &str) {
     let crd: DynamicObject =
         serde_json::from_value(serde_json::to_value(runbook::crd::state::crd()).unwrap()).unwrap();
     let name = crd.metadata.name.clone().unwrap_or_default();
-    if crds.get_opt(&name).await.ok().flatten().is_none() {
-        match crds.create(&PostParams::default(), &crd).await {
+    match crds.get_opt(&name).await.ok().flatten() {
+        None => match crds.create(&PostParams::default(), &crd).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => panic!("installing {name}: {e}"),
+        },
+        // One an earlier build installed on a kept cluster is upgraded,
+        // as an install's `kubectl apply -f crds/` would.
+        Some(old) if old.data["spec"]["versions"] != crd.data["spec"]["versions"] => {
+            let mut new = crd.clone();
+            new.metadata.resource_version = old.metadata.resource_version.clone();
+            match crds.replace(&name, &PostParams::default(), &new).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => panic!("upgrading {name}: {e}"),
+            }
         }
+        Some(_) => {}
     }
     let states: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),

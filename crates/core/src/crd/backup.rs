@@ -8,8 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
-    DecisionRecord, EnvValue, Resources, StepStatus, conditions_schema, decisions_schema,
-    optional_cron_schema,
+    DecisionRecord, EnvValue, Resources, ScheduleTimes, StepStatus, conditions_schema,
+    decisions_schema, optional_cron_schema,
 };
 
 /// An ordered, resumable database backup.
@@ -120,6 +120,9 @@ pub struct DatabaseBackupStatus {
     pub last_run_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_run_time: Option<String>,
+    /// The times of each of a policy's named schedules, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schedules: BTreeMap<String, ScheduleTimes>,
     /// Completed runs, newest last (scheduled backups).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<String>,

@@ -298,6 +298,19 @@ pub enum StepState {
     Failed,
 }
 
+/// The times of one of a policy's named schedules
+/// (`status.schedules.<name>`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleTimes {
+    /// The fire time of the schedule's latest run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run_time: Option<String>,
+    /// Its next fire time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run_time: Option<String>,
+}
+
 /// Progress of one declarative step, kept in the target's status so a
 /// restarted operator resumes where it stopped.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

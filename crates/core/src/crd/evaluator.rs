@@ -8,7 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
-    DecisionRecord, EnvValue, Resources, conditions_schema, cron_schema, decisions_schema,
+    DecisionRecord, EnvValue, Resources, ScheduleTimes, conditions_schema, cron_schema,
+    decisions_schema,
 };
 
 fn default_schedule() -> String {
@@ -122,6 +123,9 @@ pub struct EvaluatorStatus {
     pub last_run_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_run_time: Option<String>,
+    /// The times of each of a policy's named schedules, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schedules: BTreeMap<String, ScheduleTimes>,
     /// Name of the benchmark Job of the run in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_run: Option<String>,

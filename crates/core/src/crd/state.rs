@@ -10,13 +10,17 @@
 //! fields in their status and keep them there: one status write per
 //! decision, as before.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube_core::CustomResourceExt;
 use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{DecisionRecord, StepStatus, conditions_schema, decisions_schema};
+use super::common::{
+    DecisionRecord, ScheduleTimes, StepStatus, conditions_schema, decisions_schema,
+};
 
 /// What Runbook keeps of one target.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -87,6 +91,9 @@ pub struct RunbookStateStatus {
     pub last_run_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_run_time: Option<String>,
+    /// The times of each of a policy's named schedules, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schedules: BTreeMap<String, ScheduleTimes>,
     /// Progress of a policy's declarative steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,

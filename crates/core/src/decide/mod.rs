@@ -18,7 +18,7 @@ use crate::policy::limits::{Recent, Verb};
 use crate::policy::model::Mode;
 use crate::schedule::Schedule;
 use crate::script::action::{Action, ActionValue};
-use crate::script::ctx::{Ctx, CtxData, Timely};
+use crate::script::ctx::{Ctx, CtxData, Timely, Times};
 use crate::script::engine::ScriptEngine;
 use crate::script::error::ScriptError;
 use crate::script::obj::TargetReads;
@@ -88,9 +88,37 @@ impl DecideError {
     }
 }
 
-/// Where the schedule stands for one target.
+/// Where a policy's schedules stand for one target: each schedule's own
+/// state (one, unnamed, for `spec.schedule`), and their sum.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScheduleState {
+    /// Whether any schedule fired.
+    pub due: bool,
+    /// The latest fire time this reconcile runs for (when due).
+    pub fire: Option<Timestamp>,
+    /// The latest run of any schedule.
+    pub last: Option<Timestamp>,
+    /// The earliest next fire time of any schedule.
+    pub next: Option<Timestamp>,
+    /// Each schedule's state, in the policy's order.
+    pub timers: Vec<TimerState>,
+}
+
+impl ScheduleState {
+    /// The names of the named schedules that fired.
+    pub fn fired(&self) -> Vec<String> {
+        self.timers
+            .iter()
+            .filter(|t| t.due)
+            .filter_map(|t| t.name.clone())
+            .collect()
+    }
+}
+
+/// Where one schedule stands for one target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimerState {
+    pub name: Option<String>,
     pub due: bool,
     /// The fire time this reconcile runs for (when due).
     pub fire: Option<Timestamp>,
@@ -132,47 +160,21 @@ fn status_time(target: &Value, key: &str) -> Option<Timestamp> {
         .and_then(time::parse)
 }
 
-/// Compute the schedule state: due when a fire time passed since the last
-/// run (or there was never a run). However many fire times were missed,
-/// the run happens once.
+/// Compute the schedule state: a schedule is due when a fire time passed
+/// since its last run (or there was never a run). However many fire times
+/// were missed, the run happens once. `None`: the policy has no schedule,
+/// or none applies to this target (no expression in its field and no
+/// default).
 pub fn schedule_state(
     policy: &CompiledPolicy,
     target: &Value,
     now: Timestamp,
 ) -> Result<Option<ScheduleState>, DecideError> {
-    let Some(source) = &policy.schedule else {
-        return Ok(None);
-    };
-    let parsed;
-    let schedule: &Schedule = match source {
-        ScheduleSource::Fixed(s) => s,
-        ScheduleSource::FromField {
-            path,
-            default,
-            parsed: known,
-        } => {
-            match field(target, path).and_then(Value::as_str) {
-                Some(expr) => {
-                    parsed = known.get(expr).map_err(|message| DecideError::Schedule {
-                        policy: policy.name.clone(),
-                        message: format!("{}: {message}", path.join(".")),
-                    })?;
-                    &parsed
-                }
-                // No expression and no default: this target is not scheduled.
-                None => match default {
-                    Some(d) => d,
-                    None => return Ok(None),
-                },
-            }
-        }
-    };
     let suspended = target
         .get("spec")
         .and_then(|s| s.get("suspend"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let last = status_time(target, "lastRunTime");
     // The first run belongs to the target's creation, not to "now": a
     // reconcile that sees a stale cache then names the same run.
     let created = target
@@ -182,28 +184,105 @@ pub fn schedule_state(
         .and_then(time::parse)
         .filter(|c| *c <= now)
         .unwrap_or(now);
-    let (due, fire) = match last {
-        _ if suspended => (false, None),
-        None if policy.first_run == crate::policy::model::FirstRun::Creation => {
-            (true, Some(created))
-        }
-        // The first fire time after the creation, once it has come.
-        None => match schedule.last_at_or_before(created, now) {
-            Some(f) => (true, Some(f)),
-            None => (false, None),
-        },
-        Some(last) => match schedule.last_at_or_before(last, now) {
-            Some(f) => (true, Some(f)),
-            None => (false, None),
-        },
-    };
-    let next = schedule.next_after(fire.unwrap_or(now).max(now));
+    let mut timers = Vec::new();
+    for timer in &policy.schedules {
+        let Some(schedule) = timer_schedule(policy, timer, target)? else {
+            continue;
+        };
+        let last = match &timer.name {
+            None => status_time(target, "lastRunTime"),
+            Some(name) => target
+                .pointer("/status/schedules")
+                .and_then(|s| s.get(name))
+                .and_then(|s| s.get("lastRunTime"))
+                .and_then(Value::as_str)
+                .and_then(time::parse),
+        };
+        let (due, fire) = match last {
+            _ if suspended => (false, None),
+            None if timer.first_run == crate::policy::model::FirstRun::Creation => {
+                (true, Some(created))
+            }
+            // The first fire time after the creation, once it has come.
+            None => match schedule.last_at_or_before(created, now) {
+                Some(f) => (true, Some(f)),
+                None => (false, None),
+            },
+            Some(last) => match schedule.last_at_or_before(last, now) {
+                Some(f) => (true, Some(f)),
+                None => (false, None),
+            },
+        };
+        let next = schedule.next_after(fire.unwrap_or(now).max(now));
+        timers.push(TimerState {
+            name: timer.name.clone(),
+            due,
+            fire,
+            last,
+            next,
+        });
+    }
+    if timers.is_empty() {
+        return Ok(None);
+    }
     Ok(Some(ScheduleState {
-        due,
-        fire,
-        last,
-        next,
+        due: timers.iter().any(|t| t.due),
+        fire: timers.iter().filter_map(|t| t.fire).max(),
+        last: timers.iter().filter_map(|t| t.last).max(),
+        next: timers.iter().filter_map(|t| t.next).min(),
+        timers,
     }))
+}
+
+/// The schedule one timer follows for this target; `None` when it reads
+/// the expression from a field the target leaves empty and has no default.
+fn timer_schedule<'a>(
+    policy: &CompiledPolicy,
+    timer: &'a crate::policy::compile::Timer,
+    target: &Value,
+) -> Result<Option<Picked<'a>>, DecideError> {
+    match &timer.source {
+        ScheduleSource::Fixed(s) => Ok(Some(Picked::Fixed(s))),
+        ScheduleSource::FromField {
+            path,
+            default,
+            parsed: known,
+        } => match field(target, path).and_then(Value::as_str) {
+            Some(expr) => known
+                .get(expr)
+                .map(|s| Some(Picked::Parsed(s)))
+                .map_err(|message| {
+                    let which = timer
+                        .name
+                        .as_ref()
+                        .map(|n| format!("{n}: "))
+                        .unwrap_or_default();
+                    DecideError::Schedule {
+                        policy: policy.name.clone(),
+                        message: format!("{which}{}: {message}", path.join(".")),
+                    }
+                }),
+            None => Ok(default.as_ref().map(Picked::Fixed)),
+        },
+    }
+}
+
+/// A schedule found for one target: the policy's own, or one parsed
+/// from the target's field.
+enum Picked<'a> {
+    Fixed(&'a Schedule),
+    Parsed(Arc<Schedule>),
+}
+
+impl std::ops::Deref for Picked<'_> {
+    type Target = Schedule;
+
+    fn deref(&self) -> &Schedule {
+        match self {
+            Picked::Fixed(s) => s,
+            Picked::Parsed(s) => s,
+        }
+    }
 }
 
 /// The hash of what a decision depends on that is the target's own: its
@@ -220,9 +299,9 @@ pub fn inputs_hash(
     use std::hash::Hasher;
     let mut h = Fnv64::resume(observed.target.own_hash());
     h.write(policy.version.as_bytes());
-    if let Some(s) = sched {
-        h.write_u8(s.due as u8);
-        h.write_i64(s.fire.map_or(0, |f| f.as_second()));
+    for t in sched.iter().flat_map(|s| &s.timers) {
+        h.write_u8(t.due as u8);
+        h.write_i64(t.fire.map_or(0, |f| f.as_second()));
     }
     format!("{:016x}", h.finish())
 }
@@ -328,10 +407,13 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         params: policy.params_dyn.clone(),
         timely: Timely::new(
             observed.now.as_second(),
-            sched.is_some_and(|s| s.due),
-            sched.and_then(|s| s.next).map(|t| t.as_second()),
-            sched.and_then(|s| s.last).map(|t| t.as_second()),
-            run,
+            Times {
+                due: sched.is_some_and(|s| s.due),
+                fired: sched.map(ScheduleState::fired).unwrap_or_default(),
+                next_run: sched.and_then(|s| s.next).map(|t| t.as_second()),
+                last_run: sched.and_then(|s| s.last).map(|t| t.as_second()),
+                run,
+            },
             limited,
         ),
         policy_name: policy.name.clone(),
@@ -467,6 +549,47 @@ fn plan(
         .collect()
 }
 
+/// The status a schedule keeps: `lastRunTime` (when it fired) and
+/// `nextRunTime`, at the top for `spec.schedule`, under
+/// `schedules.<name>` for named ones (every declared name, so the map is
+/// written whole and a schedule removed from the policy leaves it).
+fn schedule_fields(s: &ScheduleState, target: &Value) -> serde_json::Map<String, Value> {
+    let times = |t: &TimerState, out: &mut serde_json::Map<String, Value>| {
+        if t.due
+            && let Some(f) = t.fire
+        {
+            out.insert("lastRunTime".into(), Value::String(time::format(f)));
+        }
+        if let Some(n) = t.next {
+            out.insert("nextRunTime".into(), Value::String(time::format(n)));
+        }
+    };
+    let mut fields = serde_json::Map::new();
+    let mut named = serde_json::Map::new();
+    for t in &s.timers {
+        match &t.name {
+            None => times(t, &mut fields),
+            Some(name) => {
+                let mut entry = target
+                    .pointer("/status/schedules")
+                    .and_then(|m| m.get(name))
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                times(t, &mut entry);
+                named.insert(name.clone(), Value::Object(entry));
+            }
+        }
+    }
+    if !named.is_empty() {
+        fields.insert(
+            crate::policy::claim::NAMED_SCHEDULE_FIELD.into(),
+            Value::Object(named),
+        );
+    }
+    fields
+}
+
 fn finish(
     policy: &CompiledPolicy,
     observed: &Observed,
@@ -476,14 +599,8 @@ fn finish(
 ) -> Decision {
     let now = observed.now;
     if let Some(s) = &sched {
-        let mut fields = serde_json::Map::new();
-        if s.due
-            && let Some(f) = s.fire
-        {
-            fields.insert("lastRunTime".into(), Value::String(time::format(f)));
-        }
+        let fields = schedule_fields(s, observed.target.value());
         if let Some(n) = s.next {
-            fields.insert("nextRunTime".into(), Value::String(time::format(n)));
             let wait = (n.as_millisecond() - now.as_millisecond()).max(1);
             requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
         }
@@ -587,6 +704,86 @@ pub fn finalize(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Named schedules keep their own times: each fires on its own cron,
+    /// `fired` names those due, and the status keeps every name's times.
+    #[test]
+    fn named_schedules_fire_on_their_own_times() {
+        let yaml = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  schedules:\n    - {name: every 1 min, cron: '*/1 * * * *', firstRun: schedule}\n    - {name: every 5 min, cron: '*/5 * * * *', firstRun: schedule}\n  script: p.rhai\n";
+        let loaded = crate::policy::compile::tests::load(&[
+            ("p.yaml", yaml),
+            ("p.rhai", "fn reconcile(ctx) { [] }"),
+        ]);
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        let p = loaded.policies.into_iter().next().unwrap();
+        let at = |t: &str| -> Timestamp { t.parse().unwrap() };
+        let mut target =
+            serde_json::json!({"metadata": {"creationTimestamp": "2026-11-29T10:00:30Z"}});
+        // 10:01: only the minute schedule fired.
+        let s = schedule_state(&p, &target, at("2026-11-29T10:01:10Z"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.fired(), ["every 1 min"]);
+        assert_eq!(s.next, Some(at("2026-11-29T10:02:00Z")));
+        let fields = schedule_fields(&s, &target);
+        assert_eq!(
+            fields["schedules"],
+            serde_json::json!({
+                "every 1 min": {"lastRunTime": "2026-11-29T10:01:00Z", "nextRunTime": "2026-11-29T10:02:00Z"},
+                "every 5 min": {"nextRunTime": "2026-11-29T10:05:00Z"},
+            })
+        );
+        assert!(fields.get("lastRunTime").is_none(), "{fields:?}");
+        target["status"] = Value::Object(fields);
+        // Not again within the minute.
+        let s = schedule_state(&p, &target, at("2026-11-29T10:01:50Z"))
+            .unwrap()
+            .unwrap();
+        assert!(!s.due && s.fired().is_empty(), "{s:?}");
+        // 10:05 (two minutes missed): both fire, each once.
+        let s = schedule_state(&p, &target, at("2026-11-29T10:05:02Z"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.fired(), ["every 1 min", "every 5 min"]);
+        assert_eq!(s.fire, Some(at("2026-11-29T10:05:00Z")));
+    }
+
+    #[test]
+    fn named_schedules_are_checked_where_they_are_written() {
+        let load = |schedules: &str| {
+            let yaml = format!(
+                "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: p}}\nspec:\n  target: {{apiVersion: v1, kind: ConfigMap}}\n{schedules}  script: p.rhai\n"
+            );
+            crate::policy::compile::tests::load(&[
+                ("p.yaml", &yaml),
+                ("p.rhai", "fn reconcile(ctx) { [] }"),
+            ])
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            load(
+                "  schedules:\n    - {name: a, cron: '@hourly'}\n    - {name: a, cron: '@daily'}\n"
+            ),
+            ["test/p.yaml:8:7: spec.schedules[1].name: \"a\" names two schedules"]
+        );
+        assert_eq!(
+            load("  schedules:\n    - {name: a, cron: 'every day'}\n"),
+            [
+                "test/p.yaml:7:7: spec.schedules[0]: schedule \"every day\" has 2 fields; want 5 (minute hour day month weekday) or 6 (seconds first)"
+            ]
+        );
+        assert_eq!(
+            load("  schedule: {cron: '@hourly'}\n  schedules:\n    - {name: a, cron: '@daily'}\n"),
+            ["test/p.yaml:8:5: spec.schedules: give schedule or schedules, not both"]
+        );
+        assert_eq!(
+            load("  schedules:\n    - {name: '', cron: '@daily'}\n"),
+            ["test/p.yaml:7:7: spec.schedules[0].name: give each schedule a name"]
+        );
+    }
 
     /// A new target's first run: at its creation by default; with
     /// `firstRun: schedule`, at the first fire time after it.

@@ -18,8 +18,8 @@ use crate::kinds::KindRef;
 use crate::policy::claim::RUNBOOK_CONDITION;
 
 /// Status fields that are Runbook's bookkeeping, not the target's: the
-/// decision records and the schedule's times.
-pub const STATE_FIELDS: &[&str] = &["decisions", "lastRunTime", "nextRunTime"];
+/// decision records and the schedules' times.
+pub const STATE_FIELDS: &[&str] = &["decisions", "lastRunTime", "nextRunTime", "schedules"];
 
 /// The progress of a policy's declarative steps, Runbook's too for a
 /// policy with steps (a script's `phase` is the policy's own field).

@@ -15,6 +15,8 @@ pub const RUNBOOK_CONDITION: &str = "Degraded";
 
 /// The fields a schedule writes (the time of the run due, the next one).
 pub const SCHEDULE_FIELDS: &[&str] = &["lastRunTime", "nextRunTime"];
+/// Where named schedules keep their times: `status.schedules.<name>`.
+pub const NAMED_SCHEDULE_FIELD: &str = "schedules";
 
 /// One policy's claim on its targets' status.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -26,7 +26,7 @@ pub struct CtxData {
     pub kinds: Arc<DeclaredKinds>,
 }
 
-pub use timely::Timely;
+pub use timely::{Timely, Times};
 
 /// What a decision may know that changes with time rather than with its
 /// target: the clock, the schedule and the counts of the blast-radius
@@ -40,30 +40,35 @@ mod timely {
     pub struct Timely {
         now: i64,
         due: bool,
+        fired: Vec<String>,
         next_run: Option<i64>,
         last_run: Option<i64>,
         run: String,
         limited: Vec<String>,
     }
 
+    /// What a decision knows of its schedules: times in unix seconds.
+    pub struct Times {
+        pub due: bool,
+        /// The named schedules that fired.
+        pub fired: Vec<String>,
+        pub next_run: Option<i64>,
+        pub last_run: Option<i64>,
+        /// The current scheduled run (its fire time), or "once".
+        pub run: String,
+    }
+
     impl Timely {
-        /// `now`, `next_run` and `last_run` in unix seconds; `run` names
-        /// the current scheduled run (its fire time) or is "once";
-        /// `limited`: the verbs whose limit refuses one more action now.
-        pub fn new(
-            now: i64,
-            due: bool,
-            next_run: Option<i64>,
-            last_run: Option<i64>,
-            run: String,
-            limited: Vec<String>,
-        ) -> Self {
+        /// `now` in unix seconds; `limited`: the verbs whose limit refuses
+        /// one more action now.
+        pub fn new(now: i64, times: Times, limited: Vec<String>) -> Self {
             Self {
                 now,
-                due,
-                next_run,
-                last_run,
-                run,
+                due: times.due,
+                fired: times.fired,
+                next_run: times.next_run,
+                last_run: times.last_run,
+                run: times.run,
                 limited,
             }
         }
@@ -76,6 +81,11 @@ mod timely {
         pub fn due(&self) -> bool {
             note_clock();
             self.due
+        }
+
+        pub fn fired(&self) -> &[String] {
+            note_clock();
+            &self.fired
         }
 
         pub fn next_run(&self) -> Option<i64> {
@@ -251,6 +261,9 @@ fn register_properties(engine: &mut Engine) {
     engine.register_get("params", |c: &mut Ctx| c.0.params.clone());
     engine.register_get("now", |c: &mut Ctx| c.0.timely.now() as INT);
     engine.register_get("due", |c: &mut Ctx| c.0.timely.due());
+    engine.register_get("fired", |c: &mut Ctx| -> Array {
+        c.0.timely.fired().iter().map(|n| n.into()).collect()
+    });
     engine.register_get("next_run", |c: &mut Ctx| {
         c.0.timely
             .next_run()

@@ -598,14 +598,19 @@ async fn finish_status(
             w.observe(|| entry("ok").fields(set()));
             out.writes += 1;
             out.status_written = true;
-            // The answer lacks the record just written: this kind's status
-            // prunes Runbook's fields. What the decision concluded is kept
-            // apart at once (a schedule's times, the record), so nothing
-            // is decided twice for want of it.
-            let kept = |v: &Value| v.pointer("/status/decisions").is_some_and(|d| !d.is_null());
+            // The answer lacks one of Runbook's fields just written (the
+            // record, a schedule's times): this kind's status prunes them.
+            // What the decision concluded is kept apart at once, so
+            // nothing is decided twice for want of it.
+            let kept = |v: &Value| {
+                state::STATE_FIELDS.iter().all(|f| {
+                    end.status.get(*f).is_none_or(Value::is_null)
+                        || v.pointer(&format!("/status/{f}"))
+                            .is_some_and(|d| !d.is_null())
+                })
+            };
             tell_dropped(w, target, (patch, &after), out).await;
             if let Some((namespace, state_name)) = &x.state_at
-                && end.status.get("decisions").is_some()
                 && !kept(&after)
             {
                 out.pruned = true;

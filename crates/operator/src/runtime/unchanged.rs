@@ -110,7 +110,7 @@ pub(super) struct Made<'a> {
 /// fields alone.
 fn repeatable(p: &CompiledPolicy) -> bool {
     matches!(p.body, Body::Script { .. })
-        && p.schedule.is_none()
+        && p.schedules.is_empty()
         && Verb::ALL.iter().all(|v| p.limits.get(*v).is_none())
 }
 

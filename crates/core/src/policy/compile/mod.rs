@@ -71,6 +71,16 @@ pub enum ScheduleSource {
     },
 }
 
+/// One of a policy's schedules: `spec.schedule` (no name) or an entry
+/// of `spec.schedules`.
+#[derive(Clone, Debug)]
+pub struct Timer {
+    pub name: Option<String>,
+    pub source: ScheduleSource,
+    /// When a new target's first run of it is.
+    pub first_run: super::model::FirstRun,
+}
+
 /// One compiled declarative step.
 #[derive(Clone, Debug)]
 pub struct CompiledStep {
@@ -127,9 +137,8 @@ pub struct CompiledPolicy {
     /// it did not make them, each with the selector they must match.
     pub deletes: Vec<(KindRef, Selector)>,
     pub kinds: Arc<DeclaredKinds>,
-    pub schedule: Option<ScheduleSource>,
-    /// When a new target's first scheduled run is.
-    pub first_run: super::model::FirstRun,
+    /// `spec.schedule` alone, or the entries of `spec.schedules`.
+    pub schedules: Vec<Timer>,
     pub body: Body,
     pub params: Value,
     pub params_dyn: Dynamic,

@@ -2,7 +2,7 @@
 //! expressions and templates its steps are made of, each compiled once
 //! with its position in the file.
 
-use super::{Ctx, ScheduleSource, pos_at};
+use super::{Ctx, ScheduleSource, Timer, pos_at};
 use crate::kinds::KindRef;
 use crate::policy::claim::StatusClaim;
 use crate::policy::limits::{CircuitBreaker, CompiledLimits, RateLimit, Verb};
@@ -13,30 +13,96 @@ use crate::script::template::{Template, quote_offset};
 use crate::util::time::parse_duration_ms;
 use crate::util::yaml::{Node, Pos};
 
-pub(super) fn compile_schedule(
+/// `spec.schedule`, or each entry of `spec.schedules` with its name.
+pub(super) fn compile_schedules(
     cx: &mut Ctx,
     file: &str,
     node: &Node,
+    spec: &crate::policy::model::PolicySpec,
+) -> Vec<Timer> {
+    if let Some(s) = &spec.schedule {
+        if !spec.schedules.is_empty() {
+            let pos = pos_at(node, &["spec", "schedules"]);
+            cx.error(
+                file,
+                pos,
+                "spec.schedules: give schedule or schedules, not both",
+            );
+        }
+        let pos = pos_at(node, &["spec", "schedule"]);
+        return compile_schedule(cx, file, pos, "spec.schedule", s)
+            .map(|source| Timer {
+                name: None,
+                source,
+                first_run: s.first_run,
+            })
+            .into_iter()
+            .collect();
+    }
+    let items: Vec<Pos> = match node.at(&["spec", "schedules"]).map(|n| &n.value) {
+        Some(crate::util::yaml::NodeValue::Seq(items)) => items.iter().map(|n| n.pos).collect(),
+        _ => Vec::new(),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, named) in spec.schedules.iter().enumerate() {
+        let pos = items.get(i).copied().or(Some(node.pos));
+        let field = format!("spec.schedules[{i}]");
+        if named.name.trim().is_empty() {
+            cx.error(
+                file,
+                pos,
+                format!("{field}.name: give each schedule a name"),
+            );
+            continue;
+        }
+        if !seen.insert(named.name.as_str()) {
+            cx.error(
+                file,
+                pos,
+                format!("{field}.name: {:?} names two schedules", named.name),
+            );
+            continue;
+        }
+        if let Some(source) = compile_schedule(cx, file, pos, &field, &named.unnamed()) {
+            out.push(Timer {
+                name: Some(named.name.clone()),
+                source,
+                first_run: named.first_run,
+            });
+        }
+    }
+    out
+}
+
+fn compile_schedule(
+    cx: &mut Ctx,
+    file: &str,
+    pos: Option<Pos>,
+    field: &str,
     spec: &ScheduleSpec,
 ) -> Option<ScheduleSource> {
-    let pos = pos_at(node, &["spec", "schedule"]);
     let parse = |cx: &mut Ctx, text: &str| match Schedule::parse(text) {
         Ok(s) => Some(s),
         Err(e) => {
-            cx.error(file, pos, format!("spec.schedule: {e}"));
+            cx.error(file, pos, format!("{field}: {e}"));
             None
         }
     };
     match (&spec.cron, &spec.from_field) {
         (Some(_), Some(_)) => {
-            cx.error(file, pos, "spec.schedule: give cron or fromField, not both");
+            cx.error(
+                file,
+                pos,
+                format!("{field}: give cron or fromField, not both"),
+            );
             None
         }
         (Some(c), None) => parse(cx, c).map(ScheduleSource::Fixed),
-        (None, Some(field)) => {
-            let path: Vec<String> = field.split('.').map(str::to_string).collect();
+        (None, Some(path_text)) => {
+            let path: Vec<String> = path_text.split('.').map(str::to_string).collect();
             if path.iter().any(|p| p.is_empty()) {
-                cx.error(file, pos, format!("spec.schedule.fromField: {field:?} is not a dotted path such as spec.schedule"));
+                cx.error(file, pos, format!("{field}.fromField: {path_text:?} is not a dotted path such as spec.schedule"));
                 return None;
             }
             let default = match &spec.default {
@@ -50,7 +116,7 @@ pub(super) fn compile_schedule(
             })
         }
         (None, None) => {
-            cx.error(file, pos, "spec.schedule: give cron or fromField");
+            cx.error(file, pos, format!("{field}: give cron or fromField"));
             None
         }
     }
@@ -180,7 +246,9 @@ pub(super) fn compile_status_claim(
     node: &Node,
     spec: &crate::policy::model::PolicySpec,
 ) -> StatusClaim {
-    use crate::policy::claim::{RUNBOOK_CONDITION, RUNBOOK_FIELDS, SCHEDULE_FIELDS};
+    use crate::policy::claim::{
+        NAMED_SCHEDULE_FIELD, RUNBOOK_CONDITION, RUNBOOK_FIELDS, SCHEDULE_FIELDS,
+    };
     let Some(declared) = &spec.status else {
         return StatusClaim::everything(pos_at(node, &["spec", "target"]));
     };
@@ -247,6 +315,13 @@ pub(super) fn compile_status_claim(
         for f in SCHEDULE_FIELDS {
             claim.fields.entry(f.to_string()).or_insert(pos);
         }
+    }
+    if !spec.schedules.is_empty() {
+        let pos = pos_at(node, &["spec", "schedules"]);
+        claim
+            .fields
+            .entry(NAMED_SCHEDULE_FIELD.to_string())
+            .or_insert(pos);
     }
     claim
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::pieces::{compile_limits, compile_schedule, compile_status_claim, template};
+use super::pieces::{compile_limits, compile_schedules, compile_status_claim, template};
 use super::steps::{StepCx, compile_step, step_nodes};
 use super::{Body, CompiledPolicy, CompiledRetention, Ctx, parse_doc, pos_at};
 use crate::kinds::DeclaredKinds;
@@ -51,10 +51,7 @@ pub(super) fn load_policy(
         (Some(script), true) => script_body(cx, file, &node, spec, script, &mut used),
         (None, false) => steps_body(cx, file, &source, &node, spec, &kinds, &mut used),
     };
-    let schedule = match &spec.schedule {
-        Some(s) => compile_schedule(cx, file, &node, s),
-        None => None,
-    };
+    let schedules = compile_schedules(cx, file, &node, spec);
     let limits = compile_limits(cx, file, &node, &spec.limits);
     let params = params_of(cx, file, &node, spec);
     let selector = label_selector(cx, file, &node, "selector", spec.selector.as_ref());
@@ -93,12 +90,7 @@ pub(super) fn load_policy(
         annotation_selector,
         deletes,
         kinds: Arc::new(kinds),
-        schedule,
-        first_run: spec
-            .schedule
-            .as_ref()
-            .map(|s| s.first_run)
-            .unwrap_or_default(),
+        schedules,
         body: body?,
         params_dyn: crate::script::obj::view(Arc::new(params.clone())),
         params,
