@@ -609,3 +609,67 @@ fn deletes_grant_delete_and_nothing_else() {
         ["delete", "get", "list", "watch"]
     );
 }
+
+/// A policy that makes children in other namespaces (the secret copier)
+/// is refused unless the operator is started to accept it, at its place;
+/// `runbook rbac` grants its owned kind in every namespace, and reading
+/// namespaces, only when asked to.
+#[tokio::test]
+async fn other_namespaces_are_refused_unless_allowed() {
+    let dir = repo().join("examples/secret-copier/policy");
+    let engine = std::sync::Arc::new(runbook::script::ScriptEngine::default());
+    let metrics = std::sync::Arc::new(runbook::telemetry::Metrics::new());
+    let bundle = runbook::policy::Bundle::from_dir(&dir).unwrap();
+    let reloader = |dangerous: bool, elsewhere: bool| {
+        runbook::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test")
+            .with_dangerous_kinds(dangerous)
+            .with_other_namespaces(elsewhere)
+    };
+    let (set, errors) = reloader(true, false).initial(vec![bundle.clone()]).await;
+    assert!(set.policies.is_empty(), "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("secret-copier.yaml:18:5: spec.namespaces")
+                && e.contains("--allow-other-namespaces")),
+        "{errors:?}"
+    );
+    let (set, errors) = reloader(true, true).initial(vec![bundle]).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(set.policies.contains_key("secret-copier"));
+
+    let path = dir.to_str().unwrap();
+    let out = runbook(&["rbac", path, "--allow-dangerous-kinds", "--webhook=false"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("--allow-other-namespaces"),
+        "{}",
+        text(&out)
+    );
+    let out = runbook(&[
+        "rbac",
+        path,
+        "--allow-dangerous-kinds",
+        "--allow-other-namespaces",
+        "--webhook=false",
+        "--watch-namespace=default",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let granted = rules(&String::from_utf8_lossy(&out.stdout));
+    let cluster: Vec<_> = granted
+        .iter()
+        .filter(|r| r.3.starts_with("ClusterRole "))
+        .cloned()
+        .collect();
+    // Copies may be written in any namespace, however few are watched.
+    for verb in ["create", "delete", "patch"] {
+        assert!(
+            verbs_on(&cluster, "", "secrets").contains(&verb.to_string()),
+            "{granted:?}"
+        );
+    }
+    assert_eq!(
+        verbs_on(&cluster, "", "namespaces"),
+        ["get", "list", "watch"]
+    );
+}

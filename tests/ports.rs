@@ -35,6 +35,16 @@ async fn start_example(
     example: &str,
     edit: impl Fn(String) -> String,
 ) -> std::sync::Arc<runbook::runtime::Operator> {
+    start_example_with(c, example, edit, Default::default()).await
+}
+
+/// [`start_example`], the operator started with `config`.
+async fn start_example_with(
+    c: &Cluster,
+    example: &str,
+    edit: impl Fn(String) -> String,
+    config: runbook::runtime::OperatorConfig,
+) -> std::sync::Arc<runbook::runtime::Operator> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples")
         .join(example)
@@ -52,7 +62,9 @@ async fn start_example(
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    support::started(c, &files).await
+    let op = support::operator(c, support::policies(c, &files), config);
+    op.start().await.expect("the operator starts");
+    op
 }
 
 /// An example's CRD installed in a group of the test's own
@@ -486,5 +498,131 @@ async fn schedule_hooks() {
             .is_none()
     );
     op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+/// shell-operator's secret copier (`examples/104-secret-copier`): a
+/// labelled Secret is copied into the other namespaces, into one made
+/// later too; a copy deleted by hand comes back; the copies go when the
+/// Secret goes. The namespaces written in are the test's own (labelled
+/// for it), and the operator watches every namespace, as
+/// `--allow-other-namespaces` needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secret_copier() {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    let c = Cluster::new("port-copy").await;
+    let mark = c.ns.clone();
+    let op = start_example_with(
+        &c,
+        "secret-copier",
+        |t| {
+            t.replace("from: default", &format!("from: {mark}"))
+                .replace(
+                    "matchExpressions: [{key: secret-copier, operator: NotIn, values: [\"no\"]}]",
+                    &format!("matchLabels: {{copier-test: {mark}}}"),
+                )
+        },
+        runbook::runtime::OperatorConfig {
+            namespace: Some(String::new()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    let made = |suffix: &str, labelled: bool| {
+        let labels = if labelled {
+            json!({"copier-test": mark})
+        } else {
+            json!({})
+        };
+        serde_json::from_value::<Namespace>(
+            json!({"metadata": {"name": format!("{mark}-{suffix}"), "labels": labels}}),
+        )
+        .unwrap()
+    };
+    for (suffix, labelled) in [("a", true), ("b", true), ("off", false)] {
+        namespaces
+            .create(&PostParams::default(), &made(suffix, labelled))
+            .await
+            .unwrap();
+    }
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "registry", "labels": {"secret-copier": "yes"}},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": "eyJhdXRocyI6e319"}}))
+    .unwrap();
+    c.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let in_ns = |suffix: &str| -> Api<Secret> {
+        Api::namespaced(c.client.clone(), &format!("{mark}-{suffix}"))
+    };
+    let copy = |suffix: &str| {
+        let api = in_ns(suffix);
+        async move { api.get_opt("registry").await.unwrap() }
+    };
+    eventually("copies in the labelled namespaces", 30, || async {
+        copy("a").await.is_some() && copy("b").await.is_some()
+    })
+    .await;
+    let a = copy("a").await.unwrap();
+    assert_eq!(
+        a.data.as_ref().map(|d| d.len()),
+        Some(1),
+        "the data is copied: {a:?}"
+    );
+    assert_eq!(a.type_.as_deref(), Some("kubernetes.io/dockerconfigjson"));
+    assert!(
+        a.metadata.owner_references.is_none(),
+        "no ownerReference crosses namespaces: {a:?}"
+    );
+    assert!(
+        copy("off").await.is_none(),
+        "an unlabelled namespace gets none"
+    );
+    // A namespace made later gets its copy.
+    namespaces
+        .create(&PostParams::default(), &made("late", true))
+        .await
+        .unwrap();
+    eventually("a copy in the namespace made later", 30, || async {
+        copy("late").await.is_some()
+    })
+    .await;
+    // A copy deleted by hand comes back.
+    in_ns("a")
+        .delete("registry", &Default::default())
+        .await
+        .unwrap();
+    eventually("the deleted copy back", 30, || async {
+        copy("a")
+            .await
+            .is_some_and(|s| s.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    // The Secret goes: so do its copies, and then the Secret itself.
+    c.api::<Secret>()
+        .delete("registry", &Default::default())
+        .await
+        .unwrap();
+    eventually("every copy gone with the Secret", 30, || async {
+        copy("a").await.is_none() && copy("b").await.is_none() && copy("late").await.is_none()
+    })
+    .await;
+    eventually("the Secret gone once its copies are", 30, || async {
+        c.api::<Secret>()
+            .get_opt("registry")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    for suffix in ["a", "b", "off", "late"] {
+        let _ = namespaces
+            .delete(&format!("{mark}-{suffix}"), &Default::default())
+            .await;
+    }
     c.cleanup().await;
 }

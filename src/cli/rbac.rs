@@ -39,6 +39,11 @@ pub struct RbacArgs {
     /// instead of refusing the policies that declare them.
     #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
     pub allow_dangerous_kinds: bool,
+    /// Grant what policies that make children in other namespaces need
+    /// (`spec.namespaces`: their owned kinds in every namespace) instead
+    /// of refusing them.
+    #[arg(long, env = "RUNBOOK_ALLOW_OTHER_NAMESPACES")]
+    pub allow_other_namespaces: bool,
     /// The policies are a tenant's, loaded from ConfigMaps in this
     /// namespace: print the Role (and its binding to the operator) they
     /// need there, and nothing cluster-wide.
@@ -103,6 +108,24 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "these policies would make the operator cluster-admin in all but name; \
              pass --allow-dangerous-kinds to grant it anyway"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let elsewhere: Vec<&str> = set
+        .policies
+        .values()
+        .filter(|p| p.namespaces.is_some())
+        .map(|p| p.name.as_str())
+        .collect();
+    if !elsewhere.is_empty() && !args.allow_other_namespaces {
+        for p in &elsewhere {
+            eprintln!(
+                "refused: policy {p}: spec.namespaces: it makes children in other namespaces than its targets'"
+            );
+        }
+        eprintln!(
+            "these policies need their owned kinds written in every namespace; \
+             pass --allow-other-namespaces to grant it (and start the operator with it)"
         );
         return Ok(ExitCode::FAILURE);
     }

@@ -90,6 +90,16 @@ pub struct RunArgs {
     /// admission webhooks, wildcards, ...); by default their bundles are refused.
     #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
     pub allow_dangerous_kinds: bool,
+    /// Accept policies that make children in other namespaces than their
+    /// targets' (`spec.namespaces`, such as a Secret copied into labelled
+    /// namespaces); by default their bundles are refused. Needs the
+    /// operator to watch every namespace.
+    #[arg(
+        long,
+        env = "RUNBOOK_ALLOW_OTHER_NAMESPACES",
+        conflicts_with = "namespace"
+    )]
+    pub allow_other_namespaces: bool,
     /// Decide again on every reconcile skipped as unchanged, and report
     /// (log, metric `runbook_skip_check_differences_total`) any that would
     /// decide differently: a check of Runbook itself, at the cost of the
@@ -427,6 +437,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         )
         .with_secret_namespace(&args.operator_namespace)
         .with_dangerous_kinds(args.allow_dangerous_kinds)
+        .with_other_namespaces(args.allow_other_namespaces)
         .with_access_check(!args.skip_access_check),
     );
     let Some(bundles) = initial_bundles(&client, &sources, &probes.startup).await else {

@@ -206,7 +206,7 @@ impl fmt::Display for Refused {
             } => write!(
                 f,
                 "{kind} in namespace {namespace:?} refused: a policy acts only in its target's \
-                 namespace ({target:?})"
+                 namespace ({target:?}), and in namespaces its spec.namespaces selector matches"
             ),
             Refused::NoNamespace { verb, kind } => write!(
                 f,

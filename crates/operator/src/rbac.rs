@@ -331,9 +331,13 @@ impl Needs {
             for role in KindRole::ALL {
                 for k in p.kinds.with_role(role) {
                     let (plural, namespaced) = resource_of(k, crds);
+                    // Children made in other namespaces (`spec.namespaces`)
+                    // may be in any namespace its selector comes to match.
+                    let elsewhere = role == KindRole::Owns && p.namespaces.is_some();
                     let scope = match (&opts.tenant, namespaced) {
                         (Some(_), false) => continue,
                         (Some(t), true) => Scope::Namespace(t.clone()),
+                        (None, true) if elsewhere => Scope::Cluster,
                         (None, true) => Scope::Watched,
                         (None, false) => Scope::Cluster,
                     };

@@ -77,6 +77,24 @@ pub struct ScenarioSpec {
     /// Object states expected when the simulation ends.
     #[serde(default, rename = "final")]
     pub final_: Vec<FinalSpec>,
+    /// The flags the simulated operator is started with.
+    #[serde(default)]
+    pub operator: OperatorFlags,
+}
+
+/// What `runbook run` would be started with, as far as a scenario's
+/// policies need it.
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OperatorFlags {
+    /// `--allow-dangerous-kinds`: accept policies that declare Secrets,
+    /// RBAC objects and the like.
+    #[serde(default)]
+    pub allow_dangerous_kinds: bool,
+    /// `--allow-other-namespaces`: accept policies that make children in
+    /// other namespaces than their targets' (`spec.namespaces`).
+    #[serde(default)]
+    pub allow_other_namespaces: bool,
 }
 
 /// A standing rule: every new object of this kind (and name glob) has
@@ -510,6 +528,7 @@ pub struct Scenario {
     pub rules: Vec<Rule>,
     pub steps: Vec<TimelineStep>,
     pub final_: Vec<(FinalSpec, Pos)>,
+    pub operator: OperatorFlags,
 }
 
 /// A standing rule, compiled: the objects it claims, how long after their
@@ -869,6 +888,7 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         rules,
         steps,
         final_,
+        operator: doc.spec.operator,
     })
 }
 

@@ -560,7 +560,9 @@ async fn run_async(s: &Scenario) -> Report {
         "runbook",
     )
     .compile_inline()
-    .with_secret_namespace(&s.namespace);
+    .with_secret_namespace(&s.namespace)
+    .with_dangerous_kinds(s.operator.allow_dangerous_kinds)
+    .with_other_namespaces(s.operator.allow_other_namespaces);
     let Some((mut bundle, set)) = policies(s, &reloader, &mut report).await else {
         return report;
     };

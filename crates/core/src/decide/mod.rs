@@ -306,11 +306,29 @@ pub fn inputs_hash(
     format!("{:016x}", h.finish())
 }
 
+/// Whether the policy may make children in namespace `ns` (not its
+/// target's): it declares `spec.namespaces`, and the namespace exists,
+/// is not being deleted, and its labels match.
+fn may_write_in(policy: &CompiledPolicy, ns: &str, view: &dyn ObjectView) -> bool {
+    let Some((selector, _)) = &policy.namespaces else {
+        return false;
+    };
+    let kind = KindRef::new("v1", "Namespace");
+    // Read as the policy's own business (its declaration), not the
+    // author's: whether the author may write there is asked apart.
+    let namespaces = view.list_for_child(&kind, "");
+    namespaces.iter().find(|n| n.name() == ns).is_some_and(|n| {
+        n.value().pointer("/metadata/deletionTimestamp").is_none()
+            && selector.matches_object(n.value())
+    })
+}
+
 /// Why an action may not be taken by this policy on this target, if so.
 pub fn check_permission(
     policy: &CompiledPolicy,
     target_ns: &str,
     action: &Action,
+    view: &dyn ObjectView,
 ) -> Option<Refused> {
     let kinds = &policy.kinds;
     let refuse_kind = |kind: &KindRef, verb, roles| {
@@ -325,11 +343,13 @@ pub fn check_permission(
             return Some(Refused::ClusterScoped { kind: k.clone() });
         }
         match obj_ns {
-            Some(ns) if !ns.is_empty() && ns != target_ns => Some(Refused::OtherNamespace {
-                kind: k.clone(),
-                namespace: ns.to_string(),
-                target: target_ns.to_string(),
-            }),
+            Some(ns) if !ns.is_empty() && ns != target_ns && !may_write_in(policy, ns, view) => {
+                Some(Refused::OtherNamespace {
+                    kind: k.clone(),
+                    namespace: ns.to_string(),
+                    target: target_ns.to_string(),
+                })
+            }
             _ => None,
         }
     };
@@ -345,7 +365,18 @@ pub fn check_permission(
             }
             check_ns(object["metadata"]["namespace"].as_str(), &k)
         }
-        Action::Delete { kind, .. } => match kinds.resolve(kind) {
+        Action::Delete {
+            kind, namespace, ..
+        } => match kinds.resolve(kind) {
+            // In another namespace only its own children (the planner
+            // checks that it made the object), where it may make them.
+            Ok(k) if namespace.as_deref().is_some_and(|n| n != target_ns) => {
+                match (kinds.has(&k, Role::Owns), &policy.namespaces) {
+                    (true, Some(_)) => check_ns(None, &k),
+                    (true, None) => check_ns(namespace.as_deref(), &k),
+                    (false, _) => refuse_kind(&k, "delete", "owns"),
+                }
+            }
             Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Deletes) => {
                 check_ns(None, &k)
             }
@@ -422,6 +453,7 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         target_uid: observed.target.uid().to_string(),
         view: observed.view.clone(),
         kinds: policy.kinds.clone(),
+        namespaces: policy.namespaces.as_ref().map(|(s, _)| s.clone()),
     }))
 }
 
@@ -524,7 +556,7 @@ impl Collected<'_> {
 
 fn plan(
     policy: &CompiledPolicy,
-    target_ns: &str,
+    (target_ns, view): (&str, &dyn ObjectView),
     file: Option<&str>,
     values: Vec<ActionValue>,
 ) -> Vec<Planned> {
@@ -536,7 +568,7 @@ fn plan(
                 (Some(f), None) => Some(f.to_string()),
                 _ => None,
             };
-            let refusal = check_permission(policy, target_ns, &a.action).map(|why| Refusal {
+            let refusal = check_permission(policy, target_ns, &a.action, view).map(|why| Refusal {
                 why,
                 origin: origin.clone(),
             });
@@ -649,7 +681,7 @@ pub fn decide(
                 "reconcile",
                 result?,
             )?;
-            let actions = plan(policy, &ns, Some(&script.file), values);
+            let actions = plan(policy, (&ns, &*observed.view), Some(&script.file), values);
             let mut decision = finish(policy, observed, sched, actions, None);
             decision.target_reads = reads;
             Ok(decision)
@@ -665,7 +697,7 @@ pub fn decide(
                 retention: retention.as_ref(),
             };
             let out = steps::decide(engine, policy, &body, observed, &ctx, sched.as_ref())?;
-            let actions = plan(policy, &ns, None, out.actions);
+            let actions = plan(policy, (&ns, &*observed.view), None, out.actions);
             Ok(finish(
                 policy,
                 observed,
@@ -694,7 +726,7 @@ pub fn finalize(
         } => {
             let result = engine.call(script, "finalize", (ctx,))?;
             let values = collect(&script.file, script.fn_pos("finalize"), "finalize", result)?;
-            let actions = plan(policy, &ns, Some(&script.file), values);
+            let actions = plan(policy, (&ns, &*observed.view), Some(&script.file), values);
             Ok(finish(policy, observed, None, actions, None))
         }
         _ => Ok(finish(policy, observed, None, Vec::new(), None)),
@@ -783,6 +815,76 @@ mod tests {
             load("  schedules:\n    - {name: '', cron: '@daily'}\n"),
             ["test/p.yaml:7:7: spec.schedules[0].name: give each schedule a name"]
         );
+    }
+
+    /// A child in another namespace: refused unless the policy declares
+    /// `spec.namespaces` and the namespace's labels match it; declaring
+    /// it takes a finalize, and a tenant may not.
+    #[test]
+    fn other_namespaces_are_declared_and_matched() {
+        use crate::observe::MemoryView;
+        use serde_json::json;
+        let yaml = |namespaces: &str, finalize: bool| {
+            let script = if finalize {
+                "fn reconcile(ctx) { [] }\nfn finalize(ctx) { ctx.sync_children([]) }"
+            } else {
+                "fn reconcile(ctx) { [] }"
+            };
+            crate::policy::compile::tests::load(&[
+                (
+                    "p.yaml",
+                    &format!(
+                        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: p}}\nspec:\n  target: {{apiVersion: v1, kind: Secret}}\n  owns: [{{apiVersion: v1, kind: Secret}}]\n{namespaces}  script: p.rhai\n"
+                    ),
+                ),
+                ("p.rhai", script),
+            ])
+        };
+        let errors = |l: &crate::policy::Loaded| -> Vec<String> {
+            l.errors.iter().map(|e| e.to_string()).collect()
+        };
+        let plain = yaml("", true);
+        assert!(
+            errors(&plain)[0].contains("cannot own its own target kind"),
+            "{:?}",
+            errors(&plain)
+        );
+        let declared = "  namespaces: {selector: {matchLabels: {copies: \"yes\"}}}\n";
+        let unfinished = yaml(declared, false);
+        assert!(
+            errors(&unfinished)[0].contains("test/p.yaml:7:15: spec.namespaces: a policy that makes children in other namespaces needs a script with fn finalize"),
+            "{:?}",
+            errors(&unfinished)
+        );
+        let mut tenant = yaml(declared, true);
+        assert!(tenant.errors.is_empty(), "{:?}", errors(&tenant));
+        tenant.confine_to("team-a");
+        assert!(
+            errors(&tenant)[0].contains("spec.namespaces: a policy ConfigMap in namespace \"team-a\" acts only in \"team-a\""),
+            "{:?}",
+            errors(&tenant)
+        );
+        let p = yaml(declared, true).policies.remove(0);
+        let view = MemoryView::new();
+        view.insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "wanted", "labels": {"copies": "yes"}}}));
+        view.insert(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}),
+        );
+        let apply = |ns: &str| Action::Apply {
+            object: json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": ns}}),
+        };
+        assert_eq!(check_permission(&p, "src", &apply("wanted"), &view), None);
+        assert_eq!(check_permission(&p, "src", &apply("src"), &view), None);
+        for refused in ["other", "absent"] {
+            let why = check_permission(&p, "src", &apply(refused), &view).map(|r| r.to_string());
+            assert!(
+                why.as_deref()
+                    .is_some_and(|w| w.contains("spec.namespaces selector")),
+                "{refused}: {why:?}"
+            );
+        }
+        let undeclared = yaml("", true);
+        assert!(undeclared.policies.is_empty());
     }
 
     /// A new target's first run: at its creation by default; with

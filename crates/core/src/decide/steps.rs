@@ -103,6 +103,7 @@ impl Run<'_> {
                     kind: kind.kind.clone(),
                 },
                 name,
+                namespace: None,
             }));
         }
         if let Some(t) = &step.alert {
@@ -217,6 +218,7 @@ impl Run<'_> {
                         kind: kind.kind.clone(),
                     },
                     name,
+                    namespace: None,
                 }));
             }
         }

@@ -129,7 +129,42 @@ pub fn is_child_of(v: &Value, policy: &str, target_uid: &str) -> bool {
     !target_uid.is_empty()
         && label(MANAGED_BY) == Some("runbook")
         && label(POLICY_NAME_LABEL) == Some(policy)
-        && controller_uid(v) == Some(target_uid)
+        && match controller_uid(v) {
+            Some(uid) => uid == target_uid,
+            // A child in another namespace than its target's names it
+            // by label: an ownerReference cannot cross namespaces.
+            None => label(OWNER_UID_LABEL) == Some(target_uid),
+        }
+}
+
+/// Whether `object` is one the policy named `policy` made, for whichever
+/// target: a policy that owns its own target kind (a Secret copied into
+/// other namespaces) never takes its own children for targets.
+pub fn made_by(policy: &str, object: &Value) -> bool {
+    let labels = object.pointer("/metadata/labels");
+    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    label(MANAGED_BY) == Some("runbook")
+        && label(POLICY_NAME_LABEL) == Some(policy_label_value(policy).as_str())
+}
+
+/// The label naming the target (its uid) that a child in another
+/// namespace was made for, where no ownerReference can (see
+/// `spec.namespaces`).
+pub const OWNER_UID_LABEL: &str = "runbook.dev/owner-uid";
+
+/// The annotation naming that target, as the routing of its child's
+/// changes needs it: `{"apiVersion", "kind", "namespace", "name"}` as JSON.
+pub const OWNER_ANNOTATION: &str = "runbook.dev/owner";
+
+/// The target a child in another namespace names in its annotation:
+/// (apiVersion, kind, namespace, name).
+pub fn owner_elsewhere(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<(String, String, String, String)> {
+    let text = annotations?.get(OWNER_ANNOTATION)?;
+    let v: Value = serde_json::from_str(text).ok()?;
+    let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    Some((s("apiVersion")?, s("kind")?, s("namespace")?, s("name")?))
 }
 
 /// The uid of the object's controller (the ownerReference with
@@ -190,6 +225,8 @@ pub fn finalizers_of(v: &Value) -> Vec<String> {
 
 /// The uids an object's ownerReferences name.
 pub fn owner_uids(v: &Value) -> impl Iterator<Item = &str> {
+    // (A child in another namespace is found through its label instead:
+    // see `ObjectView::children_elsewhere`.)
     v.get("metadata")
         .and_then(|m| m.get("ownerReferences"))
         .and_then(Value::as_array)
@@ -295,6 +332,11 @@ pub trait ObjectView: Send + Sync {
         self.owned_by(kind, namespace, uid)
     }
 
+    /// The children of `kind` made for the target with uid `uid` in other
+    /// namespaces than its own (they name it by label, see
+    /// [`OWNER_UID_LABEL`]), sorted by namespace and name.
+    fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>>;
+
     /// Objects of `kind` in `namespace` with an ownerReference to `uid`,
     /// sorted by name. Caches answer this from an index.
     fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
@@ -363,5 +405,23 @@ impl ObjectView for MemoryView {
             .expect("view lock")
             .get(&(kind.clone(), namespace.to_string()))
             .and_then(|m| m.get(name).cloned())
+    }
+
+    fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>> {
+        let objects = self.objects.read().expect("view lock");
+        objects
+            .iter()
+            .filter(|((k, _), _)| k == kind)
+            .flat_map(|(_, m)| m.values())
+            .filter(|o| {
+                controller_uid(o.value()).is_none()
+                    && o.value()
+                        .pointer("/metadata/labels")
+                        .and_then(|l| l.get(OWNER_UID_LABEL))
+                        .and_then(Value::as_str)
+                        == Some(uid)
+            })
+            .cloned()
+            .collect()
     }
 }

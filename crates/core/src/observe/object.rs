@@ -84,6 +84,13 @@ impl RawObject {
                     .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
                     .collect()
             }),
+            // Of the annotations, only the one routing a child in another
+            // namespace to its target (the rest stay in `json`).
+            annotations: m
+                .get("annotations")
+                .and_then(|a| a.get(super::OWNER_ANNOTATION))
+                .and_then(Value::as_str)
+                .map(|v| [(super::OWNER_ANNOTATION.to_string(), v.to_string())].into()),
             ..Default::default()
         };
         if !m.is_object() {
@@ -163,12 +170,20 @@ impl RawObject {
         self.meta.resource_version.as_deref().unwrap_or("")
     }
 
+    /// The uids of its owners: its ownerReferences, and the target a
+    /// child of Runbook's in another namespace names by label.
     pub fn owner_uids(&self) -> impl Iterator<Item = &str> {
+        let labels = self.meta.labels.as_ref();
+        let elsewhere = labels
+            .filter(|l| l.get(super::MANAGED_BY).map(String::as_str) == Some("runbook"))
+            .and_then(|l| l.get(super::OWNER_UID_LABEL))
+            .map(String::as_str);
         self.meta
             .owner_references
             .iter()
             .flatten()
             .map(|o| o.uid.as_str())
+            .chain(elsewhere)
     }
 }
 

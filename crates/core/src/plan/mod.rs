@@ -27,7 +27,8 @@ use crate::decide::Planned;
 use crate::kinds::{KindRef, Role};
 use crate::observe::Resolved;
 use crate::observe::{
-    CachedObject, ObjectView, POLICY_NAME_LABEL, policy_label_value, policy_of_child,
+    CachedObject, OWNER_ANNOTATION, OWNER_UID_LABEL, ObjectView, POLICY_NAME_LABEL,
+    policy_label_value, policy_of_child,
 };
 use crate::policy::compile::CompiledPolicy;
 use crate::policy::limits::Recent;
@@ -318,9 +319,15 @@ fn action_target(a: &Action, ns: &str, target: &CachedObject) -> Option<String> 
             ns,
             object["metadata"]["name"].as_str().unwrap_or(""),
         )),
-        Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
-            Some(format!("{kind} {ns}/{name}"))
-        }
+        Action::Delete {
+            kind,
+            name,
+            namespace,
+        } => Some(format!(
+            "{kind} {}/{name}",
+            namespace.as_deref().unwrap_or(ns)
+        )),
+        Action::Patch { kind, name, .. } => Some(format!("{kind} {ns}/{name}")),
         Action::Rollback { deployment, .. } => {
             Some(format!("apps/v1 Deployment {ns}/{deployment}"))
         }
@@ -421,7 +428,13 @@ pub fn plan(input: &Input<'_>) -> Plan {
 /// children or made by this same decision.
 fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<Access> {
     let t = input.target;
-    let ns = t.namespace();
+    // Where the write is: the target's namespace, or another one the
+    // policy may make children in (whose objects are looked up there).
+    let ns = match w {
+        Write::Apply { key, .. } => key.namespace.as_str(),
+        Write::Delete { namespace, .. } => namespace.as_str(),
+        _ => t.namespace(),
+    };
     let live = |kind: &KindRef, name: &str| input.view.get(kind, ns, name);
     let opted =
         |kind: &KindRef, name: &str| live(kind, name).is_some_and(|o| allows_target(o.value(), t));
@@ -433,6 +446,9 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
         why,
         kind,
     };
+    // A write in another namespace than the target's is one its author
+    // must be allowed there: Runbook's own rights reach further.
+    let elsewhere = ns != t.namespace();
     match w {
         Write::Patch {
             kind,
@@ -449,9 +465,10 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
             )]
         }
         Write::Delete { kind, name, .. }
-            if !live(&kind.kind_ref(), name).is_some_and(|o| {
-                o.is_child_of(&policy_label_value(&input.policy.name), t.uid())
-            }) =>
+            if elsewhere
+                || !live(&kind.kind_ref(), name).is_some_and(|o| {
+                    o.is_child_of(&policy_label_value(&input.policy.name), t.uid())
+                }) =>
         {
             let k = kind.kind_ref();
             vec![access(
@@ -475,6 +492,18 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
             let mine = policy_label_value(&input.policy.name);
             let child = &key.name;
             let mut out = Vec::new();
+            if elsewhere {
+                let verb = if live(&key.kind, child).is_some() {
+                    "patch"
+                } else {
+                    "create"
+                };
+                let why = format!("{verb} {} {ns}/{child}", key.kind);
+                out.push(Access {
+                    opted_in: false,
+                    ..access(verb, key.kind.clone(), child, why)
+                });
+            }
             for (kind, names) in [
                 (KindRef::new("v1", "Secret"), &refs.secrets),
                 (KindRef::new("v1", "ConfigMap"), &refs.config_maps),
@@ -597,17 +626,24 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
     let found = |kind: &KindRef| discovered(input, kind);
     match a {
         Action::Apply { object } => apply_of(input, plan, ns, object),
-        Action::Delete { kind, name } => {
+        Action::Delete {
+            kind,
+            name,
+            namespace,
+        } => {
             let k = match policy.kinds.resolve(kind) {
                 Ok(k) => k,
                 Err(e) => return Todo::Fail(Failed::invalid(e)),
             };
+            let elsewhere = namespace.as_deref().is_some_and(|n| n != ns);
+            let ns = namespace.as_deref().unwrap_or(ns);
             let Some(live) = input.view.get(&k, ns, name) else {
                 return Todo::Unchanged;
             };
             // What the policy did not make it deletes only where
-            // `spec.deletes` declares it (its kind, its selector).
-            if !policy.may_delete(&k, live.value())
+            // `spec.deletes` declares it (its kind, its selector), and
+            // only in its target's namespace.
+            if (elsewhere || !policy.may_delete(&k, live.value()))
                 && let Some(refusal) = not_its_child(input, "delete", &k, &live)
             {
                 return refusal;
@@ -787,6 +823,8 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
         &policy_label_value(&input.policy.name),
     );
     let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+    // The target's namespace, or another the policy may make children in.
+    let ns = desired["metadata"]["namespace"].as_str().unwrap_or(ns);
     if let Some(why) = self::pods::refusal(&desired, &input.policy.pods) {
         return Todo::Fail(Failed::refused(format!(
             "apply of {} refused: {why}",
@@ -846,8 +884,17 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
-    if namespaced {
-        meta.insert("namespace".into(), target["metadata"]["namespace"].clone());
+    let target_ns = target["metadata"]["namespace"].as_str().unwrap_or("");
+    // A child in another namespace (the policy declares `namespaces`,
+    // checked before) names its target by label and annotation: an
+    // ownerReference cannot cross namespaces.
+    let elsewhere = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .filter(|n| namespaced && !n.is_empty() && *n != target_ns)
+        .is_some();
+    if namespaced && !elsewhere {
+        meta.insert("namespace".into(), json!(target_ns));
     }
     let owner = json!({
         "apiVersion": target["apiVersion"], "kind": target["kind"], "name": target["metadata"]["name"],
@@ -860,8 +907,23 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
             .collect(),
         _ => Vec::new(),
     };
-    refs.push(owner);
-    meta.insert("ownerReferences".into(), Value::Array(refs));
+    if elsewhere {
+        let named = json!({
+            "apiVersion": target["apiVersion"], "kind": target["kind"],
+            "namespace": target_ns, "name": target["metadata"]["name"],
+        });
+        with_map(&mut meta, "labels", |l| {
+            l.insert(OWNER_UID_LABEL.into(), target["metadata"]["uid"].clone());
+        });
+        with_map(&mut meta, "annotations", |a| {
+            a.insert(OWNER_ANNOTATION.into(), json!(named.to_string()));
+        });
+    } else {
+        refs.push(owner);
+    }
+    if !refs.is_empty() || !elsewhere {
+        meta.insert("ownerReferences".into(), Value::Array(refs));
+    }
     // Scripts' objects are checked where they are made (`apply`), but
     // nothing here may panic on a shape it did not build: anything that is
     // not a map is replaced by one.
@@ -1221,6 +1283,7 @@ spec:
             let delete = Action::Delete {
                 kind: KindName::parse("ConfigMap"),
                 name: "w-a".into(),
+                namespace: None,
             };
             let patch = Action::Patch {
                 kind: KindName::parse("ConfigMap"),
@@ -1315,6 +1378,7 @@ spec:
         let delete = Action::Delete {
             kind: KindName::parse("ConfigMap"),
             name: "w-a".into(),
+            namespace: None,
         };
         let p = plan_of(
             &w,
@@ -1332,6 +1396,7 @@ spec:
         let delete = Action::Delete {
             kind: KindName::parse("ConfigMap"),
             name: "w-a".into(),
+            namespace: None,
         };
         let p = plan_of(&w, &[terminating], Acting::Enforce, vec![delete]);
         assert_eq!(todos(&p), [&Todo::Unchanged]);
@@ -1345,6 +1410,7 @@ spec:
         let delete = Action::Delete {
             kind: KindName::parse("ConfigMap"),
             name: "w-old".into(),
+            namespace: None,
         };
         let same = Action::Patch {
             kind: KindName::parse("Deployment"),
@@ -1478,6 +1544,7 @@ spec:
         let undeclared = planned(Action::Delete {
             kind: KindName::parse("Secret"),
             name: "s".into(),
+            namespace: None,
         });
         let mut undiscovered = planned(Action::Apply {
             object: json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}}),

@@ -66,6 +66,13 @@ pub struct PolicySpec {
     /// never deleted.
     #[serde(default)]
     pub deletes: Vec<DeletesSpec>,
+    /// Namespaces beside the target's own where the policy may make its
+    /// children (a Secret copied into labelled namespaces). Accepted only
+    /// from a cluster-wide policy, with `fn finalize` (nothing collects
+    /// such children with their target), and only when the operator runs
+    /// with `--allow-other-namespaces`.
+    #[serde(default)]
+    pub namespaces: Option<NamespacesSpec>,
     /// When the policy's work is due (a cron expression, or one read from the target).
     #[serde(default)]
     pub schedule: Option<ScheduleSpec>,
@@ -265,6 +272,15 @@ pub struct ScheduleSpec {
     /// fire time after it (`schedule`: a nightly report starts tonight).
     #[serde(default)]
     pub first_run: FirstRun,
+}
+
+/// The namespaces a policy may make children in, beside its target's.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespacesSpec {
+    /// Namespaces whose labels this selector matches (`ctx.namespaces()`
+    /// lists them); `{}` matches every namespace.
+    pub selector: LabelSelectorSpec,
 }
 
 /// One of a policy's named schedules.

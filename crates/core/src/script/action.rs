@@ -19,8 +19,13 @@ use crate::util::yaml::Pos;
 pub enum Action {
     /// Server-side apply a child object (ownerReference added by the executor).
     Apply { object: Value },
-    /// Delete an object.
-    Delete { kind: KindName, name: String },
+    /// Delete an object: in the target's namespace, or (`namespace`) a
+    /// child in another namespace the policy may make children in.
+    Delete {
+        kind: KindName,
+        name: String,
+        namespace: Option<String>,
+    },
     /// JSON merge patch a declared object.
     Patch {
         kind: KindName,
@@ -271,14 +276,21 @@ fn sync_children(
         }
     };
     let mut out = Array::with_capacity(want.len());
-    let mut wanted: Vec<(KindRef, String)> = Vec::with_capacity(want.len());
+    // Each wanted child by kind, namespace and name.
+    let mut wanted: Vec<(KindRef, String, String)> = Vec::with_capacity(want.len());
     for (i, item) in want.into_iter().enumerate() {
         let object = map_json(call, &format!("{what}: item {i}"), item)?;
         let action = applied(call, &format!("{what}: item {i}"), object)?;
         if let Action::Apply { object } = &action
             && let (Some(kind), Some(name)) = (KindName::of(object), name_of(object))
         {
-            wanted.push((owned_kind(&kind)?, name));
+            let ns = object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or(&c.0.namespace)
+                .to_string();
+            wanted.push((owned_kind(&kind)?, ns, name));
         }
         out.push(Dynamic::from(make(call, action)));
     }
@@ -290,19 +302,32 @@ fn sync_children(
             .collect::<RhaiResult<_>>()?,
     };
     for kind in pruned {
-        let mut stale: Vec<String> = c
+        let mut stale: Vec<(String, String)> = c
             .owned(&kind)
             .iter()
-            .map(|o| o.name().to_string())
-            .filter(|n| !wanted.iter().any(|(k, w)| *k == kind && w == n))
+            .map(|o| (o.namespace().to_string(), o.name().to_string()))
+            .filter(|(ns, n)| {
+                !wanted
+                    .iter()
+                    .any(|(k, wn, w)| *k == kind && wn == ns && w == n)
+            })
             .collect();
-        stale.sort_by(|a, b| (b.len(), b).cmp(&(a.len(), a)));
-        for name in stale {
+        // Within a namespace, the highest name first.
+        stale.sort_by(|(an, a), (bn, b)| an.cmp(bn).then((b.len(), b).cmp(&(a.len(), a))));
+        for (ns, name) in stale {
             let kind = KindName {
                 api_version: Some(kind.api_version.clone()),
                 kind: kind.kind.clone(),
             };
-            out.push(Dynamic::from(make(call, Action::Delete { kind, name })));
+            let namespace = (ns != c.0.namespace).then_some(ns);
+            out.push(Dynamic::from(make(
+                call,
+                Action::Delete {
+                    kind,
+                    name,
+                    namespace,
+                },
+            )));
         }
     }
     Ok(out)
@@ -478,7 +503,19 @@ fn register_children(engine: &mut Engine) {
                     "delete: the object needs kind and metadata.name".into(),
                 );
             };
-            Ok(make(&ctx, Action::Delete { kind, name }))
+            let namespace = object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string);
+            Ok(make(
+                &ctx,
+                Action::Delete {
+                    kind,
+                    name,
+                    namespace,
+                },
+            ))
         },
     );
     engine.register_fn(
@@ -489,6 +526,7 @@ fn register_children(engine: &mut Engine) {
                 Action::Delete {
                     kind: KindName::parse(kind),
                     name: name.to_string(),
+                    namespace: None,
                 },
             ))
         },

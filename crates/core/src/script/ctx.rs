@@ -24,6 +24,9 @@ pub struct CtxData {
     pub target_uid: String,
     pub view: Arc<dyn ObjectView>,
     pub kinds: Arc<DeclaredKinds>,
+    /// `spec.namespaces`: the other namespaces the policy may make
+    /// children in, by their labels.
+    pub namespaces: Option<Selector>,
 }
 
 pub use timely::{Timely, Times};
@@ -150,8 +153,29 @@ impl Ctx {
             .0
             .view
             .owned_by(kind, &self.0.namespace, &self.0.target_uid);
+        if self.0.namespaces.is_some() && kind.namespaced() {
+            children.extend(self.0.view.children_elsewhere(kind, &self.0.target_uid));
+        }
         children.retain(|c| c.is_child_of(&mine, &self.0.target_uid));
         children
+    }
+
+    /// The other namespaces the policy may make children in: those
+    /// `spec.namespaces` selects, not being deleted, sorted by name.
+    pub fn namespaces(&self) -> Vec<String> {
+        let Some(selector) = &self.0.namespaces else {
+            return Vec::new();
+        };
+        let kind = KindRef::new("v1", "Namespace");
+        self.0
+            .view
+            .list_for_child(&kind, "")
+            .iter()
+            .filter(|n| n.name() != self.0.namespace)
+            .filter(|n| n.value().pointer("/metadata/deletionTimestamp").is_none())
+            .filter(|n| selector.matches_object(n.value()))
+            .map(|n| n.name().to_string())
+            .collect()
     }
 }
 
@@ -288,6 +312,9 @@ fn register_properties(engine: &mut Engine) {
 fn register_lookups(engine: &mut Engine) {
     // The limits count actions over a window of time.
     engine.register_fn("allowed", |c: &mut Ctx, verb: &str| c.0.timely.allows(verb));
+    engine.register_fn("namespaces", |c: &mut Ctx| -> Array {
+        c.namespaces().into_iter().map(Dynamic::from).collect()
+    });
     register_reads(engine);
     register_relations(engine);
 }

@@ -227,6 +227,14 @@ pub const FUNCTIONS: &[Entry] = &[
         "if ctx.allowed(\"rollback\") { /* roll back */ }"
     ),
     entry!(
+        Lookups,
+        "namespaces",
+        1,
+        "ctx.namespaces()",
+        "The other namespaces the policy may make children in (`spec.namespaces`: its selector matches their labels, and they are not being deleted), sorted; empty without `spec.namespaces`.",
+        "for ns in ctx.namespaces() { /* a copy in ns */ }"
+    ),
+    entry!(
         Helpers,
         "is_ready",
         1,

@@ -289,19 +289,37 @@ impl Writer<'_> {
         fields: Value,
         detail: Option<&str>,
     ) -> Entry {
-        let (tversion, tkind, ns, tname) = identity(target);
+        let (tversion, tkind, mut ns, tname) = identity(target);
         let (api_version, kind, name) = match &step.action {
             Action::Apply { object } => {
                 let k = kind_of(object);
                 let name = object["metadata"]["name"].as_str().unwrap_or("");
+                // A child in another namespace is recorded there.
+                if let Some(other) = object["metadata"]["namespace"]
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                {
+                    ns = other.to_string();
+                }
                 (k.api_version, k.kind, name.to_string())
             }
-            Action::Delete { kind, name } | Action::Patch { kind, name, .. } => {
+            Action::Delete {
+                kind,
+                name,
+                namespace,
+            } => {
+                if let Some(other) = namespace {
+                    ns = other.clone();
+                }
                 match policy.kinds.resolve(kind) {
                     Ok(k) => (k.api_version, k.kind, name.clone()),
                     Err(_) => (String::new(), kind.to_string(), name.clone()),
                 }
             }
+            Action::Patch { kind, name, .. } => match policy.kinds.resolve(kind) {
+                Ok(k) => (k.api_version, k.kind, name.clone()),
+                Err(_) => (String::new(), kind.to_string(), name.clone()),
+            },
             Action::Rollback { deployment, .. } => {
                 ("apps/v1".into(), "Deployment".into(), deployment.clone())
             }

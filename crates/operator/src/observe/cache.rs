@@ -31,6 +31,9 @@ pub struct OwnerRef {
     pub kind: String,
     pub name: String,
     pub uid: String,
+    /// The owner's namespace where it is not the object's: the target a
+    /// child of Runbook's in another namespace was made for.
+    pub namespace: Option<String>,
 }
 
 /// One object that was added, changed or removed.
@@ -44,8 +47,11 @@ pub struct Change {
     pub version: Option<String>,
 }
 
-fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
-    o.meta
+/// The owners an object's changes concern: its ownerReferences, and the
+/// target a child of Runbook's in another namespace names.
+pub fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
+    let mut owners: Vec<OwnerRef> = o
+        .meta
         .owner_references
         .iter()
         .flatten()
@@ -54,8 +60,26 @@ fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
             kind: r.kind.clone(),
             name: r.name.clone(),
             uid: r.uid.clone(),
+            namespace: None,
         })
-        .collect()
+        .collect();
+    let labels = o.meta.labels.as_ref();
+    let uid = labels
+        .filter(|l| l.get(crate::observe::MANAGED_BY).map(String::as_str) == Some("runbook"))
+        .and_then(|l| l.get(crate::observe::OWNER_UID_LABEL));
+    if let Some(uid) = uid
+        && let Some((api_version, kind, namespace, name)) =
+            crate::observe::owner_elsewhere(o.meta.annotations.as_ref())
+    {
+        owners.push(OwnerRef {
+            api_version,
+            kind,
+            name,
+            uid: uid.clone(),
+            namespace: Some(namespace),
+        });
+    }
+    owners
 }
 
 #[derive(Default)]
@@ -221,6 +245,17 @@ impl KindCache {
             .filter_map(|n| st.objects.get(&(namespace.to_string(), n.clone())))
             .filter(|o| selector.matches_with(|k| o.label(k)))
             .map(|o| o.cached())
+            .collect()
+    }
+
+    /// Objects of any namespace with an owner of this uid (a child in
+    /// another namespace names its target by label).
+    pub fn owned_anywhere(&self, uid: &str) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        st.index
+            .owned_anywhere(uid)
+            .into_iter()
+            .filter_map(|k| st.objects.get(k).map(|o| o.cached()))
             .collect()
     }
 

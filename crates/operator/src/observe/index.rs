@@ -117,6 +117,14 @@ impl Index {
         names.into_iter().flatten()
     }
 
+    /// The objects of any namespace with an owner of this uid, sorted by
+    /// namespace and name.
+    pub(super) fn owned_anywhere(&self, uid: &str) -> Vec<&ObjKey> {
+        let mut keys: Vec<&ObjKey> = self.by_owner.get(uid).into_iter().flatten().collect();
+        keys.sort();
+        keys
+    }
+
     /// The objects of a namespace with an owner of this uid, sorted by name.
     pub(super) fn owned(&self, namespace: &str, uid: &str) -> Vec<&ObjKey> {
         let mut keys: Vec<&ObjKey> = self
@@ -240,6 +248,16 @@ impl TargetIndex {
                     .get(&(namespace.to_string(), (*name).clone()))
                     .is_some_and(|o| selector.matches_with(|k| o.labels.get(k).map(String::as_str)))
             })
+            .cloned()
+            .collect()
+    }
+
+    /// The objects of any namespace with an owner of this uid.
+    pub fn owned_anywhere(&self, uid: &str) -> Vec<ObjKey> {
+        self.read()
+            .index
+            .owned_anywhere(uid)
+            .into_iter()
             .cloned()
             .collect()
     }

@@ -97,6 +97,24 @@ impl ObjectView for Sources {
         }
     }
 
+    fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>> {
+        let found = match self.0.get(kind) {
+            Some(Source::Informer(c)) => c.owned_anywhere(uid),
+            Some(Source::Targets(s, resource, index)) => index
+                .owned_anywhere(uid)
+                .into_iter()
+                .filter_map(|(ns, name)| s.get(&target_ref(resource, &ns, &name)))
+                .filter(|o| o.undecodable.is_none())
+                .map(|o| o.cached())
+                .collect(),
+            None => Vec::new(),
+        };
+        found
+            .into_iter()
+            .filter(|o| runbook_core::observe::controller_uid(o.value()).is_none())
+            .collect()
+    }
+
     fn owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
         match self.0.get(kind) {
             Some(Source::Informer(c)) => c.owned_by(namespace, uid),
@@ -210,6 +228,18 @@ impl ObjectView for Tracking {
     fn list_owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
         self.note(kind, namespace, None, true);
         self.sources.owned_by(kind, namespace, uid)
+    }
+
+    // Children in other namespaces are noted one by one (a change to
+    // one wakes the target; so does one to its namespace's children of
+    // the kind, through the noted read of children).
+    fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>> {
+        self.note(kind, &self.target.namespace, Some(CHILDREN), false);
+        let found = self.sources.children_elsewhere(kind, uid);
+        for c in &found {
+            self.note(kind, c.namespace(), Some(c.name()), false);
+        }
+        found
     }
 
     // Children report their own changes through their owner references;

@@ -125,6 +125,8 @@ pub struct Reloader {
     /// Where alert receivers' Secrets are read when the routes came from a directory.
     secret_namespace: String,
     dangerous_kinds: bool,
+    /// Accept policies that make children in other namespaces.
+    other_namespaces: bool,
     access_check: bool,
     /// Compile on the calling task rather than a blocking thread (a
     /// simulation, whose clock must not run on while compiling).
@@ -165,6 +167,7 @@ impl Reloader {
             bundles: Mutex::new(BTreeMap::new()),
             secret_namespace: "runbook-system".into(),
             dangerous_kinds: false,
+            other_namespaces: false,
             access_check: false,
             inline: false,
             gate: tokio::sync::Mutex::new(()),
@@ -238,6 +241,13 @@ impl Reloader {
                 Ok(())
             }
         }
+    }
+
+    /// Accept policies that make children in other namespaces than their
+    /// targets' (`spec.namespaces`) instead of refusing their bundles.
+    pub fn with_other_namespaces(mut self, allowed: bool) -> Self {
+        self.other_namespaces = allowed;
+        self
     }
 
     /// Accept policies that declare dangerous kinds (Secrets, RBAC
@@ -409,21 +419,37 @@ impl Reloader {
         Ok((candidate, notes))
     }
 
-    /// A bundle declaring a dangerous kind is refused unless allowed.
+    /// A bundle declaring a dangerous kind is refused unless allowed; so
+    /// is one whose policies make children in other namespaces.
     fn check_dangers(&self, loaded: &Loaded) -> Result<(), Refusal> {
-        if self.dangerous_kinds {
-            return Ok(());
+        let mut refused: Vec<String> = Vec::new();
+        if !self.dangerous_kinds {
+            refused.extend(
+                crate::rbac::dangers_of(loaded.policies.iter())
+                    .into_iter()
+                    .map(|d| {
+                        format!("refused: {d} (start with --allow-dangerous-kinds to accept it)")
+                    }),
+            );
         }
-        let dangers = crate::rbac::dangers_of(loaded.policies.iter());
-        if dangers.is_empty() {
-            return Ok(());
+        if !self.other_namespaces {
+            for p in &loaded.policies {
+                if let Some((_, pos)) = &p.namespaces {
+                    let at = pos
+                        .map(|pos| format!("{}:{}:{}", p.file, pos.line, pos.col))
+                        .unwrap_or_else(|| p.file.clone());
+                    refused.push(format!(
+                        "{at}: spec.namespaces: policy {:?} makes children in other namespaces than its targets'; start the operator with --allow-other-namespaces to accept it",
+                        p.name
+                    ));
+                }
+            }
         }
-        Err(Refusal::content(
-            dangers
-                .into_iter()
-                .map(|d| format!("refused: {d} (start with --allow-dangerous-kinds to accept it)"))
-                .collect(),
-        ))
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(Refusal::content(refused))
+        }
     }
 
     /// Cross-bundle checks: the whole set built with this version in; the

@@ -99,14 +99,42 @@ fn watched(
     index: Arc<TargetIndex>,
 ) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
     let (health, watch_name, typed) = (ctx.health.watches.clone(), k.to_string(), ar.clone());
+    let (changes, kind) = (ctx.queue.changes.clone(), k.clone());
     watcher::watcher(api, watch_config(selector)).map(move |e| {
         report_watch(&health, &watch_name, e.as_ref().err());
         let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
         if let Ok(event) = &e {
             index.observe(event);
+            if let watcher::Event::Delete(o) = event {
+                gone_elsewhere(&changes, &kind, o);
+            }
         }
         e
     })
+}
+
+/// A deleted object of a target kind that is a policy's child in another
+/// namespace than its target's (no reconcile of it follows, as it is
+/// gone): the target it was made for hears of it.
+fn gone_elsewhere(
+    changes: &crate::util::channel::Sender<crate::observe::cache::Change>,
+    kind: &KindRef,
+    o: &RawObject,
+) {
+    let owners: Vec<_> = crate::observe::cache::owners_of(o)
+        .into_iter()
+        .filter(|r| r.namespace.is_some())
+        .collect();
+    if owners.is_empty() {
+        return;
+    }
+    let _ = changes.send(crate::observe::cache::Change {
+        kind: kind.clone(),
+        namespace: o.namespace().to_string(),
+        name: o.name().to_string(),
+        owners,
+        version: None,
+    });
 }
 
 /// Run a target kind's controller until it ends, keeping why in `ended`

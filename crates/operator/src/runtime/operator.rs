@@ -742,7 +742,7 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
             }
             let owner = TargetKey {
                 kind: k,
-                namespace: ch.namespace.clone(),
+                namespace: o.namespace.clone().unwrap_or_else(|| ch.namespace.clone()),
                 name: o.name.clone(),
             };
             if !own_apply || lock(&ctx.memory.deps).reads_children(&owner, &ch.kind) {

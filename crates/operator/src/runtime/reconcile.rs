@@ -399,23 +399,20 @@ fn pass_on_change(ctx: &Context, kind: &KindRef, key: &TargetKey, obj: &RawObjec
         .load()
         .policies
         .values()
-        .any(|p| p.target != *kind && p.kinds.declares(kind));
+        // A policy that owns its own target kind (its children in other
+        // namespaces) hears of its children's changes too.
+        .any(|p| {
+            (p.target != *kind && p.kinds.declares(kind))
+                || (p.target == *kind && p.kinds.has(kind, runbook_core::kinds::Role::Owns))
+        });
     if !watched_by_others {
         return;
     }
-    let owners = obj.meta.owner_references.iter().flatten();
     let _ = ctx.queue.changes.send(crate::observe::cache::Change {
         kind: kind.clone(),
         namespace: key.namespace.clone(),
         name: key.name.clone(),
-        owners: owners
-            .map(|o| crate::observe::cache::OwnerRef {
-                api_version: o.api_version.clone(),
-                kind: o.kind.clone(),
-                name: o.name.clone(),
-                uid: o.uid.clone(),
-            })
-            .collect(),
+        owners: crate::observe::cache::owners_of(obj),
         version: Some(obj.resource_version().to_string()),
     });
 }
@@ -625,7 +622,10 @@ async fn reconcile_target(
         .for_target(kind)
         .into_iter()
         .filter(|p| {
-            let selects = p.selects(cached.value()) && p.acts_in(&key.namespace);
+            let selects = p.selects(cached.value())
+                && p.acts_in(&key.namespace)
+                && !(p.kinds.has(kind, runbook_core::kinds::Role::Owns)
+                    && runbook_core::observe::made_by(&p.name, cached.value()));
             let left = !selects && present.contains(&finalizer_name(&p.name));
             if left {
                 leaving.push(p.name.clone());

@@ -157,6 +157,9 @@ pub struct CompiledPolicy {
     pub tenant: Option<String>,
     /// What its children's pods may ask for (`spec.pods`).
     pub pods: super::model::PodsSpec,
+    /// `spec.namespaces`: the other namespaces it may make children in,
+    /// by their labels, and where that is declared.
+    pub namespaces: Option<(Selector, Option<Pos>)>,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and
@@ -229,6 +232,15 @@ impl Loaded {
     pub fn confine_to(&mut self, namespace: &str) {
         for p in &mut self.policies {
             p.tenant = Some(namespace.to_string());
+            if let Some((_, pos)) = &p.namespaces {
+                self.errors.push(LoadError {
+                    file: p.file.clone(),
+                    pos: *pos,
+                    message: format!(
+                        "spec.namespaces: a policy ConfigMap in namespace {namespace:?} acts only in {namespace:?} (cluster-wide policies come from the operator's namespace or --policy-dir)"
+                    ),
+                });
+            }
         }
         for r in &mut self.routes {
             r.tenant = Some(namespace.to_string());

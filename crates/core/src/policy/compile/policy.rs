@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::pieces::{compile_limits, compile_schedules, compile_status_claim, template};
 use super::steps::{StepCx, compile_step, step_nodes};
 use super::{Body, CompiledPolicy, CompiledRetention, Ctx, parse_doc, pos_at};
-use crate::kinds::DeclaredKinds;
+use crate::kinds::{DeclaredKinds, KindRef};
 use crate::labels::Selector;
 use crate::policy::model::{API_VERSION, PolicyDoc, PolicySpec};
 use crate::script::engine::Script;
@@ -77,6 +77,7 @@ pub(super) fn load_policy(
         None => Selector::default(),
     };
     let status = compile_status_claim(cx, file, &node, spec);
+    let namespaces = other_namespaces(cx, file, &node, spec, body.as_ref());
     if cx.errors.len() > errors_before {
         return None;
     }
@@ -105,6 +106,7 @@ pub(super) fn load_policy(
         status,
         tenant: None,
         pods: spec.pods.clone(),
+        namespaces,
     })
 }
 
@@ -133,16 +135,61 @@ fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
             cx.error(file, pos_at(node, &["spec", key]), m);
         }
     }
-    if spec.owns.contains(&spec.target) {
-        let m = "spec.owns: a policy cannot own its own target kind";
+    // Its children would be its targets; in other namespaces they are
+    // not (`selects` leaves them out), so a copier may own its kind.
+    if spec.owns.contains(&spec.target) && spec.namespaces.is_none() {
+        let m = "spec.owns: a policy cannot own its own target kind (except one that makes its children in other namespaces: spec.namespaces)";
         cx.error(file, pos_at(node, &["spec", "owns"]), m);
     }
+}
+
+/// `spec.namespaces`: its selector, and what a policy that writes in
+/// other namespaces must have: a script with `fn finalize`, as nothing
+/// collects such children with their target.
+fn other_namespaces(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &PolicySpec,
+    body: Option<&Body>,
+) -> Option<(Selector, Option<Pos>)> {
+    let declared = spec.namespaces.as_ref()?;
+    let pos = pos_at(node, &["spec", "namespaces"]);
+    let selector = label_selector(
+        cx,
+        file,
+        node,
+        "namespaces.selector",
+        Some(&declared.selector),
+    );
+    let finalizes = matches!(
+        body,
+        Some(Body::Script {
+            has_finalize: true,
+            ..
+        })
+    );
+    if body.is_some() && !finalizes {
+        cx.error(
+            file,
+            pos,
+            "spec.namespaces: a policy that makes children in other namespaces needs a script with fn finalize(ctx) that removes them (ctx.sync_children([])): no ownerReference can cross namespaces, so nothing collects them with their target",
+        );
+    }
+    Some((selector, pos))
 }
 
 /// Each kind the policy declares, with where and at what position.
 /// Every kind the policy declares, by role.
 fn declared_kinds(spec: &PolicySpec) -> DeclaredKinds {
-    DeclaredKinds::new(&spec.target, &spec.owns, &spec.reads, &spec.mutates)
+    let namespace = KindRef::new("v1", "Namespace");
+    // A policy that writes in other namespaces reads their labels.
+    let reads_namespaces = spec.namespaces.is_some() && !spec.reads.contains(&namespace);
+    let mut reads = spec.reads.clone();
+    if reads_namespaces {
+        reads.push(namespace);
+    }
+    DeclaredKinds::new(&spec.target, &spec.owns, &reads, &spec.mutates)
         .with_deletes(spec.deletes.iter().map(|d| d.kind_ref()))
 }
 
@@ -472,7 +519,7 @@ mod tests {
         assert!(
             errors
                 .iter()
-                .any(|e| e.ends_with("spec.owns: a policy cannot own its own target kind")),
+                .any(|e| e.contains("spec.owns: a policy cannot own its own target kind")),
             "{errors:?}"
         );
     }
