@@ -812,6 +812,14 @@ mod tests {
             ["test/p.yaml:8:5: spec.schedules: give schedule or schedules, not both"]
         );
         assert_eq!(
+            load("  schedules:\n    - {cron: '@daily'}\n"),
+            ["test/p.yaml:7:7: spec.schedules[0].name: give each schedule a name"]
+        );
+        assert_eq!(
+            load("  schedule: {name: nightly, cron: '@daily'}\n"),
+            ["test/p.yaml:6:13: spec.schedule.name: only the entries of spec.schedules are named"]
+        );
+        assert_eq!(
             load("  schedules:\n    - {name: '', cron: '@daily'}\n"),
             ["test/p.yaml:7:7: spec.schedules[0].name: give each schedule a name"]
         );

@@ -80,7 +80,7 @@ pub struct PolicySpec {
     /// (instead of `schedule`): an hourly check and a nightly report of
     /// one policy. `ctx.fired` names those due in a reconcile.
     #[serde(default)]
-    pub schedules: Vec<NamedScheduleSpec>,
+    pub schedules: Vec<ScheduleSpec>,
     /// A `.rhai` script in the same bundle defining `reconcile(ctx)`.
     #[serde(default)]
     pub script: Option<String>,
@@ -258,6 +258,12 @@ impl Mode {
 #[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScheduleSpec {
+    /// The schedule's name, unique in the policy: each entry of
+    /// `spec.schedules` has one (`ctx.fired` lists it, and the target's
+    /// `status.schedules` keeps its times under it); `spec.schedule` has
+    /// none.
+    #[serde(default)]
+    pub name: Option<String>,
     /// A fixed cron expression.
     #[serde(default)]
     pub cron: Option<String>,
@@ -281,41 +287,6 @@ pub struct NamespacesSpec {
     /// Namespaces whose labels this selector matches (`ctx.namespaces()`
     /// lists them); `{}` matches every namespace.
     pub selector: LabelSelectorSpec,
-}
-
-/// One of a policy's named schedules.
-#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NamedScheduleSpec {
-    /// The schedule's name, unique in the policy: `ctx.fired` lists it
-    /// and the target's `status.schedules` keeps its times under it.
-    pub name: String,
-    /// A fixed cron expression.
-    #[serde(default)]
-    pub cron: Option<String>,
-    /// A dotted path in the target that holds the expression.
-    #[serde(default)]
-    pub from_field: Option<String>,
-    /// The expression when the field is absent.
-    #[serde(default)]
-    pub default: Option<String>,
-    /// A new target's first run of this schedule: at its creation
-    /// (`creation`, the default) or at the first fire time after it
-    /// (`schedule`).
-    #[serde(default)]
-    pub first_run: FirstRun,
-}
-
-impl NamedScheduleSpec {
-    /// The schedule without its name.
-    pub fn unnamed(&self) -> ScheduleSpec {
-        ScheduleSpec {
-            cron: self.cron.clone(),
-            from_field: self.from_field.clone(),
-            default: self.default.clone(),
-            first_run: self.first_run,
-        }
-    }
 }
 
 /// When a new target's first scheduled run is.

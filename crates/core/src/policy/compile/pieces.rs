@@ -30,6 +30,13 @@ pub(super) fn compile_schedules(
             );
         }
         let pos = pos_at(node, &["spec", "schedule"]);
+        if s.name.is_some() {
+            cx.error(
+                file,
+                pos,
+                "spec.schedule.name: only the entries of spec.schedules are named",
+            );
+        }
         return compile_schedule(cx, file, pos, "spec.schedule", s)
             .map(|source| Timer {
                 name: None,
@@ -48,25 +55,25 @@ pub(super) fn compile_schedules(
     for (i, named) in spec.schedules.iter().enumerate() {
         let pos = items.get(i).copied().or(Some(node.pos));
         let field = format!("spec.schedules[{i}]");
-        if named.name.trim().is_empty() {
+        let Some(name) = named.name.as_deref().filter(|n| !n.trim().is_empty()) else {
             cx.error(
                 file,
                 pos,
                 format!("{field}.name: give each schedule a name"),
             );
             continue;
-        }
-        if !seen.insert(named.name.as_str()) {
+        };
+        if !seen.insert(name) {
             cx.error(
                 file,
                 pos,
-                format!("{field}.name: {:?} names two schedules", named.name),
+                format!("{field}.name: {name:?} names two schedules"),
             );
             continue;
         }
-        if let Some(source) = compile_schedule(cx, file, pos, &field, &named.unnamed()) {
+        if let Some(source) = compile_schedule(cx, file, pos, &field, named) {
             out.push(Timer {
-                name: Some(named.name.clone()),
+                name: Some(name.to_string()),
                 source,
                 first_run: named.first_run,
             });
