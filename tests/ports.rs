@@ -626,3 +626,86 @@ async fn secret_copier() {
     }
     c.cleanup().await;
 }
+
+/// shell-operator's pod monitor (`examples/101-monitor-pods`): each Pod
+/// is told once, "Pod 'NAME' added", however it changes afterwards; the
+/// memory of it is the policy's own status field, which a Pod's status
+/// cannot keep, so it is kept in the Pod's RunbookState.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_pods() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::core::DynamicObject;
+    let c = Cluster::new("port-pods").await;
+    let op = start_example(&c, "monitor-pods", |t| t).await;
+    let pods: Api<Pod> = c.api();
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web-1"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let events: Api<Event> = c.api();
+    let told = || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.message.as_deref() == Some("Pod 'web-1' added"))
+            .map(|e| e.count.unwrap_or(1))
+            .sum::<i32>()
+    };
+    eventually("the Pod told", 30, || async { told().await >= 1 }).await;
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    eventually("the memory of it in the Pod's RunbookState", 30, || async {
+        states
+            .get_opt("pod.web-1")
+            .await
+            .unwrap()
+            .is_some_and(|s| s.data["status"]["fields"]["announced"] == true)
+    })
+    .await;
+    let live = pods.get("web-1").await.unwrap();
+    let status = serde_json::to_value(&live.status).unwrap();
+    assert!(
+        status.get("announced").is_none(),
+        "not written to the Pod: {status}"
+    );
+    // A change of the Pod tells nothing more, once it is reconciled.
+    let reconciled = || -> f64 {
+        op.ctx
+            .metrics
+            .render()
+            .lines()
+            .filter(|l| {
+                (l.starts_with("runbook_reconciles_total{")
+                    || l.starts_with("runbook_unchanged_reconciles_total{"))
+                    && l.contains("monitor-pods")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = reconciled();
+    pods.patch(
+        "web-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}})),
+    )
+    .await
+    .unwrap();
+    eventually("the changed Pod reconciled", 30, || async {
+        reconciled() > before
+    })
+    .await;
+    assert_eq!(told().await, 1, "told once");
+    let errors = op.ctx.metrics.render();
+    assert!(
+        !errors.contains("runbook_reconcile_failures_total{"),
+        "{errors}"
+    );
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}

@@ -105,6 +105,14 @@ pub(crate) fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::
 
 /// Schema for the decision records: a list keyed by policy, one record
 /// per policy that acts on the object.
+/// A map of any fields, kept as written.
+pub(crate) fn any_fields_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 pub(crate) fn decisions_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut s = g.subschema_for::<Vec<DecisionRecord>>();
     s.insert("x-kubernetes-list-type".into(), "map".into());

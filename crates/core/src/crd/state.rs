@@ -107,6 +107,12 @@ pub struct RunbookStateStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    /// The policies' own status fields of a built-in kind's target, whose
+    /// status keeps only its own fields: kept here, and seen by decisions
+    /// in the target's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::common::any_fields_schema")]
+    pub fields: Option<serde_json::Map<String, serde_json::Value>>,
     /// The target's generation the last decision saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

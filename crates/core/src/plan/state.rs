@@ -136,6 +136,12 @@ pub fn overlay(target: &Value, state: Option<&Value>) -> Value {
     let Some(status) = out["status"].as_object_mut() else {
         return out;
     };
+    // The policies' own fields a built-in kind's status cannot keep.
+    if let Some(fields) = state.get(FIELDS).and_then(Value::as_object) {
+        for (k, v) in fields {
+            status.insert(k.clone(), v.clone());
+        }
+    }
     for k in STATE_FIELDS.iter().chain(STEP_FIELDS) {
         if let Some(v) = state.get(*k) {
             status.insert(k.to_string(), v.clone());
@@ -163,18 +169,24 @@ pub fn overlay(target: &Value, state: Option<&Value>) -> Value {
     out
 }
 
+/// Where a `RunbookState` keeps the policies' own status fields of a
+/// built-in kind's target.
+pub const FIELDS: &str = "fields";
+
 /// A concluded status split in two: the target's own status (`own`,
 /// changed as the decision changed it, Runbook's fields and condition
 /// left out), and Runbook's state of it (`state`, changed likewise).
 /// `seen` is the status the decision saw (the overlay), to tell what the
 /// decision removed; `steps`: the policy has declarative steps, whose
-/// progress is Runbook's.
+/// progress is Runbook's; `built_in`: the target's kind is built in, so
+/// its status keeps none of a policy's fields (a Pod's `announced`), and
+/// they are kept in the state's `fields` instead.
 pub fn split(
     own: &Value,
     state: &Value,
     seen: &Value,
     concluded: &Value,
-    steps: bool,
+    (steps, built_in): (bool, bool),
 ) -> (Value, Value) {
     let empty = Map::new();
     let concluded_map = concluded.as_object().unwrap_or(&empty);
@@ -187,16 +199,35 @@ pub fn split(
         .collect();
     let runbooks = |k: &str| fields.contains(&k);
     let mut target = own.as_object().cloned().unwrap_or_default();
+    let mut apart = state
+        .get(FIELDS)
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     for (k, v) in concluded_map {
         if runbooks(k) || k == "conditions" {
             continue;
         }
         if seen_map.get(k) != Some(v) {
-            target.insert(k.clone(), v.clone());
+            // A built-in kind's own field (one its status has) stays
+            // there; a policy's goes to the state.
+            if built_in && (apart.contains_key(k) || own.get(k).is_none()) {
+                if v.is_null() {
+                    apart.remove(k);
+                } else {
+                    apart.insert(k.clone(), v.clone());
+                }
+            } else {
+                target.insert(k.clone(), v.clone());
+            }
         }
     }
     for k in seen_map.keys() {
-        if !runbooks(k) && k != "conditions" && !concluded_map.contains_key(k) {
+        if !runbooks(k)
+            && k != "conditions"
+            && !concluded_map.contains_key(k)
+            && apart.remove(k).is_none()
+        {
             target.remove(k);
         }
     }
@@ -212,6 +243,11 @@ pub fn split(
         target.insert("conditions".into(), Value::Array(theirs));
     }
     let mut kept = state.as_object().cloned().unwrap_or_default();
+    if apart.is_empty() {
+        kept.remove(FIELDS);
+    } else {
+        kept.insert(FIELDS.into(), Value::Object(apart));
+    }
     for k in &fields {
         match concluded_map.get(*k).filter(|v| !v.is_null()) {
             Some(v) => kept.insert(k.to_string(), v.clone()),
@@ -315,7 +351,7 @@ mod tests {
         concluded["conditions"] = json!([{"type": "Available", "status": "True"},
                                          {"type": "Degraded", "status": "True"}]);
         concluded["lastRunTime"] = json!("2026-01-01T00:00:00Z");
-        let (own, st) = split(&real, &state, &seen, &concluded, false);
+        let (own, st) = split(&real, &state, &seen, &concluded, (false, false));
         assert_eq!(
             own,
             json!({"replicas": 3, "observedGeneration": 7, "ready": true,
@@ -343,13 +379,13 @@ mod tests {
         let mut concluded = seen.clone();
         concluded["value"] = json!("b");
         concluded["conditions"] = json!([{"type": "Degraded", "status": "True"}]);
-        let (own, st) = split(&real, &json!({}), &seen, &concluded, false);
+        let (own, st) = split(&real, &json!({}), &seen, &concluded, (false, false));
         assert_eq!(own, json!({"value": "b"}), "no conditions, no records");
         assert_eq!(st["decisions"][0]["time"], "t0", "carried over");
         // A field the decision removes is removed from the target.
         let mut removed = seen.clone();
         removed.as_object_mut().unwrap().remove("value");
-        let (own, _) = split(&real, &json!({}), &seen, &removed, false);
+        let (own, _) = split(&real, &json!({}), &seen, &removed, (false, false));
         assert_eq!(own, json!({}));
     }
 
@@ -363,19 +399,19 @@ mod tests {
         // the step policy's progress stays in the state.
         let mut concluded = seen.clone();
         concluded["ready"] = json!(true);
-        let (own, st) = split(&real, &state, &seen, &concluded, false);
+        let (own, st) = split(&real, &state, &seen, &concluded, (false, false));
         assert_eq!(own, json!({"ready": true}));
         assert_eq!(st["run"], "r1");
         // The step policy moves on.
         let mut concluded = seen.clone();
         concluded["phase"] = json!("Completed");
-        let (own, st) = split(&real, &state, &seen, &concluded, true);
+        let (own, st) = split(&real, &state, &seen, &concluded, (true, false));
         assert_eq!(own, json!({}));
         assert_eq!(st["phase"], "Completed");
         // A script that sets a phase of its own writes it to the target.
         let mut concluded = overlay(&sts(real.clone()), None)["status"].clone();
         concluded["phase"] = json!("Ready");
-        let (own, _) = split(&real, &json!({}), &json!({}), &concluded, false);
+        let (own, _) = split(&real, &json!({}), &json!({}), &concluded, (false, false));
         assert_eq!(own, json!({"phase": "Ready"}));
     }
 
@@ -391,5 +427,34 @@ mod tests {
         )));
         assert!(!owns_schema(&KindRef::new("apps/v1", "StatefulSet")));
         assert!(!owns_schema(&KindRef::new("example.com/v1", "Evaluator")));
+    }
+
+    /// A built-in kind's status keeps only its own fields: a policy's
+    /// (`announced` on a Pod) is kept in the state, seen by the next
+    /// decision as if in the status, and removed from there as it would
+    /// be from the status; the kind's own fields stay its own.
+    #[test]
+    fn a_policys_fields_of_a_built_in_kind_are_kept_apart() {
+        let real = json!({"phase": "Running"});
+        let seen = overlay(&json!({"status": real}), None)["status"].clone();
+        let mut concluded = seen.clone();
+        concluded["announced"] = json!(true);
+        let (own, st) = split(&real, &json!({}), &seen, &concluded, (false, true));
+        assert_eq!(
+            own,
+            json!({"phase": "Running"}),
+            "nothing written to the Pod"
+        );
+        assert_eq!(st[FIELDS], json!({"announced": true}));
+        // The next decision sees it in the status.
+        let seen = overlay(&json!({"status": real}), Some(&st))["status"].clone();
+        assert_eq!(seen["announced"], true);
+        assert_eq!(seen["phase"], "Running");
+        // And can remove it.
+        let mut removed = seen.clone();
+        removed.as_object_mut().unwrap().remove("announced");
+        let (own, st) = split(&real, &st, &seen, &removed, (false, true));
+        assert_eq!(own, json!({"phase": "Running"}));
+        assert!(st.get(FIELDS).is_none(), "{st}");
     }
 }

@@ -480,7 +480,8 @@ async fn finish_apart(
         policy.body,
         runbook_core::policy::compile::Body::Steps { .. }
     );
-    let (own, runbooks) = state::split(own_now, state_now, seen, &end.status, steps);
+    let built_in = state::built_in(&target_kind.kind_ref());
+    let (own, runbooks) = state::split(own_now, state_now, seen, &end.status, (steps, built_in));
     let entry = |action: &str, result: &str| {
         Entry::new(w.now, action, result)
             .policy(&policy.name)
