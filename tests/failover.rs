@@ -386,3 +386,74 @@ async fn health_is_served_while_start_up_waits_for_the_api_server() {
     .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Members of a sharded ring (`runbook::runtime::members`): each holds a
+/// Lease of its own; every replica sees the live ones. One that stops
+/// renewing (its process killed: no release) is counted gone once its
+/// record has gone unrenewed for four fifths of the lease duration; one
+/// that leaves releases its Lease and is gone at the next look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_of_a_ring_see_who_is_live() {
+    use runbook::runtime::leader::{Elector, LeaseConfig};
+    use runbook::runtime::members::{Members, member_lease};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let c = Cluster::new("members").await;
+    let ring = |identity: &str| LeaseConfig {
+        namespace: c.ns.clone(),
+        name: "runbook".into(),
+        identity: identity.into(),
+        duration: Duration::from_secs(2),
+        renew_every: Duration::from_millis(300),
+    };
+    let member = |identity: &str| {
+        let (changed, _) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let elector = Elector::new(
+            c.operator_client.clone(),
+            member_lease(&ring(identity)),
+            runbook::clock::Clock::real(),
+        );
+        let task = tokio::spawn(elector.run(Arc::new(AtomicBool::new(false)), changed, stopped));
+        (stop, task)
+    };
+    let (_stop_a, _a) = member("a");
+    let (_stop_b, b) = member("b");
+    let (stop_c, c_task) = member("c");
+    let mut seen = Members::new(c.operator_client.clone(), &ring("a"));
+    let live = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let mut last = Default::default();
+    for _ in 0..100 {
+        last = seen.live().await.unwrap();
+        if last == live(&["a", "b", "c"]) {
+            break;
+        }
+        tokio::time::sleep(seen.poll()).await;
+    }
+    assert_eq!(last, live(&["a", "b", "c"]));
+    let ring_now = seen.ring().await.unwrap();
+    assert_eq!(ring_now.members(), ["a", "b", "c"]);
+    // c leaves: it releases its Lease.
+    let _ = stop_c.send(true);
+    c_task.await.unwrap();
+    assert_eq!(seen.live().await.unwrap(), live(&["a", "b"]));
+    // b is killed: no release; still counted until its record is stale.
+    b.abort();
+    let killed = Instant::now();
+    assert!(seen.live().await.unwrap().contains("b"), "not gone at once");
+    for _ in 0..300 {
+        last = seen.live().await.unwrap();
+        if last == live(&["a"]) {
+            break;
+        }
+        tokio::time::sleep(seen.poll()).await;
+    }
+    assert_eq!(last, live(&["a"]));
+    eprintln!("a killed member counted gone after {:?}", killed.elapsed());
+    c.cleanup().await;
+}

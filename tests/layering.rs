@@ -70,6 +70,8 @@ const CORE: Layers = &[
     ("labels", &["names"]),
     ("kinds", &[]),
     ("schedule", &[]),
+    // Which replica decides for which target (the ring of `--shards`).
+    ("shard", &["util"]),
     // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel, RunbookState).
     ("crd", &["schedule", "util"]),
     // The object model a decision reads.

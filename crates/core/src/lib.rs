@@ -32,4 +32,5 @@ pub mod plan;
 pub mod policy;
 pub mod schedule;
 pub mod script;
+pub mod shard;
 pub mod util;

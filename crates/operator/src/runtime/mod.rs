@@ -8,6 +8,7 @@ mod context;
 mod controllers;
 pub mod forbidden;
 pub mod leader;
+pub mod members;
 pub mod operator;
 mod reconcile;
 mod unchanged;

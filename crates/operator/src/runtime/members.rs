@@ -1,0 +1,125 @@
+//! Who shares the work, when replicas run sharded (`--shards`): each
+//! replica holds a Lease of its own, `<ring>-member-<identity>` in the
+//! operator namespace, renewed as the leader Lease is (see `leader`); the
+//! members whose Leases are live form the ring (`runbook_core::shard`).
+//!
+//! A member's liveness is judged as a standby judges a leader: by this
+//! replica's own monotonic clock, from when it first saw the member's
+//! current record (its resourceVersion), never from the `renewTime` the
+//! member wrote. A member trusts its Lease for four fifths of the duration
+//! after it sent its last renewal; another replica calls it gone four
+//! fifths of the duration after it first saw that renewal, which is later.
+//! So a member is never counted gone while it still acts on its own
+//! account, whatever the clocks say, and a member that stops renewing is
+//! counted gone within one lease duration of its last renewal (given the
+//! look every fifteenth of it).
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use tokio::time::Instant;
+
+use super::leader::LeaseConfig;
+use runbook_core::shard::Ring;
+
+/// The name of a member's Lease in ring `ring`.
+pub fn lease_name(ring: &str, identity: &str) -> String {
+    format!("{ring}-member-{identity}")
+}
+
+/// A member's Lease as a leader Lease of its own: held only by it.
+pub fn member_lease(ring: &LeaseConfig) -> LeaseConfig {
+    LeaseConfig {
+        name: lease_name(&ring.name, &ring.identity),
+        ..ring.clone()
+    }
+}
+
+/// What one replica knows of the members of a ring.
+pub struct Members {
+    api: Api<Lease>,
+    ring: String,
+    duration: Duration,
+    /// Each member's current record and when this replica first saw it.
+    sighted: HashMap<String, (String, Instant)>,
+}
+
+impl Members {
+    pub fn new(client: kube::Client, ring: &LeaseConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &ring.namespace),
+            ring: ring.name.clone(),
+            duration: ring.duration,
+            sighted: HashMap::new(),
+        }
+    }
+
+    /// How often to look, to count a member gone soon after it is.
+    pub fn poll(&self) -> Duration {
+        (self.duration / 15).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+
+    /// The live members now, by identity.
+    pub async fn live(&mut self) -> Result<BTreeSet<String>, kube::Error> {
+        let leases = self.api.list(&Default::default()).await?.items;
+        let prefix = format!("{}-member-", self.ring);
+        let now = Instant::now();
+        let mut live = BTreeSet::new();
+        let mut seen = HashMap::new();
+        for lease in leases {
+            let Some(name) = lease.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(identity) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let spec = lease.spec.unwrap_or_default();
+            // A member that left released its Lease.
+            if spec.holder_identity.as_deref() != Some(identity) {
+                continue;
+            }
+            let record = lease.metadata.resource_version.unwrap_or_default();
+            let since = match self.sighted.get(identity) {
+                Some((r, at)) if *r == record => *at,
+                _ => now,
+            };
+            let duration = spec
+                .lease_duration_seconds
+                .map(|s| Duration::from_secs(s.max(1) as u64))
+                .unwrap_or(self.duration);
+            if now.duration_since(since) < duration.mul_f64(0.8) {
+                live.insert(identity.to_string());
+            }
+            seen.insert(identity.to_string(), (record, since));
+        }
+        self.sighted = seen;
+        Ok(live)
+    }
+
+    /// The ring over the live members.
+    pub async fn ring(&mut self) -> Result<Ring, kube::Error> {
+        Ok(Ring::new(self.live().await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_members_lease_is_named_after_its_ring_and_identity() {
+        let ring = LeaseConfig {
+            namespace: "runbook-system".into(),
+            name: "runbook".into(),
+            identity: "runbook-7d9f-x2".into(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        };
+        let own = member_lease(&ring);
+        assert_eq!(own.name, "runbook-member-runbook-7d9f-x2");
+        assert_eq!(own.identity, ring.identity);
+        assert_eq!(own.namespace, ring.namespace);
+    }
+}
