@@ -18,7 +18,7 @@ pub mod schema;
 
 pub use runbook_bench as bench;
 pub use runbook_core::{
-    clock, crd, decide, failure, kinds, labels, names, plan, policy, schedule, script,
+    clock, crd, decide, failure, kinds, labels, names, plan, policy, schedule, script, shard,
 };
 pub use runbook_operator::{
     act, admission, alert, events, observe, rbac, reload, runtime, telemetry, util,

@@ -100,7 +100,8 @@ const CORE: Layers = &[
     (
         "plan",
         &[
-            "alert", "crd", "decide", "failure", "kinds", "observe", "policy", "script", "util",
+            "alert", "crd", "decide", "failure", "kinds", "observe", "policy", "script", "shard",
+            "util",
         ],
     ),
 ];
@@ -587,6 +588,10 @@ const WRITERS: &[(&str, &str)] = &[
         "Events, written once and counted as a series",
     ),
     ("crates/operator/src/runtime/leader.rs", "the leader Lease"),
+    (
+        "crates/operator/src/runtime/assign.rs",
+        "the shard labels that place targets on replicas",
+    ),
     (
         "crates/operator/src/runtime/access.rs",
         "SelfSubjectAccessReviews (a question, stored nowhere)",

@@ -468,6 +468,125 @@ async fn one_leads_and_the_other_takes_over() {
     c.cleanup().await;
 }
 
+/// Replicas sharing the work (`--shards`): each target is labelled for
+/// its place on the ring of live replicas and decided for by that one
+/// only, its children labelled alike; a replica that leaves gives its
+/// targets to the others, and one that joins takes its share from them
+/// by the drain handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_share_the_targets() {
+    use runbook::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
+    let c = Cluster::new("shards").await;
+    install_widget_crd(&c).await;
+    let lease = |id: &str| runbook::runtime::leader::LeaseConfig {
+        namespace: c.ns.clone(),
+        name: "runbook-ring".into(),
+        identity: id.into(),
+        duration: Duration::from_secs(2),
+        renew_every: Duration::from_millis(300),
+    };
+    let replica = |id: &str| {
+        let op = operator(
+            &c,
+            policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
+            OperatorConfig {
+                lease: Some(lease(id)),
+                identity: id.into(),
+                shards: true,
+                ..Default::default()
+            },
+        );
+        let started = op.clone();
+        tokio::spawn(async move { started.start().await.unwrap() });
+        op
+    };
+    let widgets = widgets(&c);
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let group = widget_group(&c);
+    let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+    // Every widget labelled for its place among `members`, its child
+    // labelled alike and showing `size`.
+    let placed = |members: Vec<&'static str>, size: i64| {
+        let (widgets, cms, names, group, ns) = (
+            widgets.clone(),
+            cms.clone(),
+            names.clone(),
+            group.clone(),
+            c.ns.clone(),
+        );
+        async move {
+            let ring = Ring::new(members);
+            for n in &names {
+                let want = ring
+                    .owner(&key(&group, "Widget", &ns, n))
+                    .unwrap()
+                    .to_string();
+                let w = widgets.get(n).await.unwrap();
+                let labels = w.metadata.labels.clone().unwrap_or_default();
+                if labels.get(SHARD_LABEL) != Some(&want) || labels.contains_key(DRAIN_LABEL) {
+                    return false;
+                }
+                let Ok(child) = cms.get(&format!("{n}-config")).await else {
+                    return false;
+                };
+                let child_labels = child.metadata.labels.clone().unwrap_or_default();
+                if child_labels.get(SHARD_LABEL) != Some(&want)
+                    || child.data.unwrap_or_default().get("size") != Some(&size.to_string())
+                {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    let resize = |size: i64| {
+        let (widgets, names) = (widgets.clone(), names.clone());
+        async move {
+            for n in &names {
+                widgets
+                    .patch(
+                        n,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"size": size}})),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let a = replica("a");
+    let b = replica("b");
+    for n in &names {
+        create_widget(&c, &widgets, n, json!({"size": 1})).await;
+    }
+    eventually("each widget placed on a or b and reconciled", 60, || {
+        placed(vec!["a", "b"], 1)
+    })
+    .await;
+    // b leaves: its widgets go to a.
+    b.shutdown(Duration::from_secs(5)).await;
+    resize(2).await;
+    eventually("every widget on a, reconciled there", 60, || {
+        placed(vec!["a"], 2)
+    })
+    .await;
+    // c joins: it takes its share from a, by the handshake.
+    let c_op = replica("c");
+    eventually("the widgets shared between a and c", 60, || {
+        placed(vec!["a", "c"], 2)
+    })
+    .await;
+    resize(3).await;
+    eventually("each reconciled by its own replica", 60, || {
+        placed(vec!["a", "c"], 3)
+    })
+    .await;
+    a.shutdown(Duration::from_secs(5)).await;
+    c_op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
 const ROLLBACK_POLICY: &str = r#"
 apiVersion: runbook.dev/v1alpha1
 kind: Policy

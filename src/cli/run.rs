@@ -100,6 +100,12 @@ pub struct RunArgs {
         conflicts_with = "namespace"
     )]
     pub allow_other_namespaces: bool,
+    /// Share the targets with the other replicas started so (each holds a
+    /// member Lease beside the leader Lease, and decides for the targets
+    /// labelled `runbook.dev/shard: <its identity>`); needs leader
+    /// election, and an identity that is a label value.
+    #[arg(long, env = "RUNBOOK_SHARDS")]
+    pub shards: bool,
     /// Decide again on every reconcile skipped as unchanged, and report
     /// (log, metric `runbook_skip_check_differences_total`) any that would
     /// decide differently: a check of Runbook itself, at the cost of the
@@ -327,6 +333,7 @@ fn operator_config(args: &RunArgs) -> OperatorConfig {
             renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
         }),
         check_skips: args.check_skips,
+        shards: args.shards,
         ..Default::default()
     }
 }
@@ -405,6 +412,18 @@ async fn where_policies_live(
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    if args.shards {
+        anyhow::ensure!(
+            args.leader_elect,
+            "--shards needs leader election (--leader-elect=true): replicas share targets through Leases"
+        );
+        let id = identity(&args);
+        if let Err(why) = crate::labels::check_value(&id) {
+            anyhow::bail!(
+                "--shards: the identity labels this replica's targets: {why}; give --identity"
+            );
+        }
+    }
     // Health is served from the first moment: live while start-up waits
     // (for an API server, for ConfigMaps it may not read yet), not ready
     // until the operator is, with the reason.

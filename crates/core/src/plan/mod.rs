@@ -931,6 +931,14 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
         l.entry("app.kubernetes.io/managed-by")
             .or_insert_with(|| json!("runbook"));
         l.insert(POLICY_NAME_LABEL.into(), json!(policy));
+        // Sharded replicas: a child belongs where its target does.
+        if let Some(shard) = target
+            .pointer("/metadata/labels")
+            .and_then(|t| t.get(crate::shard::SHARD_LABEL))
+            .filter(|s| s.is_string())
+        {
+            l.insert(crate::shard::SHARD_LABEL.into(), shard.clone());
+        }
     });
     with_map(&mut meta, "annotations", |a| {
         a.remove(APPLIED_HASH);

@@ -64,6 +64,9 @@ pub struct OperatorConfig {
     /// targets to reconcile) holds before a full one drops and a resync
     /// makes up for it.
     pub queue_capacity: usize,
+    /// Share the targets with the other replicas of the ring (the
+    /// `lease`'s), each deciding for its own (see `runtime::assign`).
+    pub shards: bool,
 }
 
 impl Default for OperatorConfig {
@@ -80,6 +83,7 @@ impl Default for OperatorConfig {
             operator_namespace: "runbook-system".into(),
             check_skips: false,
             queue_capacity: 65_536,
+            shards: false,
         }
     }
 }

@@ -55,9 +55,11 @@ pub(super) fn spawn_target(
     let reader = writer.as_reader();
     // Lists of the kind read this index, kept from the same events.
     let index = Arc::new(TargetIndex::default());
+    // Sharded, only this replica's own targets.
+    let watch = super::assign::watch_selector(ctx, selector.as_deref());
     let objects = reflector::reflector(
         writer,
-        watched(ctx, k, api, &ar, selector.as_deref(), index.clone()),
+        watched(ctx, k, api, &ar, watch.as_deref(), index.clone()),
     )
     .applied_objects();
     let controller = Controller::for_stream_with(objects, reader, ar)

@@ -4,6 +4,7 @@
 //! that is `decide`'s, and every write is `act`'s.
 
 pub mod access;
+mod assign;
 mod context;
 mod controllers;
 pub mod forbidden;

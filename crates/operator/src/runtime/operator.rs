@@ -383,7 +383,16 @@ impl Operator {
                 let _ = leading_tx.send(true);
             }
             Some(lease) => {
-                let elector = Elector::new(self.ctx.client.clone(), lease, Clock::real());
+                // Sharded, a replica leads its own share: it acts while it
+                // holds its member Lease, and one of them assigns.
+                let own = if self.ctx.config.shards {
+                    let task = tokio::spawn(super::assign::run(self.ctx.clone(), lease.clone()));
+                    lock(&self.tasks).push(task);
+                    super::members::member_lease(&lease)
+                } else {
+                    lease
+                };
+                let elector = Elector::new(self.ctx.client.clone(), own, Clock::real());
                 let task = tokio::spawn(elector.run(
                     self.ctx.health.leading.clone(),
                     leading_tx,

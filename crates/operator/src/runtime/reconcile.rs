@@ -348,6 +348,18 @@ pub(super) async fn reconcile(
         ctx.metrics.queue_depth.set(pending.len() as i64);
     }
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
+    // Sharded: a target moving to another replica is let go, undecided.
+    if super::assign::let_go(
+        &ctx,
+        &kind,
+        &key.namespace,
+        &key.name,
+        obj.meta.labels.as_ref(),
+    )
+    .await
+    {
+        return Ok(Action::await_change());
+    }
     pass_on_change(&ctx, &kind, &key, &obj);
     if let Some(why) = &obj.undecodable {
         tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");

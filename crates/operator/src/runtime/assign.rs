@@ -1,0 +1,243 @@
+//! Sharded replicas (`--shards`): which replica decides for which target.
+//! Every replica holds a member Lease (`members`) and watches only the
+//! targets labelled `runbook.dev/shard: <its identity>`. The replica that
+//! holds the ring's own Lease (the one a single leader would hold) is the
+//! assigner: it places each target on the ring of live members and
+//! labels it.
+//!
+//! - A target without the label, or labelled for a member that is gone,
+//!   is labelled for its place at once (a member gone has stopped acting:
+//!   see `members`).
+//! - A target whose place moved to another live member is moved by a
+//!   handshake, so that two replicas never decide for it at once: the
+//!   assigner labels it `runbook.dev/drain`; its member, in its next
+//!   reconcile of it (none other runs for it then), stops deciding for it
+//!   and takes both labels off; then the assigner labels it for its new
+//!   place.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kube::Api;
+use kube::api::ObjectMeta;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::core::DynamicObject;
+use serde_json::json;
+
+use super::context::Context;
+use super::leader::{Elector, LeaseConfig};
+use super::members::Members;
+use runbook_core::clock::Clock;
+use runbook_core::kinds::KindRef;
+use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
+
+/// A full pass (every target looked at, moves included) every this many
+/// looks, besides one whenever the members change; between them only
+/// targets without the label are looked for.
+const FULL_EVERY: u32 = 30;
+
+/// The selector of the targets a sharded replica watches, with the
+/// policies' own (`selector`); unchanged without `--shards`.
+pub fn watch_selector(ctx: &Context, selector: Option<&str>) -> Option<String> {
+    if !ctx.config.shards {
+        return selector.map(str::to_string);
+    }
+    let own = format!("{SHARD_LABEL}={}", ctx.config.identity);
+    Some(match selector {
+        Some(s) if !s.is_empty() => format!("{s},{own}"),
+        _ => own,
+    })
+}
+
+fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObject> {
+    let (ar, namespaced) = ctx.resources.served_as(kind);
+    match (namespace.or(ctx.config.namespace.as_deref()), namespaced) {
+        (Some(ns), true) if !ns.is_empty() => Api::namespaced_with(ctx.client.clone(), ns, &ar),
+        _ => Api::all_with(ctx.client.clone(), &ar),
+    }
+}
+
+/// The member's side of a move: a target labelled to drain is let go
+/// (both labels off), and not decided for. True when it was.
+pub async fn let_go(
+    ctx: &Context,
+    kind: &KindRef,
+    namespace: &str,
+    name: &str,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    if !ctx.config.shards || !labels.is_some_and(|l| l.contains_key(DRAIN_LABEL)) {
+        return false;
+    }
+    let patch = json!({"metadata": {"labels": {SHARD_LABEL: null, DRAIN_LABEL: null}}});
+    let ns = (!namespace.is_empty()).then_some(namespace);
+    match api(ctx, kind, ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(kind = %kind, namespace, name, "let a target go to another replica")
+        }
+        Err(e) => {
+            tracing::warn!(kind = %kind, namespace, name, "letting a target go: {}", crate::util::api_error(&e))
+        }
+    }
+    true
+}
+
+/// Run the assigner while this replica holds the ring's Lease, until the
+/// operator stops.
+pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
+    let assigning = Arc::new(AtomicBool::new(false));
+    let (changed, _) = tokio::sync::watch::channel(false);
+    let elector = Elector::new(ctx.client.clone(), ring.clone(), Clock::real());
+    let election = tokio::spawn(elector.run(assigning.clone(), changed, ctx.stop.clone()));
+    let mut members = Members::new(ctx.client.clone(), &ring);
+    let mut stop = ctx.stop.clone();
+    let mut last: Option<Ring> = None;
+    let mut looks = 0u32;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(members.poll()) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        // Every replica keeps its view of the members, so that one that
+        // becomes the assigner knows who has been live and for how long.
+        let now = match members.ring().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(
+                    "reading the members' Leases: {}",
+                    crate::util::api_error(&e)
+                );
+                continue;
+            }
+        };
+        if !assigning.load(Ordering::Acquire) || now.is_empty() {
+            last = None;
+            continue;
+        }
+        looks += 1;
+        let full = last.as_ref() != Some(&now) || looks.is_multiple_of(FULL_EVERY);
+        if last.as_ref() != Some(&now) {
+            tracing::info!(members = ?now.members(), "the ring of replicas");
+        }
+        for kind in ctx.policies.load().target_kinds() {
+            if let Err(e) = place(&ctx, &kind, &now, full).await {
+                tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
+            }
+        }
+        last = Some(now);
+    }
+    let _ = election.await;
+}
+
+/// Label the targets of one kind for their places: those without a
+/// place, and (`full`) every other one.
+async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, full: bool) -> Result<(), kube::Error> {
+    let api = api(ctx, kind, None);
+    let params = if full {
+        ListParams::default()
+    } else {
+        ListParams::default().labels(&format!("!{SHARD_LABEL}"))
+    };
+    let objects = api.list_metadata(&params).await?.items;
+    for o in objects {
+        if let Some(patch) = placement(kind, &o.metadata, ring) {
+            let ns = o.metadata.namespace.as_deref();
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let api = self::api(ctx, kind, ns);
+            if let Err(e) = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(kind = %kind, name, "placing a target: {}", crate::util::api_error(&e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The label change a target needs for its place on the ring, if any.
+fn placement(kind: &KindRef, m: &ObjectMeta, ring: &Ring) -> Option<serde_json::Value> {
+    let k = key(
+        kind.group(),
+        &kind.kind,
+        m.namespace.as_deref().unwrap_or(""),
+        m.name.as_deref()?,
+    );
+    let want = ring.owner(&k)?;
+    let labels = m.labels.as_ref();
+    let now = labels.and_then(|l| l.get(SHARD_LABEL)).map(String::as_str);
+    let draining = labels.is_some_and(|l| l.contains_key(DRAIN_LABEL));
+    // The resourceVersion makes each change a compare-and-swap: nothing
+    // is labelled from a stale look.
+    let version = m.resource_version.clone();
+    match now {
+        Some(member) if member == want => None,
+        // Its member is live: it lets the target go first.
+        Some(member) if ring.members().iter().any(|x| x == member) => (!draining).then(
+            || json!({"metadata": {"resourceVersion": version, "labels": {DRAIN_LABEL: "true"}}}),
+        ),
+        // Unplaced, or its member is gone.
+        _ => Some(json!({"metadata": {"resourceVersion": version,
+            "labels": {SHARD_LABEL: want, DRAIN_LABEL: null}}})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("shop".into()),
+            resource_version: Some("7".into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_target_is_placed_moved_by_handshake_or_taken_from_the_gone() {
+        let kind = KindRef::new("example.com/v1", "Widget");
+        let ring = Ring::new(["a", "b"]);
+        let want = ring
+            .owner(&key("example.com", "Widget", "shop", "w"))
+            .unwrap()
+            .to_string();
+        let other = if want == "a" { "b" } else { "a" };
+        // Unplaced: placed.
+        let p = placement(&kind, &meta("w", &[]), &ring).unwrap();
+        assert_eq!(p["metadata"]["labels"][SHARD_LABEL], want.as_str());
+        assert_eq!(p["metadata"]["resourceVersion"], "7");
+        // In place: nothing.
+        assert!(placement(&kind, &meta("w", &[(SHARD_LABEL, &want)]), &ring).is_none());
+        // With another live member: asked to drain, once.
+        let p = placement(&kind, &meta("w", &[(SHARD_LABEL, other)]), &ring).unwrap();
+        assert_eq!(p["metadata"]["labels"], json!({DRAIN_LABEL: "true"}));
+        assert!(
+            placement(
+                &kind,
+                &meta("w", &[(SHARD_LABEL, other), (DRAIN_LABEL, "true")]),
+                &ring
+            )
+            .is_none()
+        );
+        // With a member that is gone: taken at once.
+        let p = placement(
+            &kind,
+            &meta("w", &[(SHARD_LABEL, "gone"), (DRAIN_LABEL, "true")]),
+            &ring,
+        )
+        .unwrap();
+        assert_eq!(p["metadata"]["labels"][SHARD_LABEL], want.as_str());
+        assert!(p["metadata"]["labels"][DRAIN_LABEL].is_null());
+    }
+}
