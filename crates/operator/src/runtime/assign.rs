@@ -58,16 +58,17 @@ fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObj
 }
 
 /// The member's side of a move: a target labelled to drain is let go
-/// (both labels off), and not decided for. True when it was.
+/// (both labels off) and not decided for. `None`: it is not draining;
+/// `Some(true)`: let go; `Some(false)`: letting go failed (try again).
 pub async fn let_go(
     ctx: &Context,
     kind: &KindRef,
     namespace: &str,
     name: &str,
     labels: Option<&std::collections::BTreeMap<String, String>>,
-) -> bool {
+) -> Option<bool> {
     if !ctx.config.shards || !labels.is_some_and(|l| l.contains_key(DRAIN_LABEL)) {
-        return false;
+        return None;
     }
     let patch = json!({"metadata": {"labels": {SHARD_LABEL: null, DRAIN_LABEL: null}}});
     let ns = (!namespace.is_empty()).then_some(namespace);
@@ -76,13 +77,16 @@ pub async fn let_go(
         .await
     {
         Ok(_) => {
-            tracing::info!(kind = %kind, namespace, name, "let a target go to another replica")
+            tracing::info!(kind = %kind, namespace, name, "let a target go to another replica");
+            Some(true)
         }
+        // Gone meanwhile: nothing to let go.
+        Err(kube::Error::Api(s)) if s.code == 404 => Some(true),
         Err(e) => {
-            tracing::warn!(kind = %kind, namespace, name, "letting a target go: {}", crate::util::api_error(&e))
+            tracing::warn!(kind = %kind, namespace, name, "letting a target go: {}", crate::util::api_error(&e));
+            Some(false)
         }
     }
-    true
 }
 
 /// Run the assigner while this replica holds the ring's Lease, until the
@@ -133,17 +137,23 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
 }
 
 /// Label the targets of one kind for their places: those without a
-/// place, and (`full`) every other one.
+/// place that a policy selects, and (`full`) every one placed before.
+/// Objects no policy selects are left unlabelled.
 async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, full: bool) -> Result<(), kube::Error> {
     let api = api(ctx, kind, None);
-    let params = if full {
-        ListParams::default()
-    } else {
-        ListParams::default().labels(&format!("!{SHARD_LABEL}"))
-    };
-    let objects = api.list_metadata(&params).await?.items;
-    for o in objects {
-        if let Some(patch) = placement(kind, &o.metadata, ring) {
+    let mut selections: Vec<String> = unplaced_selectors(&ctx.policies.load(), kind);
+    if full {
+        selections.push(SHARD_LABEL.to_string());
+    }
+    for selection in selections {
+        let objects = api
+            .list_metadata(&ListParams::default().labels(&selection))
+            .await?
+            .items;
+        for o in objects {
+            let Some(patch) = placement(kind, &o.metadata, ring) else {
+                continue;
+            };
             let ns = o.metadata.namespace.as_deref();
             let name = o.metadata.name.clone().unwrap_or_default();
             let api = self::api(ctx, kind, ns);
@@ -156,6 +166,23 @@ async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, full: bool) -> Result
         }
     }
     Ok(())
+}
+
+/// The label selections that find a kind's unplaced targets: one per
+/// policy selector, or all of the kind where a policy selects every one.
+fn unplaced_selectors(set: &runbook_core::policy::PolicySet, kind: &KindRef) -> Vec<String> {
+    let unplaced = format!("!{SHARD_LABEL}");
+    let mut out: Vec<String> = Vec::new();
+    for p in set.for_target(kind) {
+        if p.selector.is_empty() {
+            return vec![unplaced];
+        }
+        let s = format!("{},{unplaced}", p.selector);
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
 }
 
 /// The label change a target needs for its place on the ring, if any.
@@ -239,5 +266,42 @@ mod tests {
         .unwrap();
         assert_eq!(p["metadata"]["labels"][SHARD_LABEL], want.as_str());
         assert!(p["metadata"]["labels"][DRAIN_LABEL].is_null());
+    }
+
+    /// Only objects a policy selects are placed: by each policy's
+    /// selector, or all of the kind once one policy selects every one.
+    #[test]
+    fn the_unplaced_are_looked_for_by_the_policies_selectors() {
+        use runbook_core::policy::{Bundle, Origin};
+        let policy = |name: &str, selector: &str| {
+            (
+                format!("{name}.yaml"),
+                format!(
+                    "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: {name}}}\nspec:\n  target: {{apiVersion: v1, kind: Pod}}\n{selector}  status: {{fields: [], conditions: []}}\n  script: p.rhai\n"
+                ),
+            )
+        };
+        let set = |files: Vec<(String, String)>| {
+            let mut files: std::collections::BTreeMap<String, String> = files.into_iter().collect();
+            files.insert("p.rhai".into(), "fn reconcile(ctx) { [] }".into());
+            let engine = runbook_core::script::ScriptEngine::default();
+            let (set, errors) = runbook_core::policy::load(
+                &engine,
+                &[Bundle::new(Origin::Inline("t".into()), files)],
+            );
+            assert!(errors.is_empty(), "{errors:?}");
+            set
+        };
+        let pod = KindRef::new("v1", "Pod");
+        let web = policy("web", "  selector: {matchLabels: {app: web}}\n");
+        let db = policy("db", "  selector: {matchLabels: {app: db}}\n");
+        let mut both = unplaced_selectors(&set(vec![web.clone(), db]), &pod);
+        both.sort();
+        assert_eq!(
+            both,
+            ["app=db,!runbook.dev/shard", "app=web,!runbook.dev/shard"]
+        );
+        let all = unplaced_selectors(&set(vec![web, policy("every", "")]), &pod);
+        assert_eq!(all, ["!runbook.dev/shard"]);
     }
 }

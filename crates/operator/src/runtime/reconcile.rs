@@ -349,16 +349,11 @@ pub(super) async fn reconcile(
     }
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
     // Sharded: a target moving to another replica is let go, undecided.
-    if super::assign::let_go(
-        &ctx,
-        &kind,
-        &key.namespace,
-        &key.name,
-        obj.meta.labels.as_ref(),
-    )
-    .await
-    {
-        return Ok(Action::await_change());
+    let labels = obj.meta.labels.as_ref();
+    match super::assign::let_go(&ctx, &kind, &key.namespace, &key.name, labels).await {
+        Some(true) => return Ok(Action::await_change()),
+        Some(false) => return Ok(Action::requeue(Duration::from_secs(1))),
+        None => {}
     }
     pass_on_change(&ctx, &kind, &key, &obj);
     if let Some(why) = &obj.undecodable {
