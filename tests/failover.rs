@@ -457,3 +457,31 @@ async fn members_of_a_ring_see_who_is_live() {
     eprintln!("a killed member counted gone after {:?}", killed.elapsed());
     c.cleanup().await;
 }
+
+/// `runbook run --shards` as users may mistype it: without leader
+/// election, or with an identity that cannot be a label value, it stops
+/// at once saying which and what to give.
+#[test]
+fn shards_need_leader_election_and_a_label_identity() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+            .args(["run", "--shards", "--metrics-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = run(&["--leader-elect=false"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--shards needs leader election"), "{err}");
+    let (code, err) = run(&["--identity", "Replica One"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("invalid label value \"Replica One\"") && err.contains("give --identity"),
+        "{err}"
+    );
+}

@@ -418,10 +418,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "--shards needs leader election (--leader-elect=true): replicas share targets through Leases"
         );
         let id = identity(&args);
-        if let Err(why) = crate::labels::check_value(&id) {
-            anyhow::bail!(
-                "--shards: the identity labels this replica's targets: {why}; give --identity"
-            );
+        if let Err(why) = crate::runtime::shard_identity(&id) {
+            anyhow::bail!("--shards: {why}; give --identity");
         }
     }
     // Health is served from the first moment: live while start-up waits

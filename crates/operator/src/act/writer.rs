@@ -240,7 +240,16 @@ impl Writer<'_> {
         };
         let live = found.value();
         let policy = crate::observe::policy_of_child(desired).unwrap_or_default();
-        let owner = crate::observe::controller_uid(desired).unwrap_or_default();
+        // Its target: the controller, or (a child in another namespace)
+        // the one its label names.
+        let owner = crate::observe::controller_uid(desired)
+            .or_else(|| {
+                desired
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(crate::observe::OWNER_UID_LABEL))
+                    .and_then(Value::as_str)
+            })
+            .unwrap_or_default();
         if crate::observe::is_child_of(&live, policy, owner) {
             return Ok(found.meta.uid.clone());
         }

@@ -300,6 +300,8 @@ impl KindCache {
 /// A running informer: its cache and the task that fills it.
 pub struct Informer {
     pub cache: Arc<KindCache>,
+    /// The label selector of its watch, if any.
+    pub selector: Option<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -309,22 +311,37 @@ impl Drop for Informer {
     }
 }
 
+/// Where an informer watches: the namespace (`None`: all), whether the
+/// kind is namespaced, and a label selector (`None`: every object).
+pub struct Scope {
+    pub namespace: Option<String>,
+    pub namespaced: bool,
+    pub selector: Option<String>,
+}
+
 /// Watch one kind into a cache, sending every change to `changes`.
 pub fn spawn_informer(
     client: kube::Client,
     resource: ApiResource,
     kind: KindRef,
-    namespace: Option<String>,
+    scope: Scope,
     changes: crate::util::channel::Sender<Change>,
     health: Arc<WatchHealth>,
-    namespaced: bool,
 ) -> Informer {
+    let Scope {
+        namespace,
+        namespaced,
+        selector,
+    } = scope;
     let cache = Arc::new(KindCache::new(kind.clone()));
     let api: Api<RawObject> = match (&namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
         _ => Api::all_with(client, &resource),
     };
-    let config = watcher::Config::default().page_size(500);
+    let config = match &selector {
+        Some(s) => watcher::Config::default().page_size(500).labels(s),
+        None => watcher::Config::default().page_size(500),
+    };
     let c = cache.clone();
     let task = tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config)
@@ -369,7 +386,11 @@ pub fn spawn_informer(
             }
         }
     });
-    Informer { cache, task }
+    Informer {
+        cache,
+        selector,
+        task,
+    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,38 @@ pub fn watch_selector(ctx: &Context, selector: Option<&str>) -> Option<String> {
     })
 }
 
+/// Whether `identity` can name a replica's share: it is the value of the
+/// label that places targets.
+pub fn shard_identity(identity: &str) -> Result<(), String> {
+    match identity {
+        "" => Err("the identity labels this replica's targets, and is empty".into()),
+        id => runbook_core::labels::check_value(id)
+            .map_err(|why| format!("the identity labels this replica's targets: {why}")),
+    }
+}
+
+/// The selector of a kind's cache on a sharded replica: its own share,
+/// for a kind every policy only owns (children, labelled as their
+/// targets are); `None` (everything) for any other, and unsharded.
+pub fn children_selector(
+    ctx: &Context,
+    set: &runbook_core::policy::PolicySet,
+    kind: &KindRef,
+) -> Option<String> {
+    use runbook_core::kinds::Role;
+    if !ctx.config.shards {
+        return None;
+    }
+    let only_children = set.policies.values().all(|p| {
+        !p.kinds.declares(kind)
+            || (p.kinds.has(kind, Role::Owns)
+                && [Role::Target, Role::Reads, Role::Mutates, Role::Deletes]
+                    .iter()
+                    .all(|r| !p.kinds.has(kind, *r)))
+    });
+    only_children.then(|| format!("{SHARD_LABEL}={}", ctx.config.identity))
+}
+
 fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObject> {
     let (ar, namespaced) = ctx.resources.served_as(kind);
     match (namespace.or(ctx.config.namespace.as_deref()), namespaced) {

@@ -14,6 +14,7 @@ pub mod operator;
 mod reconcile;
 mod unchanged;
 pub mod webhook;
+pub use assign::shard_identity;
 pub use context::{Context, Health, OperatorConfig, ShadowRecord};
 pub use operator::{Operator, StartError};
 pub use reconcile::{ReconcileError, backoff};

@@ -267,20 +267,27 @@ impl Operator {
             }
         }
         let mut informers = lock(&self.ctx.running.informers);
-        informers.retain(|k, _| wanted.contains(k));
+        // Sharded, the kinds that are only ever children are cached for
+        // this replica's share only (a child carries its target's label).
+        let selector = |k: &KindRef| super::assign::children_selector(&self.ctx, set, k);
+        informers.retain(|k, i| wanted.contains(k) && i.selector == selector(k));
         for k in wanted {
             informers.entry(k.clone()).or_insert_with(|| {
                 // Plural and scope as discovery found them (a CRD may name
                 // its plural anything, and be cluster-scoped).
                 let (resource, namespaced) = self.ctx.resources.served_as(&k);
+                let scope = crate::observe::cache::Scope {
+                    namespace: self.ctx.config.namespace.clone(),
+                    namespaced,
+                    selector: selector(&k),
+                };
                 Arc::new(spawn_informer(
                     self.ctx.client.clone(),
                     resource,
                     k.clone(),
-                    self.ctx.config.namespace.clone(),
+                    scope,
                     self.ctx.queue.changes.clone(),
                     self.ctx.health.watches.clone(),
-                    namespaced,
                 ))
             });
         }
