@@ -485,3 +485,145 @@ fn shards_need_leader_election_and_a_label_identity() {
         "{err}"
     );
 }
+
+/// Two `runbook run --shards` processes share ten targets; one is killed
+/// (`kill -9`: no Lease released) just after it renewed its member Lease.
+/// Its targets are placed on the other within the lease duration and
+/// decided there: a change to every target is seen in each one's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_targets_are_taken_over() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use kube::core::DynamicObject;
+    use runbook::shard::SHARD_LABEL;
+    let c = Cluster::new("shardkill").await;
+    let dir = std::env::temp_dir().join(format!("runbook-shardkill-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("seen.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: seen}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  selector: {matchLabels: {shard-test: \"yes\"}}\n  status: {fields: [seen], conditions: []}\n  script: seen.rhai\n",
+    )
+    .unwrap();
+    std::fs::write(
+        policies.join("seen.rhai"),
+        "fn reconcile(ctx) { [status(#{seen: ctx.resource.data.gen})] }\n",
+    )
+    .unwrap();
+    let lease = 6u64;
+    let replica = |identity: &str| {
+        let mut run = Command::new(env!("CARGO_BIN_EXE_runbook"));
+        run.args([
+            "run",
+            "--policy-configmaps=false",
+            "--skip-access-check",
+            "--shards",
+        ])
+        .arg("--policy-dir")
+        .arg(&policies)
+        .arg("--webhook=false")
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--operator-namespace", &c.ns, "--namespace", &c.ns])
+        .args([
+            "--identity",
+            identity,
+            "--lease-duration",
+            &lease.to_string(),
+        ]);
+        launch(run, &kubeconfig, identity)
+    };
+    let mut replicas = vec![replica("a"), replica("b")];
+    let maps: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let names: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    for n in &names {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": n, "labels": {"shard-test": "yes"}}, "data": {"gen": "1"}}))
+        .unwrap();
+        maps.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let states: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    let all_seen = |generation: &'static str| {
+        let (states, names) = (states.clone(), names.clone());
+        async move {
+            for n in &names {
+                let seen = states
+                    .get_opt(&format!("configmap.{n}"))
+                    .await
+                    .unwrap()
+                    .map(|s| s.data["status"]["fields"]["seen"].clone());
+                if seen != Some(serde_json::json!(generation)) {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    eventually("every target decided once placed", 60, || all_seen("1")).await;
+    let shard_of = |n: String| {
+        let maps = maps.clone();
+        async move {
+            maps.get(&n)
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get(SHARD_LABEL)
+                .cloned()
+        }
+    };
+    let mut held = std::collections::BTreeMap::<String, usize>::new();
+    for n in &names {
+        *held.entry(shard_of(n.clone()).await.unwrap()).or_default() += 1;
+    }
+    eprintln!("placed: {held:?}");
+    // Kill a replica that holds some, just after it renewed its Lease.
+    let victim = held.keys().next().unwrap().clone();
+    let survivor = if victim == "a" { "b" } else { "a" };
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
+    let member = format!("runbook-leader-member-{victim}");
+    let seen = leases.get(&member).await.unwrap().metadata.resource_version;
+    eventually("a renewal", 2 * lease, || async {
+        leases.get(&member).await.unwrap().metadata.resource_version != seen
+    })
+    .await;
+    let i = replicas.iter().position(|r| r.identity == victim).unwrap();
+    drop(replicas.remove(i));
+    let killed_at = Instant::now();
+    eventually("every target placed on the survivor", 6 * lease, || async {
+        for n in &names {
+            if shard_of(n.clone()).await.as_deref() != Some(survivor) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let placed = killed_at.elapsed();
+    for n in &names {
+        maps.patch(
+            n,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"gen": "2"}})),
+        )
+        .await
+        .unwrap();
+    }
+    eventually("every target decided by the survivor", 60, || all_seen("2")).await;
+    eprintln!(
+        "a killed replica's targets placed on the survivor {:.2} s after the kill ({lease} s lease)",
+        placed.as_secs_f64()
+    );
+    assert!(
+        placed < Duration::from_secs(lease),
+        "took {placed:?}, longer than the {lease} s lease"
+    );
+    drop(replicas);
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}
