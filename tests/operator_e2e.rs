@@ -1290,30 +1290,7 @@ async fn the_decision_record_is_never_older_than_its_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_scoped_kind_with_an_odd_plural_is_reconciled() {
     let c = Cluster::new("oddplural").await;
-    let group = format!("{}.e2e.runbook.dev", c.ns);
-    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
-    let crd: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("dbclusters.{group}")},
-        "spec": {"group": group, "scope": "Cluster",
-                 "names": {"kind": "DatabaseCluster", "plural": "dbclusters", "singular": "dbcluster"},
-                 "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
-                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
-    }))
-    .unwrap();
-    crds.create(&PostParams::default(), &crd).await.unwrap();
-    let ar = kube::core::ApiResource {
-        group: group.clone(),
-        version: "v1".into(),
-        api_version: format!("{group}/v1"),
-        kind: "DatabaseCluster".into(),
-        plural: "dbclusters".into(),
-    };
-    let clusters: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
-    eventually("the kind to be served", 60, || async {
-        clusters.list(&Default::default()).await.is_ok()
-    })
-    .await;
+    let (group, clusters) = database_cluster_kind(&c).await;
     let policy = format!(
         "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: clusters}}\nspec:\n  target: {{apiVersion: {group}/v1, kind: DatabaseCluster}}\n  script: clusters.rhai\n"
     );
@@ -1347,6 +1324,113 @@ async fn a_cluster_scoped_kind_with_an_odd_plural_is_reconciled() {
     })
     .await;
     op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+/// A cluster-scoped kind of the test's own, with an odd plural
+/// (`dbclusters` for DatabaseCluster), once served: its group and API.
+async fn database_cluster_kind(c: &Cluster) -> (String, Api<DynamicObject>) {
+    let group = format!("{}.e2e.runbook.dev", c.ns);
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &crd_resource());
+    let crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("dbclusters.{group}")},
+        "spec": {"group": group, "scope": "Cluster",
+                 "names": {"kind": "DatabaseCluster", "plural": "dbclusters", "singular": "dbcluster"},
+                 "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let ar = kube::core::ApiResource {
+        group: group.clone(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "DatabaseCluster".into(),
+        plural: "dbclusters".into(),
+    };
+    let clusters: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
+    eventually("the kind to be served", 60, || async {
+        clusters.list(&Default::default()).await.is_ok()
+    })
+    .await;
+    (group, clusters)
+}
+
+/// Sharded replicas place a cluster-scoped kind's objects too (no
+/// namespace in their key), each decided by the replica it is placed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_share_a_cluster_scoped_kind() {
+    use runbook::shard::{Ring, SHARD_LABEL, key};
+    let c = Cluster::new("shardcl").await;
+    let (group, clusters) = database_cluster_kind(&c).await;
+    let policy = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: clusters}}\nspec:\n  target: {{apiVersion: {group}/v1, kind: DatabaseCluster}}\n  script: clusters.rhai\n"
+    );
+    let replica = |id: &str| {
+        let op = operator(
+            &c,
+            policies(
+                &c,
+                &[
+                    ("clusters.yaml", &policy),
+                    (
+                        "clusters.rhai",
+                        "fn reconcile(ctx) { [status(#{ seen: ctx.resource.metadata.name })] }",
+                    ),
+                ],
+            ),
+            OperatorConfig {
+                lease: Some(runbook::runtime::leader::LeaseConfig {
+                    namespace: c.ns.clone(),
+                    name: "runbook-ring".into(),
+                    identity: id.into(),
+                    duration: Duration::from_secs(2),
+                    renew_every: Duration::from_millis(300),
+                }),
+                identity: id.into(),
+                shards: true,
+                ..Default::default()
+            },
+        );
+        let started = op.clone();
+        tokio::spawn(async move { started.start().await.unwrap() });
+        op
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    let names: Vec<String> = (0..6).map(|i| format!("{}-db{i}", c.ns)).collect();
+    for n in &names {
+        let db: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": format!("{group}/v1"), "kind": "DatabaseCluster",
+            "metadata": {"name": n}, "spec": {}
+        }))
+        .unwrap();
+        clusters.create(&PostParams::default(), &db).await.unwrap();
+    }
+    let ring = Ring::new(["a", "b"]);
+    eventually("each placed for its key and decided", 60, || async {
+        for n in &names {
+            let o = clusters.get(n).await.unwrap();
+            let want = ring.owner(&key(&group, "DatabaseCluster", "", n)).unwrap();
+            let shard = o
+                .metadata
+                .labels
+                .clone()
+                .unwrap_or_default()
+                .get(SHARD_LABEL)
+                .cloned();
+            if shard.as_deref() != Some(want) || o.data["status"]["seen"] != json!(n) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    for n in &names {
+        let _ = clusters.delete(n, &Default::default()).await;
+    }
+    a.shutdown(Duration::from_secs(5)).await;
+    b.shutdown(Duration::from_secs(5)).await;
     c.cleanup().await;
 }
 
