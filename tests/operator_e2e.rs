@@ -410,13 +410,7 @@ async fn a_change_of_spec_is_applied_to_the_child() {
 async fn one_leads_and_the_other_takes_over() {
     let c = Cluster::new("leader").await;
     install_widget_crd(&c).await;
-    let lease = |id: &str| runbook::runtime::leader::LeaseConfig {
-        namespace: c.ns.clone(),
-        name: "runbook-leader".into(),
-        identity: id.into(),
-        duration: Duration::from_secs(2),
-        renew_every: Duration::from_millis(300),
-    };
+    let lease = |id: &str| short_lease(&c, "runbook-leader", id);
     let set = || policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]);
     let a = operator(
         &c,
@@ -478,23 +472,11 @@ async fn sharded_replicas_share_the_targets() {
     use runbook::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
     let c = Cluster::new("shards").await;
     install_widget_crd(&c).await;
-    let lease = |id: &str| runbook::runtime::leader::LeaseConfig {
-        namespace: c.ns.clone(),
-        name: "runbook-ring".into(),
-        identity: id.into(),
-        duration: Duration::from_secs(2),
-        renew_every: Duration::from_millis(300),
-    };
     let replica = |id: &str| {
         let op = operator(
             &c,
             policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
-            OperatorConfig {
-                lease: Some(lease(id)),
-                identity: id.into(),
-                shards: true,
-                ..Default::default()
-            },
+            sharded(&c, id),
         );
         let started = op.clone();
         tokio::spawn(async move { started.start().await.unwrap() });
@@ -1380,18 +1362,7 @@ async fn sharded_replicas_share_a_cluster_scoped_kind() {
                     ),
                 ],
             ),
-            OperatorConfig {
-                lease: Some(runbook::runtime::leader::LeaseConfig {
-                    namespace: c.ns.clone(),
-                    name: "runbook-ring".into(),
-                    identity: id.into(),
-                    duration: Duration::from_secs(2),
-                    renew_every: Duration::from_millis(300),
-                }),
-                identity: id.into(),
-                shards: true,
-                ..Default::default()
-            },
+            sharded(&c, id),
         );
         let started = op.clone();
         tokio::spawn(async move { started.start().await.unwrap() });

@@ -67,6 +67,18 @@ async fn start_example_with(
     op
 }
 
+/// The end of a port's test: no reconcile failed, the operator stopped,
+/// the test's objects removed.
+async fn finish_without_failures(c: Cluster, op: std::sync::Arc<runbook::runtime::Operator>) {
+    let metrics = op.ctx.metrics.render();
+    assert!(
+        !metrics.contains("runbook_reconcile_failures_total{"),
+        "{metrics}"
+    );
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
 /// An example's CRD installed in a group of the test's own
 /// (`<namespace>.<group>`), once served: the group and an API of the kind
 /// in the test's namespace.
@@ -246,13 +258,7 @@ async fn pod_lifetime() {
         created.elapsed() >= std::time::Duration::from_millis(500),
         "deleted before its lifetime"
     );
-    let errors = op.ctx.metrics.render();
-    assert!(
-        !errors.contains("runbook_reconcile_failures_total{"),
-        "{errors}"
-    );
-    op.shutdown(std::time::Duration::from_secs(5)).await;
-    c.cleanup().await;
+    finish_without_failures(c, op).await;
 }
 
 /// Kopf's children (`examples/02-children`): each example object gets a
@@ -701,11 +707,5 @@ async fn monitor_pods() {
     })
     .await;
     assert_eq!(told().await, 1, "told once");
-    let errors = op.ctx.metrics.render();
-    assert!(
-        !errors.contains("runbook_reconcile_failures_total{"),
-        "{errors}"
-    );
-    op.shutdown(std::time::Duration::from_secs(5)).await;
-    c.cleanup().await;
+    finish_without_failures(c, op).await;
 }

@@ -166,6 +166,29 @@ pub fn policies_on(
     set
 }
 
+/// The configuration of replica `id` sharing the targets with the others
+/// on the ring Lease `runbook-ring` (a 2 s lease, renewed every 300 ms).
+pub fn sharded(c: &Cluster, id: &str) -> OperatorConfig {
+    OperatorConfig {
+        lease: Some(short_lease(c, "runbook-ring", id)),
+        identity: id.into(),
+        shards: true,
+        ..Default::default()
+    }
+}
+
+/// A Lease in the test's namespace short enough for tests: 2 s, renewed
+/// every 300 ms.
+pub fn short_lease(c: &Cluster, name: &str, id: &str) -> runbook::runtime::leader::LeaseConfig {
+    runbook::runtime::leader::LeaseConfig {
+        namespace: c.ns.clone(),
+        name: name.into(),
+        identity: id.into(),
+        duration: Duration::from_secs(2),
+        renew_every: Duration::from_millis(300),
+    }
+}
+
 pub fn operator(
     c: &Cluster,
     set: runbook::policy::PolicySet,
