@@ -472,12 +472,18 @@ async fn sharded_replicas_share_the_targets() {
     use runbook::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
     let c = Cluster::new("shards").await;
     install_widget_crd(&c).await;
+    // What each replica wrote, and when.
+    let journals: std::sync::Mutex<Vec<(String, Arc<runbook::telemetry::journal::MemoryJournal>)>> =
+        Default::default();
     let replica = |id: &str| {
         let op = operator(
             &c,
             policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
             sharded(&c, id),
         );
+        let journal = Arc::new(runbook::telemetry::journal::MemoryJournal::default());
+        op.ctx.set_journal(journal.clone());
+        journals.lock().unwrap().push((id.to_string(), journal));
         let started = op.clone();
         tokio::spawn(async move { started.start().await.unwrap() });
         op
@@ -565,6 +571,38 @@ async fn sharded_replicas_share_the_targets() {
     .await;
     a.shutdown(Duration::from_secs(5)).await;
     c_op.shutdown(Duration::from_secs(5)).await;
+    // No widget was written by two replicas at once: the spans of time
+    // in which each replica wrote it do not overlap.
+    let journals = journals.lock().unwrap();
+    for n in &names {
+        let spans: Vec<(String, jiff::Timestamp, jiff::Timestamp)> = journals
+            .iter()
+            .filter_map(|(id, j)| {
+                let times: Vec<jiff::Timestamp> = j
+                    .entries()
+                    .into_iter()
+                    .filter(|e| e.kind == "Widget" && &e.name == n && e.result == "ok")
+                    .map(|e| e.time)
+                    .collect();
+                Some((id.clone(), *times.iter().min()?, *times.iter().max()?))
+            })
+            .collect();
+        for (i, (x, x0, x1)) in spans.iter().enumerate() {
+            for (y, y0, y1) in &spans[i + 1..] {
+                assert!(
+                    x1 < y0 || y1 < x0,
+                    "{n} written by {x} ({x0} .. {x1}) and by {y} ({y0} .. {y1}) at once"
+                );
+            }
+        }
+        assert!(!spans.is_empty(), "{n} was written by none");
+        if spans.len() > 1 {
+            eprintln!(
+                "{n}: written by {:?}, one after another",
+                spans.iter().map(|s| &s.0).collect::<Vec<_>>()
+            );
+        }
+    }
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
