@@ -573,7 +573,7 @@ async fn sharded_replicas_share_the_targets() {
     c_op.shutdown(Duration::from_secs(5)).await;
     // No widget was written by two replicas at once: the spans of time
     // in which each replica wrote it do not overlap.
-    let journals = journals.lock().unwrap();
+    let journals = std::mem::take(&mut *journals.lock().unwrap());
     for n in &names {
         let spans: Vec<(String, jiff::Timestamp, jiff::Timestamp)> = journals
             .iter()
