@@ -680,6 +680,12 @@ async fn monitor_pods() {
         status.get("announced").is_none(),
         "not written to the Pod: {status}"
     );
+    // The RunbookState CRD served is this release's: nothing said of it.
+    let metrics = op.ctx.metrics.render();
+    assert!(
+        !metrics.contains("runbook_crd_outdated{crd=\"runbookstates.runbook.dev\""),
+        "{metrics}"
+    );
     // A change of the Pod tells nothing more, once it is reconciled.
     let reconciled = || -> f64 {
         op.ctx

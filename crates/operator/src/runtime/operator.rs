@@ -375,6 +375,7 @@ impl Operator {
         let set = Arc::new(checked?);
         self.ctx.policies.store(set.clone());
         self.warn_unlisted_status(&set).await;
+        self.warn_outdated_crds().await;
         self.learn_identity();
         self.start_webhook().await?;
         self.ensure_informers(&set);
@@ -465,6 +466,39 @@ impl Operator {
                     .entry((p.name.clone(), k.clone()))
                     .or_default()
                     .insert(what);
+            }
+        }
+    }
+
+    /// Runbook's own CRDs as served, against this release's: a status
+    /// field this release writes that a served CRD lacks would be dropped
+    /// at every write (a schedule's times, a policy's fields of a built-in
+    /// kind's target kept in a RunbookState), and a decision would not
+    /// remember it. Each is logged as an error with the way to upgrade,
+    /// and set in `runbook_crd_outdated{crd,field}`. A CRD not installed
+    /// is not checked.
+    async fn warn_outdated_crds(&self) {
+        self.ctx.metrics.crd_outdated.clear();
+        let mut schemas = crate::observe::schemas::ServedSchemas::default();
+        for crd in runbook_core::crd::all() {
+            let Some(version) = crd.spec.versions.first() else {
+                continue;
+            };
+            let kind = KindRef::new(
+                format!("{}/{}", crd.spec.group, version.name),
+                &crd.spec.names.kind,
+            );
+            let Some(served) = schemas.status(&self.ctx.client, &kind).await else {
+                continue;
+            };
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            for field in outdated_fields(&crd, &served) {
+                tracing::error!(crd = %name, field = %field, "the served CRD {name} is older than this operator: its status lacks {field:?}, which the API server will drop; apply this release's CRDs (kubectl apply --server-side -k deploy/, or runbook crds | kubectl apply --server-side -f -)");
+                self.ctx
+                    .metrics
+                    .crd_outdated
+                    .get_or_create(&Metrics::labels(&[("crd", &name), ("field", &field)]))
+                    .set(1);
             }
         }
     }
@@ -721,6 +755,28 @@ impl Operator {
     }
 }
 
+/// The status fields of one of Runbook's CRDs, as this release defines
+/// it, that the served schema of its status (`served`) does not list.
+fn outdated_fields(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    served: &serde_json::Value,
+) -> Vec<String> {
+    let ours = crd
+        .spec
+        .versions
+        .first()
+        .and_then(|v| serde_json::to_value(&v.schema).ok())
+        .and_then(|s| {
+            s.pointer("/openAPIV3Schema/properties/status/properties")
+                .and_then(serde_json::Value::as_object)
+                .map(|p| p.keys().cloned().collect::<Vec<_>>())
+        })
+        .unwrap_or_default();
+    ours.into_iter()
+        .filter(|f| served["properties"].get(f.as_str()).is_none())
+        .collect()
+}
+
 /// Route cache changes to the targets they concern: owners by their
 /// ownerReferences, readers by what their last decision looked up.
 async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
@@ -771,5 +827,28 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
         for k in keys {
             ctx.trigger(k);
         }
+    }
+}
+
+#[cfg(test)]
+mod crd_tests {
+    use super::*;
+
+    /// A RunbookState CRD installed by an earlier release, without
+    /// `schedules` and `fields`: both are found missing; this release's
+    /// finds nothing.
+    #[test]
+    fn an_older_crd_is_found_by_the_fields_it_lacks() {
+        let crd = runbook_core::crd::state::crd();
+        let ours = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let current = ours["openAPIV3Schema"]["properties"]["status"].clone();
+        assert!(outdated_fields(&crd, &current).is_empty());
+        let mut older = current.clone();
+        let props = older["properties"].as_object_mut().unwrap();
+        props.remove("schedules");
+        props.remove("fields");
+        let mut missing = outdated_fields(&crd, &older);
+        missing.sort();
+        assert_eq!(missing, ["fields", "schedules"]);
     }
 }

@@ -71,6 +71,9 @@ pub struct Metrics {
     /// 1 for each status field (or `conditions`) a policy declares that
     /// its target's served schema does not list.
     pub status_unlisted: Family<Labels, Gauge>,
+    /// 1 for each status field this release writes that one of Runbook's
+    /// own CRDs, as served, lacks (the CRD is older than the operator).
+    pub crd_outdated: Family<Labels, Gauge>,
     /// Writes the API server refused for lack of permission (403), by
     /// verb and resource.
     pub writes_forbidden: Family<Labels, Counter>,
@@ -110,6 +113,7 @@ impl Metrics {
             cache_waits_ended: Family::default(),
             status_dropped: Family::default(),
             status_unlisted: Family::default(),
+            crd_outdated: Family::default(),
             writes_forbidden: Family::default(),
             registry: Registry::default(),
         };
@@ -192,6 +196,11 @@ impl Metrics {
             "status_unlisted",
             "1 for each status field a policy declares that its target's served schema does not list, by policy and field",
             m.status_unlisted.clone(),
+        );
+        registry.register(
+            "crd_outdated",
+            "1 for each status field this release writes that one of Runbook's own CRDs, as served, lacks, by CRD and field",
+            m.crd_outdated.clone(),
         );
         registry.register(
             "writes_forbidden",
