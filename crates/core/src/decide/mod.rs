@@ -306,29 +306,14 @@ pub fn inputs_hash(
     format!("{:016x}", h.finish())
 }
 
-/// Whether the policy may make children in namespace `ns` (not its
-/// target's): it declares `spec.namespaces`, and the namespace exists,
-/// is not being deleted, and its labels match.
-fn may_write_in(policy: &CompiledPolicy, ns: &str, view: &dyn ObjectView) -> bool {
-    let Some((selector, _)) = &policy.namespaces else {
-        return false;
-    };
-    let kind = KindRef::new("v1", "Namespace");
-    // Read as the policy's own business (its declaration), not the
-    // author's: whether the author may write there is asked apart.
-    let namespaces = view.list_for_child(&kind, "");
-    namespaces.iter().find(|n| n.name() == ns).is_some_and(|n| {
-        n.value().pointer("/metadata/deletionTimestamp").is_none()
-            && selector.matches_object(n.value())
-    })
-}
-
 /// Why an action may not be taken by this policy on this target, if so.
+/// `writable`: the other namespaces the policy may make children in
+/// (`observe::namespaces_matching` of its `spec.namespaces`).
 pub fn check_permission(
     policy: &CompiledPolicy,
     target_ns: &str,
     action: &Action,
-    view: &dyn ObjectView,
+    writable: &[String],
 ) -> Option<Refused> {
     let kinds = &policy.kinds;
     let refuse_kind = |kind: &KindRef, verb, roles| {
@@ -343,7 +328,7 @@ pub fn check_permission(
             return Some(Refused::ClusterScoped { kind: k.clone() });
         }
         match obj_ns {
-            Some(ns) if !ns.is_empty() && ns != target_ns && !may_write_in(policy, ns, view) => {
+            Some(ns) if !ns.is_empty() && ns != target_ns && !writable.iter().any(|w| w == ns) => {
                 Some(Refused::OtherNamespace {
                     kind: k.clone(),
                     namespace: ns.to_string(),
@@ -560,6 +545,11 @@ fn plan(
     file: Option<&str>,
     values: Vec<ActionValue>,
 ) -> Vec<Planned> {
+    // Looked up once for the decision, not once per action.
+    let writable = match &policy.namespaces {
+        Some((selector, _)) => crate::observe::namespaces_matching(view, selector),
+        None => Vec::new(),
+    };
     values
         .into_iter()
         .map(|a| {
@@ -568,10 +558,11 @@ fn plan(
                 (Some(f), None) => Some(f.to_string()),
                 _ => None,
             };
-            let refusal = check_permission(policy, target_ns, &a.action, view).map(|why| Refusal {
-                why,
-                origin: origin.clone(),
-            });
+            let refusal =
+                check_permission(policy, target_ns, &a.action, &writable).map(|why| Refusal {
+                    why,
+                    origin: origin.clone(),
+                });
             Planned {
                 action: a.action,
                 origin,
@@ -881,10 +872,17 @@ mod tests {
         let apply = |ns: &str| Action::Apply {
             object: json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": ns}}),
         };
-        assert_eq!(check_permission(&p, "src", &apply("wanted"), &view), None);
-        assert_eq!(check_permission(&p, "src", &apply("src"), &view), None);
+        let writable =
+            crate::observe::namespaces_matching(&view, &p.namespaces.as_ref().unwrap().0);
+        assert_eq!(writable, ["wanted"]);
+        assert_eq!(
+            check_permission(&p, "src", &apply("wanted"), &writable),
+            None
+        );
+        assert_eq!(check_permission(&p, "src", &apply("src"), &writable), None);
         for refused in ["other", "absent"] {
-            let why = check_permission(&p, "src", &apply(refused), &view).map(|r| r.to_string());
+            let why =
+                check_permission(&p, "src", &apply(refused), &writable).map(|r| r.to_string());
             assert!(
                 why.as_deref()
                     .is_some_and(|w| w.contains("spec.namespaces selector")),

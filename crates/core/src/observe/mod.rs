@@ -137,6 +137,22 @@ pub fn is_child_of(v: &Value, policy: &str, target_uid: &str) -> bool {
         }
 }
 
+/// The namespaces a policy's `spec.namespaces` selector lets it make
+/// children in: those whose labels match, not being deleted, sorted by
+/// name. Read as the policy's own business (its declaration), not its
+/// target author's: whether the author may write there is asked apart.
+pub fn namespaces_matching(
+    view: &dyn ObjectView,
+    selector: &crate::labels::Selector,
+) -> Vec<String> {
+    view.list_for_child(&KindRef::new("v1", "Namespace"), "")
+        .iter()
+        .filter(|n| n.value().pointer("/metadata/deletionTimestamp").is_none())
+        .filter(|n| selector.matches_object(n.value()))
+        .map(|n| n.name().to_string())
+        .collect()
+}
+
 /// Whether `object` is one the policy named `policy` made, for whichever
 /// target: a policy that owns its own target kind (a Secret copied into
 /// other namespaces) never takes its own children for targets.

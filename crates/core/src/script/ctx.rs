@@ -166,16 +166,9 @@ impl Ctx {
         let Some(selector) = &self.0.namespaces else {
             return Vec::new();
         };
-        let kind = KindRef::new("v1", "Namespace");
-        self.0
-            .view
-            .list_for_child(&kind, "")
-            .iter()
-            .filter(|n| n.name() != self.0.namespace)
-            .filter(|n| n.value().pointer("/metadata/deletionTimestamp").is_none())
-            .filter(|n| selector.matches_object(n.value()))
-            .map(|n| n.name().to_string())
-            .collect()
+        let mut names = crate::observe::namespaces_matching(self.0.view.as_ref(), selector);
+        names.retain(|n| *n != self.0.namespace);
+        names
     }
 }
 

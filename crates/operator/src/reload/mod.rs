@@ -435,13 +435,15 @@ impl Reloader {
         if !self.other_namespaces {
             for p in &loaded.policies {
                 if let Some((_, pos)) = &p.namespaces {
-                    let at = pos
-                        .map(|pos| format!("{}:{}:{}", p.file, pos.line, pos.col))
-                        .unwrap_or_else(|| p.file.clone());
-                    refused.push(format!(
-                        "{at}: spec.namespaces: policy {:?} makes children in other namespaces than its targets'; start the operator with --allow-other-namespaces to accept it",
-                        p.name
-                    ));
+                    let error = runbook_core::policy::LoadError {
+                        file: p.file.clone(),
+                        pos: *pos,
+                        message: format!(
+                            "spec.namespaces: policy {:?} makes children in other namespaces than its targets'; start the operator with --allow-other-namespaces to accept it",
+                            p.name
+                        ),
+                    };
+                    refused.push(error.to_string());
                 }
             }
         }

@@ -374,8 +374,10 @@ impl Operator {
         };
         let set = Arc::new(checked?);
         self.ctx.policies.store(set.clone());
-        self.warn_unlisted_status(&set).await;
-        self.warn_outdated_crds().await;
+        // One look at each group version's published schema serves both.
+        let mut schemas = crate::observe::schemas::ServedSchemas::default();
+        self.warn_unlisted_status(&set, &mut schemas).await;
+        self.warn_outdated_crds(&mut schemas).await;
         self.learn_identity();
         self.start_webhook().await?;
         self.ensure_informers(&set);
@@ -443,10 +445,13 @@ impl Operator {
     /// (the API server's OpenAPI v3 documents) would drop: each logged
     /// and set in `runbook_status_unlisted{policy,field}`, so it is seen
     /// before the first write drops it.
-    async fn warn_unlisted_status(&self, set: &PolicySet) {
+    async fn warn_unlisted_status(
+        &self,
+        set: &PolicySet,
+        schemas: &mut crate::observe::schemas::ServedSchemas,
+    ) {
         self.ctx.metrics.status_unlisted.clear();
         lock(&self.ctx.memory.dropped).clear();
-        let mut schemas = crate::observe::schemas::ServedSchemas::default();
         for p in set.policies.values() {
             let k = &p.target;
             if !p.status.declared || runbook_core::kinds::built_in(k) {
@@ -477,9 +482,8 @@ impl Operator {
     /// remember it. Each is logged as an error with the way to upgrade,
     /// and set in `runbook_crd_outdated{crd,field}`. A CRD not installed
     /// is not checked.
-    async fn warn_outdated_crds(&self) {
+    async fn warn_outdated_crds(&self, schemas: &mut crate::observe::schemas::ServedSchemas) {
         self.ctx.metrics.crd_outdated.clear();
-        let mut schemas = crate::observe::schemas::ServedSchemas::default();
         for crd in runbook_core::crd::all() {
             let Some(version) = crd.spec.versions.first() else {
                 continue;
@@ -685,7 +689,8 @@ impl Operator {
             }
         }
         self.ctx.policies.store(Arc::new(set.clone()));
-        self.warn_unlisted_status(&set).await;
+        self.warn_unlisted_status(&set, &mut Default::default())
+            .await;
         self.ensure_informers(&set);
         self.wait_informers().await;
         if self.is_leading() {
