@@ -134,11 +134,7 @@ async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target()
         op.ctx.metrics.render()
     );
     // What the Mirror's status cannot keep is in its RunbookState.
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = c.runbook_states();
     let name = runbook::crd::state::name_for(&resource.group, "Mirror", "m");
     let state = states.get(&name).await.unwrap();
     assert_eq!(state.data["status"]["decisions"][0]["policy"], "mirror");
@@ -216,11 +212,7 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
         ],
     )
     .await;
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = c.runbook_states();
     eventually("the StatefulSet's state", 30, || async {
         states
             .get_opt("statefulset.apps.db")
@@ -362,11 +354,7 @@ async fn a_scheduled_policy_on_a_pruning_kind_fires_on_its_schedule() {
         value().await != first
     })
     .await;
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = c.runbook_states();
     let state = states
         .get(&runbook::crd::state::name_for(
             &resource.group,

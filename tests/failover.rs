@@ -494,7 +494,6 @@ fn shards_need_leader_election_and_a_label_identity() {
 async fn a_killed_replicas_targets_are_taken_over() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Patch, PatchParams, PostParams};
-    use kube::core::DynamicObject;
     use runbook::shard::SHARD_LABEL;
     let c = Cluster::new("shardkill").await;
     let dir = std::env::temp_dir().join(format!("runbook-shardkill-{}", c.ns));
@@ -542,11 +541,7 @@ async fn a_killed_replicas_targets_are_taken_over() {
         .unwrap();
         maps.create(&PostParams::default(), &cm).await.unwrap();
     }
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = c.runbook_states();
     let all_seen = |generation: &'static str| {
         let (states, names) = (states.clone(), names.clone());
         async move {

@@ -416,7 +416,6 @@ async fn catset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_hooks() {
     use k8s_openapi::api::core::v1::{ConfigMap, Event};
-    use kube::core::DynamicObject;
     let c = Cluster::new("port-cron").await;
     let op = start_example(&c, "schedule-hooks", |t| {
         t.replace("*/5 * * * * *", "*/1 * * * * *")
@@ -438,11 +437,7 @@ async fn schedule_hooks() {
     maps.create(&PostParams::default(), &hook("no-binding", false))
         .await
         .unwrap();
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = c.runbook_states();
     let times = || async {
         let state = states.get_opt("configmap.schedule-hook").await.unwrap();
         state.map(|s| s.data["status"]["schedules"].clone())
@@ -607,6 +602,67 @@ async fn secret_copier() {
             .is_some_and(|s| s.metadata.deletion_timestamp.is_none())
     })
     .await;
+    // A user who may make Secrets only in the test's namespace gets no
+    // copy through Runbook where they may not write one, and reads why.
+    let user = "copier-user";
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                   "verbs": ["create", "get", "list", "watch", "patch", "delete"]}]}))
+    .unwrap();
+    c.api::<k8s_openapi::api::rbac::v1::Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}))
+    .unwrap();
+    c.api::<k8s_openapi::api::rbac::v1::RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let as_user: Api<Secret> =
+        Api::namespaced(c.client_as(user, &["system:authenticated"]).await, &c.ns);
+    let theirs: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "theirs", "labels": {"secret-copier": "yes"}},
+        "stringData": {"token": "t"}}))
+    .unwrap();
+    // A real server's RBAC follows a new binding a moment later.
+    eventually("the user's Role in force", 30, || async {
+        as_user
+            .create(&PostParams::default(), &theirs)
+            .await
+            .is_ok()
+    })
+    .await;
+    let states = c.runbook_states();
+    eventually("the refusal, said on the Secret's state", 30, || async {
+        states
+            .get_opt("secret.theirs")
+            .await
+            .unwrap()
+            .is_some_and(|s| {
+                s.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == "Degraded"
+                            && c["reason"] == "NotAuthorized"
+                            && c["message"]
+                                .as_str()
+                                .is_some_and(|m| m.contains(user) && m.contains("create secrets"))
+                    })
+                })
+            })
+    })
+    .await;
+    for ns in ["a", "b", "late"] {
+        assert!(
+            in_ns(ns).get_opt("theirs").await.unwrap().is_none(),
+            "no copy where its author may not write one ({ns})"
+        );
+    }
+    as_user.delete("theirs", &Default::default()).await.unwrap();
     // The Secret goes: so do its copies, and then the Secret itself.
     c.api::<Secret>()
         .delete("registry", &Default::default())
@@ -640,7 +696,6 @@ async fn secret_copier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_pods() {
     use k8s_openapi::api::core::v1::Event;
-    use kube::core::DynamicObject;
     let c = Cluster::new("port-pods").await;
     let op = start_example(&c, "monitor-pods", |t| t).await;
     let pods: Api<Pod> = c.api();
@@ -661,11 +716,7 @@ async fn monitor_pods() {
             .sum::<i32>()
     };
     eventually("the Pod told", 30, || async { told().await >= 1 }).await;
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        c.client.clone(),
-        &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = c.runbook_states();
     eventually("the memory of it in the Pod's RunbookState", 30, || async {
         states
             .get_opt("pod.web-1")

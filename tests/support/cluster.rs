@@ -237,15 +237,20 @@ async fn install_state_crd(client: &Client, ns: &str) {
         }
         Some(_) => {}
     }
-    let states: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
-    );
+    let states = states_in(client, ns);
     eventually("RunbookState to be served", 60, || async {
         states.list(&Default::default()).await.is_ok()
     })
     .await;
+}
+
+/// The RunbookStates of namespace `ns`.
+fn states_in(client: &Client, ns: &str) -> Api<kube::core::DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    )
 }
 
 /// Whether the tests run against a real cluster.
@@ -328,6 +333,12 @@ impl Cluster {
             (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
         };
         (path, served)
+    }
+
+    /// The RunbookStates of the test's namespace (Runbook's state of
+    /// targets whose schema is not Runbook's).
+    pub fn runbook_states(&self) -> Api<kube::core::DynamicObject> {
+        states_in(&self.client, &self.ns)
     }
 
     /// A client whose requests are `user`'s (with `groups`): RBAC holds it
