@@ -860,6 +860,174 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
     c.cleanup().await;
 }
 
+/// Replicas sharing the targets (`--shards`) notify a group once, with
+/// the alerts of every replica's targets in it, whichever replica holds
+/// them; the replica that notifies going away neither notifies again what
+/// was sent nor loses what is still firing, and the resolution goes out
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_notify_a_group_once() {
+    use runbook::alert::shared::{Ring, SharedAlerts};
+    logs();
+    let hook = Receiver::start(Behaviour::Accept);
+    let c = Cluster::new("alerts-shards").await;
+    operator::install_widget_crd(&c).await;
+    // One group for every widget; a wait long enough to hear from both
+    // replicas, a repeat far longer than the test.
+    let routes = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: hook\n    groupBy: [alertname]\n    groupWait: 3s\n    groupInterval: 1s\n    repeatInterval: 4h\n  receivers:\n    - name: hook\n      webhook: {{url: \"{}\"}}\n",
+        hook.url("/hook")
+    );
+    let replica = |id: &str| {
+        let set = operator::policies(
+            &c,
+            &[
+                ("size.yaml", ALERTING_POLICY),
+                ("size.rhai", ALERTING_SCRIPT),
+                ("routes.yaml", &routes),
+            ],
+        );
+        let metrics = Arc::new(Metrics::new());
+        let ring = Ring {
+            namespace: c.ns.clone(),
+            name: "runbook-ring".into(),
+            identity: id.into(),
+            duration: Duration::from_secs(2),
+        };
+        let (client, m) = (c.client.clone(), metrics.clone());
+        let ns = c.ns.clone();
+        let sink = SharedAlerts::new(c.client.clone(), &ring, move || {
+            let delivery = Delivery::new(Some(client.clone()), m.clone(), "test", fast());
+            let log = runbook::alert::nflog::ConfigMapLog::new(client.clone(), &ns);
+            Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
+        });
+        let op = operator::operator_with_sink(
+            &c,
+            set,
+            operator::sharded(&c, id),
+            metrics,
+            Arc::new(sink),
+        );
+        let started = op.clone();
+        tokio::spawn(async move { started.start().await.unwrap() });
+        op
+    };
+    // Each notification: (firing names, resolved names).
+    let notified = || -> Vec<(Vec<String>, Vec<String>)> {
+        hook.requests()
+            .iter()
+            .map(|r| {
+                let names = |status: &str| {
+                    let mut v: Vec<String> = r.body["alerts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|a| a["status"] == status)
+                        .map(|a| a["labels"]["name"].as_str().unwrap_or("").to_string())
+                        .collect();
+                    v.sort();
+                    v
+                };
+                (names("firing"), names("resolved"))
+            })
+            .collect()
+    };
+    let a = replica("a");
+    let b = replica("b");
+    let widgets: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
+    let names: Vec<String> = (0..6).map(|i| format!("big{i}")).collect();
+    for n in &names {
+        operator::create_widget(&c, &widgets, n, json!({"size": 20})).await;
+    }
+    // Both replicas hold some of them.
+    eventually("the widgets placed on both replicas", 60, || async {
+        let mut on = std::collections::BTreeSet::new();
+        for w in widgets.list(&ListParams::default()).await.unwrap() {
+            if let Some(s) = w
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get(runbook::shard::SHARD_LABEL)
+            {
+                on.insert(s.clone());
+            }
+        }
+        on.len() == 2
+    })
+    .await;
+    eventually("the group notified", 60, || async {
+        !notified().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        notified(),
+        vec![(names.clone(), vec![])],
+        "one notification, with every replica's alerts"
+    );
+    // The replica that notifies goes away; the other takes its targets
+    // and notifies from now on, without telling again what was told.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.client.clone(), &c.ns);
+    let holder = leases
+        .get("runbook-ring")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap();
+    let (gone, stays) = if holder == "a" { (a, b) } else { (b, a) };
+    gone.shutdown(Duration::from_secs(5)).await;
+    let stays_id = if holder == "a" { "b" } else { "a" };
+    eventually("every widget on the replica that stays", 60, || async {
+        widgets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|w| {
+                w.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(runbook::shard::SHARD_LABEL))
+                    == Some(&stays_id.to_string())
+            })
+    })
+    .await;
+    // Past the gone replica's lease duration and a group interval.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        notified().len(),
+        1,
+        "nothing notified again: {:?}",
+        notified()
+    );
+    for n in &names {
+        widgets
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": 1}})),
+            )
+            .await
+            .unwrap();
+    }
+    eventually("the resolution notified", 60, || async {
+        notified().iter().map(|(_, r)| r.len()).sum::<usize>() == names.len()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let told = notified();
+    let firing: usize = told.iter().map(|(f, _)| f.len()).sum();
+    let resolved: usize = told.iter().map(|(_, r)| r.len()).sum();
+    assert_eq!((firing, resolved), (names.len(), names.len()), "{told:?}");
+    stays.shutdown(Duration::from_secs(5)).await;
+    operator::remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
 /// The operator's alerts in a team's own Alertmanager (two of them, an HA
 /// pair): firing with their labels, source link and times, pushed again
 /// while they fire so Alertmanager does not expire them, resolved when the

@@ -49,6 +49,11 @@ pub struct RbacArgs {
     /// need there, and nothing cluster-wide.
     #[arg(long, env = "RUNBOOK_RBAC_TENANT")]
     pub tenant: Option<String>,
+    /// Grant what replicas sharing the targets need (`runbook run
+    /// --shards`): patching targets' labels, listing the replicas'
+    /// Leases, their published alerts.
+    #[arg(long, env = "RUNBOOK_SHARDS")]
+    pub shards: bool,
     #[command(flatten)]
     pub webhook: WebhookObjectsArgs,
 }
@@ -138,6 +143,7 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         policy_configmaps: true,
         tenant: args.tenant,
         webhook: args.webhook.objects(),
+        shards: args.shards,
     };
     let elsewhere = rbac::secrets_elsewhere(&set, &opts);
     if let Some(t) = &opts.tenant

@@ -19,7 +19,7 @@ use crate::runtime::{Operator, OperatorConfig};
 use crate::script::{ScriptEngine, ScriptLimits};
 use crate::telemetry::{self, Metrics};
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
     /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, env = "RUNBOOK_KUBECONFIG")]
@@ -272,6 +272,7 @@ async fn check_access(
         policy_namespaces: sources.configmap_namespaces.clone(),
         policy_configmaps: args.policy_configmaps,
         webhook: args.hook.objects(),
+        shards: args.shards,
         ..Default::default()
     };
     match access::missing_for(client, set, &opts, watched.as_deref()).await {
@@ -353,6 +354,34 @@ fn dispatcher(args: &RunArgs, client: &kube::Client, metrics: &Arc<Metrics>) -> 
     );
     let log = crate::alert::nflog::ConfigMapLog::new(client.clone(), &args.operator_namespace);
     Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
+}
+
+/// Where the operator's alerts go: its own dispatcher, flushed by the
+/// task returned; sharded, published for the replica that notifies for
+/// all (`alert::shared`), which makes its dispatcher when it is that one.
+fn alert_sink(
+    args: &RunArgs,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+) -> (
+    Arc<dyn crate::alert::AlertSink>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    if !args.shards {
+        let dispatcher = dispatcher(args, client, metrics);
+        let flusher = dispatcher.spawn();
+        return (dispatcher, Some(flusher));
+    }
+    let ring = crate::alert::shared::Ring {
+        namespace: args.operator_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity(args),
+        duration: Duration::from_secs(args.lease_duration),
+    };
+    let (args, made_with, m) = (args.clone(), client.clone(), metrics.clone());
+    let make = move || dispatcher(&args, &made_with, &m);
+    let shared = crate::alert::shared::SharedAlerts::new(client.clone(), &ring, make);
+    (Arc::new(shared), None)
 }
 
 /// `/readyz` and `/shadow` before the operator exists: not ready, saying
@@ -472,14 +501,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.skip_access_check {
         check_access(&args, &client, &set, &sources).await?;
     }
-    let dispatcher = dispatcher(&args, &client, &metrics);
-    let _flusher = dispatcher.spawn();
+    let (alerts, _flusher) = alert_sink(&args, &client, &metrics);
     let op = Arc::new(Operator::new(
         client,
         engine,
         set,
         Clock::real(),
-        dispatcher,
+        alerts,
         metrics.clone(),
         operator_config(&args),
     ));

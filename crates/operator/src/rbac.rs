@@ -88,6 +88,9 @@ pub struct Options {
     /// The authorship webhook's objects, when the operator serves it
     /// (`runbook run --webhook`, the default).
     pub webhook: Option<WebhookObjects>,
+    /// Replicas share the targets (`--shards`): they label targets for
+    /// their places, list each other's Leases and publish their alerts.
+    pub shards: bool,
 }
 
 /// What the operator keeps of its authorship webhook. Both are shipped in
@@ -123,6 +126,7 @@ impl Default for Options {
             policy_configmaps: true,
             tenant: None,
             webhook: Some(WebhookObjects::default()),
+            shards: false,
         }
     }
 }
@@ -351,6 +355,10 @@ impl Needs {
                         // kind whose schema is not Runbook's is kept
                         // apart (a RunbookState).
                         KindRole::Target => {
+                            if opts.shards {
+                                let place = format!("{why}: its replica's label (--shards)");
+                                self.add(scope.clone(), g, &plural, &["patch"], &[], place);
+                            }
                             self.target_rights(p, k, (&scope, namespaced), &plural, opts, &why)
                         }
                         KindRole::Owns => self.add(scope, g, &plural, WRITE, &[], why),
@@ -454,6 +462,22 @@ impl Needs {
             &[],
             "leader election".into(),
         );
+        if opts.shards {
+            let why = "the live replicas, by their Leases (--shards)";
+            self.add(
+                own.clone(),
+                "coordination.k8s.io",
+                "leases",
+                &["list"],
+                &[],
+                why.into(),
+            );
+            // Each replica publishes its alerts in its own ConfigMap; the
+            // notifying one reads them all and deletes a gone replica's.
+            let why = "the replicas' published alerts (--shards)";
+            let verbs = ["create", "get", "list", "patch", "delete"];
+            self.add(own.clone(), "", "configmaps", &verbs, &[], why.into());
+        }
         if !set.routes.is_empty() {
             let why = "the notification log, so alerts are not sent twice across restarts";
             let log = [crate::alert::nflog::CONFIGMAP.to_string()];

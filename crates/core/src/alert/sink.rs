@@ -65,6 +65,19 @@ pub trait AlertSink: Send + Sync {
     fn restore(&self) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+
+    /// Replicas sharing the targets (`--shards`): called by each replica
+    /// at every look at the live members, `notifying` on the one that
+    /// notifies for all of them; `routes` finds a policy's alert routes.
+    /// A sink that notifies on its own does nothing here.
+    fn gather<'a>(
+        &'a self,
+        _notifying: bool,
+        _live: &'a std::collections::BTreeSet<String>,
+        _routes: &'a (dyn Fn(&str) -> Option<Arc<CompiledRoutes>> + Sync),
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The alerts each source raises now, by fingerprint: what tells a sink

@@ -6,3 +6,4 @@ pub use runbook_core::alert::*;
 pub mod deliver;
 pub mod dispatch;
 pub mod nflog;
+pub mod shared;

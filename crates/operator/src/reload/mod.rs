@@ -225,6 +225,7 @@ impl Reloader {
             // Only what the edited policies need; the webhook's own
             // rights were checked at start-up.
             webhook: None,
+            shards: op.ctx.config.shards,
             ..Default::default()
         };
         let watched = watch_namespaces.first().map(String::as_str);

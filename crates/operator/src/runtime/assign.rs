@@ -139,8 +139,8 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
         }
         // Every replica keeps its view of the members, so that one that
         // becomes the assigner knows who has been live and for how long.
-        let now = match members.ring().await {
-            Ok(r) => r,
+        let live = match members.live().await {
+            Ok(live) => live,
             Err(e) => {
                 tracing::warn!(
                     "reading the members' Leases: {}",
@@ -149,7 +149,10 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
                 continue;
             }
         };
-        if !assigning.load(Ordering::Acquire) || now.is_empty() {
+        let assigner = assigning.load(Ordering::Acquire);
+        gather_alerts(&ctx, assigner, &live).await;
+        let now = Ring::new(live);
+        if !assigner || now.is_empty() {
             last = None;
             continue;
         }
@@ -165,7 +168,17 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
         }
         last = Some(now);
     }
+    // Stopped: another replica notifies from now on.
+    gather_alerts(&ctx, false, &Default::default()).await;
     let _ = election.await;
+}
+
+/// Publish this replica's alerts and, on the assigner, notify everyone's
+/// (see `alert::shared`).
+async fn gather_alerts(ctx: &Context, notifying: bool, live: &std::collections::BTreeSet<String>) {
+    let set = ctx.policies.load_full();
+    let routes = |policy: &str| set.policies.get(policy).and_then(|p| set.routes_for(p));
+    ctx.alerts.gather(notifying, live, &routes).await;
 }
 
 /// Label the targets of one kind for their places: those without a
