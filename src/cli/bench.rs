@@ -16,7 +16,8 @@ pub struct BenchArgs {
     /// Fewer samples and 2,000 targets instead of 10,000 (a minute or two).
     #[arg(long, env = "RUNBOOK_BENCH_QUICK")]
     pub quick: bool,
-    /// Only these sections: decision, lookup, writes, operator, reload, memory, scale, containment.
+    /// Only these sections: decision, lookup, writes, operator, reload,
+    /// admission, memory, scale, containment, scale-out.
     #[arg(long, value_delimiter = ',', env = "RUNBOOK_BENCH_ONLY_SECTIONS")]
     pub only: Vec<String>,
     /// The shipped policies (the decision benchmark uses evaluator-drift).
@@ -24,18 +25,27 @@ pub struct BenchArgs {
     pub policies: PathBuf,
     #[arg(long, short, value_enum, default_value_t = Output::Text, env = "RUNBOOK_BENCH_OUTPUT")]
     pub output: Output,
-    /// Run the admission section through this cluster's API server (it
-    /// must reach `runbook` on 127.0.0.1) instead of a sandbox; the other
+    /// Run the admission and scale-out sections through this cluster's
+    /// API server instead of a sandbox (admission: it must reach
+    /// `runbook` on 127.0.0.1; scale-out: it makes and deletes the
+    /// namespaces scale-one, scale-shards and scale-empty); the other
     /// sections ignore it.
     #[arg(long, env = "RUNBOOK_BENCH_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Targets of the scale-out section (default: 2,000 with --quick,
+    /// else 10,000).
+    #[arg(long, env = "RUNBOOK_BENCH_SCALE_OUT_TARGETS")]
+    pub scale_out_targets: Option<usize>,
     /// Internal: run as a child process of the memory benchmark.
     #[arg(long, hide = true, num_args = 1..)]
     pub child: Vec<String>,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    if args.child.first().map(String::as_str) == Some("operator") {
+    if matches!(
+        args.child.first().map(String::as_str),
+        Some("operator" | "replica")
+    ) {
         crate::bench::alloc::enable();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -53,6 +63,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 let kc = PathBuf::from(args.child.get(2).cloned().unwrap_or_default());
                 rt.block_on(async move {
                     tokio::spawn(async move { crate::bench::memory::operator_child(&kc, n).await })
+                        .await
+                })?;
+            }
+            "scaleout-sandbox" => rt.block_on(crate::bench::scaleout::sandbox_child(n)),
+            "replica" => {
+                let rest = args.child[1..].to_vec();
+                rt.block_on(async move {
+                    tokio::spawn(async move { crate::bench::scaleout::replica_child(&rest).await })
                         .await
                 })?;
             }
@@ -88,6 +106,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         exe: std::env::current_exe()?,
         child_args: vec!["bench".into(), "--child".into()],
         cluster: args.kubeconfig,
+        scale_out_targets: args.scale_out_targets,
     };
     let rows = rt.block_on(suite::run(&opts));
     match args.output {

@@ -16,6 +16,7 @@ pub mod native;
 pub mod operator;
 pub mod reload;
 pub mod sandbox;
+pub mod scaleout;
 pub mod scenario;
 pub mod suite;
 

@@ -58,6 +58,28 @@ pub fn item_kind() -> KindRef {
     KindRef::new(format!("{GROUP}/v1"), "Item")
 }
 
+/// The Item CRD.
+pub fn item_crd() -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("items.{GROUP}")},
+        "spec": {"group": GROUP, "scope": "Namespaced", "names": {"kind": "Item", "plural": "items"},
+                 "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                   "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                                   "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+    })
+}
+
+/// An Item of the benchmark, the `i`th of `namespace`.
+pub fn item(namespace: &str, i: usize) -> serde_json::Value {
+    json!({
+        "apiVersion": format!("{GROUP}/v1"), "kind": "Item",
+        "metadata": {"name": format!("item-{i:05}"), "namespace": namespace, "labels": {"app": "bench"}},
+        "spec": {"size": i % 100, "owner": "team-a", "tier": "standard"}
+    })
+}
+
 /// Install the Item CRD and `n` Items in `namespace`, straight into the store.
 pub fn populate(sandbox: &Sandbox, namespace: &str, n: usize) {
     let store = sandbox.store();
@@ -65,15 +87,7 @@ pub fn populate(sandbox: &Sandbox, namespace: &str, n: usize) {
         .def("apiextensions.k8s.io", "customresourcedefinitions")
         .expect("CRDs");
     if store.def(GROUP, "items").is_none() {
-        let crd = json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("items.{GROUP}")},
-            "spec": {"group": GROUP, "scope": "Namespaced", "names": {"kind": "Item", "plural": "items"},
-                     "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
-                                   "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                                       "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                                       "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
-        });
+        let crd = item_crd();
         store
             .create(&crd_def, "", crd, &Default::default())
             .expect("the Item CRD");
@@ -95,13 +109,8 @@ pub fn populate(sandbox: &Sandbox, namespace: &str, n: usize) {
     );
     let def = store.def(GROUP, "items").expect("items");
     for i in 0..n {
-        let item = json!({
-            "apiVersion": format!("{GROUP}/v1"), "kind": "Item",
-            "metadata": {"name": format!("item-{i:05}"), "namespace": namespace, "labels": {"app": "bench"}},
-            "spec": {"size": i % 100, "owner": "team-a", "tier": "standard"}
-        });
         store
-            .create(&def, namespace, item, &Default::default())
+            .create(&def, namespace, item(namespace, i), &Default::default())
             .expect("an Item");
     }
 }
@@ -152,6 +161,20 @@ pub fn runbook_operator_with(
     concurrency: u16,
     extra: &[(&str, &str)],
 ) -> Operator {
+    let config = OperatorConfig {
+        namespace: Some(namespace.into()),
+        concurrency,
+        ..Default::default()
+    };
+    runbook_operator_configured(client, config, extra)
+}
+
+/// The bench operator, configured as given.
+pub fn runbook_operator_configured(
+    client: kube::Client,
+    config: OperatorConfig,
+    extra: &[(&str, &str)],
+) -> Operator {
     let engine = ScriptEngine::default();
     let mut files: std::collections::BTreeMap<String, String> = [
         ("item.yaml".to_string(), POLICY.to_string()),
@@ -171,11 +194,7 @@ pub fn runbook_operator_with(
         Clock::real(),
         Arc::new(LogSink::default()),
         Arc::new(Metrics::new()),
-        OperatorConfig {
-            namespace: Some(namespace.into()),
-            concurrency,
-            ..Default::default()
-        },
+        config,
     )
 }
 

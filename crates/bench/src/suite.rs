@@ -89,6 +89,8 @@ pub struct Options {
     /// The kubeconfig of a cluster to measure the sections that can run on
     /// one (admission) against, instead of a sandbox.
     pub cluster: Option<PathBuf>,
+    /// Targets of the scale-out section, instead of `targets()`.
+    pub scale_out_targets: Option<usize>,
 }
 
 pub const SECTIONS: &[&str] = &[
@@ -101,6 +103,7 @@ pub const SECTIONS: &[&str] = &[
     "memory",
     "scale",
     "containment",
+    "scale-out",
 ];
 
 impl Options {
@@ -662,6 +665,125 @@ async fn admission(opts: &Options) -> Vec<Row> {
     ]
 }
 
+/// Replicas sharing the targets (`--shards`), each its own process,
+/// against one replica holding them all: memory, time, takeover of a
+/// killed replica, moves when replicas join and leave, and whether two
+/// ever acted on one target at once.
+async fn scale_out(opts: &Options) -> Vec<Row> {
+    const REPLICAS: usize = 4;
+    const LEASE_SECS: u64 = 10;
+    let n = opts.scale_out_targets.unwrap_or(opts.targets());
+    let o = opts.clone();
+    let run = tokio::spawn(async move {
+        super::scaleout::measure(
+            &o.exe,
+            &o.child_args,
+            n,
+            REPLICAS,
+            LEASE_SECS,
+            o.cluster.as_deref(),
+        )
+        .await
+    })
+    .await
+    .expect("scale-out benchmark");
+    let s = "scale-out";
+    let f = match run {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("scale-out: {e}");
+            return vec![Row::new(s, format!("failed: {e}"), 0.0, "").goal(Goal::AtLeast(1.0))];
+        }
+    };
+    let r = REPLICAS as f64;
+    let on = if f.cluster {
+        "the given cluster"
+    } else {
+        "a sandbox"
+    };
+    let mut rows = vec![
+        Row::new(
+            s,
+            format!("one replica: {n} targets (a child each) on {on} reconciled in"),
+            f.one_secs,
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("{REPLICAS} replicas: the same reconciled (and placed) in"),
+            f.shared_secs,
+            "s",
+        ),
+        Row::new(s, "one replica holding them all: RSS", mb(f.one_rss), "MB"),
+        Row::new(
+            s,
+            "one replica holding them all: live heap",
+            mb(f.one_heap),
+            "MB",
+        ),
+        Row::new(
+            s,
+            "a replica holding no target: RSS (the fixed part F)",
+            mb(f.empty_rss),
+            "MB",
+        ),
+    ];
+    for (id, count, rss, heap) in &f.each {
+        rows.push(Row::new(
+            s,
+            format!(
+                "replica {id}, {count} targets: RSS (live heap {:.1} MB)",
+                mb(*heap)
+            ),
+            mb(*rss),
+            "MB",
+        ));
+    }
+    let largest = f.each.iter().map(|e| e.2).max().unwrap_or(0);
+    let bound = 1.2 * mb(f.one_rss) / r + mb(f.empty_rss);
+    rows.push(
+        Row::new(
+            s,
+            format!("largest replica's RSS (goal: 1.2/{REPLICAS} of one + F)"),
+            mb(largest),
+            "MB",
+        )
+        .goal(Goal::AtMost((bound * 100.0).round() / 100.0)),
+    );
+    rows.extend([
+        Row::new(
+            s,
+            format!(
+                "kill -9 of a replica holding {} targets: from its last renewal until each was decided again (lease {LEASE_SECS} s)",
+                f.killed_targets
+            ),
+            f.takeover_secs,
+            "s",
+        )
+        .goal(Goal::AtMost(LEASE_SECS as f64)),
+        Row::new(s, "the same, from the kill", f.takeover_after_kill_secs, "s"),
+        Row::new(s, "2 -> 4 replicas: targets moved", f.up_moved as f64, "targets"),
+        Row::new(s, "2 -> 4 replicas: until each moved target was decided by its new replica", f.up_secs, "s"),
+        Row::new(s, "4 -> 2 replicas: targets moved", f.down_moved as f64, "targets"),
+        Row::new(s, "4 -> 2 replicas: until each moved target was decided by its new replica", f.down_secs, "s"),
+        Row::new(
+            s,
+            "targets decided by two replicas within one second (whole run)",
+            f.overlapping_decisions as f64,
+            "targets",
+        )
+        .goal(Goal::AtMost(0.0)),
+        Row::new(
+            s,
+            "targets written by two replicas within one second (whole run)",
+            f.overlapping_writes as f64,
+            "targets",
+        )
+        .goal(Goal::AtMost(0.0)),
+    ]);
+    rows
+}
+
 /// Run the chosen sections.
 pub async fn run(opts: &Options) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -711,6 +833,9 @@ pub async fn run(opts: &Options) -> Vec<Row> {
     }
     if opts.wants("containment") {
         rows.extend(containment(opts.quick).await);
+    }
+    if opts.wants("scale-out") {
+        rows.extend(scale_out(opts).await);
     }
     rows
 }

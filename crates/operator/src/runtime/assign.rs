@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use futures::StreamExt;
 use kube::Api;
 use kube::api::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -35,6 +36,12 @@ use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
 /// looks, besides one whenever the members change; between them only
 /// targets without the label are looked for.
 const FULL_EVERY: u32 = 30;
+
+/// Targets listed at once while placing.
+const PAGE: u32 = 500;
+
+/// Labels written at once while placing.
+const PLACING_AT_ONCE: usize = 16;
 
 /// The selector of the targets a sharded replica watches, with the
 /// policies' own (`selector`); unchanged without `--shards`.
@@ -132,6 +139,12 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let mut stop = ctx.stop.clone();
     let mut last: Option<Ring> = None;
     let mut looks = 0u32;
+    // Since when each member has been live, as this replica saw it.
+    let mut joined: std::collections::HashMap<String, std::time::Instant> = Default::default();
+    let settle = (ring.duration / 5).clamp(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(3),
+    );
     loop {
         tokio::select! {
             _ = tokio::time::sleep(members.poll()) => {}
@@ -149,6 +162,11 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
                 continue;
             }
         };
+        let seen = std::time::Instant::now();
+        joined.retain(|m, _| live.contains(m));
+        for m in &live {
+            joined.entry(m.clone()).or_insert(seen);
+        }
         let assigner = assigning.load(Ordering::Acquire);
         gather_alerts(&ctx, assigner, &live).await;
         let now = Ring::new(live);
@@ -156,17 +174,31 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
             last = None;
             continue;
         }
-        looks += 1;
-        let full = last.as_ref() != Some(&now) || looks.is_multiple_of(FULL_EVERY);
-        if last.as_ref() != Some(&now) {
+        // Replicas that start together join one after another: while one
+        // has just joined, only a gone member's targets are placed, so
+        // that start-up does not give everything to the first and then
+        // move most of it.
+        let pass = if joined.values().any(|t| t.elapsed() < settle) {
+            Pass::Gone
+        } else {
+            looks += 1;
+            if last.as_ref() != Some(&now) || looks.is_multiple_of(FULL_EVERY) {
+                Pass::Full
+            } else {
+                Pass::New
+            }
+        };
+        if pass != Pass::Gone && last.as_ref() != Some(&now) {
             tracing::info!(members = ?now.members(), "the ring of replicas");
         }
         for kind in ctx.policies.load().target_kinds() {
-            if let Err(e) = place(&ctx, &kind, &now, full).await {
+            if let Err(e) = place(&ctx, &kind, &now, pass).await {
                 tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
             }
         }
-        last = Some(now);
+        if pass != Pass::Gone {
+            last = Some(now);
+        }
     }
     // Stopped: another replica notifies from now on.
     gather_alerts(&ctx, false, &Default::default()).await;
@@ -181,32 +213,64 @@ async fn gather_alerts(ctx: &Context, notifying: bool, live: &std::collections::
     ctx.alerts.gather(notifying, live, &routes).await;
 }
 
-/// Label the targets of one kind for their places: those without a
-/// place that a policy selects, and (`full`) every one placed before.
+/// Which targets a look at them places.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Only those of members that are gone.
+    Gone,
+    /// Those without a place too.
+    New,
+    /// Every one: moves to new members too.
+    Full,
+}
+
+/// Label the targets of one kind for their places (`pass` says which).
 /// Objects no policy selects are left unlabelled.
-async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, full: bool) -> Result<(), kube::Error> {
+async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, pass: Pass) -> Result<(), kube::Error> {
     let api = api(ctx, kind, None);
-    let mut selections: Vec<String> = unplaced_selectors(&ctx.policies.load(), kind);
-    if full {
-        selections.push(SHARD_LABEL.to_string());
+    let mut selections: Vec<String> = match pass {
+        Pass::Gone => Vec::new(),
+        Pass::New | Pass::Full => unplaced_selectors(&ctx.policies.load(), kind),
+    };
+    match pass {
+        Pass::Full => selections.push(SHARD_LABEL.to_string()),
+        // Labelled for members not in the ring, found by the API server.
+        Pass::Gone => selections.push(format!(
+            "{SHARD_LABEL},{SHARD_LABEL} notin ({})",
+            ring.members().join(",")
+        )),
+        Pass::New => {}
     }
     for selection in selections {
-        let objects = api
-            .list_metadata(&ListParams::default().labels(&selection))
-            .await?
-            .items;
-        for o in objects {
-            let Some(patch) = placement(kind, &o.metadata, ring) else {
-                continue;
-            };
-            let ns = o.metadata.namespace.as_deref();
-            let name = o.metadata.name.clone().unwrap_or_default();
-            let api = self::api(ctx, kind, ns);
-            if let Err(e) = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                tracing::warn!(kind = %kind, name, "placing a target: {}", crate::util::api_error(&e));
+        // A page at a time, so that placing many targets costs the
+        // assigner no more memory than a page of their metadata.
+        let mut params = ListParams::default().labels(&selection).limit(PAGE);
+        loop {
+            let page = api.list_metadata(&params).await?;
+            // Labelled a few at a time: a thousand new targets, or a gone
+            // member's share, are placed within the lease duration.
+            let patches: Vec<(Option<String>, String, serde_json::Value)> = page
+                .items
+                .into_iter()
+                .filter_map(|o| {
+                    let patch = placement(kind, &o.metadata, ring)?;
+                    Some((o.metadata.namespace, o.metadata.name?, patch))
+                })
+                .collect();
+            futures::stream::iter(patches)
+                .for_each_concurrent(PLACING_AT_ONCE, |(ns, name, patch)| async move {
+                    let api = self::api(ctx, kind, ns.as_deref());
+                    if let Err(e) = api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        tracing::warn!(kind = %kind, name, "placing a target: {}", crate::util::api_error(&e));
+                    }
+                })
+                .await;
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(c) => params = params.continue_token(&c),
+                None => break,
             }
         }
     }

@@ -1,0 +1,794 @@
+//! Scale-out: the Item workload shared by sharded replicas (`--shards`),
+//! each a process of its own, against one replica holding every target.
+//!
+//! The API server is a sandbox in a child process, or a real cluster
+//! (`runbook bench --only scale-out --kubeconfig ...`). Each replica
+//! prints a line for every action its decisions took (`J <ms> <result>
+//! <item>`), from which this side tells when a target was decided again
+//! after a takeover or a move, and whether two replicas decided or wrote
+//! one target within the same second.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::core::DynamicObject;
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::operator::{item, item_crd, item_resource};
+use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
+use runbook_operator::runtime::OperatorConfig;
+use runbook_operator::runtime::leader::LeaseConfig;
+use runbook_operator::telemetry::journal::{Entry, Journal};
+
+/// The namespaces of the run: one replica's, the shared targets', and an
+/// empty one (what a replica costs with no target).
+const ONE: &str = "scale-one";
+const SHARED: &str = "scale-shards";
+const EMPTY: &str = "scale-empty";
+/// The ring's Lease, in the shared namespace.
+const RING: &str = "bench-ring";
+
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Prints every action on an Item (or its child) as a line.
+struct Printer(Mutex<std::io::Stdout>);
+
+impl Journal for Printer {
+    fn record(&self, e: Entry) {
+        let item = match e.kind.as_str() {
+            "Item" => e.name.as_str(),
+            "ConfigMap" => match e.name.strip_suffix("-child") {
+                Some(n) => n,
+                None => return,
+            },
+            _ => return,
+        };
+        let mut out = runbook_operator::util::lock(&self.0);
+        let _ = writeln!(out, "J {} {} {item}", e.time.as_millisecond(), e.result);
+        let _ = out.flush();
+    }
+}
+
+/// The sandbox child: the Item CRD and `n` Items in each of the one
+/// replica's and the shared namespace; prints its kubeconfig and serves
+/// until its stdin closes.
+pub async fn sandbox_child(n: usize) {
+    let sandbox = runbook_sandbox::Sandbox::default();
+    super::operator::populate(&sandbox, ONE, n);
+    super::operator::populate(&sandbox, SHARED, n);
+    super::operator::populate(&sandbox, EMPTY, 0);
+    let served = sandbox.serve(0).await.expect("serving the sandbox");
+    let path = std::env::temp_dir().join(format!(
+        "runbook-bench-scaleout-{}.kubeconfig",
+        std::process::id()
+    ));
+    std::fs::write(&path, served.kubeconfig("default")).expect("writing the kubeconfig");
+    println!("KUBECONFIG {}", path.display());
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        while std::io::stdin().lock().read_line(&mut line).unwrap_or(0) > 0 {
+            line.clear();
+        }
+    })
+    .await;
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A replica child: `kubeconfig namespace identity lease-seconds shards`
+/// (`shards` 1 or 0). Prints `LEADING` once it acts, `J` lines as it
+/// decides; answers `rss` with `RSS <rss> <live heap>`; `stop` shuts it
+/// down gracefully (its Lease released).
+pub async fn replica_child(args: &[String]) {
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    let client = super::memory::client_of(Path::new(&arg(0))).await;
+    let namespace = arg(1);
+    let identity = arg(2);
+    let lease: u64 = arg(3).parse().unwrap_or(10);
+    let shards = arg(4) == "1";
+    let config = OperatorConfig {
+        namespace: Some(namespace.clone()),
+        concurrency: 16,
+        identity: identity.clone(),
+        shards,
+        lease: shards.then(|| LeaseConfig {
+            namespace: namespace.clone(),
+            name: RING.into(),
+            identity: identity.clone(),
+            duration: Duration::from_secs(lease),
+            renew_every: Duration::from_secs((lease / 5).max(1)),
+        }),
+        ..Default::default()
+    };
+    let op = Arc::new(super::operator::runbook_operator_configured(
+        client,
+        config,
+        &[],
+    ));
+    op.ctx
+        .set_journal(Arc::new(Printer(Mutex::new(std::io::stdout()))));
+    let started = op.clone();
+    tokio::spawn(async move {
+        started.start().await.expect("the replica starts");
+        println!("LEADING");
+    });
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    while let Some(line) = rx.recv().await {
+        match line.trim() {
+            "rss" => println!(
+                "RSS {} {}",
+                status_kb("VmRSS:") * 1024,
+                crate::alloc::live()
+            ),
+            "stop" => break,
+            _ => {}
+        }
+    }
+    op.shutdown(Duration::from_secs(10)).await;
+    println!("STOPPED");
+}
+
+/// What one replica child said.
+#[derive(Default)]
+struct Heard {
+    leading: bool,
+    rss: Option<(u64, u64)>,
+    stopped: bool,
+    /// Per Item: (ms, wrote) of each action.
+    actions: HashMap<String, Vec<(i64, bool)>>,
+}
+
+struct Replica {
+    id: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    heard: Arc<Mutex<Heard>>,
+}
+
+impl Replica {
+    fn start(
+        exe: &Path,
+        args: &[String],
+        kubeconfig: &Path,
+        ns: &str,
+        id: &str,
+        lease: u64,
+        shards: bool,
+    ) -> Self {
+        let mut child = Command::new(exe)
+            .args(args)
+            .args([
+                "replica",
+                &kubeconfig.display().to_string(),
+                ns,
+                id,
+                &lease.to_string(),
+                if shards { "1" } else { "0" },
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting a replica");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let heard = Arc::new(Mutex::new(Heard::default()));
+        let h = heard.clone();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let mut h = runbook_operator::util::lock(&h);
+                let mut w = line.split_whitespace();
+                match w.next() {
+                    Some("J") => {
+                        let (Some(ms), Some(result), Some(item)) = (w.next(), w.next(), w.next())
+                        else {
+                            continue;
+                        };
+                        let ms: i64 = ms.parse().unwrap_or(0);
+                        h.actions
+                            .entry(item.to_string())
+                            .or_default()
+                            .push((ms, result == "ok"));
+                    }
+                    Some("LEADING") => h.leading = true,
+                    Some("RSS") => {
+                        let mut num = || w.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                        h.rss = Some((num(), num()));
+                    }
+                    Some("STOPPED") => h.stopped = true,
+                    _ => {}
+                }
+            }
+        });
+        Self {
+            id: id.into(),
+            stdin: child.stdin.take(),
+            child,
+            heard,
+        }
+    }
+
+    fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
+        runbook_operator::util::lock(&self.heard)
+    }
+
+    fn say(&mut self, what: &str) {
+        if let Some(s) = self.stdin.as_mut() {
+            let _ = writeln!(s, "{what}");
+        }
+    }
+
+    /// Its RSS and live heap, asked now.
+    async fn rss(&mut self) -> (u64, u64) {
+        self.heard().rss = None;
+        self.say("rss");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self.heard().rss {
+                return r;
+            }
+            if Instant::now() > deadline {
+                return (0, 0);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Leave gracefully and wait for the process to end.
+    async fn stop(&mut self) {
+        self.say("stop");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.heard().stopped && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.stdin = None;
+        let _ = self.child.wait();
+    }
+
+    /// Whether it acted on `item` after `ms`.
+    fn acted_after(&self, item: &str, ms: i64) -> bool {
+        self.heard()
+            .actions
+            .get(item)
+            .is_some_and(|a| a.iter().any(|(t, _)| *t > ms))
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The figures of one run.
+#[derive(Clone, Debug, Default)]
+pub struct ScaleOutFigures {
+    pub targets: usize,
+    pub replicas: usize,
+    pub lease_secs: u64,
+    /// One replica holding every target: seconds until all reconciled,
+    /// steady RSS and live heap.
+    pub one_secs: f64,
+    pub one_rss: u64,
+    pub one_heap: u64,
+    /// A replica with no target at all.
+    pub empty_rss: u64,
+    pub empty_heap: u64,
+    /// The sharded replicas: seconds until all reconciled, and each one's
+    /// targets, RSS and live heap.
+    pub shared_secs: f64,
+    pub each: Vec<(String, usize, u64, u64)>,
+    /// The killed replica's targets, and the seconds from its last renewal
+    /// (and from the kill) until each was decided again by another.
+    pub killed_targets: usize,
+    pub takeover_secs: f64,
+    pub takeover_after_kill_secs: f64,
+    /// 2 -> 4 and 4 -> 2 replicas: targets moved, seconds until settled.
+    pub up_moved: usize,
+    pub up_secs: f64,
+    pub down_moved: usize,
+    pub down_secs: f64,
+    /// Targets decided (and written) by two replicas within one second.
+    pub overlapping_decisions: usize,
+    pub overlapping_writes: usize,
+    /// Where it ran.
+    pub cluster: bool,
+}
+
+/// The Items of a namespace: name, shard label, draining, done.
+async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool, bool)> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(5_000);
+    loop {
+        let Ok(page) = api.list(&params).await else {
+            return out;
+        };
+        for o in &page.items {
+            let labels = o.metadata.labels.clone().unwrap_or_default();
+            out.push((
+                o.metadata.name.clone().unwrap_or_default(),
+                labels.get(SHARD_LABEL).cloned(),
+                labels.contains_key(DRAIN_LABEL),
+                o.data["status"]["phase"] == "Done",
+            ));
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => params = params.continue_token(&c),
+            None => return out,
+        }
+    }
+}
+
+/// Wait (up to `limit`) until `ok` holds of the namespace's Items.
+async fn until(
+    client: &Client,
+    ns: &str,
+    limit: Duration,
+    every: Duration,
+    mut ok: impl FnMut(&[(String, Option<String>, bool, bool)]) -> bool,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if ok(&items(client, ns).await) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Every Item labelled for its place among `live`, none draining.
+fn placed(items: &[(String, Option<String>, bool, bool)], live: &[&str]) -> bool {
+    let ring = Ring::new(live.iter().copied());
+    items.iter().all(|(name, shard, draining, _)| {
+        let want = ring.owner(&key(super::operator::GROUP, "Item", SHARED, name));
+        !draining && shard.as_deref() == want
+    })
+}
+
+/// Install the CRDs and `n` Items in each namespace of a real cluster.
+async fn populate_cluster(client: &Client, n: usize) {
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::discovery::ApiResource {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+        },
+    );
+    let state = serde_json::to_value(runbook_core::crd::state::crd()).expect("a CRD");
+    for crd in [item_crd(), state] {
+        let name = crd["metadata"]["name"].as_str().unwrap_or("").to_string();
+        let crd: DynamicObject = serde_json::from_value(crd).expect("a CRD");
+        crds.patch(
+            &name,
+            &PatchParams::apply("runbook-bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("installing CRD {name}: {e}"));
+    }
+    let items_api = |ns: &str| -> Api<DynamicObject> {
+        Api::namespaced_with(client.clone(), ns, &item_resource())
+    };
+    // Served once established.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while items_api(ONE)
+        .list(&ListParams::default().limit(1))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the Item CRD is not served");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    for ns in [ONE, SHARED, EMPTY] {
+        let body = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
+        let _ = nss.create(&Default::default(), &body).await;
+        if ns == EMPTY {
+            continue;
+        }
+        let api = items_api(ns);
+        use futures::StreamExt;
+        futures::stream::iter(0..n)
+            .for_each_concurrent(32, |i| {
+                let api = api.clone();
+                async move {
+                    let obj: DynamicObject = serde_json::from_value(item(ns, i)).expect("an Item");
+                    for _ in 0..5 {
+                        match api.create(&Default::default(), &obj).await {
+                            Ok(_) => return,
+                            Err(kube::Error::Api(s)) if s.code == 409 => return,
+                            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                        }
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+/// Delete what a real-cluster run made.
+async fn clean_cluster(client: &Client) {
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    for ns in [ONE, SHARED, EMPTY] {
+        let _ = nss.delete(ns, &Default::default()).await;
+    }
+}
+
+/// The last renewal of a member's Lease, in ms since the epoch.
+async fn last_renewal(client: &Client, member: &str) -> Option<i64> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SHARED);
+    let l = leases.get(&format!("{RING}-member-{member}")).await.ok()?;
+    let t = l.spec?.renew_time?.0;
+    Some(t.as_millisecond())
+}
+
+/// Wait until every Item in `moved` was acted on by its holder after `ms`.
+async fn decided_again(
+    client: &Client,
+    replicas: &[Replica],
+    moved: &BTreeSet<String>,
+    ms: i64,
+    limit: Duration,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let now = items(client, SHARED).await;
+        let holder: HashMap<&str, &str> = now
+            .iter()
+            .filter_map(|(n, s, _, _)| Some((n.as_str(), s.as_deref()?)))
+            .collect();
+        let all = moved.iter().all(|n| {
+            holder
+                .get(n.as_str())
+                .is_some_and(|h| replicas.iter().any(|r| r.id == *h && r.acted_after(n, ms)))
+        });
+        if all {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The labels of the shared Items now.
+async fn labels(client: &Client) -> BTreeMap<String, Option<String>> {
+    items(client, SHARED)
+        .await
+        .into_iter()
+        .map(|(n, s, _, _)| (n, s))
+        .collect()
+}
+
+/// Targets acted on by two replicas within one second: (any action,
+/// writes only).
+fn overlaps(all: &[(String, HashMap<String, Vec<(i64, bool)>>)]) -> (usize, usize) {
+    let mut by_item: HashMap<&str, Vec<(i64, bool, usize)>> = HashMap::new();
+    for (r, (_, actions)) in all.iter().enumerate() {
+        for (item, list) in actions {
+            for (t, wrote) in list {
+                by_item
+                    .entry(item.as_str())
+                    .or_default()
+                    .push((*t, *wrote, r));
+            }
+        }
+    }
+    let (mut decided, mut wrote) = (0, 0);
+    for list in by_item.values_mut() {
+        list.sort();
+        let close = |only_writes: bool| {
+            let l: Vec<&(i64, bool, usize)> =
+                list.iter().filter(|(_, w, _)| *w || !only_writes).collect();
+            l.windows(2)
+                .any(|w| w[0].2 != w[1].2 && w[1].0 - w[0].0 < 1_000)
+        };
+        let both = close(false);
+        if both && decided < 3 {
+            let told: Vec<String> = list
+                .iter()
+                .map(|(t, w, r)| format!("{}@{t}{}", all[*r].0, if *w { "+" } else { "" }))
+                .collect();
+            eprintln!(
+                "scale-out: acted on by two replicas within a second: {}",
+                told.join(" ")
+            );
+        }
+        decided += usize::from(both);
+        wrote += usize::from(close(true));
+    }
+    (decided, wrote)
+}
+
+/// Run the whole measurement: `exe args` starts this program in a child
+/// role; `cluster`, a real cluster's kubeconfig, instead of a sandbox.
+pub async fn measure(
+    exe: &Path,
+    args: &[String],
+    n: usize,
+    replicas: usize,
+    lease_secs: u64,
+    cluster: Option<&Path>,
+) -> Result<ScaleOutFigures, String> {
+    let mut f = ScaleOutFigures {
+        targets: n,
+        replicas,
+        lease_secs,
+        cluster: cluster.is_some(),
+        ..Default::default()
+    };
+    // The API server.
+    let mut server: Option<Child> = None;
+    let kubeconfig: PathBuf = match cluster {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let mut child = Command::new(exe)
+                .args(args)
+                .args(["scaleout-sandbox", &n.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("starting the sandbox: {e}"))?;
+            let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+            let mut line = String::new();
+            while !line.starts_with("KUBECONFIG ") {
+                line.clear();
+                if out.read_line(&mut line).unwrap_or(0) == 0 {
+                    return Err("the sandbox exited before serving".into());
+                }
+            }
+            server = Some(child);
+            PathBuf::from(line.trim().trim_start_matches("KUBECONFIG "))
+        }
+    };
+    let client = super::memory::client_of(&kubeconfig).await;
+    if cluster.is_some() {
+        clean_cluster(&client).await;
+        let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        // Namespaces from an earlier run are gone before this one starts.
+        let deadline = Instant::now() + Duration::from_secs(600);
+        for ns in [ONE, SHARED, EMPTY] {
+            while nss.get_opt(ns).await.ok().flatten().is_some() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        populate_cluster(&client, n).await;
+    }
+    let poll = if cluster.is_some() {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_millis(500)
+    };
+    let limit = Duration::from_secs(1800);
+    let start = |ns: &str, id: &str, shards: bool| {
+        Replica::start(exe, args, &kubeconfig, ns, id, lease_secs, shards)
+    };
+    let settle = Duration::from_secs(3);
+
+    // A replica with nothing to hold.
+    let mut empty = start(EMPTY, "empty", false);
+    while !empty.heard().leading {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(settle).await;
+    (f.empty_rss, f.empty_heap) = empty.rss().await;
+    empty.stop().await;
+
+    // One replica holding every target.
+    let t0 = Instant::now();
+    let mut one = start(ONE, "one", false);
+    if !until(&client, ONE, limit, poll, |i| i.iter().all(|x| x.3)).await {
+        return Err("one replica did not reconcile every target".into());
+    }
+    f.one_secs = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(settle).await;
+    (f.one_rss, f.one_heap) = one.rss().await;
+    one.stop().await;
+
+    // The replicas sharing them.
+    let t0 = Instant::now();
+    let mut running: Vec<Replica> = (0..replicas)
+        .map(|i| start(SHARED, &format!("r{i}"), true))
+        .collect();
+    let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
+    let live: Vec<&str> = ids.iter().map(String::as_str).collect();
+    if !until(&client, SHARED, limit, poll, |i| {
+        i.iter().all(|x| x.3) && placed(i, &live)
+    })
+    .await
+    {
+        return Err("the replicas did not reconcile and place every target".into());
+    }
+    f.shared_secs = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(settle).await;
+    let held = labels(&client).await;
+    for r in running.iter_mut() {
+        let (rss, heap) = r.rss().await;
+        let count = held
+            .values()
+            .filter(|s| s.as_deref() == Some(&r.id))
+            .count();
+        f.each.push((r.id.clone(), count, rss, heap));
+    }
+
+    // kill -9 of a replica that does not assign.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SHARED);
+    let assigner = leases
+        .get(RING)
+        .await
+        .ok()
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap_or_default();
+    let victim = running
+        .iter()
+        .position(|r| r.id != assigner)
+        .ok_or("no replica but the assigner")?;
+    let victim_id = running[victim].id.clone();
+    let theirs: BTreeSet<String> = held
+        .iter()
+        .filter(|(_, s)| s.as_deref() == Some(&victim_id))
+        .map(|(n, _)| n.clone())
+        .collect();
+    f.killed_targets = theirs.len();
+    let _ = running[victim].child.kill();
+    let killed_at = now_ms();
+    let killed = Instant::now();
+    let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
+    let mut dead = running.remove(victim);
+    let _ = dead.child.wait();
+    if !decided_again(&client, &running, &theirs, killed_at, limit).await {
+        return Err(format!("the targets of {victim_id} were not taken over"));
+    }
+    f.takeover_after_kill_secs = killed.elapsed().as_secs_f64();
+    f.takeover_secs = (now_ms() - renewed) as f64 / 1000.0;
+    let mut gone = vec![dead];
+    // Each step starts from a quiet state: a target written just before a
+    // replica leaves is written by its next one less than a second later,
+    // one after the other; the figure below counts only what is not.
+    tokio::time::sleep(settle).await;
+
+    // Down to two, then up to four and down to two again.
+    while running.len() > 2 {
+        let i = running
+            .iter()
+            .position(|r| r.id != assigner)
+            .unwrap_or(running.len() - 1);
+        let mut r = running.remove(i);
+        r.stop().await;
+        gone.push(r);
+    }
+    let ids =
+        |running: &[Replica]| -> Vec<String> { running.iter().map(|r| r.id.clone()).collect() };
+    let now_ids = ids(&running);
+    let live: Vec<&str> = now_ids.iter().map(String::as_str).collect();
+    if !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await {
+        return Err("two replicas did not take every target".into());
+    }
+    tokio::time::sleep(settle).await;
+    let before = labels(&client).await;
+    let t = Instant::now();
+    let since = now_ms();
+    let next = replicas;
+    for i in 0..2 {
+        running.push(start(SHARED, &format!("r{}", next + i), true));
+    }
+    let up_ids = ids(&running);
+    let live: Vec<&str> = up_ids.iter().map(String::as_str).collect();
+    if !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await {
+        return Err("four replicas did not share the targets".into());
+    }
+    let after = labels(&client).await;
+    let moved: BTreeSet<String> = after
+        .iter()
+        .filter(|(n, s)| before.get(*n) != Some(s))
+        .map(|(n, _)| n.clone())
+        .collect();
+    if !decided_again(&client, &running, &moved, since, limit).await {
+        return Err("targets moved to new replicas were not decided there".into());
+    }
+    f.up_moved = moved.len();
+    f.up_secs = t.elapsed().as_secs_f64();
+    tokio::time::sleep(settle).await;
+    let before = after;
+    let t = Instant::now();
+    let since = now_ms();
+    for _ in 0..2 {
+        let mut r = running.pop().expect("a replica");
+        r.stop().await;
+        gone.push(r);
+    }
+    let down_ids = ids(&running);
+    let live: Vec<&str> = down_ids.iter().map(String::as_str).collect();
+    if !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await {
+        return Err("two replicas did not take the targets back".into());
+    }
+    let after = labels(&client).await;
+    let moved: BTreeSet<String> = after
+        .iter()
+        .filter(|(n, s)| before.get(*n) != Some(s))
+        .map(|(n, _)| n.clone())
+        .collect();
+    if !decided_again(&client, &running, &moved, since, limit).await {
+        return Err("targets moved back were not decided there".into());
+    }
+    f.down_moved = moved.len();
+    f.down_secs = t.elapsed().as_secs_f64();
+    for r in running.iter_mut() {
+        r.stop().await;
+    }
+    let all: Vec<(String, HashMap<String, Vec<(i64, bool)>>)> = running
+        .iter()
+        .chain(gone.iter())
+        .map(|r| (r.id.clone(), std::mem::take(&mut r.heard().actions)))
+        .collect();
+    (f.overlapping_decisions, f.overlapping_writes) = overlaps(&all);
+    if cluster.is_some() {
+        clean_cluster(&client).await;
+    }
+    if let Some(mut s) = server {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_replicas_acting_on_a_target_within_a_second_are_counted() {
+        let actions = |list: &[(&str, i64, bool)]| -> HashMap<String, Vec<(i64, bool)>> {
+            let mut m: HashMap<String, Vec<(i64, bool)>> = HashMap::new();
+            for (item, t, w) in list {
+                m.entry(item.to_string()).or_default().push((*t, *w));
+            }
+            m
+        };
+        let all = vec![
+            (
+                "a".to_string(),
+                actions(&[("x", 1_000, true), ("y", 1_000, false), ("z", 1_000, true)]),
+            ),
+            (
+                "b".to_string(),
+                // x: written by both 0.5 s apart; y: decided (not written)
+                // by both; z: taken over 5 s later.
+                actions(&[("x", 1_500, true), ("y", 1_200, false), ("z", 6_000, true)]),
+            ),
+        ];
+        assert_eq!(overlaps(&all), (2, 1));
+    }
+}
