@@ -181,6 +181,48 @@ fn a_policy_that_adds_a_kind_changes_the_rbac() {
     );
 }
 
+/// Replicas sharing the targets need to label them, see each other's
+/// Leases and publish their alerts: `runbook rbac --shards` grants that,
+/// and nothing of it is granted without the flag.
+#[test]
+fn sharded_replicas_are_granted_what_they_need() {
+    let plain = rules(&text(&runbook(&["rbac", "policies/"])));
+    let out = runbook(&["rbac", "policies/", "--shards"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let sharded = rules(&String::from_utf8_lossy(&out.stdout));
+    // Each target kind of the shipped policies: its label patched.
+    for target in ["evaluators", "databasebackups", "aimodels"] {
+        assert!(
+            !verbs_on(&plain, "runbook.dev", target).contains(&"patch".to_string()),
+            "{target}"
+        );
+        assert!(
+            verbs_on(&sharded, "runbook.dev", target).contains(&"patch".to_string()),
+            "{target}"
+        );
+    }
+    let own = |rules: &[(String, String, Vec<String>, String)], group: &str, res: &str| {
+        let mut v: Vec<String> = rules
+            .iter()
+            .filter(|r| r.0 == group && r.1 == res && r.3 == "Role runbook-system")
+            .flat_map(|r| r.2.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert!(!own(&plain, "coordination.k8s.io", "leases").contains(&"list".to_string()));
+    assert!(own(&sharded, "coordination.k8s.io", "leases").contains(&"list".to_string()));
+    let cms = own(&sharded, "", "configmaps");
+    for verb in ["create", "delete", "get", "list", "patch"] {
+        assert!(
+            cms.contains(&verb.to_string()),
+            "configmaps {verb}: {cms:?}"
+        );
+    }
+    assert!(!own(&plain, "", "configmaps").contains(&"delete".to_string()));
+}
+
 /// The authorship webhook's rights follow `runbook run`'s flags: named
 /// after its objects, gone with `--webhook=false`, never in a tenant's Role.
 #[test]

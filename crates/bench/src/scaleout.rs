@@ -56,16 +56,21 @@ struct Printer(Mutex<std::io::Stdout>);
 
 impl Journal for Printer {
     fn record(&self, e: Entry) {
-        let item = match e.kind.as_str() {
-            "Item" => e.name.as_str(),
+        let (item, what) = match e.kind.as_str() {
+            "Item" => (e.name.as_str(), "status"),
             "ConfigMap" => match e.name.strip_suffix("-child") {
-                Some(n) => n,
+                Some(n) => (n, "child"),
                 None => return,
             },
             _ => return,
         };
         let mut out = runbook_operator::util::lock(&self.0);
-        let _ = writeln!(out, "J {} {} {item}", e.time.as_millisecond(), e.result);
+        let _ = writeln!(
+            out,
+            "J {} {} {item} {what}",
+            e.time.as_millisecond(),
+            e.result
+        );
         let _ = out.flush();
     }
 }
@@ -153,14 +158,18 @@ pub async fn replica_child(args: &[String]) {
     println!("STOPPED");
 }
 
+/// Per Item: (ms since the epoch, wrote) of each action on it.
+type Actions = HashMap<String, Vec<(i64, bool)>>;
+
 /// What one replica child said.
 #[derive(Default)]
 struct Heard {
     leading: bool,
     rss: Option<(u64, u64)>,
     stopped: bool,
-    /// Per Item: (ms, wrote) of each action.
-    actions: HashMap<String, Vec<(i64, bool)>>,
+    actions: Actions,
+    /// Items whose status it wrote.
+    done: std::collections::HashSet<String>,
 }
 
 struct Replica {
@@ -208,6 +217,9 @@ impl Replica {
                             continue;
                         };
                         let ms: i64 = ms.parse().unwrap_or(0);
+                        if result == "ok" && w.next() == Some("status") {
+                            h.done.insert(item.to_string());
+                        }
                         h.actions
                             .entry(item.to_string())
                             .or_default()
@@ -319,13 +331,15 @@ pub struct ScaleOutFigures {
     pub cluster: bool,
 }
 
-/// The Items of a namespace: name, shard label, draining, done.
-async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool, bool)> {
+/// The Items of a namespace, by their metadata (a list of what the
+/// replicas hold costs the API server little): name, shard label,
+/// draining.
+async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool)> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(5_000);
     loop {
-        let Ok(page) = api.list(&params).await else {
+        let Ok(page) = api.list_metadata(&params).await else {
             return out;
         };
         for o in &page.items {
@@ -334,7 +348,6 @@ async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool, 
                 o.metadata.name.clone().unwrap_or_default(),
                 labels.get(SHARD_LABEL).cloned(),
                 labels.contains_key(DRAIN_LABEL),
-                o.data["status"]["phase"] == "Done",
             ));
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -344,13 +357,32 @@ async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool, 
     }
 }
 
+/// Wait (up to `limit`) until every replica together wrote the status of
+/// `n` Items (their first reconcile), as their journals say.
+async fn reconciled(replicas: &[Replica], n: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut done = std::collections::HashSet::new();
+        for r in replicas {
+            done.extend(r.heard().done.iter().cloned());
+        }
+        if done.len() >= n {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Wait (up to `limit`) until `ok` holds of the namespace's Items.
 async fn until(
     client: &Client,
     ns: &str,
     limit: Duration,
     every: Duration,
-    mut ok: impl FnMut(&[(String, Option<String>, bool, bool)]) -> bool,
+    mut ok: impl FnMut(&[(String, Option<String>, bool)]) -> bool,
 ) -> bool {
     let deadline = Instant::now() + limit;
     loop {
@@ -365,9 +397,9 @@ async fn until(
 }
 
 /// Every Item labelled for its place among `live`, none draining.
-fn placed(items: &[(String, Option<String>, bool, bool)], live: &[&str]) -> bool {
+fn placed(items: &[(String, Option<String>, bool)], live: &[&str]) -> bool {
     let ring = Ring::new(live.iter().copied());
-    items.iter().all(|(name, shard, draining, _)| {
+    items.iter().all(|(name, shard, draining)| {
         let want = ring.owner(&key(super::operator::GROUP, "Item", SHARED, name));
         !draining && shard.as_deref() == want
     })
@@ -453,9 +485,9 @@ async fn last_renewal(client: &Client, member: &str) -> Option<i64> {
     Some(t.as_millisecond())
 }
 
-/// Wait until every Item in `moved` was acted on by its holder after `ms`.
+/// Wait until every Item in `moved` was acted on after `ms` by one of
+/// `replicas` (only the replica holding a target decides for it).
 async fn decided_again(
-    client: &Client,
     replicas: &[Replica],
     moved: &BTreeSet<String>,
     ms: i64,
@@ -463,17 +495,10 @@ async fn decided_again(
 ) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        let now = items(client, SHARED).await;
-        let holder: HashMap<&str, &str> = now
+        if moved
             .iter()
-            .filter_map(|(n, s, _, _)| Some((n.as_str(), s.as_deref()?)))
-            .collect();
-        let all = moved.iter().all(|n| {
-            holder
-                .get(n.as_str())
-                .is_some_and(|h| replicas.iter().any(|r| r.id == *h && r.acted_after(n, ms)))
-        });
-        if all {
+            .all(|n| replicas.iter().any(|r| r.acted_after(n, ms)))
+        {
             return true;
         }
         if Instant::now() > deadline {
@@ -488,13 +513,13 @@ async fn labels(client: &Client) -> BTreeMap<String, Option<String>> {
     items(client, SHARED)
         .await
         .into_iter()
-        .map(|(n, s, _, _)| (n, s))
+        .map(|(n, s, _)| (n, s))
         .collect()
 }
 
 /// Targets acted on by two replicas within one second: (any action,
 /// writes only).
-fn overlaps(all: &[(String, HashMap<String, Vec<(i64, bool)>>)]) -> (usize, usize) {
+fn overlaps(all: &[(String, Actions)]) -> (usize, usize) {
     let mut by_item: HashMap<&str, Vec<(i64, bool, usize)>> = HashMap::new();
     for (r, (_, actions)) in all.iter().enumerate() {
         for (item, list) in actions {
@@ -609,7 +634,7 @@ pub async fn measure(
     // One replica holding every target.
     let t0 = Instant::now();
     let mut one = start(ONE, "one", false);
-    if !until(&client, ONE, limit, poll, |i| i.iter().all(|x| x.3)).await {
+    if !reconciled(std::slice::from_ref(&one), n, limit).await {
         return Err("one replica did not reconcile every target".into());
     }
     f.one_secs = t0.elapsed().as_secs_f64();
@@ -624,10 +649,8 @@ pub async fn measure(
         .collect();
     let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
     let live: Vec<&str> = ids.iter().map(String::as_str).collect();
-    if !until(&client, SHARED, limit, poll, |i| {
-        i.iter().all(|x| x.3) && placed(i, &live)
-    })
-    .await
+    if !reconciled(&running, n, limit).await
+        || !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await
     {
         return Err("the replicas did not reconcile and place every target".into());
     }
@@ -668,7 +691,7 @@ pub async fn measure(
     let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
     let mut dead = running.remove(victim);
     let _ = dead.child.wait();
-    if !decided_again(&client, &running, &theirs, killed_at, limit).await {
+    if !decided_again(&running, &theirs, killed_at, limit).await {
         return Err(format!("the targets of {victim_id} were not taken over"));
     }
     f.takeover_after_kill_secs = killed.elapsed().as_secs_f64();
@@ -715,7 +738,7 @@ pub async fn measure(
         .filter(|(n, s)| before.get(*n) != Some(s))
         .map(|(n, _)| n.clone())
         .collect();
-    if !decided_again(&client, &running, &moved, since, limit).await {
+    if !decided_again(&running, &moved, since, limit).await {
         return Err("targets moved to new replicas were not decided there".into());
     }
     f.up_moved = moved.len();
@@ -740,7 +763,7 @@ pub async fn measure(
         .filter(|(n, s)| before.get(*n) != Some(s))
         .map(|(n, _)| n.clone())
         .collect();
-    if !decided_again(&client, &running, &moved, since, limit).await {
+    if !decided_again(&running, &moved, since, limit).await {
         return Err("targets moved back were not decided there".into());
     }
     f.down_moved = moved.len();
@@ -748,7 +771,7 @@ pub async fn measure(
     for r in running.iter_mut() {
         r.stop().await;
     }
-    let all: Vec<(String, HashMap<String, Vec<(i64, bool)>>)> = running
+    let all: Vec<(String, Actions)> = running
         .iter()
         .chain(gone.iter())
         .map(|r| (r.id.clone(), std::mem::take(&mut r.heard().actions)))
@@ -770,8 +793,8 @@ mod tests {
 
     #[test]
     fn two_replicas_acting_on_a_target_within_a_second_are_counted() {
-        let actions = |list: &[(&str, i64, bool)]| -> HashMap<String, Vec<(i64, bool)>> {
-            let mut m: HashMap<String, Vec<(i64, bool)>> = HashMap::new();
+        let actions = |list: &[(&str, i64, bool)]| -> Actions {
+            let mut m: Actions = HashMap::new();
             for (item, t, w) in list {
                 m.entry(item.to_string()).or_default().push((*t, *w));
             }
