@@ -29,6 +29,23 @@ use runbook::policy::{Bundle, Origin};
 use runbook::telemetry::Metrics;
 use serde_json::json;
 
+/// Routes `team` to one webhook receiver, `hook`, with the given
+/// grouping and timing lines.
+fn hook_routes(hook: &Receiver, route: &str) -> String {
+    format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: hook\n{route}  receivers:\n    - name: hook\n      webhook: {{url: \"{}\"}}\n",
+        hook.url("/hook")
+    )
+}
+
+/// A dispatcher delivering for real, its notification log kept in the
+/// test's namespace as the operator keeps it.
+fn logged_dispatcher(client: &kube::Client, ns: &str, metrics: &Arc<Metrics>) -> Arc<Dispatcher> {
+    let delivery = Delivery::new(Some(client.clone()), metrics.clone(), "test", fast());
+    let log = runbook::alert::nflog::ConfigMapLog::new(client.clone(), ns);
+    Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
+}
+
 /// Everything every test logs, at debug level, to look for leaks.
 fn logs() -> Arc<Mutex<Vec<u8>>> {
     static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
@@ -686,24 +703,29 @@ fn reconcile(ctx) {
 }
 "#;
 
+/// The alerting widget policy, its alerts routed by `routes`.
+fn alerting_policies(c: &Cluster, routes: &str) -> runbook::policy::PolicySet {
+    operator::policies(
+        c,
+        &[
+            ("size.yaml", ALERTING_POLICY),
+            ("size.rhai", ALERTING_SCRIPT),
+            ("routes.yaml", routes),
+        ],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_fires_and_resolves_alerts_as_objects_change() {
     logs();
     let hook = Receiver::start(Behaviour::Accept);
     let c = Cluster::new("alerts-operator").await;
     operator::install_widget_crd(&c).await;
-    let routes = format!(
-        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: hook\n    groupBy: ['...']\n    groupWait: 50ms\n    groupInterval: 100ms\n  receivers:\n    - name: hook\n      webhook: {{url: \"{}\"}}\n",
-        hook.url("/hook")
+    let routes = hook_routes(
+        &hook,
+        "    groupBy: ['...']\n    groupWait: 50ms\n    groupInterval: 100ms\n",
     );
-    let set = operator::policies(
-        &c,
-        &[
-            ("size.yaml", ALERTING_POLICY),
-            ("size.rhai", ALERTING_SCRIPT),
-            ("routes.yaml", &routes),
-        ],
-    );
+    let set = alerting_policies(&c, &routes);
     let metrics = Arc::new(Metrics::new());
     let delivery = Delivery::new(Some(c.client.clone()), metrics.clone(), "test", fast());
     let dispatcher = Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()));
@@ -779,26 +801,14 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
     operator::install_widget_crd(&c).await;
     // A repeat interval far longer than the test: a second notification of
     // the firing alert can only come from forgetting the first.
-    let routes = format!(
-        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: hook\n    groupBy: ['...']\n    groupWait: 50ms\n    groupInterval: 100ms\n    repeatInterval: 4h\n  receivers:\n    - name: hook\n      webhook: {{url: \"{}\"}}\n",
-        hook.url("/hook")
+    let routes = hook_routes(
+        &hook,
+        "    groupBy: ['...']\n    groupWait: 50ms\n    groupInterval: 100ms\n    repeatInterval: 4h\n",
     );
     let start = || async {
-        let set = operator::policies(
-            &c,
-            &[
-                ("size.yaml", ALERTING_POLICY),
-                ("size.rhai", ALERTING_SCRIPT),
-                ("routes.yaml", &routes),
-            ],
-        );
+        let set = alerting_policies(&c, &routes);
         let metrics = Arc::new(Metrics::new());
-        let delivery = Delivery::new(Some(c.client.clone()), metrics.clone(), "test", fast());
-        let dispatcher = Arc::new(
-            Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(
-                runbook::alert::nflog::ConfigMapLog::new(c.client.clone(), &c.ns),
-            )),
-        );
+        let dispatcher = logged_dispatcher(&c.client, &c.ns, &metrics);
         let flusher = dispatcher.spawn();
         let op = operator::operator_with_sink(
             &c,
@@ -874,19 +884,12 @@ async fn sharded_replicas_notify_a_group_once() {
     operator::install_widget_crd(&c).await;
     // One group for every widget; a wait long enough to hear from both
     // replicas, a repeat far longer than the test.
-    let routes = format!(
-        "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {{name: team}}\nspec:\n  route:\n    receiver: hook\n    groupBy: [alertname]\n    groupWait: 3s\n    groupInterval: 1s\n    repeatInterval: 4h\n  receivers:\n    - name: hook\n      webhook: {{url: \"{}\"}}\n",
-        hook.url("/hook")
+    let routes = hook_routes(
+        &hook,
+        "    groupBy: [alertname]\n    groupWait: 3s\n    groupInterval: 1s\n    repeatInterval: 4h\n",
     );
     let replica = |id: &str| {
-        let set = operator::policies(
-            &c,
-            &[
-                ("size.yaml", ALERTING_POLICY),
-                ("size.rhai", ALERTING_SCRIPT),
-                ("routes.yaml", &routes),
-            ],
-        );
+        let set = alerting_policies(&c, &routes);
         let metrics = Arc::new(Metrics::new());
         let ring = Ring {
             namespace: c.ns.clone(),
@@ -897,9 +900,7 @@ async fn sharded_replicas_notify_a_group_once() {
         let (client, m) = (c.client.clone(), metrics.clone());
         let ns = c.ns.clone();
         let sink = SharedAlerts::new(c.client.clone(), &ring, move || {
-            let delivery = Delivery::new(Some(client.clone()), m.clone(), "test", fast());
-            let log = runbook::alert::nflog::ConfigMapLog::new(client.clone(), &ns);
-            Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
+            logged_dispatcher(&client, &ns, &m)
         });
         let op = operator::operator_with_sink(
             &c,
@@ -1052,14 +1053,7 @@ async fn alerts_reach_a_real_alertmanager_pair_and_resolve_there() {
         a.url(),
         b.url()
     );
-    let set = operator::policies(
-        &c,
-        &[
-            ("size.yaml", ALERTING_POLICY),
-            ("size.rhai", ALERTING_SCRIPT),
-            ("routes.yaml", &routes),
-        ],
-    );
+    let set = alerting_policies(&c, &routes);
     let metrics = Arc::new(Metrics::new());
     let delivery = Delivery::new(Some(c.client.clone()), metrics.clone(), "test", fast());
     let dispatcher = Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()));

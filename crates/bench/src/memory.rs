@@ -13,7 +13,8 @@ use serde_json::json;
 use super::operator::{item_kind, populate, runbook_operator};
 use runbook_sandbox::Sandbox;
 
-fn status_kb(field: &str) -> u64 {
+/// A field of this process's /proc status, in KB.
+pub fn status_kb(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -39,18 +39,6 @@ fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
 
-fn status_kb(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Prints every action on an Item (or its child) as a line.
 struct Printer(Mutex<std::io::Stdout>);
 
@@ -147,7 +135,7 @@ pub async fn replica_child(args: &[String]) {
         match line.trim() {
             "rss" => println!(
                 "RSS {} {}",
-                status_kb("VmRSS:") * 1024,
+                super::memory::status_kb("VmRSS:") * 1024,
                 crate::alloc::live()
             ),
             "stop" => break,
@@ -508,6 +496,32 @@ async fn decided_again(
     }
 }
 
+/// Once the targets are placed on the ring of `running`, those whose
+/// label changed since `before`, each decided by its new replica.
+async fn moved_and_decided(
+    client: &Client,
+    running: &[Replica],
+    before: &BTreeMap<String, Option<String>>,
+    since: i64,
+    (limit, poll): (Duration, Duration),
+) -> Result<BTreeSet<String>, String> {
+    let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
+    let live: Vec<&str> = ids.iter().map(String::as_str).collect();
+    if !until(client, SHARED, limit, poll, |i| placed(i, &live)).await {
+        return Err(format!("{live:?} did not share the targets"));
+    }
+    let moved: BTreeSet<String> = labels(client)
+        .await
+        .into_iter()
+        .filter(|(n, s)| before.get(n) != Some(s))
+        .map(|(n, _)| n)
+        .collect();
+    if !decided_again(running, &moved, since, limit).await {
+        return Err("the targets moved were not decided by their new replicas".into());
+    }
+    Ok(moved)
+}
+
 /// The labels of the shared Items now.
 async fn labels(client: &Client) -> BTreeMap<String, Option<String>> {
     items(client, SHARED)
@@ -727,24 +741,13 @@ pub async fn measure(
     for i in 0..2 {
         running.push(start(SHARED, &format!("r{}", next + i), true));
     }
-    let up_ids = ids(&running);
-    let live: Vec<&str> = up_ids.iter().map(String::as_str).collect();
-    if !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await {
-        return Err("four replicas did not share the targets".into());
-    }
-    let after = labels(&client).await;
-    let moved: BTreeSet<String> = after
-        .iter()
-        .filter(|(n, s)| before.get(*n) != Some(s))
-        .map(|(n, _)| n.clone())
-        .collect();
-    if !decided_again(&running, &moved, since, limit).await {
-        return Err("targets moved to new replicas were not decided there".into());
-    }
+    let moved = moved_and_decided(&client, &running, &before, since, (limit, poll))
+        .await
+        .map_err(|e| format!("2 -> 4 replicas: {e}"))?;
     f.up_moved = moved.len();
     f.up_secs = t.elapsed().as_secs_f64();
     tokio::time::sleep(settle).await;
-    let before = after;
+    let before = labels(&client).await;
     let t = Instant::now();
     let since = now_ms();
     for _ in 0..2 {
@@ -752,20 +755,9 @@ pub async fn measure(
         r.stop().await;
         gone.push(r);
     }
-    let down_ids = ids(&running);
-    let live: Vec<&str> = down_ids.iter().map(String::as_str).collect();
-    if !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await {
-        return Err("two replicas did not take the targets back".into());
-    }
-    let after = labels(&client).await;
-    let moved: BTreeSet<String> = after
-        .iter()
-        .filter(|(n, s)| before.get(*n) != Some(s))
-        .map(|(n, _)| n.clone())
-        .collect();
-    if !decided_again(&running, &moved, since, limit).await {
-        return Err("targets moved back were not decided there".into());
-    }
+    let moved = moved_and_decided(&client, &running, &before, since, (limit, poll))
+        .await
+        .map_err(|e| format!("4 -> 2 replicas: {e}"))?;
     f.down_moved = moved.len();
     f.down_secs = t.elapsed().as_secs_f64();
     for r in running.iter_mut() {

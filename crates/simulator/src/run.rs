@@ -118,6 +118,9 @@ impl Outbox for JournalOutbox {
 
 /// Wall-clock seconds a scenario may run (`RUNBOOK_SCENARIO_TIMEOUT`), so
 /// that one that cannot finish fails instead of hanging the command.
+/// The wall-clock budget of a script call in a scenario.
+const SCENARIO_WALL_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn wall_clock_limit() -> std::time::Duration {
     std::time::Duration::from_secs(
         std::env::var("RUNBOOK_SCENARIO_TIMEOUT")
@@ -551,7 +554,13 @@ async fn run_async(s: &Scenario) -> Report {
         return report;
     }
     // The policies, loaded the way the operator loads them.
-    let engine = Arc::new(ScriptEngine::default());
+    // A scenario's verdict must not depend on how busy the machine is:
+    // its scripts get a wall-clock budget of a second, not the operator's
+    // 20 ms (a runaway script is still stopped, by the operation count).
+    let engine = Arc::new(ScriptEngine::new(runbook_core::script::ScriptLimits {
+        wall_time: SCENARIO_WALL_TIME,
+        ..Default::default()
+    }));
     let metrics = Arc::new(Metrics::new());
     let reloader = Reloader::new(
         engine.clone(),
