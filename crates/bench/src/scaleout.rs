@@ -305,6 +305,8 @@ pub struct ScaleOutFigures {
     /// The killed replica's targets, and the seconds from its last renewal
     /// (and from the kill) until each was decided again by another.
     pub killed_targets: usize,
+    /// From its last renewal until its targets were all placed on others.
+    pub placed_secs: f64,
     pub takeover_secs: f64,
     pub takeover_after_kill_secs: f64,
     /// 2 -> 4 and 4 -> 2 replicas: targets moved, seconds until settled.
@@ -705,6 +707,17 @@ pub async fn measure(
     let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
     let mut dead = running.remove(victim);
     let _ = dead.child.wait();
+    // Placed on the others: no target labelled for it any more.
+    let victim_label = Some(victim_id.clone());
+    let every = Duration::from_millis(250);
+    if !until(&client, SHARED, limit, every, |i| {
+        i.iter().all(|x| x.1 != victim_label)
+    })
+    .await
+    {
+        return Err(format!("the targets of {victim_id} were not placed again"));
+    }
+    f.placed_secs = (now_ms() - renewed) as f64 / 1000.0;
     if !decided_again(&running, &theirs, killed_at, limit).await {
         return Err(format!("the targets of {victim_id} were not taken over"));
     }
