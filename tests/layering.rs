@@ -593,6 +593,14 @@ const WRITERS: &[(&str, &str)] = &[
         "the shard labels that place targets on replicas",
     ),
     (
+        "crates/operator/src/alert/shared.rs",
+        "a sharded replica's published alerts",
+    ),
+    (
+        "crates/bench/src/scaleout.rs",
+        "the scale-out bench's CRDs and Items on a real cluster",
+    ),
+    (
         "crates/operator/src/runtime/access.rs",
         "SelfSubjectAccessReviews (a question, stored nowhere)",
     ),

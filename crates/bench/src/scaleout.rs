@@ -36,7 +36,9 @@ const EMPTY: &str = "scale-empty";
 const RING: &str = "bench-ring";
 
 fn now_ms() -> i64 {
-    jiff::Timestamp::now().as_millisecond()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Prints every action on an Item (or its child) as a line.
