@@ -462,7 +462,7 @@ async fn members_of_a_ring_see_who_is_live() {
 /// election, or with an identity that cannot be a label value, it stops
 /// at once saying which and what to give.
 #[test]
-fn shards_need_leader_election_and_a_label_identity() {
+fn shards_need_leader_election_a_label_identity_and_a_lease() {
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
             .args(["run", "--shards", "--metrics-addr", "127.0.0.1:0"])
@@ -482,6 +482,13 @@ fn shards_need_leader_election_and_a_label_identity() {
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("invalid label value \"Replica One\"") && err.contains("give --identity"),
+        "{err}"
+    );
+    // A Lease too short to renew (every fifth of it) is refused.
+    let (code, err) = run(&["--lease-duration", "1", "--identity", "r1"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--lease-duration 1: a Lease must last at least 2 s"),
         "{err}"
     );
 }

@@ -1049,6 +1049,49 @@ async fn a_leader_that_loses_its_lease_stands_by_and_leads_again() {
     c.cleanup().await;
 }
 
+/// A network that drops packets rather than refusing them: the leader's
+/// renewal neither succeeds nor fails. It must stop acting once its last
+/// renewal is no longer trusted (half the lease), before a standby, which
+/// waits three fifths of it, can take over; a renewal left hanging must
+/// not keep it leading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_renewal_hangs_stops_before_a_standby_takes_over() {
+    let c = Cluster::new("hang").await;
+    let lease = short_lease(&c, "runbook-leader", "a");
+    let duration = lease.duration;
+    let config = OperatorConfig {
+        lease: Some(lease),
+        identity: "a".into(),
+        ..Default::default()
+    };
+    let (proxy, op, _metrics) = behind_a_proxy(&c, config).await;
+    op.start().await.unwrap();
+    let widgets = widgets(&c);
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    create_widget(&c, &widgets, "first", json!({"size": 1})).await;
+    eventually("the leader to reconcile", 30, || async {
+        cms.get("first-config").await.is_ok()
+    })
+    .await;
+    let lost = {
+        let op = op.clone();
+        tokio::spawn(async move { op.lost_leadership().await })
+    };
+    proxy.stall();
+    // Its last renewal was sent before the stall; a standby that saw it
+    // could count it gone three fifths of the lease after.
+    let bound = duration.mul_f64(0.6);
+    assert!(
+        tokio::time::timeout(bound, lost).await.is_ok(),
+        "still leading {bound:?} after the stall, when a standby may take over"
+    );
+    proxy.restore();
+    eventually("leading again", 30, || async { op.is_leading() }).await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
 const SHADOW_POLICY: &str = r#"
 apiVersion: runbook.dev/v1alpha1
 kind: Policy

@@ -68,7 +68,10 @@ pub struct RunArgs {
     pub leader_elect: bool,
     #[arg(long, env = "RUNBOOK_LEASE_NAME", default_value = "runbook-leader")]
     pub lease_name: String,
-    /// Seconds a Lease stays valid without renewal.
+    /// Seconds a Lease stays valid without renewal (at least 2). The holder
+    /// renews it every fifth of that and stops acting half of it after
+    /// its last renewal; another replica takes over three fifths of it
+    /// after it last saw the Lease change.
     #[arg(long, env = "RUNBOOK_LEASE_DURATION", default_value_t = 15)]
     pub lease_duration: u64,
     /// This instance's name (default: $POD_NAME or the host name).
@@ -331,7 +334,7 @@ fn operator_config(args: &RunArgs) -> OperatorConfig {
             name: args.lease_name.clone(),
             identity: identity(args),
             duration: Duration::from_secs(args.lease_duration),
-            renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
+            renew_every: Duration::from_secs(args.lease_duration) / 5,
         }),
         check_skips: args.check_skips,
         shards: args.shards,
@@ -441,6 +444,11 @@ async fn where_policies_live(
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    anyhow::ensure!(
+        !args.leader_elect || args.lease_duration >= 2,
+        "--lease-duration {}: a Lease must last at least 2 s (it is renewed every fifth of it)",
+        args.lease_duration
+    );
     if args.shards {
         anyhow::ensure!(
             args.leader_elect,

@@ -2,8 +2,9 @@
 //! of the test's API server (the sandbox served over HTTP, or the real
 //! control plane, whose TLS passes through untouched), and a client for
 //! the operator that goes through it. `cut` drops every connection and
-//! refuses new ones, as an API server that went away; `restore` lets them
-//! through again. Other clients of the test talk to the API server directly.
+//! refuses new ones, as an API server that went away; `stall` holds every
+//! connection without passing a byte, as a network that drops packets;
+//! `restore` lets them through again. Other clients of the test talk to the API server directly.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -16,9 +17,17 @@ use tokio::sync::watch;
 
 use super::cluster::{Cluster, real_cluster};
 
+/// What the proxy does with connections.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    Cut,
+    Stalled,
+}
+
 pub struct Proxy {
     pub addr: SocketAddr,
-    open: Arc<watch::Sender<bool>>,
+    open: Arc<watch::Sender<State>>,
     task: tokio::task::JoinHandle<()>,
     _served: Option<Served>,
     upstream_scheme: &'static str,
@@ -52,7 +61,7 @@ impl Proxy {
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (open, _) = watch::channel(true);
+        let (open, _) = watch::channel(State::Open);
         let open = Arc::new(open);
         let o = open.clone();
         let task = tokio::spawn(async move {
@@ -60,10 +69,22 @@ impl Proxy {
                 let Ok((inbound, _)) = listener.accept().await else {
                     continue;
                 };
-                let mut closed = o.subscribe();
-                if !*closed.borrow() {
-                    drop(inbound); // the API server is away
-                    continue;
+                let mut state = o.subscribe();
+                let now = *state.borrow();
+                match now {
+                    State::Cut => {
+                        drop(inbound); // the API server is away
+                        continue;
+                    }
+                    State::Stalled => {
+                        // Accepted, never answered, until the stall ends.
+                        tokio::spawn(async move {
+                            let _ = state.wait_for(|s| *s != State::Stalled).await;
+                            drop(inbound);
+                        });
+                        continue;
+                    }
+                    State::Open => {}
                 }
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(upstream).await else {
@@ -72,8 +93,10 @@ impl Proxy {
                     let mut inbound = inbound;
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = closed.wait_for(|open| !*open) => {}
+                        _ = state.wait_for(|s| *s != State::Open) => {}
                     }
+                    // Stalled: held, silent, until the stall ends.
+                    let _ = state.wait_for(|s| *s != State::Stalled).await;
                 });
             }
         });
@@ -88,12 +111,17 @@ impl Proxy {
 
     /// Drop every connection and refuse new ones.
     pub fn cut(&self) {
-        self.open.send_replace(false);
+        self.open.send_replace(State::Cut);
+    }
+
+    /// Hold every connection, open and new, without passing a byte.
+    pub fn stall(&self) {
+        self.open.send_replace(State::Stalled);
     }
 
     /// Let connections through again.
     pub fn restore(&self) {
-        self.open.send_replace(true);
+        self.open.send_replace(State::Open);
     }
 
     /// A client whose every request goes through the proxy.

@@ -111,7 +111,7 @@ pub async fn replica_child(args: &[String]) {
             name: RING.into(),
             identity: identity.clone(),
             duration: Duration::from_secs(lease),
-            renew_every: Duration::from_secs((lease / 5).max(1)),
+            renew_every: Duration::from_secs(lease) / 5,
         }),
         ..Default::default()
     };

@@ -41,7 +41,7 @@ const FULL_EVERY: u32 = 30;
 const PAGE: u32 = 500;
 
 /// Labels written at once while placing.
-const PLACING_AT_ONCE: usize = 16;
+const PLACING_AT_ONCE: usize = 64;
 
 /// The selector of the targets a sharded replica watches, with the
 /// policies' own (`selector`); unchanged without `--shards`.

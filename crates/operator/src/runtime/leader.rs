@@ -4,13 +4,16 @@
 //! the leader releases the Lease so a standby need not wait.
 //!
 //! No instance compares its clock with another's: the `renewTime` a holder
-//! writes is never read as a time. A leader trusts its lease for four
-//! fifths of the duration after it *sent* its last successful renewal; a
-//! standby waits the same four fifths after it first *saw* the holder's
-//! current record (a new resourceVersion) by its own monotonic clock. As
-//! that sighting comes after the renewal was sent, the two never lead at
-//! once, whatever the clock skew between them, and a standby polls often
-//! enough to take over within the lease duration.
+//! writes is never read as a time. A leader trusts its lease for half the
+//! duration after it *sent* its last successful renewal (a renewal that
+//! has not answered by then counts as failed); a standby waits three
+//! fifths of the duration after it first *saw* the holder's current
+//! record (a new resourceVersion) by its own monotonic clock. That
+//! sighting comes after the renewal was sent, so the two never lead at
+//! once, whatever the clock skew between them, and the tenth of the
+//! duration between the two bounds is left for a write the old leader
+//! sent just before it stopped. A standby looks every twentieth of the
+//! duration, so it takes over within about two thirds of it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,9 +47,23 @@ pub struct Elector {
     sighted: Mutex<Option<(String, Instant)>>,
 }
 
-/// How long a renewal is trusted: four fifths of the lease duration.
+/// How long a holder trusts its own renewal: half the lease duration
+/// after it sent it.
 fn trusted(duration: Duration) -> Duration {
-    duration.mul_f64(0.8)
+    duration / 2
+}
+
+/// How long another replica waits, after it first saw a holder's current
+/// record, before counting the holder gone: three fifths of the lease
+/// duration, a tenth more than the holder trusts it.
+pub fn expires_after(duration: Duration) -> Duration {
+    duration.mul_f64(0.6)
+}
+
+/// How often a replica looks at another's Lease: a twentieth of the
+/// duration, between 100 ms and 1 s.
+pub fn look_every(duration: Duration) -> Duration {
+    (duration / 20).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 impl Elector {
@@ -76,13 +93,7 @@ impl Elector {
             .lease_duration_seconds
             .map(|s| Duration::from_secs(s.max(1) as u64))
             .unwrap_or(self.config.duration);
-        now.duration_since(since) >= trusted(duration)
-    }
-
-    /// How often a standby looks at the Lease: often enough to take over
-    /// soon after the holder's lease runs out.
-    fn standby_poll(&self) -> Duration {
-        (self.config.duration / 15).clamp(Duration::from_millis(100), Duration::from_secs(1))
+        now.duration_since(since) >= expires_after(duration)
     }
 
     fn spec(&self, now: Timestamp, transitions: i32, acquired: Option<MicroTime>) -> LeaseSpec {
@@ -180,18 +191,32 @@ impl Elector {
         mut stop: watch::Receiver<bool>,
     ) {
         let mut last_renewed: Option<Instant> = None;
+        let trust = trusted(self.config.duration);
         loop {
             let sent = Instant::now();
-            let lead = match self.try_lead().await {
-                Ok(true) => {
+            // A renewal that hangs must not keep a leader acting past its
+            // trust: it is given only the time the last one has left.
+            let wait = match last_renewed.filter(|_| leading.load(Ordering::Acquire)) {
+                Some(t) => trust.saturating_sub(t.elapsed()),
+                None => self.config.duration,
+            };
+            let attempt = tokio::time::timeout(wait, self.try_lead()).await;
+            let renewed = matches!(attempt, Ok(Ok(true)));
+            let lead = match attempt {
+                Ok(Ok(true)) => {
                     last_renewed = Some(sent);
                     true
                 }
-                Ok(false) => false,
-                Err(e) => {
+                Ok(Ok(false)) => false,
+                Ok(Err(e)) => {
                     tracing::warn!("leader election: {}", crate::util::api_error(&e));
                     // Keep leading only while the last renewal is trusted.
-                    last_renewed.is_some_and(|t| t.elapsed() < trusted(self.config.duration))
+                    last_renewed.is_some_and(|t| t.elapsed() < trust)
+                        && leading.load(Ordering::Acquire)
+                }
+                Err(_) => {
+                    tracing::warn!("leader election: the API server did not answer in time");
+                    last_renewed.is_some_and(|t| t.elapsed() < trust)
                         && leading.load(Ordering::Acquire)
                 }
             };
@@ -203,10 +228,18 @@ impl Elector {
                 }
                 let _ = changed.send(lead);
             }
-            let pause = if lead {
-                self.config.renew_every
-            } else {
-                self.standby_poll()
+            // A leader whose renewal failed tries again soon, while its
+            // last one is still trusted.
+            let look = look_every(self.config.duration);
+            let pause = match (lead, renewed) {
+                (true, true) => self.config.renew_every,
+                (true, false) => look.min(self.config.renew_every),
+                (false, _) => look,
+            };
+            let pause = match last_renewed.filter(|_| lead) {
+                // Wake in time to stop leading when the trust runs out.
+                Some(t) => pause.min(trust.saturating_sub(t.elapsed())),
+                None => pause,
             };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}

@@ -6,13 +6,14 @@
 //! A member's liveness is judged as a standby judges a leader: by this
 //! replica's own monotonic clock, from when it first saw the member's
 //! current record (its resourceVersion), never from the `renewTime` the
-//! member wrote. A member trusts its Lease for four fifths of the duration
-//! after it sent its last renewal; another replica calls it gone four
-//! fifths of the duration after it first saw that renewal, which is later.
-//! So a member is never counted gone while it still acts on its own
-//! account, whatever the clocks say, and a member that stops renewing is
-//! counted gone within one lease duration of its last renewal (given the
-//! look every fifteenth of it).
+//! member wrote. A member trusts its Lease for half the duration after it
+//! sent its last renewal; another replica calls it gone three fifths of
+//! the duration after it first saw that renewal, which is later. So a
+//! member is never counted gone while it still acts on its own account,
+//! whatever the clocks say, and a member that stops renewing is counted
+//! gone about two thirds of the lease duration after its last renewal
+//! (given the look every twentieth of it), leaving the rest of the
+//! duration to place its targets on the others.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -21,7 +22,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio::time::Instant;
 
-use super::leader::LeaseConfig;
+use super::leader::{LeaseConfig, expires_after, look_every};
 use runbook_core::shard::Ring;
 
 /// The name of a member's Lease in ring `ring`.
@@ -58,7 +59,7 @@ impl Members {
 
     /// How often to look, to count a member gone soon after it is.
     pub fn poll(&self) -> Duration {
-        (self.duration / 15).clamp(Duration::from_millis(100), Duration::from_secs(1))
+        look_every(self.duration)
     }
 
     /// The live members now, by identity.
@@ -89,7 +90,7 @@ impl Members {
                 .lease_duration_seconds
                 .map(|s| Duration::from_secs(s.max(1) as u64))
                 .unwrap_or(self.duration);
-            if now.duration_since(since) < duration.mul_f64(0.8) {
+            if now.duration_since(since) < expires_after(duration) {
                 live.insert(identity.to_string());
             }
             seen.insert(identity.to_string(), (record, since));
