@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// else 10,000).
     #[arg(long, env = "RUNBOOK_BENCH_SCALE_OUT_TARGETS")]
     pub scale_out_targets: Option<usize>,
+    /// The Python that runs Kopf in the peers section (default: python3).
+    /// Without Kopf and the Kubernetes client the section is skipped,
+    /// saying how to install them.
+    #[arg(long, env = "RUNBOOK_BENCH_KOPF_PYTHON")]
+    pub kopf_python: Option<PathBuf>,
     /// Internal: run as a child process of the memory benchmark.
     #[arg(long, hide = true, num_args = 1..)]
     pub child: Vec<String>,
@@ -107,6 +112,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         child_args: vec!["bench".into(), "--child".into()],
         cluster: args.kubeconfig,
         scale_out_targets: args.scale_out_targets,
+        kopf_python: args.kopf_python.clone(),
     };
     let rows = rt.block_on(suite::run(&opts));
     match args.output {

@@ -14,6 +14,7 @@ pub mod lookup;
 pub mod memory;
 pub mod native;
 pub mod operator;
+pub mod peers;
 pub mod reload;
 pub mod sandbox;
 pub mod scaleout;

@@ -26,7 +26,7 @@ use runbook_sandbox::Sandbox;
 
 pub const GROUP: &str = "bench.runbook.dev";
 
-const POLICY: &str = r#"
+pub const POLICY: &str = r#"
 apiVersion: runbook.dev/v1alpha1
 kind: Policy
 metadata: {name: bench-item}
@@ -36,7 +36,7 @@ spec:
   script: item.rhai
 "#;
 
-const SCRIPT: &str = r#"
+pub const SCRIPT: &str = r#"
 fn reconcile(ctx) {
     let item = ctx.resource;
     [apply(#{ apiVersion: "v1", kind: "ConfigMap", metadata: #{ name: `${item.metadata.name}-child` }, data: #{ size: `${item.spec.size}` } }),

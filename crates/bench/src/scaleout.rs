@@ -368,24 +368,58 @@ async fn reconciled(replicas: &[Replica], n: usize, limit: Duration) -> bool {
     }
 }
 
-/// Wait (up to `limit`) until `ok` holds of the namespace's Items.
-async fn until(
-    client: &Client,
-    ns: &str,
-    limit: Duration,
-    every: Duration,
-    mut ok: impl FnMut(&[(String, Option<String>, bool)]) -> bool,
-) -> bool {
+/// Wait (up to `limit`) until every Item of the shared namespace is
+/// placed on the ring of `live`. Only once none is unplaced, draining or
+/// held by a member not in `live` (each asked for one at a time, cheap
+/// for the API server) are they all listed to check each one's place.
+async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Duration) -> bool {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), SHARED, &item_resource());
+    let waiting = [
+        format!("!{SHARD_LABEL}"),
+        DRAIN_LABEL.to_string(),
+        format!("{SHARD_LABEL} notin ({})", live.join(",")),
+    ];
     let deadline = Instant::now() + limit;
-    loop {
-        if ok(&items(client, ns).await) {
-            return true;
+    while Instant::now() < deadline {
+        let mut some_wait = false;
+        for selector in &waiting {
+            let one = ListParams::default().labels(selector).limit(1);
+            if !api
+                .list_metadata(&one)
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+            {
+                some_wait = true;
+                break;
+            }
         }
-        if Instant::now() > deadline {
-            return false;
+        if !some_wait && placed(&items(client, SHARED).await, live) {
+            return true;
         }
         tokio::time::sleep(every).await;
     }
+    false
+}
+
+/// Wait (up to `limit`) until no Item of the shared namespace is labelled
+/// for `member`.
+async fn none_labelled(client: &Client, member: &str, limit: Duration) -> bool {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), SHARED, &item_resource());
+    let params = ListParams::default()
+        .labels(&format!("{SHARD_LABEL}={member}"))
+        .limit(1);
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if api
+            .list_metadata(&params)
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }
 
 /// Every Item labelled for its place among `live`, none draining.
@@ -511,7 +545,7 @@ async fn moved_and_decided(
 ) -> Result<BTreeSet<String>, String> {
     let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
     let live: Vec<&str> = ids.iter().map(String::as_str).collect();
-    if !until(client, SHARED, limit, poll, |i| placed(i, &live)).await {
+    if !placed_on(client, &live, limit, poll).await {
         return Err(format!("{live:?} did not share the targets"));
     }
     let moved: BTreeSet<String> = labels(client)
@@ -629,11 +663,8 @@ pub async fn measure(
         }
         populate_cluster(&client, n).await;
     }
-    let poll = if cluster.is_some() {
-        Duration::from_secs(2)
-    } else {
-        Duration::from_millis(500)
-    };
+    // Cheap looks (see `placed_on`), so as often on a real cluster.
+    let poll = Duration::from_millis(250);
     let limit = Duration::from_secs(1800);
     let start = |ns: &str, id: &str, shards: bool| {
         Replica::start(exe, args, &kubeconfig, ns, id, lease_secs, shards)
@@ -667,9 +698,7 @@ pub async fn measure(
         .collect();
     let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
     let live: Vec<&str> = ids.iter().map(String::as_str).collect();
-    if !reconciled(&running, n, limit).await
-        || !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await
-    {
+    if !reconciled(&running, n, limit).await || !placed_on(&client, &live, limit, poll).await {
         return Err("the replicas did not reconcile and place every target".into());
     }
     f.shared_secs = t0.elapsed().as_secs_f64();
@@ -709,14 +738,10 @@ pub async fn measure(
     let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
     let mut dead = running.remove(victim);
     let _ = dead.child.wait();
-    // Placed on the others: no target labelled for it any more.
-    let victim_label = Some(victim_id.clone());
-    let every = Duration::from_millis(250);
-    if !until(&client, SHARED, limit, every, |i| {
-        i.iter().all(|x| x.1 != victim_label)
-    })
-    .await
-    {
+    // Placed on the others: no target labelled for it any more (asked
+    // for one at a time, so that looking costs the API server next to
+    // nothing while it carries the move).
+    if !none_labelled(&client, &victim_id, limit).await {
         return Err(format!("the targets of {victim_id} were not placed again"));
     }
     f.placed_secs = (now_ms() - renewed) as f64 / 1000.0;
@@ -745,7 +770,7 @@ pub async fn measure(
         |running: &[Replica]| -> Vec<String> { running.iter().map(|r| r.id.clone()).collect() };
     let now_ids = ids(&running);
     let live: Vec<&str> = now_ids.iter().map(String::as_str).collect();
-    if !until(&client, SHARED, limit, poll, |i| placed(i, &live)).await {
+    if !placed_on(&client, &live, limit, poll).await {
         return Err("two replicas did not take every target".into());
     }
     tokio::time::sleep(settle).await;
