@@ -63,6 +63,17 @@ fn the_suite_reports_each_figure_with_its_goal() {
     assert!(
         find("the rollback decision's operations at that time each")["value"].as_f64() > Some(0.0)
     );
+    // The rollback decision is read against its operations, not held to
+    // a time; the steady state is.
+    assert!(find("Rhai policy: rollback decision, median")["goal"].is_null());
+    assert!(
+        find("Rhai policy: rollback decision, time per script operation")["value"].as_f64()
+            > Some(0.0)
+    );
+    assert_eq!(
+        find("Rhai policy: steady state (nothing due)")["goal"],
+        "<= 15"
+    );
     // The anchors: the same decision as a shell-operator hook (bash + jq)
     // and a Python hook, where those programs are installed.
     let have = |p: &str| {
@@ -166,4 +177,39 @@ fn a_benchmark_run_of_the_week_costs_the_four_writes_it_needs() {
     assert!(cycle["value"].as_f64().unwrap() > 3.9, "{cycle}");
     let status = find("status writes per benchmark run");
     assert_eq!(status["met"], true, "{status}");
+}
+
+/// Kopf is measured only where it is installed: otherwise the peers
+/// section is skipped, saying how to install it, and the rest of the run
+/// goes on. `runbook run` itself is measured by the scale section, as its
+/// own process, with its goals.
+#[test]
+fn peers_without_kopf_say_how_to_install_it_and_scale_runs_runbook_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["bench", "--quick", "--only", "peers,scale", "-o", "json"])
+        .args(["--kopf-python", "/nonexistent/python3"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("peers: not measured") && err.contains("pip install kopf kubernetes"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let figures = v["figures"].as_array().unwrap();
+    assert!(
+        figures.iter().all(|f| f["section"] == "scale"),
+        "{figures:?}"
+    );
+    let find = |name: &str| find(figures, name);
+    for n in [500, 2000] {
+        let per = find(&format!("runbook run, {n} targets: from its start"));
+        assert!(per["value"].as_f64() > Some(0.0), "{per}");
+        let rss = find(&format!("runbook run, {n} targets: RSS"));
+        assert!(rss["value"].as_f64() > Some(1.0), "{rss}");
+    }
+    assert_eq!(find("RSS per further target")["goal"], "<= 8");
+    assert_eq!(find("time per target at 2000 / at 500")["goal"], "<= 1.3");
 }

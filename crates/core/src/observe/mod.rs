@@ -1,5 +1,5 @@
 //! What a decision can see: objects from the watch caches, each converted to
-//! a Rhai value at most once per resourceVersion.
+//! a Rhai value at most once per resourceVersion while a reader holds it.
 //!
 //! Nothing here does I/O. The operator's watch caches
 //! (`runbook_operator::observe`) fill the views decisions read; tests and

@@ -7,12 +7,14 @@
 //! watch. `managedFields` are dropped while decoding, before an object
 //! enters any cache. The object is kept as compact JSON text (a parsed JSON
 //! tree costs several times its text in memory) with the metadata the
-//! runtime indexes by (labels among them); the first decision that reads a
-//! resourceVersion parses it, and every later read shares that tree (kept
-//! as long as that version is cached).
+//! runtime indexes by (labels among them); a decision that reads a
+//! resourceVersion parses it, and every read while some decision still
+//! holds that tree shares it. Once none does, the tree is dropped, so a
+//! cache holds the text of each object, not a tree of each object it ever
+//! decided about.
 
 use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, Weak};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube_core::{ApiResource, DynamicResourceScope, Resource};
@@ -34,9 +36,25 @@ pub struct RawObject {
     /// server leaves both off the items of a list, so objects a watch
     /// lists (at start-up, after a failover or a 410) arrive without them.
     typed: bool,
-    /// The object parsed, once a decision first read it: every later read
-    /// of this resourceVersion shares it instead of parsing the text again.
-    parsed: OnceLock<Arc<CachedObject>>,
+    /// The object parsed, while a decision holds it: reads of this
+    /// resourceVersion meanwhile share it instead of parsing the text again.
+    parsed: Parsed,
+}
+
+/// The parsed object, weakly: alive while some reader holds it.
+#[derive(Debug, Default)]
+struct Parsed(Mutex<Weak<CachedObject>>);
+
+impl Parsed {
+    fn held(&self) -> std::sync::MutexGuard<'_, Weak<CachedObject>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Clone for Parsed {
+    fn clone(&self) -> Self {
+        Self(Mutex::new(self.held().clone()))
+    }
 }
 
 impl RawObject {
@@ -111,7 +129,7 @@ impl RawObject {
             json,
             undecodable,
             typed,
-            parsed: OnceLock::new(),
+            parsed: Parsed::default(),
         }
     }
 
@@ -137,7 +155,7 @@ impl RawObject {
         )
         .into();
         self.typed = true;
-        self.parsed = OnceLock::new();
+        self.parsed = Parsed::default();
     }
 
     /// The object parsed, as decisions read it.
@@ -145,12 +163,16 @@ impl RawObject {
         serde_json::from_str(&self.json).unwrap_or(Value::Null)
     }
 
-    /// The object as decisions see it: parsed on the first read of this
-    /// resourceVersion, shared by every read after it.
+    /// The object as decisions see it: parsed on a read of this
+    /// resourceVersion, and shared by every read while one still holds it.
     pub fn cached(&self) -> Arc<CachedObject> {
-        self.parsed
-            .get_or_init(|| CachedObject::new(self.value()))
-            .clone()
+        let mut held = self.parsed.held();
+        if let Some(tree) = held.upgrade() {
+            return tree;
+        }
+        let tree = CachedObject::new(self.value());
+        *held = Arc::downgrade(&tree);
+        tree
     }
 
     /// The object's label `key`, without parsing it.
@@ -304,6 +326,25 @@ impl Resource for RawObject {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A cache holds each object's text, not a tree of every object a
+    /// decision ever read: the tree lives while a reader holds it, and
+    /// readers meanwhile share it.
+    #[test]
+    fn the_parsed_object_is_shared_while_held_then_dropped() {
+        let o = RawObject::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "d", "resourceVersion": "1"}}));
+        let a = o.cached();
+        let b = o.cached();
+        assert!(Arc::ptr_eq(&a, &b));
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "nobody holds it: dropped");
+        let c = o.cached();
+        assert_eq!(c.value()["metadata"]["name"], "p");
+        // A clone of the object shares what is held.
+        assert!(Arc::ptr_eq(&c, &o.clone().cached()));
+    }
 
     #[test]
     fn a_listed_object_takes_the_kind_of_its_watch() {

@@ -481,7 +481,8 @@ mod tests {
             names(&c.select("other", &Selector::parse("app=a0").unwrap())),
             ["p00"]
         );
-        // The same resourceVersion is parsed once, whoever reads it.
+        // While one reader holds a resourceVersion, every reader shares
+        // its one parse.
         let a = c.get("d", "p23").unwrap();
         let b = c.select("d", &sel).remove(0);
         assert!(Arc::ptr_eq(&a, &b));
