@@ -438,11 +438,7 @@ async fn one_leads_and_the_other_takes_over() {
     assert!(!b.is_leading(), "only one leads");
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
-    eventually("the leader to reconcile", 30, || async {
-        cms.get("w1-config").await.is_ok()
-    })
-    .await;
+    reconciled_widget(&c, &widgets, &cms, "w1").await;
     a.shutdown(Duration::from_secs(5)).await;
     eventually("b to take over", 30, || async { b.is_leading() }).await;
     widgets
@@ -873,6 +869,21 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
     c.cleanup().await;
 }
 
+/// Create a widget and wait until the leader made its ConfigMap.
+async fn reconciled_widget(
+    c: &Cluster,
+    widgets: &Api<DynamicObject>,
+    cms: &Api<ConfigMap>,
+    name: &str,
+) {
+    create_widget(c, widgets, name, json!({"size": 1})).await;
+    let config = format!("{name}-config");
+    eventually("the leader to reconcile", 30, || async {
+        cms.get(&config).await.is_ok()
+    })
+    .await;
+}
+
 /// The widget CRD, and an operator running the widget policy that reaches
 /// its API server through a proxy the test can cut.
 async fn behind_a_proxy(
@@ -993,11 +1004,7 @@ async fn a_leader_that_loses_its_lease_stands_by_and_leads_again() {
     };
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    create_widget(&c, &widgets, "first", json!({"size": 1})).await;
-    eventually("the leader to reconcile", 30, || async {
-        cms.get("first-config").await.is_ok()
-    })
-    .await;
+    reconciled_widget(&c, &widgets, &cms, "first").await;
     // The API server goes away for the leader; once its renewal is no
     // longer trusted it stops leading, and another holder takes the Lease.
     proxy.cut();
@@ -1068,11 +1075,7 @@ async fn a_leader_whose_renewal_hangs_stops_before_a_standby_takes_over() {
     op.start().await.unwrap();
     let widgets = widgets(&c);
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
-    create_widget(&c, &widgets, "first", json!({"size": 1})).await;
-    eventually("the leader to reconcile", 30, || async {
-        cms.get("first-config").await.is_ok()
-    })
-    .await;
+    reconciled_widget(&c, &widgets, &cms, "first").await;
     let lost = {
         let op = op.clone();
         tokio::spawn(async move { op.lost_leadership().await })
