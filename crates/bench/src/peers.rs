@@ -203,14 +203,17 @@ fn has_uvloop(python: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Clock ticks per second of `/proc/<pid>/stat`.
+/// Clock ticks per second of `/proc/<pid>/stat` (asked once).
 fn ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 /// CPU time of a process so far, every thread, user and system.

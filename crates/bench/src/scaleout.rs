@@ -381,19 +381,14 @@ async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Durat
     ];
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
-        let mut some_wait = false;
+        let mut none_wait = true;
         for selector in &waiting {
-            let one = ListParams::default().labels(selector).limit(1);
-            if !api
-                .list_metadata(&one)
-                .await
-                .is_ok_and(|l| l.items.is_empty())
-            {
-                some_wait = true;
+            if !none_match(&api, selector).await {
+                none_wait = false;
                 break;
             }
         }
-        if !some_wait && placed(&items(client, SHARED).await, live) {
+        if none_wait && placed(&items(client, SHARED).await, live) {
             return true;
         }
         tokio::time::sleep(every).await;
@@ -401,20 +396,23 @@ async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Durat
     false
 }
 
+/// Whether no object matches `selector`, asked for one at most (a look
+/// that costs the API server next to nothing); false if it cannot tell.
+async fn none_match(api: &Api<DynamicObject>, selector: &str) -> bool {
+    let one = ListParams::default().labels(selector).limit(1);
+    api.list_metadata(&one)
+        .await
+        .is_ok_and(|l| l.items.is_empty())
+}
+
 /// Wait (up to `limit`) until no Item of the shared namespace is labelled
 /// for `member`.
 async fn none_labelled(client: &Client, member: &str, limit: Duration) -> bool {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), SHARED, &item_resource());
-    let params = ListParams::default()
-        .labels(&format!("{SHARD_LABEL}={member}"))
-        .limit(1);
+    let selector = format!("{SHARD_LABEL}={member}");
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
-        if api
-            .list_metadata(&params)
-            .await
-            .is_ok_and(|l| l.items.is_empty())
-        {
+        if none_match(&api, &selector).await {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -41,6 +41,13 @@ impl Row {
         }
     }
 
+    /// A section (or one size of it) that could not be measured: said on
+    /// stderr and shown in the table as a missed goal.
+    fn failed(section: &'static str, what: impl std::fmt::Display, why: &str) -> Self {
+        eprintln!("{section}: {why}");
+        Self::new(section, format!("{what}failed: {why}"), 0.0, "").goal(Goal::AtLeast(1.0))
+    }
+
     fn goal(mut self, g: Goal) -> Self {
         self.goal = Some(g);
         self
@@ -562,11 +569,7 @@ async fn scale(opts: &Options) -> Vec<Row> {
         let run = match super::peers::runbook_run(n, &opts.exe).await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("scale: {e}");
-                rows.push(
-                    Row::new(s, format!("{n} targets: failed: {e}"), 0.0, "")
-                        .goal(Goal::AtLeast(1.0)),
-                );
+                rows.push(Row::failed(s, format!("{n} targets: "), &e));
                 continue;
             }
         };
@@ -706,10 +709,7 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
     let s = "scale-out";
     let f = match run {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("scale-out: {e}");
-            return vec![Row::new(s, format!("failed: {e}"), 0.0, "").goal(Goal::AtLeast(1.0))];
-        }
+        Err(e) => return vec![Row::failed(s, "", &e)],
     };
     let r = REPLICAS as f64;
     let on = if f.cluster {
@@ -828,11 +828,7 @@ async fn peers(opts: &Options) -> Vec<Row> {
         let f = match super::peers::measure(n, rounds, &opts.exe, &python).await {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("peers: {e}");
-                rows.push(
-                    Row::new(s, format!("{n} Items: failed: {e}"), 0.0, "")
-                        .goal(Goal::AtLeast(1.0)),
-                );
+                rows.push(Row::failed(s, format!("{n} Items: "), &e));
                 continue;
             }
         };

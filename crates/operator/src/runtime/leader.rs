@@ -200,22 +200,20 @@ impl Elector {
                 Some(t) => trust.saturating_sub(t.elapsed()),
                 None => self.config.duration,
             };
-            let attempt = tokio::time::timeout(wait, self.try_lead()).await;
-            let renewed = matches!(attempt, Ok(Ok(true)));
+            let attempt = match tokio::time::timeout(wait, self.try_lead()).await {
+                Ok(answer) => answer.map_err(|e| crate::util::api_error(&e)),
+                Err(_) => Err("the API server did not answer in time".to_string()),
+            };
+            let renewed = matches!(attempt, Ok(true));
             let lead = match attempt {
-                Ok(Ok(true)) => {
+                Ok(true) => {
                     last_renewed = Some(sent);
                     true
                 }
-                Ok(Ok(false)) => false,
-                Ok(Err(e)) => {
-                    tracing::warn!("leader election: {}", crate::util::api_error(&e));
+                Ok(false) => false,
+                Err(why) => {
+                    tracing::warn!("leader election: {why}");
                     // Keep leading only while the last renewal is trusted.
-                    last_renewed.is_some_and(|t| t.elapsed() < trust)
-                        && leading.load(Ordering::Acquire)
-                }
-                Err(_) => {
-                    tracing::warn!("leader election: the API server did not answer in time");
                     last_renewed.is_some_and(|t| t.elapsed() < trust)
                         && leading.load(Ordering::Acquire)
                 }
