@@ -493,18 +493,9 @@ fn shards_need_leader_election_a_label_identity_and_a_lease() {
     );
 }
 
-/// Two `runbook run --shards` processes share ten targets; one is killed
-/// (`kill -9`: no Lease released) just after it renewed its member Lease.
-/// Its targets are placed on the other within the lease duration and
-/// decided there: a change to every target is seen in each one's state.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_replicas_targets_are_taken_over() {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::{Patch, PatchParams, PostParams};
-    use runbook::shard::SHARD_LABEL;
-    let c = Cluster::new("shardkill").await;
-    let dir = std::env::temp_dir().join(format!("runbook-shardkill-{}", c.ns));
-    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+/// A policy deciding for ConfigMaps labelled `shard-test: "yes"`: it
+/// keeps their `data.gen` as `seen` in Runbook's state of each.
+fn seen_policy(dir: &std::path::Path) -> PathBuf {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     std::fs::write(
@@ -517,28 +508,171 @@ async fn a_killed_replicas_targets_are_taken_over() {
         "fn reconcile(ctx) { [status(#{seen: ctx.resource.data.gen})] }\n",
     )
     .unwrap();
+    policies
+}
+
+/// `runbook run --shards` in the cluster's namespace with `policies`.
+fn sharded(
+    c: &Cluster,
+    kubeconfig: &PathBuf,
+    policies: &std::path::Path,
+    identity: &str,
+    lease: u64,
+) -> Operator {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_runbook"));
+    run.args([
+        "run",
+        "--policy-configmaps=false",
+        "--skip-access-check",
+        "--shards",
+    ])
+    .arg("--policy-dir")
+    .arg(policies)
+    .arg("--webhook=false")
+    .args(["--metrics-addr", "127.0.0.1:0"])
+    .args(["--operator-namespace", &c.ns, "--namespace", &c.ns])
+    .args([
+        "--identity",
+        identity,
+        "--lease-duration",
+        &lease.to_string(),
+    ]);
+    launch(run, kubeconfig, identity)
+}
+
+/// What the `seen` policy kept of ConfigMap `name`, if it decided.
+async fn seen(states: &Api<kube::core::DynamicObject>, name: &str) -> Option<serde_json::Value> {
+    states
+        .get_opt(&format!("configmap.{name}"))
+        .await
+        .unwrap()
+        .map(|s| s.data["status"]["fields"]["seen"].clone())
+}
+
+/// A gone member's targets are decided by the replica the published ring
+/// places them on while they still carry the gone member's label (no
+/// write per target stands between a dead replica and its targets being
+/// decided again). Here the test holds the ring's Lease, so that the
+/// replica never assigns, and publishes the ring itself: members `a`,
+/// gone `x`. Replica `a` decides for `x`'s targets, follows their
+/// changes, and leaves alone a target labelled for a member nobody
+/// published gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use runbook::runtime::leader::{Elector, LeaseConfig};
+    use runbook::runtime::members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
+    use runbook::shard::SHARD_LABEL;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let c = Cluster::new("shardgone").await;
+    let dir = std::env::temp_dir().join(format!("runbook-shardgone-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let policies = seen_policy(&dir);
     let lease = 6u64;
-    let replica = |identity: &str| {
-        let mut run = Command::new(env!("CARGO_BIN_EXE_runbook"));
-        run.args([
-            "run",
-            "--policy-configmaps=false",
-            "--skip-access-check",
-            "--shards",
-        ])
-        .arg("--policy-dir")
-        .arg(&policies)
-        .arg("--webhook=false")
-        .args(["--metrics-addr", "127.0.0.1:0"])
-        .args(["--operator-namespace", &c.ns, "--namespace", &c.ns])
-        .args([
-            "--identity",
-            identity,
-            "--lease-duration",
-            &lease.to_string(),
-        ]);
-        launch(run, &kubeconfig, identity)
+    // The test assigns: it holds the ring's Lease for the whole test.
+    let assigning = Arc::new(AtomicBool::new(false));
+    let (changed, _) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let elector = Elector::new(
+        c.client.clone(),
+        LeaseConfig {
+            namespace: c.ns.clone(),
+            name: "runbook-leader".into(),
+            identity: "the-test".into(),
+            duration: Duration::from_secs(lease),
+            renew_every: Duration::from_secs(1),
+        },
+        runbook::clock::Clock::real(),
+    );
+    let election = tokio::spawn(elector.run(assigning.clone(), changed, stopped));
+    eventually("the test holds the ring's Lease", 10, || {
+        let assigning = assigning.clone();
+        async move { assigning.load(Ordering::Acquire) }
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
+    let ring: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": published_name("runbook-leader"), "annotations": {
+            MEMBERS_ANNOTATION: "a", GONE_ANNOTATION: "x"}},
+        "spec": {"holderIdentity": "the-test"}}))
+    .unwrap();
+    leases.create(&PostParams::default(), &ring).await.unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let target = |name: &str, shard: &str| -> ConfigMap {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"shard-test": "yes", SHARD_LABEL: shard}},
+            "data": {"gen": "1"}}))
+        .unwrap()
     };
+    let gone: Vec<String> = (0..5).map(|i| format!("g{i}")).collect();
+    for n in &gone {
+        maps.create(&PostParams::default(), &target(n, "x"))
+            .await
+            .unwrap();
+    }
+    maps.create(&PostParams::default(), &target("unknown", "y"))
+        .await
+        .unwrap();
+    let _a = sharded(&c, &kubeconfig, &policies, "a", lease);
+    let states = c.runbook_states();
+    eventually("x's targets decided by a", 60, || async {
+        for n in &gone {
+            if seen(&states, n).await != Some(serde_json::json!("1")) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    // Still labelled for x: decided without being labelled again.
+    for n in &gone {
+        let labels = maps.get(n).await.unwrap().metadata.labels.unwrap();
+        assert_eq!(
+            labels.get(SHARD_LABEL).map(String::as_str),
+            Some("x"),
+            "{n}"
+        );
+    }
+    assert_eq!(
+        seen(&states, "unknown").await,
+        None,
+        "a target labelled for a member not published gone was decided"
+    );
+    // Their changes are followed.
+    maps.patch(
+        "g0",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"gen": "2"}})),
+    )
+    .await
+    .unwrap();
+    eventually("a change of x's target decided", 30, || async {
+        seen(&states, "g0").await == Some(serde_json::json!("2"))
+    })
+    .await;
+    let _ = stop.send(true);
+    let _ = election.await;
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}
+
+/// Two `runbook run --shards` processes share ten targets; one is killed
+/// (`kill -9`: no Lease released) just after it renewed its member Lease.
+/// Its targets are placed on the other within the lease duration and
+/// decided there: a change to every target is seen in each one's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_targets_are_taken_over() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use runbook::shard::SHARD_LABEL;
+    let c = Cluster::new("shardkill").await;
+    let dir = std::env::temp_dir().join(format!("runbook-shardkill-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let policies = seen_policy(&dir);
+    let lease = 6u64;
+    let replica = |identity: &str| sharded(&c, &kubeconfig, &policies, identity, lease);
     let mut replicas = vec![replica("a"), replica("b")];
     let maps: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     let names: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
@@ -553,12 +687,7 @@ async fn a_killed_replicas_targets_are_taken_over() {
         let (states, names) = (states.clone(), names.clone());
         async move {
             for n in &names {
-                let seen = states
-                    .get_opt(&format!("configmap.{n}"))
-                    .await
-                    .unwrap()
-                    .map(|s| s.data["status"]["fields"]["seen"].clone());
-                if seen != Some(serde_json::json!(generation)) {
+                if seen(&states, n).await != Some(serde_json::json!(generation)) {
                     return false;
                 }
             }

@@ -590,7 +590,7 @@ const WRITERS: &[(&str, &str)] = &[
     ("crates/operator/src/runtime/leader.rs", "the leader Lease"),
     (
         "crates/operator/src/runtime/assign.rs",
-        "the shard labels that place targets on replicas",
+        "the shard labels that place targets on replicas, and the ring it publishes",
     ),
     (
         "crates/operator/src/alert/shared.rs",

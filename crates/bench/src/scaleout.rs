@@ -736,6 +736,13 @@ pub async fn measure(
     let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
     let mut dead = running.remove(victim);
     let _ = dead.child.wait();
+    // Decided by the others (before they are labelled for them: the
+    // published ring places a gone member's targets).
+    if !decided_again(&running, &theirs, killed_at, limit).await {
+        return Err(format!("the targets of {victim_id} were not taken over"));
+    }
+    f.takeover_after_kill_secs = killed.elapsed().as_secs_f64();
+    f.takeover_secs = (now_ms() - renewed) as f64 / 1000.0;
     // Placed on the others: no target labelled for it any more (asked
     // for one at a time, so that looking costs the API server next to
     // nothing while it carries the move).
@@ -743,11 +750,6 @@ pub async fn measure(
         return Err(format!("the targets of {victim_id} were not placed again"));
     }
     f.placed_secs = (now_ms() - renewed) as f64 / 1000.0;
-    if !decided_again(&running, &theirs, killed_at, limit).await {
-        return Err(format!("the targets of {victim_id} were not taken over"));
-    }
-    f.takeover_after_kill_secs = killed.elapsed().as_secs_f64();
-    f.takeover_secs = (now_ms() - renewed) as f64 / 1000.0;
     let mut gone = vec![dead];
     // Each step starts from a quiet state: a target written just before a
     // replica leaves is written by its next one less than a second later,

@@ -770,20 +770,20 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
         Row::new(
             s,
             format!(
-                "kill -9 of a replica holding {} targets: from its last renewal until each was placed on another (lease {LEASE_SECS} s)",
+                "kill -9 of a replica holding {} targets: from its last renewal until each was decided again by another (lease {LEASE_SECS} s)",
                 f.killed_targets
             ),
-            f.placed_secs,
+            f.takeover_secs,
             "s",
         )
         .goal(Goal::AtMost(LEASE_SECS as f64)),
         Row::new(
             s,
-            "the same, until each was decided again by its new replica",
-            f.takeover_secs,
+            "the same, until each was labelled for another",
+            f.placed_secs,
             "s",
         ),
-        Row::new(s, "the same, from the kill", f.takeover_after_kill_secs, "s"),
+        Row::new(s, "decided again by another, from the kill", f.takeover_after_kill_secs, "s"),
         Row::new(s, "2 -> 4 replicas: targets moved", f.up_moved as f64, "targets"),
         Row::new(s, "2 -> 4 replicas: until each moved target was decided by its new replica", f.up_secs, "s"),
         Row::new(s, "4 -> 2 replicas: targets moved", f.down_moved as f64, "targets"),

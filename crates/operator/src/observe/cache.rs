@@ -317,13 +317,22 @@ pub struct Scope {
     pub namespace: Option<String>,
     pub namespaced: bool,
     pub selector: Option<String>,
+    /// List from the API server's watch cache (`resourceVersion=0`, as
+    /// client-go's informers do) rather than from etcd: a sharded replica,
+    /// whose selector changes as members come and go, lists a share of
+    /// many objects at the moment it takes over a gone member's, and the
+    /// watch then follows from the version listed.
+    pub from_cache: bool,
 }
 
-/// Watch one kind into a cache, sending every change to `changes`.
+/// Watch one kind into a cache, sending every change to `changes`. Given
+/// the cache of a watch of the same kind with another selector, it goes on
+/// from its objects: its first list tells only what differs from them
+/// (see `KindCache::replace_all`), and it counts as filled once listed.
 pub fn spawn_informer(
     client: kube::Client,
     resource: ApiResource,
-    kind: KindRef,
+    (kind, kept): (KindRef, Option<Arc<KindCache>>),
     scope: Scope,
     changes: crate::util::channel::Sender<Change>,
     health: Arc<WatchHealth>,
@@ -332,8 +341,15 @@ pub fn spawn_informer(
         namespace,
         namespaced,
         selector,
+        from_cache,
     } = scope;
-    let cache = Arc::new(KindCache::new(kind.clone()));
+    let cache = match kept {
+        Some(c) => {
+            c.synced.store(false, Ordering::Release);
+            c
+        }
+        None => Arc::new(KindCache::new(kind.clone())),
+    };
     let api: Api<RawObject> = match (&namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
         _ => Api::all_with(client, &resource),
@@ -341,6 +357,10 @@ pub fn spawn_informer(
     let config = match &selector {
         Some(s) => watcher::Config::default().page_size(500).labels(s),
         None => watcher::Config::default().page_size(500),
+    };
+    let config = match from_cache {
+        true => config.any_semantic(),
+        false => config,
     };
     let c = cache.clone();
     let task = tokio::spawn(async move {

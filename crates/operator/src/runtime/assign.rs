@@ -15,19 +15,23 @@
 //!   and takes both labels off; then the assigner labels it for its new
 //!   place.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Api;
 use kube::api::ObjectMeta;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
 
 use super::context::Context;
 use super::leader::{Elector, LeaseConfig};
-use super::members::Members;
+use super::members::{Members, Published, published_name};
+use super::takeover::next_ring;
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
@@ -49,7 +53,7 @@ pub fn watch_selector(ctx: &Context, selector: Option<&str>) -> Option<String> {
     if !ctx.config.shards {
         return selector.map(str::to_string);
     }
-    let own = format!("{SHARD_LABEL}={}", ctx.config.identity);
+    let own = shard_selector(ctx);
     Some(match selector {
         Some(s) if !s.is_empty() => format!("{s},{own}"),
         _ => own,
@@ -85,7 +89,19 @@ pub fn children_selector(
                     .iter()
                     .all(|r| !p.kinds.has(kind, *r)))
     });
-    only_children.then(|| format!("{SHARD_LABEL}={}", ctx.config.identity))
+    only_children.then(|| shard_selector(ctx))
+}
+
+/// The shard labels a sharded replica watches: its own, and those of the
+/// members gone whose targets it may decide for (`takeover`).
+fn shard_selector(ctx: &Context) -> String {
+    let mut labels = ctx.running.placement.watched();
+    if labels.is_empty() {
+        return format!("{SHARD_LABEL}={}", ctx.config.identity);
+    }
+    labels.insert(ctx.config.identity.clone());
+    let labels: Vec<String> = labels.into_iter().collect();
+    format!("{SHARD_LABEL} in ({})", labels.join(","))
 }
 
 fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -129,7 +145,8 @@ pub async fn let_go(
 }
 
 /// Run the assigner while this replica holds the ring's Lease, until the
-/// operator stops.
+/// operator stops. Every replica looks at the members here, for its own
+/// view of them (`takeover`) and its alerts.
 pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let assigning = Arc::new(AtomicBool::new(false));
     let (changed, _) = tokio::sync::watch::channel(false);
@@ -140,20 +157,21 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let mut last: Option<Ring> = None;
     let mut looks = 0u32;
     // Since when each member has been live, as this replica saw it.
-    let mut joined: std::collections::HashMap<String, std::time::Instant> = Default::default();
-    let settle = (ring.duration / 5).clamp(
-        std::time::Duration::from_millis(200),
-        std::time::Duration::from_secs(3),
-    );
+    let mut joined: HashMap<String, Instant> = Default::default();
+    // Since when no member has been gone, as published.
+    let mut none_gone: Option<Instant> = None;
+    // The placing under way (labels are written while the members are
+    // looked at), and the gone members it found all placed.
+    let mut placing: Option<tokio::task::JoinHandle<BTreeSet<String>>> = None;
+    let mut cleared = BTreeSet::new();
+    let settle = settle(ring.duration);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(members.poll()) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        // Every replica keeps its view of the members, so that one that
-        // becomes the assigner knows who has been live and for how long.
-        let live = match members.live().await {
-            Ok(live) => live,
+        let view = match members.look().await {
+            Ok(view) => view,
             Err(e) => {
                 tracing::warn!(
                     "reading the members' Leases: {}",
@@ -162,23 +180,64 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
                 continue;
             }
         };
-        let seen = std::time::Instant::now();
+        let (live, published) = (view.live.clone(), view.published.clone());
+        if ctx.running.placement.observe(view) {
+            tracing::info!(gone = ?ctx.running.placement.watched(), "deciding for the targets of members gone, as the published ring places them");
+        }
+        let seen = Instant::now();
         joined.retain(|m, _| live.contains(m));
         for m in &live {
             joined.entry(m.clone()).or_insert(seen);
         }
         let assigner = assigning.load(Ordering::Acquire);
         gather_alerts(&ctx, assigner, &live).await;
-        let now = Ring::new(live);
-        if !assigner || now.is_empty() {
+        if !assigner {
+            last = None;
+            none_gone = None;
+            continue;
+        }
+        let published = published.unwrap_or_default();
+        if published.gone.is_empty() {
+            none_gone.get_or_insert(seen);
+        } else {
+            none_gone = None;
+        }
+        // Replicas that start together join one after another, and none
+        // joins while a member's targets are decided as a gone member's.
+        let settling = joined.values().any(|t| t.elapsed() < settle);
+        let quiet = none_gone.is_some_and(|t| t.elapsed() >= settle);
+        if placing.as_ref().is_some_and(|p| p.is_finished())
+            && let Some(done) = placing.take()
+        {
+            cleared = done.await.unwrap_or_default();
+        }
+        let next = next_ring(&published, &live, &cleared, (!settling, quiet));
+        let next = match publish(&ctx, &ring, &published, next).await {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(
+                    "publishing the ring of replicas: {}",
+                    crate::util::api_error(&e)
+                );
+                continue;
+            }
+        };
+        cleared.clear();
+        if placing.is_some() {
+            continue;
+        }
+        let now = match last.as_ref() {
+            Some(r) if r.members().iter().eq(next.members.iter()) => r.clone(),
+            _ => next.ring(),
+        };
+        if now.is_empty() {
             last = None;
             continue;
         }
-        // Replicas that start together join one after another: while one
-        // has just joined, only a gone member's targets are placed, so
-        // that start-up does not give everything to the first and then
-        // move most of it.
-        let pass = if joined.values().any(|t| t.elapsed() < settle) {
+        // While one has just joined, only a gone member's targets are
+        // placed, so that start-up does not give everything to the first
+        // and then move most of it.
+        let pass = if settling {
             Pass::Gone
         } else {
             looks += 1;
@@ -191,18 +250,92 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
         if pass != Pass::Gone && last.as_ref() != Some(&now) {
             tracing::info!(members = ?now.members(), "the ring of replicas");
         }
-        for kind in ctx.policies.load().target_kinds() {
-            if let Err(e) = place(&ctx, &kind, &now, pass).await {
-                tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
+        let (ctx2, ring_now, gone) = (ctx.clone(), now.clone(), next.gone.clone());
+        placing = Some(tokio::spawn(async move {
+            for kind in ctx2.policies.load().target_kinds() {
+                if let Err(e) = place(&ctx2, &kind, &ring_now, &live, pass, !gone.is_empty()).await
+                {
+                    tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
+                }
             }
-        }
+            all_placed(&ctx2, &gone).await
+        }));
         if pass != Pass::Gone {
             last = Some(now);
         }
     }
+    if let Some(p) = placing {
+        p.abort();
+    }
     // Stopped: another replica notifies from now on.
     gather_alerts(&ctx, false, &Default::default()).await;
     let _ = election.await;
+}
+
+/// How long members that join wait for others starting with them, and how
+/// long none may be gone before one joins; also how recent a look must be
+/// for a replica to decide for a gone member's targets (`takeover`).
+pub(super) fn settle(lease: std::time::Duration) -> std::time::Duration {
+    (lease / 5).clamp(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(3),
+    )
+}
+
+/// Write the ring the assigner places by, where it changed; returns it as
+/// published. Replacing the record read is a compare-and-swap: a record
+/// written meanwhile (by an assigner before this one) fails it.
+async fn publish(
+    ctx: &Context,
+    ring: &LeaseConfig,
+    old: &Published,
+    next: Published,
+) -> Result<Published, kube::Error> {
+    if old.version.is_some() && next.members == old.members && next.gone == old.gone {
+        return Ok(next);
+    }
+    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ring.namespace);
+    let name = published_name(&ring.name);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ring.namespace.clone()),
+            resource_version: old.version.clone(),
+            annotations: Some(next.annotations()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(ring.identity.clone()),
+            ..Default::default()
+        }),
+    };
+    let written = match old.version {
+        Some(_) => api.replace(&name, &PostParams::default(), &lease).await?,
+        None => api.create(&PostParams::default(), &lease).await?,
+    };
+    tracing::info!(members = ?next.members, gone = ?next.gone, "published the ring of replicas");
+    Ok(Published {
+        version: written.metadata.resource_version,
+        ..next
+    })
+}
+
+/// The gone members none of whose targets carries their label any more.
+async fn all_placed(ctx: &Context, gone: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    'members: for g in gone {
+        for kind in ctx.policies.load().target_kinds() {
+            let params = ListParams::default()
+                .labels(&format!("{SHARD_LABEL}={g}"))
+                .limit(1);
+            match api(ctx, &kind, None).list_metadata(&params).await {
+                Ok(l) if l.items.is_empty() => {}
+                _ => continue 'members,
+            }
+        }
+        out.insert(g.clone());
+    }
+    out
 }
 
 /// Publish this replica's alerts and, on the assigner, notify everyone's
@@ -226,19 +359,28 @@ enum Pass {
 
 /// Label the targets of one kind for their places (`pass` says which).
 /// Objects no policy selects are left unlabelled.
-async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, pass: Pass) -> Result<(), kube::Error> {
+async fn place(
+    ctx: &Context,
+    kind: &KindRef,
+    ring: &Ring,
+    live: &BTreeSet<String>,
+    pass: Pass,
+    gone: bool,
+) -> Result<(), kube::Error> {
     let api = api(ctx, kind, None);
     let mut selections: Vec<String> = match pass {
         Pass::Gone => Vec::new(),
         Pass::New | Pass::Full => unplaced_selectors(&ctx.policies.load(), kind),
     };
+    // Labelled for members not in the ring, found by the API server.
+    let outside = format!(
+        "{SHARD_LABEL},{SHARD_LABEL} notin ({})",
+        ring.members().join(",")
+    );
     match pass {
         Pass::Full => selections.push(SHARD_LABEL.to_string()),
-        // Labelled for members not in the ring, found by the API server.
-        Pass::Gone => selections.push(format!(
-            "{SHARD_LABEL},{SHARD_LABEL} notin ({})",
-            ring.members().join(",")
-        )),
+        Pass::Gone => selections.push(outside),
+        Pass::New if gone => selections.push(outside),
         Pass::New => {}
     }
     for selection in selections {
@@ -253,7 +395,7 @@ async fn place(ctx: &Context, kind: &KindRef, ring: &Ring, pass: Pass) -> Result
                 .items
                 .into_iter()
                 .filter_map(|o| {
-                    let patch = placement(kind, &o.metadata, ring)?;
+                    let patch = placement(kind, &o.metadata, ring, live)?;
                     Some((o.metadata.namespace, o.metadata.name?, patch))
                 })
                 .collect();
@@ -295,7 +437,12 @@ fn unplaced_selectors(set: &runbook_core::policy::PolicySet, kind: &KindRef) -> 
 }
 
 /// The label change a target needs for its place on the ring, if any.
-fn placement(kind: &KindRef, m: &ObjectMeta, ring: &Ring) -> Option<serde_json::Value> {
+fn placement(
+    kind: &KindRef,
+    m: &ObjectMeta,
+    ring: &Ring,
+    live: &BTreeSet<String>,
+) -> Option<serde_json::Value> {
     let k = key(
         kind.group(),
         &kind.kind,
@@ -311,8 +458,9 @@ fn placement(kind: &KindRef, m: &ObjectMeta, ring: &Ring) -> Option<serde_json::
     let version = m.resource_version.clone();
     match now {
         Some(member) if member == want => None,
-        // Its member is live: it lets the target go first.
-        Some(member) if ring.members().iter().any(|x| x == member) => (!draining).then(
+        // Its member is live (in the ring or not): it lets the target go
+        // first.
+        Some(member) if live.contains(member) => (!draining).then(
             || json!({"metadata": {"resourceVersion": version, "labels": {DRAIN_LABEL: "true"}}}),
         ),
         // Unplaced, or its member is gone.
@@ -349,20 +497,22 @@ mod tests {
             .unwrap()
             .to_string();
         let other = if want == "a" { "b" } else { "a" };
+        let live: BTreeSet<String> = ["a", "b", "back"].map(String::from).into();
         // Unplaced: placed.
-        let p = placement(&kind, &meta("w", &[]), &ring).unwrap();
+        let p = placement(&kind, &meta("w", &[]), &ring, &live).unwrap();
         assert_eq!(p["metadata"]["labels"][SHARD_LABEL], want.as_str());
         assert_eq!(p["metadata"]["resourceVersion"], "7");
         // In place: nothing.
-        assert!(placement(&kind, &meta("w", &[(SHARD_LABEL, &want)]), &ring).is_none());
+        assert!(placement(&kind, &meta("w", &[(SHARD_LABEL, &want)]), &ring, &live).is_none());
         // With another live member: asked to drain, once.
-        let p = placement(&kind, &meta("w", &[(SHARD_LABEL, other)]), &ring).unwrap();
+        let p = placement(&kind, &meta("w", &[(SHARD_LABEL, other)]), &ring, &live).unwrap();
         assert_eq!(p["metadata"]["labels"], json!({DRAIN_LABEL: "true"}));
         assert!(
             placement(
                 &kind,
                 &meta("w", &[(SHARD_LABEL, other), (DRAIN_LABEL, "true")]),
-                &ring
+                &ring,
+                &live
             )
             .is_none()
         );
@@ -371,10 +521,15 @@ mod tests {
             &kind,
             &meta("w", &[(SHARD_LABEL, "gone"), (DRAIN_LABEL, "true")]),
             &ring,
+            &live,
         )
         .unwrap();
         assert_eq!(p["metadata"]["labels"][SHARD_LABEL], want.as_str());
         assert!(p["metadata"]["labels"][DRAIN_LABEL].is_null());
+        // With a member live again but not in the ring (one counted gone
+        // that came back): it lets the target go first.
+        let p = placement(&kind, &meta("w", &[(SHARD_LABEL, "back")]), &ring, &live).unwrap();
+        assert_eq!(p["metadata"]["labels"], json!({DRAIN_LABEL: "true"}));
     }
 
     /// Only objects a policy selects are placed: by each policy's

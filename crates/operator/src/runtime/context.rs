@@ -150,6 +150,8 @@ pub struct Health {
 pub(super) struct Running {
     pub informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
     pub targets: Mutex<HashMap<KindRef, TargetController>>,
+    /// Sharded: what this replica knows of the ring.
+    pub placement: super::takeover::Placement,
 }
 
 /// What failed on a target, for its backoff: one of its policies, or the
@@ -421,8 +423,11 @@ pub(super) struct TargetController {
     pub ended: Arc<Mutex<Option<String>>>,
     /// How many times this kind's controller was restarted.
     pub restarts: u32,
-    /// The label selector its watch asks the API server for, if any.
+    /// The policies' label selector, if any.
     pub selector: Option<String>,
+    /// What its watch asks the API server for: the policies' selector
+    /// and, sharded, the shard labels this replica watches.
+    pub watch: Option<String>,
 }
 
 #[cfg(test)]

@@ -20,12 +20,17 @@ use crate::util::channel;
 use crate::util::lock;
 use runbook_core::kinds::KindRef;
 /// The watch of a target kind: pages of 500, and the policies' label
-/// selector where the API server can apply it.
-fn watch_config(selector: Option<&str>) -> watcher::Config {
+/// selector where the API server can apply it. Sharded, listed from the
+/// API server's watch cache (see `cache::Scope::from_cache`).
+fn watch_config(selector: Option<&str>, from_cache: bool) -> watcher::Config {
     let config = watcher::Config::default().page_size(500);
-    match selector {
+    let config = match selector {
         Some(s) => config.labels(s),
         None => config,
+    };
+    match from_cache {
+        true => config.any_semantic(),
+        false => config,
     }
 }
 
@@ -80,6 +85,7 @@ pub(super) fn spawn_target(
     ));
     TargetController {
         selector,
+        watch,
         store,
         index,
         trigger,
@@ -102,7 +108,7 @@ fn watched(
 ) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
     let (health, watch_name, typed) = (ctx.health.watches.clone(), k.to_string(), ar.clone());
     let (changes, kind) = (ctx.queue.changes.clone(), k.clone());
-    watcher::watcher(api, watch_config(selector)).map(move |e| {
+    watcher::watcher(api, watch_config(selector, ctx.config.shards)).map(move |e| {
         report_watch(&health, &watch_name, e.as_ref().err());
         let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
         if let Ok(event) = &e {

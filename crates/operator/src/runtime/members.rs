@@ -30,6 +30,77 @@ pub fn lease_name(ring: &str, identity: &str) -> String {
     format!("{ring}-member-{identity}")
 }
 
+/// The name of the Lease whose annotations carry the ring the assigner
+/// published (`Published`); it holds no lock.
+pub fn published_name(ring: &str) -> String {
+    format!("{ring}-ring")
+}
+
+/// The annotations of the published ring: its members, and the members
+/// gone from it whose targets are not all placed elsewhere yet.
+pub const MEMBERS_ANNOTATION: &str = "runbook.dev/members";
+pub const GONE_ANNOTATION: &str = "runbook.dev/gone";
+
+/// The ring as the assigner published it. Every replica places a gone
+/// member's targets by it (`takeover`), so that all agree on who decides
+/// for each while it is still labelled for the gone member.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    pub members: BTreeSet<String>,
+    pub gone: BTreeSet<String>,
+    /// The record's resourceVersion: the assigner's next write replaces
+    /// exactly this one.
+    pub version: Option<String>,
+}
+
+impl Published {
+    fn of(meta: &kube::api::ObjectMeta) -> Self {
+        let set = |key: &str| -> BTreeSet<String> {
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|m| !m.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Self {
+            members: set(MEMBERS_ANNOTATION),
+            gone: set(GONE_ANNOTATION),
+            version: meta.resource_version.clone(),
+        }
+    }
+
+    /// The annotations that publish it.
+    pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
+        let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(",");
+        [
+            (MEMBERS_ANNOTATION.to_string(), join(&self.members)),
+            (GONE_ANNOTATION.to_string(), join(&self.gone)),
+        ]
+        .into()
+    }
+
+    pub fn ring(&self) -> Ring {
+        Ring::new(&self.members)
+    }
+}
+
+/// One look at the members: who is live by this replica's clock, and the
+/// ring published (`None`: never published).
+#[derive(Clone, Debug)]
+pub struct View {
+    pub live: BTreeSet<String>,
+    pub published: Option<Published>,
+    /// When the Leases were asked for (what they say is at least this
+    /// recent).
+    pub at: Instant,
+}
+
 /// A member's Lease as a leader Lease of its own: held only by it.
 pub fn member_lease(ring: &LeaseConfig) -> LeaseConfig {
     LeaseConfig {
@@ -64,15 +135,28 @@ impl Members {
 
     /// The live members now, by identity.
     pub async fn live(&mut self) -> Result<BTreeSet<String>, kube::Error> {
+        Ok(self.look().await?.live)
+    }
+
+    /// The live members now and the ring the assigner published, from
+    /// one list of the operator namespace's Leases.
+    pub async fn look(&mut self) -> Result<View, kube::Error> {
+        let asked = Instant::now();
         let leases = self.api.list(&Default::default()).await?.items;
         let prefix = format!("{}-member-", self.ring);
+        let ring_lease = published_name(&self.ring);
         let now = Instant::now();
         let mut live = BTreeSet::new();
+        let mut published = None;
         let mut seen = HashMap::new();
         for lease in leases {
             let Some(name) = lease.metadata.name.as_deref() else {
                 continue;
             };
+            if name == ring_lease {
+                published = Some(Published::of(&lease.metadata));
+                continue;
+            }
             let Some(identity) = name.strip_prefix(&prefix) else {
                 continue;
             };
@@ -96,7 +180,11 @@ impl Members {
             seen.insert(identity.to_string(), (record, since));
         }
         self.sighted = seen;
-        Ok(live)
+        Ok(View {
+            live,
+            published,
+            at: asked,
+        })
     }
 
     /// The ring over the live members.

@@ -12,6 +12,7 @@ pub mod leader;
 pub mod members;
 pub mod operator;
 mod reconcile;
+pub mod takeover;
 mod unchanged;
 pub mod webhook;
 pub use assign::shard_identity;

@@ -2,6 +2,7 @@
 //! (once it leads), swaps policy sets in, routes cache changes to the
 //! targets they concern, and shuts down.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -270,7 +271,16 @@ impl Operator {
         // Sharded, the kinds that are only ever children are cached for
         // this replica's share only (a child carries its target's label).
         let selector = |k: &KindRef| super::assign::children_selector(&self.ctx, set, k);
-        informers.retain(|k, i| wanted.contains(k) && i.selector == selector(k));
+        // A kind watched with another selector now (a sharded replica's
+        // share grew) keeps its cache while it lists again.
+        let mut kept: HashMap<KindRef, Arc<crate::observe::cache::KindCache>> = HashMap::new();
+        informers.retain(|k, i| {
+            let keep = wanted.contains(k) && i.selector == selector(k);
+            if !keep && wanted.contains(k) {
+                kept.insert(k.clone(), i.cache.clone());
+            }
+            keep
+        });
         for k in wanted {
             informers.entry(k.clone()).or_insert_with(|| {
                 // Plural and scope as discovery found them (a CRD may name
@@ -280,11 +290,12 @@ impl Operator {
                     namespace: self.ctx.config.namespace.clone(),
                     namespaced,
                     selector: selector(&k),
+                    from_cache: self.ctx.config.shards,
                 };
                 Arc::new(spawn_informer(
                     self.ctx.client.clone(),
                     resource,
-                    k.clone(),
+                    (k.clone(), kept.remove(&k)),
                     scope,
                     self.ctx.queue.changes.clone(),
                     self.ctx.health.watches.clone(),
@@ -329,7 +340,15 @@ impl Operator {
             // now ask for: stopped (and started again below).
             let stale: Vec<KindRef> = targets
                 .iter()
-                .filter(|(k, t)| !wanted.contains(k) || t.selector != set.watch_selector(k))
+                .filter(|(k, t)| {
+                    !wanted.contains(k)
+                        || t.selector != set.watch_selector(k)
+                        || t.watch
+                            != super::assign::watch_selector(
+                                &self.ctx,
+                                set.watch_selector(k).as_deref(),
+                            )
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in stale {
@@ -596,6 +615,7 @@ impl Operator {
     /// Begin acting as the leader: the alerts notified before, the
     /// controllers of the policies in force, ready.
     async fn take_lead(&self) {
+        self.ctx.running.placement.gained();
         let set = self.ctx.policies.load_full();
         self.ctx.metrics.leader.set(1);
         self.keep_webhook_in_step(&set).await;
@@ -628,21 +648,66 @@ impl Operator {
     /// trying to lead again, and resume once leading. Resolves only when
     /// the operator is told to stop.
     pub async fn follow_leadership(&self) {
-        let mut stop = self.ctx.stop.clone();
+        let reselect = &self.ctx.running.placement.reselect;
+        // What happened first; the answer to it is awaited outside the
+        // select (its futures hold guards that stay on one thread).
+        enum Next {
+            Lost,
+            Led,
+            Reselect,
+            Stop,
+        }
+        let stopped = || {
+            let mut stop = self.ctx.stop.clone();
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            }
+        };
+        let mut leading = true;
         loop {
-            tokio::select! {
-                _ = self.lost_leadership() => {}
-                _ = stop.wait_for(|s| *s) => return,
+            let next = if leading {
+                tokio::select! {
+                    _ = self.lost_leadership() => Next::Lost,
+                    _ = reselect.notified() => Next::Reselect,
+                    _ = stopped() => Next::Stop,
+                }
+            } else {
+                let mut rx = self.leading_rx.clone();
+                tokio::select! {
+                    ok = async move { rx.wait_for(|l| *l).await.is_ok() } => if ok { Next::Led } else { Next::Stop },
+                    // A standby's caches follow its share too.
+                    _ = reselect.notified() => Next::Reselect,
+                    _ = stopped() => Next::Stop,
+                }
+            };
+            match next {
+                Next::Stop => return,
+                Next::Reselect => self.reselect().await,
+                Next::Lost => {
+                    tracing::warn!(
+                        "lost the leader lease: stopped acting; standing by to lead again"
+                    );
+                    self.step_down();
+                    leading = false;
+                }
+                Next::Led => {
+                    tracing::info!("leading again: resuming");
+                    self.take_lead().await;
+                    leading = true;
+                }
             }
-            tracing::warn!("lost the leader lease: stopped acting; standing by to lead again");
-            self.step_down();
-            let mut leading = self.leading_rx.clone();
-            tokio::select! {
-                r = leading.wait_for(|l| *l) => if r.is_err() { return },
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            tracing::info!("leading again: resuming");
-            self.take_lead().await;
+        }
+    }
+
+    /// Sharded, this replica's share grew to a gone member's targets:
+    /// its caches and watches take in their labels, its caches first, so
+    /// that their decisions see their children.
+    async fn reselect(&self) {
+        let set = self.ctx.policies.load_full();
+        self.ensure_informers(&set);
+        self.wait_informers().await;
+        if self.is_leading() {
+            self.ensure_controllers(&set).await;
         }
     }
 

@@ -355,6 +355,26 @@ pub(super) async fn reconcile(
         Some(false) => return Ok(Action::requeue(Duration::from_secs(1))),
         None => {}
     }
+    // Sharded: only this replica's own targets, and those of gone members
+    // the published ring places here.
+    if let Some(lease) = ctx.config.lease.as_ref().filter(|_| ctx.config.shards) {
+        let label = labels.and_then(|l| l.get(runbook_core::shard::SHARD_LABEL));
+        let ring_key =
+            runbook_core::shard::key(kind.group(), &kind.kind, &key.namespace, &key.name);
+        let fresh = super::assign::settle(lease.duration);
+        match ctx.running.placement.gate(
+            &ctx.config.identity,
+            label.map(String::as_str),
+            &ring_key,
+            fresh,
+        ) {
+            super::takeover::Gate::Decide => {}
+            super::takeover::Gate::NotMine => return Ok(Action::await_change()),
+            super::takeover::Gate::NotYet => {
+                return Ok(Action::requeue(super::leader::look_every(lease.duration)));
+            }
+        }
+    }
     pass_on_change(&ctx, &kind, &key, &obj);
     if let Some(why) = &obj.undecodable {
         tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");

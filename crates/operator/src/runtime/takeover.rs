@@ -1,0 +1,360 @@
+//! Taking over a gone member's targets without a write per target.
+//!
+//! When a sharded replica stops renewing its member Lease, its targets
+//! still carry its label. Labelling each for its new place is a write per
+//! target, and at tens of thousands of targets those writes take far
+//! longer than the lease duration. So the survivors decide for them first
+//! and the labels follow:
+//!
+//! - The assigner publishes the ring it places by (`members::Published`):
+//!   its members, and the members gone from it whose targets are not all
+//!   labelled elsewhere yet. A member is moved from the one to the other
+//!   once every replica counts it gone, which is after it stopped acting
+//!   on its own account (see `members`).
+//! - Every replica watches its own label and the gone members' labels,
+//!   and decides for a target labelled for a gone member when the
+//!   published ring places it on this replica. All replicas read the same
+//!   published ring, so exactly one decides for each such target.
+//! - The assigner adds members to the ring only while no member is gone:
+//!   a joining member therefore never takes a target another is deciding
+//!   for as the gone member's.
+//!
+//! `gate` holds the rules a reconcile applies; `Placement` is what this
+//! replica knows.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::members::{Published, View};
+use crate::util::lock;
+use runbook_core::shard::Ring;
+
+/// Whether a reconcile may decide for a target, sharded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// This replica decides for it.
+    Decide,
+    /// Another replica does (or none until it is placed): wait for a
+    /// change of the target, such as a new label.
+    NotMine,
+    /// It may be this replica's once its view of the members is newer:
+    /// look again shortly.
+    NotYet,
+}
+
+/// What this replica knows of the ring, kept from its looks at the
+/// members (`assign::run`).
+#[derive(Default)]
+pub struct Placement {
+    seen: Mutex<Option<Seen>>,
+    /// When this replica last began leading its own share.
+    gained: Mutex<Option<Instant>>,
+    /// The gone members whose labels this replica's watches include.
+    watched: Mutex<BTreeSet<String>>,
+    /// Told when `watched` grew: the watches are started again with it.
+    pub reselect: Notify,
+}
+
+struct Seen {
+    view: View,
+    published: Published,
+    /// The published ring, built once per change.
+    ring: Ring,
+}
+
+impl Placement {
+    /// Keep a new look at the members. Returns whether the watches must
+    /// now include more gone members' labels (`reselect` is told too).
+    pub fn observe(&self, view: View) -> bool {
+        let published = view.published.clone().unwrap_or_default();
+        let mut seen = lock(&self.seen);
+        let ring = match seen.as_ref() {
+            Some(s) if s.published.members == published.members => s.ring.clone(),
+            _ => published.ring(),
+        };
+        let grew = {
+            let mut watched = lock(&self.watched);
+            let grew = !published.gone.is_subset(&watched);
+            if grew {
+                // The ones no longer gone are dropped at the same time:
+                // their targets are all labelled elsewhere.
+                *watched = published.gone.clone();
+            }
+            grew
+        };
+        *seen = Some(Seen {
+            view,
+            published,
+            ring,
+        });
+        if grew {
+            self.reselect.notify_one();
+        }
+        grew
+    }
+
+    /// This replica began leading its own share (its member Lease).
+    pub fn gained(&self) {
+        *lock(&self.gained) = Some(Instant::now());
+    }
+
+    /// The gone members whose labels the watches include.
+    pub fn watched(&self) -> BTreeSet<String> {
+        lock(&self.watched).clone()
+    }
+
+    /// `gate` with what this replica knows now.
+    pub fn gate(&self, me: &str, label: Option<&str>, key: &str, fresh: Duration) -> Gate {
+        let seen = lock(&self.seen);
+        let gained = *lock(&self.gained);
+        let Some(s) = seen.as_ref() else {
+            return Gate::NotYet;
+        };
+        gate(
+            &Knowledge {
+                me,
+                view: &s.view,
+                published: &s.published,
+                ring: &s.ring,
+                gained,
+                fresh,
+            },
+            Instant::now(),
+            label,
+            key,
+        )
+    }
+}
+
+/// What a reconcile's gate looks at.
+pub struct Knowledge<'a> {
+    pub me: &'a str,
+    pub view: &'a View,
+    pub published: &'a Published,
+    pub ring: &'a Ring,
+    /// When this replica last began leading its own share.
+    pub gained: Option<Instant>,
+    /// How old a look may be for this replica to decide for a gone
+    /// member's target on its account.
+    pub fresh: Duration,
+}
+
+/// Whether this replica decides for a target labelled `label` whose ring
+/// key is `key`:
+///
+/// - Its own label: yes, unless the published ring counts it gone (a
+///   replica that came back under the same identity: its targets are
+///   being placed elsewhere), judged from a look after it began leading.
+/// - A gone member's label: yes where the published ring places the
+///   target on this replica, the member's Lease is not live by this
+///   replica's own clock, and the look is recent.
+/// - Anything else: no.
+pub fn gate(k: &Knowledge<'_>, now: Instant, label: Option<&str>, key: &str) -> Gate {
+    let Some(label) = label else {
+        return Gate::NotMine;
+    };
+    // A look from before this replica began leading may predate its
+    // being counted gone.
+    if k.gained.is_some_and(|g| k.view.at < g) {
+        return Gate::NotYet;
+    }
+    if label == k.me {
+        return match k.published.gone.contains(k.me) {
+            true => Gate::NotMine,
+            false => Gate::Decide,
+        };
+    }
+    if !k.published.gone.contains(label) || !k.published.members.contains(k.me) {
+        return Gate::NotMine;
+    }
+    // Counted gone by the assigner, but not yet by this replica, or this
+    // look is too old to act on: soon, perhaps.
+    if k.view.live.contains(label) || now.duration_since(k.view.at) > k.fresh {
+        return Gate::NotYet;
+    }
+    match k.ring.owner(key) == Some(k.me) {
+        true => Gate::Decide,
+        false => Gate::NotMine,
+    }
+}
+
+/// The ring the assigner publishes next, from the one published and the
+/// members live now: members no longer live are moved to the gone;
+/// `cleared` are gone members none of whose targets carries their label
+/// any more. The live ones not in the ring join it once `settled` (those
+/// starting together have all been seen), and only when no member has
+/// been gone for a while (`quiet`), or the ring is empty (nobody decides
+/// for a gone member's targets then).
+pub fn next_ring(
+    published: &Published,
+    live: &BTreeSet<String>,
+    cleared: &BTreeSet<String>,
+    (settled, quiet): (bool, bool),
+) -> Published {
+    let members: BTreeSet<String> = published.members.intersection(live).cloned().collect();
+    let gone: BTreeSet<String> = published
+        .gone
+        .iter()
+        .chain(published.members.difference(live))
+        .filter(|g| !cleared.contains(*g))
+        .cloned()
+        .collect();
+    let join = settled && (members.is_empty() || (gone.is_empty() && quiet));
+    Published {
+        members: if join { live.clone() } else { members },
+        gone,
+        version: published.version.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runbook_core::shard::key;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn published(members: &[&str], gone: &[&str]) -> Published {
+        Published {
+            members: set(members),
+            gone: set(gone),
+            version: Some("1".into()),
+        }
+    }
+
+    struct World {
+        view: View,
+        published: Published,
+        ring: Ring,
+    }
+
+    fn world(live: &[&str], members: &[&str], gone: &[&str], at: Instant) -> World {
+        let published = published(members, gone);
+        World {
+            view: View {
+                live: set(live),
+                published: Some(published.clone()),
+                at,
+            },
+            ring: published.ring(),
+            published,
+        }
+    }
+
+    fn decide(w: &World, me: &str, label: Option<&str>, k: &str, now: Instant) -> Gate {
+        let knowledge = Knowledge {
+            me,
+            view: &w.view,
+            published: &w.published,
+            ring: &w.ring,
+            gained: None,
+            fresh: Duration::from_secs(2),
+        };
+        gate(&knowledge, now, label, k)
+    }
+
+    /// Every survivor decides with the same published ring: each of the
+    /// gone member's targets is decided by exactly one of them.
+    #[test]
+    fn a_gone_members_targets_are_decided_by_exactly_one_survivor() {
+        let now = Instant::now();
+        let w = world(&["a", "b", "c"], &["a", "b", "c"], &["d"], now);
+        for i in 0..200 {
+            let k = key("example.com", "Widget", "shop", &format!("w{i}"));
+            let deciding: Vec<&str> = ["a", "b", "c"]
+                .into_iter()
+                .filter(|me| decide(&w, me, Some("d"), &k, now) == Gate::Decide)
+                .collect();
+            assert_eq!(deciding.len(), 1, "{k}: {deciding:?}");
+            assert_eq!(Some(deciding[0]), w.ring.owner(&k));
+        }
+        // Its own targets, each replica decides; another's, never.
+        let k = key("example.com", "Widget", "shop", "w0");
+        assert_eq!(decide(&w, "a", Some("a"), &k, now), Gate::Decide);
+        assert_eq!(decide(&w, "a", Some("b"), &k, now), Gate::NotMine);
+        assert_eq!(decide(&w, "a", None, &k, now), Gate::NotMine);
+    }
+
+    #[test]
+    fn a_gone_members_targets_wait_while_it_may_still_act() {
+        let now = Instant::now();
+        let k = (0..100)
+            .map(|i| key("", "ConfigMap", "shop", &format!("t{i}")))
+            .find(|k| Ring::new(["a", "b"]).owner(k) == Some("a"))
+            .unwrap();
+        // Live by this replica's own clock, though published gone.
+        let w = world(&["a", "b", "d"], &["a", "b"], &["d"], now);
+        assert_eq!(decide(&w, "a", Some("d"), &k, now), Gate::NotYet);
+        // A look too old to act on.
+        let w = world(&["a", "b"], &["a", "b"], &["d"], now);
+        let later = now + Duration::from_secs(3);
+        assert_eq!(decide(&w, "a", Some("d"), &k, later), Gate::NotYet);
+        assert_eq!(decide(&w, "a", Some("d"), &k, now), Gate::Decide);
+        // Not published gone (a label nobody knows): placed first.
+        let w = world(&["a", "b"], &["a", "b"], &[], now);
+        assert_eq!(decide(&w, "a", Some("d"), &k, now), Gate::NotMine);
+        // A replica not in the ring decides for no gone member's target.
+        let w = world(&["a", "b", "e"], &["b"], &["d"], now);
+        assert_eq!(decide(&w, "e", Some("d"), &k, now), Gate::NotMine);
+    }
+
+    /// A replica that came back under the identity of a gone member does
+    /// not decide for the targets still labelled for it, and a look from
+    /// before it began leading is not enough to decide anything.
+    #[test]
+    fn a_replica_counted_gone_does_not_decide_for_its_old_targets() {
+        let now = Instant::now();
+        let k = key("", "ConfigMap", "shop", "t1");
+        let w = world(&["a", "d"], &["a"], &["d"], now);
+        assert_eq!(decide(&w, "d", Some("d"), &k, now), Gate::NotMine);
+        let w = world(&["a", "d"], &["a", "d"], &[], now);
+        let knowledge = Knowledge {
+            me: "d",
+            view: &w.view,
+            published: &w.published,
+            ring: &w.ring,
+            gained: Some(now + Duration::from_millis(1)),
+            fresh: Duration::from_secs(2),
+        };
+        assert_eq!(gate(&knowledge, now, Some("d"), &k), Gate::NotYet);
+    }
+
+    #[test]
+    fn members_join_the_ring_only_while_none_is_gone() {
+        let none = BTreeSet::new();
+        // Nothing published yet: the live members form the ring once
+        // those starting together are all seen.
+        let first = next_ring(
+            &Published::default(),
+            &set(&["a", "b"]),
+            &none,
+            (true, false),
+        );
+        assert_eq!(first.members, set(&["a", "b"]));
+        let early = next_ring(&Published::default(), &set(&["a"]), &none, (false, true));
+        assert!(early.members.is_empty());
+        // d stops: gone, and e, joining, waits.
+        let p = published(&["a", "b", "d"], &[]);
+        let next = next_ring(&p, &set(&["a", "b", "e"]), &none, (true, true));
+        assert_eq!(next.members, set(&["a", "b"]));
+        assert_eq!(next.gone, set(&["d"]));
+        // d's targets all placed: cleared; e joins once none has been
+        // gone for a while.
+        let next = next_ring(&next, &set(&["a", "b", "e"]), &set(&["d"]), (true, false));
+        assert_eq!(next.members, set(&["a", "b"]));
+        assert!(next.gone.is_empty());
+        let next = next_ring(&next, &set(&["a", "b", "e"]), &none, (true, true));
+        assert_eq!(next.members, set(&["a", "b", "e"]));
+        // Every member gone: the new ones form the ring and take over.
+        let p = published(&["a", "b"], &[]);
+        let next = next_ring(&p, &set(&["x", "y"]), &none, (true, false));
+        assert_eq!(next.members, set(&["x", "y"]));
+        assert_eq!(next.gone, set(&["a", "b"]));
+    }
+}
