@@ -73,6 +73,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             }
             "scaleout-sandbox" => rt.block_on(crate::bench::scaleout::sandbox_child(n)),
             "replica" => {
+                // A replica's own logs, on stderr, where RUNBOOK_LOG asks.
+                super::scenario::init_logging();
                 let rest = args.child[1..].to_vec();
                 rt.block_on(async move {
                     tokio::spawn(async move { crate::bench::scaleout::replica_child(&rest).await })

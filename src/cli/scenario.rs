@@ -36,7 +36,7 @@ pub struct TestArgs {
 }
 
 /// Logs only when RUNBOOK_LOG asks for them: the timeline is the output.
-fn init_logging() {
+pub(super) fn init_logging() {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUNBOOK_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -663,40 +663,62 @@ impl Operator {
                 let _ = stop.wait_for(|s| *s).await;
             }
         };
+        // Resolves once not leading (at once if so already); never,
+        // without leader election.
+        let lost = || async {
+            if !self.until_leading_is(false).await {
+                std::future::pending::<()>().await;
+            }
+        };
         let mut leading = true;
         loop {
             let next = if leading {
                 tokio::select! {
-                    _ = self.lost_leadership() => Next::Lost,
+                    _ = lost() => Next::Lost,
                     _ = reselect.notified() => Next::Reselect,
                     _ = stopped() => Next::Stop,
                 }
             } else {
-                let mut rx = self.leading_rx.clone();
                 tokio::select! {
-                    ok = async move { rx.wait_for(|l| *l).await.is_ok() } => if ok { Next::Led } else { Next::Stop },
+                    ok = self.until_leading_is(true) => if ok { Next::Led } else { Next::Stop },
                     // A standby's caches follow its share too.
                     _ = reselect.notified() => Next::Reselect,
                     _ = stopped() => Next::Stop,
                 }
             };
-            match next {
+            let step_down = match next {
                 Next::Stop => return,
-                Next::Reselect => self.reselect().await,
-                Next::Lost => {
-                    tracing::warn!(
-                        "lost the leader lease: stopped acting; standing by to lead again"
-                    );
-                    self.step_down();
-                    leading = false;
+                // Losing the Lease while the watches start again is not
+                // left waiting for them.
+                Next::Reselect if leading => tokio::select! {
+                    _ = self.reselect() => false,
+                    _ = lost() => true,
+                },
+                Next::Reselect => {
+                    self.reselect().await;
+                    false
                 }
+                Next::Lost => true,
                 Next::Led => {
                     tracing::info!("leading again: resuming");
                     self.take_lead().await;
                     leading = true;
+                    false
                 }
+            };
+            if step_down {
+                tracing::warn!("lost the leader lease: stopped acting; standing by to lead again");
+                self.step_down();
+                leading = false;
             }
         }
+    }
+
+    /// Wait until this instance leads (`true`) or not; false if leadership
+    /// can no longer change that way (no elector).
+    async fn until_leading_is(&self, want: bool) -> bool {
+        let mut rx = self.leading_rx.clone();
+        rx.wait_for(|l| *l == want).await.is_ok()
     }
 
     /// Sharded, this replica's share grew to a gone member's targets:
