@@ -910,7 +910,11 @@ async fn sharded_replicas_notify_a_group_once() {
             Arc::new(sink),
         );
         let started = op.clone();
-        tokio::spawn(async move { started.start().await.unwrap() });
+        // As `runbook run` does: start, then follow the Lease and the ring.
+        tokio::spawn(async move {
+            started.start().await.unwrap();
+            started.follow_leadership().await
+        });
         op
     };
     // Each notification: (firing names, resolved names).

@@ -481,7 +481,11 @@ async fn sharded_replicas_share_the_targets() {
         op.ctx.set_journal(journal.clone());
         journals.lock().unwrap().push((id.to_string(), journal));
         let started = op.clone();
-        tokio::spawn(async move { started.start().await.unwrap() });
+        // As `runbook run` does: start, then follow the Lease and the ring.
+        tokio::spawn(async move {
+            started.start().await.unwrap();
+            started.follow_leadership().await
+        });
         op
     };
     let widgets = widgets(&c);
@@ -1449,7 +1453,11 @@ async fn sharded_replicas_share_a_cluster_scoped_kind() {
             sharded(&c, id),
         );
         let started = op.clone();
-        tokio::spawn(async move { started.start().await.unwrap() });
+        // As `runbook run` does: start, then follow the Lease and the ring.
+        tokio::spawn(async move {
+            started.start().await.unwrap();
+            started.follow_leadership().await
+        });
         op
     };
     let (a, b) = (replica("a"), replica("b"));

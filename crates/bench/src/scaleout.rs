@@ -123,9 +123,12 @@ pub async fn replica_child(args: &[String]) {
     op.ctx
         .set_journal(Arc::new(Printer(Mutex::new(std::io::stdout()))));
     let started = op.clone();
+    // As `runbook run` does: start, then follow the Lease (and, sharded,
+    // the ring's gone members) until stopped.
     tokio::spawn(async move {
         started.start().await.expect("the replica starts");
         println!("LEADING");
+        started.follow_leadership().await;
     });
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {

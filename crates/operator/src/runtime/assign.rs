@@ -207,8 +207,12 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
         }
         // Replicas that start together join one after another, and none
         // joins while a member's targets are decided as a gone member's.
+        // A replica's look at the members serves it for a lease duration
+        // (see `takeover::gate`), so none joins until a lease duration
+        // after the last gone member's targets were all placed: no look
+        // that still counts a member gone is used once it is back.
         let settling = joined.values().any(|t| t.elapsed() < settle);
-        let quiet = none_gone.is_some_and(|t| t.elapsed() >= settle);
+        let quiet = none_gone.is_some_and(|t| t.elapsed() >= ring.duration);
         if placing.as_ref().is_some_and(|p| p.is_finished())
             && let Some(done) = placing.take()
         {
@@ -275,10 +279,8 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let _ = election.await;
 }
 
-/// How long members that join wait for others starting with them, and how
-/// long none may be gone before one joins; also how recent a look must be
-/// for a replica to decide for a gone member's targets (`takeover`).
-pub(super) fn settle(lease: std::time::Duration) -> std::time::Duration {
+/// How long members that join wait for others starting with them.
+fn settle(lease: std::time::Duration) -> std::time::Duration {
     (lease / 5).clamp(
         std::time::Duration::from_millis(200),
         std::time::Duration::from_secs(3),

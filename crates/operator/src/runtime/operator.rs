@@ -725,12 +725,20 @@ impl Operator {
     /// its caches and watches take in their labels, its caches first, so
     /// that their decisions see their children.
     async fn reselect(&self) {
+        let began = Instant::now();
         let set = self.ctx.policies.load_full();
         self.ensure_informers(&set);
         self.wait_informers().await;
+        let filled = began.elapsed();
         if self.is_leading() {
             self.ensure_controllers(&set).await;
         }
+        tracing::info!(
+            gone = ?self.ctx.running.placement.watched(),
+            caches_ms = filled.as_millis() as u64,
+            watches_ms = (began.elapsed() - filled).as_millis() as u64,
+            "watching the gone members' labels too"
+        );
     }
 
     /// Resolves when this instance stops leading (after having led);

@@ -361,7 +361,7 @@ pub(super) async fn reconcile(
         let label = labels.and_then(|l| l.get(runbook_core::shard::SHARD_LABEL));
         let ring_key =
             runbook_core::shard::key(kind.group(), &kind.kind, &key.namespace, &key.name);
-        let fresh = super::assign::settle(lease.duration);
+        let fresh = lease.duration;
         match ctx.running.placement.gate(
             &ctx.config.identity,
             label.map(String::as_str),

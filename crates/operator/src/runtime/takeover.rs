@@ -151,7 +151,10 @@ pub struct Knowledge<'a> {
 ///   being placed elsewhere), judged from a look after it began leading.
 /// - A gone member's label: yes where the published ring places the
 ///   target on this replica, the member's Lease is not live by this
-///   replica's own clock, and the look is recent.
+///   replica's own clock, and the look is recent (`fresh`: a lease
+///   duration; the assigner lets no member join until that long after
+///   the last gone member's targets are placed, so a look that counts a
+///   member gone is never used once it is back).
 /// - Anything else: no.
 pub fn gate(k: &Knowledge<'_>, now: Instant, label: Option<&str>, key: &str) -> Gate {
     let Some(label) = label else {
@@ -254,7 +257,7 @@ mod tests {
             published: &w.published,
             ring: &w.ring,
             gained: None,
-            fresh: Duration::from_secs(2),
+            fresh: Duration::from_secs(10),
         };
         gate(&knowledge, now, label, k)
     }
@@ -293,7 +296,7 @@ mod tests {
         assert_eq!(decide(&w, "a", Some("d"), &k, now), Gate::NotYet);
         // A look too old to act on.
         let w = world(&["a", "b"], &["a", "b"], &["d"], now);
-        let later = now + Duration::from_secs(3);
+        let later = now + Duration::from_secs(11);
         assert_eq!(decide(&w, "a", Some("d"), &k, later), Gate::NotYet);
         assert_eq!(decide(&w, "a", Some("d"), &k, now), Gate::Decide);
         // Not published gone (a label nobody knows): placed first.
@@ -320,7 +323,7 @@ mod tests {
             published: &w.published,
             ring: &w.ring,
             gained: Some(now + Duration::from_millis(1)),
-            fresh: Duration::from_secs(2),
+            fresh: Duration::from_secs(10),
         };
         assert_eq!(gate(&knowledge, now, Some("d"), &k), Gate::NotYet);
     }
