@@ -18,7 +18,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -26,12 +26,13 @@ use kube::Api;
 use kube::api::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
+use kube::runtime::controller::Action;
 use serde_json::json;
 
 use super::context::Context;
-use super::leader::{Elector, LeaseConfig};
+use super::leader::{Elector, LeaseConfig, look_every};
 use super::members::{Members, Published, published_name};
-use super::takeover::next_ring;
+use super::takeover::{Gate, next_ring};
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
@@ -115,17 +116,48 @@ fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObj
     }
 }
 
+/// Whether this replica, sharded, decides for a target now; `Some`: it
+/// does not, and the reconcile ends with this action. A target moving
+/// to another replica is let go, undecided; otherwise only its own
+/// targets and those of gone members the published ring places here are
+/// decided (`takeover`).
+pub(super) async fn admit(
+    ctx: &Context,
+    kind: &KindRef,
+    namespace: &str,
+    name: &str,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<Action> {
+    let lease = ctx.config.lease.as_ref().filter(|_| ctx.config.shards)?;
+    match let_go(ctx, kind, namespace, name, labels).await {
+        Some(true) => return Some(Action::await_change()),
+        Some(false) => return Some(Action::requeue(Duration::from_secs(1))),
+        None => {}
+    }
+    let label = labels.and_then(|l| l.get(SHARD_LABEL)).map(String::as_str);
+    let ring_key = || key(kind.group(), &kind.kind, namespace, name);
+    match ctx
+        .running
+        .placement
+        .gate(&ctx.config.identity, label, ring_key, lease.duration)
+    {
+        Gate::Decide => None,
+        Gate::NotMine => Some(Action::await_change()),
+        Gate::NotYet => Some(Action::requeue(look_every(lease.duration))),
+    }
+}
+
 /// The member's side of a move: a target labelled to drain is let go
 /// (both labels off) and not decided for. `None`: it is not draining;
 /// `Some(true)`: let go; `Some(false)`: letting go failed (try again).
-pub async fn let_go(
+async fn let_go(
     ctx: &Context,
     kind: &KindRef,
     namespace: &str,
     name: &str,
     labels: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Option<bool> {
-    if !ctx.config.shards || !labels.is_some_and(|l| l.contains_key(DRAIN_LABEL)) {
+    if !labels.is_some_and(|l| l.contains_key(DRAIN_LABEL)) {
         return None;
     }
     let patch = json!({"metadata": {"labels": {SHARD_LABEL: null, DRAIN_LABEL: null}}});
@@ -280,11 +312,8 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
 }
 
 /// How long members that join wait for others starting with them.
-fn settle(lease: std::time::Duration) -> std::time::Duration {
-    (lease / 5).clamp(
-        std::time::Duration::from_millis(200),
-        std::time::Duration::from_secs(3),
-    )
+fn settle(lease: Duration) -> Duration {
+    (lease / 5).clamp(Duration::from_millis(200), Duration::from_secs(3))
 }
 
 /// Write the ring the assigner places by, where it changed; returns it as

@@ -341,13 +341,9 @@ impl Operator {
             let stale: Vec<KindRef> = targets
                 .iter()
                 .filter(|(k, t)| {
-                    !wanted.contains(k)
-                        || t.selector != set.watch_selector(k)
-                        || t.watch
-                            != super::assign::watch_selector(
-                                &self.ctx,
-                                set.watch_selector(k).as_deref(),
-                            )
+                    let watch =
+                        super::assign::watch_selector(&self.ctx, set.watch_selector(k).as_deref());
+                    !wanted.contains(k) || t.watch != watch
                 })
                 .map(|(k, _)| k.clone())
                 .collect();

@@ -348,32 +348,11 @@ pub(super) async fn reconcile(
         ctx.metrics.queue_depth.set(pending.len() as i64);
     }
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
-    // Sharded: a target moving to another replica is let go, undecided.
+    // Sharded: a target moving away, or not this replica's, is left.
     let labels = obj.meta.labels.as_ref();
-    match super::assign::let_go(&ctx, &kind, &key.namespace, &key.name, labels).await {
-        Some(true) => return Ok(Action::await_change()),
-        Some(false) => return Ok(Action::requeue(Duration::from_secs(1))),
-        None => {}
-    }
-    // Sharded: only this replica's own targets, and those of gone members
-    // the published ring places here.
-    if let Some(lease) = ctx.config.lease.as_ref().filter(|_| ctx.config.shards) {
-        let label = labels.and_then(|l| l.get(runbook_core::shard::SHARD_LABEL));
-        let ring_key =
-            runbook_core::shard::key(kind.group(), &kind.kind, &key.namespace, &key.name);
-        let fresh = lease.duration;
-        match ctx.running.placement.gate(
-            &ctx.config.identity,
-            label.map(String::as_str),
-            &ring_key,
-            fresh,
-        ) {
-            super::takeover::Gate::Decide => {}
-            super::takeover::Gate::NotMine => return Ok(Action::await_change()),
-            super::takeover::Gate::NotYet => {
-                return Ok(Action::requeue(super::leader::look_every(lease.duration)));
-            }
-        }
+    if let Some(action) = super::assign::admit(&ctx, &kind, &key.namespace, &key.name, labels).await
+    {
+        return Ok(action);
     }
     pass_on_change(&ctx, &kind, &key, &obj);
     if let Some(why) = &obj.undecodable {

@@ -108,7 +108,13 @@ impl Placement {
     }
 
     /// `gate` with what this replica knows now.
-    pub fn gate(&self, me: &str, label: Option<&str>, key: &str, fresh: Duration) -> Gate {
+    pub fn gate(
+        &self,
+        me: &str,
+        label: Option<&str>,
+        key: impl FnOnce() -> String,
+        fresh: Duration,
+    ) -> Gate {
         let seen = lock(&self.seen);
         let gained = *lock(&self.gained);
         let Some(s) = seen.as_ref() else {
@@ -144,7 +150,7 @@ pub struct Knowledge<'a> {
 }
 
 /// Whether this replica decides for a target labelled `label` whose ring
-/// key is `key`:
+/// key `key` gives (built only for a gone member's target):
 ///
 /// - Its own label: yes, unless the published ring counts it gone (a
 ///   replica that came back under the same identity: its targets are
@@ -156,7 +162,12 @@ pub struct Knowledge<'a> {
 ///   the last gone member's targets are placed, so a look that counts a
 ///   member gone is never used once it is back).
 /// - Anything else: no.
-pub fn gate(k: &Knowledge<'_>, now: Instant, label: Option<&str>, key: &str) -> Gate {
+pub fn gate(
+    k: &Knowledge<'_>,
+    now: Instant,
+    label: Option<&str>,
+    key: impl FnOnce() -> String,
+) -> Gate {
     let Some(label) = label else {
         return Gate::NotMine;
     };
@@ -179,7 +190,7 @@ pub fn gate(k: &Knowledge<'_>, now: Instant, label: Option<&str>, key: &str) -> 
     if k.view.live.contains(label) || now.duration_since(k.view.at) > k.fresh {
         return Gate::NotYet;
     }
-    match k.ring.owner(key) == Some(k.me) {
+    match k.ring.owner(&key()) == Some(k.me) {
         true => Gate::Decide,
         false => Gate::NotMine,
     }
@@ -259,7 +270,7 @@ mod tests {
             gained: None,
             fresh: Duration::from_secs(10),
         };
-        gate(&knowledge, now, label, k)
+        gate(&knowledge, now, label, || k.to_string())
     }
 
     /// Every survivor decides with the same published ring: each of the
@@ -325,7 +336,7 @@ mod tests {
             gained: Some(now + Duration::from_millis(1)),
             fresh: Duration::from_secs(10),
         };
-        assert_eq!(gate(&knowledge, now, Some("d"), &k), Gate::NotYet);
+        assert_eq!(gate(&knowledge, now, Some("d"), || k.clone()), Gate::NotYet);
     }
 
     #[test]
