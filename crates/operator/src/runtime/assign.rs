@@ -51,17 +51,29 @@ const PAGE: u32 = 500;
 /// more than 16 at 10,000 targets on the sandbox, for no faster start).
 const PLACING_AT_ONCE: usize = 16;
 
-/// The selector of the targets a sharded replica watches, with the
-/// policies' own (`selector`); unchanged without `--shards`.
+/// The selector of the targets a sharded replica watches for its own
+/// share, with the policies' own (`selector`); unchanged without
+/// `--shards`. Those of gone members are watched beside (`shares`).
 pub fn watch_selector(ctx: &Context, selector: Option<&str>) -> Option<String> {
     if !ctx.config.shards {
         return selector.map(str::to_string);
     }
-    let own = shard_selector(ctx);
-    Some(match selector {
-        Some(s) if !s.is_empty() => format!("{s},{own}"),
-        _ => own,
-    })
+    let own = format!("{SHARD_LABEL}={}", ctx.config.identity);
+    Some(with_policies(selector, own))
+}
+
+/// The selector of the targets of gone members (`labels`) a sharded
+/// replica watches beside its own (`shares`), with the policies' own.
+pub fn gone_selector(selector: Option<&str>, labels: &BTreeSet<String>) -> String {
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    with_policies(selector, format!("{SHARD_LABEL} in ({})", labels.join(",")))
+}
+
+fn with_policies(selector: Option<&str>, shard: String) -> String {
+    match selector {
+        Some(s) if !s.is_empty() => format!("{s},{shard}"),
+        _ => shard,
+    }
 }
 
 /// Whether `identity` can name a replica's share: it is the value of the

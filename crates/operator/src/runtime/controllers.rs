@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::context::{Context, TargetController};
 use super::reconcile::{error_policy, panic_message, reconcile};
 use crate::observe::RawObject;
-use crate::observe::health::{WatchBackoff, report_watch};
+use crate::observe::health::{WatchBackoff, WatchHealth, report_watch};
 use crate::observe::index::TargetIndex;
 use crate::telemetry::Metrics;
 use crate::util::channel;
@@ -60,12 +60,25 @@ pub(super) fn spawn_target(
     let reader = writer.as_reader();
     // Lists of the kind read this index, kept from the same events.
     let index = Arc::new(TargetIndex::default());
-    // Sharded, only this replica's own targets.
+    // Sharded, only this replica's own targets; those of gone members
+    // by a watch beside it (`shares`).
     let watch = super::assign::watch_selector(ctx, selector.as_deref());
-    let objects = reflector::reflector(
-        writer,
-        watched(ctx, k, api, &ar, watch.as_deref(), index.clone()),
-    )
+    let config = watch_config(watch.as_deref(), ctx.config.shards);
+    let health = ctx.health.watches.clone();
+    let own = watched(health, k.to_string(), (api.clone(), &ar), config).boxed();
+    let events = match ctx.config.shards {
+        true => super::shares::Shares::new(
+            (ctx.config.identity.clone(), k.to_string()),
+            own,
+            gone_watch(ctx, k, api, &ar, selector.clone()),
+            ctx.running.placement.targets_gone.subscribe(),
+            (reader.clone(), ar.clone()),
+        )
+        .into_stream()
+        .boxed(),
+        false => own,
+    };
+    let objects = reflector::reflector(writer, indexed(ctx, k, events, index.clone()))
     .applied_objects();
     let controller = Controller::for_stream_with(objects, reader, ar)
         .trigger_backoff(WatchBackoff::default())
@@ -96,28 +109,61 @@ pub(super) fn spawn_target(
     }
 }
 
-/// The watch of a target kind: its health reported, each listed object
-/// stamped with the kind, and every event kept in the kind's index.
+/// A watch of a target kind: its health reported as `name`, and each
+/// listed object stamped with the kind.
 fn watched(
+    health: Arc<WatchHealth>,
+    name: String,
+    (api, ar): (Api<RawObject>, &kube::core::ApiResource),
+    config: watcher::Config,
+) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
+    let typed = ar.clone();
+    watcher::watcher(api, config).map(move |e| {
+        report_watch(&health, &name, e.as_ref().err());
+        e.map(|e| e.modify(|o| o.stamp(&typed)))
+    })
+}
+
+/// Sharded, the start of the watch of the gone members' targets of a
+/// kind (`shares`): retried with its own backoff, its health reported
+/// beside the kind's own watch, and cleared when no member is gone.
+fn gone_watch(
     ctx: &Context,
     k: &KindRef,
     api: Api<RawObject>,
     ar: &kube::core::ApiResource,
-    selector: Option<&str>,
+    selector: Option<String>,
+) -> super::shares::StartGone {
+    let name = format!("{k} (the gone members' targets)");
+    let (health, ar) = (ctx.health.watches.clone(), ar.clone());
+    Box::new(move |labels| {
+        if labels.is_empty() {
+            report_watch(&health, &name, None);
+            return None;
+        }
+        let selector = super::assign::gone_selector(selector.as_deref(), labels);
+        let config = watch_config(Some(&selector), true);
+        let watch = watched(health.clone(), name.clone(), (api.clone(), &ar), config);
+        Some(watch.default_backoff().boxed())
+    })
+}
+
+/// A target kind's events, after any merging: each kept in the kind's
+/// index, and a deleted child of another namespace's target told to it.
+fn indexed(
+    ctx: &Context,
+    k: &KindRef,
+    events: impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static,
     index: Arc<TargetIndex>,
 ) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
-    let (health, watch_name, typed) = (ctx.health.watches.clone(), k.to_string(), ar.clone());
     let (changes, kind) = (ctx.queue.changes.clone(), k.clone());
-    watcher::watcher(api, watch_config(selector, ctx.config.shards)).map(move |e| {
-        report_watch(&health, &watch_name, e.as_ref().err());
-        let e = e.map(|e| e.modify(|o| o.stamp(&typed)));
-        if let Ok(event) = &e {
+    events.inspect(move |e| {
+        if let Ok(event) = e {
             index.observe(event);
             if let watcher::Event::Delete(o) = event {
                 gone_elsewhere(&changes, &kind, o);
             }
         }
-        e
     })
 }
 

@@ -12,6 +12,7 @@ pub mod leader;
 pub mod members;
 pub mod operator;
 mod reconcile;
+mod shares;
 pub mod takeover;
 mod unchanged;
 pub mod webhook;

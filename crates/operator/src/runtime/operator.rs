@@ -718,21 +718,20 @@ impl Operator {
     }
 
     /// Sharded, this replica's share grew to a gone member's targets:
-    /// its caches and watches take in their labels, its caches first, so
-    /// that their decisions see their children.
+    /// its caches take in their labels, and then its target controllers
+    /// watch their targets beside its own (`shares`), so that their
+    /// decisions see their children.
     async fn reselect(&self) {
         let began = Instant::now();
         let set = self.ctx.policies.load_full();
         self.ensure_informers(&set);
         self.wait_informers().await;
-        let filled = began.elapsed();
-        if self.is_leading() {
-            self.ensure_controllers(&set).await;
-        }
+        let placement = &self.ctx.running.placement;
+        let gone = placement.watched();
+        placement.targets_gone.send_replace(gone.clone());
         tracing::info!(
-            gone = ?self.ctx.running.placement.watched(),
-            caches_ms = filled.as_millis() as u64,
-            watches_ms = (began.elapsed() - filled).as_millis() as u64,
+            ?gone,
+            caches_ms = began.elapsed().as_millis() as u64,
             "watching the gone members' labels too"
         );
     }

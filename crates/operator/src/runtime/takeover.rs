@@ -11,8 +11,8 @@
 //!   labelled elsewhere yet. A member is moved from the one to the other
 //!   once every replica counts it gone, which is after it stopped acting
 //!   on its own account (see `members`).
-//! - Every replica watches its own label and the gone members' labels,
-//!   and decides for a target labelled for a gone member when the
+//! - Every replica watches its own label and, beside it, the gone
+//!   members' labels (`shares`), and decides for a target labelled for a gone member when the
 //!   published ring places it on this replica. All replicas read the same
 //!   published ring, so exactly one decides for each such target.
 //! - The assigner adds members to the ring only while no member is gone:
@@ -55,8 +55,11 @@ pub struct Placement {
     gained: Mutex<Option<Instant>>,
     /// The gone members whose labels this replica's watches include.
     watched: Mutex<BTreeSet<String>>,
-    /// Told when `watched` grew: the watches are started again with it.
+    /// Told when `watched` grew: the caches are listed again with it.
     pub reselect: Notify,
+    /// The gone members whose targets the target controllers watch
+    /// (`shares`): `watched`, once the caches hold their children.
+    pub targets_gone: tokio::sync::watch::Sender<BTreeSet<String>>,
 }
 
 struct Seen {

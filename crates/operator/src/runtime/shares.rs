@@ -1,0 +1,547 @@
+//! A sharded replica's watch of a target kind: its own label, and beside
+//! it the labels of the members gone whose targets it may decide for
+//! (`takeover`), both feeding the one store of the kind's controller.
+//!
+//! The own watch runs as long as the controller. The gone watch is started
+//! again whenever the set of gone members changes, and lists only their
+//! targets: taking over neither lists nor decides this replica's own share
+//! again, as a controller started again with a wider selector would.
+//!
+//! The reflector's store holds what either watch last said. A relist
+//! replaces the whole store, which would drop the other watch's objects,
+//! so after the first list each watch's relist is passed on as applies
+//! and the deletions it implies. An object moving from a gone label to
+//! this replica's own shows up in both watches, in either order; the
+//! store keeps what the own watch says of it.
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use kube::core::ApiResource;
+use kube::runtime::reflector::{Lookup, Store};
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::observe::RawObject;
+use runbook_core::shard::SHARD_LABEL;
+
+pub(super) type WatchResult = Result<Event<RawObject>, watcher::Error>;
+pub(super) type Watch = BoxStream<'static, WatchResult>;
+
+/// Starts the watch of the given gone members' labels; `None` for none
+/// (the last one's health is cleared then).
+pub(super) type StartGone = Box<dyn Fn(&BTreeSet<String>) -> Option<Watch> + Send>;
+
+/// Where an object is held in the store from: the shard label it carries.
+fn label(o: &RawObject) -> Option<&str> {
+    o.meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SHARD_LABEL))
+        .map(String::as_str)
+}
+
+type Key = (Option<String>, String);
+
+fn key(o: &RawObject) -> Key {
+    (o.meta.namespace.clone(), o.meta.name.clone().unwrap_or_default())
+}
+
+/// The merged watch; see the module's documentation.
+pub(super) struct Shares {
+    me: String,
+    kind: String,
+    own: Watch,
+    /// Whether the own watch's first list reached the store.
+    own_listed: bool,
+    /// What the own watch's relist has listed so far.
+    own_relist: Option<HashSet<Key>>,
+    gone: Option<Watch>,
+    /// The gone members the gone watch selects.
+    gone_labels: BTreeSet<String>,
+    /// What the gone watch's list has listed so far, since when.
+    gone_list: Option<(HashSet<Key>, Instant)>,
+    start_gone: StartGone,
+    /// The gone members to watch the labels of; `None` once nothing
+    /// tells of them any more.
+    watched: Option<watch::Receiver<BTreeSet<String>>>,
+    store: Store<RawObject>,
+    resource: ApiResource,
+    out: VecDeque<WatchResult>,
+}
+
+impl Shares {
+    pub(super) fn new(
+        (me, kind): (String, String),
+        own: Watch,
+        start_gone: StartGone,
+        watched: watch::Receiver<BTreeSet<String>>,
+        (store, resource): (Store<RawObject>, ApiResource),
+    ) -> Self {
+        Self {
+            me,
+            kind,
+            own,
+            own_listed: false,
+            own_relist: None,
+            gone: None,
+            gone_labels: BTreeSet::new(),
+            gone_list: None,
+            start_gone,
+            watched: Some(watched),
+            store,
+            resource,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The merged events, one at a time: the reflector applies each
+    /// before the next is made, so the store is looked at as it is.
+    pub(super) fn into_stream(self) -> impl Stream<Item = WatchResult> + Send + 'static {
+        futures::stream::unfold(self, |mut s| async move {
+            let next = s.next().await?;
+            Some((next, s))
+        })
+    }
+
+    async fn next(&mut self) -> Option<WatchResult> {
+        loop {
+            if let Some(e) = self.out.pop_front() {
+                return Some(e);
+            }
+            let listed = self.own_listed;
+            let (own, gone, watched) = (&mut self.own, &mut self.gone, &mut self.watched);
+            let gone = async {
+                match gone.as_mut() {
+                    Some(g) => g.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let changed = async {
+                match watched.as_mut() {
+                    Some(w) => w.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            enum Step {
+                Own(Option<WatchResult>),
+                Gone(Option<WatchResult>),
+                Changed(bool),
+            }
+            let step = tokio::select! {
+                biased;
+                e = own.next() => Step::Own(e),
+                ok = changed, if listed => Step::Changed(ok),
+                e = gone, if listed => Step::Gone(e),
+            };
+            match step {
+                // The own watch ending ends the controller (its supervisor
+                // starts it again).
+                Step::Own(None) => return None,
+                Step::Own(Some(e)) => self.on_own(e),
+                Step::Gone(Some(e)) => self.on_gone(e),
+                // A watcher does not end; were it to, the next change of
+                // the gone members starts another.
+                Step::Gone(None) => self.gone = None,
+                Step::Changed(true) => self.follow(),
+                Step::Changed(false) => self.watched = None,
+            }
+        }
+    }
+
+    fn held(&self, o: &RawObject) -> Option<std::sync::Arc<RawObject>> {
+        self.store.get(&o.to_object_ref(self.resource.clone()))
+    }
+
+    /// Whether the store holds this object as the own watch last said it.
+    fn held_as_own(&self, o: &RawObject) -> bool {
+        self.held(o).is_some_and(|h| label(&h) == Some(&self.me))
+    }
+
+    fn on_own(&mut self, e: WatchResult) {
+        let e = match e {
+            Ok(e) => e,
+            Err(e) => return self.out.push_back(Err(e)),
+        };
+        if !self.own_listed {
+            // The first list fills the store as any reflector's does; the
+            // gone watch starts after it.
+            let done = matches!(e, Event::InitDone);
+            self.out.push_back(Ok(e));
+            if done {
+                self.own_listed = true;
+                self.follow();
+            }
+            return;
+        }
+        match e {
+            Event::Init => self.own_relist = Some(HashSet::new()),
+            Event::InitApply(o) => {
+                if let Some(seen) = self.own_relist.as_mut() {
+                    seen.insert(key(&o));
+                }
+                self.out.push_back(Ok(Event::Apply(o)));
+            }
+            Event::InitDone => {
+                let seen = self.own_relist.take().unwrap_or_default();
+                let me = self.me.clone();
+                self.sweep(|o| label(o) == Some(&me) && !seen.contains(&key(o)));
+            }
+            Event::Apply(o) => self.out.push_back(Ok(Event::Apply(o))),
+            // Held as a gone member's target (the object went from this
+            // replica's label to a gone member's, and the gone watch said
+            // so first): the gone watch's word stands.
+            Event::Delete(o) => match self.held(&o) {
+                Some(h) if label(&h) != Some(&self.me) => {}
+                _ => self.out.push_back(Ok(Event::Delete(o))),
+            },
+        }
+    }
+
+    fn on_gone(&mut self, e: WatchResult) {
+        // Its failures are reported and retried with a backoff where the
+        // watch is made (`StartGone`); the controller never sees them.
+        let Ok(e) = e else { return };
+        match e {
+            Event::Init => self.gone_list = Some((HashSet::new(), Instant::now())),
+            Event::InitApply(o) => {
+                if let Some((seen, _)) = self.gone_list.as_mut() {
+                    seen.insert(key(&o));
+                }
+                // Already held as it is (the gone members changed, and
+                // this one's targets are listed again): nothing new to
+                // decide.
+                let same = self.held(&o).is_some_and(|h| {
+                    label(&h) != Some(&self.me)
+                        && h.meta.resource_version == o.meta.resource_version
+                });
+                if !same && !self.held_as_own(&o) {
+                    self.out.push_back(Ok(Event::Apply(o)));
+                }
+            }
+            Event::InitDone => {
+                let Some((seen, began)) = self.gone_list.take() else {
+                    return;
+                };
+                let me = self.me.clone();
+                self.sweep(|o| label(o) != Some(&me) && !seen.contains(&key(o)));
+                tracing::info!(
+                    kind = %self.kind,
+                    gone = ?self.gone_labels,
+                    targets = seen.len(),
+                    ms = began.elapsed().as_millis() as u64,
+                    "listed the gone members' targets"
+                );
+            }
+            // The own watch's word stands for an object it holds.
+            Event::Apply(o) | Event::Delete(o) if self.held_as_own(&o) => {}
+            e => self.out.push_back(Ok(e)),
+        }
+    }
+
+    /// The gone members changed: watch theirs instead.
+    fn follow(&mut self) {
+        let Some(watched) = self.watched.as_mut() else {
+            return;
+        };
+        let labels = watched.borrow_and_update().clone();
+        if labels == self.gone_labels && (self.gone.is_some() || labels.is_empty()) {
+            return;
+        }
+        self.gone_list = None;
+        self.gone = (self.start_gone)(&labels);
+        self.gone_labels = labels;
+        if self.gone.is_none() {
+            // Nobody's targets but this replica's own any more.
+            let me = self.me.clone();
+            self.sweep(|o| label(o) != Some(&me));
+        }
+    }
+
+    /// Pass on the deletion of every object held that `gone` picks.
+    fn sweep(&mut self, gone: impl Fn(&RawObject) -> bool) {
+        for o in self.store.state_filter(gone) {
+            self.out.push_back(Ok(Event::Delete((*o).clone())));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::channel::mpsc;
+    use kube::runtime::reflector;
+    use std::sync::{Arc, Mutex};
+
+    fn resource() -> ApiResource {
+        ApiResource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            api_version: "example.com/v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+        }
+    }
+
+    fn object(name: &str, shard: &str, version: &str) -> RawObject {
+        RawObject::from_value(serde_json::json!({
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "resourceVersion": version,
+                "labels": {SHARD_LABEL: shard},
+            },
+        }))
+    }
+
+    type Sender = mpsc::UnboundedSender<WatchResult>;
+
+    /// The merged watch, with its store and what it passed on, driven by
+    /// hand: the own watch and each gone watch started are channels.
+    struct Rig {
+        own: Sender,
+        gone: Arc<Mutex<Vec<(BTreeSet<String>, Sender)>>>,
+        watched: watch::Sender<BTreeSet<String>>,
+        store: Store<RawObject>,
+        events: BoxStream<'static, WatchResult>,
+        passed: Vec<String>,
+    }
+
+    impl Rig {
+        fn new() -> Self {
+            let (own, own_rx) = mpsc::unbounded();
+            let gone = Arc::new(Mutex::new(Vec::new()));
+            let started = gone.clone();
+            let start: StartGone = Box::new(move |labels: &BTreeSet<String>| {
+                if labels.is_empty() {
+                    return None;
+                }
+                let (tx, rx) = mpsc::unbounded();
+                started.lock().unwrap().push((labels.clone(), tx));
+                Some(rx.boxed())
+            });
+            let (watched, watched_rx) = watch::channel(BTreeSet::new());
+            let writer = reflector::store::Writer::<RawObject>::new(resource());
+            let store = writer.as_reader();
+            let shares = Shares::new(
+                ("me".into(), "Widget".into()),
+                own_rx.boxed(),
+                start,
+                watched_rx,
+                (store.clone(), resource()),
+            );
+            let events = reflector::reflector(writer, shares.into_stream()).boxed();
+            Self {
+                own,
+                gone,
+                watched,
+                store,
+                events,
+                passed: Vec::new(),
+            }
+        }
+
+        fn own(&self, events: Vec<Event<RawObject>>) {
+            for e in events {
+                self.own.unbounded_send(Ok(e)).unwrap();
+            }
+        }
+
+        /// Send to the gone watch started last.
+        fn gone(&self, events: Vec<Event<RawObject>>) {
+            let gone = self.gone.lock().unwrap();
+            let (_, tx) = gone.last().expect("a gone watch was started");
+            for e in events {
+                tx.unbounded_send(Ok(e)).unwrap();
+            }
+        }
+
+        fn started(&self) -> Vec<BTreeSet<String>> {
+            self.gone.lock().unwrap().iter().map(|(l, _)| l.clone()).collect()
+        }
+
+        /// Let everything sent so far through.
+        async fn settle(&mut self) {
+            while let Ok(Some(e)) =
+                tokio::time::timeout(std::time::Duration::from_millis(50), self.events.next())
+                    .await
+            {
+                self.passed.push(match e.unwrap() {
+                    Event::Apply(o) => format!("apply {}", o.meta.name.unwrap()),
+                    Event::Delete(o) => format!("delete {}", o.meta.name.unwrap()),
+                    Event::InitApply(o) => format!("listed {}", o.meta.name.unwrap()),
+                    Event::Init => "init".into(),
+                    Event::InitDone => "done".into(),
+                });
+            }
+        }
+
+        fn passed(&mut self) -> Vec<String> {
+            std::mem::take(&mut self.passed)
+        }
+
+        /// The store: name and shard label of each object, sorted.
+        fn held(&self) -> Vec<String> {
+            let mut held: Vec<String> = self
+                .store
+                .state()
+                .iter()
+                .map(|o| format!("{}:{}", o.meta.name.clone().unwrap(), label(o).unwrap()))
+                .collect();
+            held.sort();
+            held
+        }
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_gone_members_targets_join_the_own_share_without_listing_it_again() {
+        let mut rig = Rig::new();
+        // Gone members known before the own list is done wait for it.
+        rig.watched.send(set(&["g"])).unwrap();
+        rig.own(vec![Event::Init, Event::InitApply(object("a", "me", "1"))]);
+        rig.settle().await;
+        assert!(rig.started().is_empty());
+        rig.own(vec![Event::InitApply(object("b", "me", "1")), Event::InitDone]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["init", "listed a", "listed b", "done"]);
+        assert_eq!(rig.started(), [set(&["g"])]);
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("c", "g", "1")),
+            Event::InitApply(object("d", "g", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        // Only the gone member's targets are decided, and the own stay.
+        assert_eq!(rig.passed(), ["apply c", "apply d"]);
+        assert_eq!(rig.held(), ["a:me", "b:me", "c:g", "d:g"]);
+    }
+
+    #[tokio::test]
+    async fn an_object_moving_to_the_own_label_is_kept_whichever_watch_tells_first() {
+        let mut rig = Rig::new();
+        rig.watched.send(set(&["g"])).unwrap();
+        rig.own(vec![Event::Init, Event::InitDone]);
+        rig.settle().await;
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("c", "g", "1")),
+            Event::InitApply(object("d", "g", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        rig.passed();
+        // c: labelled for this replica, the own watch first.
+        rig.own(vec![Event::Apply(object("c", "me", "2"))]);
+        rig.settle().await;
+        rig.gone(vec![Event::Delete(object("c", "g", "2"))]);
+        rig.settle().await;
+        // d: the gone watch first.
+        rig.gone(vec![Event::Delete(object("d", "g", "2"))]);
+        rig.settle().await;
+        rig.own(vec![Event::Apply(object("d", "me", "2"))]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["apply c", "delete d", "apply d"]);
+        assert_eq!(rig.held(), ["c:me", "d:me"]);
+        // A late apply from the gone watch does not undo the move.
+        rig.gone(vec![Event::Apply(object("c", "g", "1"))]);
+        rig.settle().await;
+        assert_eq!(rig.held(), ["c:me", "d:me"]);
+    }
+
+    #[tokio::test]
+    async fn relists_drop_only_what_their_own_watch_no_longer_lists() {
+        let mut rig = Rig::new();
+        rig.watched.send(set(&["g"])).unwrap();
+        rig.own(vec![
+            Event::Init,
+            Event::InitApply(object("a", "me", "1")),
+            Event::InitApply(object("b", "me", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("c", "g", "1")),
+            Event::InitApply(object("d", "g", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        rig.passed();
+        // The own watch lists again: b went while it was away.
+        rig.own(vec![
+            Event::Init,
+            Event::InitApply(object("a", "me", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["apply a", "delete b"]);
+        assert_eq!(rig.held(), ["a:me", "c:g", "d:g"]);
+        // So does the gone one: d went.
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("c", "g", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["delete d"]);
+        assert_eq!(rig.held(), ["a:me", "c:g"]);
+    }
+
+    #[tokio::test]
+    async fn the_gone_watch_follows_the_gone_members() {
+        let mut rig = Rig::new();
+        rig.own(vec![
+            Event::Init,
+            Event::InitApply(object("a", "me", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        assert!(rig.started().is_empty());
+        rig.watched.send(set(&["g"])).unwrap();
+        rig.settle().await;
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("c", "g", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        rig.passed();
+        // Another member gone: both are listed, and only the new one's
+        // targets are decided.
+        rig.watched.send(set(&["g", "h"])).unwrap();
+        rig.settle().await;
+        assert_eq!(rig.started(), [set(&["g"]), set(&["g", "h"])]);
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("c", "g", "1")),
+            Event::InitApply(object("e", "h", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["apply e"]);
+        // g's targets are all placed elsewhere now: only h's are listed.
+        rig.watched.send(set(&["h"])).unwrap();
+        rig.settle().await;
+        rig.gone(vec![
+            Event::Init,
+            Event::InitApply(object("e", "h", "1")),
+            Event::InitDone,
+        ]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["delete c"]);
+        // Nobody gone: only the own share is held.
+        rig.watched.send(BTreeSet::new()).unwrap();
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["delete e"]);
+        assert_eq!(rig.held(), ["a:me"]);
+    }
+}
