@@ -78,8 +78,8 @@ pub(super) fn spawn_target(
         .boxed(),
         false => own,
     };
-    let objects = reflector::reflector(writer, indexed(ctx, k, events, index.clone()))
-    .applied_objects();
+    let objects =
+        reflector::reflector(writer, indexed(ctx, k, events, index.clone())).applied_objects();
     let controller = Controller::for_stream_with(objects, reader, ar)
         .trigger_backoff(WatchBackoff::default())
         .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))

@@ -46,7 +46,10 @@ fn label(o: &RawObject) -> Option<&str> {
 type Key = (Option<String>, String);
 
 fn key(o: &RawObject) -> Key {
-    (o.meta.namespace.clone(), o.meta.name.clone().unwrap_or_default())
+    (
+        o.meta.namespace.clone(),
+        o.meta.name.clone().unwrap_or_default(),
+    )
 }
 
 /// The merged watch; see the module's documentation.
@@ -299,12 +302,14 @@ mod tests {
     }
 
     type Sender = mpsc::UnboundedSender<WatchResult>;
+    /// Each gone watch started: its labels, and where its events go.
+    type Started = Arc<Mutex<Vec<(BTreeSet<String>, Sender)>>>;
 
     /// The merged watch, with its store and what it passed on, driven by
     /// hand: the own watch and each gone watch started are channels.
     struct Rig {
         own: Sender,
-        gone: Arc<Mutex<Vec<(BTreeSet<String>, Sender)>>>,
+        gone: Started,
         watched: watch::Sender<BTreeSet<String>>,
         store: Store<RawObject>,
         events: BoxStream<'static, WatchResult>,
@@ -361,14 +366,18 @@ mod tests {
         }
 
         fn started(&self) -> Vec<BTreeSet<String>> {
-            self.gone.lock().unwrap().iter().map(|(l, _)| l.clone()).collect()
+            self.gone
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(l, _)| l.clone())
+                .collect()
         }
 
         /// Let everything sent so far through.
         async fn settle(&mut self) {
             while let Ok(Some(e)) =
-                tokio::time::timeout(std::time::Duration::from_millis(50), self.events.next())
-                    .await
+                tokio::time::timeout(std::time::Duration::from_millis(50), self.events.next()).await
             {
                 self.passed.push(match e.unwrap() {
                     Event::Apply(o) => format!("apply {}", o.meta.name.unwrap()),
@@ -409,7 +418,10 @@ mod tests {
         rig.own(vec![Event::Init, Event::InitApply(object("a", "me", "1"))]);
         rig.settle().await;
         assert!(rig.started().is_empty());
-        rig.own(vec![Event::InitApply(object("b", "me", "1")), Event::InitDone]);
+        rig.own(vec![
+            Event::InitApply(object("b", "me", "1")),
+            Event::InitDone,
+        ]);
         rig.settle().await;
         assert_eq!(rig.passed(), ["init", "listed a", "listed b", "done"]);
         assert_eq!(rig.started(), [set(&["g"])]);
