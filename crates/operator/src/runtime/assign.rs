@@ -65,8 +65,7 @@ pub fn watch_selector(ctx: &Context, selector: Option<&str>) -> Option<String> {
 /// The selector of the targets of gone members (`labels`) a sharded
 /// replica watches beside its own (`shares`), with the policies' own.
 pub fn gone_selector(selector: Option<&str>, labels: &BTreeSet<String>) -> String {
-    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-    with_policies(selector, format!("{SHARD_LABEL} in ({})", labels.join(",")))
+    with_policies(selector, shard_in(labels))
 }
 
 fn with_policies(selector: Option<&str>, shard: String) -> String {
@@ -116,7 +115,12 @@ fn shard_selector(ctx: &Context) -> String {
         return format!("{SHARD_LABEL}={}", ctx.config.identity);
     }
     labels.insert(ctx.config.identity.clone());
-    let labels: Vec<String> = labels.into_iter().collect();
+    shard_in(&labels)
+}
+
+/// The selector of the targets labelled for any of `labels`.
+fn shard_in(labels: &BTreeSet<String>) -> String {
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
     format!("{SHARD_LABEL} in ({})", labels.join(","))
 }
 

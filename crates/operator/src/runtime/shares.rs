@@ -213,14 +213,14 @@ impl Shares {
                 if let Some((seen, _)) = self.gone_list.as_mut() {
                     seen.insert(key(&o));
                 }
-                // Already held as it is (the gone members changed, and
-                // this one's targets are listed again): nothing new to
-                // decide.
-                let same = self.held(&o).is_some_and(|h| {
-                    label(&h) != Some(&self.me)
-                        && h.meta.resource_version == o.meta.resource_version
+                // Held as the own watch said it, or already held as it
+                // is (the gone members changed, and this one's targets
+                // are listed again): nothing new to decide.
+                let skip = self.held(&o).is_some_and(|h| {
+                    label(&h) == Some(&self.me)
+                        || h.meta.resource_version == o.meta.resource_version
                 });
-                if !same && !self.held_as_own(&o) {
+                if !skip {
                     self.out.push_back(Ok(Event::Apply(o)));
                 }
             }
@@ -299,6 +299,17 @@ mod tests {
                 "labels": {SHARD_LABEL: shard},
             },
         }))
+    }
+
+    /// A watch's whole list of `(name, shard)`, at resourceVersion 1.
+    fn list(objects: &[(&str, &str)]) -> Vec<Event<RawObject>> {
+        let listed = objects
+            .iter()
+            .map(|(name, shard)| Event::InitApply(object(name, shard, "1")));
+        std::iter::once(Event::Init)
+            .chain(listed)
+            .chain(std::iter::once(Event::InitDone))
+            .collect()
     }
 
     type Sender = mpsc::UnboundedSender<WatchResult>;
@@ -425,12 +436,7 @@ mod tests {
         rig.settle().await;
         assert_eq!(rig.passed(), ["init", "listed a", "listed b", "done"]);
         assert_eq!(rig.started(), [set(&["g"])]);
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("c", "g", "1")),
-            Event::InitApply(object("d", "g", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("c", "g"), ("d", "g")]));
         rig.settle().await;
         // Only the gone member's targets are decided, and the own stay.
         assert_eq!(rig.passed(), ["apply c", "apply d"]);
@@ -441,14 +447,9 @@ mod tests {
     async fn an_object_moving_to_the_own_label_is_kept_whichever_watch_tells_first() {
         let mut rig = Rig::new();
         rig.watched.send(set(&["g"])).unwrap();
-        rig.own(vec![Event::Init, Event::InitDone]);
+        rig.own(list(&[]));
         rig.settle().await;
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("c", "g", "1")),
-            Event::InitApply(object("d", "g", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("c", "g"), ("d", "g")]));
         rig.settle().await;
         rig.passed();
         // c: labelled for this replica, the own watch first.
@@ -473,36 +474,18 @@ mod tests {
     async fn relists_drop_only_what_their_own_watch_no_longer_lists() {
         let mut rig = Rig::new();
         rig.watched.send(set(&["g"])).unwrap();
-        rig.own(vec![
-            Event::Init,
-            Event::InitApply(object("a", "me", "1")),
-            Event::InitApply(object("b", "me", "1")),
-            Event::InitDone,
-        ]);
+        rig.own(list(&[("a", "me"), ("b", "me")]));
         rig.settle().await;
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("c", "g", "1")),
-            Event::InitApply(object("d", "g", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("c", "g"), ("d", "g")]));
         rig.settle().await;
         rig.passed();
         // The own watch lists again: b went while it was away.
-        rig.own(vec![
-            Event::Init,
-            Event::InitApply(object("a", "me", "1")),
-            Event::InitDone,
-        ]);
+        rig.own(list(&[("a", "me")]));
         rig.settle().await;
         assert_eq!(rig.passed(), ["apply a", "delete b"]);
         assert_eq!(rig.held(), ["a:me", "c:g", "d:g"]);
         // So does the gone one: d went.
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("c", "g", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("c", "g")]));
         rig.settle().await;
         assert_eq!(rig.passed(), ["delete d"]);
         assert_eq!(rig.held(), ["a:me", "c:g"]);
@@ -511,20 +494,12 @@ mod tests {
     #[tokio::test]
     async fn the_gone_watch_follows_the_gone_members() {
         let mut rig = Rig::new();
-        rig.own(vec![
-            Event::Init,
-            Event::InitApply(object("a", "me", "1")),
-            Event::InitDone,
-        ]);
+        rig.own(list(&[("a", "me")]));
         rig.settle().await;
         assert!(rig.started().is_empty());
         rig.watched.send(set(&["g"])).unwrap();
         rig.settle().await;
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("c", "g", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("c", "g")]));
         rig.settle().await;
         rig.passed();
         // Another member gone: both are listed, and only the new one's
@@ -532,22 +507,13 @@ mod tests {
         rig.watched.send(set(&["g", "h"])).unwrap();
         rig.settle().await;
         assert_eq!(rig.started(), [set(&["g"]), set(&["g", "h"])]);
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("c", "g", "1")),
-            Event::InitApply(object("e", "h", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("c", "g"), ("e", "h")]));
         rig.settle().await;
         assert_eq!(rig.passed(), ["apply e"]);
         // g's targets are all placed elsewhere now: only h's are listed.
         rig.watched.send(set(&["h"])).unwrap();
         rig.settle().await;
-        rig.gone(vec![
-            Event::Init,
-            Event::InitApply(object("e", "h", "1")),
-            Event::InitDone,
-        ]);
+        rig.gone(list(&[("e", "h")]));
         rig.settle().await;
         assert_eq!(rig.passed(), ["delete c"]);
         // Nobody gone: only the own share is held.
