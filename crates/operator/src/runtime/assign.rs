@@ -434,15 +434,10 @@ async fn place(
         Pass::New => {}
     }
     for selection in selections {
-        // A page at a time, so that placing many targets costs the
-        // assigner no more memory than a page of their metadata.
-        let mut params = ListParams::default().labels(&selection).limit(PAGE);
-        loop {
-            let page = api.list_metadata(&params).await?;
+        each_page(&api, (&selection, PAGE), |items| async move {
             // Labelled a few at a time: a thousand new targets, or a gone
             // member's share, are placed within the lease duration.
-            let patches: Vec<(Option<String>, String, serde_json::Value)> = page
-                .items
+            let patches: Vec<(Option<String>, String, serde_json::Value)> = items
                 .into_iter()
                 .filter_map(|o| {
                     let patch = placement(kind, &o.metadata, ring, live)?;
@@ -460,13 +455,57 @@ async fn place(
                     }
                 })
                 .await;
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(c) => params = params.continue_token(&c),
-                None => break,
-            }
-        }
+        })
+        .await?;
     }
     Ok(())
+}
+
+/// How many times a look at a selection starts again when its continue
+/// token expired.
+const RESTARTS: u32 = 3;
+
+/// The metadata of the objects a label selection finds, a page at a time
+/// (so that placing many targets costs the assigner no more memory than a
+/// page), each page handed to `each` before the next is asked for. Where
+/// the continue token expired meanwhile (410 Gone, after the API server's
+/// storage was compacted), the look starts again from the first page, up
+/// to `RESTARTS` times: the objects seen again are placed already, and
+/// nothing is done for them twice.
+async fn each_page<F, Fut>(
+    api: &Api<DynamicObject>,
+    (selection, limit): (&str, u32),
+    mut each: F,
+) -> Result<(), kube::Error>
+where
+    F: FnMut(Vec<kube::core::PartialObjectMeta<DynamicObject>>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let first = ListParams::default().labels(selection).limit(limit);
+    let (mut params, mut restarts) = (first.clone(), 0);
+    loop {
+        let page = match api.list_metadata(&params).await {
+            Ok(page) => page,
+            Err(kube::Error::Api(e))
+                if e.code == 410 && params.continue_token.is_some() && restarts < RESTARTS =>
+            {
+                restarts += 1;
+                tracing::info!(
+                    selection,
+                    restarts,
+                    "the list's continue token expired; looking again from the start"
+                );
+                params = first.clone();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        each(page.items).await;
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => params = params.continue_token(&c),
+            None => return Ok(()),
+        }
+    }
 }
 
 /// The label selections that find a kind's unplaced targets: one per
@@ -617,5 +656,96 @@ mod tests {
         );
         let all = unplaced_selectors(&set(vec![web, policy("every", "")]), &pod);
         assert_eq!(all, ["!runbook.dev/shard"]);
+    }
+
+    /// A look at the targets outlives its continue token (the API server
+    /// compacted its storage between two pages): it starts again and
+    /// places every target, each once.
+    #[tokio::test]
+    async fn a_look_whose_continue_token_expired_starts_again() {
+        use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+        let sandbox = runbook_sandbox::Sandbox::default();
+        let client = sandbox.client();
+        let nss: Api<Namespace> = Api::all(client.clone());
+        let ns = serde_json::from_value(json!({"metadata": {"name": "t"}})).unwrap();
+        nss.create(&PostParams::default(), &ns).await.unwrap();
+        let typed: Api<ConfigMap> = Api::namespaced(client.clone(), "t");
+        for i in 0..7 {
+            let cm = json!({"metadata": {"name": format!("c{i}"), "labels": {"app": "web"}}});
+            let cm = serde_json::from_value(cm).unwrap();
+            typed.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        let ar = kube::core::ApiResource::erase::<ConfigMap>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(client, "t", &ar);
+        let placed = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let pages = std::sync::atomic::AtomicU32::new(0);
+        let selection = format!("app=web,!{SHARD_LABEL}");
+        each_page(&api, (&selection, 3), |items| {
+            let (typed, placed, store) = (typed.clone(), placed.clone(), sandbox.store().clone());
+            let page = pages.fetch_add(1, Ordering::Relaxed);
+            async move {
+                for o in items {
+                    let name = o.metadata.name.unwrap();
+                    let patch = json!({"metadata": {"labels": {SHARD_LABEL: "a"}}});
+                    typed
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .unwrap();
+                    placed.lock().unwrap().push(name);
+                }
+                // After the first page, the storage is compacted: the
+                // second page's continue token is too old.
+                if page == 0 {
+                    store.compact();
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let mut placed = placed.lock().unwrap().clone();
+        placed.sort();
+        let want: Vec<String> = (0..7).map(|i| format!("c{i}")).collect();
+        assert_eq!(placed, want, "each placed once");
+        // The first page, then the look again: pages of 3 of the 4 left.
+        assert_eq!(pages.load(Ordering::Relaxed), 3);
+        // Nothing is left unplaced.
+        let left = ListParams::default().labels(&selection);
+        assert!(typed.list(&left).await.unwrap().items.is_empty());
+    }
+
+    /// A look whose token keeps expiring ends with the 410 after a few
+    /// starts (the assigner's next look carries on).
+    #[tokio::test]
+    async fn a_look_whose_token_keeps_expiring_gives_up() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let sandbox = runbook_sandbox::Sandbox::default();
+        let typed: Api<ConfigMap> = Api::namespaced(sandbox.client(), "default");
+        for i in 0..7 {
+            let cm =
+                serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap();
+            typed.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        let ar = kube::core::ApiResource::erase::<ConfigMap>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(sandbox.client(), "default", &ar);
+        let pages = std::sync::atomic::AtomicU32::new(0);
+        let result = each_page(&api, ("", 2), |_| {
+            let page = pages.fetch_add(1, Ordering::Relaxed);
+            // A write, so that the compaction is past the list's token.
+            let (typed, store) = (typed.clone(), sandbox.store().clone());
+            async move {
+                let patch = json!({"metadata": {"labels": {"seen": page.to_string()}}});
+                typed
+                    .patch("c0", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+                store.compact();
+            }
+        })
+        .await;
+        match result {
+            Err(kube::Error::Api(e)) => assert_eq!(e.code, 410),
+            other => panic!("expected the 410, got {other:?}"),
+        }
+        assert_eq!(pages.load(Ordering::Relaxed), RESTARTS + 1);
     }
 }

@@ -52,6 +52,14 @@ fn key(o: &RawObject) -> Key {
     )
 }
 
+/// The gone watch's list under way: what it listed so far, when it was
+/// requested, and how long its first object took.
+struct GoneList {
+    seen: HashSet<Key>,
+    began: Instant,
+    first: Option<std::time::Duration>,
+}
+
 /// The merged watch; see the module's documentation.
 pub(super) struct Shares {
     me: String,
@@ -64,8 +72,10 @@ pub(super) struct Shares {
     gone: Option<Watch>,
     /// The gone members the gone watch selects.
     gone_labels: BTreeSet<String>,
-    /// What the gone watch's list has listed so far, since when.
-    gone_list: Option<(HashSet<Key>, Instant)>,
+    /// What the gone watch's list has listed so far.
+    gone_list: Option<GoneList>,
+    /// When the gone watch was last started.
+    gone_started: Instant,
     start_gone: StartGone,
     /// The gone members to watch the labels of; `None` once nothing
     /// tells of them any more.
@@ -92,6 +102,7 @@ impl Shares {
             gone: None,
             gone_labels: BTreeSet::new(),
             gone_list: None,
+            gone_started: Instant::now(),
             start_gone,
             watched: Some(watched),
             store,
@@ -208,10 +219,17 @@ impl Shares {
         // watch is made (`StartGone`); the controller never sees them.
         let Ok(e) = e else { return };
         match e {
-            Event::Init => self.gone_list = Some((HashSet::new(), Instant::now())),
+            Event::Init => {
+                self.gone_list = Some(GoneList {
+                    seen: HashSet::new(),
+                    began: Instant::now(),
+                    first: None,
+                })
+            }
             Event::InitApply(o) => {
-                if let Some((seen, _)) = self.gone_list.as_mut() {
-                    seen.insert(key(&o));
+                if let Some(list) = self.gone_list.as_mut() {
+                    list.seen.insert(key(&o));
+                    list.first.get_or_insert_with(|| list.began.elapsed());
                 }
                 // Held as the own watch said it, or already held as it
                 // is (the gone members changed, and this one's targets
@@ -225,16 +243,22 @@ impl Shares {
                 }
             }
             Event::InitDone => {
-                let Some((seen, began)) = self.gone_list.take() else {
+                let Some(list) = self.gone_list.take() else {
                     return;
                 };
                 let me = self.me.clone();
+                let seen = &list.seen;
                 self.sweep(|o| label(o) != Some(&me) && !seen.contains(&key(o)));
+                // From the watch's start to its list's request, to the
+                // list's first object, and to its end.
+                let ms = |d: std::time::Duration| d.as_millis() as u64;
                 tracing::info!(
                     kind = %self.kind,
                     gone = ?self.gone_labels,
                     targets = seen.len(),
-                    ms = began.elapsed().as_millis() as u64,
+                    requested_ms = ms(list.began.saturating_duration_since(self.gone_started)),
+                    first_ms = list.first.map(ms),
+                    ms = ms(list.began.elapsed()),
                     "listed the gone members' targets"
                 );
             }
@@ -254,6 +278,7 @@ impl Shares {
             return;
         }
         self.gone_list = None;
+        self.gone_started = Instant::now();
         self.gone = (self.start_gone)(&labels);
         self.gone_labels = labels;
         if self.gone.is_none() {
