@@ -941,7 +941,22 @@ async fn sharded_replicas_notify_a_group_once() {
     let b = replica("b");
     let widgets: Api<kube::core::DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
-    let names: Vec<String> = (0..6).map(|i| format!("big{i}")).collect();
+    // Three for each replica: the ring places by namespace and name, and
+    // the test's namespace is new each run.
+    let ring = runbook::shard::Ring::new(["a", "b"]);
+    let group = operator::widget_resource(&c).group;
+    let mut names: Vec<String> = Vec::new();
+    for want in ["a", "b"] {
+        names.extend(
+            (0..)
+                .map(|i| format!("big{i}"))
+                .filter(|n| {
+                    ring.owner(&runbook::shard::key(&group, "Widget", &c.ns, n)) == Some(want)
+                })
+                .take(3),
+        );
+    }
+    names.sort();
     for n in &names {
         operator::create_widget(&c, &widgets, n, json!({"size": 20})).await;
     }
