@@ -209,8 +209,10 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let mut looks = 0u32;
     // Since when each member has been live, as this replica saw it.
     let mut joined: HashMap<String, Instant> = Default::default();
-    // Since when no member has been gone, as published.
+    // Since when no member has been gone, as published; since when the
+    // gone members published are these.
     let mut none_gone: Option<Instant> = None;
+    let mut gone_since: Option<(BTreeSet<String>, Instant)> = None;
     // The placing under way (labels are written while the members are
     // looked at), and the gone members it found all placed.
     let mut placing: Option<tokio::task::JoinHandle<BTreeSet<String>>> = None;
@@ -278,7 +280,7 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
             }
         };
         cleared.clear();
-        if placing.is_some() {
+        if placing.is_some() || relabel_later(&mut gone_since, &next.gone, ring.duration) {
             continue;
         }
         let now = match last.as_ref() {
@@ -325,6 +327,36 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     // Stopped: another replica notifies from now on.
     gather_alerts(&ctx, false, &Default::default()).await;
     let _ = election.await;
+}
+
+/// Whether the targets of members just counted gone are labelled for
+/// their new places later. For a lease duration after the gone members
+/// change, the others decide for their targets as the published ring
+/// places them (`takeover`) and nothing is placed: the labels (a write per
+/// target, and a reconcile by its new replica) would otherwise compete
+/// with those decisions for the API server and the replicas. New targets
+/// wait as long to be placed.
+fn relabel_later(
+    since: &mut Option<(BTreeSet<String>, Instant)>,
+    gone: &BTreeSet<String>,
+    lease: Duration,
+) -> bool {
+    if gone.is_empty() {
+        *since = None;
+        return false;
+    }
+    match since {
+        // The same, or fewer (one's targets are all placed): as long as
+        // they have been gone.
+        Some((g, t)) if gone.is_subset(g) => {
+            *g = gone.clone();
+            t.elapsed() < lease
+        }
+        _ => {
+            *since = Some((gone.clone(), Instant::now()));
+            true
+        }
+    }
 }
 
 /// How long members that join wait for others starting with them.
@@ -575,6 +607,27 @@ mod tests {
             ),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_gone_members_targets_are_relabelled_a_lease_after_it_is_gone() {
+        let lease = Duration::from_millis(300);
+        let gone = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let mut since = None;
+        assert!(!relabel_later(&mut since, &gone(&[]), lease));
+        assert!(relabel_later(&mut since, &gone(&["g"]), lease));
+        assert!(relabel_later(&mut since, &gone(&["g"]), lease));
+        std::thread::sleep(lease);
+        assert!(!relabel_later(&mut since, &gone(&["g"]), lease));
+        // Another gone: its targets wait a lease too.
+        assert!(relabel_later(&mut since, &gone(&["g", "h"]), lease));
+        // g's are all placed: h's still wait.
+        assert!(relabel_later(&mut since, &gone(&["h"]), lease));
+        std::thread::sleep(lease);
+        assert!(!relabel_later(&mut since, &gone(&["h"]), lease));
+        // Nobody gone: nothing waits, and the next one gone waits anew.
+        assert!(!relabel_later(&mut since, &gone(&[]), lease));
+        assert!(relabel_later(&mut since, &gone(&["h"]), lease));
     }
 
     #[test]

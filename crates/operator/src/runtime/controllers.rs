@@ -70,7 +70,10 @@ pub(super) fn spawn_target(
         true => super::shares::Shares::new(
             (ctx.config.identity.clone(), k.to_string()),
             own,
-            gone_watch(ctx, k, api, &ar, selector.clone()),
+            (
+                gone_watch(ctx, k, api, &ar, selector.clone()),
+                places_here(ctx, k),
+            ),
             ctx.running.placement.targets_gone.subscribe(),
             (reader.clone(), ar.clone()),
         )
@@ -145,6 +148,23 @@ fn gone_watch(
         let config = watch_config(Some(&selector), true);
         let watch = watched(health.clone(), name.clone(), (api.clone(), &ar), config);
         Some(watch.default_backoff().boxed())
+    })
+}
+
+/// Sharded, whether the published ring places a gone member's target of
+/// a kind on this replica (`shares` holds only those).
+fn places_here(ctx: &Arc<Context>, k: &KindRef) -> super::shares::PlacesHere {
+    let (ctx, k) = (ctx.clone(), k.clone());
+    Box::new(move |o: &RawObject| {
+        let key = || {
+            runbook_core::shard::key(
+                k.group(),
+                &k.kind,
+                o.meta.namespace.as_deref().unwrap_or(""),
+                o.meta.name.as_deref().unwrap_or(""),
+            )
+        };
+        ctx.running.placement.places_here(&ctx.config.identity, key)
     })
 }
 

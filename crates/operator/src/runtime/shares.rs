@@ -34,6 +34,10 @@ pub(super) type Watch = BoxStream<'static, WatchResult>;
 /// (the last one's health is cleared then).
 pub(super) type StartGone = Box<dyn Fn(&BTreeSet<String>) -> Option<Watch> + Send>;
 
+/// Whether the published ring places a gone member's target on this
+/// replica (`takeover::Placement::places_here`).
+pub(super) type PlacesHere = Box<dyn Fn(&RawObject) -> bool + Send>;
+
 /// Where an object is held in the store from: the shard label it carries.
 fn label(o: &RawObject) -> Option<&str> {
     o.meta
@@ -55,7 +59,9 @@ fn key(o: &RawObject) -> Key {
 /// The gone watch's list under way: what it listed so far, when it was
 /// requested, and how long its first object took.
 struct GoneList {
+    /// Those the ring places here.
     seen: HashSet<Key>,
+    listed: usize,
     began: Instant,
     first: Option<std::time::Duration>,
 }
@@ -77,6 +83,11 @@ pub(super) struct Shares {
     /// When the gone watch was last started.
     gone_started: Instant,
     start_gone: StartGone,
+    /// Only the gone members' targets the ring places here are held: the
+    /// others' reconciles would end at once, and at thousands of targets
+    /// passing them through the store and the controller's queue is most
+    /// of a takeover's time.
+    places_here: PlacesHere,
     /// The gone members to watch the labels of; `None` once nothing
     /// tells of them any more.
     watched: Option<watch::Receiver<BTreeSet<String>>>,
@@ -89,7 +100,7 @@ impl Shares {
     pub(super) fn new(
         (me, kind): (String, String),
         own: Watch,
-        start_gone: StartGone,
+        (start_gone, places_here): (StartGone, PlacesHere),
         watched: watch::Receiver<BTreeSet<String>>,
         (store, resource): (Store<RawObject>, ApiResource),
     ) -> Self {
@@ -104,6 +115,7 @@ impl Shares {
             gone_list: None,
             gone_started: Instant::now(),
             start_gone,
+            places_here,
             watched: Some(watched),
             store,
             resource,
@@ -222,14 +234,24 @@ impl Shares {
             Event::Init => {
                 self.gone_list = Some(GoneList {
                     seen: HashSet::new(),
+                    listed: 0,
                     began: Instant::now(),
                     first: None,
                 })
             }
             Event::InitApply(o) => {
+                let here = (self.places_here)(&o);
                 if let Some(list) = self.gone_list.as_mut() {
-                    list.seen.insert(key(&o));
                     list.first.get_or_insert_with(|| list.began.elapsed());
+                    list.listed += 1;
+                    // Those placed elsewhere are not held: the sweep at
+                    // the list's end drops any held from before.
+                    if here {
+                        list.seen.insert(key(&o));
+                    }
+                }
+                if !here {
+                    return;
                 }
                 // Held as the own watch said it, or already held as it
                 // is (the gone members changed, and this one's targets
@@ -255,6 +277,7 @@ impl Shares {
                 tracing::info!(
                     kind = %self.kind,
                     gone = ?self.gone_labels,
+                    listed = list.listed,
                     targets = seen.len(),
                     requested_ms = ms(list.began.saturating_duration_since(self.gone_started)),
                     first_ms = list.first.map(ms),
@@ -264,6 +287,14 @@ impl Shares {
             }
             // The own watch's word stands for an object it holds.
             Event::Apply(o) | Event::Delete(o) if self.held_as_own(&o) => {}
+            // Placed on another replica: not held here (dropped, were it
+            // held from before).
+            Event::Apply(o) if !(self.places_here)(&o) => {
+                if self.held(&o).is_some() {
+                    self.out.push_back(Ok(Event::Delete(o)));
+                }
+            }
+            Event::Delete(o) if self.held(&o).is_none() => {}
             e => self.out.push_back(Ok(e)),
         }
     }
@@ -346,6 +377,9 @@ mod tests {
     struct Rig {
         own: Sender,
         gone: Started,
+        /// The gone members' targets the ring places on other replicas,
+        /// by name.
+        elsewhere: Arc<Mutex<BTreeSet<String>>>,
         watched: watch::Sender<BTreeSet<String>>,
         store: Store<RawObject>,
         events: BoxStream<'static, WatchResult>,
@@ -366,12 +400,20 @@ mod tests {
                 Some(rx.boxed())
             });
             let (watched, watched_rx) = watch::channel(BTreeSet::new());
+            let elsewhere = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+            let placed = elsewhere.clone();
+            let places_here: PlacesHere = Box::new(move |o: &RawObject| {
+                !placed
+                    .lock()
+                    .unwrap()
+                    .contains(o.meta.name.as_deref().unwrap_or(""))
+            });
             let writer = reflector::store::Writer::<RawObject>::new(resource());
             let store = writer.as_reader();
             let shares = Shares::new(
                 ("me".into(), "Widget".into()),
                 own_rx.boxed(),
-                start,
+                (start, places_here),
                 watched_rx,
                 (store.clone(), resource()),
             );
@@ -379,6 +421,7 @@ mod tests {
             Self {
                 own,
                 gone,
+                elsewhere,
                 watched,
                 store,
                 events,
@@ -545,6 +588,45 @@ mod tests {
         rig.watched.send(BTreeSet::new()).unwrap();
         rig.settle().await;
         assert_eq!(rig.passed(), ["delete e"]);
+        assert_eq!(rig.held(), ["a:me"]);
+    }
+
+    #[tokio::test]
+    async fn only_the_gone_members_targets_placed_here_are_held() {
+        let mut rig = Rig::new();
+        rig.own(list(&[("a", "me")]));
+        rig.settle().await;
+        rig.passed();
+        rig.elsewhere.lock().unwrap().insert("d".into());
+        rig.watched.send(set(&["g"])).unwrap();
+        rig.settle().await;
+        rig.gone(list(&[("c", "g"), ("d", "g")]));
+        rig.settle().await;
+        // d is another replica's to decide for: neither held nor passed on.
+        assert_eq!(rig.passed(), ["apply c"]);
+        assert_eq!(rig.held(), ["a:me", "c:g"]);
+        // Its changes and its relabelling pass by too.
+        rig.gone(vec![
+            Event::Apply(object("d", "g", "2")),
+            Event::Delete(object("d", "other", "3")),
+        ]);
+        rig.settle().await;
+        assert!(rig.passed().is_empty());
+        // Another member gone moves c elsewhere on the new ring: the
+        // relist drops it, and takes in d, placed here now.
+        rig.elsewhere.lock().unwrap().clear();
+        rig.elsewhere.lock().unwrap().insert("c".into());
+        rig.watched.send(set(&["g", "h"])).unwrap();
+        rig.settle().await;
+        rig.gone(list(&[("c", "g"), ("d", "g")]));
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["apply d", "delete c"]);
+        assert_eq!(rig.held(), ["a:me", "d:g"]);
+        // A change of one held but placed elsewhere now drops it.
+        rig.elsewhere.lock().unwrap().insert("d".into());
+        rig.gone(vec![Event::Apply(object("d", "g", "4"))]);
+        rig.settle().await;
+        assert_eq!(rig.passed(), ["delete d"]);
         assert_eq!(rig.held(), ["a:me"]);
     }
 }

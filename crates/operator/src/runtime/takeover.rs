@@ -110,6 +110,17 @@ impl Placement {
         lock(&self.watched).clone()
     }
 
+    /// Whether the published ring places a target whose ring key `key`
+    /// gives on this replica (`me`): a gone member's target that another
+    /// replica decides for need not be held here. True while no ring is
+    /// known (the reconcile's `gate` decides then).
+    pub fn places_here(&self, me: &str, key: impl FnOnce() -> String) -> bool {
+        match lock(&self.seen).as_ref() {
+            Some(s) if !s.ring.is_empty() => s.ring.owner(&key()) == Some(me),
+            _ => true,
+        }
+    }
+
     /// `gate` with what this replica knows now.
     pub fn gate(
         &self,
