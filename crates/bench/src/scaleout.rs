@@ -399,13 +399,23 @@ async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Durat
     false
 }
 
-/// Whether no object matches `selector`, asked for one at most (a look
-/// that costs the API server next to nothing); false if it cannot tell.
+/// Whether no object matches `selector`; false if it cannot tell. Asked
+/// of the API server's watch cache, and only where it finds none, of
+/// storage (one at most): there a selection that matches nothing reads
+/// every object of the namespace, and looking that way several times a
+/// second would load the API server the replicas share.
 async fn none_match(api: &Api<DynamicObject>, selector: &str) -> bool {
     let one = ListParams::default().labels(selector).limit(1);
-    api.list_metadata(&one)
-        .await
-        .is_ok_and(|l| l.items.is_empty())
+    for params in [one.clone().match_any(), one] {
+        if !api
+            .list_metadata(&params)
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Wait (up to `limit`) until no Item of the shared namespace is labelled
