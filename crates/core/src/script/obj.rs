@@ -255,10 +255,6 @@ impl TargetReads {
         let meta = &target["metadata"];
         hash_value(&meta["uid"], &mut h);
         hash_value(&meta["generation"], &mut h);
-        // The replica's shard label is copied onto every child the
-        // decision makes: a target labelled for another replica decides
-        // its children's labels anew, whatever the script read.
-        hash_value(&meta["labels"][crate::shard::SHARD_LABEL], &mut h);
         for (top, under) in &self.fields {
             h.write(top.as_bytes());
             h.write_u8(0xff);
@@ -575,10 +571,6 @@ mod reads_tests {
         echo["metadata"]["resourceVersion"] = json!("42");
         echo["metadata"]["labels"]["c"] = json!("d");
         assert_eq!(r.fingerprint(&echo), before, "nothing read changed");
-        // Placed on another replica: its children are labelled anew.
-        let mut moved = target();
-        moved["metadata"]["labels"][crate::shard::SHARD_LABEL] = json!("r2");
-        assert_ne!(r.fingerprint(&moved), before, "the shard label changed");
         for (path, value) in [
             ("/spec/size", json!(4)),
             ("/metadata/generation", json!(2)),

@@ -64,6 +64,18 @@ fn hash_of(x: &(impl std::hash::Hash + ?Sized)) -> u64 {
     h.finish()
 }
 
+/// What a decision's reads found in the target, and its shard label: every
+/// child the decision makes copies that label, so a target labelled for
+/// another replica (after a takeover, its labels follow its decisions)
+/// decides its children's labels anew, whatever the script read.
+fn fingerprint(reads: &TargetReads, target: &Value) -> u64 {
+    let shard = target
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(runbook_core::shard::SHARD_LABEL))
+        .and_then(Value::as_str);
+    hash_of(&(reads.fingerprint(target), shard))
+}
+
 /// The last decisions that need not be made again while nothing they read
 /// changes, by target, one per policy. Kept small (it is per target):
 /// names are hashed; two targets whose names hash alike would only decide
@@ -135,7 +147,7 @@ impl LastDecisions {
             && *mode == Acting::Enforce
             && last.resyncs == resyncs
             && last.requeue_at.is_none_or(|at| at > now)
-            && last.reads.fingerprint(target) == last.fingerprint;
+            && fingerprint(&last.reads, target) == last.fingerprint;
         same.then(|| {
             last.requeue_at
                 .map(|at| (at.as_millisecond() - now.as_millisecond()).max(1))
@@ -192,7 +204,7 @@ impl LastDecisions {
             policy,
             version: hash_of(p.version.as_str()),
             resyncs: made.resyncs,
-            fingerprint: reads.fingerprint(made.target),
+            fingerprint: fingerprint(&reads, made.target),
             reads: shared,
             requeue_at: decision
                 .and_then(|d| d.requeue_after_ms)
