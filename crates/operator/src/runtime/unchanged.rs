@@ -204,7 +204,7 @@ impl LastDecisions {
             policy,
             version: hash_of(p.version.as_str()),
             resyncs: made.resyncs,
-            fingerprint: fingerprint(&reads, made.target),
+            fingerprint: fingerprint(reads, made.target),
             reads: shared,
             requeue_at: decision
                 .and_then(|d| d.requeue_after_ms)
