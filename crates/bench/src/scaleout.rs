@@ -23,8 +23,8 @@ use serde_json::json;
 
 use super::operator::{item, item_crd, item_resource};
 use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
-use runbook_operator::runtime::OperatorConfig;
 use runbook_operator::runtime::leader::LeaseConfig;
+use runbook_operator::runtime::{OperatorConfig, none_match};
 use runbook_operator::telemetry::journal::{Entry, Journal};
 
 /// The namespaces of the run: one replica's, the shared targets', and an
@@ -397,25 +397,6 @@ async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Durat
         tokio::time::sleep(every).await;
     }
     false
-}
-
-/// Whether no object matches `selector`; false if it cannot tell. Asked
-/// of the API server's watch cache, and only where it finds none, of
-/// storage (one at most): there a selection that matches nothing reads
-/// every object of the namespace, and looking that way several times a
-/// second would load the API server the replicas share.
-async fn none_match(api: &Api<DynamicObject>, selector: &str) -> bool {
-    let one = ListParams::default().labels(selector).limit(1);
-    for params in [one.clone().match_any(), one] {
-        if !api
-            .list_metadata(&params)
-            .await
-            .is_ok_and(|l| l.items.is_empty())
-        {
-            return false;
-        }
-    }
-    true
 }
 
 /// Wait (up to `limit`) until no Item of the shared namespace is labelled

@@ -402,28 +402,37 @@ async fn publish(
     })
 }
 
-/// The gone members none of whose targets carries their label any more:
-/// asked of the API server's watch cache (cheap), and where it finds none,
-/// of storage (a selection that matches nothing reads every target of the
-/// kind there), so that a stale cache never clears a gone member early.
+/// The gone members none of whose targets carries their label any more.
 async fn all_placed(ctx: &Context, gone: &BTreeSet<String>) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     'members: for g in gone {
         for kind in ctx.policies.load().target_kinds() {
-            let params = ListParams::default()
-                .labels(&format!("{SHARD_LABEL}={g}"))
-                .limit(1);
-            let api = api(ctx, &kind, None);
-            for params in [params.clone().match_any(), params] {
-                match api.list_metadata(&params).await {
-                    Ok(l) if l.items.is_empty() => {}
-                    _ => continue 'members,
-                }
+            if !none_match(&api(ctx, &kind, None), &format!("{SHARD_LABEL}={g}")).await {
+                continue 'members;
             }
         }
         out.insert(g.clone());
     }
     out
+}
+
+/// Whether no object matches a label selection; false if it cannot tell.
+/// Asked of the API server's watch cache (cheap), and where it finds
+/// none, of storage (one object at most): there a selection that matches
+/// nothing reads every object of the kind, and a stale cache must not
+/// answer "none" early.
+pub async fn none_match(api: &Api<DynamicObject>, selector: &str) -> bool {
+    let one = ListParams::default().labels(selector).limit(1);
+    for params in [one.clone().match_any(), one] {
+        if !api
+            .list_metadata(&params)
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Publish this replica's alerts and, on the assigner, notify everyone's
@@ -456,9 +465,14 @@ async fn place(
     gone: bool,
 ) -> Result<(), kube::Error> {
     let api = api(ctx, kind, None);
-    let mut selections: Vec<String> = match pass {
+    // Each selection, and whether the API server's watch cache serves it
+    // (see below).
+    let mut selections: Vec<(String, bool)> = match pass {
         Pass::Gone => Vec::new(),
-        Pass::New | Pass::Full => unplaced_selectors(&ctx.policies.load(), kind),
+        Pass::New | Pass::Full => unplaced_selectors(&ctx.policies.load(), kind)
+            .into_iter()
+            .map(|s| (s, true))
+            .collect(),
     };
     // Labelled for members not in the ring, found by the API server.
     let outside = format!(
@@ -466,12 +480,12 @@ async fn place(
         ring.members().join(",")
     );
     match pass {
-        Pass::Full => selections.push(SHARD_LABEL.to_string()),
-        Pass::Gone => selections.push(outside),
-        Pass::New if gone => selections.push(outside),
+        Pass::Full => selections.push((SHARD_LABEL.to_string(), false)),
+        Pass::Gone => selections.push((outside, true)),
+        Pass::New if gone => selections.push((outside, true)),
         Pass::New => {}
     }
-    for selection in selections {
+    for (selection, cached) in selections {
         // Each look at what is unplaced or a gone member's is served by
         // the API server's watch cache: found on storage, a selection
         // that matches nothing reads every target of the kind, twice a
@@ -479,7 +493,6 @@ async fn place(
         // of 2 cores). A stale look is harmless: each label written is a
         // compare-and-swap on the resourceVersion seen. The full pass
         // reads storage, a page at a time (the cache answers whole).
-        let cached = selection != SHARD_LABEL;
         each_page(&api, (&selection, PAGE, cached), |items| async move {
             // Labelled a few at a time: a thousand new targets, or a gone
             // member's share, are placed within the lease duration.

@@ -16,7 +16,7 @@ mod shares;
 pub mod takeover;
 mod unchanged;
 pub mod webhook;
-pub use assign::shard_identity;
+pub use assign::{none_match, shard_identity};
 pub use context::{Context, Health, OperatorConfig, ShadowRecord};
 pub use operator::{Operator, StartError};
 pub use reconcile::{ReconcileError, backoff};
