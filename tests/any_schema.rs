@@ -192,18 +192,9 @@ fn reconcile(ctx) {
 async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     let c = Cluster::new("any-sts").await;
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
-    sets.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "db"},
-            "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
-                     "template": {"metadata": {"labels": {"app": "db"}},
-                                  "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    sets.create(&PostParams::default(), &db_statefulset("db"))
+        .await
+        .unwrap();
     let op = support::started(
         &c,
         &[
@@ -284,6 +275,94 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     })
     .await;
     op.shutdown(std::time::Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+/// A StatefulSet as the tests make it: one replica of a pause container.
+fn db_statefulset(name: &str) -> k8s_openapi::api::apps::v1::StatefulSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
+    }))
+    .unwrap()
+}
+
+/// Running sharded, a built-in kind's RunbookState carries its target's
+/// shard label, as children do, so that each replica caches only the
+/// states of its share; when the target moves to another replica, its
+/// state follows with what it holds (the new replica reads it from the
+/// API server, not finding it in its cache, rather than starting afresh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_a_built_in_kinds_state_follows_its_target() {
+    use runbook::shard::SHARD_LABEL;
+    let c = Cluster::new("any-shards").await;
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
+    sets.create(&PostParams::default(), &db_statefulset("db"))
+        .await
+        .unwrap();
+    let files = [
+        ("sts.yaml", STATEFULSETS),
+        ("sts-watch.rhai", STATEFULSETS_SCRIPT),
+    ];
+    let replica = |id: &str| {
+        let op = support::operator(&c, support::policies(&c, &files), support::sharded(&c, id));
+        let started = op.clone();
+        // As `runbook run` does: start, then follow the Lease and the ring.
+        tokio::spawn(async move {
+            started.start().await.unwrap();
+            started.follow_leadership().await
+        });
+        op
+    };
+    let shard_of = |o: &DynamicObject| {
+        o.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SHARD_LABEL))
+            .cloned()
+    };
+    let states = c.runbook_states();
+    let a = replica("a");
+    eventually("the StatefulSet's state, labelled for a", 60, || async {
+        states
+            .get_opt("statefulset.apps.db")
+            .await
+            .unwrap()
+            .is_some_and(|s| shard_of(&s).as_deref() == Some("a"))
+    })
+    .await;
+    let record =
+        states.get("statefulset.apps.db").await.unwrap().data["status"]["decisions"][0].clone();
+    assert_eq!(record["policy"], "sts-watch", "{record}");
+    // a leaves and b takes the StatefulSet over.
+    let b = replica("b");
+    a.shutdown(std::time::Duration::from_secs(5)).await;
+    let set_on_b = || async {
+        sets.get("db")
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get(SHARD_LABEL)
+            == Some(&"b".to_string())
+    };
+    eventually("the StatefulSet labelled for b", 60, set_on_b).await;
+    eventually("its state labelled for b", 60, || async {
+        shard_of(&states.get("statefulset.apps.db").await.unwrap()).as_deref() == Some("b")
+    })
+    .await;
+    // Nothing changed for the decision: a's record stands, not one b made
+    // afresh as if the StatefulSet had no state.
+    let state = states.get("statefulset.apps.db").await.unwrap();
+    let decisions = state.data["status"]["decisions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(decisions, vec![record], "{}", state.data);
+    b.shutdown(std::time::Duration::from_secs(5)).await;
     c.cleanup().await;
 }
 

@@ -41,8 +41,53 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Prints every action on an Item (or its child) as a line.
-struct Printer(Mutex<std::io::Stdout>);
+/// Prints every action on an Item (or its child) as a line. A reconcile
+/// only queues the line: a thread of its own writes them, so that a
+/// reader slow to drain the pipe (the bench, sharing the cores with the
+/// API server) never holds up the decisions it measures. Each line
+/// carries the time of its action, not the time it was read.
+struct Printer {
+    lines: Mutex<std::sync::mpsc::Sender<String>>,
+    /// Lines queued and not yet written out.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Printer {
+    fn new() -> Self {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let written = queued.clone();
+        std::thread::spawn(move || {
+            let mut out = std::io::BufWriter::new(std::io::stdout());
+            while let Ok(line) = rx.recv() {
+                let mut n = 1;
+                let _ = out.write_all(line.as_bytes());
+                // Written out as soon as nothing more is waiting.
+                while let Ok(line) = rx.try_recv() {
+                    let _ = out.write_all(line.as_bytes());
+                    n += 1;
+                }
+                let _ = out.flush();
+                written.fetch_sub(n, Ordering::AcqRel);
+            }
+        });
+        Self {
+            lines: Mutex::new(tx),
+            queued,
+        }
+    }
+
+    /// Wait (a few seconds at most) until every line queued is written.
+    async fn drained(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.queued.load(std::sync::atomic::Ordering::Acquire) > 0
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
 
 impl Journal for Printer {
     fn record(&self, e: Entry) {
@@ -54,14 +99,10 @@ impl Journal for Printer {
             },
             _ => return,
         };
-        let mut out = runbook_operator::util::lock(&self.0);
-        let _ = writeln!(
-            out,
-            "J {} {} {item} {what}",
-            e.time.as_millisecond(),
-            e.result
-        );
-        let _ = out.flush();
+        let line = format!("J {} {} {item} {what}\n", e.time.as_millisecond(), e.result);
+        self.queued
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let _ = runbook_operator::util::lock(&self.lines).send(line);
     }
 }
 
@@ -120,8 +161,8 @@ pub async fn replica_child(args: &[String]) {
         config,
         &[],
     ));
-    op.ctx
-        .set_journal(Arc::new(Printer(Mutex::new(std::io::stdout()))));
+    let printer = Arc::new(Printer::new());
+    op.ctx.set_journal(printer.clone());
     let started = op.clone();
     // As `runbook run` does: start, then follow the Lease (and, sharded,
     // the ring's gone members) until stopped.
@@ -148,6 +189,7 @@ pub async fn replica_child(args: &[String]) {
         }
     }
     op.shutdown(Duration::from_secs(10)).await;
+    printer.drained().await;
     println!("STOPPED");
 }
 
@@ -273,12 +315,12 @@ impl Replica {
         let _ = self.child.wait();
     }
 
-    /// Whether it acted on `item` after `ms`.
-    fn acted_after(&self, item: &str, ms: i64) -> bool {
+    /// When it first acted on `item` after `ms`.
+    fn first_after(&self, item: &str, ms: i64) -> Option<i64> {
         self.heard()
             .actions
             .get(item)
-            .is_some_and(|a| a.iter().any(|(t, _)| *t > ms))
+            .and_then(|a| a.iter().map(|(t, _)| *t).filter(|t| *t > ms).min())
     }
 }
 
@@ -314,6 +356,10 @@ pub struct ScaleOutFigures {
     pub placed_secs: f64,
     pub takeover_secs: f64,
     pub takeover_after_kill_secs: f64,
+    /// From its last renewal until the first of its targets, and half of
+    /// them, were decided again (the spread of the takeover).
+    pub takeover_first_secs: f64,
+    pub takeover_half_secs: f64,
     /// 2 -> 4 and 4 -> 2 replicas: targets moved, seconds until settled.
     pub up_moved: usize,
     pub up_secs: f64,
@@ -504,23 +550,28 @@ async fn last_renewal(client: &Client, member: &str) -> Option<i64> {
 }
 
 /// Wait until every Item in `moved` was acted on after `ms` by one of
-/// `replicas` (only the replica holding a target decides for it).
+/// `replicas` (only the replica holding a target decides for it); the
+/// time (ms since the epoch) each was first acted on, sorted. The figures
+/// come from the times the replicas recorded, not from when this side
+/// read them.
 async fn decided_again(
     replicas: &[Replica],
     moved: &BTreeSet<String>,
     ms: i64,
     limit: Duration,
-) -> bool {
+) -> Option<Vec<i64>> {
     let deadline = Instant::now() + limit;
     loop {
-        if moved
+        let firsts: Option<Vec<i64>> = moved
             .iter()
-            .all(|n| replicas.iter().any(|r| r.acted_after(n, ms)))
-        {
-            return true;
+            .map(|n| replicas.iter().filter_map(|r| r.first_after(n, ms)).min())
+            .collect();
+        if let Some(mut firsts) = firsts {
+            firsts.sort_unstable();
+            return Some(firsts);
         }
         if Instant::now() > deadline {
-            return false;
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -534,7 +585,7 @@ async fn moved_and_decided(
     before: &BTreeMap<String, Option<String>>,
     since: i64,
     (limit, poll): (Duration, Duration),
-) -> Result<BTreeSet<String>, String> {
+) -> Result<(BTreeSet<String>, i64), String> {
     let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
     let live: Vec<&str> = ids.iter().map(String::as_str).collect();
     if !placed_on(client, &live, limit, poll).await {
@@ -546,10 +597,10 @@ async fn moved_and_decided(
         .filter(|(n, s)| before.get(n) != Some(s))
         .map(|(n, _)| n)
         .collect();
-    if !decided_again(running, &moved, since, limit).await {
+    let Some(firsts) = decided_again(running, &moved, since, limit).await else {
         return Err("the targets moved were not decided by their new replicas".into());
-    }
-    Ok(moved)
+    };
+    Ok((moved, firsts.last().copied().unwrap_or(since)))
 }
 
 /// The labels of the shared Items now.
@@ -726,17 +777,19 @@ pub async fn measure(
     f.killed_targets = theirs.len();
     let _ = running[victim].child.kill();
     let killed_at = now_ms();
-    let killed = Instant::now();
     let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
     let mut dead = running.remove(victim);
     let _ = dead.child.wait();
     // Decided by the others (before they are labelled for them: the
     // published ring places a gone member's targets).
-    if !decided_again(&running, &theirs, killed_at, limit).await {
+    let Some(firsts) = decided_again(&running, &theirs, killed_at, limit).await else {
         return Err(format!("the targets of {victim_id} were not taken over"));
-    }
-    f.takeover_after_kill_secs = killed.elapsed().as_secs_f64();
-    f.takeover_secs = (now_ms() - renewed) as f64 / 1000.0;
+    };
+    let since = |from: i64, t: Option<&i64>| t.map_or(0.0, |t| (t - from) as f64 / 1000.0);
+    f.takeover_after_kill_secs = since(killed_at, firsts.last());
+    f.takeover_secs = since(renewed, firsts.last());
+    f.takeover_first_secs = since(renewed, firsts.first());
+    f.takeover_half_secs = since(renewed, firsts.get(firsts.len() / 2));
     // Placed on the others: no target labelled for it any more (asked
     // for one at a time, so that looking costs the API server next to
     // nothing while it carries the move).
@@ -769,31 +822,29 @@ pub async fn measure(
     }
     tokio::time::sleep(settle).await;
     let before = labels(&client).await;
-    let t = Instant::now();
     let since = now_ms();
     let next = replicas;
     for i in 0..2 {
         running.push(start(SHARED, &format!("r{}", next + i), true));
     }
-    let moved = moved_and_decided(&client, &running, &before, since, (limit, poll))
+    let (moved, last) = moved_and_decided(&client, &running, &before, since, (limit, poll))
         .await
         .map_err(|e| format!("2 -> 4 replicas: {e}"))?;
     f.up_moved = moved.len();
-    f.up_secs = t.elapsed().as_secs_f64();
+    f.up_secs = (last - since) as f64 / 1000.0;
     tokio::time::sleep(settle).await;
     let before = labels(&client).await;
-    let t = Instant::now();
     let since = now_ms();
     for _ in 0..2 {
         let mut r = running.pop().expect("a replica");
         r.stop().await;
         gone.push(r);
     }
-    let moved = moved_and_decided(&client, &running, &before, since, (limit, poll))
+    let (moved, last) = moved_and_decided(&client, &running, &before, since, (limit, poll))
         .await
         .map_err(|e| format!("4 -> 2 replicas: {e}"))?;
     f.down_moved = moved.len();
-    f.down_secs = t.elapsed().as_secs_f64();
+    f.down_secs = (last - since) as f64 / 1000.0;
     for r in running.iter_mut() {
         r.stop().await;
     }

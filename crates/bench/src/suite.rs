@@ -779,6 +779,18 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
         .goal(Goal::AtMost(LEASE_SECS as f64)),
         Row::new(
             s,
+            "the same, until the first of them was decided again",
+            f.takeover_first_secs,
+            "s",
+        ),
+        Row::new(
+            s,
+            "the same, until half of them were decided again",
+            f.takeover_half_secs,
+            "s",
+        ),
+        Row::new(
+            s,
             "the same, until each was labelled for another",
             f.placed_secs,
             "s",

@@ -98,9 +98,26 @@ pub struct Apart {
     pub target: Arc<Value>,
 }
 
+/// An object's shard label, where it has one.
+fn shard_of(o: &Value) -> Option<&str> {
+    o.pointer("/metadata/labels")
+        .and_then(|l| l.get(crate::shard::SHARD_LABEL))
+        .and_then(Value::as_str)
+}
+
 impl Apart {
     fn state_status(&self) -> Option<&Value> {
         self.state.as_deref().and_then(|s| s.get("status"))
+    }
+
+    /// Whether the state object exists and carries another shard label
+    /// than its target (the target moved to another replica, running
+    /// sharded): it is written again, so that it follows its target into
+    /// the new replica's cache.
+    pub fn moved(&self) -> bool {
+        self.state
+            .as_deref()
+            .is_some_and(|s| shard_of(s) != shard_of(&self.target))
     }
 
     /// The target as decisions see it.
@@ -302,13 +319,19 @@ pub fn new_state(apart: &Apart, status: &Value) -> Value {
     let t = &apart.target;
     let text = |p: &str| t.pointer(p).and_then(Value::as_str).unwrap_or("");
     let kind = KindRef::new(text("/apiVersion"), text("/kind"));
+    // Sharded, it carries its target's shard label, as children do: each
+    // replica caches only the states of its share.
+    let mut labels = json!({crate::observe::MANAGED_BY: "runbook"});
+    if let Some(shard) = shard_of(t) {
+        labels[crate::shard::SHARD_LABEL] = json!(shard);
+    }
     json!({
         "apiVersion": "runbook.dev/v1alpha1",
         "kind": "RunbookState",
         "metadata": {
             "name": apart.name,
             "namespace": apart.namespace,
-            "labels": {crate::observe::MANAGED_BY: "runbook"},
+            "labels": labels,
             "ownerReferences": [{
                 "apiVersion": kind.api_version, "kind": kind.kind,
                 "name": text("/metadata/name"), "uid": text("/metadata/uid"),

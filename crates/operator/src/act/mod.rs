@@ -397,7 +397,11 @@ pub async fn execute(
     if decision.is_ok() {
         x.alerts.report(&plan.source, routes, plan.alerts.clone());
     }
-    if let Some(patch) = &end.patch {
+    // A state kept apart that must follow its target to another replica
+    // is written even when nothing in it changed.
+    let relabel = json!({});
+    let moved = x.state.filter(|a| a.moved()).map(|_| &relabel);
+    if let Some(patch) = end.patch.as_ref().or(moved) {
         finish_status(x, policy, target, target_kind, &plan, &end, patch, &mut out).await;
     }
     out
@@ -487,7 +491,7 @@ async fn finish_apart(
             .policy(&policy.name)
             .object(&kind.api_version, &kind.kind, ns, name)
     };
-    if status::merge_diff(state_now, &runbooks).is_some() {
+    if status::merge_diff(state_now, &runbooks).is_some() || apart.moved() {
         let whole = state::new_state(apart, &runbooks);
         match w.runbook_state(&whole).await {
             Ok(after) => {

@@ -225,6 +225,12 @@ impl SharedAlerts {
 
     /// Every live replica's published alerts, by source; the ConfigMaps
     /// of replicas gone for over a lease duration are deleted.
+    ///
+    /// Served by the API server's watch cache (`resourceVersion=0`): the
+    /// operator namespace may hold the children of thousands of targets,
+    /// and a list by label from storage reads every ConfigMap in it, about
+    /// once a second. A look a moment behind is as good: the next one
+    /// follows within a second.
     async fn read_all(
         &self,
         notifier: &mut Notifier,
@@ -232,7 +238,7 @@ impl SharedAlerts {
     ) -> Result<BTreeMap<AlertSource, BTreeMap<String, Alert>>, kube::Error> {
         let list = self
             .api
-            .list(&ListParams::default().labels(LABEL))
+            .list(&ListParams::default().labels(LABEL).match_any())
             .await?
             .items;
         let now = Instant::now();

@@ -325,6 +325,26 @@ pub struct Scope {
     pub from_cache: bool,
 }
 
+/// A watch's configuration: its label selector where it has one, and its
+/// list from storage in pages of 500, or (`from_cache`) from the API
+/// server's watch cache in one answer. kube sends no `resourceVersion=0`
+/// along with a page size, and without it the API server lists from
+/// storage, page after page, each a request of its own that reads etcd
+/// until it has a page of matches. So a list from the cache asks for no
+/// pages, and the watch cache answers with every match at once, as it
+/// does for client-go's informers.
+pub fn watch_config(selector: Option<&str>, from_cache: bool) -> watcher::Config {
+    let mut config = watcher::Config::default().page_size(500);
+    if let Some(s) = selector {
+        config = config.labels(s);
+    }
+    if from_cache {
+        config = config.any_semantic();
+        config.page_size = None;
+    }
+    config
+}
+
 /// Watch one kind into a cache, sending every change to `changes`. Given
 /// the cache of a watch of the same kind with another selector, it goes on
 /// from its objects: its first list tells only what differs from them
@@ -354,14 +374,7 @@ pub fn spawn_informer(
         (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
         _ => Api::all_with(client, &resource),
     };
-    let config = match &selector {
-        Some(s) => watcher::Config::default().page_size(500).labels(s),
-        None => watcher::Config::default().page_size(500),
-    };
-    let config = match from_cache {
-        true => config.any_semantic(),
-        false => config,
-    };
+    let config = watch_config(selector.as_deref(), from_cache);
     let c = cache.clone();
     let task = tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config)

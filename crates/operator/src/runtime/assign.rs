@@ -417,22 +417,17 @@ async fn all_placed(ctx: &Context, gone: &BTreeSet<String>) -> BTreeSet<String> 
 }
 
 /// Whether no object matches a label selection; false if it cannot tell.
-/// Asked of the API server's watch cache (cheap), and where it finds
-/// none, of storage (one object at most): there a selection that matches
-/// nothing reads every object of the kind, and a stale cache must not
-/// answer "none" early.
+/// Asked of storage for one object at most: it is asked while objects
+/// still match (a gone member's targets being labelled elsewhere), where
+/// the first few it reads answer, and a stale cache must not answer "none"
+/// early. Only the last look, which finds none, reads every object of the
+/// kind. (The watch cache would answer with every match at once: kube
+/// sends no `resourceVersion=0` along with a limit.)
 pub async fn none_match(api: &Api<DynamicObject>, selector: &str) -> bool {
     let one = ListParams::default().labels(selector).limit(1);
-    for params in [one.clone().match_any(), one] {
-        if !api
-            .list_metadata(&params)
-            .await
-            .is_ok_and(|l| l.items.is_empty())
-        {
-            return false;
-        }
-    }
-    true
+    api.list_metadata(&one)
+        .await
+        .is_ok_and(|l| l.items.is_empty())
 }
 
 /// Publish this replica's alerts and, on the assigner, notify everyone's
@@ -543,8 +538,10 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let paged = ListParams::default().labels(selection).limit(limit);
+    // Without a limit: kube sends no `resourceVersion=0` along with one
+    // (see `cache::watch_config`).
     let first = match cached {
-        true => paged.clone().match_any(),
+        true => ListParams::default().labels(selection).match_any(),
         false => paged.clone(),
     };
     let (mut params, mut restarts) = (first.clone(), 0);

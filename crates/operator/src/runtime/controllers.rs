@@ -19,19 +19,11 @@ use crate::telemetry::Metrics;
 use crate::util::channel;
 use crate::util::lock;
 use runbook_core::kinds::KindRef;
-/// The watch of a target kind: pages of 500, and the policies' label
-/// selector where the API server can apply it. Sharded, listed from the
-/// API server's watch cache (see `cache::Scope::from_cache`).
+/// The watch of a target kind: the policies' label selector where the
+/// API server can apply it; sharded, listed from the API server's watch
+/// cache (see `cache::Scope::from_cache`).
 fn watch_config(selector: Option<&str>, from_cache: bool) -> watcher::Config {
-    let config = watcher::Config::default().page_size(500);
-    let config = match selector {
-        Some(s) => config.labels(s),
-        None => config,
-    };
-    match from_cache {
-        true => config.any_semantic(),
-        false => config,
-    }
+    crate::observe::cache::watch_config(selector, from_cache)
 }
 
 /// Start the controller of one target kind: its watch, its reflector and

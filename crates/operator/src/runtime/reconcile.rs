@@ -43,6 +43,14 @@ pub enum ReconcileError {
     /// Runbook itself failed: a panic, caught (the message says where).
     #[error("{0}")]
     Panic(String),
+    /// Runbook's state of the target could not be read (sharded, one
+    /// not in this replica's cache is read from the API server).
+    #[error("reading Runbook's state of the target (RunbookState {name}): {}", crate::util::api_error(.source))]
+    State {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError {
@@ -51,6 +59,7 @@ impl ReconcileError {
             ReconcileError::Discovery { .. } => Cause::Discovery,
             ReconcileError::Finalizer(_) => Cause::Finalizer,
             ReconcileError::Panic(_) => Cause::Panic,
+            ReconcileError::State { .. } => Cause::Status,
         }
     }
 }
@@ -347,11 +356,13 @@ pub(super) async fn reconcile(
         pending.remove(&key);
         ctx.metrics.queue_depth.set(pending.len() as i64);
     }
+    let began = tokio::time::Instant::now();
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
     // Sharded: a target moving away, or not this replica's, is left.
     let labels = obj.meta.labels.as_ref();
     if let Some(action) = super::assign::admit(&ctx, &kind, &key.namespace, &key.name, labels).await
     {
+        tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, ?action, "not decided here");
         return Ok(action);
     }
     pass_on_change(&ctx, &kind, &key, &obj);
@@ -392,6 +403,7 @@ pub(super) async fn reconcile(
     };
     drop(in_flight);
     ctx.queue.activity.fetch_add(1, Ordering::AcqRel);
+    tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, ms = began.elapsed().as_millis() as u64, "reconciled");
     result
 }
 
@@ -555,27 +567,44 @@ fn state_location(ctx: &Context, kind: &KindRef, key: &TargetKey) -> (String, St
 /// `RunbookState` as the cache shows it, or as this process last wrote it
 /// while the cache still shows what that write replaced. A state left by
 /// an earlier object of the target's name (another uid) is not its.
-fn apart_of(
+async fn apart_of(
     ctx: &Context,
     kind: &KindRef,
     key: &TargetKey,
     target: &crate::observe::CachedObject,
-) -> Option<act::state::Apart> {
+) -> Result<Option<act::state::Apart>, ReconcileError> {
     if act::state::owns_schema(kind)
         || !ctx
             .memory
             .states_served
             .load(std::sync::atomic::Ordering::Acquire)
     {
-        return None;
+        return Ok(None);
     }
     let (namespace, name) = state_location(ctx, kind, key);
     let cache = lock(&ctx.running.informers)
         .get(&state_kind())
         .map(|i| i.cache.clone());
-    let cached = cache
+    let mut cached = cache
         .and_then(|c| c.get(&namespace, &name))
         .map(|o| o.shared());
+    // Sharded, the cache holds only the states labelled for this
+    // replica's share. The state of a target that just moved here still
+    // carries its last replica's label (or none, written before running
+    // sharded), so one missing is read from the API server; the write
+    // that follows the decision labels it for this replica. Not for a
+    // target whose own status holds Runbook's records: its kind keeps
+    // Runbook's fields there, and it has no state apart.
+    let may_be_apart = act::state::built_in(kind)
+        || lock(&ctx.memory.pruning).contains(kind)
+        || target.value().pointer("/status/decisions").is_none();
+    if cached.is_none()
+        && ctx.config.shards
+        && may_be_apart
+        && ctx.memory.states.pending(key).is_none()
+    {
+        cached = read_state(ctx, &namespace, &name).await?;
+    }
     let cached_version = cached
         .as_deref()
         .and_then(|s| s.pointer("/metadata/resourceVersion"))
@@ -596,14 +625,36 @@ fn apart_of(
     let apart =
         state.is_some() || act::state::built_in(kind) || lock(&ctx.memory.pruning).contains(kind);
     if !apart {
-        return None;
+        return Ok(None);
     }
-    Some(act::state::Apart {
+    Ok(Some(act::state::Apart {
         namespace,
         name,
         state,
         target: target.shared(),
-    })
+    }))
+}
+
+/// A `RunbookState` as the API server holds it now; `None` when there is
+/// none.
+async fn read_state(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<Value>>, ReconcileError> {
+    let api: kube::Api<kube::core::DynamicObject> =
+        kube::Api::namespaced_with(ctx.client.clone(), namespace, &state_kind().api_resource());
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|source| ReconcileError::State {
+            name: format!("{namespace}/{name}"),
+            source,
+        })?;
+    Ok(found.map(|mut o| {
+        o.metadata.managed_fields = None;
+        Arc::new(serde_json::to_value(o).unwrap_or_default())
+    }))
 }
 
 async fn reconcile_target(
@@ -655,7 +706,7 @@ async fn reconcile_target(
                 kind: kind.clone(),
                 source,
             })?;
-    let apart = apart_of(ctx, kind, key, &cached);
+    let apart = apart_of(ctx, kind, key, &cached).await?;
     let cached = match &apart {
         Some(a) => crate::observe::CachedObject::new(a.overlaid()),
         None => cached,

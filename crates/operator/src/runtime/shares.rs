@@ -244,6 +244,15 @@ impl Shares {
                 if let Some(list) = self.gone_list.as_mut() {
                     list.first.get_or_insert_with(|| list.began.elapsed());
                     list.listed += 1;
+                    if list.listed % 500 == 0 {
+                        tracing::debug!(
+                            kind = %self.kind,
+                            listed = list.listed,
+                            held = list.seen.len(),
+                            ms = list.began.elapsed().as_millis() as u64,
+                            "listing the gone members' targets"
+                        );
+                    }
                     // Those placed elsewhere are not held: the sweep at
                     // the list's end drops any held from before.
                     if here {
