@@ -544,9 +544,17 @@ async fn clean_cluster(client: &Client) {
 /// The last renewal of a member's Lease, in ms since the epoch.
 async fn last_renewal(client: &Client, member: &str) -> Option<i64> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), SHARED);
-    let l = leases.get(&format!("{RING}-member-{member}")).await.ok()?;
-    let t = l.spec?.renew_time?.0;
-    Some(t.as_millisecond())
+    let name = format!("{RING}-member-{member}");
+    for _ in 0..5 {
+        match leases.get(&name).await {
+            Ok(l) => return Some(l.spec?.renew_time?.0.as_millisecond()),
+            Err(e) => {
+                eprintln!("scale-out: reading the Lease {name}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    None
 }
 
 /// Wait until every Item in `moved` was acted on after `ms` by one of
@@ -775,9 +783,20 @@ pub async fn measure(
         .map(|(n, _)| n.clone())
         .collect();
     f.killed_targets = theirs.len();
+    // Its last renewal is no older than the one read just before the
+    // kill; read again after it, as it may have renewed meanwhile.
+    let before = last_renewal(&client, &victim_id).await;
     let _ = running[victim].child.kill();
     let killed_at = now_ms();
-    let renewed = last_renewal(&client, &victim_id).await.unwrap_or(killed_at);
+    let renewed = match last_renewal(&client, &victim_id).await.or(before) {
+        Some(t) => t,
+        None => {
+            eprintln!(
+                "scale-out: {victim_id}'s last renewal unknown; the takeover is timed from the kill"
+            );
+            killed_at
+        }
+    };
     let mut dead = running.remove(victim);
     let _ = dead.child.wait();
     // Decided by the others (before they are labelled for them: the

@@ -431,6 +431,27 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
+    /// A sharded replica's lists come from the watch cache only if kube
+    /// sends `resourceVersion=0`, which it leaves out beside a limit.
+    #[test]
+    fn lists_meant_for_the_watch_cache_ask_for_no_pages() {
+        let cached = watch_config(Some("runbook.dev/shard=a"), true);
+        assert_eq!(cached.page_size, None);
+        assert!(matches!(cached.list_semantic, watcher::ListSemantic::Any));
+        let url = |lp: &kube::api::ListParams| {
+            kube::core::Request::new("/api/v1/configmaps")
+                .list(lp)
+                .unwrap()
+                .uri()
+                .to_string()
+        };
+        let any = kube::api::ListParams::default().match_any();
+        assert!(url(&any).contains("resourceVersion=0"), "{}", url(&any));
+        let paged = any.limit(500);
+        assert!(!url(&paged).contains("resourceVersion"), "{}", url(&paged));
+        assert_eq!(watch_config(None, false).page_size, Some(500));
+    }
+
     fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<RawObject> {
         let mut v = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "d", "resourceVersion": rv}});
         if let Some(o) = owner {
