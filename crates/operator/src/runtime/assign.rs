@@ -480,15 +480,22 @@ async fn place(
         Pass::New if gone => selections.push((outside, true)),
         Pass::New => {}
     }
-    for (selection, cached) in selections {
+    for (selection, cacheable) in selections {
         // Each look at what is unplaced or a gone member's is served by
-        // the API server's watch cache: found on storage, a selection
-        // that matches nothing reads every target of the kind, twice a
-        // second (at 20,000 targets that kept a real API server at 90%
-        // of 2 cores). A stale look is harmless: each label written is a
-        // compare-and-swap on the resourceVersion seen. The full pass
-        // reads storage, a page at a time (the cache answers whole).
-        each_page(&api, (&selection, PAGE, cached), |items| async move {
+        // the API server's watch cache where it found few the last time:
+        // found on storage, a selection that matches nothing reads every
+        // target of the kind, twice a second (at 20,000 targets that kept
+        // a real API server at 90% of 2 cores). A stale look is harmless:
+        // each label written is a compare-and-swap on the resourceVersion
+        // seen. The full pass, and a look that found many (at start-up),
+        // read storage a page at a time (the cache answers whole).
+        let look = format!("{kind} {selection}");
+        let seen = &ctx.running.placement;
+        let cached = cacheable && seen.cache_serves(&look, PAGE as usize);
+        let found = std::sync::atomic::AtomicUsize::new(0);
+        each_page(&api, (&selection, PAGE, cached), |items| {
+            found.fetch_add(items.len(), Ordering::Relaxed);
+            async move {
             // Labelled a few at a time: a thousand new targets, or a gone
             // member's share, are placed within the lease duration.
             let patches: Vec<(Option<String>, String, serde_json::Value)> = items
@@ -509,8 +516,10 @@ async fn place(
                     }
                 })
                 .await;
+            }
         })
         .await?;
+        seen.looked(&look, found.load(Ordering::Relaxed));
     }
     Ok(())
 }

@@ -22,7 +22,7 @@
 //! `gate` holds the rules a reconcile applies; `Placement` is what this
 //! replica knows.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -60,6 +60,9 @@ pub struct Placement {
     /// The gone members whose targets the target controllers watch
     /// (`shares`): `watched`, once the caches hold their children.
     pub targets_gone: tokio::sync::watch::Sender<BTreeSet<String>>,
+    /// How many targets each of the assigner's looks (by kind and
+    /// selection) found the last time (`assign`).
+    looked: Mutex<HashMap<String, usize>>,
 }
 
 struct Seen {
@@ -98,6 +101,22 @@ impl Placement {
             self.reselect.notify_one();
         }
         grew
+    }
+
+    /// Whether the assigner's look `look` is asked of the API server's
+    /// watch cache: where it found at most `page` targets the last time.
+    /// The cache answers whole, and cheaply where it finds none (storage
+    /// reads every target to find none); a look that found many, or
+    /// never looked, is asked of storage a page at a time, so that the
+    /// assigner holds thousands of targets at once at most once (many
+    /// created between two looks), not look after look.
+    pub fn cache_serves(&self, look: &str, page: usize) -> bool {
+        lock(&self.looked).get(look).is_some_and(|n| *n <= page)
+    }
+
+    /// What the assigner's look `look` found.
+    pub fn looked(&self, look: &str, found: usize) {
+        lock(&self.looked).insert(look.to_string(), found);
     }
 
     /// This replica began leading its own share (its member Lease).
@@ -289,6 +308,22 @@ mod tests {
 
     /// Every survivor decides with the same published ring: each of the
     /// gone member's targets is decided by exactly one of them.
+    /// The assigner asks the watch cache only for a look that found at
+    /// most a page the last time: never for the first look (at start-up,
+    /// all targets are unplaced), nor after one that found many.
+    #[test]
+    fn the_watch_cache_serves_looks_that_found_few() {
+        let p = Placement::default();
+        assert!(!p.cache_serves("Widget !shard", 500));
+        p.looked("Widget !shard", 20_000);
+        assert!(!p.cache_serves("Widget !shard", 500));
+        p.looked("Widget !shard", 0);
+        assert!(p.cache_serves("Widget !shard", 500));
+        assert!(!p.cache_serves("Gadget !shard", 500));
+        p.looked("Widget !shard", 500);
+        assert!(p.cache_serves("Widget !shard", 500));
+    }
+
     #[test]
     fn a_gone_members_targets_are_decided_by_exactly_one_survivor() {
         let now = Instant::now();
