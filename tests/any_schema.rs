@@ -192,7 +192,7 @@ fn reconcile(ctx) {
 async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     let c = Cluster::new("any-sts").await;
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
-    sets.create(&PostParams::default(), &db_statefulset("db"))
+    sets.create(&PostParams::default(), &statefulset("db", json!({})))
         .await
         .unwrap();
     let op = support::started(
@@ -278,17 +278,6 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
     c.cleanup().await;
 }
 
-/// A StatefulSet as the tests make it: one replica of a pause container.
-fn db_statefulset(name: &str) -> k8s_openapi::api::apps::v1::StatefulSet {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"replicas": 1, "serviceName": name, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}},
-                              "spec": {"containers": [{"name": "db", "image": "registry.k8s.io/pause:3.9"}]}}}
-    }))
-    .unwrap()
-}
-
 /// Running sharded, a built-in kind's RunbookState carries its target's
 /// shard label, as children do, so that each replica caches only the
 /// states of its share; when the target moves to another replica, its
@@ -299,7 +288,7 @@ async fn sharded_a_built_in_kinds_state_follows_its_target() {
     use runbook::shard::SHARD_LABEL;
     let c = Cluster::new("any-shards").await;
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
-    sets.create(&PostParams::default(), &db_statefulset("db"))
+    sets.create(&PostParams::default(), &statefulset("db", json!({})))
         .await
         .unwrap();
     let files = [
@@ -340,14 +329,14 @@ async fn sharded_a_built_in_kinds_state_follows_its_target() {
     let b = replica("b");
     a.shutdown(std::time::Duration::from_secs(5)).await;
     let set_on_b = || async {
+        use kube::ResourceExt;
         sets.get("db")
             .await
             .unwrap()
-            .metadata
-            .labels
-            .unwrap_or_default()
+            .labels()
             .get(SHARD_LABEL)
-            == Some(&"b".to_string())
+            .map(String::as_str)
+            == Some("b")
     };
     eventually("the StatefulSet labelled for b", 60, set_on_b).await;
     eventually("its state labelled for b", 60, || async {

@@ -169,12 +169,31 @@ fn a_template_syntax_error_points_into_the_template() {
 // Runtime failures: the policy loads, the decision fails with a position.
 
 fn runtime_world(script: &str) -> World {
+    runtime_world_on(ScriptEngine::default(), script)
+}
+
+fn runtime_world_on(engine: ScriptEngine, script: &str) -> World {
     let yaml = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  owns: [{apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  script: p.rhai\n";
-    World::from_files(&[("p.yaml", yaml), ("p.rhai", script)])
+    World::from_files_on(engine, &[("p.yaml", yaml), ("p.rhai", script)])
 }
 
 fn runtime_error(script: &str) -> runbook::script::ScriptError {
-    let w = runtime_world(script);
+    runtime_error_on(ScriptEngine::default(), script)
+}
+
+/// An engine whose wall-clock budget is far above what a script needs
+/// before the error a test looks for: on a loaded machine (a debug build
+/// beside a real control plane on 2 cores) the 20 ms default can stop it
+/// first.
+fn unhurried() -> ScriptEngine {
+    ScriptEngine::new(runbook::script::ScriptLimits {
+        wall_time: std::time::Duration::from_secs(5),
+        ..Default::default()
+    })
+}
+
+fn runtime_error_on(engine: ScriptEngine, script: &str) -> runbook::script::ScriptError {
+    let w = runtime_world_on(engine, script);
     w.add(deployment("chatbot", 1));
     match w.try_decide("p", &evaluator("chatbot", "chatbot", 0.9)) {
         Err(runbook::decide::DecideError::Script(e)) => e,
@@ -520,18 +539,21 @@ fn a_selector_is_a_label_selector_checked_where_it_is_written() {
 /// Events; 65,536 actions took hundreds of MB).
 #[test]
 fn a_decision_past_its_caps_fails_at_the_action_that_crossed_them() {
-    let e = runtime_error(
+    let e = runtime_error_on(
+        unhurried(),
         "fn reconcile(ctx) {\n  let out = [];\n  for i in 0..3000 {\n    out.push(event(\"Normal\", \"Tick\", `tick ${i}`));\n  }\n  out\n}\n",
     );
     assert_eq!(e.kind, ScriptErrorKind::BadResult, "{e}");
     assert!(e.to_string().starts_with("test/p.rhai:4:14:"), "{e}");
     assert!(e.message.contains("more than 100 Events"), "{e}");
-    let e = runtime_error(
+    let e = runtime_error_on(
+        unhurried(),
         "fn reconcile(ctx) {\n  let out = [];\n  for i in 0..1500 {\n    out.push(status(#{ n: i }));\n  }\n  out\n}\n",
     );
     assert!(e.message.contains("more than 1000 actions"), "{e}");
     assert!(e.to_string().starts_with("test/p.rhai:4:"), "{e}");
-    let e = runtime_error(
+    let e = runtime_error_on(
+        unhurried(),
         "fn reconcile(ctx) {\n  let big = \"x\";\n  for i in 0..17 { big += big; }\n  [status(#{ a: big }), status(#{ b: big })]\n}\n",
     );
     assert!(

@@ -35,7 +35,11 @@ impl World {
 
     /// Policies from inline files.
     pub fn from_files(files: &[(&str, &str)]) -> Self {
-        let engine = ScriptEngine::default();
+        Self::from_files_on(ScriptEngine::default(), files)
+    }
+
+    /// Policies from inline files, run by `engine`.
+    pub fn from_files_on(engine: ScriptEngine, files: &[(&str, &str)]) -> Self {
         let bundle = Bundle::new(
             policy::Origin::Inline("test".into()),
             files
