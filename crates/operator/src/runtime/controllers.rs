@@ -19,12 +19,6 @@ use crate::telemetry::Metrics;
 use crate::util::channel;
 use crate::util::lock;
 use runbook_core::kinds::KindRef;
-/// The watch of a target kind: the policies' label selector where the
-/// API server can apply it; sharded, listed from the API server's watch
-/// cache (see `cache::Scope::from_cache`).
-fn watch_config(selector: Option<&str>, from_cache: bool) -> watcher::Config {
-    crate::observe::cache::watch_config(selector, from_cache)
-}
 
 /// Start the controller of one target kind: its watch, its reflector and
 /// its reconciles. A panic that escapes the controller (anywhere but a
@@ -55,7 +49,7 @@ pub(super) fn spawn_target(
     // Sharded, only this replica's own targets; those of gone members
     // by a watch beside it (`shares`).
     let watch = super::assign::watch_selector(ctx, selector.as_deref());
-    let config = watch_config(watch.as_deref(), ctx.config.shards);
+    let config = crate::observe::cache::watch_config(watch.as_deref(), ctx.config.shards);
     let health = ctx.health.watches.clone();
     let own = watched(health, k.to_string(), (api.clone(), &ar), config).boxed();
     let events = match ctx.config.shards {
@@ -137,7 +131,7 @@ fn gone_watch(
             return None;
         }
         let selector = super::assign::gone_selector(selector.as_deref(), labels);
-        let config = watch_config(Some(&selector), true);
+        let config = crate::observe::cache::watch_config(Some(&selector), true);
         let watch = watched(health.clone(), name.clone(), (api.clone(), &ar), config);
         Some(watch.default_backoff().boxed())
     })
