@@ -144,10 +144,11 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     let (ar, caps) =
         found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
+    let dyntype = std::sync::Arc::new(ar.clone());
     let api: Api<RawObject> = if caps.scope == Scope::Namespaced {
-        Api::namespaced_with(client.clone(), &args.namespace, &ar)
+        Api::namespaced_with(client.clone(), &args.namespace, &dyntype)
     } else {
-        Api::all_with(client.clone(), &ar)
+        Api::all_with(client.clone(), &dyntype)
     };
     let place = match caps.scope {
         Scope::Namespaced => format!(" in namespace {:?}", args.namespace),
@@ -179,8 +180,11 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             .and_then(Value::as_str)
             .map(str::to_string);
         for ns in namespaces {
-            let states: Api<RawObject> =
-                Api::namespaced_with(client.clone(), &ns, &state.api_resource());
+            let states: Api<RawObject> = Api::namespaced_with(
+                client.clone(),
+                &ns,
+                &std::sync::Arc::new(state.api_resource()),
+            );
             if let Ok(Some(found)) = states.get_opt(&state_name).await {
                 let found = found.value();
                 if found.pointer("/spec/target/uid").and_then(Value::as_str) == uid.as_deref() {

@@ -61,7 +61,9 @@ pub fn caches(objects: impl IntoIterator<Item = Value>) -> Sources {
 pub fn target_store(objects: impl IntoIterator<Item = Value>) -> Sources {
     use kube::runtime::watcher::Event;
     let kind = KindRef::new("v1", "Pod");
-    let resource = kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
+    let resource = Arc::new(kube::core::ApiResource::erase::<
+        k8s_openapi::api::core::v1::Pod,
+    >(&()));
     let mut writer = kube::runtime::reflector::store::Writer::<RawObject>::new(resource.clone());
     let index = Arc::new(runbook_operator::observe::index::TargetIndex::default());
     for v in objects {

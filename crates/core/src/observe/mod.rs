@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::kinds::KindRef;
 
 pub mod object;
-pub use object::RawObject;
+pub use object::{Labels, RawFields, RawObject};
 
 /// A kind as the API server serves it (what discovery answered).
 #[derive(Clone, Debug, PartialEq)]

@@ -64,10 +64,16 @@ pub async fn rollback(
 ) -> Result<RolledBack, ExecError> {
     let deploy_kind = KindRef::new("apps/v1", "Deployment");
     let rs_kind = KindRef::new("apps/v1", "ReplicaSet");
-    let deployments: Api<RawObject> =
-        Api::namespaced_with(client.clone(), namespace, &deploy_kind.api_resource());
-    let rsets: Api<RawObject> =
-        Api::namespaced_with(client.clone(), namespace, &rs_kind.api_resource());
+    let deployments: Api<RawObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &std::sync::Arc::new(deploy_kind.api_resource()),
+    );
+    let rsets: Api<RawObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &std::sync::Arc::new(rs_kind.api_resource()),
+    );
     let what = format!("rollback apps/v1 Deployment {namespace}/{deployment}");
     let dep = deployments
         .get(deployment)

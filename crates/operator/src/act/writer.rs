@@ -3,6 +3,8 @@
 //! and finalizers, Events), and where the journal hears what became of
 //! each. It decides nothing: the plan said what to write.
 
+use std::sync::Arc;
+
 use jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -57,17 +59,18 @@ pub struct Writer<'a> {
 }
 
 fn api(client: &kube::Client, kind: &Resolved, ns: &str) -> Api<RawObject> {
+    let resource = Arc::new(kind.resource.clone());
     if kind.namespaced {
-        Api::namespaced_with(client.clone(), ns, &kind.resource)
+        Api::namespaced_with(client.clone(), ns, &resource)
     } else {
-        Api::all_with(client.clone(), &kind.resource)
+        Api::all_with(client.clone(), &resource)
     }
 }
 
 /// Requests for a kind's objects in a namespace (or cluster-wide).
 fn requests(kind: &Resolved, ns: &str) -> Request {
     let ns = kind.namespaced.then_some(ns);
-    Request::new(RawObject::url_path(&kind.resource, ns))
+    Request::new(kube::core::DynamicObject::url_path(&kind.resource, ns))
 }
 
 /// Send a patch, `subresource` of the object if one is named. Of the
@@ -500,7 +503,7 @@ impl Writer<'_> {
         );
         tracing::debug!(state = %format!("{ns}/{name}"), "writing Runbook's state");
         let resource = KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource();
-        let request = Request::new(RawObject::url_path(&resource, Some(ns)));
+        let request = Request::new(kube::core::DynamicObject::url_path(&resource, Some(ns)));
         let answer = send_patch(
             self.client,
             request,

@@ -63,9 +63,8 @@ pub fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
             namespace: None,
         })
         .collect();
-    let labels = o.meta.labels.as_ref();
-    let uid = labels
-        .filter(|l| l.get(crate::observe::MANAGED_BY).map(String::as_str) == Some("runbook"))
+    let uid = Some(&o.labels)
+        .filter(|l| l.get(crate::observe::MANAGED_BY) == Some("runbook"))
         .and_then(|l| l.get(crate::observe::OWNER_UID_LABEL));
     if let Some(uid) = uid
         && let Some((api_version, kind, namespace, name)) =
@@ -75,7 +74,7 @@ pub fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
             api_version,
             kind,
             name,
-            uid: uid.clone(),
+            uid: uid.to_string(),
             namespace: Some(namespace),
         });
     }
@@ -91,7 +90,7 @@ struct State {
 impl State {
     fn index(&mut self, key: &ObjKey, obj: &RawObject, add: bool) {
         self.index
-            .index(key, obj.meta.labels.iter().flatten(), obj.owner_uids(), add);
+            .index(key, obj.labels.iter(), obj.owner_uids(), add);
     }
 
     fn insert(&mut self, key: ObjKey, obj: Arc<RawObject>) -> Option<Arc<RawObject>> {
@@ -370,9 +369,10 @@ pub fn spawn_informer(
         }
         None => Arc::new(KindCache::new(kind.clone())),
     };
+    let dyntype = Arc::new(resource.clone());
     let api: Api<RawObject> = match (&namespace, namespaced) {
-        (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
-        _ => Api::all_with(client, &resource),
+        (Some(ns), true) => Api::namespaced_with(client, ns, &dyntype),
+        _ => Api::all_with(client, &dyntype),
     };
     let config = watch_config(selector.as_deref(), from_cache);
     let c = cache.clone();

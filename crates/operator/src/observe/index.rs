@@ -8,7 +8,7 @@ use std::sync::RwLock;
 
 use kube::runtime::watcher::Event;
 
-use crate::observe::RawObject;
+use crate::observe::{Labels, RawObject};
 use runbook_core::labels::{Requirement, Selector};
 
 /// (namespace, name).
@@ -20,26 +20,93 @@ type LabelKey = (String, String, String);
 /// Names by namespace, by owner uid and by label.
 #[derive(Default)]
 pub(super) struct Index {
-    by_ns: BTreeMap<String, BTreeSet<String>>,
-    by_owner: HashMap<String, BTreeSet<ObjKey>>,
+    by_ns: BTreeMap<String, Set<String>>,
+    by_owner: HashMap<String, Set<ObjKey>>,
     /// Names by one of their labels, within a namespace: a selector with an
     /// equality looks at the objects carrying that label only.
-    by_label: HashMap<LabelKey, BTreeSet<String>>,
+    by_label: HashMap<LabelKey, Set<String>>,
 }
 
-fn add_to<K: Ord + std::hash::Hash + Eq, V: Ord>(
-    map: &mut HashMap<K, BTreeSet<V>>,
-    key: K,
-    value: V,
-) {
+/// A sorted set kept as a small vector while it holds few values (most
+/// owners have one child, many label values one object), and as a B-tree
+/// beyond: a B-tree's first value takes a node for eleven.
+#[derive(Debug)]
+enum Set<V> {
+    Few(Vec<V>),
+    Many(BTreeSet<V>),
+}
+
+/// The most values a `Set` keeps as a vector.
+const FEW: usize = 8;
+
+impl<V> Default for Set<V> {
+    fn default() -> Self {
+        Set::Few(Vec::new())
+    }
+}
+
+impl<V: Ord> Set<V> {
+    fn insert(&mut self, value: V) {
+        match self {
+            Set::Few(v) => match v.binary_search(&value) {
+                Ok(_) => {}
+                Err(_) if v.len() >= FEW => {
+                    let mut many: BTreeSet<V> = std::mem::take(v).into_iter().collect();
+                    many.insert(value);
+                    *self = Set::Many(many);
+                }
+                Err(i) => {
+                    if v.capacity() == 0 {
+                        v.reserve_exact(1);
+                    }
+                    v.insert(i, value);
+                }
+            },
+            Set::Many(m) => {
+                m.insert(value);
+            }
+        }
+    }
+
+    fn remove(&mut self, value: &V) {
+        match self {
+            Set::Few(v) => {
+                if let Ok(i) = v.binary_search(value) {
+                    v.remove(i);
+                }
+            }
+            Set::Many(m) => {
+                m.remove(value);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Set::Few(v) => v.len(),
+            Set::Many(m) => m.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// In order.
+    fn iter(&self) -> impl Iterator<Item = &V> {
+        let (few, many) = match self {
+            Set::Few(v) => (Some(v.iter()), None),
+            Set::Many(m) => (None, Some(m.iter())),
+        };
+        few.into_iter().flatten().chain(many.into_iter().flatten())
+    }
+}
+
+fn add_to<K: std::hash::Hash + Eq, V: Ord>(map: &mut HashMap<K, Set<V>>, key: K, value: V) {
     map.entry(key).or_default().insert(value);
 }
 
-fn remove_from<K: std::hash::Hash + Eq, V: Ord>(
-    map: &mut HashMap<K, BTreeSet<V>>,
-    key: &K,
-    value: &V,
-) {
+fn remove_from<K: std::hash::Hash + Eq, V: Ord>(map: &mut HashMap<K, Set<V>>, key: &K, value: &V) {
     if let Some(set) = map.get_mut(key) {
         set.remove(value);
         if set.is_empty() {
@@ -54,7 +121,7 @@ impl Index {
     pub(super) fn index<'a>(
         &mut self,
         key: &ObjKey,
-        labels: impl Iterator<Item = (&'a String, &'a String)>,
+        labels: impl Iterator<Item = (&'a str, &'a str)>,
         owners: impl Iterator<Item = &'a str>,
         add: bool,
     ) {
@@ -71,7 +138,7 @@ impl Index {
             }
         }
         for (k, v) in labels {
-            let lk = (ns.clone(), k.clone(), v.clone());
+            let lk = (ns.clone(), k.to_string(), v.to_string());
             if add {
                 add_to(&mut self.by_label, lk, name.clone());
             } else {
@@ -89,7 +156,7 @@ impl Index {
 
     /// The names in a namespace, sorted.
     pub(super) fn names(&self, namespace: &str) -> impl Iterator<Item = &String> {
-        self.by_ns.get(namespace).into_iter().flatten()
+        self.by_ns.get(namespace).into_iter().flat_map(Set::iter)
     }
 
     /// The names in a namespace that may satisfy `selector`: with an
@@ -112,15 +179,20 @@ impl Index {
                 ))),
                 _ => None,
             })
-            .min_by_key(|names| names.map_or(0, BTreeSet::len));
+            .min_by_key(|names| names.map_or(0, Set::len));
         let names = narrowest.unwrap_or_else(|| self.by_ns.get(namespace));
-        names.into_iter().flatten()
+        names.into_iter().flat_map(Set::iter)
     }
 
     /// The objects of any namespace with an owner of this uid, sorted by
     /// namespace and name.
     pub(super) fn owned_anywhere(&self, uid: &str) -> Vec<&ObjKey> {
-        let mut keys: Vec<&ObjKey> = self.by_owner.get(uid).into_iter().flatten().collect();
+        let mut keys: Vec<&ObjKey> = self
+            .by_owner
+            .get(uid)
+            .into_iter()
+            .flat_map(Set::iter)
+            .collect();
         keys.sort();
         keys
     }
@@ -131,7 +203,7 @@ impl Index {
             .by_owner
             .get(uid)
             .into_iter()
-            .flatten()
+            .flat_map(Set::iter)
             .filter(|k| k.0 == namespace)
             .collect();
         keys.sort_by(|a, b| a.1.cmp(&b.1));
@@ -143,14 +215,14 @@ impl Index {
 /// and to take it out again.
 #[derive(Clone, Debug, Default)]
 struct Indexed {
-    labels: BTreeMap<String, String>,
+    labels: Labels,
     owners: Vec<String>,
 }
 
 impl Indexed {
     fn of(o: &RawObject) -> Self {
         Self {
-            labels: o.meta.labels.clone().unwrap_or_default(),
+            labels: o.labels.clone(),
             owners: o.owner_uids().map(str::to_string).collect(),
         }
     }
@@ -246,7 +318,7 @@ impl TargetIndex {
             .filter(|name| {
                 st.objects
                     .get(&(namespace.to_string(), (*name).clone()))
-                    .is_some_and(|o| selector.matches_with(|k| o.labels.get(k).map(String::as_str)))
+                    .is_some_and(|o| selector.matches_with(|k| o.labels.get(k)))
             })
             .cloned()
             .collect()
@@ -342,5 +414,35 @@ mod tests {
         assert!(ix.names("a").is_empty());
         assert_eq!(ix.select("b", &web), ["three"]);
         assert_eq!(ix.len(), 1);
+    }
+
+    /// An owner with many children, and a label many objects carry: the
+    /// index finds every one of them, sorted, as it grows past a small
+    /// set and shrinks back, and forgets an owner whose last child left.
+    #[test]
+    fn many_children_of_one_owner_are_found_as_they_come_and_go() {
+        let ix = TargetIndex::default();
+        let names: Vec<String> = (0..40).map(|i| format!("c{i:02}")).collect();
+        // Added out of order.
+        for name in names.iter().rev() {
+            ix.observe(&Event::Apply(obj("a", name, &[("app", "web")], Some("u1"))));
+        }
+        assert_eq!(ix.owned_by("a", "u1"), names);
+        let web = Selector::parse("app=web").expect("a selector");
+        assert_eq!(ix.select("a", &web), names);
+        // Down to a few again, then none.
+        for name in &names[3..] {
+            ix.observe(&Event::Delete(obj("a", name, &[], None)));
+        }
+        assert_eq!(ix.owned_by("a", "u1"), &names[..3]);
+        ix.observe(&Event::Apply(obj("a", "c01", &[("app", "web")], Some("u1"))));
+        assert_eq!(ix.owned_by("a", "u1"), &names[..3], "the same child twice");
+        for name in &names[..3] {
+            ix.observe(&Event::Delete(obj("a", name, &[], None)));
+        }
+        assert!(ix.owned_by("a", "u1").is_empty());
+        assert!(ix.owned_anywhere("u1").is_empty());
+        assert!(ix.select("a", &web).is_empty());
+        assert!(ix.is_empty());
     }
 }

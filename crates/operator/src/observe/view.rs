@@ -37,7 +37,11 @@ pub enum Source {
     Informer(Arc<KindCache>),
     /// A target kind's controller store, with the resource its objects
     /// are keyed under and the index that finds them.
-    Targets(Store<RawObject>, kube::core::ApiResource, Arc<TargetIndex>),
+    Targets(
+        Store<RawObject>,
+        Arc<kube::core::ApiResource>,
+        Arc<TargetIndex>,
+    ),
 }
 
 /// The caches by kind, as a reconcile sees them.
@@ -47,7 +51,7 @@ pub struct Sources(pub HashMap<KindRef, Source>);
 /// The objects of a target kind's store with these names, in that order.
 fn from_store(
     store: &Store<RawObject>,
-    resource: &kube::core::ApiResource,
+    resource: &Arc<kube::core::ApiResource>,
     namespace: &str,
     names: Vec<String>,
 ) -> Vec<Arc<CachedObject>> {
@@ -402,7 +406,7 @@ impl Dependencies {
 /// The key of a target in its controller's store: cluster-scoped objects
 /// have no namespace.
 pub fn target_ref(
-    resource: &kube::core::ApiResource,
+    resource: &Arc<kube::core::ApiResource>,
     namespace: &str,
     name: &str,
 ) -> kube::runtime::reflector::ObjectRef<RawObject> {

@@ -27,6 +27,7 @@ use kube::api::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::runtime::controller::Action;
+use runbook_core::observe::Labels;
 use serde_json::json;
 
 use super::context::Context;
@@ -142,7 +143,7 @@ pub(super) async fn admit(
     kind: &KindRef,
     namespace: &str,
     name: &str,
-    labels: Option<&std::collections::BTreeMap<String, String>>,
+    labels: &Labels,
 ) -> Option<Action> {
     let lease = ctx.config.lease.as_ref().filter(|_| ctx.config.shards)?;
     match let_go(ctx, kind, namespace, name, labels).await {
@@ -150,7 +151,7 @@ pub(super) async fn admit(
         Some(false) => return Some(Action::requeue(Duration::from_secs(1))),
         None => {}
     }
-    let label = labels.and_then(|l| l.get(SHARD_LABEL)).map(String::as_str);
+    let label = labels.get(SHARD_LABEL);
     let ring_key = || key(kind.group(), &kind.kind, namespace, name);
     match ctx
         .running
@@ -171,9 +172,9 @@ async fn let_go(
     kind: &KindRef,
     namespace: &str,
     name: &str,
-    labels: Option<&std::collections::BTreeMap<String, String>>,
+    labels: &Labels,
 ) -> Option<bool> {
-    if !labels.is_some_and(|l| l.contains_key(DRAIN_LABEL)) {
+    if !labels.contains_key(DRAIN_LABEL) {
         return None;
     }
     let patch = json!({"metadata": {"labels": {SHARD_LABEL: null, DRAIN_LABEL: null}}});

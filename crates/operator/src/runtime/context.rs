@@ -251,11 +251,7 @@ impl Context {
         for (k, t) in lock(&self.running.targets).iter() {
             map.insert(
                 k.clone(),
-                Source::Targets(
-                    t.store.clone(),
-                    self.resources.served_as(k).0,
-                    t.index.clone(),
-                ),
+                Source::Targets(t.store.clone(), t.resource.clone(), t.index.clone()),
             );
         }
         Sources(map)
@@ -281,11 +277,7 @@ impl Context {
     pub(super) fn trigger(&self, key: TargetKey) {
         let targets = lock(&self.running.targets);
         if let Some(t) = targets.get(&key.kind) {
-            let r = target_ref(
-                &self.resources.served_as(&key.kind).0,
-                &key.namespace,
-                &key.name,
-            );
+            let r = target_ref(&t.resource, &key.namespace, &key.name);
             // Woken before it is sent: the reconcile it starts decides
             // again, however unchanged the target itself is.
             self.memory.last.wake(&key);
@@ -341,7 +333,7 @@ impl Context {
             let Some(t) = targets.get(&kind) else {
                 return false;
             };
-            let r = target_ref(&self.resources.served_as(&kind).0, &s.namespace, &s.name);
+            let r = target_ref(&t.resource, &s.namespace, &s.name);
             t.store
                 .get(&r)
                 .is_some_and(|o| o.meta.uid.as_deref().unwrap_or("") == s.uid)
@@ -413,6 +405,8 @@ impl Context {
 }
 
 pub(super) struct TargetController {
+    /// The kind as served, shared by the keys of the store.
+    pub resource: Arc<kube::core::ApiResource>,
     pub store: Store<RawObject>,
     /// Where the store's objects are, by namespace, label and owner.
     pub index: Arc<crate::observe::index::TargetIndex>,

@@ -30,6 +30,8 @@ pub(super) fn spawn_target(
     selector: Option<String>,
 ) -> TargetController {
     let (ar, namespaced) = ctx.resources.served_as(k);
+    // Shared: every key of the store and the queues holds it.
+    let ar = Arc::new(ar);
     let api: Api<RawObject> = match (&ctx.config.namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
         _ => Api::all_with(ctx.client.clone(), &ar),
@@ -69,7 +71,7 @@ pub(super) fn spawn_target(
     };
     let objects =
         reflector::reflector(writer, indexed(ctx, k, events, index.clone())).applied_objects();
-    let controller = Controller::for_stream_with(objects, reader, ar)
+    let controller = Controller::for_stream_with(objects, reader, ar.clone())
         .trigger_backoff(WatchBackoff::default())
         .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))
         .reconcile_on(trigger_rx.into_stream())
@@ -86,6 +88,7 @@ pub(super) fn spawn_target(
         ended.clone(),
     ));
     TargetController {
+        resource: ar,
         selector,
         watch,
         store,

@@ -359,8 +359,8 @@ pub(super) async fn reconcile(
     let began = tokio::time::Instant::now();
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
     // Sharded: a target moving away, or not this replica's, is left.
-    let labels = obj.meta.labels.as_ref();
-    if let Some(action) = super::assign::admit(&ctx, &kind, &key.namespace, &key.name, labels).await
+    if let Some(action) =
+        super::assign::admit(&ctx, &kind, &key.namespace, &key.name, &obj.labels).await
     {
         tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, ?action, "not decided here");
         return Ok(action);

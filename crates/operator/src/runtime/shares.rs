@@ -15,6 +15,7 @@
 //! store keeps what the own watch says of it.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -40,11 +41,7 @@ pub(super) type PlacesHere = Box<dyn Fn(&RawObject) -> bool + Send>;
 
 /// Where an object is held in the store from: the shard label it carries.
 fn label(o: &RawObject) -> Option<&str> {
-    o.meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(SHARD_LABEL))
-        .map(String::as_str)
+    o.label(SHARD_LABEL)
 }
 
 type Key = (Option<String>, String);
@@ -92,7 +89,7 @@ pub(super) struct Shares {
     /// tells of them any more.
     watched: Option<watch::Receiver<BTreeSet<String>>>,
     store: Store<RawObject>,
-    resource: ApiResource,
+    resource: Arc<ApiResource>,
     out: VecDeque<WatchResult>,
 }
 
@@ -102,7 +99,7 @@ impl Shares {
         own: Watch,
         (start_gone, places_here): (StartGone, PlacesHere),
         watched: watch::Receiver<BTreeSet<String>>,
-        (store, resource): (Store<RawObject>, ApiResource),
+        (store, resource): (Store<RawObject>, Arc<ApiResource>),
     ) -> Self {
         Self {
             me,
@@ -341,16 +338,16 @@ mod tests {
     use super::*;
     use futures::channel::mpsc;
     use kube::runtime::reflector;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
-    fn resource() -> ApiResource {
-        ApiResource {
+    fn resource() -> Arc<ApiResource> {
+        Arc::new(ApiResource {
             group: "example.com".into(),
             version: "v1".into(),
             api_version: "example.com/v1".into(),
             kind: "Widget".into(),
             plural: "widgets".into(),
-        }
+        })
     }
 
     fn object(name: &str, shard: &str, version: &str) -> RawObject {
@@ -468,9 +465,9 @@ mod tests {
                 tokio::time::timeout(std::time::Duration::from_millis(50), self.events.next()).await
             {
                 self.passed.push(match e.unwrap() {
-                    Event::Apply(o) => format!("apply {}", o.meta.name.unwrap()),
-                    Event::Delete(o) => format!("delete {}", o.meta.name.unwrap()),
-                    Event::InitApply(o) => format!("listed {}", o.meta.name.unwrap()),
+                    Event::Apply(o) => format!("apply {}", o.name()),
+                    Event::Delete(o) => format!("delete {}", o.name()),
+                    Event::InitApply(o) => format!("listed {}", o.name()),
                     Event::Init => "init".into(),
                     Event::InitDone => "done".into(),
                 });

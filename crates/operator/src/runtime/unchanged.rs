@@ -216,6 +216,9 @@ impl LastDecisions {
         };
         let target = inner.targets.entry(hash_of(key)).or_default();
         target.last.retain(|l| l.policy != policy);
+        // Most targets have one policy: room for one, not the four a
+        // vector's first push makes.
+        target.last.reserve_exact(1);
         target.last.push(last);
     }
 
