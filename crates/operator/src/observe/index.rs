@@ -435,7 +435,12 @@ mod tests {
             ix.observe(&Event::Delete(obj("a", name, &[], None)));
         }
         assert_eq!(ix.owned_by("a", "u1"), &names[..3]);
-        ix.observe(&Event::Apply(obj("a", "c01", &[("app", "web")], Some("u1"))));
+        ix.observe(&Event::Apply(obj(
+            "a",
+            "c01",
+            &[("app", "web")],
+            Some("u1"),
+        )));
         assert_eq!(ix.owned_by("a", "u1"), &names[..3], "the same child twice");
         for name in &names[..3] {
             ix.observe(&Event::Delete(obj("a", name, &[], None)));
