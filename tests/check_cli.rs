@@ -442,12 +442,37 @@ fn rbac_warns_of_secrets_elsewhere_and_confines_a_tenant() {
         .lines()
         .filter_map(|l| l.strip_prefix("kind: "))
         .collect();
-    assert_eq!(kinds, ["Role", "RoleBinding"], "{stdout}");
-    assert!(stdout.contains("namespace: team-a"), "{stdout}");
+    assert_eq!(
+        kinds,
+        ["Role", "RoleBinding", "Role", "RoleBinding"],
+        "{stdout}"
+    );
     assert!(!stdout.contains("nodes"), "{stdout}");
     assert!(!stdout.contains("leases"), "{stdout}");
-    assert!(stdout.contains("- pager"), "the Secret by name: {stdout}");
-    assert!(stdout.contains("- jobs"), "{stdout}");
+    let docs = runbook::util::yaml::parse_documents(&stdout).unwrap();
+    for d in &docs {
+        assert_eq!(d["metadata"]["namespace"], "team-a", "{d}");
+    }
+    // First what the tenant's account needs: what its policies write,
+    // bound to runbook-tenant in team-a.
+    let account = docs[0].to_string();
+    assert_eq!(docs[0]["metadata"]["name"], "runbook-tenant");
+    assert!(account.contains("\"jobs\""), "{account}");
+    assert!(account.contains("\"create\""), "{account}");
+    assert_eq!(docs[1]["subjects"][0]["name"], "runbook-tenant");
+    assert_eq!(docs[1]["subjects"][0]["namespace"], "team-a");
+    // Then the operator's: acting as that account, watching, reading the
+    // Secret its receivers name; never writing the tenant's objects.
+    let operator = docs[2].to_string();
+    assert!(operator.contains("\"impersonate\""), "{operator}");
+    assert!(operator.contains("\"serviceaccounts\""), "{operator}");
+    assert!(
+        operator.contains("\"pager\""),
+        "the Secret by name: {operator}"
+    );
+    assert!(!operator.contains("\"create\",\"delete\""), "{operator}");
+    assert_eq!(docs[3]["subjects"][0]["name"], "runbook");
+    assert_eq!(docs[3]["subjects"][0]["namespace"], "runbook-system");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

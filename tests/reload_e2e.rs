@@ -84,12 +84,12 @@ async fn start_configured(
 ) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>, Vec<String>) {
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
-    let reloader = Arc::new(configure(Reloader::new(
-        engine,
-        Some(c.client.clone()),
-        metrics.clone(),
-        "test",
-    )));
+    // The test's namespace is the operator's (its bundles cluster-wide)
+    // unless the test says otherwise.
+    let reloader = Arc::new(configure(
+        Reloader::new(engine, Some(c.client.clone()), metrics.clone(), "test")
+            .with_secret_namespace(&c.ns),
+    ));
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         bundles.extend(
@@ -486,7 +486,8 @@ async fn alert_routes_naming_a_missing_secret_are_refused_until_it_exists() {
         Some(c.client.clone()),
         Arc::new(Metrics::new()),
         "test",
-    );
+    )
+    .with_secret_namespace(&c.ns);
     let (set, errors) = reloader.initial(vec![bundle()]).await;
     assert!(set.routes.is_empty());
     assert_eq!(errors.len(), 1, "{errors:?}");
@@ -508,7 +509,8 @@ async fn alert_routes_naming_a_missing_secret_are_refused_until_it_exists() {
         Some(c.client.clone()),
         Arc::new(Metrics::new()),
         "test",
-    );
+    )
+    .with_secret_namespace(&c.ns);
     let (_, errors) = reloader.initial(vec![bundle()]).await;
     assert!(errors[0].ends_with("has no key \"url\""), "{errors:?}");
     // Credentials before the host would be dropped silently by the HTTP
@@ -750,6 +752,16 @@ async fn a_tenants_policy_acts_only_in_its_own_namespace() {
     )
     .await
     .unwrap();
+    // The tenant's account holds what `runbook rbac --tenant` prints for
+    // the policy; the operator here is the test's administrator.
+    let tenant_set = policies(
+        &c,
+        &[
+            ("tuned.yaml", policy_yaml(&c, "7").as_str()),
+            ("tuned.rhai", SCRIPT),
+        ],
+    );
+    grant_tenant(&c, &c.ns, &tenant_set, ("kube-system", "default")).await;
     let (op, _reloader, errors) = start_configured(
         &c,
         SourceConfig {

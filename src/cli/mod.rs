@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the operator.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Print the decision record of an object (KIND/NAME).
     Explain(explain::ExplainArgs),
     /// Load and compile every policy and script below the paths.
@@ -116,7 +116,7 @@ pub fn main() -> ExitCode {
         crate::util::signals::end_quietly_on_closed_pipe();
     }
     let result = match cli.command {
-        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(*args))),
         Command::Check(args) => check::run(args),
         Command::Alerts(args) => alerts::run(args),
         Command::Simulate(args) => scenario::simulate(args),

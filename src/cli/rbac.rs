@@ -45,10 +45,21 @@ pub struct RbacArgs {
     #[arg(long, env = "RUNBOOK_ALLOW_OTHER_NAMESPACES")]
     pub allow_other_namespaces: bool,
     /// The policies are a tenant's, loaded from ConfigMaps in this
-    /// namespace: print the Role (and its binding to the operator) they
-    /// need there, and nothing cluster-wide.
+    /// namespace: print the Role its account needs there (what the
+    /// policies read and write, as that account), then the Role the
+    /// operator needs there (to act as the account, to watch what the
+    /// policies read, to read the policy ConfigMaps), and nothing
+    /// cluster-wide.
     #[arg(long, env = "RUNBOOK_RBAC_TENANT")]
     pub tenant: Option<String>,
+    /// The ServiceAccount a tenant's policies act as (`runbook run
+    /// --tenant-service-account`, or its override for the namespace).
+    #[arg(
+        long,
+        env = "RUNBOOK_TENANT_SERVICE_ACCOUNT",
+        default_value = crate::runtime::tenants::DEFAULT_ACCOUNT
+    )]
+    pub tenant_service_account: String,
     /// Grant what replicas sharing the targets need (`runbook run
     /// --shards`): patching targets' labels, listing the replicas'
     /// Leases, their published alerts.
@@ -142,6 +153,7 @@ pub fn run(args: RbacArgs) -> anyhow::Result<ExitCode> {
         policy_namespaces: args.policy_namespaces,
         policy_configmaps: true,
         tenant: args.tenant,
+        tenant_account: args.tenant_service_account,
         webhook: args.webhook.objects(),
         shards: args.shards,
     };

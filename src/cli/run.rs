@@ -115,6 +115,37 @@ pub struct RunArgs {
     /// decisions the skips save.
     #[arg(long, env = "RUNBOOK_CHECK_SKIPS")]
     pub check_skips: bool,
+    /// The ServiceAccount, in each tenant's namespace, that the policies
+    /// from its ConfigMaps act as (impersonated: the operator needs
+    /// `impersonate` on it there, which `runbook rbac --tenant` prints).
+    #[arg(
+        long,
+        env = "RUNBOOK_TENANT_SERVICE_ACCOUNT",
+        default_value = crate::runtime::tenants::DEFAULT_ACCOUNT
+    )]
+    pub tenant_service_account: String,
+    /// Another ServiceAccount for one tenant's namespace, as NAMESPACE=ACCOUNT
+    /// (repeat, or comma-separated).
+    #[arg(
+        long = "tenant-service-account-for",
+        env = "RUNBOOK_TENANT_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        value_parser = namespace_account
+    )]
+    pub tenant_service_accounts: Vec<(String, String)>,
+    /// The most a tenant's policy may allow its pods (`spec.pods`, as YAML:
+    /// `{serviceAccounts: [bench]}`); a tenant's bundle that allows more is
+    /// refused. Default: nothing.
+    #[arg(long, env = "RUNBOOK_TENANT_POD_BOUNDS", default_value = "{}", value_parser = pod_bounds)]
+    pub tenant_pod_bounds: crate::policy::model::PodsSpec,
+    /// Decisions of one policy under way at once; more wait, without
+    /// holding up other policies.
+    #[arg(long, env = "RUNBOOK_POLICY_CONCURRENCY", default_value_t = 4)]
+    pub policy_concurrency: usize,
+    /// Milliseconds of script time one policy may use per second; past it
+    /// its decisions wait (`runbook_policy_throttled_total`).
+    #[arg(long, env = "RUNBOOK_POLICY_CPU_BUDGET_MS", default_value_t = 250)]
+    pub policy_cpu_budget_ms: u64,
     /// Skip the start-up check (SelfSubjectAccessReviews) that the operator
     /// holds every permission its policies need.
     #[arg(long, env = "RUNBOOK_SKIP_ACCESS_CHECK")]
@@ -137,6 +168,21 @@ pub struct RunArgs {
     /// cluster): `https://HOST:PORT`.
     #[arg(long, env = "RUNBOOK_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
+}
+
+/// `NAMESPACE=ACCOUNT`.
+fn namespace_account(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((ns, account)) if !ns.is_empty() && !account.is_empty() => {
+            Ok((ns.to_string(), account.to_string()))
+        }
+        _ => Err(format!("{s:?}: want NAMESPACE=ACCOUNT")),
+    }
+}
+
+/// A `spec.pods` document, as YAML.
+fn pod_bounds(s: &str) -> Result<crate::policy::model::PodsSpec, String> {
+    crate::util::yaml::parse(s).map_err(|e| format!("{s:?}: {e}"))
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +216,13 @@ fn identity(args: &RunArgs) -> String {
 }
 
 pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    Ok(kube::Client::try_from(config(kubeconfig).await?)?)
+}
+
+/// The connection settings: the kubeconfig given, else $KUBECONFIG,
+/// ~/.kube/config, or the pod's own.
+pub async fn config(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -179,8 +231,22 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client
         None => kube::Config::infer()
             .await
             .context("finding a kubeconfig or in-cluster config")?,
-    };
-    Ok(kube::Client::try_from(config)?)
+    })
+}
+
+/// Who tenants' policies act as, from the flags; `impersonating`: whom the
+/// operator's own credentials already impersonate, if anyone.
+fn tenancy(args: &RunArgs, impersonating: Option<&str>) -> crate::runtime::TenancyConfig {
+    crate::runtime::TenancyConfig {
+        service_account: args.tenant_service_account.clone(),
+        overrides: args.tenant_service_accounts.iter().cloned().collect(),
+        pod_bounds: args.tenant_pod_bounds.clone(),
+        unable: impersonating.map(|user| {
+            format!(
+                "the operator's own credentials impersonate {user:?} (the kubeconfig's `as:`), and a request can impersonate one identity only: run the operator with credentials of its own"
+            )
+        }),
+    }
 }
 
 /// Whether the operator namespace exists (it holds the Lease and the
@@ -278,7 +344,11 @@ async fn check_access(
         shards: args.shards,
         ..Default::default()
     };
-    match access::missing_for(client, set, &opts, watched.as_deref()).await {
+    // A tenant's policies are checked as their bundles load, with their
+    // account's rights: they never stop the operator from starting.
+    let mut set = set.clone();
+    set.policies.retain(|_, p| p.tenant.is_none());
+    match access::missing_for(client, &set, &opts, watched.as_deref()).await {
         Ok(missing) if missing.is_empty() => {
             tracing::info!("the service account holds every permission the policies need")
         }
@@ -322,8 +392,13 @@ fn webhook_config(args: &RunArgs) -> Option<crate::runtime::WebhookConfig> {
     })
 }
 
-fn operator_config(args: &RunArgs) -> OperatorConfig {
+fn operator_config(args: &RunArgs, tenancy: crate::runtime::TenancyConfig) -> OperatorConfig {
     OperatorConfig {
+        tenancy,
+        fair: crate::runtime::fair::FairConfig {
+            concurrency: args.policy_concurrency,
+            cpu_per_second: Duration::from_millis(args.policy_cpu_budget_ms),
+        },
         webhook: webhook_config(args),
         operator_namespace: args.operator_namespace.clone(),
         namespace: watched(args),
@@ -473,7 +548,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     .await
     .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /shadow");
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let config = config(args.kubeconfig.as_ref()).await?;
+    let tenancy = tenancy(&args, config.auth_info.impersonate.as_deref());
+    let client = kube::Client::try_from(config)?;
     let engine = Arc::new(ScriptEngine::new(ScriptLimits {
         wall_time: Duration::from_millis(args.script_timeout_ms),
         ..Default::default()
@@ -492,7 +569,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_secret_namespace(&args.operator_namespace)
         .with_dangerous_kinds(args.allow_dangerous_kinds)
         .with_other_namespaces(args.allow_other_namespaces)
-        .with_access_check(!args.skip_access_check),
+        .with_access_check(!args.skip_access_check)
+        .with_tenancy(tenancy.clone()),
     );
     let Some(bundles) = initial_bundles(&client, &sources, &probes.startup).await else {
         return Ok(ExitCode::SUCCESS);
@@ -517,7 +595,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Clock::real(),
         alerts,
         metrics.clone(),
-        operator_config(&args),
+        operator_config(&args, tenancy),
     ));
     let shadow_ctx = op.ctx.clone();
     let _ = probes.shadow.set(Arc::new(move || {

@@ -81,6 +81,18 @@ async fn client_impersonating(path: &str, user: Option<(&str, &[&str])>) -> Resu
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
+/// A client from the kubeconfig at `path` that authenticates with `token`
+/// instead of the kubeconfig's own credentials.
+async fn client_with_token(path: &str, token: &str) -> Result<Client, String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    config.auth_info =
+        serde_json::from_value(serde_json::json!({"token": token})).map_err(|e| e.to_string())?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
 /// Remove what a test made on a real cluster: the kinds it defined (groups
 /// named after its namespace), the finalizers that would hold its objects
 /// once no operator runs to remove them (its own kinds' and Runbook's),
@@ -186,6 +198,19 @@ async fn teardown(client: &Client, ns: &str) {
     }
     let nss: Api<Namespace> = Api::all(client.clone());
     let _ = nss.delete(ns, &DeleteParams::default()).await;
+    // And the namespaces it made beside its own (`extra_namespace`).
+    let extra = format!("{ns}-");
+    for n in nss
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let name = n.metadata.name.unwrap_or_default();
+        if name.starts_with(&extra) {
+            let _ = nss.delete(&name, &DeleteParams::default()).await;
+        }
+    }
 }
 
 /// Who a test's own writes come from.
@@ -351,6 +376,53 @@ impl Cluster {
                 .unwrap_or_else(|e| panic!("a client as {user}: {e}")),
             (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
         }
+    }
+
+    /// A client that authenticates as the ServiceAccount `namespace/name`
+    /// (made if missing) with a token the API server issued for it, as a
+    /// pod's client does: RBAC holds it to its bindings, and it may
+    /// impersonate whom they let it.
+    pub async fn client_of_service_account(&self, namespace: &str, name: &str) -> Client {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let mut sa = ServiceAccount::default();
+        sa.metadata.name = Some(name.to_string());
+        match sas.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating ServiceAccount {namespace}/{name}: {e}"),
+        }
+        let request = serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"audiences": [], "expirationSeconds": 3600}
+        });
+        let answer: serde_json::Value = sas
+            .create_subresource("token", name, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("a token for {namespace}/{name}: {e}"));
+        let token = answer["status"]["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token in {answer}"))
+            .to_string();
+        match (&self.sandbox, real_cluster()) {
+            (Some(s), _) => s.client_with_token(&token),
+            (None, Some(path)) => client_with_token(&path, &token)
+                .await
+                .unwrap_or_else(|e| panic!("a client with a token of {name}: {e}")),
+            (None, None) => unreachable!("a cluster is either the sandbox or a real one"),
+        }
+    }
+
+    /// A namespace besides the test's, removed with it: `{ns}-{suffix}`.
+    pub async fn extra_namespace(&self, suffix: &str) -> String {
+        let name = format!("{}-{suffix}", self.ns);
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        let mut n = Namespace::default();
+        n.metadata.name = Some(name.clone());
+        nss.create(&PostParams::default(), &n)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        name
     }
 
     pub fn api<K>(&self) -> Api<K>

@@ -334,6 +334,44 @@ pub async fn started(c: &Cluster, files: &[(&str, &str)]) -> Arc<Operator> {
     op
 }
 
+/// What `runbook rbac --tenant TENANT` prints for `set`, created as the
+/// tenant's administrator would: the account the tenant's policies act as
+/// (`runbook-tenant`), its Role and binding, and the operator's Role there
+/// bound to the operator's ServiceAccount `operator` (namespace, name).
+pub async fn grant_tenant(
+    c: &Cluster,
+    tenant: &str,
+    set: &runbook::policy::PolicySet,
+    operator: (&str, &str),
+) {
+    let opts = runbook::rbac::Options {
+        name: format!("runbook-{}", c.ns),
+        namespace: operator.0.to_string(),
+        service_account: operator.1.to_string(),
+        tenant: Some(tenant.to_string()),
+        ..Default::default()
+    };
+    let served = runbook::runtime::access::served_kinds(&c.client, set).await;
+    let rbac = runbook::rbac::render(&runbook::rbac::needs(set, &opts, &served), &opts);
+    let mut docs = runbook::util::yaml::parse_documents(&rbac).unwrap();
+    docs.push(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                     "metadata": {"name": opts.tenant_account, "namespace": tenant}}));
+    for d in docs {
+        let kind = runbook::kinds::KindRef::new(
+            d["apiVersion"].as_str().unwrap(),
+            d["kind"].as_str().unwrap(),
+        );
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(c.client.clone(), tenant, &kind.api_resource());
+        let obj: DynamicObject = serde_json::from_value(d.clone()).unwrap();
+        match api.create(&PostParams::default(), &obj).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating {kind} {}: {e}", d["metadata"]["name"]),
+        }
+    }
+}
+
 /// A policy ConfigMap, as a user writes it for `kubectl apply`.
 pub fn policy_configmap(name: &str, files: &[(&str, &str)]) -> String {
     let data: serde_json::Map<String, serde_json::Value> = files

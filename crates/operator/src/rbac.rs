@@ -16,6 +16,9 @@ use runbook_core::kinds::{KindRef, Role as KindRole};
 use runbook_core::policy::PolicySet;
 
 const READ: &[&str] = &["get", "list", "watch"];
+
+/// The ServiceAccount a tenant's policies act as, unless told otherwise.
+pub const DEFAULT_TENANT_ACCOUNT: &str = "runbook-tenant";
 const WRITE: &[&str] = &["create", "delete", "patch", "update"];
 
 /// Where a permission is needed.
@@ -31,9 +34,20 @@ pub enum Scope {
     Namespace(String),
 }
 
+/// Whose a permission is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Who {
+    /// The operator's own ServiceAccount.
+    #[default]
+    Operator,
+    /// The ServiceAccount a tenant's policies act as, in its namespace.
+    Tenant,
+}
+
 /// One permission: verbs on a resource, and why it is needed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Need {
+    pub who: Who,
     pub scope: Scope,
     pub group: String,
     /// A plural, or `plural/subresource`.
@@ -81,10 +95,14 @@ pub struct Options {
     /// Whether policies come from ConfigMaps at all (`--policy-configmaps`).
     pub policy_configmaps: bool,
     /// The policies are a tenant's, loaded from ConfigMaps in this
-    /// namespace: they act only there, so they need a Role there and
-    /// nothing cluster-wide (the operator's own needs come with the
-    /// cluster-wide policies).
+    /// namespace: they act only there, as the tenant's account, which
+    /// needs a Role there; the operator needs one there too, to act as
+    /// that account and to watch what the policies read (its other needs
+    /// come with the cluster-wide policies).
     pub tenant: Option<String>,
+    /// The ServiceAccount a tenant's policies act as (`runbook run
+    /// --tenant-service-account`).
+    pub tenant_account: String,
     /// The authorship webhook's objects, when the operator serves it
     /// (`runbook run --webhook`, the default).
     pub webhook: Option<WebhookObjects>,
@@ -125,6 +143,7 @@ impl Default for Options {
             policy_namespaces: Vec::new(),
             policy_configmaps: true,
             tenant: None,
+            tenant_account: DEFAULT_TENANT_ACCOUNT.into(),
             webhook: Some(WebhookObjects::default()),
             shards: false,
         }
@@ -284,10 +303,13 @@ pub fn secrets_elsewhere(set: &PolicySet, opts: &Options) -> Vec<String> {
     out
 }
 
-/// Needs as they are found, the same (scope, group, resource, names)
-/// merged into one.
+/// Needs as they are found, the same (whose, scope, group, resource,
+/// names) merged into one; each is `who`'s.
 #[derive(Default)]
-struct Needs(Vec<Need>);
+struct Needs {
+    found: Vec<Need>,
+    who: Who,
+}
 
 impl Needs {
     fn add(
@@ -299,17 +321,20 @@ impl Needs {
         names: &[String],
         why: String,
     ) {
+        let who = self.who;
         let same = |n: &&mut Need| {
-            n.scope == scope
+            n.who == who
+                && n.scope == scope
                 && n.group == group
                 && n.resource == resource
                 && n.names.iter().cloned().collect::<Vec<_>>() == names
         };
-        if let Some(n) = self.0.iter_mut().find(same) {
+        if let Some(n) = self.found.iter_mut().find(same) {
             n.verbs.extend(verbs.iter().map(|v| v.to_string()));
             n.why.insert(why);
         } else {
-            self.0.push(Need {
+            self.found.push(Need {
+                who,
                 scope,
                 group: group.to_string(),
                 resource: resource.to_string(),
@@ -604,21 +629,82 @@ impl Needs {
     }
 }
 
-/// What the operator needs to run these policies.
+impl Needs {
+    /// What the operator needs in a tenant's namespace for its policies:
+    /// to act as the tenant's account, and to watch every namespaced kind
+    /// they declare there (and Runbook's state of their targets), since
+    /// the decisions read from the operator's caches.
+    fn tenant_operator(
+        &mut self,
+        set: &PolicySet,
+        (tenant, account): (&str, &str),
+        crds: &BTreeMap<(String, String), (String, bool)>,
+    ) {
+        let scope = Scope::Namespace(tenant.to_string());
+        self.add(
+            scope.clone(),
+            "",
+            "serviceaccounts",
+            &["impersonate"],
+            &[account.to_string()],
+            format!("acting as {account}, which the policies from ConfigMaps in {tenant} act as"),
+        );
+        for p in set.policies.values() {
+            for role in KindRole::ALL {
+                for k in p.kinds.with_role(role) {
+                    let (plural, namespaced) = resource_of(k, crds);
+                    if namespaced {
+                        let why =
+                            format!("watching what policy {} {} ({k})", p.name, role.as_str());
+                        self.add(scope.clone(), k.group(), &plural, READ, &[], why);
+                    }
+                }
+            }
+            if !runbook_core::kinds::owns_schema(&p.target) {
+                let why = format!(
+                    "watching Runbook's state of policy {}'s targets (RunbookState)",
+                    p.name
+                );
+                self.add(
+                    scope.clone(),
+                    "runbook.dev",
+                    "runbookstates",
+                    READ,
+                    &[],
+                    why,
+                );
+            }
+        }
+    }
+}
+
+/// What running these policies needs: the operator's permissions, and for
+/// a tenant's policies (`opts.tenant`) those of the account they act as.
 pub fn needs(
     set: &PolicySet,
     opts: &Options,
     crds: &BTreeMap<(String, String), (String, bool)>,
 ) -> Vec<Need> {
     let mut needs = Needs::default();
+    if let Some(tenant) = &opts.tenant {
+        // The account: every write and read of the policies, Events on
+        // their targets, and the Secrets their receivers name (the
+        // operator reads those for them, only where the account may).
+        needs.who = Who::Tenant;
+        needs.kinds(set, opts, crds);
+        needs.operator(set, opts);
+        needs.secrets(set, opts);
+        needs.who = Who::Operator;
+        needs.tenant_operator(set, (tenant, &opts.tenant_account), crds);
+        needs.policy_sources(opts);
+        needs.secrets(set, opts);
+        return needs.found;
+    }
     needs.kinds(set, opts, crds);
     needs.operator(set, opts);
     needs.policy_sources(opts);
     needs.secrets(set, opts);
     needs.webhook(opts);
-    if opts.tenant.is_some() {
-        return needs.0;
-    }
     let why = "the start-up permission check".to_string();
     needs.add(
         Scope::Cluster,
@@ -628,7 +714,7 @@ pub fn needs(
         &[],
         why,
     );
-    needs.0
+    needs.found
 }
 
 fn rules(needs: &[&Need]) -> Vec<PolicyRule> {
@@ -677,22 +763,37 @@ fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
     }
 }
 
-/// A role (`ClusterRole` or `Role`) and its binding to the operator's
-/// ServiceAccount, as JSON.
-fn role_and_binding(opts: &Options, ns: Option<&str>, needs: &[&Need]) -> [Value; 2] {
-    let subject = Subject {
-        kind: "ServiceAccount".into(),
-        name: opts.service_account.clone(),
-        namespace: Some(opts.namespace.clone()),
-        api_group: None,
+/// A role (`ClusterRole` or `Role`) and its binding to `who`'s
+/// ServiceAccount, as JSON: the operator's, or (in a tenant's namespace)
+/// the account the tenant's policies act as, each under its own name.
+fn role_and_binding(opts: &Options, who: Who, ns: Option<&str>, needs: &[&Need]) -> [Value; 2] {
+    let (name, subject) = match (who, ns) {
+        (Who::Tenant, Some(ns)) => (
+            opts.tenant_account.clone(),
+            Subject {
+                kind: "ServiceAccount".into(),
+                name: opts.tenant_account.clone(),
+                namespace: Some(ns.to_string()),
+                api_group: None,
+            },
+        ),
+        _ => (
+            opts.name.clone(),
+            Subject {
+                kind: "ServiceAccount".into(),
+                name: opts.service_account.clone(),
+                namespace: Some(opts.namespace.clone()),
+                api_group: None,
+            },
+        ),
     };
     let kind = if ns.is_some() { "Role" } else { "ClusterRole" };
     let role_ref = RoleRef {
         api_group: Some("rbac.authorization.k8s.io".into()),
         kind: kind.into(),
-        name: opts.name.clone(),
+        name: name.clone(),
     };
-    let metadata = meta(&opts.name, ns);
+    let metadata = meta(&name, ns);
     let rules = Some(rules(needs));
     let (role, binding) = match ns {
         None => (
@@ -731,26 +832,30 @@ pub fn render(needs: &[Need], opts: &Options) -> String {
         .iter()
         .filter(|n| n.scope == Scope::Cluster || (all_namespaces && n.scope == Scope::Watched))
         .collect();
-    // A tenant's rights are a Role in its namespace, nothing more.
+    // A tenant's rights are Roles in its namespace (the account's, and
+    // the operator's there), nothing more.
     let mut docs: Vec<Value> = if opts.tenant.is_some() && cluster.is_empty() {
         Vec::new()
     } else {
-        role_and_binding(opts, None, &cluster).into()
+        role_and_binding(opts, Who::Operator, None, &cluster).into()
     };
-    let mut per_ns: BTreeMap<String, Vec<&Need>> = BTreeMap::new();
+    let mut per_ns: BTreeMap<(Who, String), Vec<&Need>> = BTreeMap::new();
     for n in needs {
         match &n.scope {
-            Scope::Namespace(ns) => per_ns.entry(ns.clone()).or_default().push(n),
+            Scope::Namespace(ns) => per_ns.entry((n.who, ns.clone())).or_default().push(n),
             Scope::Watched if !all_namespaces => {
                 for ns in &opts.watch_namespaces {
-                    per_ns.entry(ns.clone()).or_default().push(n);
+                    per_ns.entry((n.who, ns.clone())).or_default().push(n);
                 }
             }
             _ => {}
         }
     }
-    for (ns, ns_needs) in per_ns {
-        docs.extend(role_and_binding(opts, Some(&ns), &ns_needs));
+    // The tenant's account first: what a tenant's administrator grants.
+    let mut per_ns: Vec<_> = per_ns.into_iter().collect();
+    per_ns.sort_by_key(|((who, ns), _)| (*who != Who::Tenant, ns.clone()));
+    for ((who, ns), ns_needs) in per_ns {
+        docs.extend(role_and_binding(opts, who, Some(&ns), &ns_needs));
     }
     let mut out =
         String::from("# Generated by `runbook rbac`: exactly the permissions the policies need.\n");

@@ -15,12 +15,21 @@
 //! `*/sub`, resource names, RoleBindings to ClusterRoles), with the
 //! discovery and self-review rights every authenticated user has.
 //!
+//! A bearer token the sandbox issued through a TokenRequest
+//! (`kubectl create token SA`, `serviceaccounts/NAME/token`) authenticates
+//! its ServiceAccount; any other request comes from the administrator.
+//! Whoever impersonates must hold the `impersonate` verb on what they
+//! impersonate (`serviceaccounts` in the account's namespace, `users`,
+//! `groups`, `uids`, `userextras/KEY`), as a real server checks it; the
+//! administrator holds every right.
+//!
 //! Simpler than a real server: aggregated ClusterRoles are not aggregated
 //! (their own rules count), the default roles (`admin`, `edit`, `view`)
-//! do not exist, and whoever impersonates is not checked (only the
-//! administrator sends the headers).
+//! do not exist, and issued tokens never expire (they last as long as the
+//! sandbox).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -58,49 +67,165 @@ impl UserInfo {
         self.groups.iter().any(|g| g == MASTERS)
     }
 
-    /// The user a request's headers name.
-    pub fn of_request(headers: &http::HeaderMap) -> Self {
-        let text = |v: &http::HeaderValue| v.to_str().unwrap_or("").to_string();
-        let Some(user) = headers.get("impersonate-user").map(text) else {
-            return Self::admin();
-        };
-        let mut groups: Vec<String> = headers
-            .get_all("impersonate-group")
-            .iter()
-            .map(text)
-            .collect();
-        let mut extra = BTreeMap::new();
-        for (name, value) in headers {
-            if let Some(key) = name.as_str().strip_prefix("impersonate-extra-") {
-                extra
-                    .entry(percent_decode(key))
-                    .or_insert_with(Vec::new)
-                    .push(text(value));
-            }
-        }
-        // A ServiceAccount authenticates with the groups of its kind.
-        if let Some(rest) = user.strip_prefix("system:serviceaccount:")
-            && let Some((ns, _)) = rest.split_once(':')
-        {
-            for g in [
-                "system:serviceaccounts".to_string(),
-                format!("system:serviceaccounts:{ns}"),
-            ] {
-                if !groups.contains(&g) {
-                    groups.push(g);
-                }
-            }
-        }
-        if !groups.iter().any(|g| g == "system:authenticated") {
-            groups.push("system:authenticated".into());
-        }
+    /// A ServiceAccount as token authentication names it, with its groups.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
         Self {
-            username: user,
-            uid: headers.get("impersonate-uid").map(text).unwrap_or_default(),
-            groups,
-            extra,
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            ..Default::default()
         }
     }
+
+    /// The user a request's impersonation headers name (the administrator
+    /// when there are none), without checking who may impersonate them.
+    pub fn of_request(headers: &http::HeaderMap) -> Self {
+        impersonated(headers).unwrap_or_else(Self::admin)
+    }
+}
+
+/// What impersonation headers ask to act as: `None` without
+/// `Impersonate-User`.
+fn impersonated(headers: &http::HeaderMap) -> Option<UserInfo> {
+    let text = |v: &http::HeaderValue| v.to_str().unwrap_or("").to_string();
+    let user = headers.get("impersonate-user").map(text)?;
+    let mut groups: Vec<String> = headers
+        .get_all("impersonate-group")
+        .iter()
+        .map(text)
+        .collect();
+    let mut extra = BTreeMap::new();
+    for (name, value) in headers {
+        if let Some(key) = name.as_str().strip_prefix("impersonate-extra-") {
+            extra
+                .entry(percent_decode(key))
+                .or_insert_with(Vec::new)
+                .push(text(value));
+        }
+    }
+    // A ServiceAccount authenticates with the groups of its kind.
+    if let Some(rest) = user.strip_prefix("system:serviceaccount:")
+        && let Some((ns, _)) = rest.split_once(':')
+    {
+        for g in [
+            "system:serviceaccounts".to_string(),
+            format!("system:serviceaccounts:{ns}"),
+        ] {
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+    }
+    if !groups.iter().any(|g| g == "system:authenticated") {
+        groups.push("system:authenticated".into());
+    }
+    Some(UserInfo {
+        username: user,
+        uid: headers.get("impersonate-uid").map(text).unwrap_or_default(),
+        groups,
+        extra,
+    })
+}
+
+/// The bearer tokens the sandbox issued, and whose they are.
+#[derive(Default)]
+pub struct Tokens {
+    issued: Mutex<HashMap<String, UserInfo>>,
+}
+
+impl Tokens {
+    /// A new token for the ServiceAccount `namespace/name`.
+    pub fn issue(&self, namespace: &str, name: &str) -> String {
+        let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        let token = format!(
+            "sandbox.{}",
+            runbook_core::util::hash::short_hex(
+                format!(
+                    "{namespace}/{name}/{}/{:?}",
+                    issued.len(),
+                    std::time::SystemTime::now()
+                )
+                .as_bytes(),
+                32
+            )
+        );
+        issued.insert(token.clone(), UserInfo::service_account(namespace, name));
+        token
+    }
+
+    fn user(&self, token: &str) -> Option<UserInfo> {
+        let issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        issued.get(token).cloned()
+    }
+}
+
+/// Who sent a request: the ServiceAccount of a bearer token the sandbox
+/// issued, else the administrator; then, where it impersonates someone,
+/// that user, once RBAC lets the sender impersonate them (the refusal
+/// reads as the API server's).
+pub fn authenticate(
+    store: &Store,
+    tokens: &Tokens,
+    headers: &http::HeaderMap,
+) -> Result<UserInfo, String> {
+    let sender = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|t| tokens.user(t.trim()))
+        .unwrap_or_else(UserInfo::admin);
+    let Some(wanted) = impersonated(headers) else {
+        return Ok(sender);
+    };
+    if sender.is_master() {
+        return Ok(wanted);
+    }
+    for a in impersonation_attributes(&wanted, headers) {
+        if !authorize(store, &sender, &a).allowed {
+            return Err(a.forbidden_message(&sender.username));
+        }
+    }
+    Ok(wanted)
+}
+
+/// What impersonating `wanted` asks RBAC for: the user (a ServiceAccount
+/// in its namespace), each group and the uid asked for by header, and
+/// each extra value.
+fn impersonation_attributes(wanted: &UserInfo, headers: &http::HeaderMap) -> Vec<Attributes> {
+    let one = |group: &str, resource: &str, namespace: &str, name: &str| Attributes {
+        verb: "impersonate".into(),
+        group: group.into(),
+        resource: resource.into(),
+        subresource: String::new(),
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    let mut out = Vec::new();
+    match wanted
+        .username
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|r| r.split_once(':'))
+    {
+        Some((ns, name)) => out.push(one("", "serviceaccounts", ns, name)),
+        None => out.push(one("", "users", "", &wanted.username)),
+    }
+    for g in headers.get_all("impersonate-group") {
+        out.push(one("", "groups", "", g.to_str().unwrap_or("")));
+    }
+    if !wanted.uid.is_empty() {
+        out.push(one("authentication.k8s.io", "uids", "", &wanted.uid));
+    }
+    for (key, values) in &wanted.extra {
+        for v in values {
+            let mut a = one("authentication.k8s.io", "userextras", "", v);
+            a.subresource = key.clone();
+            out.push(a);
+        }
+    }
+    out
 }
 
 fn percent_decode(s: &str) -> String {

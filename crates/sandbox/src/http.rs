@@ -56,6 +56,8 @@ pub struct Api {
     pub faults: Arc<Faults>,
     pub bookmark_interval: Duration,
     pub admission: Arc<super::admission::Admission>,
+    /// The ServiceAccount tokens issued (`serviceaccounts/NAME/token`).
+    pub tokens: Arc<auth::Tokens>,
 }
 
 type Resp = Response<SandboxBody>;
@@ -298,6 +300,8 @@ impl Api {
             Some("scale") if target.def.has_scale() => {}
             Some("finalize")
                 if target.def.plural == "namespaces" && target.def.group.is_empty() => {}
+            Some("token")
+                if target.def.plural == "serviceaccounts" && target.def.group.is_empty() => {}
             Some(_) => return Err(ApiError::no_resource()),
         }
         Ok(target)
@@ -352,7 +356,8 @@ impl Api {
         if let Some(answer) = self.fault(verb, &t) {
             return answer;
         }
-        let user = UserInfo::of_request(headers);
+        let user =
+            auth::authenticate(&self.store, &self.tokens, headers).map_err(ApiError::forbidden)?;
         self.authorized(&user, verb, &t)?;
         let accept = headers
             .get(header::ACCEPT)
@@ -377,6 +382,9 @@ impl Api {
         }
         if t.sub.as_deref() == Some("scale") {
             return self.scale(verb, &t, &c.ns, headers, &c.body, &c.opts);
+        }
+        if t.sub.as_deref() == Some("token") {
+            return self.token_request(verb, &c);
         }
         match verb {
             ApiVerb::Get => self.get(&c),
@@ -507,6 +515,35 @@ impl Api {
             json!({"allowed": false})
         };
         Ok(value_response(StatusCode::CREATED, &review))
+    }
+
+    /// A TokenRequest for a ServiceAccount that exists: a bearer token
+    /// that authenticates as it from then on.
+    fn token_request(&self, verb: ApiVerb, c: &Call<'_>) -> Result<Resp, ApiError> {
+        if verb != ApiVerb::Create {
+            return Err(ApiError::method_not_allowed());
+        }
+        let name = c.t.name.as_deref().unwrap_or_default();
+        self.store.get(&c.t.def, &c.ns, name)?;
+        let mut request = parse_body(c.headers, &c.body).unwrap_or_else(|_| json!({}));
+        let seconds = request
+            .pointer("/spec/expirationSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(3600);
+        let expires = self
+            .store
+            .clock()
+            .now()
+            .checked_add(jiff::SignedDuration::from_secs(seconds))
+            .unwrap_or_else(|_| self.store.clock().now());
+        request["apiVersion"] = json!("authentication.k8s.io/v1");
+        request["kind"] = json!("TokenRequest");
+        request["metadata"] = json!({"name": name, "namespace": c.ns, "creationTimestamp": null});
+        request["status"] = json!({
+            "token": self.tokens.issue(&c.ns, name),
+            "expirationTimestamp": runbook_core::util::time::format(expires),
+        });
+        Ok(value_response(StatusCode::CREATED, &request))
     }
 
     fn get(&self, c: &Call<'_>) -> Result<Resp, ApiError> {

@@ -78,6 +78,7 @@ impl Sandbox {
             admission: Arc::new(admission::Admission::new(store.clone())),
             store,
             faults: Arc::new(Faults::default()),
+            tokens: Arc::default(),
             bookmark_interval: config.bookmark_interval,
         });
         Self {
@@ -117,6 +118,22 @@ impl Sandbox {
             if let Ok(v) = ::http::HeaderValue::from_str(g) {
                 headers.append("impersonate-group", v);
             }
+        }
+        kube::Client::new(
+            Impersonating {
+                inner: self.service(),
+                headers,
+            },
+            "default",
+        )
+    }
+
+    /// A client that sends a bearer token (one a TokenRequest issued
+    /// authenticates its ServiceAccount), as a pod's client does.
+    pub fn client_with_token(&self, token: &str) -> kube::Client {
+        let mut headers = ::http::HeaderMap::new();
+        if let Ok(v) = ::http::HeaderValue::from_str(&format!("Bearer {token}")) {
+            headers.insert(::http::header::AUTHORIZATION, v);
         }
         kube::Client::new(
             Impersonating {

@@ -129,6 +129,9 @@ pub struct InhibitRule {
 #[derive(Clone, Debug)]
 pub struct CompiledRoutes {
     pub name: String,
+    /// What names it in the set: its name, or `NAMESPACE/NAME` for a
+    /// tenant's routes.
+    pub id: String,
     /// Content hash of the document.
     pub version: String,
     /// The file it came from, for errors.
@@ -703,6 +706,7 @@ pub fn compile(doc: &AlertRoutesDoc, node: &Node) -> Result<CompiledRoutes, Vec<
     if errors.is_empty() {
         Ok(CompiledRoutes {
             name: doc.metadata.name.clone(),
+            id: doc.metadata.name.clone(),
             version: String::new(),
             file: String::new(),
             pos: node.at(&["metadata", "name"]).map(|n| n.pos),

@@ -857,7 +857,7 @@ mod tests {
         );
         let mut tenant = yaml(declared, true);
         assert!(tenant.errors.is_empty(), "{:?}", errors(&tenant));
-        tenant.confine_to("team-a");
+        tenant.confine_to("team-a", &Default::default());
         assert!(
             errors(&tenant)[0].contains("spec.namespaces: a policy ConfigMap in namespace \"team-a\" acts only in \"team-a\""),
             "{:?}",

@@ -366,7 +366,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     let tkind = kind_of(t.value());
     let mut plan = Plan {
         source: AlertSource {
-            policy: input.policy.name.clone(),
+            policy: input.policy.id.clone(),
             api_version: tkind.api_version.clone(),
             kind: tkind.kind.clone(),
             namespace: ns.clone(),

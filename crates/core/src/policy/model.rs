@@ -145,6 +145,56 @@ pub struct PodsSpec {
     pub service_accounts: Vec<String>,
 }
 
+impl PodsSpec {
+    /// What this allows that `bounds` does not, each said as its field.
+    pub fn beyond(&self, bounds: &PodsSpec) -> Vec<String> {
+        let mut out = Vec::new();
+        for (mine, theirs, field) in [
+            (self.privileged, bounds.privileged, "privileged"),
+            (
+                self.host_namespaces,
+                bounds.host_namespaces,
+                "hostNamespaces",
+            ),
+            (self.host_path, bounds.host_path, "hostPath"),
+        ] {
+            if mine && !theirs {
+                out.push(format!("{field}: true"));
+            }
+        }
+        for sa in &self.service_accounts {
+            if !bounds.service_accounts.contains(sa) {
+                out.push(format!("serviceAccounts: {sa}"));
+            }
+        }
+        out
+    }
+
+    /// What this allows, in a few words (`nothing`, or the fields).
+    pub fn describe(&self) -> String {
+        let mut allowed: Vec<String> = [
+            (self.privileged, "privileged"),
+            (self.host_namespaces, "hostNamespaces"),
+            (self.host_path, "hostPath"),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, field)| field.to_string())
+        .collect();
+        if !self.service_accounts.is_empty() {
+            allowed.push(format!(
+                "serviceAccounts: {}",
+                self.service_accounts.join(", ")
+            ));
+        }
+        if allowed.is_empty() {
+            "nothing".into()
+        } else {
+            allowed.join(", ")
+        }
+    }
+}
+
 /// A Kubernetes LabelSelector: every `matchLabels` pair and every
 /// expression must hold.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, JsonSchema)]

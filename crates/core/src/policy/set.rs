@@ -16,8 +16,19 @@ use crate::util::yaml::Pos;
 pub struct PolicySet {
     /// Content hash over every policy and routes version.
     pub version: String,
+    /// By id: the name, or `NAMESPACE/NAME` for a tenant's.
     pub policies: BTreeMap<String, Arc<CompiledPolicy>>,
+    /// By id, as policies.
     pub routes: BTreeMap<String, Arc<CompiledRoutes>>,
+}
+
+/// The id of routes or a policy named `name` for `tenant` (`None`:
+/// cluster-wide).
+pub fn id_of(tenant: Option<&str>, name: &str) -> String {
+    match tenant {
+        Some(t) => format!("{t}/{name}"),
+        None => name.to_string(),
+    }
 }
 
 /// Two selectors that cannot both match one object: some key is required
@@ -41,9 +52,11 @@ fn place(file: &str, pos: Option<Pos>) -> String {
 
 impl PolicySet {
     /// Combine loaded bundles, checking what only the whole set can show:
-    /// duplicate names, alert routes that do not exist (routes are shared
-    /// by every bundle), and two enforcing policies on the same targets
-    /// that would write the same part of their status.
+    /// duplicate names (a tenant's are its namespace's, but none may take
+    /// a cluster-wide policy's or routes' name, since those act in every
+    /// namespace), alert routes that do not exist, and two enforcing
+    /// policies on the same targets that would write the same part of
+    /// their status.
     pub fn build(mut loaded: Vec<Loaded>) -> (PolicySet, Vec<LoadError>) {
         let mut errors = Vec::new();
         let mut set = PolicySet::default();
@@ -57,7 +70,7 @@ impl PolicySet {
         for l in loaded {
             errors.extend(l.errors);
             for r in l.routes {
-                if let Some(first) = set.routes.get(&r.name) {
+                if let Some(first) = set.routes.get(&r.id) {
                     errors.push(LoadError {
                         file: r.file.clone(),
                         pos: r.pos,
@@ -69,7 +82,7 @@ impl PolicySet {
                     });
                     continue;
                 }
-                set.routes.insert(r.name.clone(), Arc::new(r));
+                set.routes.insert(r.id.clone(), Arc::new(r));
             }
             all_policies.extend(l.policies);
         }
@@ -78,7 +91,7 @@ impl PolicySet {
                 errors.push(error);
                 continue;
             }
-            set.policies.insert(p.name.clone(), Arc::new(p));
+            set.policies.insert(p.id.clone(), Arc::new(p));
         }
         set.version = set.compute_version();
         (set, errors)
@@ -91,7 +104,12 @@ impl PolicySet {
             pos,
             message,
         };
-        if let Some(existing) = self.policies.get(&p.name) {
+        let existing = self.policies.get(&p.id).or_else(|| {
+            self.policies
+                .get(&p.name)
+                .filter(|q| q.tenant.is_none() && p.tenant.is_some())
+        });
+        if let Some(existing) = existing {
             return Some(error(
                 None,
                 format!(
@@ -101,8 +119,8 @@ impl PolicySet {
             ));
         }
         if let (Some(r), Some(tenant)) = (&p.alerts, &p.tenant)
+            && !self.routes.contains_key(&id_of(Some(tenant), r))
             && let Some(routes) = self.routes.get(r)
-            && routes.tenant.as_ref() != Some(tenant)
         {
             return Some(error(
                 p.alerts_pos,
@@ -113,9 +131,14 @@ impl PolicySet {
             ));
         }
         if let Some(r) = &p.alerts
-            && !self.routes.contains_key(r)
+            && !self.routes.contains_key(&id_of(p.tenant.as_deref(), r))
         {
-            let known: Vec<&str> = self.routes.keys().map(String::as_str).collect();
+            let known: Vec<&str> = self
+                .routes
+                .values()
+                .filter(|x| x.tenant == p.tenant)
+                .map(|x| x.name.as_str())
+                .collect();
             let hint = match crate::util::suggest::closest(r, known.iter().copied()) {
                 Some(m) => format!(" (did you mean {m:?}?)"),
                 None if known.is_empty() => " (no AlertRoutes document is loaded)".into(),
@@ -181,7 +204,7 @@ impl PolicySet {
     pub fn routes_for(&self, policy: &CompiledPolicy) -> Option<Arc<CompiledRoutes>> {
         let name = policy.alerts.as_deref().unwrap_or("default");
         self.routes
-            .get(name)
+            .get(&id_of(policy.tenant.as_deref(), name))
             .filter(|r| r.tenant == policy.tenant)
             .cloned()
     }
@@ -242,7 +265,7 @@ mod tests {
         };
         let mut l = load_bundle(&ScriptEngine::default(), &Bundle::new(origin, files), None);
         if ns != "runbook-system" {
-            l.confine_to(ns);
+            l.confine_to(ns, &Default::default());
         }
         l
     }
@@ -298,7 +321,7 @@ mod tests {
         assert!(team.errors.is_empty(), "{:?}", team.errors);
         let (set, errors) = PolicySet::build(vec![team, ops]);
         assert!(errors.is_empty(), "{errors:?}");
-        let notes = &set.policies["notes"];
+        let notes = &set.policies["team-a/notes"];
         assert!(notes.acts_in("team-a") && !notes.acts_in("team-b"));
         assert!(set.policies["drift"].acts_in("team-b"));
         assert_eq!(set.routes_for(notes).unwrap().name, "team-a");
@@ -306,7 +329,7 @@ mod tests {
         // operator's default routes.
         let quiet = loaded("team-a", &[("quiet.yaml", policy("quiet", ""))]);
         let (set, _) = PolicySet::build(vec![quiet]);
-        assert!(set.routes_for(&set.policies["quiet"]).is_none());
+        assert!(set.routes_for(&set.policies["team-a/quiet"]).is_none());
     }
 
     #[test]
@@ -343,7 +366,7 @@ mod tests {
             &[("p.yaml", policy("notes", "  alerts: default\n"))],
         );
         let (set, errors) = PolicySet::build(vec![team, ops]);
-        assert!(!set.policies.contains_key("notes"));
+        assert!(!set.policies.contains_key("team-a/notes"));
         assert!(
             errors[0]
                 .message

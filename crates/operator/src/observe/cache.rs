@@ -301,6 +301,8 @@ pub struct Informer {
     pub cache: Arc<KindCache>,
     /// The label selector of its watch, if any.
     pub selector: Option<String>,
+    /// The namespaces it watches (none: all, or the one reconciled).
+    pub namespaces: Vec<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -310,10 +312,13 @@ impl Drop for Informer {
     }
 }
 
-/// Where an informer watches: the namespace (`None`: all), whether the
-/// kind is namespaced, and a label selector (`None`: every object).
+/// Where an informer watches: the namespaces (none: all), whether they
+/// are tenants' (a kind only tenants' policies declare, watched in their
+/// namespaces alone), whether the kind is namespaced, and a label selector
+/// (`None`: every object).
 pub struct Scope {
-    pub namespace: Option<String>,
+    pub namespaces: Vec<String>,
+    pub tenants: bool,
     pub namespaced: bool,
     pub selector: Option<String>,
     /// List from the API server's watch cache (`resourceVersion=0`, as
@@ -357,7 +362,8 @@ pub fn spawn_informer(
     health: Arc<WatchHealth>,
 ) -> Informer {
     let Scope {
-        namespace,
+        namespaces,
+        tenants,
         namespaced,
         selector,
         from_cache,
@@ -370,21 +376,46 @@ pub fn spawn_informer(
         None => Arc::new(KindCache::new(kind.clone())),
     };
     let dyntype = Arc::new(resource.clone());
-    let api: Api<RawObject> = match (&namespace, namespaced) {
-        (Some(ns), true) => Api::namespaced_with(client, ns, &dyntype),
-        _ => Api::all_with(client, &dyntype),
-    };
     let config = watch_config(selector.as_deref(), from_cache);
+    let name = cache.kind.to_string();
+    // One watch per namespace watched (one of all when none is named), as
+    // one stream; each reports its health under its own name.
+    let scoped: Vec<Option<String>> = if namespaces.is_empty() || !namespaced {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    };
+    let watches: Vec<_> = scoped
+        .into_iter()
+        .map(|ns| {
+            let (api, watch_name): (Api<RawObject>, String) = match &ns {
+                Some(ns) => (
+                    Api::namespaced_with(client.clone(), ns, &dyntype),
+                    if tenants {
+                        let n = super::health::tenant_watch_name(&name, ns);
+                        health.of_tenant(&n, ns);
+                        n
+                    } else {
+                        name.clone()
+                    },
+                ),
+                None => (Api::all_with(client.clone(), &dyntype), name.clone()),
+            };
+            let health = health.clone();
+            let resource = resource.clone();
+            watcher::watcher(api, config.clone())
+                .backoff(WatchBackoff::default())
+                .map(move |event| {
+                    report_watch(&health, &watch_name, event.as_ref().err());
+                    event.map(|e| e.modify(|o| o.stamp(&resource)))
+                })
+        })
+        .collect();
     let c = cache.clone();
     let task = tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .boxed();
+        let mut stream = super::merge::merged(watches);
         let mut buffer: Vec<Arc<RawObject>> = Vec::new();
-        let name = c.kind.to_string();
         while let Some(event) = stream.next().await {
-            report_watch(&health, &name, event.as_ref().err());
-            let event = event.map(|e| e.modify(|o| o.stamp(&resource)));
             let usable = |o: &RawObject| match &o.undecodable {
                 Some(why) => {
                     tracing::warn!(kind = %c.kind, name = o.meta.name.as_deref().unwrap_or("?"), "skipping an object: {why}");
@@ -422,6 +453,7 @@ pub fn spawn_informer(
     Informer {
         cache,
         selector,
+        namespaces,
         task,
     }
 }

@@ -39,15 +39,23 @@ pub struct WatchHealth {
     ended: Mutex<BTreeMap<String, (Instant, String)>>,
     /// `runbook_watch_failing{watch}`, when metrics are kept.
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
+    /// The watches of a tenant's namespace alone (by name, with the
+    /// namespace): one that fails is told on the tenant's ConfigMaps and
+    /// beside `/readyz`'s `ok`, and never makes the operator unready.
+    tenants: Mutex<BTreeMap<String, String>>,
+}
+
+/// The name of a watch of `kind` in the tenant's namespace `namespace`.
+pub fn tenant_watch_name(kind: &str, namespace: &str) -> String {
+    format!("{kind} in {namespace}")
 }
 
 impl WatchHealth {
     /// Health that also sets `runbook_watch_failing{watch}`.
     pub fn with_metrics(metrics: std::sync::Arc<crate::telemetry::Metrics>) -> Self {
         Self {
-            failing: Mutex::default(),
-            ended: Mutex::default(),
             metrics: Some(metrics),
+            ..Self::default()
         }
     }
 
@@ -129,19 +137,50 @@ impl WatchHealth {
             .collect()
     }
 
-    /// The watches failing for at least `at_least`, each with its error.
+    /// The watch `name` is of the tenant's namespace `namespace` alone.
+    pub fn of_tenant(&self, name: &str, namespace: &str) {
+        lock(&self.tenants).insert(name.to_string(), namespace.to_string());
+    }
+
+    /// The tenant whose namespace alone the watch `name` watches, if any.
+    pub fn tenant_of(&self, name: &str) -> Option<String> {
+        lock(&self.tenants).get(name).cloned()
+    }
+
+    /// The operator's own watches failing for at least `at_least`, each
+    /// with its error (a tenant's are [`Self::tenants_failing`]).
     pub fn failing_for(&self, at_least: Duration) -> Vec<String> {
         let now = Instant::now();
+        let tenants = lock(&self.tenants).clone();
         lock(&self.failing)
             .iter()
-            .filter(|(_, (since, _, at))| {
-                now.duration_since(*since) >= at_least && now.duration_since(*at) < QUIET
+            .filter(|(name, (since, _, at))| {
+                now.duration_since(*since) >= at_least
+                    && now.duration_since(*at) < QUIET
+                    && !tenants.contains_key(*name)
             })
             .map(|(name, (since, error, _))| {
                 format!(
                     "watch of {name} failing for {}s: {error}",
                     now.duration_since(*since).as_secs()
                 )
+            })
+            .collect()
+    }
+}
+
+impl WatchHealth {
+    /// The tenants' watches failing for longer than a moment, each said
+    /// as `/readyz` says it beside `ok`.
+    pub fn tenants_failing(&self) -> Vec<String> {
+        let tenants = lock(&self.tenants).clone();
+        self.failing_errors(UNREADY_AFTER)
+            .into_iter()
+            .filter_map(|(name, error)| {
+                let ns = tenants.get(&name)?;
+                Some(format!(
+                    "the watch of {name} (tenant {ns}) fails: {error}; told on the tenant's policy ConfigMaps"
+                ))
             })
             .collect()
     }

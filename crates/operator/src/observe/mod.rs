@@ -8,5 +8,6 @@ pub mod cache;
 pub mod discovery;
 pub mod health;
 pub mod index;
+pub mod merge;
 pub mod schemas;
 pub mod view;

@@ -86,6 +86,10 @@ struct Refusal {
     /// Caused by the cluster's state, not the bundle's text: worth trying
     /// again without an edit.
     transient: bool,
+    /// Its last good version may not keep serving either: the rights it
+    /// runs with are gone (a tenant's account may no longer read what
+    /// its policies read).
+    revoke: bool,
 }
 
 impl Refusal {
@@ -93,6 +97,7 @@ impl Refusal {
         Self {
             errors,
             transient: false,
+            revoke: false,
         }
     }
 
@@ -100,9 +105,22 @@ impl Refusal {
         Self {
             errors,
             transient: true,
+            revoke: false,
+        }
+    }
+
+    fn revoking(errors: Vec<String>) -> Self {
+        Self {
+            errors,
+            transient: true,
+            revoke: true,
         }
     }
 }
+
+/// How often the rights of the tenants' bundles in force are asked again,
+/// so that a right revoked stops what needs it.
+pub const TENANT_RECHECK: Duration = Duration::from_secs(30);
 
 /// The outcome of one reload.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,6 +157,8 @@ pub struct Reloader {
     /// standby follows edits too (to check policies at admission and to
     /// lead on the set in force) but leaves the Events to the leader.
     leading: std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>>,
+    /// Who tenants' policies act as, and what their pods may ask for.
+    tenancy: crate::runtime::TenancyConfig,
 }
 
 fn clone_loaded(l: &Loaded) -> Loaded {
@@ -173,7 +193,14 @@ impl Reloader {
             gate: tokio::sync::Mutex::new(()),
             watch_told: Mutex::default(),
             leading: std::sync::OnceLock::new(),
+            tenancy: Default::default(),
         }
+    }
+
+    /// Who tenants' policies act as (the operator's `--tenant-*` flags).
+    pub fn with_tenancy(mut self, tenancy: crate::runtime::TenancyConfig) -> Self {
+        self.tenancy = tenancy;
+        self
     }
 
     /// Compile bundles on the calling task (for simulations).
@@ -361,13 +388,42 @@ impl Reloader {
         &self,
         bundle: Bundle,
         serve_check: Option<&Operator>,
-    ) -> Result<(), Refusal> {
-        let (candidate, _) = self.check(bundle.clone(), serve_check).await?;
+    ) -> Result<Vec<String>, Refusal> {
+        let (candidate, notes) = self.check(bundle.clone(), serve_check).await?;
         let mut bundles = lock(&self.bundles);
         let mut state = BundleState::new(bundle);
         state.good = Some(candidate);
         bundles.insert(state.bundle.origin.clone(), state);
-        Ok(())
+        Ok(notes)
+    }
+
+    /// What a tenant's bundle may not do with its account's rights and
+    /// the operator's: an error for a read the account may not make or
+    /// what the operator lacks to act as it (the bundle waits for the
+    /// grant), a note for a write the account may not make (the API
+    /// server refuses it when it comes).
+    async fn check_tenant(&self, tenant: &str, loaded: &Loaded) -> Result<Vec<String>, Refusal> {
+        if let Some(why) = &self.tenancy.unable {
+            return Err(Refusal::content(vec![format!(
+                "policies from ConfigMaps in {tenant} act as {}, and {why}",
+                self.tenancy.user(tenant)
+            )]));
+        }
+        let Some(client) = &self.client else {
+            return Ok(Vec::new());
+        };
+        let (set, _) = PolicySet::build(vec![clone_loaded(loaded)]);
+        match crate::runtime::access::tenant_access(client, &set, tenant, &self.tenancy).await {
+            Ok(found) if found.refusals.is_empty() => Ok(found.warnings),
+            Ok(found) => Err(Refusal::cluster(found.refusals)),
+            // What the account may do cannot be told: nothing of the
+            // bundle runs until it can (tried again with backoff).
+            Err(e) => Err(Refusal::cluster(vec![format!(
+                "could not ask what {} may do (SubjectAccessReview): {}",
+                self.tenancy.user(tenant),
+                crate::util::api_error(&e)
+            )])),
+        }
     }
 
     /// Every check a bundle must pass to replace its last good version
@@ -391,7 +447,7 @@ impl Reloader {
                 .map_err(|e| Refusal::cluster(vec![format!("compiling {}: {e}", bundle.origin)]))?
         };
         if let Some(tenant) = self.tenant_of(&bundle.origin) {
-            loaded.confine_to(&tenant);
+            loaded.confine_to(&tenant, &self.tenancy.pod_bounds);
         }
         if !loaded.errors.is_empty() {
             // The rest of the bundle is checked too, so that one answer
@@ -414,8 +470,11 @@ impl Reloader {
         let candidate = Arc::new(loaded);
         let set = self.check_with_the_rest(&bundle, &candidate)?;
         let mut notes = Vec::new();
+        if let Some(tenant) = self.tenant_of(&bundle.origin) {
+            notes = self.check_tenant(&tenant, &candidate).await?;
+        }
         if let Some(op) = serve_check {
-            notes = self.check_serving(op, &bundle, &candidate, &set).await?;
+            notes.extend(self.check_serving(op, &bundle, &candidate, &set).await?);
         }
         Ok((candidate, notes))
     }
@@ -529,9 +588,10 @@ impl Reloader {
                 placed
             }));
         }
-        if self.access_check {
-            let tenant = self.tenant_of(&bundle.origin);
-            self.check_access(op, &kept, &names, tenant)
+        // A tenant's rights, and the operator's for it, were asked in
+        // `check_tenant`.
+        if self.access_check && self.tenant_of(&bundle.origin).is_none() {
+            self.check_access(op, &kept, &names, None)
                 .await
                 .map_err(Refusal::cluster)?;
         }
@@ -547,14 +607,16 @@ impl Reloader {
     /// Note a refused version of a bundle: log it and put an Event on its
     /// ConfigMap when the errors are new, and schedule another try when
     /// the cluster may mend the cause.
-    async fn refused(&self, bundle: Bundle, refusal: &Refusal) {
+    /// `true` when the refusal took its last good version out of force.
+    async fn refused(&self, bundle: Bundle, refusal: &Refusal) -> bool {
         let origin = bundle.origin.clone();
-        let (serving, repeated, retry) = {
+        let (serving, repeated, retry, revoked) = {
             let mut bundles = lock(&self.bundles);
             let state = bundles
                 .entry(origin.clone())
                 .or_insert_with(|| BundleState::new(bundle.clone()));
-            let repeated = state.bundle == bundle && state.errors == refusal.errors;
+            let revoked = refusal.revoke && state.good.take().is_some();
+            let repeated = state.bundle == bundle && state.errors == refusal.errors && !revoked;
             state.bundle = bundle;
             state.errors = refusal.errors.clone();
             state.retry = refusal.transient.then(|| {
@@ -567,11 +629,14 @@ impl Reloader {
                     pause,
                 }
             });
-            (state.good.is_some(), repeated, state.retry)
+            (state.good.is_some(), repeated, state.retry, revoked)
         };
         self.count("error");
+        self.publish_states();
         let what = if serving {
             "the last good version keeps serving"
+        } else if revoked {
+            "its policies stopped until it loads again"
         } else {
             "none of its policies run until it loads"
         };
@@ -589,16 +654,91 @@ impl Reloader {
             self.event(&origin, true, "PolicyInvalid", &refusal.errors.join("\n"))
                 .await;
         }
+        revoked
     }
 
-    /// The bundles of which no version has loaded yet (nothing of them
-    /// runs): `/readyz` is not ready while there are any.
+    /// The cluster-wide bundles of which no version has loaded yet
+    /// (nothing of them runs): `/readyz` is not ready while there are any.
+    /// A tenant's never stops the operator being ready (see [`Self::notes`]).
     pub fn never_loaded(&self) -> Vec<String> {
         lock(&self.bundles)
             .iter()
-            .filter(|(_, b)| b.good.is_none())
+            .filter(|(o, b)| b.good.is_none() && self.tenant_of(o).is_none())
             .map(|(o, _)| o.to_string())
             .collect()
+    }
+
+    /// What `/readyz` says beside `ok`: each tenant's bundle that does not
+    /// run, and each bundle whose latest version is refused while its last
+    /// good one serves.
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (o, b) in lock(&self.bundles).iter() {
+            match (&b.good, b.errors.is_empty()) {
+                (None, _) if self.tenant_of(o).is_some() => out.push(format!(
+                    "the tenant's policy bundle {o} does not run (see its PolicyInvalid Events)"
+                )),
+                (Some(_), false) => out.push(format!(
+                    "policy bundle {o}: its latest version is refused, the last good one serves (see its PolicyInvalid Events)"
+                )),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// `runbook_bundle_state{bundle,state}`: one series per bundle, at 1.
+    fn publish_states(&self) {
+        let gauge = &self.metrics.bundle_state;
+        gauge.clear();
+        for (o, b) in lock(&self.bundles).iter() {
+            let state = match (&b.good, b.errors.is_empty()) {
+                (None, _) => "never_loaded",
+                (Some(_), true) => "loaded",
+                (Some(_), false) => "refused",
+            };
+            gauge
+                .get_or_create(&Metrics::labels(&[
+                    ("bundle", &o.to_string()),
+                    ("state", state),
+                ]))
+                .set(1);
+        }
+    }
+
+    /// Ask again whether each tenant's bundle in force may still read what
+    /// its policies read (and the operator still act for it): one whose
+    /// rights were revoked stops, with its Event, until a grant lets it
+    /// load again. An API server that cannot answer changes nothing.
+    pub async fn recheck_tenants(&self, op: &Operator) {
+        let Some(client) = &self.client else { return };
+        let serving: Vec<(Bundle, Arc<Loaded>, String)> = lock(&self.bundles)
+            .values()
+            .filter_map(|b| {
+                let tenant = self.tenant_of(&b.bundle.origin)?;
+                Some((b.bundle.clone(), b.good.clone()?, tenant))
+            })
+            .collect();
+        for (bundle, good, tenant) in serving {
+            let (set, _) = PolicySet::build(vec![clone_loaded(&good)]);
+            let access =
+                crate::runtime::access::tenant_access(client, &set, &tenant, &self.tenancy).await;
+            let refusals = match access {
+                Ok(found) => found.refusals,
+                Err(e) => {
+                    tracing::warn!(bundle = %bundle.origin, "could not ask again what the tenant's account may do: {}", crate::util::api_error(&e));
+                    continue;
+                }
+            };
+            if refusals.is_empty() {
+                continue;
+            }
+            let _gate = self.gate.lock().await;
+            if self.refused(bundle, &Refusal::revoking(refusals)).await {
+                let (set, _) = self.current_set();
+                op.swap_policies(set).await;
+            }
+        }
     }
 
     /// Try again the bundles refused for a cause the cluster may have
@@ -627,9 +767,13 @@ impl Reloader {
                     self.refused(b, &refusal).await;
                     all_errors.extend(refusal.errors);
                 }
-                Ok(()) => self.count("ok"),
+                Ok(notes) => {
+                    self.count("ok");
+                    self.warn(&b.origin, &notes).await;
+                }
             }
         }
+        self.publish_states();
         let (set, _) = self.current_set();
         (set, all_errors)
     }
@@ -663,14 +807,21 @@ impl Reloader {
                 if same && !retry {
                     return Reloaded::Unchanged;
                 }
-                if let Err(refusal) = self.try_bundle(b.clone(), Some(op)).await {
-                    self.refused(b, &refusal).await;
-                    return Reloaded::Refused {
-                        errors: refusal.errors,
-                    };
+                match self.try_bundle(b.clone(), Some(op)).await {
+                    Ok(notes) => self.warn(&origin, &notes).await,
+                    Err(refusal) => {
+                        if self.refused(b, &refusal).await {
+                            let (set, _) = self.current_set();
+                            op.swap_policies(set).await;
+                        }
+                        return Reloaded::Refused {
+                            errors: refusal.errors,
+                        };
+                    }
                 }
             }
         }
+        self.publish_states();
         let (set, _) = self.current_set();
         let version = set.version.clone();
         let requeued = op.swap_policies(set.clone()).await;
@@ -689,6 +840,21 @@ impl Reloader {
         )
         .await;
         Reloaded::Swapped { version }
+    }
+
+    /// What a loaded bundle's policies will meet (a write its tenant's
+    /// account may not make, a policy set aside until its kind is
+    /// served): logged, and a Warning Event `PolicyWarning` on its
+    /// ConfigMap.
+    async fn warn(&self, origin: &Origin, notes: &[String]) {
+        if notes.is_empty() {
+            return;
+        }
+        for n in notes {
+            tracing::warn!(bundle = %origin, "{n}");
+        }
+        self.event(origin, true, "PolicyWarning", &notes.join("\n"))
+            .await;
     }
 
     async fn event(&self, origin: &Origin, warning: bool, reason: &str, message: &str) {
@@ -753,12 +919,26 @@ impl Reloader {
             for (origin, state) in bundles.iter() {
                 let Some(good) = &state.good else { continue };
                 for (watch, error) in &failing {
+                    // A tenant's namespace's watch concerns its bundles only.
+                    let tenant = op.ctx.health.watches.tenant_of(watch);
+                    let kind = match &tenant {
+                        Some(ns) => {
+                            if self.tenant_of(origin).as_ref() != Some(ns) {
+                                continue;
+                            }
+                            watch
+                                .strip_suffix(&format!(" in {ns}"))
+                                .unwrap_or(watch)
+                                .to_string()
+                        }
+                        None => watch.clone(),
+                    };
                     let users: Vec<&str> = good
                         .policies
                         .iter()
                         .filter(|p| {
-                            p.target.to_string() == *watch
-                                || p.kinds.kinds().iter().any(|k| k.to_string() == *watch)
+                            p.target.to_string() == kind
+                                || p.kinds.kinds().iter().any(|k| k.to_string() == kind)
                         })
                         .map(|p| p.name.as_str())
                         .collect();
@@ -852,10 +1032,15 @@ pub fn spawn(
     }
     let (r, op) = (reloader.clone(), op.clone());
     tasks.push(tokio::spawn(async move {
+        let mut rechecked = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             r.retry_due(&op).await;
             r.tell_failing_watches(&op).await;
+            if rechecked.elapsed() >= TENANT_RECHECK {
+                rechecked = tokio::time::Instant::now();
+                r.recheck_tenants(&op).await;
+            }
         }
     }));
     tasks
@@ -1162,8 +1347,10 @@ async fn watch_dirs(reloader: Arc<Reloader>, op: Arc<Operator>, dirs: Vec<PathBu
 }
 
 /// What `/readyz` reports for an operator and its reloader: ready once the
-/// caches are synced, while no watch has failed for long and every policy
-/// bundle has loaded at least once; otherwise why not.
+/// caches are synced, while none of the operator's own watches has failed
+/// for long and every cluster-wide policy bundle has loaded at least once;
+/// otherwise why not. A tenant's bundle that does not run, or a tenant's
+/// watch that fails, is said beside `ok` and never makes it unready.
 pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemetry::Readiness {
     let (op, reloader) = (op.clone(), reloader.clone());
     Arc::new(move || {
@@ -1188,7 +1375,9 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemet
         }
         let never = reloader.never_loaded();
         if never.is_empty() {
-            Ok(())
+            let mut notes = reloader.notes();
+            notes.extend(op.ctx.health.watches.tenants_failing());
+            Ok(notes)
         } else {
             Err(format!(
                 "policy bundles that never loaded (see their PolicyInvalid Events): {}",

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
 
-use crate::rbac::{Need, Scope};
+use crate::rbac::{Need, Scope, Who};
 use runbook_core::kinds::KindRef;
 use runbook_core::policy::PolicySet;
 
@@ -66,8 +67,75 @@ pub async fn missing_for(
     watched: Option<&str>,
 ) -> Result<Vec<Missing>, kube::Error> {
     let served = served_kinds(client, set).await;
-    let needs = crate::rbac::needs(set, opts, &served);
+    let needs: Vec<Need> = crate::rbac::needs(set, opts, &served)
+        .into_iter()
+        .filter(|n| n.who == Who::Operator)
+        .collect();
     check(client, &needs, watched).await
+}
+
+/// What a tenant's bundle may not do, as its account and the operator
+/// hold their rights now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantAccess {
+    /// What refuses the bundle: a read the account may not make (a
+    /// decision reads from the operator's caches, so the API server does
+    /// not check it), or what the operator lacks to act as the account
+    /// and watch what the policies read.
+    pub refusals: Vec<String>,
+    /// Writes the account may not make: the API server refuses them when
+    /// they come, on the target's conditions; said at load so that the
+    /// tenant knows before.
+    pub warnings: Vec<String>,
+}
+
+/// Ask, for the policies of the tenant `tenant` (a set of one bundle's),
+/// whether its account (`user`) may read and write what they declare
+/// (SubjectAccessReviews) and whether the operator may act as it and
+/// watch those kinds there (SelfSubjectAccessReviews). `Err` when the
+/// API server could not answer: the bundle is not loaded then.
+pub async fn tenant_access(
+    client: &kube::Client,
+    set: &PolicySet,
+    tenant: &str,
+    tenancy: &super::tenants::TenancyConfig,
+) -> Result<TenantAccess, kube::Error> {
+    let served = served_kinds(client, set).await;
+    let opts = crate::rbac::Options {
+        tenant: Some(tenant.to_string()),
+        tenant_account: tenancy.account(tenant).to_string(),
+        ..Default::default()
+    };
+    let needs = crate::rbac::needs(set, &opts, &served);
+    let (account, operator): (Vec<Need>, Vec<Need>) =
+        needs.into_iter().partition(|n| n.who == Who::Tenant);
+    let user = tenancy.user(tenant);
+    let subject = Subject::Named {
+        user: user.clone(),
+        groups: super::tenants::TenancyConfig::groups(tenant),
+    };
+    let mut out = TenantAccess::default();
+    for m in ask_all(client, &account, Some(tenant), &subject).await? {
+        let read = ["get ", "list ", "watch "]
+            .iter()
+            .any(|v| m.permission.starts_with(v));
+        let said = format!("{user} may not {m}");
+        if read {
+            out.refusals.push(format!(
+                "{said}: a tenant's policy reads only what its account may read; grant it (see `runbook rbac --tenant {tenant}`)"
+            ));
+        } else {
+            out.warnings.push(format!(
+                "{said}: the API server will refuse that write when the policy makes it; grant it (see `runbook rbac --tenant {tenant}`)"
+            ));
+        }
+    }
+    for m in ask_all(client, &operator, Some(tenant), &Subject::Operator).await? {
+        out.refusals.push(format!(
+            "the operator may not {m}: grant it (see `runbook rbac --tenant {tenant}`)"
+        ));
+    }
+    Ok(out)
 }
 
 /// One question to the API server: may this identity do that?
@@ -117,17 +185,57 @@ fn asks_of(n: &Need, watched: Option<&str>) -> Vec<Ask> {
     out
 }
 
-/// Ask one question; `Some` names the permission when it is not allowed.
-async fn ask(api: Api<SelfSubjectAccessReview>, q: Ask) -> Result<Option<Missing>, kube::Error> {
-    let review = SelfSubjectAccessReview {
-        spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(q.attrs.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
+/// Who a question is about.
+#[derive(Clone, Debug)]
+enum Subject {
+    /// The operator itself (SelfSubjectAccessReview).
+    Operator,
+    /// Someone else (SubjectAccessReview).
+    Named { user: String, groups: Vec<String> },
+}
+
+/// Whether the API server allows `subject` what `attrs` say.
+async fn allowed(
+    client: &kube::Client,
+    subject: &Subject,
+    attrs: &ResourceAttributes,
+) -> Result<bool, kube::Error> {
+    let status = match subject {
+        Subject::Operator => {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(attrs.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+            api.create(&PostParams::default(), &review).await?.status
+        }
+        Subject::Named { user, groups } => {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    groups: Some(groups.clone()),
+                    resource_attributes: Some(attrs.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let api: Api<SubjectAccessReview> = Api::all(client.clone());
+            api.create(&PostParams::default(), &review).await?.status
+        }
     };
-    let answer = api.create(&PostParams::default(), &review).await?;
-    if answer.status.is_some_and(|s| s.allowed) {
+    Ok(status.is_some_and(|s| s.allowed))
+}
+
+/// Ask one question; `Some` names the permission when it is not allowed.
+async fn ask(
+    client: &kube::Client,
+    subject: &Subject,
+    q: Ask,
+) -> Result<Option<Missing>, kube::Error> {
+    if allowed(client, subject, &q.attrs).await? {
         return Ok(None);
     }
     let mut permission = match &q.attrs.name {
@@ -155,10 +263,19 @@ pub async fn check(
     needs: &[Need],
     watched: Option<&str>,
 ) -> Result<Vec<Missing>, kube::Error> {
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    ask_all(client, needs, watched, &Subject::Operator).await
+}
+
+/// [`check`] for `subject`.
+async fn ask_all(
+    client: &kube::Client,
+    needs: &[Need],
+    watched: Option<&str>,
+    subject: &Subject,
+) -> Result<Vec<Missing>, kube::Error> {
     let asks: Vec<Ask> = needs.iter().flat_map(|n| asks_of(n, watched)).collect();
     let results: Vec<Result<Option<Missing>, kube::Error>> = futures::stream::iter(asks)
-        .map(|q| ask(api.clone(), q))
+        .map(|q| ask(client, subject, q))
         .buffered(16)
         .collect()
         .await;

@@ -67,6 +67,10 @@ pub struct OperatorConfig {
     /// Share the targets with the other replicas of the ring (the
     /// `lease`'s), each deciding for its own (see `runtime::assign`).
     pub shards: bool,
+    /// Who tenants' policies act as, and what their pods may ask for.
+    pub tenancy: super::tenants::TenancyConfig,
+    /// How much of the operator one policy may take.
+    pub fair: super::fair::FairConfig,
 }
 
 impl Default for OperatorConfig {
@@ -84,6 +88,8 @@ impl Default for OperatorConfig {
             check_skips: false,
             queue_capacity: 65_536,
             shards: false,
+            tenancy: Default::default(),
+            fair: Default::default(),
         }
     }
 }
@@ -107,6 +113,11 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub alerts: Arc<dyn AlertSink>,
     pub recorder: EventWriter,
+    /// Who each tenant's policies act as.
+    pub tenants: super::tenants::Tenants,
+    /// Each policy's share of the operator: reconciles at once, and
+    /// script time per second.
+    pub fair: super::fair::FairShare,
     pub config: OperatorConfig,
     /// Who targets are acted for, and what they may do.
     pub authority: act::authorize::Authority,
@@ -259,9 +270,23 @@ impl Context {
 
     /// The writer of this process, at the clock's time.
     pub fn writer(&self) -> act::Writer<'_> {
+        self.writer_as(None)
+    }
+
+    /// How `p` acts: as its tenant's account (`Some`), or as the operator.
+    pub fn acting_for(
+        &self,
+        p: &runbook_core::policy::CompiledPolicy,
+    ) -> Option<Arc<super::tenants::Acting>> {
+        p.tenant.as_deref().map(|t| self.tenants.acting(t))
+    }
+
+    /// The writer of a policy that acts as `acting` (`None`: the
+    /// operator), at the clock's time.
+    pub fn writer_as<'a>(&'a self, acting: Option<&'a super::tenants::Acting>) -> act::Writer<'a> {
         act::Writer {
-            client: &self.client,
-            recorder: Some(&self.recorder),
+            client: acting.map_or(&self.client, |a| &a.client),
+            recorder: Some(acting.map_or(&self.recorder, |a| &a.recorder)),
             journal: self.memory.journal.get().map(|j| j.as_ref()),
             applied: Some(&self.memory.applied),
             now: self.clock.now(),
@@ -422,6 +447,8 @@ pub(super) struct TargetController {
     /// What its watch asks the API server for: the policies' selector
     /// and, sharded, the shard labels this replica watches.
     pub watch: Option<String>,
+    /// The namespaces it watches (none: all, or the one reconciled).
+    pub namespaces: Vec<String>,
 }
 
 #[cfg(test)]

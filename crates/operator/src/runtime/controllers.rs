@@ -32,10 +32,13 @@ pub(super) fn spawn_target(
     let (ar, namespaced) = ctx.resources.served_as(k);
     // Shared: every key of the store and the queues holds it.
     let ar = Arc::new(ar);
-    let api: Api<RawObject> = match (&ctx.config.namespace, namespaced) {
-        (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
-        _ => Api::all_with(ctx.client.clone(), &ar),
+    let reach = super::reach::Reach::of(ctx, &ctx.policies.load(), k);
+    let namespaces = if namespaced {
+        reach.namespaces(ctx)
+    } else {
+        Vec::new()
     };
+    let apis = apis_of(ctx, k, &ar, &namespaces, reach.tenants());
     // Targets waiting to be reconciled after a change; past the capacity,
     // one drops and the whole kind is resynced instead.
     let (trigger, trigger_rx) = channel::bounded(ctx.config.queue_capacity);
@@ -53,13 +56,13 @@ pub(super) fn spawn_target(
     let watch = super::assign::watch_selector(ctx, selector.as_deref());
     let config = crate::observe::cache::watch_config(watch.as_deref(), ctx.config.shards);
     let health = ctx.health.watches.clone();
-    let own = watched(health, k.to_string(), (api.clone(), &ar), config).boxed();
+    let own = watched_all(&health, &apis, &ar, &config);
     let events = match ctx.config.shards {
         true => super::shares::Shares::new(
             (ctx.config.identity.clone(), k.to_string()),
             own,
             (
-                gone_watch(ctx, k, api, &ar, selector.clone()),
+                gone_watch(ctx, apis, &ar, selector.clone()),
                 places_here(ctx, k),
             ),
             ctx.running.placement.targets_gone.subscribe(),
@@ -91,6 +94,7 @@ pub(super) fn spawn_target(
         resource: ar,
         selector,
         watch,
+        namespaces,
         store,
         index,
         trigger,
@@ -99,6 +103,56 @@ pub(super) fn spawn_target(
         ended,
         restarts: 0,
     }
+}
+
+/// The APIs a target kind is watched through, each with the name its
+/// watch's health is reported under: one of every namespace (or the one
+/// reconciled), or one per tenant's namespace.
+fn apis_of(
+    ctx: &Context,
+    k: &KindRef,
+    ar: &Arc<kube::core::ApiResource>,
+    namespaces: &[String],
+    tenants: bool,
+) -> Vec<(Api<RawObject>, String)> {
+    if namespaces.is_empty() {
+        return vec![(Api::all_with(ctx.client.clone(), ar), k.to_string())];
+    }
+    namespaces
+        .iter()
+        .map(|ns| {
+            let name = if tenants {
+                let name = crate::observe::health::tenant_watch_name(&k.to_string(), ns);
+                ctx.health.watches.of_tenant(&name, ns);
+                name
+            } else {
+                k.to_string()
+            };
+            (Api::namespaced_with(ctx.client.clone(), ns, ar), name)
+        })
+        .collect()
+}
+
+/// The watches of a target kind through each of `apis`, as one stream.
+fn watched_all(
+    health: &Arc<WatchHealth>,
+    apis: &[(Api<RawObject>, String)],
+    ar: &kube::core::ApiResource,
+    config: &watcher::Config,
+) -> super::shares::Watch {
+    crate::observe::merge::merged(
+        apis.iter()
+            .map(|(api, name)| {
+                watched(
+                    health.clone(),
+                    name.clone(),
+                    (api.clone(), ar),
+                    config.clone(),
+                )
+                .boxed()
+            })
+            .collect(),
+    )
 }
 
 /// A watch of a target kind: its health reported as `name`, and each
@@ -121,22 +175,38 @@ fn watched(
 /// beside the kind's own watch, and cleared when no member is gone.
 fn gone_watch(
     ctx: &Context,
-    k: &KindRef,
-    api: Api<RawObject>,
+    apis: Vec<(Api<RawObject>, String)>,
     ar: &kube::core::ApiResource,
     selector: Option<String>,
 ) -> super::shares::StartGone {
-    let name = format!("{k} (the gone members' targets)");
     let (health, ar) = (ctx.health.watches.clone(), ar.clone());
+    let apis: Vec<(Api<RawObject>, String)> = apis
+        .into_iter()
+        .map(|(api, name)| (api, format!("{name} (the gone members' targets)")))
+        .collect();
     Box::new(move |labels| {
         if labels.is_empty() {
-            report_watch(&health, &name, None);
+            for (_, name) in &apis {
+                report_watch(&health, name, None);
+            }
             return None;
         }
         let selector = super::assign::gone_selector(selector.as_deref(), labels);
         let config = crate::observe::cache::watch_config(Some(&selector), true);
-        let watch = watched(health.clone(), name.clone(), (api.clone(), &ar), config);
-        Some(watch.default_backoff().boxed())
+        let watches: Vec<_> = apis
+            .iter()
+            .map(|(api, name)| {
+                watched(
+                    health.clone(),
+                    name.clone(),
+                    (api.clone(), &ar),
+                    config.clone(),
+                )
+                .default_backoff()
+                .boxed()
+            })
+            .collect();
+        Some(crate::observe::merge::merged(watches))
     })
 }
 

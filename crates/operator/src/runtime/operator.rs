@@ -82,9 +82,13 @@ impl Operator {
         // Every write's answer is looked at: a 403 counts, and keeps the
         // instance unready until the same write succeeds.
         let forbidden = Arc::new(super::forbidden::Forbidden::with_metrics(metrics.clone()));
+        let tenants =
+            super::tenants::Tenants::new(client.clone(), config.tenancy.clone(), &config.identity);
         let client = super::forbidden::observed(client, forbidden.clone());
         let ctx = Arc::new(Context {
             recorder: EventWriter::of_runbook(client.clone(), &config.identity),
+            tenants,
+            fair: super::fair::FairShare::new(config.fair.clone(), metrics.clone()),
             authority: act::authorize::Authority::new(client.clone(), config.signer.clone()),
             webhook: std::sync::OnceLock::new(),
             resources: Resources::new(client.clone()),
@@ -176,9 +180,24 @@ impl Operator {
             }
             missing.retain(|k| *k != state);
         }
+        // A tenant's policy on a kind not served is set aside like any
+        // other of its policies: what a tenant writes never stops the
+        // operator from starting.
+        let cluster_wide_targets: Vec<KindRef> = set
+            .policies
+            .values()
+            .filter(|p| p.tenant.is_none())
+            .map(|p| p.target.clone())
+            .collect();
+        let state_needed_by_cluster_wide = set
+            .policies
+            .values()
+            .any(|p| p.tenant.is_none() && !crate::act::state::owns_schema(&p.target));
         let targets: Vec<KindRef> = missing
             .iter()
-            .filter(|k| set.target_kinds().contains(k) || **k == state)
+            .filter(|k| {
+                cluster_wide_targets.contains(k) || (**k == state && state_needed_by_cluster_wide)
+            })
             .cloned()
             .collect();
         if !targets.is_empty() {
@@ -196,7 +215,7 @@ impl Operator {
         if dry {
             let mut kept = set.clone();
             kept.policies
-                .retain(|_, p| !p.kinds.kinds().into_iter().any(|k| missing.contains(k)));
+                .retain(|_, p| absent_kinds(p, &missing).is_empty());
             return Ok(kept);
         }
         Ok(self.set_aside(set, &missing))
@@ -233,13 +252,7 @@ impl Operator {
     fn set_aside(&self, set: &PolicySet, missing: &[KindRef]) -> PolicySet {
         let mut kept = set.clone();
         for (name, p) in &set.policies {
-            let absent: Vec<String> = p
-                .kinds
-                .kinds()
-                .into_iter()
-                .filter(|k| missing.contains(k))
-                .map(|k| k.to_string())
-                .collect();
+            let absent = absent_kinds(p, missing);
             if !absent.is_empty() {
                 tracing::error!(policy = %name, "set aside: the API server does not serve {}; install the CRDs that define them", absent.join(", "));
                 self.ctx
@@ -271,11 +284,15 @@ impl Operator {
         // Sharded, the kinds that are only ever children are cached for
         // this replica's share only (a child carries its target's label).
         let selector = |k: &KindRef| super::assign::children_selector(&self.ctx, set, k);
+        let reach = |k: &KindRef| super::reach::Reach::of(&self.ctx, set, k);
         // A kind watched with another selector now (a sharded replica's
-        // share grew) keeps its cache while it lists again.
+        // share grew), or in other tenants' namespaces, keeps its cache
+        // while it lists again.
         let mut kept: HashMap<KindRef, Arc<crate::observe::cache::KindCache>> = HashMap::new();
         informers.retain(|k, i| {
-            let keep = wanted.contains(k) && i.selector == selector(k);
+            let keep = wanted.contains(k)
+                && i.selector == selector(k)
+                && i.namespaces == reach(k).namespaces(&self.ctx);
             if !keep && wanted.contains(k) {
                 kept.insert(k.clone(), i.cache.clone());
             }
@@ -286,8 +303,10 @@ impl Operator {
                 // Plural and scope as discovery found them (a CRD may name
                 // its plural anything, and be cluster-scoped).
                 let (resource, namespaced) = self.ctx.resources.served_as(&k);
+                let reach = reach(&k);
                 let scope = crate::observe::cache::Scope {
-                    namespace: self.ctx.config.namespace.clone(),
+                    namespaces: reach.namespaces(&self.ctx),
+                    tenants: reach.tenants(),
                     namespaced,
                     selector: selector(&k),
                     from_cache: self.ctx.config.shards,
@@ -343,7 +362,14 @@ impl Operator {
                 .filter(|(k, t)| {
                     let watch =
                         super::assign::watch_selector(&self.ctx, set.watch_selector(k).as_deref());
-                    !wanted.contains(k) || t.watch != watch
+                    let reach = super::reach::Reach::of(&self.ctx, set, k);
+                    let namespaced = self.ctx.resources.served_as(k).1;
+                    let namespaces = if namespaced {
+                        reach.namespaces(&self.ctx)
+                    } else {
+                        Vec::new()
+                    };
+                    !wanted.contains(k) || t.watch != watch || t.namespaces != namespaces
                 })
                 .map(|(k, _)| k.clone())
                 .collect();
@@ -848,6 +874,24 @@ impl Operator {
             }
         }
     }
+}
+
+/// The kinds a policy needs that are in `missing`: those it declares, and
+/// for a tenant's policy on a built-in kind, Runbook's state kind (its
+/// targets' state has nowhere else to go).
+fn absent_kinds(p: &runbook_core::policy::CompiledPolicy, missing: &[KindRef]) -> Vec<String> {
+    let mut absent: Vec<String> = p
+        .kinds
+        .kinds()
+        .into_iter()
+        .filter(|k| missing.contains(k))
+        .map(|k| k.to_string())
+        .collect();
+    let state = super::reconcile::state_kind();
+    if p.tenant.is_some() && missing.contains(&state) && crate::act::state::built_in(&p.target) {
+        absent.push(state.to_string());
+    }
+    absent
 }
 
 /// The status fields of one of Runbook's CRDs, as this release defines

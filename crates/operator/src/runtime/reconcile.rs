@@ -89,17 +89,17 @@ fn warning(reason: &str, message: String) -> act::plan::Note {
 /// the policy it is for.
 async fn finalizers(
     ctx: &Context,
-    policy: &str,
+    policy: &CompiledPolicy,
     kind: &Resolved,
     target: &Value,
-    add: Option<&str>,
-    remove: Option<&str>,
+    (add, remove): (Option<&str>, Option<&str>),
 ) -> Result<(), ReconcileError> {
     ctx.metrics.writes.inc();
-    let manager = act::manager_of(policy);
+    let manager = act::manager_of(&policy.name);
+    let acting = ctx.acting_for(policy);
     act::Writer {
         manager: &manager,
-        ..ctx.writer()
+        ..ctx.writer_as(acting.as_deref())
     }
     .finalizers(kind, target, add, remove)
     .await
@@ -131,14 +131,15 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     lock(&ctx.memory.deps).set(key, &p.name, read);
     let manager = act::manager_of(&p.name);
     let dropped: Vec<String> = lock(&ctx.memory.dropped)
-        .get(&(p.name.clone(), key.kind.clone()))
+        .get(&(p.id.clone(), key.kind.clone()))
         .map(|d| d.iter().cloned().collect())
         .unwrap_or_default();
+    let acting = ctx.acting_for(p);
     let exec = Exec {
         writer: act::Writer {
             now,
             manager: &manager,
-            ..ctx.writer()
+            ..ctx.writer_as(acting.as_deref())
         },
         resources: &ctx.resources,
         view: &tracking.sources,
@@ -162,7 +163,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     )
     .await;
     if let Err(e) = &decision {
-        tracing::warn!(policy = %p.name, "{e}");
+        tracing::warn!(policy = %p.id, "{e}");
     }
     if hook == Hook::Reconcile {
         let carried_out = decision.as_ref().ok().filter(|_| outcome.failure.is_none());
@@ -222,10 +223,12 @@ fn timed_decision(
         Hook::Reconcile => decide::decide(&ctx.engine, p, observed),
         Hook::Finalize => decide::finalize(&ctx.engine, p, observed),
     };
+    let took = started.elapsed();
+    ctx.fair.spent(&p.id, took);
     ctx.metrics
         .script_seconds
-        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
-        .observe(started.elapsed().as_secs_f64());
+        .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
+        .observe(took.as_secs_f64());
     decision
 }
 
@@ -248,7 +251,7 @@ fn note_dropped(ctx: &Context, p: &CompiledPolicy, kind: &KindRef, outcome: &act
         return;
     }
     let mut d = lock(&ctx.memory.dropped);
-    let known = d.entry((p.name.clone(), kind.clone())).or_default();
+    let known = d.entry((p.id.clone(), kind.clone())).or_default();
     known.extend(outcome.dropped.iter().cloned());
     for k in &outcome.kept {
         known.remove(k);
@@ -263,7 +266,7 @@ fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Acting {
         policy::Mode::Enforce => {
             let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
                 lock(&ctx.memory.breakers)
-                    .entry(p.name.clone())
+                    .entry(p.id.clone())
                     .or_default()
                     .open(cb, now.as_millisecond())
             });
@@ -272,7 +275,7 @@ fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Acting {
     };
     ctx.metrics
         .circuit_open
-        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
         .set(matches!(mode, Acting::Suspended(_)) as i64);
     mode
 }
@@ -282,26 +285,26 @@ fn count(ctx: &Context, p: &CompiledPolicy, now: Timestamp, outcome: &act::Outco
     let m = &ctx.metrics;
     for (verb, result) in &outcome.results {
         let labels = [
-            ("policy", p.name.as_str()),
+            ("policy", p.id.as_str()),
             ("action", verb),
             ("result", result),
         ];
         m.actions.get_or_create(&Metrics::labels(&labels)).inc();
     }
     for (verb, _) in &outcome.refused {
-        let labels = [("policy", p.name.as_str()), ("action", verb.as_str())];
+        let labels = [("policy", p.id.as_str()), ("action", verb.as_str())];
         m.refusals.get_or_create(&Metrics::labels(&labels)).inc();
     }
     m.writes.inc_by(u64::from(outcome.writes));
     for field in &outcome.dropped {
-        let labels = [("policy", p.name.as_str()), ("field", field.as_str())];
+        let labels = [("policy", p.id.as_str()), ("field", field.as_str())];
         m.status_dropped
             .get_or_create(&Metrics::labels(&labels))
             .inc();
     }
     if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
         lock(&ctx.memory.breakers)
-            .entry(p.name.clone())
+            .entry(p.id.clone())
             .or_default()
             .record(cb, now.as_millisecond(), outcome.failure.is_some());
     }
@@ -315,7 +318,7 @@ fn keep_shadow(
     now: Timestamp,
     outcome: &act::Outcome,
 ) {
-    tracing::info!(policy = %p.name, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
+    tracing::info!(policy = %p.id, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
     let mut log = lock(&ctx.memory.shadow);
     log.push_back(ShadowRecord {
         time: crate::util::time::format(now),
@@ -763,7 +766,7 @@ async fn each_policy(
         // The span is the decision's future's own: entered only while it
         // runs, on whichever worker thread polls it (a guard held across
         // an await would leave it entered on the thread it left).
-        let span = tracing::info_span!("reconcile", policy = %p.name, version = %p.version, kind = %key.kind.kind, namespace = %key.namespace, name = %key.name);
+        let span = tracing::info_span!("reconcile", policy = %p.id, version = %p.version, kind = %key.kind.kind, namespace = %key.namespace, name = %key.name);
         let early = one_policy(ctx, p, target, ending, &present, next)
             .instrument(span)
             .await?;
@@ -799,7 +802,7 @@ async fn one_policy(
         && writes_elsewhere(ctx, p, target)
     {
         let (kind, value) = (&target.resolved, target.cached.value());
-        finalizers(ctx, &p.name, kind, value, Some(&fin), None).await?;
+        finalizers(ctx, p, kind, value, (Some(&fin), None)).await?;
         return Ok(Some(Action::await_change()));
     }
     let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
@@ -897,12 +900,15 @@ async fn finalize_policy(
     next: &mut Next,
 ) -> Result<(), ReconcileError> {
     let cached = &t.cached;
+    let Some(_turn) = turn(ctx, p, next) else {
+        return Ok(());
+    };
     let outcome = run_policy(ctx, p, t, Hook::Finalize).await;
     let work_left = !outcome.results.is_empty();
     if let Some(f) = outcome.failure {
         next.failed(ctx, t.key, &p.name, f);
     } else if !work_left && p.mode == policy::Mode::Enforce {
-        finalizers(ctx, &p.name, &t.resolved, cached.value(), None, Some(fin)).await?;
+        finalizers(ctx, p, &t.resolved, cached.value(), (None, Some(fin))).await?;
     } else {
         next.requeue(5_000);
     }
@@ -926,7 +932,7 @@ fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next)
     }
     ctx.metrics
         .unchanged
-        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
         .inc();
     if let Some(ms) = requeue {
         next.requeue(ms);
@@ -970,7 +976,7 @@ fn check_skip(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, now: Timestamp)
     tracing::error!("{told}");
     ctx.metrics
         .skip_differences
-        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
         .inc();
     lock(&ctx.skip_differences).push(told);
 }
@@ -980,6 +986,27 @@ fn cut(text: &str) -> String {
     match text.char_indices().nth(300) {
         Some((i, _)) => format!("{}...", &text[..i]),
         None => text.to_string(),
+    }
+}
+
+/// The policy's turn to decide, within its fair share; `None` puts its
+/// decision off until it has room (the target comes back then).
+fn turn<'a>(
+    ctx: &'a Context,
+    p: &CompiledPolicy,
+    next: &mut Next,
+) -> Option<super::fair::Turn<'a>> {
+    match ctx.fair.take(&p.id) {
+        Ok(turn) => Some(turn),
+        Err((wait, limit)) => {
+            tracing::debug!(
+                limit = limit.label(),
+                wait_ms = wait.as_millis() as u64,
+                "the policy is at its share: decided later"
+            );
+            next.requeue(wait.as_millis().max(1) as i64);
+            None
+        }
     }
 }
 
@@ -996,6 +1023,9 @@ async fn reconcile_policy(
     if unchanged(ctx, p, t, next) {
         return (None, None, false);
     }
+    let Some(_turn) = turn(ctx, p, next) else {
+        return (None, None, false);
+    };
     let outcome = run_policy(ctx, p, t, Hook::Reconcile).await;
     let result = if outcome.failure.is_some() {
         "error"
@@ -1004,11 +1034,11 @@ async fn reconcile_policy(
     };
     ctx.metrics
         .reconciles
-        .get_or_create(&Metrics::labels(&[("policy", &p.name), ("result", result)]))
+        .get_or_create(&Metrics::labels(&[("policy", &p.id), ("result", result)]))
         .inc();
     ctx.metrics
         .reconcile_seconds
-        .get_or_create(&Metrics::labels(&[("policy", &p.name)]))
+        .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
         .observe(started.elapsed().as_secs_f64());
     if let Some(ms) = outcome.requeue_ms {
         next.requeue(ms);

@@ -77,6 +77,13 @@ pub struct Metrics {
     /// Writes the API server refused for lack of permission (403), by
     /// verb and resource.
     pub writes_forbidden: Family<Labels, Counter>,
+    /// Decisions put off because their policy was at its share, by
+    /// policy and limit (`concurrency`, `cpu`).
+    pub policy_throttled: Family<Labels, Counter>,
+    /// 1 for each policy bundle, by its state: `loaded` (its latest
+    /// version in force), `refused` (its latest version refused, the last
+    /// good one in force), `never_loaded` (none of it runs).
+    pub bundle_state: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -115,6 +122,8 @@ impl Metrics {
             status_unlisted: Family::default(),
             crd_outdated: Family::default(),
             writes_forbidden: Family::default(),
+            policy_throttled: Family::default(),
+            bundle_state: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -208,6 +217,16 @@ impl Metrics {
             m.writes_forbidden.clone(),
         );
         registry.register(
+            "policy_throttled",
+            "Decisions put off because their policy was at its share (--policy-concurrency, --policy-cpu-budget), by policy and limit",
+            m.policy_throttled.clone(),
+        );
+        registry.register(
+            "bundle_state",
+            "1 for each policy bundle, by state: loaded, refused (the last good version in force), never_loaded",
+            m.bundle_state.clone(),
+        );
+        registry.register(
             "status_dropped",
             "Status fields a policy wrote that the API server dropped (its status schema does not list them), by policy and field",
             m.status_dropped.clone(),
@@ -268,14 +287,16 @@ impl Metrics {
 /// Renders the recent shadow decisions as JSON.
 pub type ShadowLog = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Whether the instance is ready, or why not (the `/readyz` body).
-pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Whether the instance is ready, with notes said beside `ok` (what does
+/// not keep it from being ready: a tenant's bundle that does not run), or
+/// why not (the `/readyz` body).
+pub type Readiness = Arc<dyn Fn() -> Result<Vec<String>, String> + Send + Sync>;
 
 /// Readiness from one flag, with the reason given while it is down.
 pub fn ready_when(flag: Arc<AtomicBool>, otherwise: &'static str) -> Readiness {
     Arc::new(move || {
         if flag.load(Ordering::Acquire) {
-            Ok(())
+            Ok(Vec::new())
         } else {
             Err(otherwise.to_string())
         }
@@ -312,7 +333,14 @@ pub async fn serve(
                                 (StatusCode::OK, "text/plain", "ok".to_string())
                             }
                             "/readyz" => match ready() {
-                                Ok(()) => (StatusCode::OK, "text/plain", "ok".to_string()),
+                                Ok(notes) => {
+                                    let mut body = "ok".to_string();
+                                    for n in notes {
+                                        body.push('\n');
+                                        body.push_str(&n);
+                                    }
+                                    (StatusCode::OK, "text/plain", body)
+                                }
                                 Err(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", why),
                             },
                             "/shadow" => (StatusCode::OK, "application/json", shadow()),

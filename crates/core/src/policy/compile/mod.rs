@@ -124,6 +124,10 @@ pub enum Body {
 #[derive(Clone, Debug)]
 pub struct CompiledPolicy {
     pub name: String,
+    /// What names it in the set, the metrics and Runbook's memory: its
+    /// name, or `NAMESPACE/NAME` for a tenant's policy, so that two
+    /// tenants may each have a policy of the same name.
+    pub id: String,
     /// The YAML file it came from, as errors name it.
     pub file: String,
     pub origin: Origin,
@@ -155,8 +159,9 @@ pub struct CompiledPolicy {
     /// there, with children there, alerts through routes of that
     /// namespace and Secrets read there. `None`: a cluster-wide policy.
     pub tenant: Option<String>,
-    /// What its children's pods may ask for (`spec.pods`).
+    /// What its children's pods may ask for (`spec.pods`), and where.
     pub pods: super::model::PodsSpec,
+    pub pods_pos: Option<Pos>,
     /// `spec.namespaces`: the other namespaces it may make children in,
     /// by their labels, and where that is declared.
     pub namespaces: Option<(Selector, Option<Pos>)>,
@@ -226,12 +231,15 @@ pub struct Loaded {
 
 impl Loaded {
     /// Confine a tenant's bundle (a ConfigMap in `namespace`, not the
-    /// operator's) to its namespace: its policies act only there, and its
-    /// alert receivers may read Secrets only there (a `secretKeyRef`
-    /// naming another namespace is an error at its place).
-    pub fn confine_to(&mut self, namespace: &str) {
+    /// operator's) to its namespace: its policies act only there (their
+    /// names and its routes' are its namespace's), its alert receivers
+    /// may read Secrets only there (a `secretKeyRef` naming another
+    /// namespace is an error at its place), and its policies' `spec.pods`
+    /// may allow no more than `bounds`, the administrator's for tenants.
+    pub fn confine_to(&mut self, namespace: &str, bounds: &super::model::PodsSpec) {
         for p in &mut self.policies {
             p.tenant = Some(namespace.to_string());
+            p.id = format!("{namespace}/{}", p.name);
             if let Some((_, pos)) = &p.namespaces {
                 self.errors.push(LoadError {
                     file: p.file.clone(),
@@ -241,9 +249,20 @@ impl Loaded {
                     ),
                 });
             }
+            for wider in p.pods.beyond(bounds) {
+                self.errors.push(LoadError {
+                    file: p.file.clone(),
+                    pos: p.pods_pos,
+                    message: format!(
+                        "spec.pods: {wider}: a policy ConfigMap in namespace {namespace:?} may allow its pods only what the administrator allows tenants ({}; runbook run --tenant-pod-bounds)",
+                        bounds.describe()
+                    ),
+                });
+            }
         }
         for r in &mut self.routes {
             r.tenant = Some(namespace.to_string());
+            r.id = format!("{namespace}/{}", r.name);
             for receiver in r.receivers.values() {
                 for target in receiver
                     .kinds

@@ -83,6 +83,7 @@ pub(super) fn load_policy(
     }
     Some(CompiledPolicy {
         name: doc.metadata.name.clone(),
+        id: doc.metadata.name.clone(),
         file: cx.bundle.display_path(file),
         origin: cx.bundle.origin.clone(),
         version: version_of(cx, file, text, &used),
@@ -106,6 +107,7 @@ pub(super) fn load_policy(
         status,
         tenant: None,
         pods: spec.pods.clone(),
+        pods_pos: node.at(&["spec", "pods"]).map(|n| n.pos),
         namespaces,
     })
 }
