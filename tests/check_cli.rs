@@ -472,6 +472,7 @@ fn rbac_warns_of_secrets_elsewhere_and_confines_a_tenant() {
     );
     assert!(!operator.contains("\"create\",\"delete\""), "{operator}");
     assert_eq!(docs[3]["subjects"][0]["name"], "runbook");
+    assert_eq!(docs[2]["metadata"]["name"], "runbook-for-tenant");
     assert_eq!(docs[3]["subjects"][0]["namespace"], "runbook-system");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1774,3 +1774,146 @@ async fn rbac_holds_a_user_to_what_its_bindings_grant() {
         .await;
     c.cleanup().await;
 }
+
+/// A ServiceAccount's token (a TokenRequest, as `kubectl create token`
+/// makes one) authenticates as that account, and impersonating another
+/// account needs the `impersonate` verb on it: without it the request is
+/// refused (403, the API server's sentence), with a Role granting it on
+/// that account by name the request is the other account's, held to its
+/// own rights; another account of the namespace stays out of reach.
+#[tokio::test]
+async fn a_token_authenticates_and_impersonation_needs_the_impersonate_verb() {
+    let c = Cluster::new("impersonate").await;
+    let ns = c.ns.clone();
+    let runbook = c.client_of_service_account(&ns, "op").await;
+    // The token's account itself: a SelfSubjectReview names it.
+    let review = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("Content-Type", "application/json")
+        .body(
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+                .to_string()
+                .into_bytes(),
+        )
+        .unwrap();
+    let who: Value = serde_json::from_str(&runbook.request_text(review).await.unwrap()).unwrap();
+    assert_eq!(
+        who["status"]["userInfo"]["username"],
+        format!("system:serviceaccount:{ns}:op"),
+        "{who}"
+    );
+    let cms = Api::<ConfigMap>::namespaced(c.client.clone(), &ns);
+    cms.create(&PostParams::default(), &cm("data", &[("k", "v")]))
+        .await
+        .unwrap();
+    // The account the operator acts as for the tenant: it may read
+    // ConfigMaps; nobody may impersonate it yet.
+    let objects = |kind: &str, plural: &str| {
+        Api::<DynamicObject>::namespaced_with(
+            c.client.clone(),
+            &ns,
+            &ApiResource {
+                group: "rbac.authorization.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "rbac.authorization.k8s.io/v1".into(),
+                kind: kind.into(),
+                plural: plural.into(),
+            },
+        )
+    };
+    let create = |kind: &'static str, plural: &'static str, v: Value| {
+        let api = objects(kind, plural);
+        async move {
+            api.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+                .await
+                .unwrap();
+        }
+    };
+    let _ = c.client_of_service_account(&ns, "tenant").await;
+    let _ = c.client_of_service_account(&ns, "other").await;
+    create(
+        "Role",
+        "roles",
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "read-cms"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+        }),
+    )
+    .await;
+    create("RoleBinding", "rolebindings", json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "tenant-reads"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-cms"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}]
+    }))
+    .await;
+    let data = format!("/api/v1/namespaces/{ns}/configmaps/data");
+    let tenant = format!("system:serviceaccount:{ns}:tenant");
+    let message = refusal(read_as(&runbook, &tenant, &data).await);
+    assert!(
+        message.contains(&format!(
+            "User \"system:serviceaccount:{ns}:op\" cannot impersonate resource \"serviceaccounts\" in API group \"\" in the namespace \"{ns}\""
+        )),
+        "{message}"
+    );
+    create(
+        "Role",
+        "roles",
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "act-as-tenant"},
+            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"],
+                       "verbs": ["impersonate"], "resourceNames": ["tenant"]}]
+        }),
+    )
+    .await;
+    create("RoleBinding", "rolebindings", json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "op-acts-as-tenant"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "act-as-tenant"},
+        "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": ns}]
+    }))
+    .await;
+    eventually("the impersonation allowed", 30, || async {
+        read_as(&runbook, &tenant, &data).await.is_ok()
+    })
+    .await;
+    let read = read_as(&runbook, &tenant, &data).await.unwrap();
+    assert!(read.contains("\"k\":\"v\""), "{read}");
+    // As the tenant, held to the tenant's rights: no list.
+    let secrets = format!("/api/v1/namespaces/{ns}/secrets");
+    let listed = refusal(read_as(&runbook, &tenant, &secrets).await);
+    assert!(
+        listed.contains(&format!(
+            "User \"{tenant}\" cannot list resource \"secrets\""
+        )),
+        "{listed}"
+    );
+    // Another account of the namespace: not granted by name.
+    let other = refusal(
+        read_as(
+            &runbook,
+            &format!("system:serviceaccount:{ns}:other"),
+            &data,
+        )
+        .await,
+    );
+    assert!(other.contains("cannot impersonate"), "{other}");
+    c.cleanup().await;
+}
+
+/// A GET of `path` by `client`, impersonating `user`.
+async fn read_as(client: &kube::Client, user: &str, path: &str) -> Result<String, kube::Error> {
+    let mut req = http::Request::get(path).body(Vec::new()).unwrap();
+    req.headers_mut()
+        .insert("impersonate-user", user.parse().unwrap());
+    client.request_text(req).await
+}
+
+/// The API server's refusal (403) of a request, as it says it.
+fn refusal(r: Result<String, kube::Error>) -> String {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+        other => panic!("not refused: {other:?}"),
+    }
+}

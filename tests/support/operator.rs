@@ -364,11 +364,11 @@ pub async fn grant_tenant(
         let api: Api<DynamicObject> =
             Api::namespaced_with(c.client.clone(), tenant, &kind.api_resource());
         let obj: DynamicObject = serde_json::from_value(d.clone()).unwrap();
-        match api.create(&PostParams::default(), &obj).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("creating {kind} {}: {e}", d["metadata"]["name"]),
-        }
+        let name = d["metadata"]["name"].as_str().unwrap_or_default();
+        let apply = kube::api::PatchParams::apply("runbook-test-admin").force();
+        api.patch(name, &apply, &kube::api::Patch::Apply(&obj))
+            .await
+            .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
     }
 }
 

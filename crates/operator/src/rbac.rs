@@ -570,6 +570,16 @@ impl Needs {
         } else {
             opts.policy_namespaces.clone()
         };
+        if opts.tenant.is_none() && namespaces.iter().any(|ns| *ns != opts.namespace) {
+            self.add(
+                Scope::Cluster,
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                &["create"],
+                &[],
+                "asking what the account a tenant's policies act as may do".into(),
+            );
+        }
         for ns in &namespaces {
             let scope = Scope::Namespace(ns.clone());
             let why = "policy bundles (ConfigMaps labelled runbook.dev/policy=true)";
@@ -774,6 +784,18 @@ fn role_and_binding(opts: &Options, who: Who, ns: Option<&str>, needs: &[&Need])
                 kind: "ServiceAccount".into(),
                 name: opts.tenant_account.clone(),
                 namespace: Some(ns.to_string()),
+                api_group: None,
+            },
+        ),
+        // The operator's own Role in a tenant's namespace has a name of
+        // its own: the Role `runbook rbac` grants there for reading the
+        // policy ConfigMaps keeps `opts.name`.
+        (Who::Operator, Some(_)) if opts.tenant.is_some() => (
+            format!("{}-for-tenant", opts.name),
+            Subject {
+                kind: "ServiceAccount".into(),
+                name: opts.service_account.clone(),
+                namespace: Some(opts.namespace.clone()),
                 api_group: None,
             },
         ),

@@ -318,6 +318,8 @@ impl Api {
             ("GET", true) => ApiVerb::List,
             ("GET", false) => ApiVerb::Get,
             ("POST", true) => ApiVerb::Create,
+            // A TokenRequest is made on its ServiceAccount.
+            ("POST", false) if t.sub.as_deref() == Some("token") => ApiVerb::Create,
             ("PUT", false) => ApiVerb::Update,
             ("PATCH", false) => ApiVerb::Patch,
             ("DELETE", false) => ApiVerb::Delete,

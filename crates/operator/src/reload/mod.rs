@@ -556,7 +556,7 @@ impl Reloader {
         candidate: &Loaded,
         set: &PolicySet,
     ) -> Result<Vec<String>, Refusal> {
-        let names: Vec<String> = candidate.policies.iter().map(|p| p.name.clone()).collect();
+        let names: Vec<String> = candidate.policies.iter().map(|p| p.id.clone()).collect();
         let kept = match op.dry_check_kinds(set).await {
             Ok(kept) => kept,
             Err(e) => {
@@ -572,7 +572,7 @@ impl Reloader {
         let before: Vec<String> = lock(&self.bundles)
             .get(&bundle.origin)
             .and_then(|b| b.good.as_deref())
-            .map(|l| l.policies.iter().map(|p| p.name.clone()).collect())
+            .map(|l| l.policies.iter().map(|p| p.id.clone()).collect())
             .unwrap_or_default();
         let refused: Vec<String> = names
             .iter()
@@ -828,7 +828,7 @@ impl Reloader {
         self.count("ok");
         tracing::info!(
             version = %version,
-            policies = ?set.policies.values().map(|p| format!("{}@{}", p.name, p.version)).collect::<Vec<_>>(),
+            policies = ?set.policies.values().map(|p| format!("{}@{}", p.id, p.version)).collect::<Vec<_>>(),
             requeued = ?requeued.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
             "policy set swapped in"
         );

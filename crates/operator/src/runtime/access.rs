@@ -115,27 +115,62 @@ pub async fn tenant_access(
         groups: super::tenants::TenancyConfig::groups(tenant),
     };
     let mut out = TenantAccess::default();
-    for m in ask_all(client, &account, Some(tenant), &subject).await? {
-        let read = ["get ", "list ", "watch "]
-            .iter()
-            .any(|v| m.permission.starts_with(v));
-        let said = format!("{user} may not {m}");
-        if read {
-            out.refusals.push(format!(
-                "{said}: a tenant's policy reads only what its account may read; grant it (see `runbook rbac --tenant {tenant}`)"
-            ));
-        } else {
-            out.warnings.push(format!(
-                "{said}: the API server will refuse that write when the policy makes it; grant it (see `runbook rbac --tenant {tenant}`)"
-            ));
-        }
-    }
-    for m in ask_all(client, &operator, Some(tenant), &Subject::Operator).await? {
+    let hint = format!("see the Role `runbook rbac --tenant {tenant}` prints");
+    let (reads, writes): (Vec<Missing>, Vec<Missing>) =
+        ask_all(client, &account, Some(tenant), &subject)
+            .await?
+            .into_iter()
+            .partition(|m| {
+                ["get ", "list ", "watch "]
+                    .iter()
+                    .any(|v| m.permission.starts_with(v))
+            });
+    for line in by_resource(&reads) {
         out.refusals.push(format!(
-            "the operator may not {m}: grant it (see `runbook rbac --tenant {tenant}`)"
+            "{user} may not {line}: a tenant's policy reads only what its account may read ({hint})"
         ));
     }
+    for line in by_resource(&writes) {
+        out.warnings.push(format!("{user} may not {line}"));
+    }
+    if !out.warnings.is_empty() {
+        out.warnings.push(format!(
+            "the API server refuses those writes when the policies make them ({hint})"
+        ));
+    }
+    let missing = ask_all(client, &operator, Some(tenant), &Subject::Operator).await?;
+    for line in by_resource(&missing) {
+        out.refusals
+            .push(format!("the operator may not {line} ({hint})"));
+    }
     Ok(out)
+}
+
+/// What is missing, one line per resource with its verbs: `create,
+/// delete jobs.batch in namespace team-a (policy p owns batch/v1 Job)`.
+fn by_resource(missing: &[Missing]) -> Vec<String> {
+    let mut lines: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
+    for m in missing {
+        let (verb, rest) = m
+            .permission
+            .split_once(' ')
+            .unwrap_or((m.permission.as_str(), ""));
+        match lines.iter_mut().find(|(r, _, _)| r == rest) {
+            Some((_, verbs, why)) => {
+                verbs.push(verb.to_string());
+                for w in &m.why {
+                    if !why.contains(w) {
+                        why.push(w.clone());
+                    }
+                }
+            }
+            None => lines.push((rest.to_string(), vec![verb.to_string()], m.why.clone())),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(rest, verbs, why)| format!("{} {rest} ({})", verbs.join(", "), why.join("; ")))
+        .collect()
 }
 
 /// One question to the API server: may this identity do that?

@@ -502,14 +502,14 @@ impl Operator {
                 continue;
             };
             for (what, _) in crate::act::state::unlisted(&status, &p.status) {
-                tracing::warn!(policy = %p.name, kind = %k, "the policy declares status {what:?}, which the served schema of {k} does not list: the API server will drop it (add it to the CRD's status properties)");
+                tracing::warn!(policy = %p.id, kind = %k, "the policy declares status {what:?}, which the served schema of {k} does not list: the API server will drop it (add it to the CRD's status properties)");
                 self.ctx
                     .metrics
                     .status_unlisted
-                    .get_or_create(&Metrics::labels(&[("policy", &p.name), ("field", &what)]))
+                    .get_or_create(&Metrics::labels(&[("policy", &p.id), ("field", &what)]))
                     .set(1);
                 lock(&self.ctx.memory.dropped)
-                    .entry((p.name.clone(), k.clone()))
+                    .entry((p.id.clone(), k.clone()))
                     .or_default()
                     .insert(what);
             }
@@ -627,7 +627,7 @@ impl Operator {
                 .metrics
                 .policy_info
                 .get_or_create(&Metrics::labels(&[
-                    ("policy", &p.name),
+                    ("policy", &p.id),
                     ("version", &p.version),
                 ]))
                 .set(1);
@@ -793,7 +793,7 @@ impl Operator {
         for p in set.policies.values() {
             let same = old
                 .policies
-                .get(&p.name)
+                .get(&p.id)
                 .is_some_and(|q| q.version == p.version);
             if !same && !changed.contains(&p.target) {
                 changed.push(p.target.clone());

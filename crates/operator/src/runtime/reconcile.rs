@@ -700,7 +700,7 @@ async fn reconcile_target(
     }
     ctx.memory
         .last
-        .keep_only(key, policies.iter().map(|p| p.name.as_str()));
+        .keep_only(key, policies.iter().map(|p| p.id.as_str()));
     let resolved =
         ctx.resources
             .resolve(kind)

@@ -140,7 +140,7 @@ impl LastDecisions {
     ) -> Option<Option<i64>> {
         let inner = lock(&self.0);
         let decisions = inner.targets.get(&hash_of(key))?;
-        let policy = hash_of(p.name.as_str());
+        let policy = hash_of(p.id.as_str());
         let last = decisions.last.iter().find(|l| l.policy == policy)?;
         let same = decisions.woken <= last.woken
             && last.version == hash_of(p.version.as_str())
@@ -158,7 +158,7 @@ impl LastDecisions {
     /// (`Made::check`).
     pub fn decided(&self, key: &TargetKey, p: &CompiledPolicy) -> Option<Arc<str>> {
         let inner = lock(&self.0);
-        let policy = hash_of(p.name.as_str());
+        let policy = hash_of(p.id.as_str());
         inner
             .targets
             .get(&hash_of(key))?
@@ -187,19 +187,19 @@ impl LastDecisions {
             {
                 &d.target_reads
             }
-            _ => return self.forget_policy(key, &p.name),
+            _ => return self.forget_policy(key, &p.id),
         };
         let now = made.now;
         let mut inner = lock(&self.0);
-        let shared = match inner.reads.get(&p.name) {
+        let shared = match inner.reads.get(&p.id) {
             Some(r) if **r == *reads => r.clone(),
             _ => {
                 let r = Arc::new(reads.clone());
-                inner.reads.insert(p.name.clone(), r.clone());
+                inner.reads.insert(p.id.clone(), r.clone());
                 r
             }
         };
-        let policy = hash_of(p.name.as_str());
+        let policy = hash_of(p.id.as_str());
         let last = Last {
             policy,
             version: hash_of(p.version.as_str()),
