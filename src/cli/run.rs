@@ -140,7 +140,7 @@ pub struct RunArgs {
     pub tenant_pod_bounds: crate::policy::model::PodsSpec,
     /// Decisions of one policy under way at once; more wait, without
     /// holding up other policies.
-    #[arg(long, env = "RUNBOOK_POLICY_CONCURRENCY", default_value_t = 4)]
+    #[arg(long, env = "RUNBOOK_POLICY_CONCURRENCY", default_value_t = 8)]
     pub policy_concurrency: usize,
     /// Milliseconds of script time one policy may use per second; past it
     /// its decisions wait (`runbook_policy_throttled_total`).

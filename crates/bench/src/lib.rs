@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod baseline;
 pub mod containment;
 pub mod decision;
+pub mod fairness;
 pub mod fixtures;
 pub mod hooks;
 pub mod lookup;

@@ -112,6 +112,7 @@ pub const SECTIONS: &[&str] = &[
     "memory",
     "scale",
     "containment",
+    "fairness",
     "scale-out",
     "peers",
 ];
@@ -660,6 +661,53 @@ async fn containment(quick: bool) -> Vec<Row> {
     ]
 }
 
+/// A quiet policy's reaction beside a noisy one, as a ratio to the same
+/// reaction alone.
+async fn fairness(quick: bool) -> Vec<Row> {
+    let rounds = if quick { 40 } else { 200 };
+    let f = super::fairness::run(300, rounds).await;
+    let s = "fairness";
+    let beside = format!(
+        "beside a policy whose {} targets run past their budget ({} of its decisions put off)",
+        f.noisy_targets, f.throttled
+    );
+    vec![
+        Row::new(
+            s,
+            "quiet policy: change -> status, alone, p50",
+            ms(f.alone.median),
+            "ms",
+        ),
+        Row::new(
+            s,
+            "quiet policy: change -> status, alone, p99",
+            ms(f.alone.p99),
+            "ms",
+        ),
+        Row::new(
+            s,
+            format!("the same {beside}, p50"),
+            ms(f.beside.median),
+            "ms",
+        ),
+        Row::new(s, format!("the same {beside}, p99"), ms(f.beside.p99), "ms"),
+        Row::new(s, "beside / alone, p50", f.p50_ratio(), "x").goal(Goal::AtMost(1.5)),
+        Row::new(s, "beside / alone, p99", f.p99_ratio(), "x").goal(Goal::AtMost(2.0)),
+        Row::new(
+            s,
+            "without shares (every policy takes what it needs): beside / alone, p50",
+            f.unshared_ratios().0,
+            "x",
+        ),
+        Row::new(
+            s,
+            "without shares: beside / alone, p99",
+            f.unshared_ratios().1,
+            "x",
+        ),
+    ]
+}
+
 async fn admission(opts: &Options) -> Vec<Row> {
     let reviews = if opts.quick { 50 } else { 300 };
     let p = opts.policies.clone();
@@ -945,6 +993,9 @@ pub async fn run(opts: &Options) -> Vec<Row> {
     }
     if opts.wants("containment") {
         rows.extend(containment(opts.quick).await);
+    }
+    if opts.wants("fairness") {
+        rows.extend(fairness(opts.quick).await);
     }
     if opts.wants("scale-out") {
         rows.extend(scale_out(opts).await);

@@ -433,6 +433,10 @@ fn operator_for(
         // A scenario also checks that every reconcile the operator skips
         // as unchanged would decide the same.
         check_skips: true,
+        // Its clock stands still while scripts run: a share of script
+        // time per second of it would put decisions off by how fast the
+        // machine is, and the timeline must not depend on that.
+        fair: runbook_operator::runtime::fair::FairConfig::unlimited(),
         ..OperatorConfig::default()
     };
     let op = Operator::new(

@@ -123,7 +123,9 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
     let woken = ctx.memory.last.woken();
     let (tracking, observed) = tracked(ctx, p, t, now);
+    let script = ctx.fair.script(&p.id).await;
     let decision = timed_decision(ctx, p, &observed, hook);
+    drop(script);
     let read = tracking.take();
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
