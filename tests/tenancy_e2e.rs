@@ -416,6 +416,17 @@ async fn a_tenants_policy_gets_only_what_its_account_may_do() {
     }
     let ready = reload::readiness(&op, &reloader);
     assert_eq!(ready(), Ok(Vec::new()));
+    // With exactly the printed Roles, no watch is refused: the tenants'
+    // own kind and Runbook's state are watched in their namespaces only.
+    let failing: Vec<String> = op
+        .ctx
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("runbook_watch_failing{") && l.ends_with(" 1"))
+        .map(str::to_string)
+        .collect();
+    assert!(failing.is_empty(), "{failing:?}");
     // Alice writes her policy, as herself.
     let alice = c.client_as("alice", &[]).await;
     let hers: Api<ConfigMap> = Api::namespaced(alice, &a);

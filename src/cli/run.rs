@@ -138,12 +138,13 @@ pub struct RunArgs {
     /// refused. Default: nothing.
     #[arg(long, env = "RUNBOOK_TENANT_POD_BOUNDS", default_value = "{}", value_parser = pod_bounds)]
     pub tenant_pod_bounds: crate::policy::model::PodsSpec,
-    /// Decisions of one policy under way at once; more wait, without
-    /// holding up other policies.
+    /// Decisions of one policy under way at once where another policy
+    /// targets the same kind; more wait, without holding up the other.
     #[arg(long, env = "RUNBOOK_POLICY_CONCURRENCY", default_value_t = 8)]
     pub policy_concurrency: usize,
-    /// Milliseconds of script time one policy may use per second; past it
-    /// its decisions wait (`runbook_policy_throttled_total`).
+    /// Milliseconds of script time one policy may use per second while
+    /// another policy wants a turn; past it its decisions wait
+    /// (`runbook_policy_throttled_total`).
     #[arg(long, env = "RUNBOOK_POLICY_CPU_BUDGET_MS", default_value_t = 250)]
     pub policy_cpu_budget_ms: u64,
     /// Skip the start-up check (SelfSubjectAccessReviews) that the operator
@@ -398,6 +399,7 @@ fn operator_config(args: &RunArgs, tenancy: crate::runtime::TenancyConfig) -> Op
         fair: crate::runtime::fair::FairConfig {
             concurrency: args.policy_concurrency,
             cpu_per_second: Duration::from_millis(args.policy_cpu_budget_ms),
+            scripts_at_once: 0,
         },
         webhook: webhook_config(args),
         operator_namespace: args.operator_namespace.clone(),

@@ -76,12 +76,12 @@ pub async fn run(
         config,
     ));
     op.start().await.expect("the operator starts");
-    let reloader = Arc::new(Reloader::new(
-        engine,
-        Some(client.clone()),
-        metrics,
-        "bench",
-    ));
+    let reloader = Arc::new(
+        Reloader::new(engine, Some(client.clone()), metrics, "bench")
+            // The bench namespace is the operator's own: the shipped policies are
+            // the operator's, not a tenant's.
+            .with_secret_namespace(&namespace),
+    );
     let sources = SourceConfig {
         dirs: vec![],
         configmap_namespaces: vec![namespace.clone()],

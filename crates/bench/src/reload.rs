@@ -148,12 +148,15 @@ async fn operator(sandbox: &Sandbox, ns: &str, targets: usize) -> Arc<Operator> 
         .expect("the policy ConfigMap");
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
-    let reloader = Arc::new(Reloader::new(
-        engine.clone(),
-        Some(client.clone()),
-        metrics.clone(),
-        "bench",
-    ));
+    let reloader = Arc::new(
+        Reloader::new(
+            engine.clone(),
+            Some(client.clone()),
+            metrics.clone(),
+            "bench",
+        )
+        .with_secret_namespace(ns),
+    );
     let bundles = runbook_operator::reload::sources::configmap_bundles(&client, ns)
         .await
         .expect("bundles");

@@ -695,7 +695,7 @@ async fn fairness(quick: bool) -> Vec<Row> {
         Row::new(s, "beside / alone, p99", f.p99_ratio(), "x").goal(Goal::AtMost(2.0)),
         Row::new(
             s,
-            "without shares (every policy takes what it needs): beside / alone, p50",
+            "without shares (every policy takes what it needs; 20 changes, each wait cut at 10 s): beside / alone, p50",
             f.unshared_ratios().0,
             "x",
         ),

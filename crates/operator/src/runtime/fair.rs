@@ -9,8 +9,11 @@
 //! Reaching a limit is counted in
 //! `runbook_policy_throttled_total{policy,limit}`.
 //!
-//! The limits hold while another policy has had a turn lately: a policy
-//! alone takes what it needs, since nobody waits.
+//! Decisions under way are limited where another policy targets the same
+//! kind: reconciles of one kind share a queue and its slots, and a policy
+//! that held them all would keep every other policy on the kind from even
+//! asking for its turn. Script time is limited while another policy has
+//! asked for a turn lately. A policy alone takes what it needs.
 //!
 //! Script time is a token bucket: a policy starts with a tenth of a
 //! second's worth, earns `cpu_per_second` per second up to that, and
@@ -36,6 +39,8 @@ pub struct FairConfig {
     pub concurrency: usize,
     /// Script time one policy may use per second.
     pub cpu_per_second: Duration,
+    /// Scripts of one policy running at once (0: half the threads).
+    pub scripts_at_once: usize,
 }
 
 impl Default for FairConfig {
@@ -43,6 +48,7 @@ impl Default for FairConfig {
         Self {
             concurrency: 8,
             cpu_per_second: Duration::from_millis(250),
+            scripts_at_once: 0,
         }
     }
 }
@@ -54,11 +60,13 @@ impl FairConfig {
         Self {
             concurrency: usize::MAX,
             cpu_per_second: Duration::ZERO,
+            scripts_at_once: Semaphore::MAX_PERMITS,
         }
     }
 }
 
-/// How long after its last turn a policy counts as wanting a share.
+/// How long after it last asked for a turn a policy counts as wanting a
+/// share of the threads.
 const ACTIVE_FOR: Duration = Duration::from_secs(1);
 
 /// The bucket holds this part of a second's budget.
@@ -73,8 +81,8 @@ struct Share {
     /// Script time it may still use, in seconds (negative: owed).
     credit: f64,
     at: Instant,
-    /// Its last turn.
-    turned: Instant,
+    /// When it last asked for a turn.
+    asked: Instant,
     /// Its scripts running now.
     scripts: Arc<Semaphore>,
 }
@@ -107,12 +115,12 @@ impl Limit {
 /// A decision of a policy under way; its place is given back on drop.
 pub struct Turn<'a> {
     fair: &'a FairShare,
-    policy: String,
+    policy: &'a str,
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        if let Some(s) = lock(&self.fair.shares).get_mut(&self.policy) {
+        if let Some(s) = lock(&self.fair.shares).get_mut(self.policy) {
             s.running = s.running.saturating_sub(1);
         }
     }
@@ -121,11 +129,15 @@ impl Drop for Turn<'_> {
 impl FairShare {
     pub fn new(config: FairConfig, metrics: Arc<Metrics>) -> Self {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let script_slots = match config.scripts_at_once {
+            0 => (threads / 2).max(1),
+            n => n.min(Semaphore::MAX_PERMITS),
+        };
         Self {
             config,
             metrics,
             shares: Mutex::default(),
-            script_slots: (threads / 2).max(1),
+            script_slots,
         }
     }
 
@@ -134,28 +146,36 @@ impl FairShare {
     }
 
     /// A turn for `policy` now, or how long until it may have one, and why.
-    pub fn take(&self, policy: &str) -> Result<Turn<'_>, (Duration, Limit)> {
+    /// `kind_shared`: another policy targets the same kind.
+    pub fn take<'a>(
+        &'a self,
+        policy: &'a str,
+        kind_shared: bool,
+    ) -> Result<Turn<'a>, (Duration, Limit)> {
         let now = Instant::now();
         let rate = self.rate();
         let cap = rate * BURST;
         let refused = {
             let mut shares = lock(&self.shares);
-            let others = shares.iter().any(|(p, s)| {
-                p != policy
-                    && (s.running > 0 || now.saturating_duration_since(s.turned) < ACTIVE_FOR)
-            });
-            let scripts = self.script_slots;
-            let s = shares.entry(policy.to_string()).or_insert_with(|| Share {
-                running: 0,
-                credit: cap,
-                at: now,
-                turned: now,
-                scripts: Arc::new(Semaphore::new(scripts)),
-            });
+            let others = Self::others(&shares, policy, now);
+            if !shares.contains_key(policy) {
+                let share = Share {
+                    running: 0,
+                    credit: cap,
+                    at: now,
+                    asked: now,
+                    scripts: Arc::new(Semaphore::new(self.script_slots)),
+                };
+                shares.insert(policy.to_string(), share);
+            }
+            let Some(s) = shares.get_mut(policy) else {
+                return Ok(Turn { fair: self, policy });
+            };
             let earned = now.saturating_duration_since(s.at).as_secs_f64() * rate;
             s.credit = (s.credit + earned).min(cap);
             s.at = now;
-            if others && s.running >= self.config.concurrency.max(1) {
+            s.asked = now;
+            if kind_shared && s.running >= self.config.concurrency.max(1) {
                 Some((BUSY_AGAIN, Limit::Concurrency))
             } else if others && s.credit <= 0.0 && rate > 0.0 {
                 // Until it has a little credit again: a twentieth of what
@@ -164,15 +184,11 @@ impl FairShare {
                 Some((Duration::from_secs_f64(owed / rate), Limit::Cpu))
             } else {
                 s.running += 1;
-                s.turned = now;
                 None
             }
         };
         match refused {
-            None => Ok(Turn {
-                fair: self,
-                policy: policy.to_string(),
-            }),
+            None => Ok(Turn { fair: self, policy }),
             Some((wait, limit)) => {
                 self.metrics
                     .policy_throttled
@@ -186,10 +202,24 @@ impl FairShare {
         }
     }
 
+    /// Whether a policy other than `policy` wants a share now.
+    fn others(shares: &HashMap<String, Share>, policy: &str, now: Instant) -> bool {
+        shares.iter().any(|(p, s)| {
+            p != policy && (s.running > 0 || now.saturating_duration_since(s.asked) < ACTIVE_FOR)
+        })
+    }
+
     /// A place for one of `policy`'s scripts to run, once fewer than half
-    /// the threads run its scripts.
+    /// the threads run its scripts; none is needed while no other policy
+    /// wants a share.
     pub async fn script(&self, policy: &str) -> Option<OwnedSemaphorePermit> {
-        let slots = lock(&self.shares).get(policy).map(|s| s.scripts.clone())?;
+        let slots = {
+            let shares = lock(&self.shares);
+            if !Self::others(&shares, policy, Instant::now()) {
+                return None;
+            }
+            shares.get(policy).map(|s| s.scripts.clone())?
+        };
         slots.acquire_owned().await.ok()
     }
 
@@ -215,6 +245,7 @@ mod tests {
             FairConfig {
                 concurrency,
                 cpu_per_second: Duration::from_millis(ms),
+                scripts_at_once: 0,
             },
             Arc::new(Metrics::new()),
         )
@@ -224,23 +255,23 @@ mod tests {
     async fn a_policy_past_its_script_time_waits_and_others_do_not() {
         let f = fair(4, 100);
         // Another policy wants its share too.
-        drop(f.take("quiet").unwrap());
+        drop(f.take("quiet", true).unwrap());
         // A tenth of a second's worth (10 ms), then owing: the noisy
         // policy waits until it has earned its way back; the quiet one
         // never waits.
-        let t = f.take("noisy").unwrap();
+        let t = f.take("noisy", true).unwrap();
         f.spent("noisy", Duration::from_millis(300));
         drop(t);
-        let (wait, limit) = f.take("noisy").err().unwrap();
+        let (wait, limit) = f.take("noisy", true).err().unwrap();
         assert_eq!(limit, Limit::Cpu);
         // 290 ms owed plus half a millisecond, earned at 100 ms a second.
         assert!(
             wait >= Duration::from_millis(2900) && wait <= Duration::from_millis(2910),
             "{wait:?}"
         );
-        assert!(f.take("quiet").is_ok());
+        assert!(f.take("quiet", true).is_ok());
         tokio::time::advance(wait).await;
-        assert!(f.take("noisy").is_ok());
+        assert!(f.take("noisy", true).is_ok());
         let throttled = f
             .metrics
             .policy_throttled
@@ -252,28 +283,30 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_policy_at_its_concurrency_waits_until_a_turn_ends() {
         let f = fair(2, 1000);
-        let a = f.take("p").unwrap();
-        let _b = f.take("p").unwrap();
-        // Alone, it takes what it needs.
-        let c = f.take("p").unwrap();
-        drop(c);
-        // Once another policy wants a share, the limit holds.
-        let _other = f.take("other").unwrap();
-        assert_eq!(f.take("p").err().map(|e| e.1), Some(Limit::Concurrency));
+        let a = f.take("p", true).unwrap();
+        let _b = f.take("p", true).unwrap();
+        // Another policy on the kind needs slots too.
+        assert_eq!(
+            f.take("p", true).err().map(|e| e.1),
+            Some(Limit::Concurrency)
+        );
+        // Alone on its kind, it takes what it needs.
+        assert!(f.take("p", false).is_ok());
+        assert!(f.take("other", true).is_ok());
         drop(a);
-        assert!(f.take("p").is_ok());
+        assert!(f.take("p", true).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_policy_alone_is_not_held_to_its_script_time() {
         let f = fair(4, 100);
-        drop(f.take("only").unwrap());
+        drop(f.take("only", true).unwrap());
         f.spent("only", Duration::from_millis(900));
-        assert!(f.take("only").is_ok());
-        // Once another's last turn is a second old, it is alone again.
-        drop(f.take("other").unwrap());
-        assert!(f.take("only").is_err());
+        assert!(f.take("only", true).is_ok());
+        // Once another last asked a second ago, it is alone again.
+        drop(f.take("other", true).unwrap());
+        assert!(f.take("only", true).is_err());
         tokio::time::advance(ACTIVE_FOR).await;
-        assert!(f.take("only").is_ok());
+        assert!(f.take("only", true).is_ok());
     }
 }

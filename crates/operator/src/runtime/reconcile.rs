@@ -995,10 +995,16 @@ fn cut(text: &str) -> String {
 /// decision off until it has room (the target comes back then).
 fn turn<'a>(
     ctx: &'a Context,
-    p: &CompiledPolicy,
+    p: &'a CompiledPolicy,
     next: &mut Next,
 ) -> Option<super::fair::Turn<'a>> {
-    match ctx.fair.take(&p.id) {
+    let kind_shared = ctx
+        .policies
+        .load()
+        .policies
+        .values()
+        .any(|q| q.target == p.target && q.id != p.id);
+    match ctx.fair.take(&p.id, kind_shared) {
         Ok(turn) => Some(turn),
         Err((wait, limit)) => {
             tracing::debug!(
