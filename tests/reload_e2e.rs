@@ -1203,3 +1203,176 @@ async fn the_policy_webhook_is_reached_through_its_service() {
     let _ = std::fs::remove_dir_all(&dir);
     c.cleanup().await;
 }
+
+/// A kind of the test's own group that no CRD defines until the test
+/// installs it: `Gadget`, with a status.
+fn gadget_crd(c: &Cluster) -> Value {
+    let g = widget_group(c);
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("gadgets.{g}")},
+        "spec": {
+            "group": g, "scope": "Namespaced",
+            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    })
+}
+
+fn gadgets(c: &Cluster) -> Api<DynamicObject> {
+    let g = widget_group(c);
+    let resource = kube::core::ApiResource {
+        group: g.clone(),
+        version: "v1".into(),
+        api_version: format!("{g}/v1"),
+        kind: "Gadget".into(),
+        plural: "gadgets".into(),
+    };
+    Api::namespaced_with(c.client.clone(), &c.ns, &resource)
+}
+
+/// The Widget's `Degraded` condition: (status, reason).
+async fn degraded(widgets: &Api<DynamicObject>, name: &str) -> (String, String) {
+    let w = widgets.get(name).await.unwrap();
+    w.data["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_string(),
+                c["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// A policy that owns a kind no CRD defines is set aside at start-up, and
+/// said so: a Warning `PolicyWaitingForKind` on its ConfigMap naming the
+/// kind, `Degraded` with that reason on its targets, and
+/// `runbook_policy_state` at `set_aside`. Once the CRD is installed the
+/// policy loads by itself (no restart) and reconciles its targets; when
+/// the CRD goes, it is set aside again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_set_aside_for_a_missing_kind_loads_once_its_crd_is_installed() {
+    let c = Cluster::new("aside").await;
+    install_widget_crd(&c).await;
+    let g = widget_group(&c);
+    let widgets = widgets(&c);
+    create_widget(&c, &widgets, "w1", json!({})).await;
+    let yaml = format!(
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: gadgets}}\nspec:\n  target: {{apiVersion: {g}/v1, kind: Widget}}\n  owns: [{{apiVersion: {g}/v1, kind: Gadget}}]\n  script: gadgets.rhai\n"
+    );
+    let script = format!(
+        "fn reconcile(ctx) {{ let n = ctx.resource.metadata.name; [apply(#{{ apiVersion: \"{g}/v1\", kind: \"Gadget\", metadata: #{{ name: `${{n}}-gadget` }}, spec: #{{}} }}), status(#{{ gadgets: 1 }})] }}"
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "gadget-policy", "labels": {"runbook.dev/policy": "true"}},
+        "data": {"gadgets.yaml": yaml, "gadgets.rhai": script}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let sources = SourceConfig {
+        configmap_namespaces: vec![c.ns.clone()],
+        ..Default::default()
+    };
+    let (op, _reloader) = start(&c, sources).await;
+    assert!(
+        !op.ctx.policies.load().policies.contains_key("gadgets"),
+        "the policy is not in force while Gadget is not served"
+    );
+    eventually(
+        "a PolicyWaitingForKind Event on the ConfigMap",
+        60,
+        || async {
+            event_on(&c, "gadget-policy", "PolicyWaitingForKind", |note| {
+                note.contains(&format!("{g}/v1 Gadget")) && note.contains("kubectl apply")
+            })
+            .await
+        },
+    )
+    .await;
+    eventually(
+        "Degraded PolicyWaitingForKind on the widget",
+        60,
+        || async {
+            degraded(&widgets, "w1").await == ("True".into(), "PolicyWaitingForKind".into())
+        },
+    )
+    .await;
+    let bundle = format!("configmap/{}/gadget-policy", c.ns);
+    let series = format!(
+        "runbook_policy_state{{bundle=\"{bundle}\",policy=\"gadgets\",state=\"set_aside\"}} 1"
+    );
+    assert!(
+        op.ctx.metrics.render().contains(&series),
+        "{series} in:\n{}",
+        op.ctx.metrics.render()
+    );
+
+    // The CRD arrives: the policy loads within seconds, no restart.
+    let installed = std::time::Instant::now();
+    support_apply_crd(&c, gadget_crd(&c)).await;
+    let made = gadgets(&c);
+    eventually(
+        "the widget's Gadget made once the kind is served",
+        60,
+        || async { made.get("w1-gadget").await.is_ok() },
+    )
+    .await;
+    println!(
+        "set-aside policy in force and its target reconciled {:.1} s after its CRD was created",
+        installed.elapsed().as_secs_f64()
+    );
+    eventually("Degraded cleared by the policy's decision", 60, || async {
+        degraded(&widgets, "w1").await.1 != "PolicyWaitingForKind"
+    })
+    .await;
+    eventually("a PolicyKindServed Event on the ConfigMap", 60, || async {
+        event_on(&c, "gadget-policy", "PolicyKindServed", |note| {
+            note.contains("gadgets")
+        })
+        .await
+    })
+    .await;
+    let loaded = format!(
+        "runbook_policy_state{{bundle=\"{bundle}\",policy=\"gadgets\",state=\"loaded\"}} 1"
+    );
+    eventually("runbook_policy_state at loaded", 30, || async {
+        op.ctx.metrics.render().contains(&loaded)
+    })
+    .await;
+
+    // The CRD goes: the policy is set aside again, with the same signals.
+    let crds: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster::crd_resource());
+    crds.delete(&format!("gadgets.{g}"), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the policy set aside again once Gadget goes",
+        60,
+        || async {
+            !op.ctx.policies.load().policies.contains_key("gadgets")
+                && op.ctx.metrics.render().contains(&series)
+        },
+    )
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
+async fn support_apply_crd(c: &Cluster, crd: Value) {
+    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster::crd_resource());
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+}

@@ -477,6 +477,16 @@ impl Needs {
         if opts.tenant.is_some() {
             return;
         }
+        if !set.policies.is_empty() || opts.policy_configmaps {
+            self.add(
+                Scope::Cluster,
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                &["list", "watch"],
+                &[],
+                "a policy set aside for a kind not served loads when its CRD is installed".into(),
+            );
+        }
         let own = Scope::Namespace(opts.namespace.clone());
         let lease = ["create", "get", "patch", "update"];
         self.add(

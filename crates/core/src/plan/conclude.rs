@@ -25,6 +25,7 @@ const OWN_REASONS: &[&str] = &[
     "Forbidden",
     "ActionLimited",
     "ScheduleError",
+    "PolicyWaitingForKind",
 ];
 
 /// What became of one step.

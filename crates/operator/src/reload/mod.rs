@@ -157,6 +157,10 @@ pub struct Reloader {
     /// standby follows edits too (to check policies at admission and to
     /// lead on the set in force) but leaves the Events to the leader.
     leading: std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>>,
+    /// The policies the operator set aside for kinds not served, once
+    /// `spawn` follows the operator's; and those already told, by bundle.
+    set_aside: std::sync::OnceLock<tokio::sync::watch::Receiver<crate::runtime::SetAside>>,
+    told_aside: Mutex<crate::runtime::SetAside>,
     /// Who tenants' policies act as, and what their pods may ask for.
     tenancy: crate::runtime::TenancyConfig,
 }
@@ -193,6 +197,8 @@ impl Reloader {
             gate: tokio::sync::Mutex::new(()),
             watch_told: Mutex::default(),
             leading: std::sync::OnceLock::new(),
+            set_aside: std::sync::OnceLock::new(),
+            told_aside: Mutex::default(),
             tenancy: Default::default(),
         }
     }
@@ -687,22 +693,125 @@ impl Reloader {
         out
     }
 
-    /// `runbook_bundle_state{bundle,state}`: one series per bundle, at 1.
+    /// `runbook_bundle_state{bundle,state}`: one series per bundle, at 1;
+    /// `runbook_policy_state{bundle,policy,state}`: one per policy of a
+    /// bundle's version in force, `loaded`, `set_aside` (a kind it names
+    /// is not served) or `refused` (the bundle's latest version is, this
+    /// one serves); a bundle none of which runs has one series with an
+    /// empty `policy`, `never_loaded`.
     fn publish_states(&self) {
-        let gauge = &self.metrics.bundle_state;
-        gauge.clear();
+        let aside = self.aside_now();
+        let (bundle_gauge, policy_gauge) = (&self.metrics.bundle_state, &self.metrics.policy_state);
+        bundle_gauge.clear();
+        policy_gauge.clear();
         for (o, b) in lock(&self.bundles).iter() {
+            let origin = o.to_string();
             let state = match (&b.good, b.errors.is_empty()) {
                 (None, _) => "never_loaded",
                 (Some(_), true) => "loaded",
                 (Some(_), false) => "refused",
             };
-            gauge
-                .get_or_create(&Metrics::labels(&[
-                    ("bundle", &o.to_string()),
-                    ("state", state),
-                ]))
+            bundle_gauge
+                .get_or_create(&Metrics::labels(&[("bundle", &origin), ("state", state)]))
                 .set(1);
+            let Some(good) = &b.good else {
+                policy_gauge
+                    .get_or_create(&Metrics::labels(&[
+                        ("bundle", &origin),
+                        ("policy", ""),
+                        ("state", state),
+                    ]))
+                    .set(1);
+                continue;
+            };
+            for p in &good.policies {
+                let state = if aside.contains_key(&p.id) {
+                    "set_aside"
+                } else {
+                    state
+                };
+                policy_gauge
+                    .get_or_create(&Metrics::labels(&[
+                        ("bundle", &origin),
+                        ("policy", &p.id),
+                        ("state", state),
+                    ]))
+                    .set(1);
+            }
+        }
+    }
+
+    fn aside_now(&self) -> crate::runtime::SetAside {
+        self.set_aside
+            .get()
+            .map(|rx| rx.borrow().clone())
+            .unwrap_or_default()
+    }
+
+    /// Tell each bundle whose policy the operator set aside for a kind not
+    /// served: a Warning Event `PolicyWaitingForKind` on its ConfigMap
+    /// naming the kinds and how to serve them, and a Normal
+    /// `PolicyKindServed` when it is in force again.
+    pub async fn tell_set_aside(&self) {
+        let aside = self.aside_now();
+        let mut told = lock(&self.told_aside).clone();
+        if told == aside {
+            return;
+        }
+        let mut notes: Vec<(Origin, bool, String)> = Vec::new();
+        {
+            let bundles = lock(&self.bundles);
+            let origin_of = |id: &str| {
+                bundles.iter().find_map(|(o, b)| {
+                    let good = b.good.as_ref()?;
+                    good.policies.iter().any(|p| p.id == id).then(|| o.clone())
+                })
+            };
+            for (id, kinds) in &aside {
+                if told.get(id) == Some(kinds) {
+                    continue;
+                }
+                let Some(origin) = origin_of(id) else {
+                    continue;
+                };
+                let names: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
+                let fix = if kinds.iter().any(|k| k.group() == "runbook.dev") {
+                    "install Runbook's CRDs (runbook crds | kubectl apply --server-side -f -)"
+                } else {
+                    "install the CustomResourceDefinition that defines it (kubectl apply -f <crd.yaml>)"
+                };
+                notes.push((
+                    origin,
+                    true,
+                    format!(
+                        "policy {id} is set aside: the API server does not serve {}; {fix}, and it loads within seconds, without a restart",
+                        names.join(", ")
+                    ),
+                ));
+            }
+            for id in told.keys() {
+                if aside.contains_key(id) {
+                    continue;
+                }
+                if let Some(origin) = origin_of(id) {
+                    notes.push((
+                        origin,
+                        false,
+                        format!("policy {id} is in force: the kinds it names are served now"),
+                    ));
+                }
+            }
+        }
+        told.clone_from(&aside);
+        *lock(&self.told_aside) = told;
+        self.publish_states();
+        for (origin, warning, message) in notes {
+            let reason = if warning {
+                crate::runtime::rediscover::WAITING_REASON
+            } else {
+                "PolicyKindServed"
+            };
+            self.event(&origin, warning, reason, &message).await;
         }
     }
 
@@ -1014,6 +1123,7 @@ pub fn spawn(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     let _ = reloader.leading.set(op.ctx.health.leading.clone());
+    let _ = reloader.set_aside.set(op.ctx.health.set_aside.subscribe());
     if let Some(client) = reloader.client.clone() {
         tasks.extend(check_at_admission(&reloader, &op, &client, &sources));
         for ns in sources.configmap_namespaces.clone() {
@@ -1030,6 +1140,8 @@ pub fn spawn(
             watch_dirs(r, op, sources.dirs).await
         }));
     }
+    // Policies set aside for a kind not served come back when it is.
+    tasks.push(tokio::spawn(op.clone().watch_kinds()));
     let (r, op) = (reloader.clone(), op.clone());
     tasks.push(tokio::spawn(async move {
         let mut rechecked = tokio::time::Instant::now();
@@ -1037,6 +1149,7 @@ pub fn spawn(
             tokio::time::sleep(Duration::from_millis(500)).await;
             r.retry_due(&op).await;
             r.tell_failing_watches(&op).await;
+            r.tell_set_aside().await;
             if rechecked.elapsed() >= TENANT_RECHECK {
                 rechecked = tokio::time::Instant::now();
                 r.recheck_tenants(&op).await;

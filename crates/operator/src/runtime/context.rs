@@ -153,7 +153,14 @@ pub struct Health {
     pub waiting: Arc<crate::observe::health::Waiting>,
     /// Writes the API server refused lately for lack of permission.
     pub forbidden: Arc<super::forbidden::Forbidden>,
+    /// The policies set aside for a kind the API server does not serve,
+    /// each with those kinds: they load by themselves once served.
+    pub set_aside: watch::Sender<SetAside>,
 }
+
+/// Policies set aside, by id, each with the kinds it names that are not
+/// served.
+pub type SetAside = std::collections::BTreeMap<String, Vec<KindRef>>;
 
 /// The watches running: an informer per kind policies own or read, a
 /// controller per target kind.

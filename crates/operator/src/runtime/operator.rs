@@ -57,7 +57,15 @@ pub struct Operator {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     leading_rx: watch::Receiver<bool>,
     leading_tx: Mutex<Option<watch::Sender<bool>>>,
+    /// The set last offered (`new`, `swap_policies`), before policies on
+    /// kinds not served were set aside: what discovery is checked against
+    /// again. Held while a set is swapped in, so swaps take turns.
+    pub(super) offered: tokio::sync::Mutex<PolicySet>,
 }
+
+/// How often discovery is looked at again while a policy is set aside
+/// (besides each change of a CustomResourceDefinition).
+pub const REDISCOVER_EVERY: Duration = Duration::from_secs(30);
 
 /// How long start-up and a policy edit wait for the caches to fill.
 const SYNC_WAIT: Duration = Duration::from_secs(60);
@@ -94,7 +102,7 @@ impl Operator {
             resources: Resources::new(client.clone()),
             client,
             engine,
-            policies: ArcSwap::from_pointee(policies),
+            policies: ArcSwap::from_pointee(policies.clone()),
             clock,
             metrics,
             alerts,
@@ -123,6 +131,7 @@ impl Operator {
             tasks: Mutex::new(Vec::new()),
             leading_rx,
             leading_tx: Mutex::new(Some(leading_tx)),
+            offered: tokio::sync::Mutex::new(policies),
         }
     }
 
@@ -247,22 +256,39 @@ impl Operator {
         Ok(missing)
     }
 
-    /// The policies without those that need a kind in `missing` (each set
-    /// aside said and counted).
+    /// The policies without those that need a kind in `missing`: each set
+    /// aside is said and counted once (not again while it waits), and the
+    /// set aside published (`Health::set_aside`).
     fn set_aside(&self, set: &PolicySet, missing: &[KindRef]) -> PolicySet {
         let mut kept = set.clone();
+        let mut waiting = super::context::SetAside::new();
+        let before = self.ctx.health.set_aside.borrow().clone();
         for (name, p) in &set.policies {
             let absent = absent_kinds(p, missing);
-            if !absent.is_empty() {
-                tracing::error!(policy = %name, "set aside: the API server does not serve {}; install the CRDs that define them", absent.join(", "));
+            if absent.is_empty() {
+                continue;
+            }
+            if before.get(name) != Some(&absent) {
+                let names: Vec<String> = absent.iter().map(|k| k.to_string()).collect();
+                tracing::error!(policy = %name, "set aside: the API server does not serve {}; install the CRDs that define them, and the policy loads by itself", names.join(", "));
                 self.ctx
                     .metrics
                     .policy_reloads
                     .get_or_create(&Metrics::labels(&[("result", "missing_kinds")]))
                     .inc();
-                kept.policies.remove(name);
+            }
+            waiting.insert(name.clone(), absent);
+            kept.policies.remove(name);
+        }
+        for name in before.keys() {
+            if !waiting.contains_key(name) && set.policies.contains_key(name) {
+                tracing::info!(policy = %name, "the kinds it names are served now: in force");
             }
         }
+        self.ctx
+            .health
+            .set_aside
+            .send_if_modified(|now| std::mem::replace(now, waiting) != *now);
         kept
     }
 
@@ -772,6 +798,11 @@ impl Operator {
         }
     }
 
+    /// Whether this instance leads, as it changes.
+    pub(super) fn leading(&self) -> watch::Receiver<bool> {
+        self.leading_rx.clone()
+    }
+
     pub fn is_leading(&self) -> bool {
         self.ctx.health.leading.load(Ordering::Acquire)
     }
@@ -779,6 +810,13 @@ impl Operator {
     /// Swap in a new policy set: start what it needs, stop what it no
     /// longer needs, and reconcile every target of a changed policy once.
     pub async fn swap_policies(&self, set: PolicySet) -> Vec<KindRef> {
+        let mut offered = self.offered.lock().await;
+        *offered = set.clone();
+        self.swap_in(set).await
+    }
+
+    /// `swap_policies`, the offered set's lock held.
+    pub(super) async fn swap_in(&self, set: PolicySet) -> Vec<KindRef> {
         // Policies naming a kind the cluster does not serve stay set aside,
         // as at start-up, whichever bundle they come from.
         let set = match self.check_kinds(&set).await {
@@ -879,17 +917,17 @@ impl Operator {
 /// The kinds a policy needs that are in `missing`: those it declares, and
 /// for a tenant's policy on a built-in kind, Runbook's state kind (its
 /// targets' state has nowhere else to go).
-fn absent_kinds(p: &runbook_core::policy::CompiledPolicy, missing: &[KindRef]) -> Vec<String> {
-    let mut absent: Vec<String> = p
+fn absent_kinds(p: &runbook_core::policy::CompiledPolicy, missing: &[KindRef]) -> Vec<KindRef> {
+    let mut absent: Vec<KindRef> = p
         .kinds
         .kinds()
         .into_iter()
         .filter(|k| missing.contains(k))
-        .map(|k| k.to_string())
+        .cloned()
         .collect();
     let state = super::reconcile::state_kind();
     if p.tenant.is_some() && missing.contains(&state) && crate::act::state::built_in(&p.target) {
-        absent.push(state.to_string());
+        absent.push(state);
     }
     absent
 }

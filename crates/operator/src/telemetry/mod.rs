@@ -84,6 +84,10 @@ pub struct Metrics {
     /// version in force), `refused` (its latest version refused, the last
     /// good one in force), `never_loaded` (none of it runs).
     pub bundle_state: Family<Labels, Gauge>,
+    /// 1 for each policy of a bundle's version in force, by state:
+    /// `loaded`, `set_aside`, `refused`; `never_loaded` with an empty
+    /// `policy` for a bundle none of which runs.
+    pub policy_state: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -124,6 +128,7 @@ impl Metrics {
             writes_forbidden: Family::default(),
             policy_throttled: Family::default(),
             bundle_state: Family::default(),
+            policy_state: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -225,6 +230,11 @@ impl Metrics {
             "bundle_state",
             "1 for each policy bundle, by state: loaded, refused (the last good version in force), never_loaded",
             m.bundle_state.clone(),
+        );
+        registry.register(
+            "policy_state",
+            "1 for each policy of a bundle's version in force, by bundle, policy and state: loaded, set_aside (a kind it names is not served), refused (the bundle's latest version is; this one serves); never_loaded (policy empty) for a bundle none of which runs",
+            m.policy_state.clone(),
         );
         registry.register(
             "status_dropped",
