@@ -609,6 +609,10 @@ const WRITERS: &[(&str, &str)] = &[
         "the notification log ConfigMap",
     ),
     (
+        "crates/operator/src/reload/last_good.rs",
+        "the last good version of each policy ConfigMap, kept in the operator's namespace",
+    ),
+    (
         "crates/operator/src/act/authorize.rs",
         "SubjectAccessReviews and a SelfSubjectReview (questions, stored nowhere)",
     ),

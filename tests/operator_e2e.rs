@@ -370,9 +370,8 @@ async fn injected_server_errors_back_off_and_converge() {
         .metrics
         .render()
         .lines()
-        .filter_map(|l| {
-            l.strip_prefix("runbook_reconcile_failures_total{kind=\"Widget\",cause=\"server\"} ")
-        })
+        .filter(|l| l.starts_with("runbook_reconcile_failures_total{kind=\"Widget\",policy=\""))
+        .filter_map(|l| l.split_once("cause=\"server\"} ").map(|(_, n)| n))
         .filter_map(|n| n.trim().parse::<u64>().ok())
         .sum();
     assert!((1..=4).contains(&failures), "{failures}");

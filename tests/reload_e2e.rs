@@ -299,6 +299,13 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
         .items
         .into_iter()
         .filter(|c| c.metadata.name.as_deref() != Some("tuned-policy"))
+        // The bundle's last good version goes with it (checked below).
+        .filter(|c| {
+            !c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("runbook-last-good."))
+        })
         .map(|c| {
             (
                 c.metadata.name.unwrap(),
@@ -338,6 +345,10 @@ async fn a_configmap_edit_takes_effect_and_a_broken_one_does_not_break_anything(
         })
         .collect();
     assert_eq!(before, after, "the children are untouched");
+    assert!(
+        !after.keys().any(|n| n.starts_with("runbook-last-good.")),
+        "the deleted bundle's last good version is gone: {after:?}"
+    );
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;

@@ -628,3 +628,143 @@ async fn a_tenants_bundle_that_cannot_run_stops_only_itself() {
     op.shutdown(Duration::from_secs(5)).await;
     s.c.cleanup().await;
 }
+
+/// Whether the ConfigMap `name` exists in `ns`.
+async fn made(c: &Cluster, ns: &str, name: &str) -> bool {
+    Api::<ConfigMap>::namespaced(c.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+/// Operator down, a tenant's bundle broken meanwhile, operator up: the
+/// version of that bundle that last loaded, kept in the operator's
+/// namespace, runs in its place (a new target of it is reconciled), the
+/// other team's targets are reconciled throughout, the operator is ready
+/// and names the broken bundle, which its ConfigMap's Event and the
+/// gauges say runs its last good version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_broken_while_the_operator_was_down_runs_its_last_good_version() {
+    let s = Shared::new("lastgood").await;
+    let (c, a, b) = (&s.c, s.a.clone(), s.b.clone());
+    s.sanction(&a, "gadgets", &gadgets_policy(c, "gadgets"))
+        .await;
+    s.sanction(&b, "nosy", &gadgets_policy(c, "nosy")).await;
+    s.gadget(&a, "a1", json!({"kind": "plain"}), json!({}))
+        .await;
+    s.gadget(&b, "b1", json!({"kind": "plain"}), json!({}))
+        .await;
+    let (op, _reloader, errors) = s.operator().await;
+    assert!(errors.is_empty(), "{errors:?}");
+    for (ns, name) in [(&a, "a1-made"), (&b, "b1-made")] {
+        eventually(&format!("{ns}/{name}"), 30, || made(c, ns, name)).await;
+    }
+    // The version that loaded is kept where kubectl finds it.
+    let kept = format!("runbook-last-good.{b}.nosy");
+    let own: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    eventually(
+        "team b's bundle kept in the operator's namespace",
+        30,
+        || async {
+            own.list(&kube::api::ListParams::default().labels("runbook.dev/last-good"))
+                .await
+                .is_ok_and(|l| {
+                    l.items.iter().any(|cm| {
+                        cm.metadata.name.as_deref() == Some(kept.as_str())
+                            && cm
+                                .data
+                                .as_ref()
+                                .is_some_and(|d| d.contains_key("nosy.yaml"))
+                    })
+                })
+        },
+    )
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    drop(op);
+
+    // While no operator runs, team b's script is broken (failurePolicy
+    // Ignore lets it through).
+    let cms_b: Api<ConfigMap> = Api::namespaced(c.client.clone(), &b);
+    let patch = json!({"data": {"gadgets.rhai": "fn reconcile(ctx) { ["}});
+    cms_b
+        .patch("nosy", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+
+    let (op, reloader, errors) = s.operator().await;
+    assert!(
+        errors.iter().any(|e| e.contains("gadgets.rhai:1:")),
+        "the broken version is refused: {errors:?}"
+    );
+    assert!(
+        op.ctx
+            .policies
+            .load()
+            .policies
+            .contains_key(&format!("{b}/nosy")),
+        "the last good version of team b's bundle is in force"
+    );
+    let ready = reload::readiness(&op, &reloader);
+    let notes = ready().expect("ready whatever team b's bundle holds");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains(&format!("configmap/{b}/nosy")) && n.contains("last good")),
+        "{notes:?}"
+    );
+    s.gadget(&b, "b2", json!({"kind": "plain"}), json!({}))
+        .await;
+    s.gadget(&a, "a2", json!({"kind": "plain"}), json!({}))
+        .await;
+    for (ns, name) in [(&b, "b2-made"), (&a, "a2-made")] {
+        eventually(&format!("{ns}/{name} after the restart"), 30, || {
+            made(c, ns, name)
+        })
+        .await;
+    }
+    eventually("the PolicyInvalid Event names the kept version", 30, || {
+        s.event_on(&b, "nosy", "PolicyInvalid", |n| {
+            n.contains("gadgets.rhai:1:") && n.contains(&kept)
+        })
+    })
+    .await;
+    let metrics = op.ctx.metrics.render();
+    let bundle = format!("configmap/{b}/nosy");
+    for series in [
+        format!("runbook_bundle_state{{bundle=\"{bundle}\",state=\"last_good\"}} 1"),
+        format!(
+            "runbook_policy_state{{bundle=\"{bundle}\",policy=\"{b}/nosy\",state=\"last_good\"}} 1"
+        ),
+    ] {
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+    // The kept copy is still the good version, not the broken one.
+    let copy = own.get(&kept).await.unwrap();
+    assert!(
+        copy.data.unwrap_or_default()["gadgets.rhai"].contains("apply("),
+        "the kept copy is the version that loaded"
+    );
+    // Fixed: the new version loads and is kept in turn.
+    let fixed = json!({"data": {"gadgets.rhai": gadgets_policy(c, "nosy")[1].1.replace("runbook", "runbook-2")}});
+    cms_b
+        .patch("nosy", &PatchParams::default(), &Patch::Merge(&fixed))
+        .await
+        .unwrap();
+    eventually("the fixed version kept", 30, || async {
+        own.get(&kept)
+            .await
+            .is_ok_and(|cm| cm.data.unwrap_or_default()["gadgets.rhai"].contains("runbook-2"))
+    })
+    .await;
+    // Deleted: its kept copy goes too.
+    cms_b.delete("nosy", &Default::default()).await.unwrap();
+    eventually("the kept copy removed with its bundle", 30, || async {
+        own.get_opt(&kept).await.is_ok_and(|cm| cm.is_none())
+    })
+    .await;
+    op.shutdown(Duration::from_secs(5)).await;
+    s.c.cleanup().await;
+}

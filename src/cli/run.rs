@@ -540,6 +540,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // (for an API server, for ConfigMaps it may not read yet), not ready
     // until the operator is, with the reason.
     let metrics = Arc::new(Metrics::new());
+    metrics.set_build(env!("CARGO_PKG_VERSION"), env!("RUNBOOK_COMMIT"));
     let probes = Probes::default();
     let (addr, _server) = telemetry::serve(
         args.metrics_addr,

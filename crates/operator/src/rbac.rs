@@ -590,6 +590,17 @@ impl Needs {
                 "asking what the account a tenant's policies act as may do".into(),
             );
         }
+        if opts.tenant.is_none() && !namespaces.is_empty() {
+            let why = "the last good version of each policy ConfigMap (runbook-last-good.*), loaded at start-up in place of a refused one";
+            self.add(
+                Scope::Namespace(opts.namespace.clone()),
+                "",
+                "configmaps",
+                &["create", "delete", "get", "patch"],
+                &[],
+                why.into(),
+            );
+        }
         for ns in &namespaces {
             let scope = Scope::Namespace(ns.clone());
             let why = "policy bundles (ConfigMaps labelled runbook.dev/policy=true)";

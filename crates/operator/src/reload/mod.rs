@@ -13,6 +13,7 @@
 //! bundle removes its policies (their controllers stop) and touches none
 //! of their objects.
 
+pub mod last_good;
 pub mod sources;
 
 use std::collections::BTreeMap;
@@ -57,6 +58,10 @@ struct BundleState {
     retry: Option<Retry>,
     /// The errors of the latest refusal, to report a change only once.
     errors: Vec<String>,
+    /// Set when `good` is the copy kept in the cluster (see `last_good`),
+    /// loaded at start-up in place of a refused current version: when
+    /// that copy was written.
+    restored: Option<String>,
 }
 
 impl BundleState {
@@ -66,6 +71,7 @@ impl BundleState {
             good: None,
             retry: None,
             errors: Vec::new(),
+            restored: None,
         }
     }
 }
@@ -161,6 +167,9 @@ pub struct Reloader {
     /// `spawn` follows the operator's; and those already told, by bundle.
     set_aside: std::sync::OnceLock<tokio::sync::watch::Receiver<crate::runtime::SetAside>>,
     told_aside: Mutex<crate::runtime::SetAside>,
+    /// The version of each bundle last kept in the cluster (a hash of its
+    /// files), so an unchanged one is not written again.
+    kept: Mutex<BTreeMap<Origin, String>>,
     /// Who tenants' policies act as, and what their pods may ask for.
     tenancy: crate::runtime::TenancyConfig,
 }
@@ -199,6 +208,7 @@ impl Reloader {
             leading: std::sync::OnceLock::new(),
             set_aside: std::sync::OnceLock::new(),
             told_aside: Mutex::default(),
+            kept: Mutex::default(),
             tenancy: Default::default(),
         }
     }
@@ -369,6 +379,63 @@ impl Reloader {
             }
         }
         errors
+    }
+
+    /// Keep `bundle`, which loaded, as its last good version in the
+    /// cluster (unless that is already the one kept).
+    async fn keep(&self, bundle: &Bundle) {
+        let Some(client) = &self.client else { return };
+        if last_good::name_of(&bundle.origin).is_none() {
+            return;
+        }
+        let hash = runbook_core::util::hash::json_hash(&serde_json::json!(bundle.files), 16);
+        if lock(&self.kept).get(&bundle.origin) == Some(&hash) {
+            return;
+        }
+        match last_good::save(client, &self.secret_namespace, bundle).await {
+            Ok(()) => {
+                lock(&self.kept).insert(bundle.origin.clone(), hash);
+            }
+            Err(e) => {
+                // Said once per version: the next edit tries again.
+                lock(&self.kept).insert(bundle.origin.clone(), hash);
+                tracing::warn!(bundle = %bundle.origin, "keeping this version as the last good one: {e}; after a restart that refuses a later version, none of the bundle would run");
+            }
+        }
+    }
+
+    /// At start-up, for a bundle whose current version is refused: load
+    /// the version kept in the cluster, if there is one and it still
+    /// loads, to serve in its place.
+    async fn restore(&self, current: &Bundle) {
+        let Some(client) = &self.client else { return };
+        let Some((kept, at)) =
+            last_good::read(client, &self.secret_namespace, &current.origin).await
+        else {
+            return;
+        };
+        if kept.files == current.files {
+            return;
+        }
+        match self.try_bundle(kept.clone(), None).await {
+            Ok(_) => {
+                let hash = runbook_core::util::hash::json_hash(&serde_json::json!(kept.files), 16);
+                lock(&self.kept).insert(kept.origin.clone(), hash);
+                if let Some(state) = lock(&self.bundles).get_mut(&current.origin) {
+                    state.restored = Some(at.clone());
+                }
+                tracing::warn!(bundle = %current.origin, kept_at = %at, "its current version is refused: the last good version, kept in the cluster, serves");
+            }
+            Err(refusal) => {
+                tracing::warn!(bundle = %current.origin, "the last good version kept in the cluster does not load either: {}", refusal.errors.join("; "));
+            }
+        }
+    }
+
+    async fn forget_kept(&self, origin: &Origin) {
+        let Some(client) = &self.client else { return };
+        lock(&self.kept).remove(origin);
+        last_good::forget(client, &self.secret_namespace, origin).await;
     }
 
     fn count(&self, result: &str) {
@@ -616,7 +683,7 @@ impl Reloader {
     /// `true` when the refusal took its last good version out of force.
     async fn refused(&self, bundle: Bundle, refusal: &Refusal) -> bool {
         let origin = bundle.origin.clone();
-        let (serving, repeated, retry, revoked) = {
+        let (serving, repeated, retry, revoked, restored) = {
             let mut bundles = lock(&self.bundles);
             let state = bundles
                 .entry(origin.clone())
@@ -635,11 +702,25 @@ impl Reloader {
                     pause,
                 }
             });
-            (state.good.is_some(), repeated, state.retry, revoked)
+            (
+                state.good.is_some(),
+                repeated,
+                state.retry,
+                revoked,
+                state.restored.clone(),
+            )
         };
         self.count("error");
         self.publish_states();
-        let what = if serving {
+        let kept_at;
+        let what = if let (true, Some(at)) = (serving, &restored) {
+            let name = last_good::name_of(&origin).unwrap_or_default();
+            kept_at = format!(
+                "the last good version (kept in ConfigMap {}/{name}, written {at}) serves",
+                self.secret_namespace
+            );
+            kept_at.as_str()
+        } else if serving {
             "the last good version keeps serving"
         } else if revoked {
             "its policies stopped until it loads again"
@@ -657,8 +738,11 @@ impl Reloader {
             }
         }
         if !repeated {
-            self.event(&origin, true, "PolicyInvalid", &refusal.errors.join("\n"))
-                .await;
+            let mut note = refusal.errors.join("\n");
+            if restored.is_some() && serving {
+                note.push_str(&format!("\n{what}"));
+            }
+            self.event(&origin, true, "PolicyInvalid", &note).await;
         }
         revoked
     }
@@ -683,6 +767,12 @@ impl Reloader {
             match (&b.good, b.errors.is_empty()) {
                 (None, _) if self.tenant_of(o).is_some() => out.push(format!(
                     "the tenant's policy bundle {o} does not run (see its PolicyInvalid Events)"
+                )),
+                (None, _) => out.push(format!(
+                    "policy bundle {o} does not run: no version of it has loaded (see its PolicyInvalid Events)"
+                )),
+                (Some(_), false) if b.restored.is_some() => out.push(format!(
+                    "policy bundle {o}: its current version is refused, the last good one kept in the cluster serves (see its PolicyInvalid Events)"
                 )),
                 (Some(_), false) => out.push(format!(
                     "policy bundle {o}: its latest version is refused, the last good one serves (see its PolicyInvalid Events)"
@@ -709,6 +799,7 @@ impl Reloader {
             let state = match (&b.good, b.errors.is_empty()) {
                 (None, _) => "never_loaded",
                 (Some(_), true) => "loaded",
+                (Some(_), false) if b.restored.is_some() => "last_good",
                 (Some(_), false) => "refused",
             };
             bundle_gauge
@@ -873,12 +964,14 @@ impl Reloader {
         for b in bundles {
             match self.try_bundle(b.clone(), None).await {
                 Err(refusal) => {
+                    self.restore(&b).await;
                     self.refused(b, &refusal).await;
                     all_errors.extend(refusal.errors);
                 }
                 Ok(notes) => {
                     self.count("ok");
                     self.warn(&b.origin, &notes).await;
+                    self.keep(&b).await;
                 }
             }
         }
@@ -908,6 +1001,7 @@ impl Reloader {
                     return Reloaded::Unchanged;
                 }
                 tracing::info!(bundle = %origin, "policy bundle removed");
+                self.forget_kept(&origin).await;
             }
             Some(b) => {
                 let same = lock(&self.bundles)
@@ -917,7 +1011,10 @@ impl Reloader {
                     return Reloaded::Unchanged;
                 }
                 match self.try_bundle(b.clone(), Some(op)).await {
-                    Ok(notes) => self.warn(&origin, &notes).await,
+                    Ok(notes) => {
+                        self.warn(&origin, &notes).await;
+                        self.keep(&b).await;
+                    }
                     Err(refusal) => {
                         if self.refused(b, &refusal).await {
                             let (set, _) = self.current_set();
@@ -1486,16 +1583,11 @@ pub fn readiness(op: &Arc<Operator>, reloader: &Arc<Reloader>) -> crate::telemet
         if !failing.is_empty() {
             return Err(failing.join("\n"));
         }
-        let never = reloader.never_loaded();
-        if never.is_empty() {
-            let mut notes = reloader.notes();
-            notes.extend(op.ctx.health.watches.tenants_failing());
-            Ok(notes)
-        } else {
-            Err(format!(
-                "policy bundles that never loaded (see their PolicyInvalid Events): {}",
-                never.join(", ")
-            ))
-        }
+        // A bundle that does not load is its authors' to mend: said here
+        // and on its ConfigMap, it never takes the replica out of the
+        // webhook's endpoints (every team's authorship goes through them).
+        let mut notes = reloader.notes();
+        notes.extend(op.ctx.health.watches.tenants_failing());
+        Ok(notes)
     })
 }

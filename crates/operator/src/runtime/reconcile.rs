@@ -524,7 +524,7 @@ impl Next {
             &format!("{}/{}/{}#{policy}", key.kind, key.namespace, key.name),
         );
         self.requeue(delay.as_millis() as i64);
-        count_failure(ctx, &key.kind, failure.cause);
+        count_failure(ctx, &key.kind, policy, failure.cause);
         self.failure = Some(failure);
     }
 
@@ -1061,12 +1061,14 @@ async fn reconcile_policy(
     (outcome.target_after, outcome.state_after, outcome.pruned)
 }
 
-/// A failure counted by the target's kind and its cause.
-fn count_failure(ctx: &Context, kind: &KindRef, cause: Cause) {
+/// A failure counted by the target's kind, the policy that failed (empty
+/// for a failure of the reconcile as a whole) and its cause.
+fn count_failure(ctx: &Context, kind: &KindRef, policy: &str, cause: Cause) {
     ctx.metrics
         .failures
         .get_or_create(&Metrics::labels(&[
             ("kind", &kind.kind),
+            ("policy", policy),
             ("cause", cause.label()),
         ]))
         .inc();
@@ -1091,7 +1093,7 @@ pub(super) fn error_policy(
         n,
         &format!("{}/{}/{}", kind, key.namespace, key.name),
     );
-    count_failure(&ctx, kind, err.cause());
+    count_failure(&ctx, kind, "", err.cause());
     tracing::debug!(error = %err, label = err.cause().label(), attempt = n, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
     Action::requeue(delay)
 }

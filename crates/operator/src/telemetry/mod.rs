@@ -3,6 +3,7 @@
 
 pub mod journal;
 pub mod log;
+pub mod process;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -31,6 +32,10 @@ fn histogram() -> Histogram {
 /// Every metric Runbook exports.
 pub struct Metrics {
     registry: Registry,
+    /// What every Prometheus client exports, unprefixed: the process.
+    process: Registry,
+    /// 1, labelled with the release and the commit it is built from.
+    pub build_info: Family<Labels, Gauge>,
     pub reconciles: Family<Labels, Counter>,
     /// Reconciles of a policy on a target that changed nothing its last
     /// decision read, so were not decided again.
@@ -129,7 +134,9 @@ impl Metrics {
             policy_throttled: Family::default(),
             bundle_state: Family::default(),
             policy_state: Family::default(),
+            build_info: Family::default(),
             registry: Registry::default(),
+            process: Registry::default(),
         };
         registry.register(
             "reconciles",
@@ -276,7 +283,27 @@ impl Metrics {
             "Notifications waiting, by receiver",
             m.alert_queue.clone(),
         );
-        Self { registry, ..m }
+        registry.register(
+            "build_info",
+            "1, labelled with the release (version) and the commit it is built from",
+            m.build_info.clone(),
+        );
+        m.set_build(env!("CARGO_PKG_VERSION"), "unknown");
+        let mut process = Registry::default();
+        process.register_collector(Box::new(process::ProcessCollector));
+        Self {
+            registry,
+            process,
+            ..m
+        }
+    }
+
+    /// Say which release and commit this is (`runbook_build_info`).
+    pub fn set_build(&self, version: &str, commit: &str) {
+        self.build_info.clear();
+        self.build_info
+            .get_or_create(&Self::labels(&[("version", version), ("commit", commit)]))
+            .set(1);
     }
 
     pub fn labels(pairs: &[(&str, &str)]) -> Labels {
@@ -286,10 +313,12 @@ impl Metrics {
             .collect()
     }
 
-    /// The text exposition.
+    /// The text exposition: Runbook's metrics, then the process's.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.process);
+        let _ = encode_eof(&mut out);
         out
     }
 }
