@@ -839,3 +839,57 @@ fn a_refused_status_write_is_told_on_the_target() {
     assert!(out.status.success(), "{t}");
     assert!(t.contains("StatusWriteFailed") && t.contains("413"), "{t}");
 }
+
+/// A policy's schedule in a time zone: 20:00 in Berlin on weekdays is
+/// 19:00 UTC before the spring-forward Sunday and 18:00 after it, and
+/// `runbook simulate` shows each time in status in Berlin's time too. An
+/// unknown zone is refused with its place.
+#[test]
+fn a_schedule_in_a_time_zone_keeps_its_wall_time_across_dst() {
+    let crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: hoards.acme.io}\nspec:\n  group: acme.io\n  scope: Namespaced\n  names: {kind: Hoard, plural: hoards, singular: hoard}\n  versions:\n    - name: v1\n      served: true\n      storage: true\n      subresources: {status: {}}\n      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n";
+    let policy = |zone: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: nightly}}\nspec:\n  target: {{apiVersion: acme.io/v1, kind: Hoard}}\n  schedule: {{cron: \"0 20 * * 1-5\", timeZone: {zone}, firstRun: schedule}}\n  script: hoard.rhai\n"
+        )
+    };
+    let scenario = "apiVersion: runbook.dev/v1alpha1\nkind: Scenario\nmetadata: {name: berlin evenings}\nspec:\n  policies: pol\n  objects: [crd.yaml]\n  start: \"2026-03-27T12:00:00Z\"\n  until: 4d\n  timeline:\n    - at: 0s\n      world:\n        - create:\n            object: {apiVersion: acme.io/v1, kind: Hoard, metadata: {name: h1}, spec: {}}\n    - at: 7h\n      expect: [{action: status, kind: Hoard, fields: {lastRunTime: \"2026-03-27T19:00:00Z\"}}]\n    - at: 78h\n      expect: [{action: status, kind: Hoard, fields: {lastRunTime: \"2026-03-30T18:00:00Z\"}}]\n";
+    let berlin = policy("Europe/Berlin");
+    let dir = dir_with(
+        "time-zone",
+        &[
+            ("crd.yaml", crd),
+            ("pol/hoard.yaml", berlin.as_str()),
+            ("pol/hoard.rhai", "fn reconcile(ctx) { [] }\n"),
+            ("s.yaml", scenario),
+        ],
+    );
+    let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("times: UTC, and in Europe/Berlin"),
+        "the zone is said: {t}"
+    );
+    assert!(
+        t.contains("nextRunTime=2026-03-30T18:00:00Z (20:00 CEST)")
+            && t.contains("lastRunTime=2026-03-27T19:00:00Z (20:00 CET)"),
+        "times in Berlin's: {t}"
+    );
+    let typo = policy("Europe/Berln");
+    let bad = dir_with(
+        "time-zone-typo",
+        &[
+            ("crd.yaml", crd),
+            ("pol/hoard.yaml", typo.as_str()),
+            ("pol/hoard.rhai", "fn reconcile(ctx) { [] }\n"),
+            ("s.yaml", scenario),
+        ],
+    );
+    let out = runbook(&["check", bad.join("pol").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("hoard.yaml:6:13: spec.schedule.timeZone: unknown time zone \"Europe/Berln\""),
+        "{t}"
+    );
+}

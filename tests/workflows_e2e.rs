@@ -145,7 +145,8 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
         json!({
             "apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator",
             "metadata": {"name": "chatbot"},
-            "spec": {"targetRef": {"name": "chatbot"}, "threshold": 0.85, "schedule": "@daily",
+            // Nightly at 03:00 in Berlin, whatever the season.
+            "spec": {"targetRef": {"name": "chatbot"}, "threshold": 0.85, "schedule": "CRON_TZ=Europe/Berlin 0 3 * * *",
                      "benchmark": {"image": "busybox:1.36", "command": ["sh", "-c", BENCHMARK]},
                      "alert": {"labels": {"team": "ml"}}}
         }),
@@ -157,6 +158,18 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
         st["phase"] == "Healthy" && st["lastGoodRevision"] == 1
     })
     .await;
+    // The next run is at 03:00 on Berlin's clock.
+    let next: jiff::Timestamp = status_of(&evaluators, "chatbot").await["nextRunTime"]
+        .as_str()
+        .expect("a next run time")
+        .parse()
+        .unwrap();
+    let local = next.to_zoned(jiff::tz::TimeZone::get("Europe/Berlin").unwrap());
+    assert_eq!(
+        (local.hour(), local.minute()),
+        (3, 0),
+        "next run {next} is {local} in Berlin"
+    );
     // A bad release, then a run asked for by an SRE.
     release(&deployments, "chatbot", "registry.k8s.io/pause:3.10").await;
     eventually("revision 2", 60, || async {
@@ -383,6 +396,40 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
         st["phase"] == "Ready" && st["servedModelUri"] == "s3://models/llama/v1"
     })
     .await;
+    // kstatus: the generation seen, nothing in flight, nothing stalled.
+    eventually("kstatus conditions once serving", 30, || async {
+        let m = models.get("llama").await.unwrap();
+        let st = &m.data["status"];
+        let of = |t: &str| {
+            st["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+                .map(|c| c["status"].as_str().unwrap_or("").to_string())
+        };
+        st["observedGeneration"] == json!(m.metadata.generation)
+            && of("Ready").as_deref() == Some("True")
+            && of("Reconciling").as_deref() == Some("False")
+            && of("Stalled").as_deref() == Some("False")
+    })
+    .await;
+    if cluster::have_kubectl() {
+        let dir = std::env::temp_dir().join(format!("runbook-kstatus-{}", c.ns));
+        let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+        for condition in ["Ready", "Reconciling=false", "Stalled=false"] {
+            let (ok, out, err) = cluster::kubectl(
+                &kubeconfig,
+                &c.ns,
+                &[
+                    "wait",
+                    "aimodel/llama",
+                    &format!("--for=condition={condition}"),
+                    "--timeout=30s",
+                ],
+            );
+            assert!(ok, "kubectl wait --for=condition={condition}: {out}{err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     models
         .patch(
             "llama",

@@ -1,6 +1,11 @@
-//! Cron schedules in UTC: five fields (crontab), six fields (seconds
-//! first), or a macro such as `@hourly`. Day-of-week numbers follow crontab
-//! in both forms: 0 or 7 is Sunday.
+//! Cron schedules: five fields (crontab), six fields (seconds first), or a
+//! macro such as `@hourly`. Day-of-week numbers follow crontab in both
+//! forms: 0 or 7 is Sunday. In UTC unless a time zone is named (an IANA
+//! name, from a `CRON_TZ=` or `TZ=` prefix or a policy's `timeZone`): then
+//! the fields are wall-clock times there, evaluated with the time zone
+//! database, as CronJob's `.spec.timeZone` does: a time the clocks skip
+//! (02:30 on the spring-forward day) does not fire that day, and a time
+//! they pass twice (01:30 on the fall-back day) fires at both.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -11,14 +16,20 @@ use jiff::Timestamp;
 
 /// A pattern the CRD schemas use so the API server refuses an expression
 /// with the wrong number of fields or an unknown macro.
-pub const CRON_PATTERN: &str =
-    r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4,5}\S+)$";
+pub const CRON_PATTERN: &str = r"^((CRON_)?TZ=\S+\s+)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4,5}\S+)$";
+
+/// Offsets change by less than this at any transition the database holds:
+/// how far around a wall time the candidates that may map to the next
+/// instant are looked for.
+const TRANSITION_MAX: jiff::SignedDuration = jiff::SignedDuration::from_hours(3);
 
 /// A parsed schedule.
 #[derive(Clone, Debug)]
 pub struct Schedule {
     source: String,
     inner: cron::Schedule,
+    /// The time zone the fields are wall-clock times of (`None`: UTC).
+    zone: Option<(String, jiff::tz::TimeZone)>,
     /// The last answer of `next_after`: `(asked, fire)` means `fire` is
     /// the first fire time after `asked`, so it is also the answer for any
     /// time from `asked` up to (not including) `fire`. Between two fire
@@ -30,7 +41,31 @@ pub struct Schedule {
 impl Schedule {
     /// Parse an expression; the error says what is wrong with it.
     pub fn parse(expr: &str) -> Result<Self, String> {
-        let trimmed = expr.trim();
+        Self::parse_in(expr, None)
+    }
+
+    /// Parse an expression whose times are in `zone` (an IANA name) unless
+    /// it names its own with a `CRON_TZ=` (or `TZ=`) prefix.
+    pub fn parse_in(expr: &str, zone: Option<&str>) -> Result<Self, String> {
+        let whole = expr.trim();
+        let (prefixed, trimmed) = match whole.split_once(char::is_whitespace) {
+            Some((first, rest)) if first.starts_with("CRON_TZ=") || first.starts_with("TZ=") => {
+                let name = first.split_once('=').map_or("", |(_, n)| n);
+                (Some(name), rest.trim())
+            }
+            _ => (None, whole),
+        };
+        if let (Some(p), Some(z)) = (prefixed, zone)
+            && p != z
+        {
+            return Err(format!(
+                "schedule {whole:?} names time zone {p:?}, and timeZone says {z:?}: give one"
+            ));
+        }
+        let zone = match prefixed.or(zone) {
+            None => None,
+            Some(name) => Some((name.to_string(), time_zone(name)?)),
+        };
         let native = match trimmed {
             "@yearly" | "@annually" => "@yearly".to_string(),
             "@monthly" | "@weekly" | "@daily" | "@hourly" => trimmed.to_string(),
@@ -65,14 +100,20 @@ impl Schedule {
         let inner =
             cron::Schedule::from_str(&native).map_err(|e| format!("schedule {trimmed:?}: {e}"))?;
         Ok(Self {
-            source: trimmed.to_string(),
+            source: whole.to_string(),
             inner,
+            zone,
             memo: Arc::default(),
         })
     }
 
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The time zone's IANA name, when not UTC.
+    pub fn zone(&self) -> Option<&str> {
+        self.zone.as_ref().map(|(n, _)| n.as_str())
     }
 
     /// The first fire time strictly after `t`.
@@ -84,12 +125,57 @@ impl Schedule {
         {
             return Some(fire);
         }
-        let dt =
-            DateTime::<Utc>::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32)?;
-        let next = self.inner.after(&dt).next()?;
-        let fire = Timestamp::from_second(next.timestamp()).ok()?;
+        let fire = match &self.zone {
+            None => {
+                let dt = DateTime::<Utc>::from_timestamp(
+                    t.as_second(),
+                    t.subsec_nanosecond().max(0) as u32,
+                )?;
+                let next = self.inner.after(&dt).next()?;
+                Timestamp::from_second(next.timestamp()).ok()?
+            }
+            Some((_, tz)) => self.next_in(tz, t)?,
+        };
         *self.memo.lock().unwrap_or_else(|p| p.into_inner()) = Some((t, fire));
         Some(fire)
+    }
+
+    /// The first fire time strictly after `t` of the fields read as wall
+    /// times in `tz`. The cron fields walk wall times (as if they were
+    /// UTC's); each candidate is then the instants it is in `tz`: none in
+    /// a gap, two in a fold. Candidates from a little before `t`'s wall
+    /// time are looked at, since in a fold a wall time already passed
+    /// comes again.
+    fn next_in(&self, tz: &jiff::tz::TimeZone, t: Timestamp) -> Option<Timestamp> {
+        use jiff::tz::AmbiguousOffset;
+        let wall = t.to_zoned(tz.clone()).datetime();
+        let start = wall.checked_sub(TRANSITION_MAX).ok()?;
+        let cursor = naive(start)?;
+        let mut best: Option<(Timestamp, jiff::civil::DateTime)> = None;
+        for candidate in self.inner.after(&cursor).take(100_000) {
+            let civil = civil(candidate)?;
+            if let Some((_, at)) = best
+                && civil > at.checked_add(TRANSITION_MAX).ok()?
+            {
+                break;
+            }
+            let instants: Vec<Timestamp> = match tz.to_ambiguous_timestamp(civil).offset() {
+                AmbiguousOffset::Unambiguous { offset } => {
+                    offset.to_timestamp(civil).ok().into_iter().collect()
+                }
+                AmbiguousOffset::Gap { .. } => Vec::new(),
+                AmbiguousOffset::Fold { before, after } => [before, after]
+                    .into_iter()
+                    .filter_map(|o| o.to_timestamp(civil).ok())
+                    .collect(),
+            };
+            for i in instants {
+                if i > t && best.is_none_or(|(b, _)| i < b) {
+                    best = Some((i, civil));
+                }
+            }
+        }
+        best.map(|(b, _)| b)
     }
 
     /// The latest fire time at or before `t`, if one exists after `since`.
@@ -110,22 +196,66 @@ impl Schedule {
     }
 }
 
+/// The time zone of an IANA name, from the database; an error that says
+/// what a good name looks like.
+pub fn time_zone(name: &str) -> Result<jiff::tz::TimeZone, String> {
+    jiff::tz::TimeZone::get(name).map_err(|_| {
+        format!(
+            "unknown time zone {name:?}: give an IANA name such as Europe/Berlin, America/New_York or UTC"
+        )
+    })
+}
+
+/// A wall time as the cron fields walk it: as if it were UTC's.
+fn naive(wall: jiff::civil::DateTime) -> Option<DateTime<Utc>> {
+    let ts = wall.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
+    DateTime::<Utc>::from_timestamp(ts.as_second(), 0)
+}
+
+/// The wall time a cron candidate stands for.
+fn civil(candidate: DateTime<Utc>) -> Option<jiff::civil::DateTime> {
+    Some(
+        Timestamp::from_second(candidate.timestamp())
+            .ok()?
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .datetime(),
+    )
+}
+
 /// Schedules parsed from targets' own fields (`schedule.fromField`), by
 /// expression: a policy's targets mostly share a handful, and each is
 /// parsed once rather than at every decision. Bounded: past
 /// [`ParsedSchedules::MAX`] expressions it starts again.
 #[derive(Clone, Debug, Default)]
-pub struct ParsedSchedules(Arc<Mutex<HashMap<String, Arc<Schedule>>>>);
+pub struct ParsedSchedules {
+    parsed: Arc<Mutex<HashMap<String, Arc<Schedule>>>>,
+    /// The time zone of expressions that name none (the policy's
+    /// `timeZone`; `None`: UTC).
+    zone: Option<String>,
+}
 
 impl ParsedSchedules {
     pub const MAX: usize = 1024;
+
+    /// Expressions whose times are in `zone` unless they name their own.
+    pub fn in_zone(zone: Option<String>) -> Self {
+        Self {
+            parsed: Arc::default(),
+            zone,
+        }
+    }
+
+    /// The time zone of expressions that name none.
+    pub fn zone(&self) -> Option<&str> {
+        self.zone.as_deref()
+    }
 
     /// The schedule for `expr`, parsed on first use. Errors are not kept.
     pub fn get(&self, expr: &str) -> Result<Arc<Schedule>, String> {
         if let Some(s) = self.lock().get(expr) {
             return Ok(s.clone());
         }
-        let parsed = Arc::new(Schedule::parse(expr)?);
+        let parsed = Arc::new(Schedule::parse_in(expr, self.zone.as_deref())?);
         let mut map = self.lock();
         if map.len() >= Self::MAX {
             map.clear();
@@ -135,7 +265,7 @@ impl ParsedSchedules {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Schedule>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.parsed.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -289,5 +419,97 @@ mod tests {
         let s = Schedule::parse("@hourly").unwrap();
         let last = s.last_at_or_before(ts("2026-11-29T07:30:00Z"), ts("2026-11-29T10:45:00Z"));
         assert_eq!(last, Some(ts("2026-11-29T10:00:00Z")));
+    }
+}
+
+#[cfg(test)]
+mod zone_tests {
+    use super::*;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    /// Fire times after `from`, `n` of them.
+    fn fires(s: &Schedule, from: &str, n: usize) -> Vec<String> {
+        let mut t = at(from);
+        (0..n)
+            .map(|_| {
+                t = s.next_after(t).unwrap();
+                t.to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_time_the_clocks_skip_does_not_fire_that_day() {
+        // New York springs forward at 02:00 on 2026-03-08: no 02:30 then.
+        let s = Schedule::parse_in("30 2 * * *", Some("America/New_York")).unwrap();
+        assert_eq!(
+            fires(&s, "2026-03-07T00:00:00Z", 3),
+            [
+                "2026-03-07T07:30:00Z", // 02:30 EST
+                "2026-03-09T06:30:00Z", // 02:30 EDT, the day after
+                "2026-03-10T06:30:00Z",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_time_the_clocks_pass_twice_fires_at_both() {
+        // New York falls back at 02:00 on 2026-11-01: 01:30 comes twice.
+        let s = Schedule::parse_in("30 1 * * *", Some("America/New_York")).unwrap();
+        assert_eq!(
+            fires(&s, "2026-10-31T12:00:00Z", 3),
+            [
+                "2026-11-01T05:30:00Z", // 01:30 EDT
+                "2026-11-01T06:30:00Z", // 01:30 EST
+                "2026-11-02T06:30:00Z",
+            ]
+        );
+        // Asked from between the two, the second is next.
+        assert_eq!(
+            fires(&s, "2026-11-01T06:00:00Z", 1),
+            ["2026-11-01T06:30:00Z"]
+        );
+    }
+
+    #[test]
+    fn a_night_time_run_stays_at_night_across_dst() {
+        let s = Schedule::parse("CRON_TZ=Europe/Berlin 0 20 * * 1-5").unwrap();
+        assert_eq!(s.zone(), Some("Europe/Berlin"));
+        // 20:00 in Berlin: 19:00 UTC in winter, 18:00 in summer.
+        assert_eq!(
+            fires(&s, "2026-03-26T00:00:00Z", 1),
+            ["2026-03-26T19:00:00Z"]
+        );
+        assert_eq!(
+            fires(&s, "2026-03-30T00:00:00Z", 1),
+            ["2026-03-30T18:00:00Z"]
+        );
+        // TZ= says the same; six fields with seconds too.
+        let t = Schedule::parse("TZ=Europe/Berlin 15 0 20 * * 1-5").unwrap();
+        assert_eq!(
+            fires(&t, "2026-03-30T00:00:00Z", 1),
+            ["2026-03-30T18:00:15Z"]
+        );
+        // UTC stays the default.
+        let u = Schedule::parse("0 20 * * 1-5").unwrap();
+        assert_eq!(u.zone(), None);
+        assert_eq!(
+            fires(&u, "2026-03-30T00:00:00Z", 1),
+            ["2026-03-30T20:00:00Z"]
+        );
+    }
+
+    #[test]
+    fn zones_are_named_once_and_known() {
+        let e = Schedule::parse("CRON_TZ=Europe/Berln 0 20 * * *").unwrap_err();
+        assert!(e.contains("unknown time zone \"Europe/Berln\""), "{e}");
+        let e =
+            Schedule::parse_in("CRON_TZ=Europe/Berlin 0 20 * * *", Some("Asia/Tokyo")).unwrap_err();
+        assert!(e.contains("give one"), "{e}");
+        // The same zone twice is fine.
+        assert!(Schedule::parse_in("CRON_TZ=Asia/Tokyo 0 20 * * *", Some("Asia/Tokyo")).is_ok());
     }
 }

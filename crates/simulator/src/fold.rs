@@ -157,6 +157,11 @@ pub fn folded_timeline(report: &Report) -> String {
         .collect();
     let shapes: Vec<String> = shown.iter().map(|x| shape(report, x)).collect();
     let mut out = format!("scenario: {} ({})\n", report.name, report.file);
+    if let Some(z) = &report.zone {
+        out.push_str(&format!(
+            "times: UTC, and in {z} (the policies' schedules) beside each time in status\n"
+        ));
+    }
     let mut i = 0;
     while i < shown.len() {
         match cycle_at(&shapes, i) {
@@ -270,6 +275,7 @@ mod tests {
             ],
             load_errors: Vec::new(),
             set_aside: Vec::new(),
+            zone: None,
             specs: Default::default(),
         };
         let first = |r: &Report| closing_summary(r).lines().next().unwrap().to_string();

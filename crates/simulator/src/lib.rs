@@ -62,6 +62,7 @@ pub fn run_file(path: &Path) -> Report {
             load_errors: errors,
             specs: Default::default(),
             set_aside: Vec::new(),
+            zone: None,
         },
     }
 }

@@ -54,6 +54,9 @@ pub struct Report {
     /// The spec at the end of each object the operator wrote status to,
     /// by `apiVersion|kind|namespace|name`.
     pub specs: std::collections::BTreeMap<String, Value>,
+    /// The time zone the policies' schedules are in, when they name one
+    /// (and the same one): times in status are shown there too.
+    pub zone: Option<String>,
 }
 
 fn rank(e: &Entry) -> u8 {
@@ -216,6 +219,7 @@ impl Report {
             load_errors: Vec::new(),
             specs: Default::default(),
             set_aside: Vec::new(),
+            zone: None,
         }
     }
 
@@ -327,7 +331,7 @@ impl Report {
         };
         let mut detail = match x.action.as_str() {
             "status" if x.result != "ok" && !x.detail.is_empty() => x.detail.clone(),
-            "status" => status_summary(&x.fields),
+            "status" => status_summary(&x.fields, self.zone.as_deref()),
             "rollback" => match (
                 x.fields["fromRevision"].as_i64(),
                 x.fields["toRevision"].as_i64(),
@@ -362,6 +366,11 @@ impl Report {
     /// The readable timeline: what the world did and what the operator did.
     pub fn timeline(&self) -> String {
         let mut out = format!("scenario: {} ({})\n", self.name, self.file);
+        if let Some(z) = &self.zone {
+            out.push_str(&format!(
+                "times: UTC, and in {z} (the policies' schedules) beside each time in status\n"
+            ));
+        }
         for x in &self.entries {
             if x.result == "unchanged" {
                 continue;
@@ -466,14 +475,30 @@ impl Report {
     }
 }
 
-fn status_summary(fields: &Value) -> String {
+/// A status time shown in `zone` too: `2026-03-30T18:00:00Z (20:00 CEST)`.
+fn in_zone(text: &str, zone: Option<&str>) -> String {
+    let (Some(zone), Ok(t)) = (zone, text.parse::<Timestamp>()) else {
+        return text.to_string();
+    };
+    let Ok(tz) = runbook_core::schedule::time_zone(zone) else {
+        return text.to_string();
+    };
+    let local = t.to_zoned(tz);
+    format!(
+        "{text} ({} {})",
+        local.strftime("%H:%M"),
+        local.strftime("%Z")
+    )
+}
+
+fn status_summary(fields: &Value, zone: Option<&str>) -> String {
     let Some(m) = fields.as_object() else {
         return String::new();
     };
     let mut parts = Vec::new();
     for (k, v) in m {
         let shown = match v {
-            Value::String(s) => s.clone(),
+            Value::String(s) => in_zone(s, zone),
             Value::Number(n) => n.to_string(),
             Value::Bool(b) => b.to_string(),
             Value::Null => "null".into(),

@@ -476,6 +476,31 @@ async fn policies(
     Some((bundle, set))
 }
 
+/// The one time zone the policies' schedules name (their `timeZone`, or
+/// a `CRON_TZ=` of a fixed expression); none when they name none or
+/// several.
+fn schedules_zone(set: &runbook_core::policy::PolicySet) -> Option<String> {
+    use runbook_core::policy::compile::ScheduleSource;
+    let mut zones = std::collections::BTreeSet::new();
+    for p in set.policies.values() {
+        for t in &p.schedules {
+            let zone = match &t.source {
+                ScheduleSource::Fixed(s) => s.zone().map(str::to_string),
+                ScheduleSource::FromField {
+                    default, parsed, ..
+                } => parsed
+                    .zone()
+                    .map(str::to_string)
+                    .or_else(|| default.as_ref().and_then(|d| d.zone().map(str::to_string))),
+            };
+            zones.extend(zone);
+        }
+    }
+    (zones.len() == 1)
+        .then(|| zones.into_iter().next())
+        .flatten()
+}
+
 /// A policy the operator set aside (a kind it declares is not served)
 /// does nothing: harmless where the scenario is about another policy, the
 /// first thing to say where an expectation then fails.
@@ -597,6 +622,7 @@ async fn run_async(s: &Scenario) -> Report {
         return report;
     }
     set_aside(&op, &world, &declared, &mut report);
+    report.zone = schedules_zone(&op.ctx.policies.load());
     for step in &s.steps {
         tokio::time::sleep_until(t0 + Duration::from_millis(step.at_ms as u64)).await;
         for (ev, pos) in &step.world {

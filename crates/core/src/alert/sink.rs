@@ -59,6 +59,12 @@ pub trait AlertSink: Send + Sync {
     /// was deleted, or its policy removed).
     fn retain(&self, keep: &dyn Fn(&AlertSource) -> bool);
 
+    /// The alerts firing now, by receiver (`runbook_alerts_firing`): those
+    /// this sink notifies, each counted once per receiver it goes to.
+    fn firing(&self) -> std::collections::BTreeMap<String, usize> {
+        Default::default()
+    }
+
     /// Read back what survives this process (what was last notified),
     /// before any alert is reported: the operator calls it when it becomes
     /// the leader.

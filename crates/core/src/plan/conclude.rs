@@ -291,6 +291,9 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         generation,
         &now,
     );
+    if status::follows_kstatus(t) {
+        status::set_kstatus(&mut new_status, generation, &now);
+    }
     let limits = &input.policy.limits;
     let mut recent = Recent::of(t, &input.policy.name);
     for (s, d) in input.plan.steps.iter().zip(input.done) {

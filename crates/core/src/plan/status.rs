@@ -215,3 +215,140 @@ mod tests {
         assert!(is_subset(&json!({"n": 1}), &json!({"n": 1.0})));
     }
 }
+
+/// Reasons of `Degraded` that do not clear by themselves: a person must
+/// act (grant a right, fix a script or a spec, install a CRD). They make
+/// `Stalled` true.
+pub const STALLING_REASONS: &[&str] = &[
+    "ActionRefused",
+    "NotAuthorized",
+    "Forbidden",
+    "ScriptError",
+    "ScheduleError",
+    "StatusDropped",
+    "PolicyWaitingForKind",
+    "InternalError",
+];
+
+/// Whether `target` is one of Runbook's own kinds, whose status follows
+/// kstatus (`Reconciling`, `Stalled`, `observedGeneration`).
+pub fn follows_kstatus(target: &Value) -> bool {
+    target["apiVersion"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("runbook.dev/"))
+        && target["kind"] != "RunbookState"
+}
+
+/// The conditions kstatus reads (Flux, kpt, `kubectl wait`), derived from
+/// those Runbook's kinds carry: `Reconciling` mirrors `Progressing` (True
+/// while a run, a rollout or a step is in flight), `Stalled` is True while
+/// `Degraded` is True for a reason that will not clear by itself.
+pub fn set_kstatus(status: &mut Value, generation: Option<i64>, now: &str) {
+    use crate::script::action::ConditionStatus;
+    let degraded = condition(status, "Degraded").cloned();
+    let stalled = degraded.as_ref().and_then(|d| {
+        let reason = d["reason"].as_str().unwrap_or("");
+        (d["status"] == "True" && STALLING_REASONS.contains(&reason)).then(|| {
+            (
+                reason.to_string(),
+                d["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+    });
+    let stalled_condition = match &stalled {
+        Some((reason, message)) => Condition {
+            type_: "Stalled".into(),
+            status: ConditionStatus::True,
+            reason: reason.clone(),
+            message: message.clone(),
+        },
+        None => Condition {
+            type_: "Stalled".into(),
+            status: ConditionStatus::False,
+            reason: "NotStalled".into(),
+            message: "nothing needs a person".into(),
+        },
+    };
+    set_condition(status, &stalled_condition, generation, now);
+    let progressing = condition(status, "Progressing").cloned();
+    let reconciling = match progressing {
+        Some(p) if p["status"] == "True" && stalled.is_none() => Condition {
+            type_: "Reconciling".into(),
+            status: ConditionStatus::True,
+            reason: p["reason"].as_str().unwrap_or("Progressing").to_string(),
+            message: p["message"].as_str().unwrap_or("").to_string(),
+        },
+        _ => Condition {
+            type_: "Reconciling".into(),
+            status: ConditionStatus::False,
+            reason: if stalled.is_some() {
+                "Stalled"
+            } else {
+                "Reconciled"
+            }
+            .into(),
+            message: "no work in flight".into(),
+        },
+    };
+    set_condition(status, &reconciling, generation, now);
+}
+
+#[cfg(test)]
+mod kstatus_tests {
+    use super::*;
+
+    fn statuses(status: &Value) -> (String, String) {
+        let of = |t: &str| {
+            condition(status, t).unwrap()["status"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        (of("Reconciling"), of("Stalled"))
+    }
+
+    #[test]
+    fn reconciling_mirrors_progressing_and_stalled_needs_a_person() {
+        let now = "2026-01-01T00:00:00Z";
+        let mut s = json!({"conditions": [
+            {"type": "Progressing", "status": "True", "reason": "BenchmarkRunning", "message": "benchmark 3"}]});
+        set_kstatus(&mut s, Some(4), now);
+        assert_eq!(statuses(&s), ("True".into(), "False".into()));
+        assert_eq!(
+            condition(&s, "Reconciling").unwrap()["reason"],
+            "BenchmarkRunning"
+        );
+        assert_eq!(condition(&s, "Stalled").unwrap()["observedGeneration"], 4);
+        // A refused action: stalled, and not reconciling however it got there.
+        s["conditions"].as_array_mut().unwrap().push(json!(
+            {"type": "Degraded", "status": "True", "reason": "ActionRefused", "message": "delete refused"}));
+        set_kstatus(&mut s, Some(4), now);
+        assert_eq!(statuses(&s), ("False".into(), "True".into()));
+        assert_eq!(
+            condition(&s, "Stalled").unwrap()["message"],
+            "delete refused"
+        );
+        // A failed write is retried by itself: degraded, not stalled.
+        for c in s["conditions"].as_array_mut().unwrap() {
+            if c["type"] == "Degraded" {
+                c["reason"] = json!("ActionFailed");
+            }
+        }
+        set_kstatus(&mut s, Some(4), now);
+        assert_eq!(statuses(&s), ("True".into(), "False".into()));
+    }
+
+    #[test]
+    fn only_runbooks_own_kinds_follow_kstatus() {
+        assert!(follows_kstatus(
+            &json!({"apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator"})
+        ));
+        assert!(!follows_kstatus(
+            &json!({"apiVersion": "runbook.dev/v1alpha1", "kind": "RunbookState"})
+        ));
+        assert!(!follows_kstatus(
+            &json!({"apiVersion": "example.com/v1", "kind": "Widget"})
+        ));
+        assert!(!follows_kstatus(&json!({})));
+    }
+}

@@ -323,6 +323,13 @@ pub struct ScheduleSpec {
     /// The expression when the field is absent.
     #[serde(default)]
     pub default: Option<String>,
+    /// The time zone the expression's times are in (an IANA name such as
+    /// `Europe/Berlin`), evaluated with the time zone database: a
+    /// night-time run stays at night across DST changes. UTC when absent.
+    /// An expression may name its own instead (`CRON_TZ=Europe/Berlin 0 20
+    /// * * 1-5`), as a target's field may.
+    #[serde(default)]
+    pub time_zone: Option<String>,
     /// A new target's first run: at its creation (`creation`, the
     /// default: a new Evaluator is benchmarked at once), or at the first
     /// fire time after it (`schedule`: a nightly report starts tonight).

@@ -523,6 +523,19 @@ fn find_route<'a>(r: &'a Route, id: &str) -> Option<&'a Route> {
 }
 
 impl AlertSink for Dispatcher {
+    fn firing(&self) -> BTreeMap<String, usize> {
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for g in self.lock().groups.values() {
+            let firing = g
+                .members
+                .iter()
+                .filter(|(_, m)| m.resolved_at.is_none())
+                .map(|(fp, _)| fp.clone());
+            out.entry(g.receiver.clone()).or_default().extend(firing);
+        }
+        out.into_iter().map(|(r, fps)| (r, fps.len())).collect()
+    }
+
     fn report(
         &self,
         source: &AlertSource,

@@ -303,6 +303,16 @@ impl SharedAlerts {
 }
 
 impl AlertSink for SharedAlerts {
+    /// On the replica that notifies for all (none elsewhere); a moment
+    /// the notifier is being changed, none.
+    fn firing(&self) -> std::collections::BTreeMap<String, usize> {
+        self.notifier
+            .try_lock()
+            .ok()
+            .and_then(|n| n.as_ref().map(|n| n.dispatcher.firing()))
+            .unwrap_or_default()
+    }
+
     fn report(
         &self,
         source: &AlertSource,

@@ -9,6 +9,7 @@ mod context;
 mod controllers;
 pub mod fair;
 pub mod forbidden;
+mod gauges;
 pub mod leader;
 pub mod members;
 pub mod operator;

@@ -495,6 +495,10 @@ impl Operator {
                     _ = every.tick() => {
                         ctx.sweep_alerts();
                         ctx.prune_memory();
+                        if ctx.health.leading.load(Ordering::Acquire) {
+                            ctx.publish_targets();
+                            ctx.publish_firing();
+                        }
                     }
                     // A replica that stepped down restarts nothing.
                     _ = supervise.tick() => if ctx.health.leading.load(Ordering::Acquire) {
@@ -584,7 +588,7 @@ impl Operator {
             return Ok(());
         }
         let hook = Arc::new(
-            super::webhook::Webhook::start(&self.ctx.client, config)
+            super::webhook::Webhook::start(&self.ctx.client, config, self.ctx.metrics.clone())
                 .await
                 .map_err(StartError::Webhook)?,
         );
@@ -649,6 +653,17 @@ impl Operator {
     fn publish_policy_info(&self, set: &PolicySet) {
         self.ctx.metrics.policy_info.clear();
         for p in set.policies.values() {
+            // Each policy's counters exist from its load, at 0, so that
+            // rate() and increase() see its first failure.
+            let m = &self.ctx.metrics;
+            for result in ["ok", "error"] {
+                m.reconciles
+                    .get_or_create(&Metrics::labels(&[("policy", &p.id), ("result", result)]))
+                    .inc_by(0);
+            }
+            m.circuit_open
+                .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
+                .inc_by(0);
             self.ctx
                 .metrics
                 .policy_info
@@ -679,6 +694,8 @@ impl Operator {
     fn step_down(&self) {
         self.ctx.health.ready.store(false, Ordering::Release);
         self.ctx.metrics.leader.set(0);
+        self.ctx.metrics.targets.clear();
+        self.ctx.metrics.alerts_firing.clear();
         let controllers: Vec<TargetController> = lock(&self.ctx.running.targets)
             .drain()
             .map(|(_, t)| t)
@@ -852,6 +869,10 @@ impl Operator {
             self.ensure_controllers(&set).await;
         }
         self.publish_policy_info(&set);
+        if self.is_leading() {
+            self.ctx.publish_targets();
+            self.ctx.publish_firing();
+        }
         let still: Vec<KindRef> = changed
             .into_iter()
             .filter(|k| set.target_kinds().contains(k))

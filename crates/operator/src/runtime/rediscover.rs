@@ -285,6 +285,9 @@ impl Operator {
             }
             let generation = obj.metadata.generation;
             runbook_core::plan::status::set_condition(&mut status, &condition, generation, &now);
+            if runbook_core::plan::status::follows_kstatus(&value) {
+                runbook_core::plan::status::set_kstatus(&mut status, generation, &now);
+            }
             let patch =
                 json!({"conditions": status.get("conditions").cloned().unwrap_or(Value::Null)});
             if let Err(e) = writer.status(&resolved, &ns, &name, &patch).await {

@@ -57,9 +57,33 @@ pub struct Webhook {
     server: crate::admission::server::Server,
 }
 
+/// `runbook_webhook_reviews_total{webhook,result}`'s series.
+fn reviewed<'a>(
+    metrics: &'a crate::telemetry::Metrics,
+    webhook: &str,
+    result: &str,
+) -> impl std::ops::Deref<Target = prometheus_client::metrics::counter::Counter> + 'a {
+    metrics
+        .webhook_reviews
+        .get_or_create(&crate::telemetry::Metrics::labels(&[
+            ("webhook", webhook),
+            ("result", result),
+        ]))
+}
+
+/// Count a review answered, by whether it allowed the request.
+fn count_review(metrics: &crate::telemetry::Metrics, webhook: &str, answer: &Value) {
+    let allowed = answer["response"]["allowed"].as_bool().unwrap_or(false);
+    reviewed(metrics, webhook, if allowed { "allowed" } else { "denied" }).inc();
+}
+
 impl Webhook {
     /// Read (or make) the material and start serving.
-    pub async fn start(client: &kube::Client, config: WebhookConfig) -> Result<Self, String> {
+    pub async fn start(
+        client: &kube::Client,
+        config: WebhookConfig,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> Result<Self, String> {
         let listener = std::net::TcpListener::bind(config.listen)
             .map_err(|e| format!("listening on {}: {e}", config.listen))?;
         let addr = listener
@@ -76,11 +100,18 @@ impl Webhook {
         };
         let policy_check: Arc<OnceLock<Arc<dyn PolicyCheck>>> = Arc::default();
         let check = policy_check.clone();
+        for webhook in ["authorship", "policies"] {
+            for result in ["allowed", "denied"] {
+                reviewed(&metrics, webhook, result).inc_by(0);
+            }
+        }
+        let counted = metrics.clone();
         let routes = crate::admission::server::Routes::default()
             .with(
                 AUTHORSHIP_PATH,
                 Arc::new(move |review: Value| {
                     let answer = hook.review(&review);
+                    count_review(&counted, "authorship", &answer);
                     Box::pin(async move { answer })
                 }),
             )
@@ -88,7 +119,12 @@ impl Webhook {
                 POLICIES_PATH,
                 Arc::new(move |review: Value| {
                     let check = check.get().cloned();
-                    Box::pin(async move { policies::review(check.as_deref(), &review).await })
+                    let metrics = metrics.clone();
+                    Box::pin(async move {
+                        let answer = policies::review(check.as_deref(), &review).await;
+                        count_review(&metrics, "policies", &answer);
+                        answer
+                    })
                 }),
             );
         let (addr, server) = crate::admission::server::serve(listener, tls.clone(), routes)

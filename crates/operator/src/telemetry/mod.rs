@@ -36,6 +36,12 @@ pub struct Metrics {
     process: Registry,
     /// 1, labelled with the release and the commit it is built from.
     pub build_info: Family<Labels, Gauge>,
+    /// Targets by kind, policy, condition and its status.
+    pub targets: Family<Labels, Gauge>,
+    /// Alerts firing, by receiver.
+    pub alerts_firing: Family<Labels, Gauge>,
+    /// Admission reviews answered, by webhook and result.
+    pub webhook_reviews: Family<Labels, Counter>,
     pub reconciles: Family<Labels, Counter>,
     /// Reconciles of a policy on a target that changed nothing its last
     /// decision read, so were not decided again.
@@ -135,6 +141,9 @@ impl Metrics {
             bundle_state: Family::default(),
             policy_state: Family::default(),
             build_info: Family::default(),
+            targets: Family::default(),
+            alerts_firing: Family::default(),
+            webhook_reviews: Family::default(),
             registry: Registry::default(),
             process: Registry::default(),
         };
@@ -282,6 +291,21 @@ impl Metrics {
             "alert_queue_depth",
             "Notifications waiting, by receiver",
             m.alert_queue.clone(),
+        );
+        registry.register(
+            "targets",
+            "Targets each policy selects, by kind, policy, condition (Ready, Degraded, Reconciling, Stalled) and its status (True, False, Unknown, None without it); said by the replica reconciling them",
+            m.targets.clone(),
+        );
+        registry.register(
+            "alerts_firing",
+            "Alerts firing now, by receiver",
+            m.alerts_firing.clone(),
+        );
+        registry.register(
+            "webhook_reviews",
+            "Admission reviews answered, by webhook (authorship, policies) and result (allowed, denied)",
+            m.webhook_reviews.clone(),
         );
         registry.register(
             "build_info",

@@ -89,7 +89,14 @@ fn compile_schedule(
     field: &str,
     spec: &ScheduleSpec,
 ) -> Option<ScheduleSource> {
-    let parse = |cx: &mut Ctx, text: &str| match Schedule::parse(text) {
+    let zone = spec.time_zone.as_deref();
+    if let Some(z) = zone
+        && let Err(e) = crate::schedule::time_zone(z)
+    {
+        cx.error(file, pos, format!("{field}.timeZone: {e}"));
+        return None;
+    }
+    let parse = |cx: &mut Ctx, text: &str| match Schedule::parse_in(text, zone) {
         Ok(s) => Some(s),
         Err(e) => {
             cx.error(file, pos, format!("{field}: {e}"));
@@ -119,7 +126,7 @@ fn compile_schedule(
             Some(ScheduleSource::FromField {
                 path,
                 default,
-                parsed: Default::default(),
+                parsed: crate::schedule::ParsedSchedules::in_zone(spec.time_zone.clone()),
             })
         }
         (None, None) => {
