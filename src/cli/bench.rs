@@ -17,7 +17,7 @@ pub struct BenchArgs {
     #[arg(long, env = "RUNBOOK_BENCH_QUICK")]
     pub quick: bool,
     /// Only these sections: decision, lookup, writes, operator, reload,
-    /// admission, memory, scale, containment, scale-out.
+    /// admission, memory, scale, containment, fairness, scale-out, peers.
     #[arg(long, value_delimiter = ',', env = "RUNBOOK_BENCH_ONLY_SECTIONS")]
     pub only: Vec<String>,
     /// The shipped policies (the decision benchmark uses evaluator-drift).

@@ -86,6 +86,13 @@ impl Operator {
         // resynced.
         let (changes, changes_rx) = channel::bounded(config.queue_capacity);
         let (leading_tx, leading_rx) = watch::channel(false);
+        // Both queues' overflow counts exist from the start, at 0.
+        for queue in ["changes", "trigger"] {
+            metrics
+                .queue_overflows
+                .get_or_create(&Metrics::labels(&[("queue", queue)]))
+                .inc_by(0);
+        }
         let watches = Arc::new(WatchHealth::with_metrics(metrics.clone()));
         // Every write's answer is looked at: a 403 counts, and keeps the
         // instance unready until the same write succeeds.
