@@ -532,3 +532,42 @@ fn status_the_targets_schema_would_prune_is_an_error_where_it_is_declared() {
     }
     assert_eq!(text.matches("status schema has no").count(), 2, "{text}");
 }
+
+/// A misspelt `ctx` property is refused when the policy is checked, with
+/// the property meant, as a misspelt function is: before, it passed check
+/// and failed at run time.
+#[test]
+fn a_misspelt_ctx_property_is_refused_with_the_one_meant() {
+    let dir = temp_dir("ctx-property");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  script: p.rhai\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("p.rhai"),
+        "fn reconcile(ctx) {\n    if ctx.dew { return []; }\n    let n = ctx.resource.metadata.name;\n    let x = ctx.params[\"a\"];\n    let p = ctx.polcy.name;\n    []\n}\n",
+    )
+    .unwrap();
+    let out = runbook().args(["check"]).arg(&dir).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    let p = dir.join("p.rhai");
+    let p = p.display();
+    for want in [
+        format!("{p}:2:12: ctx has no property dew: it has resource, params, now, due, "),
+        format!("{p}:5:17: ctx has no property polcy (did you mean ctx.policy?)"),
+    ] {
+        assert!(text.contains(&want), "{want} in:\n{text}");
+    }
+    // The properties it has pass.
+    assert!(
+        !text.contains("property resource") && !text.contains("property params"),
+        "{text}"
+    );
+}

@@ -472,11 +472,28 @@ fn files_in_one_module_do_not_use_each_other_in_a_cycle() {
     }
 }
 
+/// The platform this is built for (`rustc -vV`'s host).
+fn host() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .expect("rustc -vV runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_string()
+}
+
 /// The workspace's packages and, for each, the packages its normal
-/// dependencies reach (to any depth), from `cargo metadata`.
+/// dependencies reach (to any depth), from `cargo metadata` for this
+/// platform: offline, it needs only what the build downloaded (the other
+/// platforms' packages a fresh clone has never fetched are left out).
 fn crate_graph() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host()])
         .current_dir(root())
         .output()
         .expect("cargo metadata runs");

@@ -38,8 +38,8 @@ pub struct RouteArgs {
     /// Exit 1 unless the receivers are exactly these (comma-separated, in order).
     #[arg(long, value_delimiter = ',')]
     pub verify_receivers: Option<Vec<String>>,
-    /// Alert labels as name=value.
-    #[arg(required = true)]
+    /// Alert labels as name=value (none: the empty label set, which goes
+    /// where the root route sends it, as with amtool).
     pub labels: Vec<String>,
 }
 

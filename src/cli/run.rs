@@ -58,6 +58,9 @@ pub struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "RUNBOOK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Log lines as text (coloured only on a terminal, and not with
+    /// NO_COLOR set) or as JSON, one object per line; `RUNBOOK_LOG` filters
+    /// them (default `info`).
     #[arg(long, env = "RUNBOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Reconciles running at once.
@@ -66,13 +69,17 @@ pub struct RunArgs {
     /// Take a Lease so that only one instance writes.
     #[arg(long, env = "RUNBOOK_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// The leader Lease, in the operator's namespace (sharded, each
+    /// replica's member Lease is named after it).
     #[arg(long, env = "RUNBOOK_LEASE_NAME", default_value = "runbook-leader")]
     pub lease_name: String,
     /// Seconds a Lease stays valid without renewal (at least 2). The holder
     /// renews it every fifth of that and stops acting half of it after
     /// its last renewal; another replica takes over three fifths of it
     /// after it last saw the Lease change.
-    #[arg(long, env = "RUNBOOK_LEASE_DURATION", default_value_t = 15)]
+    /// Takes units as Kubernetes tools do (`15s`, `1m`); a bare number is
+    /// seconds.
+    #[arg(long, env = "RUNBOOK_LEASE_DURATION", default_value = "15s", value_parser = whole_seconds)]
     pub lease_duration: u64,
     /// This instance's name (default: $POD_NAME or the host name).
     #[arg(long, env = "RUNBOOK_IDENTITY")]
@@ -80,8 +87,9 @@ pub struct RunArgs {
     /// Wall-clock budget of one script call, in milliseconds.
     #[arg(long, env = "RUNBOOK_SCRIPT_TIMEOUT_MS", default_value_t = 20)]
     pub script_timeout_ms: u64,
-    /// Seconds to let reconciles in flight finish on SIGTERM.
-    #[arg(long, env = "RUNBOOK_SHUTDOWN_GRACE", default_value_t = 20)]
+    /// How long to let reconciles in flight finish on SIGTERM (`20s`,
+    /// `1m`; a bare number is seconds).
+    #[arg(long, env = "RUNBOOK_SHUTDOWN_GRACE", default_value = "20s", value_parser = whole_seconds)]
     pub shutdown_grace: u64,
     /// Alert notifications waiting per receiver before new ones are dropped.
     #[arg(long, env = "RUNBOOK_ALERT_QUEUE_CAPACITY", default_value_t = 256)]
@@ -145,7 +153,7 @@ pub struct RunArgs {
     /// Milliseconds of script time one policy may use per second while
     /// another policy wants a turn; past it its decisions wait
     /// (`runbook_policy_throttled_total`).
-    #[arg(long, env = "RUNBOOK_POLICY_CPU_BUDGET_MS", default_value_t = 250)]
+    #[arg(long, env = "RUNBOOK_POLICY_CPU_BUDGET_MS", default_value_t = 100)]
     pub policy_cpu_budget_ms: u64,
     /// Skip the start-up check (SelfSubjectAccessReviews) that the operator
     /// holds every permission its policies need.
@@ -182,6 +190,18 @@ fn namespace_account(s: &str) -> Result<(String, String), String> {
 }
 
 /// A `spec.pods` document, as YAML.
+/// A duration in whole seconds: `15s`, `2m`, `1h30m`, or a bare number of
+/// seconds.
+fn whole_seconds(text: &str) -> Result<u64, String> {
+    let ms = runbook_core::util::time::parse_duration_ms(text)?;
+    if ms < 0 || ms % 1000 != 0 {
+        return Err(format!(
+            "{text:?}: give whole seconds, such as 15s, 2m or 15"
+        ));
+    }
+    Ok((ms / 1000) as u64)
+}
+
 fn pod_bounds(s: &str) -> Result<crate::policy::model::PodsSpec, String> {
     crate::util::yaml::parse(s).map_err(|e| format!("{s:?}: {e}"))
 }
@@ -195,7 +215,12 @@ pub enum LogFormat {
 pub fn init_logging(format: LogFormat) {
     let _ = match format {
         LogFormat::Text => {
-            tracing::subscriber::set_global_default(telemetry::log::text(std::io::stderr))
+            use std::io::IsTerminal;
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            tracing::subscriber::set_global_default(telemetry::log::text_with(
+                std::io::stderr,
+                colour,
+            ))
         }
         LogFormat::Json => {
             tracing::subscriber::set_global_default(telemetry::log::json(std::io::stderr))

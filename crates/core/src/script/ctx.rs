@@ -272,6 +272,21 @@ pub fn register(engine: &mut Engine) {
     register_lookups(engine);
 }
 
+/// The properties `ctx` has (registered below): a script reading another
+/// is refused when it loads, with the one meant.
+pub const PROPERTIES: &[&str] = &[
+    "resource",
+    "params",
+    "now",
+    "due",
+    "fired",
+    "next_run",
+    "last_run",
+    "run",
+    "namespace",
+    "policy",
+];
+
 /// `ctx`'s properties: the target, params, the clock and schedule, the policy.
 fn register_properties(engine: &mut Engine) {
     engine.register_get("resource", |c: &mut Ctx| c.0.resource.clone());

@@ -260,6 +260,42 @@ impl ScriptEngine {
         out
     }
 
+    /// Properties read on `ctx` that it does not have (`ctx.dew`), each
+    /// with its position and the property nearest its name. A method
+    /// call on it is a function, which `unknown_calls` checks.
+    pub fn unknown_ctx_properties(&self, script: &Script) -> Vec<(String, Pos, Option<String>)> {
+        /// The property a chain on `ctx` reads first.
+        fn first(e: &rhai::Expr) -> Option<(&str, rhai::Position)> {
+            match e {
+                rhai::Expr::Property(p, pos) => Some((p.2.as_str(), *pos)),
+                rhai::Expr::Dot(b, ..) | rhai::Expr::Index(b, ..) => first(&b.lhs),
+                _ => None,
+            }
+        }
+        let mut out = Vec::new();
+        script.ast.walk(&mut |path: &[rhai::ASTNode]| {
+            if let Some(rhai::ASTNode::Expr(rhai::Expr::Dot(b, ..))) = path.last()
+                && let rhai::Expr::Variable(v, ..) = &b.lhs
+                && v.1.as_str() == "ctx"
+                && let Some((name, pos)) = first(&b.rhs)
+                && !super::ctx::PROPERTIES.contains(&name)
+            {
+                let near =
+                    crate::util::suggest::closest(name, super::ctx::PROPERTIES.iter().copied());
+                out.push((
+                    name.to_string(),
+                    Pos {
+                        line: pos.line().unwrap_or(1) as u32,
+                        col: pos.position().unwrap_or(1) as u32,
+                    },
+                    near.map(str::to_string),
+                ));
+            }
+            true
+        });
+        out
+    }
+
     /// Compile a script file.
     pub fn compile(&self, file: &str, text: &str) -> Result<Script, ScriptError> {
         let mut ast = self

@@ -47,7 +47,7 @@ impl Default for FairConfig {
     fn default() -> Self {
         Self {
             concurrency: 8,
-            cpu_per_second: Duration::from_millis(250),
+            cpu_per_second: Duration::from_millis(100),
             scripts_at_once: 0,
         }
     }

@@ -11,14 +11,26 @@ fn filter() -> tracing_subscriber::EnvFilter {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
 }
 
-/// Text lines to `writer`.
+/// Text lines to `writer`, without colours.
 pub fn text<W>(writer: W) -> impl tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    text_with(writer, false)
+}
+
+/// Text lines to `writer`, in colours when `colour` (a terminal).
+pub fn text_with<W>(
+    writer: W,
+    colour: bool,
+) -> impl tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     tracing_subscriber::fmt()
         .with_env_filter(filter())
         .with_writer(writer)
+        .with_ansi(colour)
         .finish()
 }
 

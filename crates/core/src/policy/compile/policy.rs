@@ -276,6 +276,16 @@ fn script_body(
         );
         cx.error(script, Some(pos), m);
     }
+    for (name, pos, near) in cx.engine.unknown_ctx_properties(&s) {
+        let hint = near
+            .map(|m| format!(" (did you mean ctx.{m}?)"))
+            .unwrap_or_default();
+        let m = format!(
+            "ctx has no property {name}{hint}: it has {}",
+            crate::script::ctx::PROPERTIES.join(", ")
+        );
+        cx.error(script, Some(pos), m);
+    }
     let text = cx.bundle.files[script].clone();
     let kinds = declared_kinds(spec);
     for (name, pos) in super::pieces::literal_kinds(&text) {
