@@ -893,3 +893,28 @@ fn a_schedule_in_a_time_zone_keeps_its_wall_time_across_dst() {
         "{t}"
     );
 }
+
+/// A status line with many long fields still shows the phase: it comes
+/// first, before the line is cut (sorted by name, it was cut off).
+#[test]
+fn a_long_status_line_shows_its_phase() {
+    let long = "x".repeat(40);
+    let script = format!(
+        "fn reconcile(ctx) {{\n    [status(#{{ alpha: \"{long}\", beta: \"{long}\", gamma: \"{long}\", phase: \"Scaled\" }})]\n}}\n"
+    );
+    let s = hoard(
+        "phase-first",
+        &script,
+        "",
+        "        - {action: status, kind: Hoard, name: h1, fields: {phase: Scaled}}\n",
+    );
+    let out = runbook(&["simulate", s.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let line = t
+        .lines()
+        .find(|l| l.contains("status") && l.contains("Hoard default/h1"))
+        .unwrap_or_else(|| panic!("a status line in {t}"));
+    assert!(line.contains("phase=Scaled alpha="), "{line}");
+    assert!(line.ends_with("..."), "the line is cut: {line}");
+}

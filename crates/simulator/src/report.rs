@@ -496,7 +496,13 @@ fn status_summary(fields: &Value, zone: Option<&str>) -> String {
         return String::new();
     };
     let mut parts = Vec::new();
-    for (k, v) in m {
+    // The phase first: a long line is cut, and it is what is read first.
+    let first = ["phase"];
+    let ordered = first
+        .iter()
+        .filter_map(|k| m.get_key_value(*k))
+        .chain(m.iter().filter(|(k, _)| !first.contains(&k.as_str())));
+    for (k, v) in ordered {
         let shown = match v {
             Value::String(s) => in_zone(s, zone),
             Value::Number(n) => n.to_string(),
