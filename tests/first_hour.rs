@@ -99,14 +99,36 @@ fn text_logs_have_no_colours_off_a_terminal() {
 
 #[test]
 fn every_flag_of_run_says_what_it_is() {
-    let out = runbook(&["run", "--help"]);
-    let help = text(&out);
-    for flag in [
-        "--log-format",
-        "--lease-name",
-        "--lease-duration",
-        "--shutdown-grace",
+    for (command, flags) in [
+        (
+            &["run", "--help"][..],
+            &[
+                "--log-format",
+                "--lease-name",
+                "--lease-duration",
+                "--shutdown-grace",
+            ][..],
+        ),
+        (
+            &["explain", "--help"][..],
+            &["--namespace", "--kubeconfig"][..],
+        ),
+        (&["bench", "--help"][..], &["--output"][..]),
     ] {
+        said_for(command, flags);
+    }
+    let rbac = text(&runbook(&["rbac", "--help"]));
+    assert!(
+        !rbac.contains("Serve the authorship webhook"),
+        "rbac's --webhook speaks of what run does: {rbac}"
+    );
+}
+
+/// Each of `flags` in `command`'s help has a line of its own saying what it is.
+fn said_for(command: &[&str], flags: &[&str]) {
+    let out = runbook(command);
+    let help = text(&out);
+    for flag in flags {
         let at = help
             .find(&format!("{flag} <"))
             .unwrap_or_else(|| panic!("{flag} in {help}"));

@@ -23,6 +23,7 @@ pub struct BenchArgs {
     /// The shipped policies (the decision benchmark uses evaluator-drift).
     #[arg(long, default_value = "policies", env = "RUNBOOK_BENCH_POLICIES")]
     pub policies: PathBuf,
+    /// The table as text (Markdown rows), or every figure as JSON.
     #[arg(long, short, value_enum, default_value_t = Output::Text, env = "RUNBOOK_BENCH_OUTPUT")]
     pub output: Output,
     /// Run the admission and scale-out sections through this cluster's

@@ -17,6 +17,7 @@ use crate::observe::RawObject;
 pub struct ExplainArgs {
     /// The object: KIND/NAME, where KIND is a kind, plural, singular or short name.
     pub object: String,
+    /// The object's namespace.
     #[arg(
         long,
         short = 'n',
@@ -24,6 +25,8 @@ pub struct ExplainArgs {
         default_value = "default"
     )]
     pub namespace: String,
+    /// The cluster to read it from (default: $KUBECONFIG, ~/.kube/config,
+    /// or the pod's own).
     #[arg(long, env = "RUNBOOK_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Where Runbook keeps its state of cluster-scoped targets when it

@@ -73,11 +73,12 @@ pub struct RbacArgs {
 /// `runbook rbac` grants them.
 #[derive(clap::Args, Clone, Debug)]
 pub struct WebhookObjectsArgs {
-    /// Serve the authorship webhook, which records who wrote each target:
-    /// without it no target has an author, and nothing a target refers to
-    /// is acted on unless its owner allows it (see docs/security.md).
-    /// `runbook rbac` then grants its Secret, its configuration and
-    /// SubjectAccessReviews.
+    /// Whether the operator serves the authorship webhook, which records
+    /// who wrote each target (`runbook run` serves it; `runbook rbac`
+    /// grants what it needs: its Secret, its configuration and
+    /// SubjectAccessReviews). Without it no target has an author, and
+    /// nothing a target refers to is acted on unless its owner allows it
+    /// (see docs/security.md).
     #[arg(long, env = "RUNBOOK_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
     pub webhook: bool,
     /// The MutatingWebhookConfiguration kept in step (its CA bundle, its
