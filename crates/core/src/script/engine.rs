@@ -245,14 +245,7 @@ impl ScriptEngine {
                 if plain && !KEYWORDS.contains(&name) && !known.contains(name) {
                     let near =
                         crate::util::suggest::closest(name, known.iter().map(String::as_str));
-                    out.push((
-                        name.to_string(),
-                        Pos {
-                            line: pos.line().unwrap_or(1) as u32,
-                            col: pos.position().unwrap_or(1) as u32,
-                        },
-                        near.map(str::to_string),
-                    ));
+                    out.push((name.to_string(), pos_of(*pos), near.map(str::to_string)));
                 }
             }
             true
@@ -282,14 +275,7 @@ impl ScriptEngine {
             {
                 let near =
                     crate::util::suggest::closest(name, super::ctx::PROPERTIES.iter().copied());
-                out.push((
-                    name.to_string(),
-                    Pos {
-                        line: pos.line().unwrap_or(1) as u32,
-                        col: pos.position().unwrap_or(1) as u32,
-                    },
-                    near.map(str::to_string),
-                ));
+                out.push((name.to_string(), pos_of(pos), near.map(str::to_string)));
             }
             true
         });
@@ -478,4 +464,12 @@ impl Default for ScriptEngine {
 /// Whether an error is a limit or timeout (the script is at fault, not the data).
 pub fn is_containment(err: &ScriptError) -> bool {
     matches!(err.kind, ScriptErrorKind::Timeout | ScriptErrorKind::Limit)
+}
+
+/// Where a Rhai position is, as file positions are said (1-based).
+fn pos_of(p: rhai::Position) -> Pos {
+    Pos {
+        line: p.line().unwrap_or(1) as u32,
+        col: p.position().unwrap_or(1) as u32,
+    }
 }

@@ -46,6 +46,12 @@ pub fn name_of(origin: &Origin) -> Option<String> {
     Some(format!("runbook-last-good.{hash}"))
 }
 
+/// A version of a bundle, as its files' hash: an unchanged one is not
+/// kept again.
+pub fn files_hash(bundle: &Bundle) -> String {
+    runbook_core::util::hash::json_hash(&json!(bundle.files), 16)
+}
+
 /// The bytes a bundle's files hold.
 pub fn size_of(bundle: &Bundle) -> usize {
     bundle.files.iter().map(|(k, v)| k.len() + v.len()).sum()

@@ -388,7 +388,7 @@ impl Reloader {
         if last_good::name_of(&bundle.origin).is_none() {
             return;
         }
-        let hash = runbook_core::util::hash::json_hash(&serde_json::json!(bundle.files), 16);
+        let hash = last_good::files_hash(bundle);
         if lock(&self.kept).get(&bundle.origin) == Some(&hash) {
             return;
         }
@@ -419,7 +419,7 @@ impl Reloader {
         }
         match self.try_bundle(kept.clone(), None).await {
             Ok(_) => {
-                let hash = runbook_core::util::hash::json_hash(&serde_json::json!(kept.files), 16);
+                let hash = last_good::files_hash(&kept);
                 lock(&self.kept).insert(kept.origin.clone(), hash);
                 if let Some(state) = lock(&self.bundles).get_mut(&current.origin) {
                     state.restored = Some(at.clone());
