@@ -595,12 +595,17 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
     .await;
 
     // The operator may not create CronJobs; the edit makes the policy own them.
-    sandbox.faults().deny(runbook::sandbox::Denied {
-        verb: runbook::sandbox::ApiVerb::Create,
-        group: "batch".into(),
-        resource: "cronjobs".into(),
-        namespace: None,
-    });
+    for verb in [
+        runbook::sandbox::ApiVerb::Create,
+        runbook::sandbox::ApiVerb::Delete,
+    ] {
+        sandbox.faults().deny(runbook::sandbox::Denied {
+            verb,
+            group: "batch".into(),
+            resource: "cronjobs".into(),
+            namespace: None,
+        });
+    }
     let greedy = policy_yaml(&c, "2").replace(
         "owns: [{apiVersion: v1, kind: ConfigMap}]",
         "owns: [{apiVersion: v1, kind: ConfigMap}, {apiVersion: batch/v1, kind: CronJob}]",
@@ -614,7 +619,9 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
     .unwrap();
     eventually("an Event naming the missing permission", 30, || {
         policy_invalid(&c, "tuned-policy", |n| {
-            n.contains("missing permission: create cronjobs.batch")
+            // One line for the resource, with every verb it lacks.
+            n.contains("the operator may not create, delete cronjobs.batch")
+                && n.matches("cronjobs.batch").count() == 1
                 && n.contains("policy tuned owns batch/v1 CronJob")
         })
     })

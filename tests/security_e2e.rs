@@ -134,6 +134,12 @@ async fn start_operator(c: &Cluster) -> Arc<Operator> {
             ],
         )
         .await;
+    start_operator_as(c, me).await
+}
+
+/// The operator acting as whoever `me` is (an SRE's own credentials, in
+/// an operator run outside the cluster).
+async fn start_operator_as(c: &Cluster, me: Client) -> Arc<Operator> {
     let op = support::operator_through(
         c,
         me,
@@ -549,6 +555,173 @@ async fn a_rollback_is_made_only_for_an_author_who_may_make_it() {
     c.cleanup().await;
 }
 
+/// `runbook run --kubeconfig` with the credentials the SRE's own kubectl
+/// uses: what they apply with those credentials is theirs, not
+/// Runbook's, and is acted on with their rights; what another user
+/// applies still gets only that user's rights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_run_with_its_users_own_credentials_acts_for_them() {
+    let c = Cluster::new("sec-own").await;
+    install(&c).await;
+    let _op = start_operator_as(&c, c.client.clone()).await;
+    let kubelet = benchmark_kubelet(&c, &["mine", "theirs"]);
+    let deployments = released_twice(&c, "mine").await;
+    released_twice(&c, "theirs").await;
+    let as_admin = runbook_api(&c.client, &c, "Evaluator");
+    create_as(&as_admin, evaluator("mine", "mine")).await;
+    let viewer_user = user(&c, "cr-editor", &[editor(), viewer()]).await;
+    let as_editor = runbook_api(&viewer_user, &c, "Evaluator");
+    create_as(&as_editor, evaluator("theirs", "theirs")).await;
+    eventually("mine rolled back, for its author", 120, || async {
+        status_of(&as_admin, "mine").await["phase"] == "RolledBack"
+    })
+    .await;
+    eventually("mine's good template back", 60, || async {
+        image_of(&deployments.get("mine").await.unwrap()) == "registry.k8s.io/pause:3.9"
+    })
+    .await;
+    let message = refused(&as_editor, "theirs", "NotAuthorized").await;
+    assert!(message.contains("cr-editor"), "{message}");
+    assert_eq!(
+        image_of(&deployments.get("theirs").await.unwrap()),
+        "registry.k8s.io/pause:3.10",
+        "theirs is not rolled back"
+    );
+    drop(kubelet);
+    c.cleanup().await;
+}
+
+/// The recipe of docs/running.md "Running outside the cluster", as
+/// written there: `runbook run` with the user's own kubeconfig (only the
+/// namespace, ports and configuration name made the test's own), and the
+/// example applied with the same kubeconfig gets its benchmark Job, not
+/// a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outside_the_cluster_recipe_works_as_written() {
+    let c = Cluster::new("sec-outside").await;
+    install_crds(&c).await;
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(repo.join("docs/running.md")).unwrap();
+    let section = doc
+        .split("### Running outside the cluster")
+        .nth(1)
+        .expect("the recipe's section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the recipe's commands");
+    let run = block
+        .lines()
+        .find(|l| l.starts_with("runbook run "))
+        .expect("a runbook run line");
+    let apply = block
+        .lines()
+        .find(|l| l.starts_with("kubectl apply -f examples/"))
+        .expect("the example's kubectl apply");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("runbook-outside-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let args: Vec<String> = run
+        .split_whitespace()
+        .skip(1)
+        .map(|a| a.replace("9443", &port.to_string()))
+        .collect();
+    let configuration = format!("runbook-{}", c.ns);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(&args)
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--operator-namespace", &c.ns, "-n", &c.ns])
+        .args(["--webhook-configuration", &configuration])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .current_dir(&repo)
+        .env("RUNBOOK_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("runbook run");
+    let _stop = KillOnDrop(child);
+    let configs = webhook_configurations(&c.client);
+    eventually("the operator to announce its webhook", 90, || async {
+        configs
+            .get_opt(&configuration)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cfg| {
+                let hook = &cfg.data["webhooks"][0];
+                hook["clientConfig"]["caBundle"].is_string()
+                    && hook["rules"].to_string().contains("evaluators")
+            })
+    })
+    .await;
+    // The user's kubectl, with the same kubeconfig: the files the recipe
+    // names, applied as that user.
+    let user_config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let me = Client::try_from(user_config).unwrap();
+    let kubelet = benchmark_kubelet(&c, &["chatbot"]);
+    for file in apply.split(" -f ").skip(1) {
+        let text = std::fs::read_to_string(repo.join(file.trim())).unwrap();
+        for doc in runbook::util::yaml::parse_documents(&text).unwrap() {
+            let kind = KindRef::new(
+                doc["apiVersion"].as_str().unwrap(),
+                doc["kind"].as_str().unwrap(),
+            );
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(me.clone(), &c.ns, &kind.api_resource());
+            create_as(&api, doc).await;
+        }
+    }
+    let jobs: Api<Job> = c.api();
+    let evaluators = runbook_api(&c.client, &c, "Evaluator");
+    for _ in 0..900 {
+        if benchmark_job(&jobs, "chatbot").await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        benchmark_job(&jobs, "chatbot").await.is_some(),
+        "no benchmark Job; the Evaluator: {}",
+        evaluators
+            .get("chatbot")
+            .await
+            .map(|e| e.data.to_string())
+            .unwrap_or_default()
+    );
+    assert_eq!(
+        condition(&evaluators, "chatbot", "Degraded")
+            .await
+            .map(|c| c[1].clone())
+            .filter(|r| r == "NotAuthorized"),
+        None
+    );
+    drop(_stop);
+    drop(kubelet);
+    let _ = configs.delete(&configuration, &Default::default()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}
+
+/// A child process killed when the test lets go of it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// What an Evaluator puts into its benchmark pod is bounded: no pod
 /// template or privilege can be written into it at all, a Secret goes in
 /// only for an author who may read it, the pod runs with no
@@ -680,16 +853,28 @@ async fn a_benchmark_pod_gets_no_privilege_or_secret_its_author_lacks() {
     assert!(secrets.get("db-password").await.is_ok());
     // Written while no webhook answered: no author, nothing done for it.
     let message = refused(&admin_evaluators, "early", "NotAuthorized").await;
-    assert!(
-        message.contains("has no author Runbook can trust"),
-        "{message}"
+    let command = format!(
+        "kubectl annotate evaluator.runbook.dev/early -n {} --overwrite runbook.dev/touched=",
+        c.ns
     );
-    // Written again with the webhook up, by its administrator.
+    assert!(message.contains("has no author record"), "{message}");
+    assert!(message.contains(&command), "{message}");
+    assert!(
+        message.len() < 400,
+        "{} characters: {message}",
+        message.len()
+    );
+    // Said in the condition (and its kstatus twin `Stalled`) and once in
+    // the decision record, not on every action of the decision.
+    let status = status_of(&admin_evaluators, "early").await.to_string();
+    assert_eq!(status.matches(&command).count(), 3, "{status}");
+    // What the message says to run: an annotation only, written with the
+    // webhook up, records its administrator as the author.
     admin_evaluators
         .patch(
             "early",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"threshold": 0.8}})),
+            &Patch::Merge(json!({"metadata": {"annotations": {"runbook.dev/touched": "1"}}})),
         )
         .await
         .unwrap();

@@ -379,13 +379,14 @@ async fn check_access(
             tracing::info!("the service account holds every permission the policies need")
         }
         Ok(missing) => {
-            for m in &missing {
+            let lines = access::by_resource(&missing);
+            for m in &lines {
                 tracing::error!("missing permission: {m}");
             }
             anyhow::bail!(
-                "missing {} permission(s) the policies need, first: {}; grant them with the output of `runbook rbac` (or start with --skip-access-check)",
-                missing.len(),
-                missing[0]
+                "missing permissions on {} resource(s) the policies need, first: {}; grant them with the output of `runbook rbac` (or start with --skip-access-check)",
+                lines.len(),
+                lines[0]
             );
         }
         Err(e) => tracing::warn!(

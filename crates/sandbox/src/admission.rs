@@ -233,6 +233,9 @@ pub struct Request<'a> {
     pub namespace_labels: Option<Value>,
     pub object: &'a Value,
     pub old: Option<&'a Value>,
+    /// The write's options (`CreateOptions`, `UpdateOptions` or
+    /// `PatchOptions`, with its `fieldManager`).
+    pub options: Value,
 }
 
 impl Webhook {
@@ -293,6 +296,7 @@ impl Webhook {
                 "object": r.object,
                 "oldObject": r.old.cloned().unwrap_or(Value::Null),
                 "dryRun": dry_run,
+                "options": r.options,
             }
         })
     }
@@ -334,6 +338,7 @@ pub async fn admit(
         let req = Request {
             object: &object,
             namespace_labels: r.namespace_labels.clone(),
+            options: r.options.clone(),
             ..*r
         };
         let Some(response) = ask(caller, hook, &req, user, dry_run, &mut out).await? else {
@@ -354,6 +359,7 @@ pub async fn admit(
         let req = Request {
             object: &object,
             namespace_labels: r.namespace_labels.clone(),
+            options: r.options.clone(),
             ..*r
         };
         ask(caller, hook, &req, user, dry_run, &mut out).await?;

@@ -666,6 +666,20 @@ impl Api {
             .flatten()
             .and_then(|d| self.store.get(&d, "", &c.ns).ok())
             .map(|b| parse(&b)["metadata"]["labels"].clone());
+        let patched = c
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("patch"));
+        let options_kind = match (operation, patched) {
+            ("CREATE", _) => "CreateOptions",
+            (_, true) => "PatchOptions",
+            _ => "UpdateOptions",
+        };
+        let mut options = json!({"apiVersion": "meta.k8s.io/v1", "kind": options_kind});
+        if let Some(m) = c.opts.field_manager.as_deref().filter(|m| !m.is_empty()) {
+            options["fieldManager"] = json!(m);
+        }
         let request = admission::Request {
             def: &t.def,
             version: &t.version,
@@ -674,6 +688,7 @@ impl Api {
             namespace_labels,
             object: &object,
             old: old.as_ref(),
+            options,
         };
         hooks.retain(|h| h.matches(&request));
         if hooks.is_empty() {

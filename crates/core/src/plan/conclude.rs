@@ -301,13 +301,21 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
             recent.note(limits, v, input.now);
         }
     }
+    let mut actions = action_records(input.plan, input.done);
+    // The decision's error is said once, in `error`, not again on the
+    // action it came from.
+    for a in &mut actions {
+        if a.message.is_some() && a.message == error {
+            a.message = None;
+        }
+    }
     let record = DecisionRecord {
         policy: input.policy.name.clone(),
         policy_version: input.policy.version.clone(),
         inputs_hash: input.inputs_hash.to_string(),
         time: None,
         mode: Some(input.mode.as_str().to_string()),
-        actions: action_records(input.plan, input.done),
+        actions,
         alert_routes: input.plan.routes.iter().cloned().collect(),
         recent_actions: recent.to_record(limits, input.now),
         error,

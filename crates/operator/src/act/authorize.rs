@@ -128,9 +128,9 @@ impl Authority {
         };
         let mut object = std::sync::Arc::new(target.clone());
         for _ in 0..OWNER_DEPTH {
-            let author = signer.verify(&object).map_err(|e| e.to_string())?;
-            if author.user != *me {
-                return Ok(author);
+            let verified = signer.verified(&object).map_err(|e| e.to_string())?;
+            if !verified.by(me) {
+                return Ok(verified.author);
             }
             let owner = object
                 .pointer("/metadata/ownerReferences")
@@ -250,6 +250,38 @@ pub fn reads_to_check(
         .collect()
 }
 
+/// The annotation a `kubectl annotate` writes to have a target's author
+/// recorded again (any write through the API server does it; this one
+/// changes nothing else).
+pub const TOUCHED: &str = "runbook.dev/touched";
+
+/// A command that has the authorship webhook record who runs it as the
+/// author of `target`: `kubectl apply` of an unchanged file sends
+/// nothing, an annotation is always written.
+pub fn touch_command(target: &serde_json::Value) -> String {
+    let text = |p: &str| {
+        target
+            .pointer(p)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+    };
+    let kind = text("/kind").to_lowercase();
+    let group = text("/apiVersion").rsplit_once('/').map_or("", |(g, _)| g);
+    let resource = if group.is_empty() {
+        kind
+    } else {
+        format!("{kind}.{group}")
+    };
+    let ns = match text("/metadata/namespace") {
+        "" => String::new(),
+        ns => format!(" -n {ns}"),
+    };
+    format!(
+        "kubectl annotate {resource}/{}{ns} --overwrite {TOUCHED}=\"$(date +%s)\"",
+        text("/metadata/name")
+    )
+}
+
 /// Why `access` may not be used for `target`, if it may not.
 async fn refusal(
     authority: &Authority,
@@ -269,7 +301,7 @@ async fn refusal(
     let (ns, tname) = (target.namespace(), target.name());
     let allow = |kind: &KindRef| match &access.name {
         Some(_) => format!(
-            "; or the owner of that {} allows it: annotation {}={tkind}/{tname}",
+            "; or the {}'s owner annotates it {}={tkind}/{tname}",
             kind.kind,
             super::plan::ALLOW_TARGETS
         ),
@@ -279,8 +311,9 @@ async fn refusal(
         Ok(a) => a,
         Err(why) => {
             return Some(format!(
-                "{tkind} {ns}/{tname} has no author Runbook can trust ({why}), and to {} Runbook needs its author's rights: apply it again with the authorship webhook running{}",
+                "to {} Runbook needs its author's rights, and {why}; run `{}`{}",
                 access.why,
+                touch_command(target.value()),
                 allow(&access.kind)
             ));
         }
@@ -334,14 +367,21 @@ pub async fn authorize(
     let author = authority.author_of(target.value(), view);
     for access in reads {
         if let Some(why) = refusal(authority, resources, target, &author, access).await {
+            // The reason is said once, on the first step; the others
+            // point to it.
+            let mut first = true;
             for step in &mut plan.steps {
                 if matches!(step.todo, Todo::Refused(_)) {
                     continue;
                 }
-                step.todo = Todo::Fail(Failed::unauthorized(format!(
-                    "{} refused: {why}",
-                    step.action.verb()
-                )));
+                let message = if first {
+                    format!("{} refused: {why}", step.action.verb())
+                } else {
+                    "not taken: a read this decision needs was refused (see the first action)"
+                        .to_string()
+                };
+                first = false;
+                step.todo = Todo::Fail(Failed::unauthorized(message));
             }
             plan.fields.clear();
             plan.conditions.clear();

@@ -305,7 +305,8 @@ async fn carry_out(
 }
 
 /// A step that failed (or was refused on what the cluster holds): told,
-/// and kept as the decision's failure, which stops its later writes.
+/// and kept as the decision's failure (the first one, which the later
+/// ones follow from), which stops its later writes.
 fn fail(failure: &mut Option<Failed>, f: Failed, tell: impl Fn(&str, Value, Option<&str>)) -> Done {
     let result = if f.is_refusal() {
         ActionResult::Refused
@@ -314,7 +315,7 @@ fn fail(failure: &mut Option<Failed>, f: Failed, tell: impl Fn(&str, Value, Opti
     };
     tell(result.as_str(), Value::Null, Some(&f.message));
     let d = Done::new(result, Some(f.message.clone()));
-    *failure = Some(f);
+    failure.get_or_insert(f);
     d
 }
 

@@ -24,7 +24,7 @@ use runbook_core::script::action::{Action, event_type_str};
 
 /// The field manager of Runbook's own writes; a policy's writes use
 /// [`manager_of`] it.
-pub const MANAGER: &str = "runbook";
+pub const MANAGER: &str = crate::admission::author::MANAGER;
 
 /// The field manager of a policy's writes, `runbook/POLICY`, so
 /// `kubectl get --show-managed-fields` tells which policy wrote what
@@ -147,10 +147,7 @@ fn with_uid(object: &Value, uid: Option<&str>) -> Value {
     o
 }
 
-/// Whether a field manager is Runbook's (its own, or a policy's).
-pub fn is_runbook_manager(manager: &str) -> bool {
-    manager == MANAGER || manager.starts_with("runbook/")
-}
+pub use crate::admission::is_runbook_manager;
 
 /// The field managers an apply conflicted with, from the API server's
 /// answer (`conflict with "kubectl-edit" using v1`); empty when the error

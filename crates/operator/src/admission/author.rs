@@ -22,6 +22,15 @@ use sha2::{Digest, Sha256};
 /// The annotation holding a target's author record.
 pub const ANNOTATION: &str = "runbook.dev/author";
 
+/// The field manager of Runbook's own writes; a policy's are
+/// `runbook/POLICY`.
+pub const MANAGER: &str = "runbook";
+
+/// Whether a field manager is Runbook's (its own, or a policy's).
+pub fn is_runbook_manager(manager: &str) -> bool {
+    manager == MANAGER || manager.starts_with("runbook/")
+}
+
 /// Someone the API server authenticated.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Author {
@@ -186,9 +195,33 @@ pub struct Record {
     pub name: String,
     /// The content digest it was made for.
     pub content: String,
+    /// Whether the write was made with one of Runbook's field managers
+    /// (`runbook`, `runbook/POLICY`). Absent from records made before it
+    /// was recorded: those tell Runbook's writes by the user alone.
+    #[serde(default, rename = "runbook", skip_serializing_if = "Option::is_none")]
+    pub by_runbook: Option<bool>,
     /// HMAC-SHA256 of all of the above and the object's group, kind and
     /// namespace, hex.
     pub signature: String,
+}
+
+/// A verified author record: who wrote the object, and whether they wrote
+/// it with one of Runbook's field managers (`None`: not recorded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub author: Author,
+    pub by_runbook: Option<bool>,
+}
+
+impl Verified {
+    /// Whether the object was written by the Runbook whose user name is
+    /// `me`: its user, and (where recorded) one of its field managers.
+    /// An operator run with its user's own credentials shares their user
+    /// name; the field manager tells its writes from theirs, and nobody
+    /// else's write passes for Runbook's by naming Runbook's manager.
+    pub fn by(&self, me: &str) -> bool {
+        self.author.user == me && self.by_runbook != Some(false)
+    }
 }
 
 /// The key author records are signed with, shared by every replica.
@@ -220,7 +253,13 @@ impl Signer {
         &self.key
     }
 
-    fn mac(&self, subject: &Subject<'_>, name: &str, author: &Author) -> String {
+    fn mac(
+        &self,
+        subject: &Subject<'_>,
+        name: &str,
+        author: &Author,
+        by_runbook: Option<bool>,
+    ) -> String {
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.key) else {
             return String::new();
         };
@@ -241,6 +280,9 @@ impl Signer {
                 text.push_str(&format!("x:{k}={v}\n"));
             }
         }
+        if let Some(b) = by_runbook {
+            text.push_str(&format!("m:{b}\n"));
+        }
         mac.update(text.as_bytes());
         mac.finalize()
             .into_bytes()
@@ -249,15 +291,18 @@ impl Signer {
             .collect()
     }
 
-    /// The record saying `author` wrote `subject`.
-    pub fn sign(&self, subject: &Subject<'_>, author: &Author) -> Record {
+    /// The record saying `author` wrote `subject`, with the field manager
+    /// `manager` (empty: none given).
+    pub fn sign(&self, subject: &Subject<'_>, author: &Author, manager: &str) -> Record {
         let mut author = author.clone();
         author.groups.sort();
         author.groups.dedup();
+        let by_runbook = Some(is_runbook_manager(manager));
         Record {
-            signature: self.mac(subject, &subject.name, &author),
+            signature: self.mac(subject, &subject.name, &author, by_runbook),
             name: subject.name.clone(),
             content: subject.content.clone(),
+            by_runbook,
             author,
         }
     }
@@ -265,6 +310,11 @@ impl Signer {
     /// The author an object's record names, if the record is this
     /// signer's, about this object, at its current content.
     pub fn verify(&self, object: &Value) -> Result<Author, Unverified> {
+        self.verified(object).map(|v| v.author)
+    }
+
+    /// [`Signer::verify`], with how the object was written.
+    pub fn verified(&self, object: &Value) -> Result<Verified, Unverified> {
         let text = object
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(ANNOTATION))
@@ -278,11 +328,14 @@ impl Signer {
         if record.content != subject.content {
             return Err(Unverified::Changed);
         }
-        let expected = self.mac(&subject, &record.name, &record.author);
+        let expected = self.mac(&subject, &record.name, &record.author, record.by_runbook);
         if !constant_time_eq(expected.as_bytes(), record.signature.as_bytes()) {
             return Err(Unverified::BadSignature);
         }
-        Ok(record.author)
+        Ok(Verified {
+            author: record.author,
+            by_runbook: record.by_runbook,
+        })
     }
 }
 
@@ -306,10 +359,10 @@ pub enum Unverified {
 impl std::fmt::Display for Unverified {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Unverified::Missing => "it carries no author record (written while Runbook's authorship webhook was not installed or not reachable)",
+            Unverified::Missing => "it has no author record (written while the webhook was away)",
             Unverified::Malformed => "its author record is not one Runbook wrote",
             Unverified::OtherObject => "its author record belongs to another object",
-            Unverified::Changed => "its spec changed after its author was recorded (while the authorship webhook was not reachable)",
+            Unverified::Changed => "its spec changed while the webhook was away",
             Unverified::BadSignature => "its author record is not signed with this Runbook's key",
         })
     }
@@ -349,7 +402,7 @@ mod tests {
     }
 
     fn recorded(signer: &Signer, mut obj: Value, author: &Author) -> Value {
-        let record = signer.sign(&Subject::of(&obj), author);
+        let record = signer.sign(&Subject::of(&obj), author, "kubectl-create");
         obj["metadata"]["annotations"][ANNOTATION] = json!(serde_json::to_string(&record).unwrap());
         obj
     }
@@ -390,6 +443,28 @@ mod tests {
             signer.verify(&evaluator(json!({}))),
             Err(Unverified::Missing)
         );
+    }
+
+    #[test]
+    fn a_record_from_before_managers_were_recorded_still_verifies() {
+        let signer = Signer::random();
+        let mut obj = evaluator(json!({"threshold": 0.85}));
+        let subject = Subject::of(&obj);
+        let record = Record {
+            signature: signer.mac(&subject, &subject.name, &alice(), None),
+            name: subject.name.clone(),
+            content: subject.content.clone(),
+            by_runbook: None,
+            author: alice(),
+        };
+        let text = serde_json::to_string(&record).unwrap();
+        assert!(!text.contains("runbook"), "{text}");
+        obj["metadata"]["annotations"][ANNOTATION] = json!(text);
+        let v = signer.verified(&obj).unwrap();
+        assert_eq!(v.by_runbook, None);
+        // Told by the user alone, as before.
+        assert!(v.by("alice"));
+        assert!(!v.by("bob"));
     }
 
     #[test]

@@ -20,5 +20,5 @@ pub mod review;
 pub mod server;
 pub mod tls;
 
-pub use author::{Author, Signer, Unverified};
+pub use author::{Author, Signer, Unverified, Verified, is_runbook_manager};
 pub use review::Authorship;

@@ -8,9 +8,10 @@ use serde_json::{Value, json};
 use super::author::{ANNOTATION, Author, Signer, Subject};
 
 /// The authorship webhook: who wrote a target, recorded as the API server
-/// authenticated them. (A target Runbook itself writes, a child that
-/// another policy targets, is recorded as Runbook's; the operator then
-/// acts for the author of the target it was made for.)
+/// authenticated them, and whether with one of Runbook's field managers
+/// (the request's `options.fieldManager`). A target Runbook itself
+/// writes, a child that another policy targets, is recorded as Runbook's;
+/// the operator then acts for the author of the target it was made for.
 #[derive(Clone, Debug)]
 pub struct Authorship {
     pub signer: Signer,
@@ -47,7 +48,11 @@ impl Authorship {
         };
         let requester = Author::of_user_info(&request.get("userInfo").cloned().unwrap_or_default());
         let old = request.get("oldObject").filter(|o| o.is_object());
-        let record = self.record_for(object, old, &requester);
+        let manager = request
+            .pointer("/options/fieldManager")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let record = self.record_for(object, old, &requester, manager);
         let text = serde_json::to_string(&record).unwrap_or_default();
         if annotation(object) == Some(text.as_str()) {
             return answer(&uid, None, None);
@@ -72,6 +77,7 @@ impl Authorship {
         object: &Value,
         old: Option<&Value>,
         requester: &Author,
+        manager: &str,
     ) -> super::author::Record {
         let subject = Subject::of(object);
         let kept = old
@@ -83,7 +89,7 @@ impl Authorship {
         {
             return record;
         }
-        self.signer.sign(&subject, requester)
+        self.signer.sign(&subject, requester, manager)
     }
 }
 
@@ -164,6 +170,46 @@ mod tests {
         // Nothing to change: no patch.
         let again = hook.review(&request("UPDATE", "admin", a3.clone(), Some(a3.clone())));
         assert!(again["response"].get("patch").is_none());
+    }
+
+    fn request_by(user: &str, manager: &str, object: Value) -> Value {
+        let mut r = request("CREATE", user, object, None);
+        r["request"]["options"] = json!({"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions", "fieldManager": manager});
+        r
+    }
+
+    #[test]
+    fn runbooks_writes_are_told_by_user_and_field_manager_together() {
+        let hook = Authorship {
+            signer: Signer::random(),
+        };
+        let obj = evaluator("web", json!({}));
+        let verified = |user: &str, manager: &str| {
+            let a = admitted(&obj, &hook.review(&request_by(user, manager, obj.clone())));
+            hook.signer.verified(&a).unwrap()
+        };
+        // An operator run with its user's own kubeconfig: the same user
+        // name, told apart by the field manager.
+        assert!(!verified("admin", "kubectl-client-side-apply").by("admin"));
+        assert!(!verified("admin", "").by("admin"));
+        assert!(verified("admin", "runbook/evaluator").by("admin"));
+        assert!(verified("admin", "runbook").by("admin"));
+        // Naming Runbook's manager does not make anyone else Runbook.
+        assert!(!verified("mallory", "runbook/evaluator").by("admin"));
+        // The manager is signed with the rest.
+        let mut legacy = admitted(&obj, &hook.review(&request_by("admin", "x", obj.clone())));
+        let text = legacy["metadata"]["annotations"][ANNOTATION]
+            .as_str()
+            .unwrap();
+        let mut record: crate::admission::author::Record = serde_json::from_str(text).unwrap();
+        assert_eq!(record.by_runbook, Some(false));
+        record.by_runbook = Some(true);
+        legacy["metadata"]["annotations"][ANNOTATION] =
+            json!(serde_json::to_string(&record).unwrap());
+        assert!(
+            hook.signer.verified(&legacy).is_err(),
+            "the manager is signed: it cannot be changed afterwards"
+        );
     }
 
     #[test]

@@ -274,10 +274,10 @@ impl Reloader {
         let watched = watch_namespaces.first().map(String::as_str);
         match crate::runtime::access::missing_for(client, &only, &opts, watched).await {
             Ok(missing) if missing.is_empty() => Ok(()),
-            Ok(missing) => Err(missing
-                .iter()
+            Ok(missing) => Err(crate::runtime::access::by_resource(&missing)
+                .into_iter()
                 .map(|m| {
-                    format!("missing permission: {m}; grant it (see `runbook rbac`) and edit again")
+                    format!("the operator may not {m}: grant it (`runbook rbac`), then edit again")
                 })
                 .collect()),
             Err(e) => {

@@ -148,7 +148,7 @@ pub async fn tenant_access(
 
 /// What is missing, one line per resource with its verbs: `create,
 /// delete jobs.batch in namespace team-a (policy p owns batch/v1 Job)`.
-fn by_resource(missing: &[Missing]) -> Vec<String> {
+pub fn by_resource(missing: &[Missing]) -> Vec<String> {
     let mut lines: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
     for m in missing {
         let (verb, rest) = m
