@@ -33,6 +33,7 @@ fn a_model_gets_a_gpu_deployment_a_service_and_a_weights_volume() {
         "aimodel-serving",
         &model(
             json!({"modelUri": "hf://meta/llama-3-8b", "servingImage": "vllm:0.6",
+                      "downloaderImage": "registry.example.com/fetch:1",
                       "gpusPerReplica": 2, "replicas": 3, "weights": {"size": "40Gi"}}),
         ),
     );
@@ -83,6 +84,35 @@ fn zero_gpus_or_a_malformed_uri_is_degraded_with_a_condition_an_event_and_an_ale
         assert_eq!(events(&d), ["InvalidSpec"]);
         assert_eq!(alerts(&d)[0]["alertname"], "AIModelInvalidSpec");
     }
+}
+
+/// The default downloader (busybox) fetches http(s):// with wget; any
+/// other scheme needs the AIModel's own downloader, called as `fetch URI
+/// DIR`, and without one the model is refused with what to set, instead
+/// of an init container that crash-loops on a command busybox lacks.
+#[test]
+fn weights_come_from_the_downloader_that_can_fetch_them() {
+    let w = World::shipped();
+    let init = |spec: serde_json::Value| {
+        let d = w.decide("aimodel-serving", &model(spec));
+        applied(&d)
+            .into_iter()
+            .find(|o| o["kind"] == "Deployment")
+            .map(|dep| dep["spec"]["template"]["spec"]["initContainers"][0].clone())
+    };
+    let web = init(json!({"modelUri": "https://hf.co/m/w.safetensors", "servingImage": "vllm"})).unwrap();
+    assert_eq!(web["image"], "docker.io/library/busybox:1.36");
+    assert!(web["command"][2].as_str().unwrap().contains("wget"), "{web}");
+    assert!(web.get("args").is_none(), "{web}");
+    let own = init(json!({"modelUri": "s3://m/v1", "servingImage": "vllm",
+                          "downloaderImage": "registry.example.com/fetch:1"}))
+    .unwrap();
+    assert_eq!(own["image"], "registry.example.com/fetch:1");
+    assert_eq!(own["args"], json!(["fetch", "s3://m/v1", "/models"]));
+    assert!(init(json!({"modelUri": "s3://m/v1", "servingImage": "vllm"})).is_none());
+    let d = w.decide("aimodel-serving", &model(json!({"modelUri": "s3://m/v1", "servingImage": "vllm"})));
+    let message = format!("{:?}", d.actions);
+    assert!(message.contains("set spec.downloaderImage"), "{message}");
 }
 
 #[test]

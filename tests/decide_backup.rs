@@ -123,6 +123,41 @@ fn the_snapshot_follows_a_successful_dump_and_the_dump_is_not_repeated() {
     assert_eq!(status_of(&d)["currentStep"], "snapshot");
 }
 
+/// A backup without the optional `volumeSnapshotClassName` gets its
+/// snapshot (the cluster's default class), and one with a long name gets
+/// children whose names are valid and still its own.
+#[test]
+fn an_optional_class_and_a_long_name_do_not_stop_the_backup() {
+    let w = ready_world();
+    let long = "orders-primary-database-in-the-eu-west-region-nightly-full";
+    assert!(long.len() > 55);
+    let mut b0 = backup(long);
+    b0["spec"].as_object_mut().unwrap().remove("volumeSnapshotClassName");
+    let d = w.decide("backup-ordering", &b0);
+    let job = applied(&d).remove(0);
+    let job_name = job["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(job_name.len() <= 63 && job_name.ends_with("-once-dump"), "{job_name}");
+    let label = job["metadata"]["labels"]["runbook.dev/backup"].as_str().unwrap();
+    assert!(label.len() <= 63, "{label}");
+    let b1 = after(&b0, &d);
+    w.add(child_of(
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": job_name, "namespace": "default", "uid": "u-dump", "resourceVersion": "40"},
+               "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}),
+        &b0,
+        "backup-ordering",
+    ));
+    let d = w.decide("backup-ordering", &b1);
+    let snap = applied(&d).remove(0);
+    assert_eq!(snap["kind"], "VolumeSnapshot");
+    let snap_name = snap["metadata"]["name"].as_str().unwrap();
+    assert!(snap_name.len() <= 63 && snap_name.ends_with("-once-snap"), "{snap_name}");
+    assert!(
+        snap["spec"].get("volumeSnapshotClassName").is_none_or(Value::is_null),
+        "{snap}"
+    );
+}
+
 #[test]
 fn a_ready_snapshot_publishes_the_url_and_completes() {
     let w = ready_world();

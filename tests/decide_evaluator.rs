@@ -80,6 +80,31 @@ fn the_job_name_is_the_same_on_every_retry() {
     );
 }
 
+/// The API allows 253 characters in an Evaluator's name; its Job's name
+/// (and the pod label the Job controller makes of it) allows 63. A long
+/// name is shortened with a hash, the same on every retry, distinct from
+/// another long name that starts the same way.
+#[test]
+fn a_long_evaluator_name_still_gets_a_valid_job_name() {
+    let w = world_at_revision(3);
+    let name = |tail: &str| format!("chatbot-regression-suite-for-the-eu-west-production-cluster-{tail}");
+    let a = first_job_name(&w, &evaluator(&name("one"), "chatbot", 0.85));
+    let b = first_job_name(&w, &evaluator(&name("two"), "chatbot", 0.85));
+    assert!(name("one").len() >= 60);
+    for n in [&a, &b] {
+        assert!(
+            n.len() <= 63 && runbook::names::is_dns_label(n),
+            "{n} ({} characters)",
+            n.len()
+        );
+    }
+    assert_ne!(a, b);
+    assert_eq!(a, first_job_name(&w, &evaluator(&name("one"), "chatbot", 0.85)));
+    let d = w.decide("evaluator-drift", &evaluator(&name("one"), "chatbot", 0.85));
+    let label = applied(&d)[0]["metadata"]["labels"]["runbook.dev/evaluator"].clone();
+    assert!(label.as_str().unwrap().len() <= 63, "{label}");
+}
+
 #[test]
 fn a_passing_score_marks_the_evaluator_healthy_and_remembers_the_revision() {
     let w = world_at_revision(3);

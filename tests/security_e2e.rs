@@ -344,7 +344,7 @@ async fn objects_named_like_an_admins_are_never_taken_over() {
             &models,
             json!({"apiVersion": "runbook.dev/v1alpha1", "kind": "AIModel",
                    "metadata": {"name": name},
-                   "spec": {"modelUri": "s3://models/x/v1", "servingImage": "registry.k8s.io/pause:3.9",
+                   "spec": {"modelUri": "https://models.example.com/x/v1.safetensors", "servingImage": "registry.k8s.io/pause:3.9",
                             "gpusPerReplica": 1, "replicas": 1, "weights": weights}}),
         )
         .await;

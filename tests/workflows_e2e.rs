@@ -365,7 +365,7 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
         json!({
             "apiVersion": "runbook.dev/v1alpha1", "kind": "AIModel",
             "metadata": {"name": "llama"},
-            "spec": {"modelUri": "s3://models/llama/v1", "servingImage": "registry.k8s.io/pause:3.9",
+            "spec": {"modelUri": "https://models.example.com/llama/v1.safetensors", "servingImage": "registry.k8s.io/pause:3.9",
                      "gpusPerReplica": 1, "replicas": 1}
         }),
     )
@@ -379,13 +379,14 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
     let pod = d.spec.template.spec.clone().unwrap();
     let limits = pod.containers[0].resources.clone().unwrap().limits.unwrap();
     assert_eq!(limits["nvidia.com/gpu"].0, "1");
+    // The default downloader: busybox's wget, given the URI.
     let init = &pod.init_containers.unwrap()[0];
-    assert!(
-        init.args
-            .as_ref()
-            .unwrap()
-            .contains(&"s3://models/llama/v1".to_string())
+    let env = init.env.clone().unwrap_or_default();
+    assert_eq!(
+        env[0].value.as_deref(),
+        Some("https://models.example.com/llama/v1.safetensors")
     );
+    assert!(init.command.clone().unwrap_or_default().join(" ").contains("wget"));
     let services: Api<Service> = c.api();
     eventually("the Service", 30, || async {
         services.get("llama").await.is_ok()
@@ -393,7 +394,7 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
     .await;
     eventually("serving", 60, || async {
         let st = status_of(&models, "llama").await;
-        st["phase"] == "Ready" && st["servedModelUri"] == "s3://models/llama/v1"
+        st["phase"] == "Ready" && st["servedModelUri"] == "https://models.example.com/llama/v1.safetensors"
     })
     .await;
     // kstatus: the generation seen, nothing in flight, nothing stalled.
@@ -434,7 +435,7 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
         .patch(
             "llama",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"modelUri": "s3://models/llama/v2"}})),
+            &Patch::Merge(json!({"spec": {"modelUri": "https://models.example.com/llama/v2.safetensors"}})),
         )
         .await
         .unwrap();
@@ -448,11 +449,11 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
             .unwrap_or_default()
             .get("runbook.dev/model-uri")
             .map(String::as_str)
-            == Some("s3://models/llama/v2")
+            == Some("https://models.example.com/llama/v2.safetensors")
     })
     .await;
     eventually("serving v2", 60, || async {
-        status_of(&models, "llama").await["servedModelUri"] == "s3://models/llama/v2"
+        status_of(&models, "llama").await["servedModelUri"] == "https://models.example.com/llama/v2.safetensors"
     })
     .await;
     // A weights download stuck in a crash loop: Degraded and alerted.
@@ -824,5 +825,43 @@ async fn an_upgrade_waits_for_its_snapshot_and_a_failed_snapshot_withholds_the_n
             .contains(&"UpgradeWithheld".to_string())
     );
     op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
+/// A schedule in an Evaluator or DatabaseBackup fires at most once a
+/// minute: the API server refuses six fields (seconds) at `kubectl
+/// apply`, with the field named, and takes five.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_in_seconds_is_refused_at_apply() {
+    let c = Cluster::new("wf-seconds").await;
+    install_crds(&c).await;
+    let evaluators: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "Evaluator").api_resource(),
+    );
+    let ev = |name: &str, schedule: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator",
+            "metadata": {"name": name},
+            "spec": {"targetRef": {"name": "chatbot"}, "threshold": 0.85, "schedule": schedule,
+                     "benchmark": {"image": "busybox:1.36"}}
+        }))
+        .unwrap()
+    };
+    match evaluators
+        .create(&PostParams::default(), &ev("every-second", "* * * * * *"))
+        .await
+    {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422, "{s:?}");
+            assert!(s.message.contains("spec.schedule"), "{}", s.message);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    evaluators
+        .create(&PostParams::default(), &ev("every-minute", "* * * * *"))
+        .await
+        .unwrap();
     c.cleanup().await;
 }

@@ -15,8 +15,17 @@ use chrono::{DateTime, Utc};
 use jiff::Timestamp;
 
 /// A pattern the CRD schemas use so the API server refuses an expression
-/// with the wrong number of fields or an unknown macro.
-pub const CRON_PATTERN: &str = r"^((CRON_)?TZ=\S+\s+)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4,5}\S+)$";
+/// with the wrong number of fields, seconds, or an unknown macro: a
+/// schedule a custom resource carries has five fields (see
+/// [`MIN_TARGET_INTERVAL_SECS`]).
+pub const CRON_PATTERN: &str = r"^((CRON_)?TZ=\S+\s+)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)$";
+
+/// The smallest interval of a schedule read from a target's field
+/// (`fromField`): whoever writes a custom resource may not have Runbook
+/// decide (and write) more often than once a minute for it. A policy's own
+/// `cron`, written by its administrator, may use seconds (six fields):
+/// its smallest interval is one second.
+pub const MIN_TARGET_INTERVAL_SECS: i64 = 60;
 
 /// Offsets change by less than this at any transition the database holds:
 /// how far around a wall time the candidates that may map to the next
@@ -114,6 +123,20 @@ impl Schedule {
     /// The time zone's IANA name, when not UTC.
     pub fn zone(&self) -> Option<&str> {
         self.zone.as_ref().map(|(n, _)| n.as_str())
+    }
+
+    /// The shortest time between two fire times, in seconds, over the
+    /// first fire times of a day (2026-01-05, a Monday, UTC): enough to
+    /// see seconds and minutes patterns. `None`: it fires less than twice.
+    pub fn smallest_gap_secs(&self) -> Option<i64> {
+        let start = DateTime::<Utc>::from_timestamp(1_767_571_200, 0)?;
+        let fires: Vec<i64> = self
+            .inner
+            .after(&start)
+            .take(256)
+            .map(|t| t.timestamp())
+            .collect();
+        fires.windows(2).map(|w| w[1] - w[0]).min()
     }
 
     /// The first fire time strictly after `t`.
@@ -250,12 +273,22 @@ impl ParsedSchedules {
         self.zone.as_deref()
     }
 
-    /// The schedule for `expr`, parsed on first use. Errors are not kept.
+    /// The schedule for `expr`, parsed on first use; refused when it
+    /// fires more often than [`MIN_TARGET_INTERVAL_SECS`]. Errors are not
+    /// kept.
     pub fn get(&self, expr: &str) -> Result<Arc<Schedule>, String> {
         if let Some(s) = self.lock().get(expr) {
             return Ok(s.clone());
         }
         let parsed = Arc::new(Schedule::parse_in(expr, self.zone.as_deref())?);
+        if let Some(gap) = parsed.smallest_gap_secs()
+            && gap < MIN_TARGET_INTERVAL_SECS
+        {
+            return Err(format!(
+                "schedule {:?} fires every {gap}s; a schedule written in a resource may fire at most once a minute",
+                expr.trim()
+            ));
+        }
         let mut map = self.lock();
         if map.len() >= Self::MAX {
             map.clear();
@@ -360,6 +393,24 @@ mod tests {
             sunday7.next_after(ts("2026-11-28T00:00:00Z")),
             Some(ts("2026-11-29T06:00:00Z"))
         );
+    }
+
+    #[test]
+    fn a_resources_schedule_fires_at_most_once_a_minute() {
+        let parsed = ParsedSchedules::in_zone(None);
+        for every_second in ["* * * * * *", "*/30 * * * * *", "0,1 * * * * *"] {
+            let e = parsed.get(every_second).unwrap_err();
+            assert!(e.contains("at most once a minute"), "{e}");
+        }
+        for fine in ["* * * * *", "0 * * * * *", "@hourly", "*/5 * * * *"] {
+            assert!(parsed.get(fine).is_ok(), "{fine}");
+        }
+        assert_eq!(Schedule::parse("*/10 * * * * *").unwrap().smallest_gap_secs(), Some(10));
+        assert_eq!(Schedule::parse("0 0 1 1 *").unwrap().smallest_gap_secs(), Some(31_536_000));
+        // The CRDs' pattern refuses seconds at `kubectl apply`.
+        let re = regex::Regex::new(CRON_PATTERN).unwrap();
+        assert!(re.is_match("*/5 * * * *") && re.is_match("CRON_TZ=Europe/Paris 0 2 * * *"));
+        assert!(!re.is_match("* * * * * *"));
     }
 
     #[test]

@@ -643,6 +643,7 @@ mod tests {
             namespace_labels: Some(ns_labels),
             object: &obj,
             old: None,
+            options: Value::Null,
         };
         let rules = json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}]);
         let team = json!({"kubernetes.io/metadata.name": "team-a"});

@@ -148,7 +148,10 @@ impl ScriptEngine {
     pub fn new(limits: ScriptLimits) -> Self {
         let mut engine = Engine::new();
         engine
-            .set_optimization_level(OptimizationLevel::Simple)
+            // Scripts run as written: Rhai's optimizer drops the `()` of
+            // `x.field ?? ()`, and with it the mark of a read that may
+            // find nothing (see `strict`).
+            .set_optimization_level(OptimizationLevel::None)
             .set_strict_variables(true)
             // Runbook stops a call at its limits itself (`stop`); Rhai's
             // own, a little further out, are the backstop.

@@ -244,6 +244,13 @@ fn register_values(engine: &mut Engine) {
             }
         },
     );
+    engine.register_fn("child_name", |prefix: &str, suffix: &str| {
+        crate::names::child_name(prefix, suffix)
+    });
+    engine.register_fn("child_name", |prefix: &str, suffix: INT| {
+        crate::names::child_name(prefix, &suffix.to_string())
+    });
+    engine.register_fn("short_name", |text: &str| crate::names::short_name(text));
     engine.register_fn("format_time", |secs: INT| {
         crate::util::time::format_secs(secs)
     });

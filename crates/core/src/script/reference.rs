@@ -324,6 +324,22 @@ pub const FUNCTIONS: &[Entry] = &[
     ),
     entry!(
         Helpers,
+        "child_name",
+        2,
+        "child_name(parent, suffix)",
+        "`parent-suffix`, made to fit a child's name (63 characters) whatever the parent's length: a long parent is cut and a hash of it kept, so names stay distinct and the same parent always gets the same one.",
+        "let job = child_name(ctx.resource.metadata.name, `eval-${hash(ctx.run)}`);"
+    ),
+    entry!(
+        Helpers,
+        "short_name",
+        1,
+        "short_name(text)",
+        "`text` as it is when it fits 63 characters (a label value, a Service's name); otherwise cut, with a hash of the whole.",
+        "let labels = #{ \"runbook.dev/model\": short_name(ctx.resource.metadata.name) };"
+    ),
+    entry!(
+        Helpers,
         "duration",
         1,
         "duration(text)",

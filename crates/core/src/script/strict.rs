@@ -214,6 +214,7 @@ mod tests {
     fn reads_marked_as_possibly_absent_find_nothing_quietly() {
         assert_eq!(run("x.spec?.verison").unwrap(), "");
         assert_eq!(run("x.spec.verison ?? 3").unwrap(), "3");
+        assert_eq!(run("x.spec.verison ?? ()").unwrap(), "");
         assert_eq!(run("x.spec.gone?.deeper ?? 3").unwrap(), "3");
         assert_eq!(run("x.spec.verison == ()").unwrap(), "true");
         assert_eq!(run("() != x.spec.gone").unwrap(), "false");
@@ -265,7 +266,7 @@ mod tests {
     #[test]
     fn nothing_turned_into_text_is_an_error_at_its_place() {
         let (line, col, msg) = at(run("let v = x.spec?.verison;\n`postgres:${v}`").unwrap_err());
-        assert_eq!((line, col), (3, 13), "{msg}");
+        assert_eq!((line, col), (3, 12), "{msg}");
         assert!(msg.contains("turned into text"), "{msg}");
         let (line, _, _) = at(run("let v = ();\nv.to_string()").unwrap_err());
         assert_eq!(line, 3);
