@@ -87,6 +87,81 @@ fn a_broken_copy_fails_with_every_error_positioned() {
         "{stderr}"
     );
     assert!(stderr.contains("errors"), "{stderr}");
+    // The same, as one JSON document for CI and editors.
+    let out = runbook()
+        .args(["check", "-o", "json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(doc["ok"], false);
+    let errors = doc["errors"].as_array().unwrap();
+    assert!(
+        errors.iter().any(|e| e["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("evaluator-drift.rhai")
+            && e["line"].as_u64().is_some()
+            && e["column"].as_u64().is_some()),
+        "{doc}"
+    );
+    assert!(
+        errors.iter().any(|e| e["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `scirpt`")),
+        "{doc}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Clean: every policy, ok.
+    let out = runbook()
+        .args(["check", "-o", "json", "policies/"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["ok"], true);
+    assert_eq!(doc["policies"].as_array().unwrap().len(), 3, "{doc}");
+}
+
+/// `runbook test -o json`: a verdict per scenario, failures at their place.
+#[test]
+fn test_results_come_as_json_too() {
+    let dir = temp_dir("test-json");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    copy_dir(&root.join("policies"), &dir.join("policies"));
+    copy_dir(
+        &root.join("policies/scenarios"),
+        &dir.join("policies/scenarios"),
+    );
+    copy_dir(&root.join("examples/crds"), &dir.join("examples/crds"));
+    let scenario = dir.join("policies/scenarios/evaluator-rollback.yaml");
+    let text = std::fs::read_to_string(&scenario).unwrap();
+    let broken = text.replacen("fields: {phase: RolledBack", "fields: {phase: Exploded", 1);
+    assert_ne!(text, broken, "the scenario expects a RolledBack phase");
+    std::fs::write(&scenario, broken).unwrap();
+    let out = runbook()
+        .args(["test", "-o", "json"])
+        .arg(dir.join("policies/scenarios"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert!(doc["failed"].as_u64().unwrap() >= 1, "{doc}");
+    let failed: Vec<&serde_json::Value> = doc["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["passed"] == false)
+        .collect();
+    assert_eq!(failed.len(), 1, "{doc}");
+    let f = &failed[0]["failures"][0];
+    assert!(
+        f["line"].as_u64().is_some() && f["message"].is_string(),
+        "{doc}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

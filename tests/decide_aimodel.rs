@@ -100,9 +100,13 @@ fn weights_come_from_the_downloader_that_can_fetch_them() {
             .find(|o| o["kind"] == "Deployment")
             .map(|dep| dep["spec"]["template"]["spec"]["initContainers"][0].clone())
     };
-    let web = init(json!({"modelUri": "https://hf.co/m/w.safetensors", "servingImage": "vllm"})).unwrap();
+    let web =
+        init(json!({"modelUri": "https://hf.co/m/w.safetensors", "servingImage": "vllm"})).unwrap();
     assert_eq!(web["image"], "docker.io/library/busybox:1.36");
-    assert!(web["command"][2].as_str().unwrap().contains("wget"), "{web}");
+    assert!(
+        web["command"][2].as_str().unwrap().contains("wget"),
+        "{web}"
+    );
     assert!(web.get("args").is_none(), "{web}");
     let own = init(json!({"modelUri": "s3://m/v1", "servingImage": "vllm",
                           "downloaderImage": "registry.example.com/fetch:1"}))
@@ -110,7 +114,10 @@ fn weights_come_from_the_downloader_that_can_fetch_them() {
     assert_eq!(own["image"], "registry.example.com/fetch:1");
     assert_eq!(own["args"], json!(["fetch", "s3://m/v1", "/models"]));
     assert!(init(json!({"modelUri": "s3://m/v1", "servingImage": "vllm"})).is_none());
-    let d = w.decide("aimodel-serving", &model(json!({"modelUri": "s3://m/v1", "servingImage": "vllm"})));
+    let d = w.decide(
+        "aimodel-serving",
+        &model(json!({"modelUri": "s3://m/v1", "servingImage": "vllm"})),
+    );
     let message = format!("{:?}", d.actions);
     assert!(message.contains("set spec.downloaderImage"), "{message}");
 }

@@ -132,12 +132,20 @@ fn an_optional_class_and_a_long_name_do_not_stop_the_backup() {
     let long = "orders-primary-database-in-the-eu-west-region-nightly-full";
     assert!(long.len() > 55);
     let mut b0 = backup(long);
-    b0["spec"].as_object_mut().unwrap().remove("volumeSnapshotClassName");
+    b0["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("volumeSnapshotClassName");
     let d = w.decide("backup-ordering", &b0);
     let job = applied(&d).remove(0);
     let job_name = job["metadata"]["name"].as_str().unwrap().to_string();
-    assert!(job_name.len() <= 63 && job_name.ends_with("-once-dump"), "{job_name}");
-    let label = job["metadata"]["labels"]["runbook.dev/backup"].as_str().unwrap();
+    assert!(
+        job_name.len() <= 63 && job_name.ends_with("-once-dump"),
+        "{job_name}"
+    );
+    let label = job["metadata"]["labels"]["runbook.dev/backup"]
+        .as_str()
+        .unwrap();
     assert!(label.len() <= 63, "{label}");
     let b1 = after(&b0, &d);
     w.add(child_of(
@@ -151,9 +159,14 @@ fn an_optional_class_and_a_long_name_do_not_stop_the_backup() {
     let snap = applied(&d).remove(0);
     assert_eq!(snap["kind"], "VolumeSnapshot");
     let snap_name = snap["metadata"]["name"].as_str().unwrap();
-    assert!(snap_name.len() <= 63 && snap_name.ends_with("-once-snap"), "{snap_name}");
     assert!(
-        snap["spec"].get("volumeSnapshotClassName").is_none_or(Value::is_null),
+        snap_name.len() <= 63 && snap_name.ends_with("-once-snap"),
+        "{snap_name}"
+    );
+    assert!(
+        snap["spec"]
+            .get("volumeSnapshotClassName")
+            .is_none_or(Value::is_null),
         "{snap}"
     );
 }

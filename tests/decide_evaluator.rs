@@ -87,7 +87,8 @@ fn the_job_name_is_the_same_on_every_retry() {
 #[test]
 fn a_long_evaluator_name_still_gets_a_valid_job_name() {
     let w = world_at_revision(3);
-    let name = |tail: &str| format!("chatbot-regression-suite-for-the-eu-west-production-cluster-{tail}");
+    let name =
+        |tail: &str| format!("chatbot-regression-suite-for-the-eu-west-production-cluster-{tail}");
     let a = first_job_name(&w, &evaluator(&name("one"), "chatbot", 0.85));
     let b = first_job_name(&w, &evaluator(&name("two"), "chatbot", 0.85));
     assert!(name("one").len() >= 60);
@@ -99,7 +100,10 @@ fn a_long_evaluator_name_still_gets_a_valid_job_name() {
         );
     }
     assert_ne!(a, b);
-    assert_eq!(a, first_job_name(&w, &evaluator(&name("one"), "chatbot", 0.85)));
+    assert_eq!(
+        a,
+        first_job_name(&w, &evaluator(&name("one"), "chatbot", 0.85))
+    );
     let d = w.decide("evaluator-drift", &evaluator(&name("one"), "chatbot", 0.85));
     let label = applied(&d)[0]["metadata"]["labels"]["runbook.dev/evaluator"].clone();
     assert!(label.as_str().unwrap().len() <= 63, "{label}");

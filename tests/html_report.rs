@@ -253,3 +253,62 @@ fn a_real_browser_loads_the_page_without_error_and_draws_the_rollback_marker() {
         "{probe}"
     );
 }
+
+/// A policy that scales a Deployment it does not own (a night shift: down
+/// at 20:00, up at 07:00): the page charts the Deployment's replicas as
+/// the policy set them, with whole-number ticks only.
+#[test]
+fn a_deployment_a_policy_scales_is_charted_too() {
+    let dir = scratch("night-shift");
+    std::fs::create_dir_all(dir.join("policy")).unwrap();
+    std::fs::write(
+        dir.join("policy/night-shift.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: night-shift}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  selector: {matchLabels: {shift: night}}\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  schedules:\n    - {name: evening, cron: \"0 20 * * *\", firstRun: schedule}\n    - {name: morning, cron: \"0 7 * * *\", firstRun: schedule}\n  status: {fields: [], conditions: []}\n  script: night-shift.rhai\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policy/night-shift.rhai"),
+        "fn reconcile(ctx) {\n    if !ctx.due { return []; }\n    let n = if ctx.fired.contains(\"evening\") { 0 } else { 3 };\n    [patch(\"Deployment\", ctx.resource.data.deployment, #{ spec: #{ replicas: n } })]\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("objects.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: shift, namespace: default, labels: {shift: night}}\ndata: {deployment: web}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 3\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: nginx}]}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("days.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Scenario\nmetadata: {name: night shift}\nspec:\n  policies: policy\n  objects: [objects.yaml]\n  start: \"2026-12-01T12:00:00Z\"\n  until: 48h\n  timeline:\n    - at: 0s\n      expect:\n        - {action: patch, kind: Deployment, name: web, count: 4}\n",
+    )
+    .unwrap();
+    let page = dir.join("days.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["simulate"])
+        .arg(dir.join("days.yaml"))
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The timeline line says what the patch set.
+    assert!(stdout.contains(r#"{"spec":{"replicas":0}}"#), "{stdout}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("changed by the policies"),
+        "no section for the Deployment"
+    );
+    assert!(html.contains(">spec.replicas</h3>"), "no replicas panel");
+    // Whole numbers only on the replicas' axis (no 1.5 tick).
+    let panel = &html[html.find(">spec.replicas</h3>").unwrap()..];
+    let panel = &panel[..panel.find("</svg>").unwrap()];
+    assert!(
+        !panel.contains(">1.5<") && !panel.contains(">0.5<"),
+        "fractional ticks"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -66,7 +66,7 @@ const CORE: Layers = &[
     // Foundations: no domain knowledge, used everywhere.
     ("util", &[]),
     ("clock", &[]),
-    ("names", &[]),
+    ("names", &["util"]),
     ("labels", &["names"]),
     ("kinds", &[]),
     ("schedule", &[]),

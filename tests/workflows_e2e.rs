@@ -188,6 +188,31 @@ async fn a_release_that_scores_low_is_rolled_back_and_the_team_is_paged() {
         image_of(&deployments.get("chatbot").await.unwrap()) == "registry.k8s.io/pause:3.9"
     })
     .await;
+    // `runbook explain` as an SRE types it, in the kubeconfig context's
+    // namespace: the Deployment says who changed it and for what; the
+    // Evaluator what was written, and its recent history.
+    let dir = std::env::temp_dir().join(format!("runbook-explain-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    in_namespace(&kubeconfig, &c.ns);
+    let text = explain(&kubeconfig, "deployment.apps/chatbot").await;
+    assert!(
+        text.contains(&format!(
+            "changed by:   policy evaluator-drift for Evaluator {}/chatbot: rollback to revision 1",
+            c.ns
+        )),
+        "{text}"
+    );
+    let text = explain(&kubeconfig, "evaluator/chatbot").await;
+    for part in [
+        "phase: RolledBack",
+        "lastRollback: {",
+        "alert EvaluatorRolledBack",
+        "history (last Events):",
+        "RolledBack: ",
+    ] {
+        assert!(text.contains(part), "{part:?} in {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     let paged = sink.named("EvaluatorRolledBack");
     assert_eq!(paged.len(), 1, "one critical alert: {paged:?}");
     assert_eq!(paged[0].0.labels["severity"], "critical");
@@ -386,7 +411,13 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
         env[0].value.as_deref(),
         Some("https://models.example.com/llama/v1.safetensors")
     );
-    assert!(init.command.clone().unwrap_or_default().join(" ").contains("wget"));
+    assert!(
+        init.command
+            .clone()
+            .unwrap_or_default()
+            .join(" ")
+            .contains("wget")
+    );
     let services: Api<Service> = c.api();
     eventually("the Service", 30, || async {
         services.get("llama").await.is_ok()
@@ -394,7 +425,8 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
     .await;
     eventually("serving", 60, || async {
         let st = status_of(&models, "llama").await;
-        st["phase"] == "Ready" && st["servedModelUri"] == "https://models.example.com/llama/v1.safetensors"
+        st["phase"] == "Ready"
+            && st["servedModelUri"] == "https://models.example.com/llama/v1.safetensors"
     })
     .await;
     // kstatus: the generation seen, nothing in flight, nothing stalled.
@@ -435,7 +467,9 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
         .patch(
             "llama",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"modelUri": "https://models.example.com/llama/v2.safetensors"}})),
+            &Patch::Merge(
+                json!({"spec": {"modelUri": "https://models.example.com/llama/v2.safetensors"}}),
+            ),
         )
         .await
         .unwrap();
@@ -453,7 +487,8 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
     })
     .await;
     eventually("serving v2", 60, || async {
-        status_of(&models, "llama").await["servedModelUri"] == "https://models.example.com/llama/v2.safetensors"
+        status_of(&models, "llama").await["servedModelUri"]
+            == "https://models.example.com/llama/v2.safetensors"
     })
     .await;
     // A weights download stuck in a crash loop: Degraded and alerted.
@@ -864,4 +899,43 @@ async fn a_schedule_in_seconds_is_refused_at_apply() {
         .await
         .unwrap();
     c.cleanup().await;
+}
+
+/// Make `namespace` the kubeconfig's current context's namespace (what
+/// `kubectl config set-context --current --namespace` does).
+fn in_namespace(kubeconfig: &std::path::Path, namespace: &str) {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let mut config = runbook::util::yaml::parse_documents(&text)
+        .unwrap()
+        .remove(0);
+    let current = config["current-context"].as_str().unwrap_or("").to_string();
+    for ctx in config["contexts"].as_array_mut().unwrap() {
+        if ctx["name"] == current.as_str() {
+            ctx["context"]["namespace"] = json!(namespace);
+        }
+    }
+    // JSON is YAML.
+    std::fs::write(kubeconfig, config.to_string()).unwrap();
+}
+
+/// `runbook explain OBJECT` with no namespace given: what it printed.
+async fn explain(kubeconfig: &std::path::Path, object: &str) -> String {
+    let (kubeconfig, object) = (kubeconfig.to_path_buf(), object.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_runbook"))
+            .args(["explain", &object])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("RUNBOOK_EXPLAIN_NAMESPACE")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    text
 }

@@ -16,6 +16,26 @@ pub struct CheckArgs {
     /// Directories (searched recursively) or single policy files.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
+    /// text, or json (one document on stdout, for CI and editors).
+    #[arg(long, short = 'o', default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+}
+
+/// A positioned error as JSON: file, line, column, message, and the line
+/// the text output prints.
+pub fn error_json(
+    file: &str,
+    pos: Option<crate::util::yaml::Pos>,
+    message: &str,
+    text: String,
+) -> serde_json::Value {
+    serde_json::json!({
+        "file": file,
+        "line": pos.map(|p| p.line),
+        "column": pos.map(|p| p.col),
+        "message": message,
+        "text": text,
+    })
 }
 
 /// The bundle of the directory a single file is in, and the file's name
@@ -238,6 +258,28 @@ fn body_of(p: &crate::policy::compile::CompiledPolicy) -> String {
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let (set, errors, scripts, bundles) = load_paths(&args.paths)?;
     let docs = crd_docs(&bundles);
+    if args.output == "json" {
+        let crds = crate::rbac::crd_plurals(&docs);
+        let doc = serde_json::json!({
+            "ok": errors.is_empty(),
+            "policies": set.policies.values().map(|p| serde_json::json!({
+                "name": p.name, "file": p.file, "target": p.target.to_string(),
+                "mode": p.mode.as_str(), "version": p.version,
+            })).collect::<Vec<_>>(),
+            "alertRoutes": set.routes.values().map(|r| serde_json::json!({
+                "name": r.name, "receivers": r.receivers.len(), "version": r.version,
+            })).collect::<Vec<_>>(),
+            "scripts": scripts,
+            "notes": crate::rbac::guesses(&set, &crds),
+            "errors": errors.iter().map(|e| error_json(&e.file, e.pos, &e.message, e.to_string())).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(if errors.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     for p in set.policies.values() {
         println!(
             "ok  policy {} ({}) targets {} [{}] mode {} version {}",

@@ -15,16 +15,13 @@ use crate::observe::RawObject;
 
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// The object: KIND/NAME, where KIND is a kind, plural, singular or short name.
+    /// The object: KIND/NAME, where KIND is a kind, plural, singular or
+    /// short name, with its group if need be (`deployment.apps/web`).
     pub object: String,
-    /// The object's namespace.
-    #[arg(
-        long,
-        short = 'n',
-        env = "RUNBOOK_EXPLAIN_NAMESPACE",
-        default_value = "default"
-    )]
-    pub namespace: String,
+    /// The object's namespace (default: the kubeconfig context's, as
+    /// kubectl's).
+    #[arg(long, short = 'n', env = "RUNBOOK_EXPLAIN_NAMESPACE")]
+    pub namespace: Option<String>,
     /// The cluster to read it from (default: $KUBECONFIG, ~/.kube/config,
     /// or the pod's own).
     #[arg(long, env = "RUNBOOK_KUBECONFIG")]
@@ -61,7 +58,14 @@ pub fn render(kind: &str, obj: &Value) -> String {
     );
     let status = &obj["status"];
     let records = DecisionRecord::all(obj);
-    if records.is_empty() {
+    let changed = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(crate::act::plan::CHANGED_BY))
+        .and_then(Value::as_str);
+    if let Some(by) = changed {
+        out.push_str(&format!("  changed by:   {by}\n"));
+    }
+    if records.is_empty() && changed.is_none() {
         out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n");
     }
     for d in &records {
@@ -98,7 +102,8 @@ pub fn render(kind: &str, obj: &Value) -> String {
         }
         for (verb, times) in &d.recent_actions {
             out.push_str(&format!(
-                "  recent {verb}s (limited): {}\n",
+                "  recent {} (limited): {}\n",
+                plural(verb),
                 times.join(", ")
             ));
         }
@@ -106,6 +111,30 @@ pub fn render(kind: &str, obj: &Value) -> String {
             "  error:        {}\n",
             d.error.as_deref().unwrap_or("-")
         ));
+    }
+    if !records.is_empty() {
+        let written: Vec<String> = status
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "decisions"))
+            .map(|(k, v)| {
+                let text = match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let cut: String = text.chars().take(100).collect();
+                let more = if cut.len() < text.len() { "..." } else { "" };
+                format!("    {k}: {cut}{more}")
+            })
+            .collect();
+        if !written.is_empty() {
+            out.push_str("  status:\n");
+            for line in written {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
     }
     if let Some(conds) = status.get("conditions").and_then(Value::as_array) {
         out.push_str("  conditions:\n");
@@ -122,12 +151,71 @@ pub fn render(kind: &str, obj: &Value) -> String {
     out
 }
 
+/// A verb's plural in a heading: `patches`, `deletes`, `rollbacks`.
+fn plural(verb: &str) -> String {
+    if verb.ends_with('h') || verb.ends_with('s') {
+        format!("{verb}es")
+    } else {
+        format!("{verb}s")
+    }
+}
+
+/// The last Events about an object, oldest first, as lines.
+pub fn history(events: &[Value], limit: usize) -> Vec<String> {
+    let mut lines: Vec<(String, String)> = events
+        .iter()
+        .map(|e| {
+            let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            let when = [text("eventTime"), text("deprecatedLastTimestamp")]
+                .into_iter()
+                .find(|t| !t.is_empty())
+                .or_else(|| {
+                    e.pointer("/series/lastObservedTime")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let count = e
+                .pointer("/series/count")
+                .and_then(Value::as_i64)
+                .map(|n| format!(" (x{n})"))
+                .unwrap_or_default();
+            (
+                when.clone(),
+                format!(
+                    "    {when}  {:<7} {}: {}{count}",
+                    text("type"),
+                    text("reason"),
+                    text("note")
+                ),
+            )
+        })
+        .collect();
+    lines.sort();
+    let skip = lines.len().saturating_sub(limit);
+    lines.into_iter().skip(skip).map(|(_, l)| l).collect()
+}
+
+/// Whether discovery's resource is what `wanted` (lower case) names: its
+/// kind, plural or singular, alone or with its group (`deployment.apps`).
+fn names_resource(ar: &kube::discovery::ApiResource, wanted: &str) -> bool {
+    let kind = ar.kind.to_ascii_lowercase();
+    let names = [kind.clone(), ar.plural.clone(), format!("{kind}s")];
+    names
+        .iter()
+        .any(|n| n == wanted || (!ar.group.is_empty() && format!("{n}.{}", ar.group) == wanted))
+}
+
 pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let (kind, name) = args
         .object
         .split_once('/')
         .context("give the object as KIND/NAME")?;
     let client = super::run::client(args.kubeconfig.as_ref()).await?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
     let discovery = Discovery::new(client.clone())
         .run()
         .await
@@ -136,11 +224,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let mut found = None;
     for group in discovery.groups() {
         for (ar, caps) in group.recommended_resources() {
-            let matches = ar.kind.to_ascii_lowercase() == wanted
-                || ar.plural == wanted
-                || ar.kind.to_ascii_lowercase() + "s" == wanted
-                || format!("{}.{}", ar.plural, ar.group) == wanted;
-            if matches && found.is_none() {
+            if names_resource(&ar, &wanted) && found.is_none() {
                 found = Some((ar, caps));
             }
         }
@@ -149,12 +233,12 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
     let dyntype = std::sync::Arc::new(ar.clone());
     let api: Api<RawObject> = if caps.scope == Scope::Namespaced {
-        Api::namespaced_with(client.clone(), &args.namespace, &dyntype)
+        Api::namespaced_with(client.clone(), &namespace, &dyntype)
     } else {
         Api::all_with(client.clone(), &dyntype)
     };
     let place = match caps.scope {
-        Scope::Namespaced => format!(" in namespace {:?}", args.namespace),
+        Scope::Namespaced => format!(" in namespace {namespace:?}"),
         _ => String::new(),
     };
     let obj = match api.get_opt(name).await {
@@ -175,8 +259,8 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         let state = crate::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState");
         let state_name = crate::crd::state::name_for(&ar.group, &ar.kind, name);
         let namespaces = match caps.scope {
-            Scope::Namespaced => vec![args.namespace.clone()],
-            _ => vec![args.namespace.clone(), args.operator_namespace.clone()],
+            Scope::Namespaced => vec![namespace.clone()],
+            _ => vec![namespace.clone(), args.operator_namespace.clone()],
         };
         let uid = value
             .pointer("/metadata/uid")
@@ -204,8 +288,37 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         );
     } else {
         print!("{}", render(&ar.kind, &value));
+        let uid = value.pointer("/metadata/uid").and_then(Value::as_str);
+        let events: Api<RawObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                &namespace,
+                &std::sync::Arc::new(events_resource()),
+            ),
+            _ => Api::all_with(client.clone(), &std::sync::Arc::new(events_resource())),
+        };
+        let lp = kube::api::ListParams::default().limit(500);
+        if let (Some(uid), Ok(list)) = (uid, events.list(&lp).await) {
+            let about: Vec<Value> = list
+                .items
+                .iter()
+                .map(|e| e.value())
+                .filter(|e| e.pointer("/regarding/uid").and_then(Value::as_str) == Some(uid))
+                .collect();
+            let lines = history(&about, 10);
+            if !lines.is_empty() {
+                println!("  history (last Events):");
+                for l in lines {
+                    println!("{l}");
+                }
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn events_resource() -> kube::discovery::ApiResource {
+    crate::kinds::KindRef::new("events.k8s.io/v1", "Event").api_resource()
 }
 
 #[cfg(test)]
@@ -239,6 +352,48 @@ mod tests {
         assert!(
             text[retrain..].contains("ok        apply     batch/v1 Job ml/chatbot-collect-1"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_changed_object_says_by_whom_and_verbs_are_plural_in_english() {
+        let obj = json!({"metadata": {"name": "chatbot", "namespace": "ml", "annotations": {
+            "runbook.dev/changed-by": "policy evaluator-drift for Evaluator ml/chatbot: rollback to revision 1"}}});
+        let text = render("Deployment", &obj);
+        assert!(
+            text.contains("changed by:   policy evaluator-drift for Evaluator ml/chatbot: rollback to revision 1"),
+            "{text}"
+        );
+        assert!(!text.contains("no decision recorded yet"), "{text}");
+        assert_eq!(plural("patch"), "patches");
+        assert_eq!(plural("rollback"), "rollbacks");
+        let ar = crate::kinds::KindRef::new("apps/v1", "Deployment").api_resource();
+        for typed in [
+            "deployment",
+            "deployments",
+            "deployment.apps",
+            "deployments.apps",
+        ] {
+            assert!(names_resource(&ar, typed), "{typed}");
+        }
+        assert!(!names_resource(&ar, "deployment.batch"));
+    }
+
+    #[test]
+    fn history_is_the_last_events_oldest_first() {
+        let ev = |t: &str, reason: &str| json!({"eventTime": t, "type": "Normal", "reason": reason, "note": "n"});
+        let lines = history(
+            &[
+                ev("2026-01-02T00:00:00Z", "B"),
+                ev("2026-01-01T00:00:00Z", "A"),
+                ev("2026-01-03T00:00:00Z", "C"),
+            ],
+            2,
+        );
+        assert_eq!(lines.len(), 2);
+        assert!(
+            lines[0].contains("B: n") && lines[1].contains("C: n"),
+            "{lines:?}"
         );
     }
 }

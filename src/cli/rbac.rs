@@ -12,8 +12,13 @@ pub struct RbacArgs {
     /// among them give the exact resource names of their kinds.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
-    /// The operator's namespace (its ServiceAccount, Lease and policy ConfigMaps).
-    #[arg(long, default_value = "runbook-system", env = "RUNBOOK_RBAC_NAMESPACE")]
+    /// The operator's namespace (its ServiceAccount, Lease and policy
+    /// ConfigMaps), as `runbook run --operator-namespace`.
+    #[arg(
+        long = "operator-namespace",
+        default_value = "runbook-system",
+        env = "RUNBOOK_RBAC_NAMESPACE"
+    )]
     pub namespace: String,
     /// The operator's ServiceAccount.
     #[arg(long, default_value = "runbook", env = "RUNBOOK_RBAC_SERVICE_ACCOUNT")]
@@ -21,9 +26,12 @@ pub struct RbacArgs {
     /// Name of the roles and bindings.
     #[arg(long, default_value = "runbook", env = "RUNBOOK_RBAC_NAME")]
     pub name: String,
-    /// Namespaces the operator reconciles (repeat; default: all, with a ClusterRole).
+    /// Namespaces the operator reconciles (repeat; default: all, with a
+    /// ClusterRole), as `runbook run --namespace`.
     #[arg(
         long = "watch-namespace",
+        short = 'n',
+        visible_alias = "namespace",
         env = "RUNBOOK_RBAC_WATCH_NAMESPACES",
         value_delimiter = ','
     )]

@@ -33,6 +33,9 @@ pub struct TestArgs {
     /// Scenario files, or directories searched for them.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
+    /// text, or json (one document on stdout, for CI).
+    #[arg(long, short = 'o', default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
 }
 
 /// Logs only when RUNBOOK_LOG asks for them: the timeline is the output.
@@ -108,6 +111,27 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// One scenario's result as JSON: its verdict, each failed expectation at
+/// its place, and the text `runbook test` prints for it.
+fn report_json(r: &scenario::Report) -> serde_json::Value {
+    serde_json::json!({
+        "name": r.name,
+        "file": r.file,
+        "passed": r.passed(),
+        "expectations": r.checked,
+        "actions": r.entries.len(),
+        "failures": r.failures.iter().map(|f| serde_json::json!({
+            "file": r.file,
+            "line": f.pos.map(|p| p.line),
+            "column": f.pos.map(|p| p.col),
+            "message": f.message,
+            "detail": f.detail,
+        })).collect::<Vec<_>>(),
+        "errors": r.load_errors.iter().map(|e| super::check::error_json(&e.file, e.pos, &e.message, e.to_string())).collect::<Vec<_>>(),
+        "text": format!("{}\n{}", r.summary(), r.diffs()),
+    })
+}
+
 pub fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
     init_logging();
     let files = scenarios(&args.paths)?;
@@ -115,19 +139,36 @@ pub fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("no scenario found under the given paths");
     }
     let mut failed = 0;
+    let json = args.output == "json";
+    let mut results = Vec::new();
     for f in &files {
         let r = scenario::run_file(f);
-        println!("{}", r.summary());
         if !r.passed() {
             failed += 1;
+        }
+        if json {
+            results.push(report_json(&r));
+            continue;
+        }
+        println!("{}", r.summary());
+        if !r.passed() {
             print!("{}", r.diffs());
         }
     }
-    println!(
-        "{} scenarios: {} passed, {failed} failed",
-        files.len(),
-        files.len() - failed
-    );
+    if json {
+        let doc = serde_json::json!({
+            "passed": files.len() - failed,
+            "failed": failed,
+            "scenarios": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "{} scenarios: {} passed, {failed} failed",
+            files.len(),
+            files.len() - failed
+        );
+    }
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -49,6 +49,27 @@ pub fn run(path: &Path, iters: usize) -> Result<ScenarioFigures, String> {
     })
 }
 
+/// The CPU seconds (user and system, of the whole process) one run of
+/// the scenario at `path` takes, median of `runs`; every run must pass.
+pub fn cpu(path: &Path, runs: usize) -> Result<f64, String> {
+    let now = || {
+        runbook_operator::telemetry::process::sample()
+            .cpu_seconds
+            .ok_or("the process's CPU time cannot be read (/proc/self/stat)")
+    };
+    let mut samples = Vec::new();
+    for _ in 0..runs.max(1) {
+        let before = now()?;
+        let r = runbook_simulator::run_file(path);
+        samples.push(now()? - before);
+        if !r.passed() {
+            return Err(format!("{}\n{}", r.summary(), r.diffs()));
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
 /// The API writes a week of evaluations makes, per benchmark run.
 pub struct WriteFigures {
     /// Benchmark Jobs applied (one per run).

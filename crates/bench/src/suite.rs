@@ -371,7 +371,20 @@ fn lookup(policies: &Path, quick: bool) -> Vec<Row> {
 fn writes(policies: &Path) -> Vec<Row> {
     let week = policies.join("../examples/evaluator-drift/week.yaml");
     let s = "writes";
-    match super::scenario::writes(&week) {
+    let mut rows = Vec::new();
+    match super::scenario::cpu(&week, 3) {
+        Ok(cpu) => rows.push(
+            Row::new(
+                s,
+                "the README's week (runbook simulate examples/evaluator-drift), CPU, median of 3",
+                cpu,
+                "s",
+            )
+            .goal(Goal::AtMost(1.0)),
+        ),
+        Err(e) => rows.push(Row::failed(s, "the README's week, CPU: ", &e)),
+    }
+    rows.extend(match super::scenario::writes(&week) {
         Ok(f) => vec![
             Row::new(
                 s,
@@ -398,7 +411,8 @@ fn writes(policies: &Path) -> Vec<Row> {
             eprintln!("the week scenario failed ({}): {e}", week.display());
             Vec::new()
         }
-    }
+    });
+    rows
 }
 
 async fn operator(n: usize, rounds: usize) -> Vec<Row> {

@@ -405,8 +405,16 @@ mod tests {
         for fine in ["* * * * *", "0 * * * * *", "@hourly", "*/5 * * * *"] {
             assert!(parsed.get(fine).is_ok(), "{fine}");
         }
-        assert_eq!(Schedule::parse("*/10 * * * * *").unwrap().smallest_gap_secs(), Some(10));
-        assert_eq!(Schedule::parse("0 0 1 1 *").unwrap().smallest_gap_secs(), Some(31_536_000));
+        assert_eq!(
+            Schedule::parse("*/10 * * * * *")
+                .unwrap()
+                .smallest_gap_secs(),
+            Some(10)
+        );
+        assert_eq!(
+            Schedule::parse("0 0 1 1 *").unwrap().smallest_gap_secs(),
+            Some(31_536_000)
+        );
         // The CRDs' pattern refuses seconds at `kubectl apply`.
         let re = regex::Regex::new(CRON_PATTERN).unwrap();
         assert!(re.is_match("*/5 * * * *") && re.is_match("CRON_TZ=Europe/Paris 0 2 * * *"));

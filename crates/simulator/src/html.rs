@@ -122,6 +122,47 @@ fn statuses(report: &Report) -> BTreeMap<Target, Vec<(usize, Value)>> {
     out
 }
 
+/// The numbers the operator's patches set on objects it does not own (a
+/// Deployment's `spec.replicas` a schedule scales): per object, per
+/// field path, each value with the entry that set it.
+fn patched(report: &Report) -> BTreeMap<Target, BTreeMap<String, Vec<(usize, f64)>>> {
+    fn leaves(v: &Value, path: &str, out: &mut Vec<(String, f64)>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if k == "metadata" && path.is_empty() {
+                        continue;
+                    }
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    leaves(x, &p, out);
+                }
+            }
+            Value::Number(n) => out.extend(n.as_f64().map(|f| (path.to_string(), f))),
+            _ => {}
+        }
+    }
+    let mut out: BTreeMap<Target, BTreeMap<String, Vec<(usize, f64)>>> = BTreeMap::new();
+    for (i, e) in report.entries.iter().enumerate() {
+        if e.action != "patch" || e.result != "ok" {
+            continue;
+        }
+        let mut found = Vec::new();
+        leaves(&e.fields, "", &mut found);
+        for (path, value) in found {
+            out.entry(Target::of(e))
+                .or_default()
+                .entry(path)
+                .or_default()
+                .push((i, value));
+        }
+    }
+    out
+}
+
 /// The policies that wrote each target's status: an action of such a
 /// policy on another object in the namespace belongs to the target when
 /// it is the only one the policy wrote there.
@@ -478,6 +519,12 @@ fn draw_references(chart: &mut Chart, p: &Panel, overlay: &mut String) -> Result
 fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
     let frame = p.frame;
     let (lo, hi, height, phases_only) = y_range(p);
+    let whole = p
+        .points
+        .iter()
+        .map(|q| q.1)
+        .chain(p.references.iter().map(|r| r.1))
+        .all(|v| v.fract() == 0.0);
     let mut svg = String::new();
     let mut overlay = String::new();
     {
@@ -498,7 +545,11 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
             .x_labels(14)
             .x_label_formatter(&|x| frame.label(*x))
             .y_labels(if phases_only { 0 } else { 10 })
-            .y_label_formatter(&|y| trim_y(*y))
+            // Whole numbers (revisions, replicas) get whole ticks only.
+            .y_label_formatter(&|y| match whole && y.fract().abs() > 1e-9 {
+                true => String::new(),
+                false => trim_y(*y),
+            })
             .draw()
             .map_err(|e| e.to_string())?;
         draw_references(&mut chart, p, &mut overlay)?;
@@ -831,6 +882,39 @@ fn article(report: &Report) -> Result<String, String> {
         panels(&frame, &view, &mut body, &mut others)?;
         let legend = legend(&bands, &markers, &mut others);
         body.push_str(&legend);
+    }
+    for (object, history) in patched(report) {
+        let markers: Vec<&Entry> = report
+            .entries
+            .iter()
+            .filter(|e| e.action == "patch" && Target::of(e) == object)
+            .collect();
+        let _ = writeln!(
+            body,
+            r#"<section class="target" data-target="{}"><h2>{} <small>({}, changed by the policies)</small></h2>"#,
+            esc(&object.shown()),
+            esc(&object.shown()),
+            esc(&object.api_version)
+        );
+        for (field, values) in history {
+            let points: Vec<(f64, f64, usize)> = values
+                .iter()
+                .map(|(i, v)| (frame.x(&report.entries[*i]), *v, *i))
+                .collect();
+            let panel = Panel {
+                frame: &frame,
+                field: &field,
+                points,
+                references: Vec::new(),
+                bands: &[],
+                markers: &markers,
+                from: 0.0,
+                to: frame.end,
+                caption: field.clone(),
+            };
+            body.push_str(&draw_panel(&panel, &mut others)?);
+            body.push('\n');
+        }
     }
     let lanes = draw_lanes(&frame)?;
     let verdict = match report.passed() {

@@ -13,10 +13,42 @@ use super::world::World;
 use runbook_operator::telemetry::journal::Entry;
 use runbook_operator::util::yaml::Pos;
 
-/// A failed expectation (or world event, or policy error).
+/// A patch as the timeline shows it: its JSON, without the note Runbook
+/// leaves of who changed the object, cut at 160 characters.
+fn patch_summary(patch: &Value) -> String {
+    let mut p = patch.clone();
+    if let Some(meta) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+        if let Some(notes) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            notes.remove(runbook_operator::act::plan::CHANGED_BY);
+            if notes.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+        if meta.is_empty()
+            && let Some(o) = p.as_object_mut()
+        {
+            o.remove("metadata");
+        }
+    }
+    let text = p.to_string();
+    let cut: String = text.chars().take(160).collect();
+    if cut.len() < text.len() {
+        format!("{cut}...")
+    } else {
+        cut
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::offset;
+    use super::{offset, patch_summary};
+
+    #[test]
+    fn a_patch_shows_what_it_changes_without_runbooks_note() {
+        let p = serde_json::json!({"spec": {"replicas": 0},
+            "metadata": {"annotations": {"runbook.dev/changed-by": "policy p for X ns/x"}}});
+        assert_eq!(patch_summary(&p), r#"{"spec":{"replicas":0}}"#);
+    }
 
     #[test]
     fn offsets_are_exact() {
@@ -30,6 +62,7 @@ mod tests {
     }
 }
 
+/// A failed expectation (or world event, or policy error).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
     pub pos: Option<Pos>,
@@ -340,6 +373,7 @@ impl Report {
                 (None, Some(t)) => format!("to revision {t}"),
                 _ => String::new(),
             },
+            "patch" if x.result == "ok" && x.fields.is_object() => patch_summary(&x.fields),
             "world" if !x.kind.is_empty() => {
                 let obj = if x.namespace.is_empty() {
                     format!("{} {} {}", x.api_version, x.kind, x.name)

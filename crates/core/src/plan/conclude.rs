@@ -301,14 +301,10 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
             recent.note(limits, v, input.now);
         }
     }
-    let mut actions = action_records(input.plan, input.done);
-    // The decision's error is said once, in `error`, not again on the
-    // action it came from.
-    for a in &mut actions {
-        if a.message.is_some() && a.message == error {
-            a.message = None;
-        }
-    }
+    let actions = action_records(input.plan, input.done);
+    // A failure is said once: on the action it came from, not again as
+    // the decision's error (which is for what failed before any action).
+    let error = error.filter(|e| !actions.iter().any(|a| a.message.as_ref() == Some(e)));
     let record = DecisionRecord {
         policy: input.policy.name.clone(),
         policy_version: input.policy.version.clone(),

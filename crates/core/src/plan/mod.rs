@@ -135,6 +135,22 @@ pub struct Access {
 /// it whoever wrote them: `Kind/name`, `Kind/*` or `*`, comma-separated.
 pub const ALLOW_TARGETS: &str = "runbook.dev/allow-targets";
 
+/// The annotation Runbook leaves on an object it changed without owning
+/// it (a rollback, a patch of a mutated kind): which policy, for which
+/// target (`runbook explain` shows it).
+pub const CHANGED_BY: &str = "runbook.dev/changed-by";
+
+/// The value of [`CHANGED_BY`] for a write of this decision.
+fn changed_by(input: &Input<'_>) -> String {
+    let t = input.target.value();
+    let kind = t.get("kind").and_then(Value::as_str).unwrap_or("target");
+    let at = match input.target.namespace() {
+        "" => input.target.name().to_string(),
+        ns => format!("{ns}/{}", input.target.name()),
+    };
+    format!("policy {} for {kind} {at}", input.policy.name)
+}
+
 /// Whether `object`'s owner allows `target` (by its kind and name) to
 /// act on it.
 pub fn allows_target(object: &Value, target: &CachedObject) -> bool {
@@ -212,6 +228,8 @@ pub enum Write {
         namespace: String,
         deployment: String,
         revision: Option<i64>,
+        /// Left on the Deployment as [`CHANGED_BY`].
+        changed_by: String,
     },
 }
 
@@ -334,7 +352,13 @@ fn action_target(a: &Action, ns: &str, target: &CachedObject) -> Option<String> 
         Action::Status { .. } | Action::Condition { .. } | Action::Event { .. } => {
             Some(target_string(&kind_of(target.value()), ns, target.name()))
         }
-        Action::Alert { .. } | Action::Requeue { .. } => None,
+        Action::Alert { labels, .. } => Some(format!(
+            "alert {}",
+            labels
+                .get("alertname")
+                .map_or("(no alertname)", String::as_str)
+        )),
+        Action::Requeue { .. } => None,
     }
 }
 
@@ -692,13 +716,26 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
                     return Todo::Unchanged;
                 }
             }
+            // What is not its own child says who changed it.
+            let mut patch = patch.clone();
+            if uid.is_none()
+                && let Some(p) = patch.as_object_mut()
+            {
+                let meta = p.entry("metadata").or_insert_with(|| json!({}));
+                if let Some(meta) = meta.as_object_mut() {
+                    let notes = meta.entry("annotations").or_insert_with(|| json!({}));
+                    if let Some(notes) = notes.as_object_mut() {
+                        notes.insert(CHANGED_BY.into(), json!(changed_by(input)));
+                    }
+                }
+            }
             match found(&k) {
                 Ok(r) if let Some(refusal) = without_namespace("patch", &r, ns) => refusal,
                 Ok(r) => Todo::Write(Box::new(Write::Patch {
                     kind: r,
                     namespace: ns.to_string(),
                     name: name.clone(),
-                    patch: patch.clone(),
+                    patch,
                     uid,
                 })),
                 Err(e) => Todo::Fail(e),
@@ -711,6 +748,7 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
             namespace: ns.to_string(),
             deployment: deployment.clone(),
             revision: *revision,
+            changed_by: changed_by(input),
         })),
         _ => Todo::Record(ActionResult::Ok, None),
     }

@@ -38,6 +38,7 @@ use runbook_core::crd::{ActionResult, DecisionRecord};
 use runbook_core::decide::{DecideError, Decision};
 use runbook_core::kinds::KindRef;
 use runbook_core::policy::compile::CompiledPolicy;
+use runbook_core::script::Action;
 
 /// Why an action failed.
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +285,13 @@ async fn carry_out(
             }
             Todo::Write(write) => match w.write(write).await {
                 Ok(Some(wrote)) => {
+                    if let Some(line) = mutation_line(step) {
+                        tracing::info!(
+                            policy = %policy.name,
+                            target = %target_name(target),
+                            "{line}"
+                        );
+                    }
                     tell("ok", wrote, None);
                     Done {
                         result: ActionResult::Ok,
@@ -302,6 +310,37 @@ async fn carry_out(
         done.push(d);
     }
     (done, failure)
+}
+
+/// What a write that changes something a policy does not own says in the
+/// log, at info level: a rollback, a patch, a delete. (Applies of the
+/// policy's own children and writes of its target's status are the
+/// policy's everyday work, in its decision record.)
+fn mutation_line(step: &plan::Step) -> Option<String> {
+    let on = step.target.as_deref().unwrap_or("?");
+    Some(match &step.action {
+        Action::Rollback { revision, .. } => match revision {
+            Some(r) => format!("rolled back {on} to revision {r}"),
+            None => format!("rolled back {on} to its previous revision"),
+        },
+        Action::Patch { patch, .. } => {
+            let text = patch.to_string();
+            let cut: String = text.chars().take(200).collect();
+            let more = if cut.len() < text.len() { "..." } else { "" };
+            format!("patched {on}: {cut}{more}")
+        }
+        Action::Delete { .. } => format!("deleted {on}"),
+        _ => return None,
+    })
+}
+
+/// `Kind namespace/name` of a target, for log lines.
+fn target_name(target: &Value) -> String {
+    let text = |p: &str| target.pointer(p).and_then(Value::as_str).unwrap_or("");
+    match text("/metadata/namespace") {
+        "" => format!("{} {}", text("/kind"), text("/metadata/name")),
+        ns => format!("{} {ns}/{}", text("/kind"), text("/metadata/name")),
+    }
 }
 
 /// A step that failed (or was refused on what the cluster holds): told,
@@ -634,5 +673,56 @@ async fn finish_status(
             out.target_after = Some(after);
         }
         Err(e) => status_failed(w, &kind, target, &e, entry("failed").fields(set()), out).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runbook_core::kinds::KindName;
+    use serde_json::json;
+
+    fn step(action: Action, on: &str) -> plan::Step {
+        plan::Step {
+            action,
+            target: Some(on.to_string()),
+            todo: Todo::Unchanged,
+            needs: vec![],
+        }
+    }
+
+    #[test]
+    fn a_rollback_a_patch_and_a_delete_each_say_what_they_changed() {
+        let on = "apps/v1 Deployment ml/chatbot";
+        let rollback = Action::Rollback {
+            deployment: "chatbot".into(),
+            revision: Some(2),
+        };
+        assert_eq!(
+            mutation_line(&step(rollback, on)).as_deref(),
+            Some("rolled back apps/v1 Deployment ml/chatbot to revision 2")
+        );
+        let patch = Action::Patch {
+            kind: KindName::parse("Deployment"),
+            name: "chatbot".into(),
+            patch: json!({"spec": {"replicas": 0}}),
+        };
+        assert_eq!(
+            mutation_line(&step(patch, on)).as_deref(),
+            Some(r#"patched apps/v1 Deployment ml/chatbot: {"spec":{"replicas":0}}"#)
+        );
+        let delete = Action::Delete {
+            kind: KindName::parse("Pod"),
+            name: "web-1".into(),
+            namespace: None,
+        };
+        assert_eq!(
+            mutation_line(&step(delete, "v1 Pod ml/web-1")).as_deref(),
+            Some("deleted v1 Pod ml/web-1")
+        );
+        let status = Action::Status {
+            fields: Default::default(),
+        };
+        assert_eq!(mutation_line(&step(status, on)), None);
     }
 }

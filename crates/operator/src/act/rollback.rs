@@ -61,6 +61,7 @@ pub async fn rollback(
     deployment: &str,
     revision: Option<i64>,
     manager: &str,
+    changed_by: &str,
 ) -> Result<RolledBack, ExecError> {
     let deploy_kind = KindRef::new("apps/v1", "Deployment");
     let rs_kind = KindRef::new("apps/v1", "ReplicaSet");
@@ -107,9 +108,17 @@ pub async fn rollback(
         return Ok(RolledBack::AlreadyAt(to));
     }
     let from = revision_of(&dep_value);
+    let note = match dep_value.pointer("/metadata/annotations") {
+        Some(Value::Object(_)) => json!({"op": "add",
+            "path": format!("/metadata/annotations/{}", runbook_core::plan::CHANGED_BY.replace('/', "~1")),
+            "value": format!("{changed_by}: rollback to revision {to}")}),
+        _ => json!({"op": "add", "path": "/metadata/annotations",
+            "value": {runbook_core::plan::CHANGED_BY: format!("{changed_by}: rollback to revision {to}")}}),
+    };
     let patch = json!([
         {"op": "test", "path": "/metadata/resourceVersion", "value": dep.meta.resource_version},
         {"op": "replace", "path": "/spec/template", "value": template},
+        note,
     ]);
     let ops: json_patch::Patch =
         serde_json::from_value(patch).map_err(|e| ExecError::Rollback(e.to_string()))?;

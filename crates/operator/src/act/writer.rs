@@ -385,12 +385,14 @@ impl Writer<'_> {
                 namespace,
                 deployment,
                 revision,
+                changed_by,
             } => match rollback::rollback(
                 self.client,
                 namespace,
                 deployment,
                 *revision,
                 self.manager,
+                changed_by,
             )
             .await?
             {

@@ -170,6 +170,10 @@ pub(super) struct Running {
     pub targets: Mutex<HashMap<KindRef, TargetController>>,
     /// Sharded: what this replica knows of the ring.
     pub placement: super::takeover::Placement,
+    /// Told when a target controller's task ends, so the supervisor
+    /// looks at once instead of polling (a simulated week has no
+    /// idle wake-ups).
+    pub controller_ended: Arc<tokio::sync::Notify>,
 }
 
 /// What failed on a target, for its backoff: one of its policies, or the

@@ -278,6 +278,15 @@ async fn run_controller(
     kind: KindRef,
     ended: Arc<Mutex<Option<String>>>,
 ) {
+    // However the task ends (returns, panics, is aborted), the
+    // supervisor hears of it.
+    struct Told(Arc<tokio::sync::Notify>);
+    impl Drop for Told {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    let _told = Told(ctx.running.controller_ended.clone());
     let again = kind.clone();
     let run = controller
         .run(
@@ -303,7 +312,8 @@ fn restart_delay(restarts: u32) -> Duration {
     Duration::from_secs(1u64 << restarts.min(5)).min(Duration::from_secs(30))
 }
 
-/// How often ended controllers are looked for.
+/// How often ended controllers are looked at again while one waits for
+/// its restart (an ended one is told at once).
 pub(super) const SUPERVISE_EVERY: Duration = Duration::from_millis(250);
 
 impl Context {
@@ -311,10 +321,12 @@ impl Context {
     /// outside a reconcile, a stream that ended, an abort), each after
     /// `restart_delay`; until it runs again `/readyz` names it, and the
     /// restart is counted in `runbook_controller_restarts_total{kind}`.
-    pub fn restart_ended(self: &Arc<Self>) {
+    /// Whether one is still down, waiting for its restart.
+    pub fn restart_ended(self: &Arc<Self>) -> bool {
         if *self.stop.borrow() {
-            return;
+            return false;
         }
+        let mut waiting = false;
         let mut targets = lock(&self.running.targets);
         for (k, t) in targets.iter_mut() {
             if !t.task.is_finished() {
@@ -329,6 +341,7 @@ impl Context {
                 tracing::error!(kind = %k, "the {name} ended: {reason}; restarting it");
             }
             if down < restart_delay(t.restarts) {
+                waiting = true;
                 continue;
             }
             let restarts = t.restarts + 1;
@@ -346,6 +359,7 @@ impl Context {
             self.health.watches.controller_restarted(&name);
             tracing::warn!(kind = %k, restarts, "restarted the {name}");
         }
+        waiting
     }
 
     /// End the controller of `kind` as a fault would (for tests of the

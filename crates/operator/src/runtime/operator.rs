@@ -496,8 +496,17 @@ impl Operator {
         let mut stop = self.ctx.stop.clone();
         lock(&self.tasks).push(tokio::spawn(async move {
             let mut every = tokio::time::interval(ALERT_SWEEP);
-            let mut supervise = tokio::time::interval(SUPERVISE_EVERY);
+            let ended = ctx.running.controller_ended.clone();
+            // When to look at ended controllers again: at once when one
+            // ends, then while one waits for its restart.
+            let mut look: Option<tokio::time::Instant> = None;
             loop {
+                let due = async {
+                    match look {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = every.tick() => {
                         ctx.sweep_alerts();
@@ -507,10 +516,14 @@ impl Operator {
                             ctx.publish_firing();
                         }
                     }
-                    // A replica that stepped down restarts nothing.
-                    _ = supervise.tick() => if ctx.health.leading.load(Ordering::Acquire) {
-                        ctx.restart_ended()
-                    },
+                    _ = ended.notified() => look = Some(tokio::time::Instant::now()),
+                    _ = due => {
+                        // A replica that stepped down restarts nothing,
+                        // and looks again for when it leads.
+                        let waiting = !ctx.health.leading.load(Ordering::Acquire)
+                            || ctx.restart_ended();
+                        look = waiting.then(|| tokio::time::Instant::now() + SUPERVISE_EVERY);
+                    }
                     _ = stop.wait_for(|s| *s) => return,
                 }
             }
