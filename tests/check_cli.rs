@@ -646,3 +646,87 @@ fn a_misspelt_ctx_property_is_refused_with_the_one_meant() {
         "{text}"
     );
 }
+
+/// A certificate watcher reading every Secret is refused by `check` as it
+/// is by `rbac`, the webhook and `run` (unless each is given
+/// `--allow-dangerous-kinds`); reading its one Secret by name is not, and
+/// `rbac` grants that Secret alone.
+#[test]
+fn check_refuses_what_run_refuses_and_a_secret_read_by_name_passes() {
+    let dir = temp_dir("secrets");
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = |reads: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: certs}}\nspec:\n  target: {{apiVersion: v1, kind: ConfigMap}}\n  {reads}\n  status: {{fields: [], conditions: []}}\n  script: certs.rhai\n"
+        )
+    };
+    std::fs::write(
+        dir.join("certs.rhai"),
+        "fn reconcile(ctx) {\n    let s = ctx.get(\"Secret\", \"tls-web\");\n    []\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("certs.yaml"),
+        policy("reads: [{apiVersion: v1, kind: Secret}]"),
+    )
+    .unwrap();
+    let out = runbook().arg("check").arg(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("refused: policy certs") && err.contains("reads v1 Secret"),
+        "{err}"
+    );
+    let rbac = runbook().arg("rbac").arg(&dir).output().unwrap();
+    assert!(!rbac.status.success(), "rbac refuses it too");
+    let out = runbook()
+        .args(["check", "--allow-dangerous-kinds"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // By name: no flag needed, and the RBAC names the Secret.
+    std::fs::write(
+        dir.join("certs.yaml"),
+        policy("readsByName: [{apiVersion: v1, kind: Secret, names: [tls-web]}]"),
+    )
+    .unwrap();
+    let out = runbook().arg("check").arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rbac = runbook().arg("rbac").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&rbac.stdout);
+    assert!(
+        rbac.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rbac.stderr)
+    );
+    let docs = runbook::util::yaml::parse_documents(&text).unwrap();
+    let secret_rules: Vec<&serde_json::Value> = docs
+        .iter()
+        .flat_map(|d| d["rules"].as_array().into_iter().flatten())
+        .filter(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|x| x.iter().any(|v| v == "secrets"))
+        })
+        .collect();
+    // Every rule on Secrets names them: the policy's, and the webhook's own.
+    assert!(
+        secret_rules.iter().all(|r| r["resourceNames"].is_array()),
+        "{text}"
+    );
+    let read = secret_rules
+        .iter()
+        .find(|r| r["resourceNames"] == serde_json::json!(["tls-web"]))
+        .unwrap_or_else(|| panic!("no rule for tls-web in {text}"));
+    assert_eq!(read["verbs"], serde_json::json!(["get", "list", "watch"]));
+    let _ = std::fs::remove_dir_all(&dir);
+}

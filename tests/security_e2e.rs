@@ -712,6 +712,148 @@ async fn the_outside_the_cluster_recipe_works_as_written() {
     c.cleanup().await;
 }
 
+const CERT_WATCH: &str = r#"
+apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: cert-watch}
+spec:
+  target: {apiVersion: v1, kind: ConfigMap}
+  selector: {matchLabels: {certs: watched}}
+  readsByName: [{apiVersion: v1, kind: Secret, names: [tls-web]}]
+  status: {fields: [], conditions: []}
+  script: cert-watch.rhai
+"#;
+
+const CERT_WATCH_SCRIPT: &str = r#"
+fn reconcile(ctx) {
+    let all = ctx.list("Secret").map(|s| s.metadata.name);
+    let s = ctx.get("Secret", "tls-web");
+    if s == () { return [event("Warning", "CertMissing", "tls-web not found")]; }
+    let crt = s.data?["tls.crt"] ?? "";
+    [event("Normal", "CertSeen", `tls-web: ${crt.len()} characters; listed: ${all}`)]
+}
+"#;
+
+/// A certificate watcher reads one Secret by name: `runbook rbac` grants
+/// get, list and watch of that Secret alone (no `--allow-dangerous-kinds`),
+/// the operator runs with exactly that, watches it alone, and the
+/// decision sees it and nothing else of the namespace's Secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_read_by_name_needs_only_that_secret() {
+    if let Ok(filter) = std::env::var("RUNBOOK_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+    let c = Cluster::new("sec-byname").await;
+    let set = support::policies(
+        &c,
+        &[
+            ("cert-watch.yaml", CERT_WATCH),
+            ("cert-watch.rhai", CERT_WATCH_SCRIPT),
+        ],
+    );
+    assert!(
+        runbook::rbac::dangers(&set).is_empty(),
+        "{:?}",
+        runbook::rbac::dangers(&set)
+    );
+    let opts = runbook::rbac::Options {
+        name: format!("runbook-{}", c.ns),
+        namespace: c.ns.clone(),
+        service_account: "runbook".into(),
+        watch_namespaces: vec![c.ns.clone()],
+        policy_configmaps: false,
+        webhook: None,
+        ..Default::default()
+    };
+    let served = runbook::runtime::access::served_kinds(&c.client, &set).await;
+    let rbac = runbook::rbac::render(&runbook::rbac::needs(&set, &opts, &served), &opts);
+    assert!(rbac.contains("tls-web"), "{rbac}");
+    let mut docs = runbook::util::yaml::parse_documents(&rbac).unwrap();
+    // Of Secrets, only tls-web is granted.
+    for d in &docs {
+        for rule in d["rules"].as_array().into_iter().flatten() {
+            if rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x == "secrets"))
+            {
+                assert_eq!(rule["resourceNames"], json!(["tls-web"]), "{rule}");
+            }
+        }
+    }
+    docs.push(
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "runbook"}}),
+    );
+    create_all(&c, docs).await;
+    let secrets: Api<Secret> = c.api();
+    for name in ["tls-web", "db-password"] {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name,
+                         // Its owner lets the watcher read it for any author.
+                         "annotations": {"runbook.dev/allow-targets": "ConfigMap/certs"}},
+            "stringData": {"tls.crt": "-----BEGIN CERTIFICATE-----"}
+        }))
+        .unwrap();
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+    let me = c.client_of_service_account(&c.ns, "runbook").await;
+    let op = Arc::new(Operator::new(
+        me,
+        Arc::new(runbook::script::ScriptEngine::default()),
+        set,
+        runbook::clock::Clock::real(),
+        Arc::new(runbook::alert::LogSink::default()),
+        Arc::new(runbook::telemetry::Metrics::new()),
+        OperatorConfig {
+            namespace: Some(c.ns.clone()),
+            operator_namespace: c.ns.clone(),
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            ..Default::default()
+        },
+    ));
+    op.start()
+        .await
+        .expect("the operator starts with only the printed RBAC");
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = c.api();
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "certs", "labels": {"certs": "watched"}}}),
+    )
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = c.api();
+    let mut seen = String::new();
+    for _ in 0..600 {
+        let list = events.list(&Default::default()).await.unwrap().items;
+        if let Some(e) = list
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("CertSeen"))
+        {
+            seen = e.note.clone().unwrap_or_default();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen.contains("tls-web: 36 characters"),
+        "no CertSeen Event: {seen:?}"
+    );
+    assert!(!seen.contains("db-password"), "{seen}");
+    // Its watch of Secrets is healthy: nothing failed for want of rights.
+    let health = op.ctx.metrics.render();
+    assert!(
+        !health.contains("runbook_watch_failing{watch=\"v1 Secret\"} 1"),
+        "{health}"
+    );
+    op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}
+
 /// A child process killed when the test lets go of it.
 struct KillOnDrop(std::process::Child);
 

@@ -16,6 +16,15 @@ pub struct CheckArgs {
     /// Directories (searched recursively) or single policy files.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
+    /// Accept policies that declare dangerous kinds, as `runbook run
+    /// --allow-dangerous-kinds` does (without it they are errors here,
+    /// as they are for `runbook rbac`, the webhook and `runbook run`).
+    #[arg(long, env = "RUNBOOK_ALLOW_DANGEROUS_KINDS")]
+    pub allow_dangerous_kinds: bool,
+    /// Accept policies that make children in other namespaces, as `runbook
+    /// run --allow-other-namespaces` does.
+    #[arg(long, env = "RUNBOOK_ALLOW_OTHER_NAMESPACES")]
+    pub allow_other_namespaces: bool,
     /// text, or json (one document on stdout, for CI and editors).
     #[arg(long, short = 'o', default_value = "text", value_parser = ["text", "json"])]
     pub output: String,
@@ -255,8 +264,41 @@ fn body_of(p: &crate::policy::compile::CompiledPolicy) -> String {
     }
 }
 
+/// What `runbook run` would refuse the loaded policies for, without its
+/// overrides: dangerous kinds, children in other namespaces, each at the
+/// policy's file.
+fn refusals(set: &policy::PolicySet, args: &CheckArgs) -> Vec<LoadError> {
+    let mut out = Vec::new();
+    for p in set.policies.values() {
+        let one = std::iter::once(&**p);
+        if !args.allow_dangerous_kinds {
+            for why in crate::rbac::dangers_of(one) {
+                out.push(LoadError {
+                    file: p.file.clone(),
+                    pos: None,
+                    message: format!(
+                        "refused: {why} (runbook run, rbac and the webhook refuse it too; give --allow-dangerous-kinds to all of them, or read by name: spec.readsByName)"
+                    ),
+                });
+            }
+        }
+        if !args.allow_other_namespaces && p.namespaces.is_some() {
+            out.push(LoadError {
+                file: p.file.clone(),
+                pos: p.namespaces.as_ref().and_then(|(_, pos)| *pos),
+                message: format!(
+                    "refused: policy {}: spec.namespaces: it makes children in other namespaces than its targets' (give --allow-other-namespaces here and to runbook run and rbac)",
+                    p.name
+                ),
+            });
+        }
+    }
+    out
+}
+
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let (set, errors, scripts, bundles) = load_paths(&args.paths)?;
+    let (set, mut errors, scripts, bundles) = load_paths(&args.paths)?;
+    errors.extend(refusals(&set, &args));
     let docs = crd_docs(&bundles);
     if args.output == "json" {
         let crds = crate::rbac::crd_plurals(&docs);

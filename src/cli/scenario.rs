@@ -41,9 +41,11 @@ pub struct TestArgs {
 /// Logs only when RUNBOOK_LOG asks for them: the timeline is the output.
 pub(super) fn init_logging() {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUNBOOK_LOG") {
+        use std::io::IsTerminal;
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
             .try_init();
     }
 }

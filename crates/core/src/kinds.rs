@@ -166,6 +166,8 @@ impl Role {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeclaredKinds {
     entries: Vec<(KindRef, Role)>,
+    /// Kinds read by name only (`spec.readsByName`), with the names.
+    names: std::collections::BTreeMap<KindRef, std::collections::BTreeSet<String>>,
 }
 
 impl DeclaredKinds {
@@ -174,7 +176,25 @@ impl DeclaredKinds {
         entries.extend(owns.iter().map(|k| (k.clone(), Role::Owns)));
         entries.extend(reads.iter().map(|k| (k.clone(), Role::Reads)));
         entries.extend(mutates.iter().map(|k| (k.clone(), Role::Mutates)));
-        Self { entries }
+        Self {
+            entries,
+            names: Default::default(),
+        }
+    }
+
+    /// With kinds read by name only, and their names.
+    pub fn with_names(
+        mut self,
+        names: std::collections::BTreeMap<KindRef, std::collections::BTreeSet<String>>,
+    ) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// The names of the objects of `kind` the policy reads, when it reads
+    /// only those; `None`: any of the kind.
+    pub fn names_of(&self, kind: &KindRef) -> Option<&std::collections::BTreeSet<String>> {
+        self.names.get(kind)
     }
 
     /// With kinds the policy may delete though it did not make them.

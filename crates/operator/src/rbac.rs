@@ -199,6 +199,10 @@ pub fn dangers_of<'a>(
     for p in policies {
         for role in KindRole::ALL {
             for k in p.kinds.with_role(role) {
+                // Read by name only: granted on those objects alone.
+                if role == KindRole::Reads && p.names_read(k).is_some() {
+                    continue;
+                }
                 if let Some(why) = danger(k, role) {
                     out.push(format!(
                         "policy {} ({}): {} {k}: {why}",
@@ -372,7 +376,14 @@ impl Needs {
                     };
                     let why = format!("policy {} {} {k}", p.name, role.as_str());
                     let g = k.group();
-                    self.add(scope.clone(), g, &plural, READ, &[], why.clone());
+                    // Read by name only: get, list and watch of those
+                    // objects alone (a list or watch of one name is
+                    // authorized by its resourceName).
+                    let names: Vec<String> = match (role, p.names_read(k)) {
+                        (KindRole::Reads, Some(n)) => n.iter().cloned().collect(),
+                        _ => Vec::new(),
+                    };
+                    self.add(scope.clone(), g, &plural, READ, &names, why.clone());
                     match role {
                         // Finalizers are patched onto targets; status goes
                         // through the status subresource, and only where

@@ -126,7 +126,7 @@ fn query_params(q: Option<&str>) -> BTreeMap<String, String> {
 }
 
 /// Where a request points.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Target {
     def: Arc<ResourceDef>,
     version: String,
@@ -360,7 +360,27 @@ impl Api {
         }
         let user =
             auth::authenticate(&self.store, &self.tokens, headers).map_err(ApiError::forbidden)?;
-        self.authorized(&user, verb, &t)?;
+        // As the API server does, a list or watch of one name (a
+        // `metadata.name=` field selector) is authorized for that name, so
+        // RBAC `resourceNames` can grant it.
+        let by_name = match verb {
+            ApiVerb::List | ApiVerb::Watch if t.name.is_none() => q
+                .get("fieldSelector")
+                .and_then(|f| f.strip_prefix("metadata.name="))
+                .filter(|n| !n.is_empty() && !n.contains(','))
+                .map(str::to_string),
+            _ => None,
+        };
+        match by_name {
+            Some(name) => {
+                let named = Target {
+                    name: Some(name),
+                    ..t.clone()
+                };
+                self.authorized(&user, verb, &named)?;
+            }
+            None => self.authorized(&user, verb, &t)?,
+        }
         let accept = headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())

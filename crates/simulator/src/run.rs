@@ -437,6 +437,9 @@ fn operator_for(
         // time per second of it would put decisions off by how fast the
         // machine is, and the timeline must not depend on that.
         fair: runbook_operator::runtime::fair::FairConfig::unlimited(),
+        // The clock jumps from one thing to do to the next: watches kept
+        // open a day are remade 7 times in a week, not 2,000.
+        watch_timeout_secs: 86_400,
         ..OperatorConfig::default()
     };
     let op = Operator::new(

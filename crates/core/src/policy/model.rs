@@ -56,6 +56,13 @@ pub struct PolicySpec {
     /// Kinds read from caches (never written).
     #[serde(default)]
     pub reads: Vec<KindRef>,
+    /// Objects read by name only: the operator watches just these (in
+    /// the namespaces it reconciles), and is granted get, list and watch
+    /// on them alone (RBAC `resourceNames`), so a Secret read this way
+    /// needs no `--allow-dangerous-kinds`. A kind given here is not also
+    /// in `reads`.
+    #[serde(default)]
+    pub reads_by_name: Vec<ReadsByNameSpec>,
     /// Kinds that may be patched or rolled back, but are not owned.
     #[serde(default)]
     pub mutates: Vec<KindRef>,
@@ -206,6 +213,24 @@ pub struct LabelSelectorSpec {
     /// Expressions over the target's labels; every one must hold.
     #[serde(default)]
     pub match_expressions: Vec<LabelExpression>,
+}
+
+/// One `spec.readsByName` entry: a kind and the names of its objects.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReadsByNameSpec {
+    /// The kind's API group and version, such as `v1`.
+    pub api_version: String,
+    /// The kind, such as `Secret`.
+    pub kind: String,
+    /// The objects' names: `ctx.get` and `ctx.list` see these alone.
+    pub names: Vec<String>,
+}
+
+impl ReadsByNameSpec {
+    pub fn kind_ref(&self) -> KindRef {
+        KindRef::new(self.api_version.clone(), self.kind.clone())
+    }
 }
 
 /// One `spec.deletes` entry.

@@ -136,7 +136,18 @@ impl Ctx {
     }
 
     fn objects(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
-        self.0.view.list(kind, &self.0.namespace)
+        self.named(kind, self.0.view.list(kind, &self.0.namespace))
+    }
+
+    /// Of a kind the policy reads by name only, the objects it names.
+    fn named(&self, kind: &KindRef, objs: Vec<Arc<CachedObject>>) -> Vec<Arc<CachedObject>> {
+        match self.0.kinds.names_of(kind) {
+            Some(names) => objs
+                .into_iter()
+                .filter(|o| names.contains(o.name()))
+                .collect(),
+            None => objs,
+        }
     }
 
     fn array(objs: impl IntoIterator<Item = Arc<CachedObject>>) -> Array {
@@ -343,6 +354,18 @@ fn register_reads(engine: &mut Engine) {
         |call: NativeCallContext, c: &mut Ctx, kind: &str, name: &str| -> RhaiResult<Dynamic> {
             super::stop::timed(&call, || {
                 let k = c.kind(&call, kind)?;
+                if let Some(names) = c.0.kinds.names_of(&k)
+                    && !names.contains(name)
+                {
+                    let list: Vec<&str> = names.iter().map(String::as_str).collect();
+                    return fail(
+                        &call,
+                        format!(
+                            "get: the policy reads {k} by name only (spec.readsByName: {}), not {name:?}",
+                            list.join(", ")
+                        ),
+                    );
+                }
                 Ok(c.0
                     .view
                     .get(&k, &c.0.namespace, name)
@@ -370,7 +393,9 @@ fn register_reads(engine: &mut Engine) {
             super::stop::timed(&call, || {
                 let k = c.kind(&call, kind)?;
                 let sel = selector_of(&call, &selector)?;
-                Ok(Ctx::array(c.0.view.select(&k, &c.0.namespace, &sel)))
+                Ok(Ctx::array(
+                    c.named(&k, c.0.view.select(&k, &c.0.namespace, &sel)),
+                ))
             })
         },
     );
@@ -398,7 +423,7 @@ fn register_relations(engine: &mut Engine) {
                 Ok(Ctx::array(if uid == c.0.target_uid {
                     c.owned(&k)
                 } else {
-                    c.0.view.list_owned_by(&k, &c.0.namespace, &uid)
+                    c.named(&k, c.0.view.list_owned_by(&k, &c.0.namespace, &uid))
                 }))
             })
         },

@@ -225,7 +225,14 @@ pub fn reads_to_check(
     policy: &CompiledPolicy,
     target: &CachedObject,
     reads: &[AccessKey],
+    view: &dyn crate::observe::ObjectView,
 ) -> Vec<Access> {
+    // An object whose owner allowed the target (`runbook.dev/allow-targets`)
+    // is read for it whoever its author is, as it is acted on.
+    let allowed = |kind: &KindRef, ns: &str, name: &str| {
+        view.get(kind, ns, name)
+            .is_some_and(|o| super::plan::allows_target(o.value(), target))
+    };
     let kinds = &policy.kinds;
     reads
         .iter()
@@ -235,16 +242,26 @@ pub fn reads_to_check(
                 || kinds.has(&r.kind, Role::Mutates)
                 || kinds.has(&r.kind, Role::Deletes)
         })
-        .map(|r| Access {
-            verb: if r.name.is_some() { "get" } else { "list" },
+        // A list of a kind read by name only reads those objects.
+        .flat_map(|r| match (&r.name, policy.names_read(&r.kind)) {
+            (None, Some(names)) => names
+                .iter()
+                .map(|n| (r, Some(n.clone())))
+                .collect::<Vec<_>>(),
+            _ => vec![(r, r.name.clone())],
+        })
+        .map(|(r, name)| Access {
+            verb: if name.is_some() { "get" } else { "list" },
             kind: r.kind.clone(),
             namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            why: match &r.name {
+            why: match &name {
                 Some(n) => format!("read {} {}/{n}", r.kind.kind, r.namespace),
                 None => format!("read the {} of {}", r.kind.plural(), r.namespace),
             },
-            opted_in: false,
+            opted_in: name
+                .as_deref()
+                .is_some_and(|n| allowed(&r.kind, &r.namespace, n)),
+            name,
         })
         .filter(|a| !(a.namespace.is_empty() && target.namespace().is_empty() && a.name.is_none()))
         .collect()

@@ -329,7 +329,10 @@ fn mutation_line(step: &plan::Step) -> Option<String> {
             let more = if cut.len() < text.len() { "..." } else { "" };
             format!("patched {on}: {cut}{more}")
         }
-        Action::Delete { .. } => format!("deleted {on}"),
+        // A delete of its own child is the policy's everyday work; of
+        // anything else (what `spec.deletes` lets it delete), it needs its
+        // author's rights and is said.
+        Action::Delete { .. } if !step.needs.is_empty() => format!("deleted {on}"),
         _ => return None,
     })
 }
@@ -478,7 +481,7 @@ async fn authorized_plan(
         plan.settled.iter().for_each(|k| own.settled(k));
     }
     if *mode == Acting::Enforce {
-        let reads = authorize::reads_to_check(policy, target, x.reads);
+        let reads = authorize::reads_to_check(policy, target, x.reads, x.view);
         authorize::authorize(x.authority, x.resources, x.view, target, &mut plan, &reads).await;
     }
     plan
@@ -716,8 +719,22 @@ mod tests {
             name: "web-1".into(),
             namespace: None,
         };
+        // Its own child: everyday work, not said.
         assert_eq!(
-            mutation_line(&step(delete, "v1 Pod ml/web-1")).as_deref(),
+            mutation_line(&step(delete.clone(), "v1 Pod ml/web-1")),
+            None
+        );
+        let mut other = step(delete, "v1 Pod ml/web-1");
+        other.needs.push(plan::Access {
+            verb: "delete",
+            kind: KindRef::new("v1", "Pod"),
+            namespace: "ml".into(),
+            name: Some("web-1".into()),
+            why: "delete v1 Pod ml/web-1".into(),
+            opted_in: false,
+        });
+        assert_eq!(
+            mutation_line(&other).as_deref(),
             Some("deleted v1 Pod ml/web-1")
         );
         let status = Action::Status {

@@ -303,6 +303,8 @@ pub struct Informer {
     pub selector: Option<String>,
     /// The namespaces it watches (none: all, or the one reconciled).
     pub namespaces: Vec<String>,
+    /// The only objects it watches, by name (none: every one).
+    pub names: Vec<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -321,6 +323,12 @@ pub struct Scope {
     pub tenants: bool,
     pub namespaced: bool,
     pub selector: Option<String>,
+    /// Only these objects, each watched by its name (`metadata.name`
+    /// field selector, which RBAC authorizes by `resourceNames`); none:
+    /// every object.
+    pub names: Vec<String>,
+    /// Seconds each watch asks to stay open (`OperatorConfig`).
+    pub timeout_secs: u32,
     /// List from the API server's watch cache (`resourceVersion=0`, as
     /// client-go's informers do) rather than from etcd: a sharded replica,
     /// whose selector changes as members come and go, lists a share of
@@ -328,6 +336,10 @@ pub struct Scope {
     /// watch then follows from the version listed.
     pub from_cache: bool,
 }
+
+/// How long a watch stays open before it is made again, as kube's
+/// watcher asks by default (under the API server's own limit).
+pub const WATCH_TIMEOUT_SECS: u32 = 290;
 
 /// A watch's configuration: its label selector where it has one, and its
 /// list from storage in pages of 500, or (`from_cache`) from the API
@@ -337,8 +349,14 @@ pub struct Scope {
 /// until it has a page of matches. So a list from the cache asks for no
 /// pages, and the watch cache answers with every match at once, as it
 /// does for client-go's informers.
-pub fn watch_config(selector: Option<&str>, from_cache: bool) -> watcher::Config {
-    let mut config = watcher::Config::default().page_size(500);
+pub fn watch_config(
+    selector: Option<&str>,
+    from_cache: bool,
+    timeout_secs: u32,
+) -> watcher::Config {
+    let mut config = watcher::Config::default()
+        .page_size(500)
+        .timeout(timeout_secs);
     if let Some(s) = selector {
         config = config.labels(s);
     }
@@ -366,6 +384,8 @@ pub fn spawn_informer(
         tenants,
         namespaced,
         selector,
+        names,
+        timeout_secs,
         from_cache,
     } = scope;
     let cache = match kept {
@@ -376,7 +396,7 @@ pub fn spawn_informer(
         None => Arc::new(KindCache::new(kind.clone())),
     };
     let dyntype = Arc::new(resource.clone());
-    let config = watch_config(selector.as_deref(), from_cache);
+    let config = watch_config(selector.as_deref(), from_cache, timeout_secs);
     let name = cache.kind.to_string();
     // One watch per namespace watched (one of all when none is named), as
     // one stream; each reports its health under its own name.
@@ -385,9 +405,22 @@ pub fn spawn_informer(
     } else {
         namespaces.iter().cloned().map(Some).collect()
     };
+    // By name: one watch of each name in each namespace watched.
+    let each_name: Vec<Option<String>> = match names.is_empty() {
+        true => vec![None],
+        false => names.iter().cloned().map(Some).collect(),
+    };
+    let scoped: Vec<(Option<String>, Option<String>)> = scoped
+        .into_iter()
+        .flat_map(|ns| each_name.iter().map(move |n| (ns.clone(), n.clone())))
+        .collect();
     let watches: Vec<_> = scoped
         .into_iter()
-        .map(|ns| {
+        .map(|(ns, only)| {
+            let config = match &only {
+                Some(n) => config.clone().fields(&format!("metadata.name={n}")),
+                None => config.clone(),
+            };
             let (api, watch_name): (Api<RawObject>, String) = match &ns {
                 Some(ns) => (
                     Api::namespaced_with(client.clone(), ns, &dyntype),
@@ -403,7 +436,7 @@ pub fn spawn_informer(
             };
             let health = health.clone();
             let resource = resource.clone();
-            watcher::watcher(api, config.clone())
+            watcher::watcher(api, config)
                 .backoff(WatchBackoff::default())
                 .map(move |event| {
                     report_watch(&health, &watch_name, event.as_ref().err());
@@ -454,6 +487,7 @@ pub fn spawn_informer(
         cache,
         selector,
         namespaces,
+        names,
         task,
     }
 }
@@ -467,7 +501,7 @@ mod tests {
     /// sends `resourceVersion=0`, which it leaves out beside a limit.
     #[test]
     fn lists_meant_for_the_watch_cache_ask_for_no_pages() {
-        let cached = watch_config(Some("runbook.dev/shard=a"), true);
+        let cached = watch_config(Some("runbook.dev/shard=a"), true, WATCH_TIMEOUT_SECS);
         assert_eq!(cached.page_size, None);
         assert!(matches!(cached.list_semantic, watcher::ListSemantic::Any));
         let url = |lp: &kube::api::ListParams| {
@@ -481,7 +515,10 @@ mod tests {
         assert!(url(&any).contains("resourceVersion=0"), "{}", url(&any));
         let paged = any.limit(500);
         assert!(!url(&paged).contains("resourceVersion"), "{}", url(&paged));
-        assert_eq!(watch_config(None, false).page_size, Some(500));
+        assert_eq!(
+            watch_config(None, false, WATCH_TIMEOUT_SECS).page_size,
+            Some(500)
+        );
     }
 
     fn obj(name: &str, rv: &str, owner: Option<&str>) -> Arc<RawObject> {

@@ -71,6 +71,10 @@ pub struct OperatorConfig {
     pub tenancy: super::tenants::TenancyConfig,
     /// How much of the operator one policy may take.
     pub fair: super::fair::FairConfig,
+    /// How long each watch asks the API server to keep it open before it
+    /// is made again (kube's 290 s; a simulated week, whose clock jumps,
+    /// asks for longer, or it spends its time remaking watches).
+    pub watch_timeout_secs: u32,
 }
 
 impl Default for OperatorConfig {
@@ -90,6 +94,7 @@ impl Default for OperatorConfig {
             shards: false,
             tenancy: Default::default(),
             fair: Default::default(),
+            watch_timeout_secs: crate::observe::cache::WATCH_TIMEOUT_SECS,
         }
     }
 }

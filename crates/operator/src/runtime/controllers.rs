@@ -54,7 +54,11 @@ pub(super) fn spawn_target(
     // Sharded, only this replica's own targets; those of gone members
     // by a watch beside it (`shares`).
     let watch = super::assign::watch_selector(ctx, selector.as_deref());
-    let config = crate::observe::cache::watch_config(watch.as_deref(), ctx.config.shards);
+    let config = crate::observe::cache::watch_config(
+        watch.as_deref(),
+        ctx.config.shards,
+        ctx.config.watch_timeout_secs,
+    );
     let health = ctx.health.watches.clone();
     let own = watched_all(&health, &apis, &ar, &config);
     let events = match ctx.config.shards {
@@ -180,6 +184,7 @@ fn gone_watch(
     selector: Option<String>,
 ) -> super::shares::StartGone {
     let (health, ar) = (ctx.health.watches.clone(), ar.clone());
+    let timeout = ctx.config.watch_timeout_secs;
     let apis: Vec<(Api<RawObject>, String)> = apis
         .into_iter()
         .map(|(api, name)| (api, format!("{name} (the gone members' targets)")))
@@ -192,7 +197,7 @@ fn gone_watch(
             return None;
         }
         let selector = super::assign::gone_selector(selector.as_deref(), labels);
-        let config = crate::observe::cache::watch_config(Some(&selector), true);
+        let config = crate::observe::cache::watch_config(Some(&selector), true, timeout);
         let watches: Vec<_> = apis
             .iter()
             .map(|(api, name)| {

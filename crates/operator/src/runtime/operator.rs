@@ -318,6 +318,18 @@ impl Operator {
         // this replica's share only (a child carries its target's label).
         let selector = |k: &KindRef| super::assign::children_selector(&self.ctx, set, k);
         let reach = |k: &KindRef| super::reach::Reach::of(&self.ctx, set, k);
+        // A kind every policy declaring it reads by name only is watched
+        // by those names alone.
+        let names = |k: &KindRef| -> Vec<String> {
+            let mut out = std::collections::BTreeSet::new();
+            for p in set.policies.values().filter(|p| p.kinds.declares(k)) {
+                match p.names_read(k) {
+                    Some(n) => out.extend(n.iter().cloned()),
+                    None => return Vec::new(),
+                }
+            }
+            out.into_iter().collect()
+        };
         // A kind watched with another selector now (a sharded replica's
         // share grew), or in other tenants' namespaces, keeps its cache
         // while it lists again.
@@ -325,7 +337,8 @@ impl Operator {
         informers.retain(|k, i| {
             let keep = wanted.contains(k)
                 && i.selector == selector(k)
-                && i.namespaces == reach(k).namespaces(&self.ctx);
+                && i.namespaces == reach(k).namespaces(&self.ctx)
+                && i.names == names(k);
             if !keep && wanted.contains(k) {
                 kept.insert(k.clone(), i.cache.clone());
             }
@@ -342,6 +355,8 @@ impl Operator {
                     tenants: reach.tenants(),
                     namespaced,
                     selector: selector(&k),
+                    names: names(&k),
+                    timeout_secs: self.ctx.config.watch_timeout_secs,
                     from_cache: self.ctx.config.shards,
                 };
                 Arc::new(spawn_informer(

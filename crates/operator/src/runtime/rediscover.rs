@@ -48,11 +48,15 @@ fn kinds_of(crd: &CustomResourceDefinition) -> Vec<KindRef> {
 /// Feed each change of a CRD to `tx` until the receiver goes. An
 /// operator that may not watch CRDs says so once and relies on the
 /// periodic look.
-async fn watch_crds(client: kube::Client, tx: tokio::sync::mpsc::Sender<CrdChange>) {
+async fn watch_crds(
+    client: kube::Client,
+    tx: tokio::sync::mpsc::Sender<CrdChange>,
+    timeout_secs: u32,
+) {
     use kube::runtime::WatchStreamExt;
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let mut told = false;
-    let mut events = watcher(api, watcher::Config::default())
+    let mut events = watcher(api, watcher::Config::default().timeout(timeout_secs))
         .default_backoff()
         .boxed();
     tracing::debug!("watching CustomResourceDefinitions");
@@ -95,7 +99,11 @@ impl Operator {
     /// policies aside when their kinds go, until the operator stops.
     pub async fn watch_kinds(self: Arc<Self>) {
         let (tx, mut changes) = tokio::sync::mpsc::channel(64);
-        let watching = tokio::spawn(watch_crds(self.ctx.client.clone(), tx));
+        let watching = tokio::spawn(watch_crds(
+            self.ctx.client.clone(),
+            tx,
+            self.ctx.config.watch_timeout_secs,
+        ));
         let mut waiting = self.ctx.health.set_aside.subscribe();
         let mut leading = self.leading();
         let mut stop = self.ctx.stop.clone();

@@ -196,8 +196,30 @@ pub(super) fn label_namespace(def: &ResourceDef, obj: &mut Value) {
     meta["labels"]["kubernetes.io/metadata.name"] = json!(name);
 }
 
+/// A Secret's `stringData`, as the API server keeps it: merged into `data`
+/// (base64, over any key `data` already has) and not stored itself.
+pub(super) fn secret_string_data(def: &ResourceDef, obj: &mut Value) {
+    use base64::Engine as _;
+    if !(def.group.is_empty() && def.kind == "Secret") {
+        return;
+    }
+    let Some(m) = obj.as_object_mut() else { return };
+    let Some(Value::Object(strings)) = m.remove("stringData") else {
+        return;
+    };
+    let data = m.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    for (k, v) in strings {
+        let text = v.as_str().unwrap_or_default();
+        data[k.as_str()] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
 pub(super) fn default_builtin(def: &ResourceDef, obj: &mut Value, uid: &str) {
     label_namespace(def, obj);
+    secret_string_data(def, obj);
     match (def.group.as_str(), def.kind.as_str()) {
         ("batch", "Job") => {
             let spec = &mut obj["spec"];

@@ -318,6 +318,7 @@ impl Store {
         keep_identity(&old, &mut new);
         keep_other_part(def, part, &old, &mut new);
         super::validate::label_namespace(def, &mut new);
+        super::validate::secret_string_data(def, &mut new);
         if let Some(admit) = &opts.admit {
             (admit.0)(&mut new)?;
         }

@@ -205,6 +205,12 @@ impl CompiledPolicy {
         self.kinds.with_role(Role::Reads)
     }
 
+    /// The names of the objects of `kind` the policy reads, when it reads
+    /// only those (`spec.readsByName`); `None`: any it declares.
+    pub fn names_read(&self, kind: &KindRef) -> Option<&std::collections::BTreeSet<String>> {
+        self.kinds.names_of(kind)
+    }
+
     pub fn mutates(&self) -> impl Iterator<Item = &KindRef> {
         self.kinds.with_role(Role::Mutates)
     }

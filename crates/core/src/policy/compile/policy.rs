@@ -32,7 +32,7 @@ pub(super) fn load_policy(
     let places = kind_places(&node, &doc.spec);
     cx.declared.push((cx.bundle.display_path(file), places));
     let spec = &doc.spec;
-    let kinds = declared_kinds(spec);
+    let kinds = declared_kinds(spec).with_names(reads_by_name(cx, file, &node, spec));
     let mut used: BTreeSet<String> = BTreeSet::from([file.to_string()]);
     let body = match (&spec.script, spec.steps.is_empty()) {
         (Some(_), false) => {
@@ -112,6 +112,47 @@ pub(super) fn load_policy(
     })
 }
 
+/// `spec.readsByName`: each kind with its names, which must be object
+/// names, for a kind not also read whole.
+fn reads_by_name(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &PolicySpec,
+) -> std::collections::BTreeMap<KindRef, std::collections::BTreeSet<String>> {
+    let mut out: std::collections::BTreeMap<KindRef, std::collections::BTreeSet<String>> =
+        Default::default();
+    let pos = pos_at(node, &["spec", "readsByName"]);
+    for r in &spec.reads_by_name {
+        let k = r.kind_ref();
+        if spec.reads.contains(&k) {
+            cx.error(
+                file,
+                pos,
+                format!("spec.readsByName: {k} is also in spec.reads; read it whole or by name, not both"),
+            );
+        }
+        if r.names.is_empty() {
+            cx.error(
+                file,
+                pos,
+                format!("spec.readsByName: {k}: give the names of the objects it reads"),
+            );
+        }
+        for n in &r.names {
+            if !crate::names::is_dns_subdomain(n) {
+                cx.error(
+                    file,
+                    pos,
+                    format!("spec.readsByName: {k}: {n:?} is not an object name"),
+                );
+            }
+        }
+        out.entry(k).or_default().extend(r.names.iter().cloned());
+    }
+    out
+}
+
 /// The apiVersion, a DNS name, kinds that name something, and a target
 /// the policy does not also own.
 fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
@@ -188,6 +229,7 @@ fn declared_kinds(spec: &PolicySpec) -> DeclaredKinds {
     // A policy that writes in other namespaces reads their labels.
     let reads_namespaces = spec.namespaces.is_some() && !spec.reads.contains(&namespace);
     let mut reads = spec.reads.clone();
+    reads.extend(spec.reads_by_name.iter().map(|r| r.kind_ref()));
     if reads_namespaces {
         reads.push(namespace);
     }
