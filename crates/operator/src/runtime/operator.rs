@@ -48,6 +48,8 @@ pub enum StartError {
 /// How often the alerts of deleted objects are resolved, and what
 /// reconciles remember of deleted targets dropped.
 const ALERT_SWEEP: Duration = Duration::from_secs(15);
+/// The targets' gauge is counted at least this often, changed or not.
+const RECOUNT_EVERY: Duration = Duration::from_secs(300);
 
 /// The operator.
 pub struct Operator {
@@ -515,6 +517,11 @@ impl Operator {
             // When to look at ended controllers again: at once when one
             // ends, then while one waits for its restart.
             let mut look: Option<tokio::time::Instant> = None;
+            // The targets' gauge is counted again when a reconcile has
+            // finished since (every change of a target's status is one),
+            // and at least every few minutes: counting parses every
+            // target, and most sweeps find nothing new.
+            let mut counted: Option<(u64, tokio::time::Instant)> = None;
             loop {
                 let due = async {
                     match look {
@@ -527,7 +534,14 @@ impl Operator {
                         ctx.sweep_alerts();
                         ctx.prune_memory();
                         if ctx.health.leading.load(Ordering::Acquire) {
-                            ctx.publish_targets();
+                            let now = tokio::time::Instant::now();
+                            let stale = counted.is_none_or(|(seen, at)| {
+                                seen != ctx.activity() || now.duration_since(at) >= RECOUNT_EVERY
+                            });
+                            if stale {
+                                counted = Some((ctx.activity(), now));
+                                ctx.publish_targets();
+                            }
                             ctx.publish_firing();
                         }
                     }
