@@ -174,11 +174,18 @@ async fn a_job_completes_when_its_pod_exits_and_keeps_the_message() {
         .await
         .unwrap();
     }
+    // The verdict, `Complete` or `Failed`: from v1.31 the Job controller
+    // first writes the criterion it met (`SuccessCriteriaMet`,
+    // `FailureTarget`), then the verdict, both `True`.
     let condition = |j: &Job| {
         j.status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.status == "True"))
+            .and_then(|cs| {
+                cs.iter().find(|c| {
+                    c.status == "True" && matches!(c.type_.as_str(), "Complete" | "Failed")
+                })
+            })
             .map(|c| c.type_.clone())
     };
     eventually("both Jobs finished", 60, || async {

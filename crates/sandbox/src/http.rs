@@ -594,7 +594,7 @@ impl Api {
     fn list(&self, c: &Call<'_>) -> Result<Resp, ApiError> {
         let (t, q) = (c.t, c.q);
         let filter = filter(t, q)?;
-        resource_version(q)?;
+        resource_version(q, false)?;
         let limit = q
             .get("limit")
             .and_then(|l| l.parse::<usize>().ok())
@@ -894,7 +894,7 @@ impl Api {
         table_mode: bool,
     ) -> Result<Resp, ApiError> {
         let filter = filter(t, q)?;
-        let rv = resource_version(q)?;
+        let rv = resource_version(q, true)?;
         let send_initial = is_true(q.get("sendInitialEvents"));
         if send_initial && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan")
         {
@@ -1199,19 +1199,21 @@ fn parse_body(headers: &http::HeaderMap, body: &Bytes) -> Result<Value, ApiError
     }
 }
 
-/// The `resourceVersion` of a list or watch. kube-apiserver v1.28 answers
-/// one that is not a number with a 500 and the parser's message.
-fn resource_version(q: &BTreeMap<String, String>) -> Result<Option<u64>, ApiError> {
+/// The `resourceVersion` of a list or watch. One that is not a number is
+/// refused as kube-apiserver v1.33 refuses it: a list with a 400
+/// (`BadRequest`, "invalid resource version: ..."; v1.28 answered 500), a
+/// watch still with a 500 and the parser's message alone.
+fn resource_version(q: &BTreeMap<String, String>, watch: bool) -> Result<Option<u64>, ApiError> {
     match q.get("resourceVersion").map(String::as_str) {
         None | Some("") => Ok(None),
         Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
-            ApiError::new(
-                500,
-                "",
-                format!(
-                    "resourceVersion: Invalid value: {s:?}: strconv.ParseUint: parsing {s:?}: invalid syntax"
-                ),
-            )
+            let parser = format!(
+                "resourceVersion: Invalid value: {s:?}: strconv.ParseUint: parsing {s:?}: invalid syntax"
+            );
+            match watch {
+                true => ApiError::new(500, "", parser),
+                false => ApiError::bad_request(format!("invalid resource version: {parser}")),
+            }
         }),
     }
 }

@@ -392,12 +392,25 @@ impl World {
         {
             self.create(pod).await?;
         }
+        // As the Job controller of v1.33 writes it: the criterion met
+        // (`SuccessCriteriaMet`, `FailureTarget`) beside the verdict
+        // (`Complete`, `Failed`), each with its reason and message.
+        let condition = |type_: &str, reason: &str, message: &str| {
+            json!({"type": type_, "status": "True", "reason": reason, "message": message,
+                   "lastProbeTime": now, "lastTransitionTime": now})
+        };
         let status = if spec.succeeded {
-            json!({"active": 0, "succeeded": 1, "startTime": now, "completionTime": now,
-                   "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": now}]})
+            let m = "Reached expected number of succeeded pods";
+            json!({"active": 0, "ready": 0, "terminating": 0, "succeeded": 1,
+                   "startTime": now, "completionTime": now, "uncountedTerminatedPods": {},
+                   "conditions": [condition("SuccessCriteriaMet", "CompletionsReached", m),
+                                  condition("Complete", "CompletionsReached", m)]})
         } else {
-            json!({"active": 0, "failed": 1, "startTime": now,
-                   "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now}]})
+            let m = "Job has reached the specified backoff limit";
+            json!({"active": 0, "ready": 0, "terminating": 0, "failed": 1,
+                   "startTime": now, "uncountedTerminatedPods": {},
+                   "conditions": [condition("FailureTarget", "BackoffLimitExceeded", m),
+                                  condition("Failed", "BackoffLimitExceeded", m)]})
         };
         let jobs = self.served(Some("batch/v1"), "Job")?;
         self.update(Some("batch/v1"), "Job", Some(ns), &name, &status, true)
