@@ -12,10 +12,10 @@ mod cluster;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use cluster::{Cluster, eventually};
+use cluster::{Cluster, Running, eventually};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::PostParams;
@@ -143,16 +143,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .unwrap()
         .port()
-}
-
-/// A process killed when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `GET path` of `addr` over HTTP/1.0 (no chunking): the status code and

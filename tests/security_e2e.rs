@@ -444,6 +444,14 @@ fn benchmark_kubelet(c: &Cluster, names: &[&str]) -> Kubelet {
     kubelet
 }
 
+/// Wait until Deployment `name` runs its good first release again.
+async fn good_template_back(deployments: &Api<Deployment>, name: &str) {
+    eventually(&format!("{name}'s good template back"), 60, || async {
+        image_of(&deployments.get(name).await.unwrap()) == "registry.k8s.io/pause:3.9"
+    })
+    .await;
+}
+
 /// A Deployment on its bad second release, with revision 1 to go back to.
 async fn released_twice(c: &Cluster, name: &str) -> Api<Deployment> {
     let deployments = model_deployment(c, name).await;
@@ -510,10 +518,7 @@ async fn a_rollback_is_made_only_for_an_author_who_may_make_it() {
         st["phase"] == "RolledBack" && st["lastRollback"]["toRevision"] == 1
     })
     .await;
-    eventually("beta's good template back", 60, || async {
-        image_of(&deployments.get("beta").await.unwrap()) == "registry.k8s.io/pause:3.9"
-    })
-    .await;
+    good_template_back(&deployments, "beta").await;
     // The same score for the author who may not: refused, said why.
     let message = refused(&as_editor, "alpha", "NotAuthorized").await;
     for part in [
@@ -547,10 +552,7 @@ async fn a_rollback_is_made_only_for_an_author_who_may_make_it() {
         || async { status_of(&as_editor, "alpha").await["phase"] == "RolledBack" },
     )
     .await;
-    eventually("alpha's good template back", 60, || async {
-        image_of(&deployments.get("alpha").await.unwrap()) == "registry.k8s.io/pause:3.9"
-    })
-    .await;
+    good_template_back(&deployments, "alpha").await;
     drop(kubelet);
     c.cleanup().await;
 }
@@ -576,10 +578,7 @@ async fn an_operator_run_with_its_users_own_credentials_acts_for_them() {
         status_of(&as_admin, "mine").await["phase"] == "RolledBack"
     })
     .await;
-    eventually("mine's good template back", 60, || async {
-        image_of(&deployments.get("mine").await.unwrap()) == "registry.k8s.io/pause:3.9"
-    })
-    .await;
+    good_template_back(&deployments, "mine").await;
     let message = refused(&as_editor, "theirs", "NotAuthorized").await;
     assert!(message.contains("cr-editor"), "{message}");
     assert_eq!(
@@ -644,7 +643,7 @@ async fn the_outside_the_cluster_recipe_works_as_written() {
         .stderr(std::process::Stdio::inherit())
         .spawn()
         .expect("runbook run");
-    let _stop = KillOnDrop(child);
+    let _stop = cluster::Running(child);
     let configs = webhook_configurations(&c.client);
     eventually("the operator to announce its webhook", 90, || async {
         configs
@@ -852,16 +851,6 @@ async fn a_secret_read_by_name_needs_only_that_secret() {
     );
     op.shutdown(Duration::from_secs(5)).await;
     c.cleanup().await;
-}
-
-/// A child process killed when the test lets go of it.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// What an Evaluator puts into its benchmark pod is bounded: no pod

@@ -506,3 +506,14 @@ pub fn have_kubectl() -> bool {
     }
     found
 }
+
+/// A child process (`runbook run`, Prometheus) killed when the test lets
+/// go of it.
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
