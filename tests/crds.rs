@@ -39,12 +39,54 @@ fn committed_crds_match_the_generated_ones() {
     let present: BTreeSet<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| n != "kustomization.yaml")
+        .filter(|n| n != "kustomization.yaml" && n != runbook::crd::FIELD_SELECTORS_DIR)
         .collect();
     assert_eq!(
         present, expected,
         "crds/ holds files `runbook crds` does not generate"
     );
+}
+
+#[test]
+fn the_field_selectors_crds_are_the_generated_ones_and_name_real_fields() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crds")
+        .join(runbook::crd::FIELD_SELECTORS_DIR);
+    let mut files = vec![(
+        "kustomization.yaml".to_string(),
+        runbook::crd::kustomization(true),
+    )];
+    for crd in runbook::crd::all_with_field_selectors() {
+        files.push((runbook::crd::file_name(&crd), runbook::crd::to_yaml(&crd)));
+        // Every selectable field is a string, boolean or integer of the
+        // schema, as the API server requires.
+        let v = serde_json::to_value(&crd).unwrap();
+        for version in v["spec"]["versions"].as_array().unwrap() {
+            let fields = version["selectableFields"].as_array().unwrap();
+            assert!(!fields.is_empty(), "{}", v["metadata"]["name"]);
+            for field in fields {
+                let path = field["jsonPath"].as_str().unwrap();
+                let mut at = &version["schema"]["openAPIV3Schema"];
+                for part in path.trim_start_matches('.').split('.') {
+                    at = &at["properties"][part];
+                }
+                assert!(
+                    matches!(at["type"].as_str(), Some("string" | "boolean" | "integer")),
+                    "{path} is {at}"
+                );
+            }
+        }
+    }
+    for (name, text) in files {
+        let path = dir.join(&name);
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            committed,
+            text,
+            "{} differs from `runbook crds`; run `runbook crds --out-dir crds`",
+            path.display()
+        );
+    }
 }
 
 #[test]

@@ -108,20 +108,13 @@ fn have_kubectl() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-#[test]
-fn kubectl_drives_the_sandbox() {
-    if !have_kubectl() {
-        eprintln!("skipped: kubectl is not on PATH");
-        return;
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let s = start();
-    let ns = s.namespace.clone();
+/// Apply Runbook's CRDs as an install does and wait for the kinds.
+fn install_crds(s: &Server, root: &Path, ns: &str) {
     // On a shared control plane another test may have applied the CRDs
     // (its own field manager, an older version): take them over, as an
     // upgrade over someone else's install would.
     let out = kubectl(
-        &s,
+        s,
         &[
             "apply",
             "--server-side",
@@ -137,7 +130,7 @@ fn kubectl_drives_the_sandbox() {
     );
     // The kinds are served once the CRDs are established.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !kubectl_output(&s, &["get", "evaluators", "-n", &ns])
+    while !kubectl_output(s, &["get", "evaluators", "-n", ns])
         .status
         .success()
     {
@@ -147,6 +140,228 @@ fn kubectl_drives_the_sandbox() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn kubectl_apply_refuses_what_runbook_could_not_act_on() {
+    if !have_kubectl() {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let s = start();
+    let ns = s.namespace.clone();
+    install_crds(&s, root, &ns);
+    let apply = |name: &str, yaml: &str| -> (bool, String) {
+        let file = s.cache.join(format!("{name}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        let out = kubectl_output(&s, &["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let evaluator = |schedule: &str, target: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Evaluator\nmetadata: {{name: chat}}\nspec:\n  targetRef: {{name: {target}}}\n  benchmark: {{image: bench:1}}\n  threshold: 0.8\n  schedule: \"{schedule}\"\n"
+        )
+    };
+    for (schedule, told) in [
+        (
+            "61 * * * *",
+            "spec.schedule: Invalid value: \"string\": the minute field of a schedule takes 0-59",
+        ),
+        (
+            "0 2 * 13 *",
+            "the month field of a schedule takes 1-12 or jan-dec",
+        ),
+        ("0 9-17/0 * * *", "the hour field of a schedule takes 0-23"),
+        (
+            "0 2 * * 5-1",
+            "a range in a schedule must run upwards (write 1-5, not 5-1)",
+        ),
+        (
+            "0 2 * * funday",
+            "the day-of-week field of a schedule takes 0-7 or sun-sat",
+        ),
+    ] {
+        let (ok, err) = apply("bad-schedule", &evaluator(schedule, "chat"));
+        assert!(!ok && err.contains(told), "{schedule:?}: {err}");
+    }
+    let (ok, err) = apply("good", &evaluator("*/15 9-17 * * mon-fri", "chat"));
+    assert!(ok, "{err}");
+    // The target is fixed: its scores and last good revision are its own.
+    let (ok, err) = apply("retarget", &evaluator("*/15 9-17 * * mon-fri", "other"));
+    assert!(
+        !ok && err.contains("targetRef is fixed once set: create another Evaluator"),
+        "{err}"
+    );
+    let backup = |database: &str, extra: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: DatabaseBackup\nmetadata: {{name: nightly}}\nspec:\n  database: {database}\n  dump: {{image: dump:1}}\n  pvc: data\n  destination: s3://backups/db\n{extra}"
+        )
+    };
+    let (ok, err) = apply(
+        "both",
+        &backup("{statefulSet: db, podSelector: {app: db}}", ""),
+    );
+    assert!(
+        !ok && err.contains("spec.database: Invalid value: \"object\": name the database by statefulSet or by podSelector: exactly one of them"),
+        "{err}"
+    );
+    let (ok, err) = apply("neither", &backup("{}", ""));
+    assert!(!ok && err.contains("exactly one of them"), "{err}");
+    let (ok, err) = apply("everything", &backup("{podSelector: {}}", ""));
+    assert!(
+        !ok && err.contains("spec.database.podSelector"),
+        "an empty selector would match every pod: {err}"
+    );
+    let (ok, err) = apply(
+        "retention",
+        &backup("{statefulSet: db}", "  retention: 3\n"),
+    );
+    assert!(
+        !ok && err.contains("spec.retention: Forbidden: retention counts the runs of a schedule"),
+        "{err}"
+    );
+    let (ok, err) = apply(
+        "scheduled",
+        &backup(
+            "{statefulSet: db}",
+            "  retention: 3\n  schedule: \"@daily\"\n",
+        ),
+    );
+    assert!(ok, "{err}");
+}
+
+/// The server's minor version, as kubectl reports it.
+fn server_minor(s: &Server) -> u32 {
+    let v: serde_json::Value =
+        serde_json::from_str(&kubectl(s, &["version", "-o", "json"])).unwrap_or_default();
+    v["serverVersion"]["minor"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_end_matches('+')
+        .parse()
+        .unwrap_or_else(|_| panic!("a server minor version in {v}"))
+}
+
+#[test]
+fn field_selectors_find_runbooks_objects_from_v1_31() {
+    if !have_kubectl() {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let s = start();
+    let ns = s.namespace.clone();
+    install_crds(&s, root, &ns);
+    // A field manager of its own, so that another install of the plain
+    // CRDs on a shared control plane leaves the selectable fields alone.
+    let overlay = root.join("crds").join("field-selectors");
+    let applied = kubectl_output(
+        &s,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=runbook-field-selectors",
+            "-k",
+            overlay.to_str().unwrap(),
+        ],
+    );
+    for (name, target) in [("a", "web"), ("b", "api")] {
+        let file = s.cache.join(format!("eval-{name}.yaml"));
+        std::fs::write(
+            &file,
+            format!("apiVersion: runbook.dev/v1alpha1\nkind: Evaluator\nmetadata: {{name: {name}}}\nspec:\n  targetRef: {{name: {target}}}\n  benchmark: {{image: bench:1}}\n  threshold: 0.8\n"),
+        )
+        .unwrap();
+        kubectl(&s, &["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+    }
+    let select = |selector: &str| {
+        kubectl_output(
+            &s,
+            &[
+                "get",
+                "evaluators",
+                "-n",
+                &ns,
+                "--field-selector",
+                selector,
+                "-o",
+                "name",
+            ],
+        )
+    };
+    if server_minor(&s) < 31 {
+        // Releases before v1.31 refuse the overlay, and serve the plain
+        // CRDs with metadata field selectors only, as docs/installing.md says.
+        let err = String::from_utf8_lossy(&applied.stderr);
+        assert!(
+            !applied.status.success() && err.contains("selectableFields"),
+            "{err}"
+        );
+        let refused = select("spec.targetRef.name=web");
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success()
+                && err.contains("field label not supported: spec.targetRef.name"),
+            "{err}"
+        );
+        return;
+    }
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = select("spec.targetRef.name=web");
+        if out.status.success() {
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "evaluator.runbook.dev/a\n"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "field selectors never served: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let not_web = select("spec.targetRef.name!=web");
+    assert_eq!(
+        String::from_utf8_lossy(&not_web.stdout),
+        "evaluator.runbook.dev/b\n"
+    );
+    // No status yet: the phase reads as "".
+    let unphased = select("status.phase=");
+    assert_eq!(
+        String::from_utf8_lossy(&unphased.stdout),
+        "evaluator.runbook.dev/a\nevaluator.runbook.dev/b\n"
+    );
+    let refused = select("spec.threshold=0.8");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("field label not supported: spec.threshold")
+    );
+}
+
+#[test]
+fn kubectl_drives_the_sandbox() {
+    if !have_kubectl() {
+        eprintln!("skipped: kubectl is not on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let s = start();
+    let ns = s.namespace.clone();
+    install_crds(&s, root, &ns);
     let example = root.join("examples/evaluator-drift/evaluator.yaml");
     let out = kubectl(&s, &["apply", "-n", &ns, "-f", example.to_str().unwrap()]);
     assert!(

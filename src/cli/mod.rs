@@ -52,23 +52,37 @@ pub enum Command {
 
 #[derive(clap::Args, Debug)]
 pub struct CrdsArgs {
-    /// Write one file per CRD into this directory instead of printing.
+    /// Write one file per CRD into this directory instead of printing, and
+    /// the field-selectors overlay (Kubernetes v1.31+) under it.
     #[arg(long, env = "RUNBOOK_CRDS_OUT_DIR")]
     pub out_dir: Option<std::path::PathBuf>,
 }
 
 fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
-    match args.out_dir {
-        None => print!("{}", crate::crd::all_yaml()),
-        Some(dir) => {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            for crd in crate::crd::all() {
-                let path = dir.join(crate::crd::file_name(&crd));
-                std::fs::write(&path, crate::crd::to_yaml(&crd))
-                    .with_context(|| format!("writing {}", path.display()))?;
-                println!("wrote {}", path.display());
-            }
+    let Some(dir) = args.out_dir else {
+        print!("{}", crate::crd::all_yaml());
+        return Ok(ExitCode::SUCCESS);
+    };
+    let selecting = dir.join(crate::crd::FIELD_SELECTORS_DIR);
+    for (dir, crds, field_selectors) in [
+        (&dir, crate::crd::all(), false),
+        (&selecting, crate::crd::all_with_field_selectors(), true),
+    ] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut files = vec![(
+            dir.join("kustomization.yaml"),
+            crate::crd::kustomization(field_selectors),
+        )];
+        files.extend(crds.iter().map(|crd| {
+            (
+                dir.join(crate::crd::file_name(crd)),
+                crate::crd::to_yaml(crd),
+            )
+        }));
+        for (path, text) in files {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -20,6 +20,97 @@ use jiff::Timestamp;
 /// [`MIN_TARGET_INTERVAL_SECS`]).
 pub const CRON_PATTERN: &str = r"^((CRON_)?TZ=\S+\s+)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)$";
 
+/// CEL rules (`x-kubernetes-validations`) a CRD gives a schedule with
+/// [`CRON_PATTERN`], so the API server refuses at `kubectl apply` what
+/// Runbook could not parse, each with a message naming the field: a value
+/// or a step out of its field's range, a name outside the month and weekday
+/// fields or one that is no month or day, and a numeric range that runs
+/// backwards (`5-1`). Two things only Runbook checks, and reports on the
+/// object: a time zone name, and a named range that runs backwards
+/// (`fri-mon`). Each rule passes what the pattern refuses (a macro, a wrong
+/// number of fields), so a mistake is told once. Pairs of rule and message.
+pub fn cron_rules() -> Vec<(String, String)> {
+    const MONTHS: &str = "jan|january|feb|february|mar|march|apr|april|may|jun|june|jul|july|aug|august|sep|september|oct|october|nov|november|dec|december";
+    const DAYS: &str = "sun|sunday|mon|monday|tue|tues|tuesday|wed|wednesday|thu|thurs|thursday|fri|friday|sat|saturday";
+    // (field, value, step, names, `?` allowed, the range said to a user)
+    let fields: [(&str, &str, &str, &str, bool, &str); 5] = [
+        (
+            "minute",
+            "0*[1-5]?[0-9]",
+            "0*([1-9]|[1-5][0-9])",
+            "",
+            false,
+            "0-59",
+        ),
+        (
+            "hour",
+            "0*(1?[0-9]|2[0-3])",
+            "0*([1-9]|1[0-9]|2[0-3])",
+            "",
+            false,
+            "0-23",
+        ),
+        (
+            "day-of-month",
+            "0*([1-9]|[12][0-9]|3[01])",
+            "0*([1-9]|[12][0-9]|3[01])",
+            "",
+            true,
+            "1-31",
+        ),
+        (
+            "month",
+            "0*([1-9]|1[0-2])",
+            "0*([1-9]|1[0-2])",
+            MONTHS,
+            false,
+            "1-12 or jan-dec",
+        ),
+        (
+            "day-of-week",
+            "0*[0-7]",
+            "0*[1-7]",
+            DAYS,
+            true,
+            "0-7 or sun-sat",
+        ),
+    ];
+    // The pattern holds for a schedule with its five fields: they are the
+    // words after an optional time zone prefix.
+    let fields_given =
+        r"!self.matches('^((CRON_)?TZ=\\S+\\s+)?\\S+\\s+\\S+\\s+\\S+\\s+\\S+\\s+\\S+$')";
+    let word = |i: usize| {
+        format!(r"self.lowerAscii().findAll('\\S+')[(self.matches('^(CRON_)?TZ=') ? 1 : 0) + {i}]")
+    };
+    let mut rules: Vec<(String, String)> = fields
+        .iter()
+        .enumerate()
+        .map(|(i, (name, value, step, names, any, said))| {
+            let mut base = vec![r"\\*".to_string(), format!("({value})(-({value}))?")];
+            if *any {
+                base.push(r"\\?".to_string());
+            }
+            if !names.is_empty() {
+                base.push(format!("({names})-({names})"));
+            }
+            let mut item = format!("({})(/({step}))?", base.join("|"));
+            if !names.is_empty() {
+                item = format!("({item}|{names})");
+            }
+            let rule = format!("{fields_given} || {}.matches('^{item}(,{item})*$')", word(i));
+            let message = format!(
+                "the {name} field of a schedule takes {said}: a value, a range or *, with an optional /step within that range, or a comma-separated list of them"
+            );
+            (rule, message)
+        })
+        .collect();
+    rules.push((
+        "self.findAll('[0-9]+-[0-9]+').all(r, int(r.split('-')[0]) <= int(r.split('-')[1]))".into(),
+        "a range in a schedule must run upwards (write 1-5, not 5-1)".into(),
+    ));
+    rules
+}
+
 /// The smallest interval of a schedule read from a target's field
 /// (`fromField`): whoever writes a custom resource may not have Runbook
 /// decide (and write) more often than once a minute for it. A policy's own

@@ -1071,7 +1071,7 @@ fn filter(t: &Target, q: &BTreeMap<String, String>) -> Result<Filter, ApiError> 
         _ => Selector::default(),
     };
     let fields = match q.get("fieldSelector") {
-        Some(s) if !s.is_empty() => FieldSelector::parse(s)?,
+        Some(s) if !s.is_empty() => FieldSelector::parse(s, &t.def.selectable)?,
         _ => FieldSelector::default(),
     };
     Ok(Filter {

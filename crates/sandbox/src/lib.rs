@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cel;
 pub mod discovery;
 pub mod faults;
 pub mod fields;

@@ -29,6 +29,10 @@ pub struct ResourceDef {
     pub columns: BTreeMap<String, Vec<Value>>,
     /// Set for kinds that come from a CRD.
     pub crd: Option<String>,
+    /// Fields a field selector may name besides `metadata.name` and
+    /// `metadata.namespace` (a CRD's `selectableFields`, without the
+    /// leading dot).
+    pub selectable: Vec<String>,
 }
 
 /// How a resource type is keyed in the store: group and plural.
@@ -124,6 +128,7 @@ fn builtin(
         schemas: BTreeMap::new(),
         columns: BTreeMap::new(),
         crd: None,
+        selectable: Vec::new(),
     }
 }
 
@@ -438,7 +443,99 @@ fn crd_problems(crd: &Value) -> Vec<(String, String)> {
     if !versions.is_empty() && storage != 1 {
         problem("spec.versions", one_storage.into());
     }
+    rule_problems(&versions, &mut errors);
+    selectable_problems(&versions, &mut errors);
     errors
+}
+
+/// `selectableFields` that name no field of the schema, or one that is not
+/// a string, boolean or integer, or a metadata field, worded as the API
+/// server words them.
+fn selectable_problems(versions: &[Value], errors: &mut Vec<(String, String)>) {
+    let single = versions.len() == 1;
+    for (i, v) in versions.iter().enumerate() {
+        let schema = v.pointer("/schema/openAPIV3Schema").unwrap_or(&Value::Null);
+        for (j, f) in v["selectableFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let path = f["jsonPath"].as_str().unwrap_or_default();
+            let field = match single {
+                true => format!("spec.selectableFields[{j}].jsonPath"),
+                false => format!("spec.versions[{i}].selectableFields[{j}].jsonPath"),
+            };
+            let Some(rest) = path.strip_prefix('.') else {
+                let first = path.split(['.', '[']).next().unwrap_or_default();
+                errors.push((field, format!("Invalid value: {path:?}: is an invalid path: expected [ or . but got: {first}")));
+                continue;
+            };
+            let mut at = Some(schema);
+            for part in rest.split('.') {
+                at = at.and_then(|s| s["properties"].get(part));
+            }
+            let found = at.filter(|_| !rest.starts_with("metadata"));
+            match found.and_then(|s| s["type"].as_str()) {
+                None => errors.push((field, format!("Invalid value: {path:?}: is an invalid path: does not refer to a valid field"))),
+                Some("string" | "boolean" | "integer") => {}
+                Some(_) => errors.push((field, format!("Invalid value: {path:?}: must point to a field of type string, boolean or integer. Enum string fields and strings with formats are allowed."))),
+            }
+        }
+    }
+}
+
+/// CEL rules that select a field their schema does not declare, as the API
+/// server refuses them ("compilation failed"). A rule outside what the
+/// sandbox's CEL compiles is let through (and left unenforced).
+fn rule_problems(versions: &[Value], errors: &mut Vec<(String, String)>) {
+    let schemas: Vec<Option<&Value>> = versions
+        .iter()
+        .map(|v| v.pointer("/schema/openAPIV3Schema"))
+        .collect();
+    // One schema for every version is reported as the CRD's validation.
+    let shared = schemas.windows(2).all(|w| w[0] == w[1]);
+    for (i, schema) in schemas.iter().enumerate() {
+        let Some(schema) = schema else { continue };
+        let base = if shared {
+            "spec.validation.openAPIV3Schema".to_string()
+        } else {
+            format!("spec.versions[{i}].schema.openAPIV3Schema")
+        };
+        walk_rules(schema, &base, errors);
+        if shared {
+            break;
+        }
+    }
+}
+
+fn walk_rules(schema: &Value, path: &str, errors: &mut Vec<(String, String)>) {
+    for (j, rule) in schema["x-kubernetes-validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let text = rule["rule"].as_str().unwrap_or_default();
+        if let Ok(expr) = crate::cel::compile(text)
+            && let Err(e) = crate::cel::check_fields(&expr, schema)
+        {
+            errors.push((
+                format!("{path}.x-kubernetes-validations[{j}].rule"),
+                format!("Invalid value: {text:?}: compilation failed: ERROR: {e}"),
+            ));
+        }
+    }
+    if let Some(props) = schema["properties"].as_object() {
+        for (k, s) in props {
+            walk_rules(s, &format!("{path}.properties[{k}]"), errors);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if schema[key].is_object() {
+            walk_rules(&schema[key], &format!("{path}.{key}"), errors);
+        }
+    }
 }
 
 /// The kind a valid CustomResourceDefinition serves.
@@ -461,7 +558,17 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
     let mut schemas = BTreeMap::new();
     let mut columns = BTreeMap::new();
     let mut status = false;
+    let mut selectable = Vec::new();
     for v in &versions {
+        if s(&v["name"]) == storage_name {
+            selectable = v["selectableFields"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f["jsonPath"].as_str())
+                .map(|p| p.trim_start_matches('.').to_string())
+                .collect();
+        }
         let vn = s(&v["name"]);
         if v["served"] != false && vn != storage_name {
             served.push(vn.clone());
@@ -498,6 +605,7 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<(String, String)>> {
         schemas,
         columns,
         crd: Some(s(&crd["metadata"]["name"])),
+        selectable,
     })
 }
 

@@ -45,6 +45,12 @@ use super::common::{
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.retention) || has(self.schedule)",
+    "fieldPath": ".retention",
+    "reason": "FieldValueForbidden",
+    "message": "retention counts the runs of a schedule: set a schedule, or remove retention"
+}]))]
 pub struct DatabaseBackupSpec {
     /// The database to back up.
     pub database: DatabaseRef,
@@ -72,13 +78,22 @@ pub struct DatabaseBackupSpec {
     pub step_timeout_seconds: Option<i64>,
 }
 
-/// Which database: a StatefulSet by name, or the pods a selector matches.
+/// Which database: a StatefulSet by name, or the pods a selector matches
+/// (one of the two).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.statefulSet) != has(self.podSelector)",
+    "message": "name the database by statefulSet or by podSelector: exactly one of them"
+}]))]
 pub struct DatabaseRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
     pub stateful_set: Option<String>,
+    /// Labels the database's pods carry (at least one: an empty selector
+    /// would match every pod of the namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minProperties" = 1))]
     pub pod_selector: Option<BTreeMap<String, String>>,
 }
 

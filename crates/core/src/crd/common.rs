@@ -68,12 +68,20 @@ pub(crate) fn quantities_schema(_: &mut schemars::SchemaGenerator) -> schemars::
     })
 }
 
-/// Schema for a cron expression: five or six fields, or an `@hourly`-style macro.
+/// Schema for a cron expression: five fields or an `@hourly`-style macro,
+/// refused by the API server unless Runbook can parse it (see
+/// [`crate::schedule::cron_rules`]).
 pub(crate) fn cron_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let rules: Vec<serde_json::Value> = crate::schedule::cron_rules()
+        .into_iter()
+        .map(|(rule, message)| serde_json::json!({"rule": rule, "message": message}))
+        .collect();
     schemars::json_schema!({
         "type": "string",
         "pattern": crate::schedule::CRON_PATTERN,
-        "description": "Cron expression (5 fields, or 6 with seconds first; UTC) or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly."
+        "maxLength": 128,
+        "x-kubernetes-validations": rules,
+        "description": "Cron expression (5 fields: minute hour day-of-month month day-of-week; UTC unless a CRON_TZ= prefix names a zone) or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly."
     })
 }
 

@@ -48,7 +48,13 @@ fn default_deadline() -> i64 {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EvaluatorSpec {
-    /// The Deployment whose model is benchmarked and rolled back.
+    /// The Deployment whose model is benchmarked and rolled back. Fixed
+    /// once set: the scores and the last good revision in status are this
+    /// Deployment's, and a rollback of another one by them would be wrong.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.name == oldSelf.name",
+        "message": "targetRef is fixed once set: create another Evaluator for another Deployment"
+    }]))]
     pub target_ref: TargetRef,
     /// What to run as the benchmark. Its pod writes the score as its
     /// termination message: `{"score": 0.91}` or a plain number. Only

@@ -46,6 +46,76 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> String {
     crate::util::yaml::to_string(&value)
 }
 
+/// Fields `kubectl get --field-selector` may name, by CRD: which Evaluator
+/// watches a Deployment, the backups of one database or volume, the
+/// objects in a phase, the state of one target. Kubernetes serves them from
+/// v1.31 (`selectableFields`); v1.28 to v1.30 refuse a CRD that declares
+/// them, so they are an overlay of the CRDs rather than part of them.
+pub fn selectable_fields(crd_name: &str) -> &'static [&'static str] {
+    match crd_name {
+        "evaluators.runbook.dev" => &[".spec.targetRef.name", ".status.phase"],
+        "databasebackups.runbook.dev" => {
+            &[".spec.database.statefulSet", ".spec.pvc", ".status.phase"]
+        }
+        "aimodels.runbook.dev" => &[".status.phase"],
+        "runbookstates.runbook.dev" => &[
+            ".spec.target.kind",
+            ".spec.target.name",
+            ".status.last.policy",
+            ".status.last.result",
+        ],
+        _ => &[],
+    }
+}
+
+/// Directory under `crds/` of the CRDs with their selectable fields (a
+/// kustomize base of its own: `kubectl apply --server-side -k
+/// crds/field-selectors`).
+pub const FIELD_SELECTORS_DIR: &str = "field-selectors";
+
+/// Every CRD with its selectable fields, for Kubernetes v1.31 and later.
+pub fn all_with_field_selectors() -> Vec<CustomResourceDefinition> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::SelectableField;
+    all()
+        .into_iter()
+        .map(|mut crd| {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let fields: Vec<SelectableField> = selectable_fields(&name)
+                .iter()
+                .map(|p| SelectableField {
+                    json_path: p.to_string(),
+                })
+                .collect();
+            for v in &mut crd.spec.versions {
+                v.selectable_fields = Some(fields.clone()).filter(|f| !f.is_empty());
+            }
+            crd
+        })
+        .collect()
+}
+
+/// The `kustomization.yaml` of `crds/` or of its field-selectors directory.
+pub fn kustomization(field_selectors: bool) -> String {
+    let head = match field_selectors {
+        false => "# Runbook's CRDs as a kustomize base (deploy/ includes it). The CRD files\n\
+                  # are generated: runbook crds --out-dir crds\n"
+            .to_string(),
+        true => "# Runbook's CRDs with field selectors, for Kubernetes v1.31 and later\n\
+                 # (earlier releases refuse selectableFields: apply crds/ there):\n\
+                 #   kubectl apply --server-side -k crds/field-selectors\n\
+                 #   kubectl get evaluators --field-selector spec.targetRef.name=chatbot\n\
+                 # Generated: runbook crds --out-dir crds\n"
+            .to_string(),
+    };
+    let files: String = all()
+        .iter()
+        .map(|c| format!("  - {}\n", file_name(c)))
+        .collect();
+    format!(
+        "{head}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n{files}"
+    )
+}
+
 /// All CRDs as one multi-document YAML stream, as `runbook crds` prints it.
 pub fn all_yaml() -> String {
     all().iter().map(to_yaml).collect::<Vec<_>>().join("---\n")

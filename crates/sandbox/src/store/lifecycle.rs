@@ -66,7 +66,7 @@ impl Store {
             .get(&def.storage())
             .map(|m| {
                 m.iter()
-                    .filter(|(k, s)| filter.matches(k, &s.labels))
+                    .filter(|(k, s)| filter.matches(k, &s.labels, &s.bytes))
                     .map(|(k, _)| k.clone())
                     .collect()
             })

@@ -222,13 +222,16 @@ struct HistEvent {
     new_labels: Labels,
 }
 
-/// A field selector the sandbox supports: `metadata.name` and
-/// `metadata.namespace`, with `=`, `==` or `!=`.
+/// A field selector: `metadata.name`, `metadata.namespace` and the
+/// kind's selectable fields (a CRD's `selectableFields`), with `=`, `==`
+/// or `!=`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FieldSelector(pub Vec<(String, bool, String)>);
 
 impl FieldSelector {
-    pub fn parse(text: &str) -> Result<Self, ApiError> {
+    /// Parse `text`; a field outside the metadata pair and `selectable` is
+    /// refused as the API server refuses it.
+    pub fn parse(text: &str, selectable: &[String]) -> Result<Self, ApiError> {
         let mut out = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (field, eq, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -243,7 +246,10 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" {
+            if field != "metadata.name"
+                && field != "metadata.namespace"
+                && !selectable.iter().any(|s| s == field)
+            {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {field}"
                 )));
@@ -253,10 +259,44 @@ impl FieldSelector {
         Ok(Self(out))
     }
 
+    /// Whether the metadata fields match the key.
     fn matches(&self, key: &ObjKey) -> bool {
         self.0.iter().all(|(f, eq, v)| {
-            let have = if f == "metadata.name" { &key.1 } else { &key.0 };
+            let have = match f.as_str() {
+                "metadata.name" => &key.1,
+                "metadata.namespace" => &key.0,
+                _ => return true,
+            };
             (have == v) == *eq
+        })
+    }
+
+    /// Whether the selectable fields match the object: a missing field
+    /// reads as "", a boolean or an integer as its text, as the API server
+    /// renders them. Objects are read only when the selector names such a
+    /// field.
+    fn matches_object(&self, bytes: &Bytes) -> bool {
+        let body: Vec<&(String, bool, String)> = self
+            .0
+            .iter()
+            .filter(|(f, _, _)| !f.starts_with("metadata."))
+            .collect();
+        if body.is_empty() {
+            return true;
+        }
+        let obj: Value = serde_json::from_slice(bytes).unwrap_or_default();
+        body.iter().all(|(f, eq, v)| {
+            let mut at = &obj;
+            for part in f.split('.') {
+                at = &at[part];
+            }
+            let have = match at {
+                Value::String(s) => s.clone(),
+                Value::Bool(b) => b.to_string(),
+                Value::Number(n) => n.to_string(),
+                _ => String::new(),
+            };
+            (&have == v) == *eq
         })
     }
 }
@@ -270,10 +310,11 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, key: &ObjKey, labels: &Labels) -> bool {
+    fn matches(&self, key: &ObjKey, labels: &Labels, bytes: &Bytes) -> bool {
         self.namespace.as_ref().is_none_or(|ns| ns == &key.0)
             && self.fields.matches(key)
             && labels.matched_by(&self.labels)
+            && self.fields.matches_object(bytes)
     }
 }
 

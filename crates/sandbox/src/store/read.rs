@@ -10,8 +10,15 @@ pub(super) fn visible(filter: &Filter, e: &HistEvent) -> Option<&'static str> {
     if !ns_ok {
         return None;
     }
-    let now = e.new_labels.matched_by(&filter.labels);
-    let before = e.old_labels.as_ref().map(|l| l.matched_by(&filter.labels));
+    // Label and selectable-field changes move objects in and out of a
+    // selector's view.
+    let now = e.new_labels.matched_by(&filter.labels) && filter.fields.matches_object(&e.bytes);
+    let before = e.old_labels.as_ref().map(|l| {
+        l.matched_by(&filter.labels)
+            && e.old_bytes
+                .as_ref()
+                .is_none_or(|b| filter.fields.matches_object(b))
+    });
     match (e.ty, before, now) {
         (EventType::Added, _, true) => Some("ADDED"),
         (EventType::Deleted, _, true) => Some("DELETED"),
@@ -147,7 +154,7 @@ impl Store {
                 }
                 continue;
             }
-            if !filter.matches(k, labels) {
+            if !filter.matches(k, labels, bytes) {
                 continue;
             }
             if limit.is_some_and(|l| items.len() >= l) {
@@ -217,7 +224,7 @@ impl Store {
             _ => {
                 if let Some(objs) = inner.objects.get(&key) {
                     for (k, s) in objs {
-                        if filter.matches(k, &s.labels) {
+                        if filter.matches(k, &s.labels, &s.bytes) {
                             send(renderer.line("ADDED", &s.bytes));
                         }
                     }
@@ -392,14 +399,14 @@ mod tests {
             ["web"]
         );
         let by_field = Filter {
-            fields: FieldSelector::parse("metadata.name!=web,metadata.namespace=ns").unwrap(),
+            fields: FieldSelector::parse("metadata.name!=web,metadata.namespace=ns", &[]).unwrap(),
             ..Default::default()
         };
         assert_eq!(
             names(&s, &s.list(&cms, &by_field, None, None).unwrap()),
             ["db", "kube-root-ca.crt"]
         );
-        assert_eq!(FieldSelector::parse("spec.x=1").unwrap_err().code, 400);
+        assert_eq!(FieldSelector::parse("spec.x=1", &[]).unwrap_err().code, 400);
     }
 
     #[test]

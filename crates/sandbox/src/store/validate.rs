@@ -541,6 +541,7 @@ impl Inner {
         &self,
         def: &ResourceDef,
         obj: &mut Value,
+        old: Option<&Value>,
         opts: &WriteOpts,
         warnings: &mut Vec<String>,
         name: &str,
@@ -566,7 +567,7 @@ impl Inner {
                 .unwrap_or("")
                 .to_string();
             if let Some(schema) = schema_of(def, obj) {
-                let out = schema::apply(schema, obj);
+                let out = schema::apply(schema, obj, old);
                 causes.extend(out.causes);
                 match opts.field_validation {
                     // Strict decoding fails before any validation.

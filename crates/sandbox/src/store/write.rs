@@ -42,7 +42,7 @@ impl Store {
         if let Some(admit) = &opts.admit {
             (admit.0)(&mut obj)?;
         }
-        inner.validate_content(def, &mut obj, opts, &mut warnings, &name)?;
+        inner.validate_content(def, &mut obj, None, opts, &mut warnings, &name)?;
         if def.key()
             == (
                 "apiextensions.k8s.io".to_string(),
@@ -326,7 +326,7 @@ impl Store {
             validate_meta(def, &new, name)?;
             no_new_finalizers_while_deleting(def, name, &old, &new)?;
         }
-        inner.validate_content(def, &mut new, opts, &mut warnings, name)?;
+        inner.validate_content(def, &mut new, Some(&old), opts, &mut warnings, name)?;
         if let Some(manager) = updated_by {
             self.record_manager(&old, &mut new, &manager, part);
         }
@@ -680,7 +680,7 @@ fn undeclared_in_apply(def: &ResourceDef, body: &Value, name: &str) -> Result<()
         return Ok(());
     };
     let mut probe = body.clone();
-    let out = crate::schema::apply(schema, &mut probe);
+    let out = crate::schema::apply(schema, &mut probe, None);
     match out.unknown.first() {
         None => Ok(()),
         Some(field) => {
