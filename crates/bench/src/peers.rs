@@ -77,7 +77,7 @@ main()
 "#;
 
 /// How to get Kopf, printed when it cannot be found.
-pub const HOW_TO_INSTALL: &str = "python3 -m venv target/kopf && target/kopf/bin/pip install kopf kubernetes uvloop, then --kopf-python target/kopf/bin/python";
+pub const HOW_TO_INSTALL: &str = "python3 -m venv target/kopf && target/kopf/bin/pip install kopf kubernetes uvloop (found there from the workspace; elsewhere, give --kopf-python)";
 
 /// Who runs the workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,22 +175,39 @@ impl PeersFigures {
     }
 }
 
-/// The Python to run Kopf with: `given`, or `python3` if it has Kopf and
-/// the Kubernetes client. `Err` says why not and how to install them.
+/// Where [`HOW_TO_INSTALL`] puts the Python with Kopf, relative to the
+/// workspace (the directory `cargo run` runs in).
+pub const KOPF_VENV_PYTHON: &str = "target/kopf/bin/python";
+
+/// The Python to run Kopf with: `given`, else the one [`HOW_TO_INSTALL`]
+/// makes (`target/kopf/bin/python`), else `python3`, the first with Kopf
+/// and the Kubernetes client. `Err` says why none and how to install them.
 pub fn kopf_python(given: Option<&Path>) -> Result<PathBuf, String> {
-    let python = given.map_or_else(|| PathBuf::from("python3"), Path::to_path_buf);
-    let out = Command::new(&python)
-        .args(["-c", "import kopf, kubernetes"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{}: {e}; install Kopf: {HOW_TO_INSTALL}", python.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} has no Kopf or no Kubernetes client; install them: {HOW_TO_INSTALL}",
-            python.display()
-        ));
+    let candidates: Vec<PathBuf> = match given {
+        Some(p) => vec![p.to_path_buf()],
+        None => vec![PathBuf::from(KOPF_VENV_PYTHON), PathBuf::from("python3")],
+    };
+    let mut why = Vec::new();
+    for python in candidates {
+        let out = Command::new(&python)
+            .args(["-c", "import kopf, kubernetes"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match out {
+            Ok(s) if s.success() => return Ok(python),
+            Ok(_) => why.push(format!(
+                "{} has no Kopf or no Kubernetes client",
+                python.display()
+            )),
+            Err(e) => why.push(format!("{}: {e}", python.display())),
+        }
     }
-    Ok(python)
+    Err(format!(
+        "{}; install them: {HOW_TO_INSTALL}",
+        why.join("; ")
+    ))
 }
 
 fn has_uvloop(python: &Path) -> bool {
