@@ -6,6 +6,10 @@
 //! operator in the other, so neither the sandbox's storage nor what the
 //! speed run left in the allocator is counted.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use runbook::bench::memory::{measure, operator_child, sandbox_child};
 use runbook::bench::operator::run;
 
@@ -22,7 +26,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("sandbox") => return runtime().block_on(sandbox_child(count(1))),
         Some("operator") => {
-            runbook::bench::alloc::enable();
+            runbook_sys::alloc::enable();
             let (n, kc) = (
                 count(1),
                 std::path::PathBuf::from(args.get(2).cloned().unwrap_or_default()),
@@ -87,5 +91,5 @@ fn main() {
 
 /// The allocator the `runbook` binary uses.
 #[global_allocator]
-static ALLOC: runbook::bench::alloc::Counting<mimalloc::MiMalloc> =
-    runbook::bench::alloc::Counting(mimalloc::MiMalloc);
+static ALLOC: runbook_sys::alloc::Counting<mimalloc::MiMalloc> =
+    runbook_sys::alloc::Counting(mimalloc::MiMalloc);

@@ -1,6 +1,10 @@
 //! `cargo bench --bench reload`: policy ConfigMap edit to the first reconcile
 //! on the new version, and the time to move 10,000 targets to it.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use runbook::bench::reload::run;
 use runbook::bench::us;
 

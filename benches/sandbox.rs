@@ -1,5 +1,9 @@
 //! `cargo bench --bench sandbox`: the in-process API server's speed and memory.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use runbook::bench::sandbox::{ms, run};
 use runbook::bench::us;
 

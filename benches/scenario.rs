@@ -1,6 +1,10 @@
 //! `cargo bench --bench scenario`: a simulated week of hourly evaluations
 //! (examples/evaluator-drift/week.yaml) from start to finish.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use runbook::bench::scenario::run;
 
 fn main() {

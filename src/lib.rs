@@ -11,7 +11,6 @@
 //!   `admission`, `telemetry`, `events`, `rbac`;
 //! - `runbook-sandbox` (`sandbox`), `runbook-simulator` (`scenario`) and
 //!   `runbook-bench` (`bench`), off the operator's path.
-#![deny(unsafe_code)]
 
 pub mod cli;
 pub mod schema;

@@ -2,6 +2,10 @@
 //! Secrets on the cluster (the sandbox, or RUNBOOK_TEST_KUBECONFIG), and
 //! the dispatcher driven on a controlled clock.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/alertmanager.rs"]
 mod alertmanager;
 #[path = "support/cluster.rs"]

@@ -8,6 +8,10 @@
 //! A fixed seed and a bounded number of cases; skipped, saying so, where
 //! amtool cannot be had.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/alertmanager.rs"]
 mod alertmanager;
 

@@ -2,6 +2,10 @@
 //! its goal, and JSON and the table agree. (Figures are not judged here:
 //! speed is measured by the benchmark, never by a test.)
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use std::process::Command;
 
 /// `runbook bench --quick --only SECTIONS -o json`, which must succeed.

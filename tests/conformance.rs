@@ -3,6 +3,10 @@
 //! against a real cluster when RUNBOOK_TEST_KUBECONFIG names a kubeconfig
 //! (fault-injection and clock tests are sandbox-only and skip there).
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 

@@ -4,6 +4,10 @@
 //! plays it. The same assertions hold on both sides, so the world cannot
 //! drift from the controllers it stands in for.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/kubelet.rs"]

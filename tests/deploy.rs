@@ -4,6 +4,10 @@
 //! policies, dangerous kinds are refused, and the start-up check names the
 //! permission that is missing.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 

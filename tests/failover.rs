@@ -9,6 +9,10 @@
 //! failover time is printed. Each kill comes just after a renewal, the
 //! moment that leaves the most of the lease to run out.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/operator.rs"]

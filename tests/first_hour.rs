@@ -1,6 +1,10 @@
 //! What a newcomer types in their first hour, as they type it: the
 //! command-line's flags and outputs (issue: "the first hour, again").
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -1,6 +1,10 @@
 //! `runbook simulate --html`: the page of the README's week, read as a
 //! file and loaded in a real (headless) browser.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -6,6 +6,10 @@
 //! promtool and prometheus (Debian's `prometheus` package, which
 //! `.ci/run` installs) the tests say they skip.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/operator.rs"]

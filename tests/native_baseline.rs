@@ -1,6 +1,10 @@
 //! The native Rust rule used as the benchmark baseline makes the same
 //! decision as the shipped Rhai policy, so the speed comparison is fair.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use runbook::bench::decision::Setup;
 use runbook::script::Action;
 

@@ -2,6 +2,10 @@
 //! test), a policy bound to it, and the executor's contract. Runs on the
 //! sandbox, or on a real cluster when RUNBOOK_TEST_KUBECONFIG is set.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/operator.rs"]

@@ -3,6 +3,10 @@
 //! run by the operator against the test's cluster, checked as the peer's
 //! own test script checks it.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/kubelet.rs"]

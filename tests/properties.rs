@@ -2,6 +2,10 @@
 //! hands over and whatever an API server answers, nothing panics, and a
 //! malformed object is refused with a reason rather than written.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use proptest::prelude::*;
 use runbook::act::prepare_child;
 use runbook::observe::RawObject;

@@ -3,6 +3,10 @@
 //! a bundle touches nothing it made. Sandbox by default; a real cluster
 //! with RUNBOOK_TEST_KUBECONFIG.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/operator.rs"]

@@ -12,6 +12,10 @@
 //! This is a test binary of its own: a restart would fail every test
 //! running beside it, and cargo runs test binaries one after another.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/kubelet.rs"]

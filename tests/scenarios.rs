@@ -2,6 +2,10 @@
 //! are byte-identical, and bad scenarios fail with positions before they
 //! run while the other scenarios still run.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

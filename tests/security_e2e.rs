@@ -9,6 +9,10 @@
 //! refused with a reason that user can read on their own object, and the
 //! shipped workflows still work for a user who has the rights they need.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/kubelet.rs"]

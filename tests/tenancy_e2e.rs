@@ -13,6 +13,10 @@
 //! (RBAC and impersonation from the four RBAC kinds) and on a real
 //! control plane.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/operator.rs"]

@@ -11,6 +11,10 @@
 //! backup also goes through an operator restart and two API outages (a
 //! proxy the test cuts), and nothing is done twice.
 
+// A test's failed unwrap is its failure, and a test reads top to bottom:
+// the workspace's unwrap and function-length lints are for the product.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/kubelet.rs"]

@@ -52,7 +52,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         args.child.first().map(String::as_str),
         Some("operator" | "replica")
     ) {
-        crate::bench::alloc::enable();
+        runbook_sys::alloc::enable();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

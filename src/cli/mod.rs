@@ -119,7 +119,7 @@ pub async fn shutdown_signal() {
 }
 
 pub fn main() -> ExitCode {
-    crate::util::memory::prefer_small_pages();
+    runbook_sys::process::prefer_small_pages();
     let cli = Cli::parse();
     // Commands that print and exit stop quietly when their reader does;
     // the servers (and the benchmarks, which run servers and hooks) do not.
@@ -127,7 +127,7 @@ pub fn main() -> ExitCode {
         cli.command,
         Command::Run(_) | Command::Sandbox(_) | Command::Bench(_)
     ) {
-        crate::util::signals::end_quietly_on_closed_pipe();
+        runbook_sys::process::end_quietly_on_closed_pipe();
     }
     let result = match cli.command {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(*args))),

@@ -60,7 +60,9 @@ impl Setup {
         let observed = Observed {
             target: cached,
             view,
-            now: "2026-11-29T10:05:00Z".parse().unwrap(),
+            now: "2026-11-29T10:05:00Z"
+                .parse()
+                .expect("a fixed timestamp parses"),
         };
         Self {
             engine,

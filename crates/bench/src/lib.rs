@@ -2,9 +2,6 @@
 //! measured figures; nothing here is typed in by hand.
 
 pub mod admission;
-// The one exception to no unsafe code: a GlobalAlloc must be unsafe.
-#[allow(unsafe_code)]
-pub mod alloc;
 pub mod baseline;
 pub mod containment;
 pub mod decision;

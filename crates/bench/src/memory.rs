@@ -116,11 +116,11 @@ pub async fn operator_child(kubeconfig: &Path, n: usize) {
     println!(
         "STEADY {} {}",
         status_kb("VmRSS:") * 1024,
-        crate::alloc::live()
+        runbook_sys::alloc::live()
     );
     // Peaks from here on.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    crate::alloc::reset_peak();
+    runbook_sys::alloc::reset_peak();
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -129,7 +129,7 @@ pub async fn operator_child(kubeconfig: &Path, n: usize) {
     println!(
         "PEAK {} {}",
         status_kb("VmHWM:") * 1024,
-        crate::alloc::peak()
+        runbook_sys::alloc::peak()
     );
     op.shutdown(Duration::from_secs(5)).await;
 }

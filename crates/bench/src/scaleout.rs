@@ -179,7 +179,7 @@ pub async fn replica_child(args: &[String]) {
             "rss" => println!(
                 "RSS {} {}",
                 super::memory::status_kb("VmRSS:") * 1024,
-                crate::alloc::live()
+                runbook_sys::alloc::live()
             ),
             "stop" => break,
             _ => {}

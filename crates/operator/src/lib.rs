@@ -8,7 +8,6 @@
 //! - `admission`: the webhooks Runbook serves and the author records;
 //! - `telemetry`, `events`, `rbac`: metrics and the journal, Kubernetes
 //!   Events, least privilege derived from policies.
-#![deny(unsafe_code)]
 
 pub mod act;
 pub mod admission;

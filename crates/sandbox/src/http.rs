@@ -19,8 +19,8 @@ use super::faults::{ApiVerb, Faults};
 use super::registry::ResourceDef;
 use super::status::ApiError;
 use super::store::{
-    DeleteOpts, Deleted, EventRenderer, FieldSelector, FieldValidation, Filter, Part, PatchKind,
-    Propagation, Store, WriteOpts,
+    DeleteOpts, Deleted, EventRenderer, FieldSelector, FieldValidation, Filter, Part, PatchBody,
+    PatchKind, Propagation, Store, WriteOpts,
 };
 use super::{patch, table};
 use runbook_core::labels::Selector;
@@ -768,8 +768,17 @@ impl Api {
         let name = t.name.as_deref().unwrap_or_default();
         let w = self
             .admitted(c, user, |opts| {
-                self.store
-                    .patch(&t.def, &c.ns, name, kind, patch_body.clone(), c.part, opts)
+                self.store.patch(
+                    &t.def,
+                    &c.ns,
+                    name,
+                    PatchBody {
+                        kind,
+                        body: patch_body.clone(),
+                    },
+                    c.part,
+                    opts,
+                )
             })
             .await?;
         let code = if w.created {
@@ -878,8 +887,10 @@ impl Api {
             &t.def,
             ns,
             name,
-            PatchKind::Merge,
-            json!({"spec": {"replicas": replicas}}),
+            PatchBody {
+                kind: PatchKind::Merge,
+                body: json!({"spec": {"replicas": replicas}}),
+            },
             Part::Main,
             opts,
         )?;

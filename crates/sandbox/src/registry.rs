@@ -94,17 +94,53 @@ impl ResourceDef {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn builtin(
-    group: &str,
-    version: &str,
-    kind: &str,
-    plural: &str,
-    namespaced: bool,
-    short: &[&str],
-    status: bool,
-    generation: bool,
-) -> ResourceDef {
+/// The kinds every sandbox serves from the start, one per line:
+/// `group/version Kind plural`, then the words that apply: `namespaced`,
+/// `status` (a status subresource), `generation` (writes keep
+/// `metadata.generation`) and `short=a,b` (short names).
+const BUILTINS: &[&str] = &[
+    "v1 Namespace namespaces status short=ns",
+    "v1 Pod pods namespaced status short=po",
+    "v1 ConfigMap configmaps namespaced short=cm",
+    "v1 Secret secrets namespaced",
+    "v1 Service services namespaced status short=svc",
+    "v1 ServiceAccount serviceaccounts namespaced short=sa",
+    "v1 Event events namespaced short=ev",
+    "v1 PersistentVolumeClaim persistentvolumeclaims namespaced status short=pvc",
+    "apps/v1 Deployment deployments namespaced status generation short=deploy",
+    "apps/v1 ReplicaSet replicasets namespaced status generation short=rs",
+    "apps/v1 StatefulSet statefulsets namespaced status generation short=sts",
+    "batch/v1 Job jobs namespaced status generation",
+    "batch/v1 CronJob cronjobs namespaced status generation short=cj",
+    "coordination.k8s.io/v1 Lease leases namespaced",
+    "events.k8s.io/v1 Event events namespaced short=ev",
+    "apiextensions.k8s.io/v1 CustomResourceDefinition customresourcedefinitions status generation short=crd,crds",
+    "policy/v1 PodDisruptionBudget poddisruptionbudgets namespaced status generation short=pdb",
+    "rbac.authorization.k8s.io/v1 ClusterRole clusterroles",
+    "rbac.authorization.k8s.io/v1 ClusterRoleBinding clusterrolebindings",
+    "rbac.authorization.k8s.io/v1 Role roles namespaced",
+    "rbac.authorization.k8s.io/v1 RoleBinding rolebindings namespaced",
+    "authorization.k8s.io/v1 SelfSubjectAccessReview selfsubjectaccessreviews",
+    "authorization.k8s.io/v1 SubjectAccessReview subjectaccessreviews",
+    "authentication.k8s.io/v1 SelfSubjectReview selfsubjectreviews",
+    "admissionregistration.k8s.io/v1 MutatingWebhookConfiguration mutatingwebhookconfigurations generation",
+    "admissionregistration.k8s.io/v1 ValidatingWebhookConfiguration validatingwebhookconfigurations generation",
+];
+
+/// A built-in kind from its line of [`BUILTINS`].
+fn builtin(line: &str) -> ResourceDef {
+    let mut words = line.split_whitespace();
+    let api_version = words.next().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let kind = words.next().unwrap_or_default();
+    let plural = words.next().unwrap_or_default();
+    let flags: Vec<&str> = words.collect();
+    let has = |w: &str| flags.contains(&w);
+    let short_names = flags
+        .iter()
+        .find_map(|w| w.strip_prefix("short="))
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
     ResourceDef {
         group: group.into(),
         versions: vec![version.into()],
@@ -112,8 +148,8 @@ fn builtin(
         list_kind: format!("{kind}List"),
         plural: plural.into(),
         singular: kind.to_ascii_lowercase(),
-        namespaced,
-        short_names: short.iter().map(|s| s.to_string()).collect(),
+        namespaced: has("namespaced"),
+        short_names,
         categories: if matches!(
             kind,
             "Pod" | "Service" | "Deployment" | "ReplicaSet" | "StatefulSet" | "Job" | "CronJob"
@@ -122,8 +158,8 @@ fn builtin(
         } else {
             vec![]
         },
-        status_subresource: status,
-        has_generation: generation,
+        status_subresource: has("status"),
+        has_generation: has("generation"),
         dns_label_names: matches!(kind, "Namespace" | "Service"),
         schemas: BTreeMap::new(),
         columns: BTreeMap::new(),
@@ -134,223 +170,7 @@ fn builtin(
 
 /// The kinds every sandbox serves from the start.
 pub fn builtins() -> Vec<ResourceDef> {
-    vec![
-        builtin(
-            "",
-            "v1",
-            "Namespace",
-            "namespaces",
-            false,
-            &["ns"],
-            true,
-            false,
-        ),
-        builtin("", "v1", "Pod", "pods", true, &["po"], true, false),
-        builtin(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            true,
-            &["cm"],
-            false,
-            false,
-        ),
-        builtin("", "v1", "Secret", "secrets", true, &[], false, false),
-        builtin("", "v1", "Service", "services", true, &["svc"], true, false),
-        builtin(
-            "",
-            "v1",
-            "ServiceAccount",
-            "serviceaccounts",
-            true,
-            &["sa"],
-            false,
-            false,
-        ),
-        builtin("", "v1", "Event", "events", true, &["ev"], false, false),
-        builtin(
-            "",
-            "v1",
-            "PersistentVolumeClaim",
-            "persistentvolumeclaims",
-            true,
-            &["pvc"],
-            true,
-            false,
-        ),
-        builtin(
-            "apps",
-            "v1",
-            "Deployment",
-            "deployments",
-            true,
-            &["deploy"],
-            true,
-            true,
-        ),
-        builtin(
-            "apps",
-            "v1",
-            "ReplicaSet",
-            "replicasets",
-            true,
-            &["rs"],
-            true,
-            true,
-        ),
-        builtin(
-            "apps",
-            "v1",
-            "StatefulSet",
-            "statefulsets",
-            true,
-            &["sts"],
-            true,
-            true,
-        ),
-        builtin("batch", "v1", "Job", "jobs", true, &[], true, true),
-        builtin(
-            "batch",
-            "v1",
-            "CronJob",
-            "cronjobs",
-            true,
-            &["cj"],
-            true,
-            true,
-        ),
-        builtin(
-            "coordination.k8s.io",
-            "v1",
-            "Lease",
-            "leases",
-            true,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "events.k8s.io",
-            "v1",
-            "Event",
-            "events",
-            true,
-            &["ev"],
-            false,
-            false,
-        ),
-        builtin(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            "customresourcedefinitions",
-            false,
-            &["crd", "crds"],
-            true,
-            true,
-        ),
-        builtin(
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-            true,
-            &["pdb"],
-            true,
-            true,
-        ),
-        builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "ClusterRole",
-            "clusterroles",
-            false,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "ClusterRoleBinding",
-            "clusterrolebindings",
-            false,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "Role",
-            "roles",
-            true,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "RoleBinding",
-            "rolebindings",
-            true,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "authorization.k8s.io",
-            "v1",
-            "SelfSubjectAccessReview",
-            "selfsubjectaccessreviews",
-            false,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "authorization.k8s.io",
-            "v1",
-            "SubjectAccessReview",
-            "subjectaccessreviews",
-            false,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "authentication.k8s.io",
-            "v1",
-            "SelfSubjectReview",
-            "selfsubjectreviews",
-            false,
-            &[],
-            false,
-            false,
-        ),
-        builtin(
-            "admissionregistration.k8s.io",
-            "v1",
-            "MutatingWebhookConfiguration",
-            "mutatingwebhookconfigurations",
-            false,
-            &[],
-            false,
-            true,
-        ),
-        builtin(
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingWebhookConfiguration",
-            "validatingwebhookconfigurations",
-            false,
-            &[],
-            false,
-            true,
-        ),
-    ]
+    BUILTINS.iter().map(|line| builtin(line)).collect()
 }
 
 impl ResourceDef {

@@ -80,7 +80,7 @@ impl Budget {
         };
         let deadline = Instant::now() + wall_time;
         DEADLINE.set(Some(saved.deadline.map_or(deadline, |p| p.min(deadline))));
-        if let Some(now) = crate::util::memory::thread_held() {
+        if let Some(now) = runbook_sys::alloc::thread_held() {
             let cap = now.saturating_add(max_memory as isize);
             MEMORY_CAP.set(Some(saved.cap.map_or(cap, |p| p.min(cap))));
         }
@@ -99,7 +99,7 @@ impl Drop for Budget {
 fn over_memory() -> bool {
     MEMORY_CAP
         .get()
-        .is_some_and(|cap| crate::util::memory::thread_held().is_some_and(|n| n > cap))
+        .is_some_and(|cap| runbook_sys::alloc::thread_held().is_some_and(|n| n > cap))
 }
 
 fn past_deadline(now: Instant) -> bool {

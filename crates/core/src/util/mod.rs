@@ -1,11 +1,7 @@
 //! Small shared pieces: YAML with positions, time formatting, hashing,
-//! the process's memory settings.
+//! suggestions for typos.
 
 pub mod hash;
-#[allow(unsafe_code)]
-pub mod memory;
-#[allow(unsafe_code)]
-pub mod signals;
 pub mod suggest;
 pub mod time;
 pub mod yaml;

@@ -445,7 +445,12 @@ pub async fn execute(
     let relabel = json!({});
     let moved = x.state.filter(|a| a.moved()).map(|_| &relabel);
     if let Some(patch) = end.patch.as_ref().or(moved) {
-        finish_status(x, policy, target, target_kind, &plan, &end, patch, &mut out).await;
+        let subject = Subject {
+            policy,
+            target,
+            target_kind,
+        };
+        finish_status(x, subject, &plan, &end, patch, &mut out).await;
     }
     out
 }
@@ -498,20 +503,31 @@ fn observe_error(w: &Writer<'_>, policy: &CompiledPolicy, target: &CachedObject,
     });
 }
 
+/// What a decision's status is written for: the policy, the target as the
+/// decision saw it, and how its kind is served.
+#[derive(Clone, Copy)]
+struct Subject<'a> {
+    policy: &'a CompiledPolicy,
+    target: &'a CachedObject,
+    target_kind: &'a Resolved,
+}
+
 /// Where Runbook's state of a target lives apart: the concluded status
 /// split in two, each part written only if it changed (the state first, so
 /// that records an earlier release left in the target's status are
 /// carried over before they are removed from it).
-#[allow(clippy::too_many_arguments)]
 async fn finish_apart(
     x: &Exec<'_>,
-    policy: &CompiledPolicy,
-    target: &CachedObject,
-    target_kind: &Resolved,
+    subject: Subject<'_>,
     apart: &state::Apart,
     end: &conclude::Conclusion,
     out: &mut Outcome,
 ) {
+    let Subject {
+        policy,
+        target,
+        target_kind,
+    } = subject;
     let w = &x.writer;
     let (ns, name) = (target.namespace(), target.name());
     let kind = plan::kind_of(target.value());
@@ -606,17 +622,19 @@ async fn status_failed(
 }
 
 /// Write the status the decision ends with.
-#[allow(clippy::too_many_arguments)]
 async fn finish_status(
     x: &Exec<'_>,
-    policy: &CompiledPolicy,
-    target: &CachedObject,
-    target_kind: &Resolved,
+    subject: Subject<'_>,
     plan: &Plan,
     end: &conclude::Conclusion,
     patch: &Value,
     out: &mut Outcome,
 ) {
+    let Subject {
+        policy,
+        target,
+        target_kind,
+    } = subject;
     let w = &x.writer;
     let (ns, name) = (target.namespace(), target.name());
     let kind = plan::kind_of(target.value());
@@ -639,7 +657,7 @@ async fn finish_status(
             .object(&kind.api_version, &kind.kind, ns, name)
     };
     if let Some(apart) = x.state {
-        return finish_apart(x, policy, target, target_kind, apart, end, out).await;
+        return finish_apart(x, subject, apart, end, out).await;
     }
     match w.status(target_kind, ns, name, patch).await {
         Ok(after) => {
@@ -670,7 +688,11 @@ async fn finish_status(
                 };
                 let seen = CachedObject::new(after.clone());
                 out.target_after = Some(after);
-                finish_apart(x, policy, &seen, target_kind, &apart, end, out).await;
+                let subject = Subject {
+                    target: &seen,
+                    ..subject
+                };
+                finish_apart(x, subject, &apart, end, out).await;
                 return;
             }
             out.target_after = Some(after);

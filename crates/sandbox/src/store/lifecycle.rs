@@ -554,8 +554,10 @@ mod tests {
             &cms,
             "ns",
             "held",
-            PatchKind::Merge,
-            release,
+            PatchBody {
+                kind: PatchKind::Merge,
+                body: release,
+            },
             Part::Main,
             &opts,
         )

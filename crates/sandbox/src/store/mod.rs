@@ -431,6 +431,12 @@ pub enum PatchKind {
     Apply,
 }
 
+/// A patch: how its body is to be read, and the body.
+pub struct PatchBody {
+    pub kind: PatchKind,
+    pub body: Value,
+}
+
 /// Why a modification function gave up.
 pub enum ModifyFail {
     Conflicted,

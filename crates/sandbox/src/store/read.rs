@@ -181,7 +181,6 @@ impl Store {
 
     /// Start a watch. `rv` None (or 0) sends the current objects as ADDED
     /// first; otherwise every change after `rv` is replayed.
-    #[allow(clippy::too_many_arguments)]
     pub fn watch(
         &self,
         def: &ResourceDef,
@@ -366,8 +365,10 @@ mod tests {
                 &cms,
                 "ns",
                 "c",
-                PatchKind::Merge,
-                json!({"data": {"x": "1"}}),
+                PatchBody {
+                    kind: PatchKind::Merge,
+                    body: json!({"data": {"x": "1"}}),
+                },
                 Part::Main,
                 &WriteOpts::default(),
             )

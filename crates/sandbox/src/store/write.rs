@@ -134,17 +134,16 @@ impl Store {
     }
 
     /// Patch an object. An apply patch of a missing object creates it.
-    #[allow(clippy::too_many_arguments)]
     pub fn patch(
         &self,
         def: &ResourceDef,
         ns: &str,
         name: &str,
-        kind: PatchKind,
-        body: Value,
+        patch: PatchBody,
         part: Part,
         opts: &WriteOpts,
     ) -> Result<Written, ApiError> {
+        let PatchBody { kind, body } = patch;
         if kind == PatchKind::Strategic && def.crd.is_some() {
             return Err(ApiError::unsupported_media(
                 "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
@@ -340,31 +339,32 @@ impl Store {
                 inner.defs.insert(rd.key(), Arc::new(rd));
             }
         }
-        Ok(self.store_modified(
-            &mut inner,
-            def,
+        let change = Modified {
             key,
-            stored.bytes,
-            (&old, new),
-            opts,
-            warnings,
-        ))
+            stored: stored.bytes,
+            old: &old,
+            new,
+        };
+        Ok(self.store_modified(&mut inner, def, change, opts, warnings))
     }
 
     /// Keep the modified object `new` (nothing, if it is the same as
     /// `old`; a dry run only tells it); one being deleted whose last
     /// finalizer went is removed.
-    #[allow(clippy::too_many_arguments)]
     fn store_modified(
         &self,
         inner: &mut Inner,
         def: &ResourceDef,
-        key: (String, String),
-        stored: Bytes,
-        (old, new): (&Value, Value),
+        change: Modified<'_>,
         opts: &WriteOpts,
         warnings: Vec<String>,
     ) -> Written {
+        let Modified {
+            key,
+            stored,
+            old,
+            new,
+        } = change;
         if same_content(old, &new) {
             return Written {
                 bytes: stored,
@@ -397,6 +397,15 @@ impl Store {
             warnings,
         }
     }
+}
+
+/// A write `modify` made: the object's key, its stored bytes, and the
+/// object before and after.
+struct Modified<'a> {
+    key: ObjKey,
+    stored: Bytes,
+    old: &'a Value,
+    new: Value,
 }
 
 /// Whether objects of `def` are CustomResourceDefinitions.
@@ -731,8 +740,10 @@ mod tests {
                 &deploys,
                 "ns",
                 "web",
-                PatchKind::Merge,
-                body,
+                PatchBody {
+                    kind: PatchKind::Merge,
+                    body,
+                },
                 part,
                 &WriteOpts::default(),
             );
@@ -771,8 +782,10 @@ mod tests {
             &cms,
             "ns",
             "a",
-            PatchKind::Merge,
-            stale,
+            PatchBody {
+                kind: PatchKind::Merge,
+                body: stale,
+            },
             Part::Main,
             &WriteOpts::default(),
         );
@@ -784,7 +797,17 @@ mod tests {
                 force,
                 ..Default::default()
             };
-            s.patch(&cms, "ns", "a", PatchKind::Apply, body, Part::Main, &opts)
+            s.patch(
+                &cms,
+                "ns",
+                "a",
+                PatchBody {
+                    kind: PatchKind::Apply,
+                    body,
+                },
+                Part::Main,
+                &opts,
+            )
         };
         apply("one", "1", false).unwrap();
         let conflict = apply("two", "2", false).unwrap_err();

@@ -1,4 +1,4 @@
-//! How the process takes memory from the kernel.
+//! How the process takes memory from the kernel and answers signals.
 
 /// The environment variable that keeps transparent huge pages on (any
 /// value; it is also the allocator's own switch for them).
@@ -25,8 +25,25 @@ pub fn prefer_small_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no
     // memory of this process; its result is only informative (a kernel
     // without it leaves the process as it was).
+    #[allow(unsafe_code)]
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
+/// Let a closed pipe on stdout end the process quietly, as it ends `cat`
+/// or `grep`: `runbook simulate ... | head -1` stops when `head` has read
+/// its line, instead of failing its next write (Rust ignores SIGPIPE, so
+/// printing panics with "Broken pipe"). Only for commands that print and
+/// exit: a server keeps ignoring it, so a client that hangs up costs it
+/// an error on that connection, not its life.
+pub fn end_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring SIGPIPE's default disposition takes plain integers
+    // and installs no handler of this process.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -53,30 +70,4 @@ mod tests {
             assert_eq!(allowed, asked, "huge pages allowed: {allowed}");
         }
     }
-}
-
-thread_local! {
-    /// Bytes this thread allocated less those it freed, counted by the
-    /// binary's allocator (`bench::alloc::Counting`): what a script holds
-    /// is what its thread allocated since its call began.
-    static THREAD_NET: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
-}
-
-/// Whether the process allocates through a counting allocator at all.
-static COUNTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// An allocation (`by` > 0) or free on this thread, told by the allocator.
-pub fn thread_allocated(by: isize) {
-    if !COUNTED.load(std::sync::atomic::Ordering::Relaxed) {
-        COUNTED.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    let _ = THREAD_NET.try_with(|n| n.set(n.get().wrapping_add(by)));
-}
-
-/// Bytes this thread holds, net, since it began; `None` where no counting
-/// allocator tells (test binaries), which cannot know.
-pub fn thread_held() -> Option<isize> {
-    COUNTED
-        .load(std::sync::atomic::Ordering::Relaxed)
-        .then(|| THREAD_NET.try_with(std::cell::Cell::get).unwrap_or(0))
 }

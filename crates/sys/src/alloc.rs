@@ -1,13 +1,12 @@
 //! A global allocator wrapper that can count live heap bytes and their
-//! peak, so `runbook bench` can report heap as well as RSS. Counting is off
+//! peak, so `runbook bench` can report heap as well as RSS, and each
+//! thread's own net allocation, so a script's memory cap can hold. Counting is off
 //! unless `enable` is called (the memory benchmark's operator process
 //! does, first thing): shared counters on every allocation cost a multi-
 //! threaded process a good part of its time.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
-
-use runbook_operator::util::memory::thread_allocated;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static LIVE: AtomicIsize = AtomicIsize::new(0);
@@ -44,6 +43,7 @@ fn shrank(by: usize) {
 
 // SAFETY: every call is forwarded to the wrapped allocator unchanged; the
 // counters are only bookkeeping.
+#[allow(unsafe_code)]
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `alloc`'s contract.
@@ -96,4 +96,30 @@ pub fn peak() -> usize {
 
 pub fn reset_peak() {
     PEAK.store(live() as isize, Ordering::Relaxed);
+}
+
+thread_local! {
+    /// Bytes this thread allocated less those it freed, counted by the
+    /// binary's allocator ([`Counting`]): what a script holds
+    /// is what its thread allocated since its call began.
+    static THREAD_NET: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the process allocates through a counting allocator at all.
+static COUNTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// An allocation (`by` > 0) or free on this thread, told by the allocator.
+fn thread_allocated(by: isize) {
+    if !COUNTED.load(std::sync::atomic::Ordering::Relaxed) {
+        COUNTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let _ = THREAD_NET.try_with(|n| n.set(n.get().wrapping_add(by)));
+}
+
+/// Bytes this thread holds, net, since it began; `None` where no counting
+/// allocator tells (test binaries), which cannot know.
+pub fn thread_held() -> Option<isize> {
+    COUNTED
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then(|| THREAD_NET.try_with(std::cell::Cell::get).unwrap_or(0))
 }
