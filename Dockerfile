@@ -13,10 +13,11 @@ COPY crates/operator/Cargo.toml crates/operator/
 COPY crates/sandbox/Cargo.toml crates/sandbox/
 COPY crates/simulator/Cargo.toml crates/simulator/
 COPY crates/bench/Cargo.toml crates/bench/
+COPY crates/sys/Cargo.toml crates/sys/
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
-    && for c in core operator sandbox simulator bench; do mkdir -p crates/$c/src && touch crates/$c/src/lib.rs; done \
+    && for c in core operator sandbox simulator bench sys; do mkdir -p crates/$c/src && touch crates/$c/src/lib.rs; done \
     && for b in decision sandbox operator reload scenario; do echo 'fn main() {}' > benches/$b.rs; done \
     && cargo build --release --locked \
     && rm -rf src benches crates/*/src

@@ -161,3 +161,28 @@ fn anchors_are_made_as_github_makes_them() {
         "where-runbook-keeps-its-own-state"
     );
 }
+
+#[test]
+fn the_architecture_names_every_runtime_module() {
+    let architecture = read(&root().join("docs/architecture.md"));
+    let dir = root().join("crates/operator/src/runtime");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = match path.extension().and_then(|e| e.to_str()) {
+            Some("rs") => path.file_stem().unwrap().to_string_lossy().to_string(),
+            _ if path.is_dir() => path.file_name().unwrap().to_string_lossy().to_string(),
+            _ => continue,
+        };
+        if name != "mod"
+            && !architecture.contains(&format!("`{name}`"))
+            && !architecture.contains(&format!("`runtime::{name}`"))
+        {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not name these runtime modules: {missing:?}"
+    );
+}

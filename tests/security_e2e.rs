@@ -561,6 +561,53 @@ async fn a_rollback_is_made_only_for_an_author_who_may_make_it() {
     c.cleanup().await;
 }
 
+/// A SubjectAccessReview the API server fails (a 503) is its failure,
+/// not the author's refusal: the decision fails as the server's
+/// (`ActionFailed`, "could not be checked", retried with the server's
+/// backoff, never `NotAuthorized`), and once the server answers again the
+/// author who may roll back gets the rollback. The first reviews a
+/// decision asks are of its reads, the later ones of its writes: failing
+/// several fails both. Fault injection needs the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_review_the_server_fails_is_its_failure_not_a_refusal() {
+    let c = Cluster::new("sec-sar").await;
+    let Some(sandbox) = c.sandbox.clone() else {
+        eprintln!("skipped: fault injection needs the sandbox");
+        c.cleanup().await;
+        return;
+    };
+    install(&c).await;
+    let _op = start_operator(&c).await;
+    let kubelet = benchmark_kubelet(&c, &["gamma"]);
+    let deployments = released_twice(&c, "gamma").await;
+    let patch = json!([{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["patch"]}]);
+    let oncall = user(&c, "ml-oncall", &[editor(), viewer(), patch]).await;
+    let as_oncall = runbook_api(&oncall, &c, "Evaluator");
+    sandbox.faults().fail_next(
+        6,
+        Some(runbook::sandbox::ApiVerb::Create),
+        Some("subjectaccessreviews"),
+        503,
+    );
+    create_as(&as_oncall, evaluator("gamma", "gamma")).await;
+    let message = said(&as_oncall, "gamma", "Degraded", "True", "ActionFailed").await;
+    assert!(
+        message.contains("could not be checked") && message.contains("SubjectAccessReview"),
+        "{message}"
+    );
+    assert!(!message.contains("refused"), "{message}");
+    eventually(
+        "gamma rolled back once the reviews are answered",
+        120,
+        || async { status_of(&as_oncall, "gamma").await["phase"] == "RolledBack" },
+    )
+    .await;
+    assert_eq!(sandbox.faults().failed(), 6);
+    good_template_back(&deployments, "gamma").await;
+    drop(kubelet);
+    c.cleanup().await;
+}
+
 /// `runbook run --kubeconfig` with the credentials the SRE's own kubectl
 /// uses: what they apply with those credentials is theirs, not
 /// Runbook's, and is acted on with their rights; what another user

@@ -47,6 +47,33 @@ pub struct BenchArgs {
     pub child: Vec<String>,
 }
 
+/// Run as one of the benchmarks' child processes (`--child ROLE N ...`).
+fn child(rt: &tokio::runtime::Runtime, child: &[String]) -> anyhow::Result<()> {
+    let n: usize = child.get(1).and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    match child[0].as_str() {
+        "sandbox" => rt.block_on(crate::bench::memory::sandbox_child(n)),
+        "operator" => {
+            let kc = PathBuf::from(child.get(2).cloned().unwrap_or_default());
+            rt.block_on(async move {
+                tokio::spawn(async move { crate::bench::memory::operator_child(&kc, n).await })
+                    .await
+            })?;
+        }
+        "scaleout-sandbox" => rt.block_on(crate::bench::scaleout::sandbox_child(n)),
+        "replica" => {
+            // A replica's own logs, on stderr, where RUNBOOK_LOG asks.
+            super::scenario::init_logging();
+            let rest = child[1..].to_vec();
+            rt.block_on(async move {
+                tokio::spawn(async move { crate::bench::scaleout::replica_child(&rest).await })
+                    .await
+            })?;
+        }
+        other => anyhow::bail!("unknown child role {other}"),
+    }
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if matches!(
         args.child.first().map(String::as_str),
@@ -58,32 +85,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     if !args.child.is_empty() {
-        let n: usize = args
-            .child
-            .get(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        match args.child[0].as_str() {
-            "sandbox" => rt.block_on(crate::bench::memory::sandbox_child(n)),
-            "operator" => {
-                let kc = PathBuf::from(args.child.get(2).cloned().unwrap_or_default());
-                rt.block_on(async move {
-                    tokio::spawn(async move { crate::bench::memory::operator_child(&kc, n).await })
-                        .await
-                })?;
-            }
-            "scaleout-sandbox" => rt.block_on(crate::bench::scaleout::sandbox_child(n)),
-            "replica" => {
-                // A replica's own logs, on stderr, where RUNBOOK_LOG asks.
-                super::scenario::init_logging();
-                let rest = args.child[1..].to_vec();
-                rt.block_on(async move {
-                    tokio::spawn(async move { crate::bench::scaleout::replica_child(&rest).await })
-                        .await
-                })?;
-            }
-            other => anyhow::bail!("unknown child role {other}"),
-        }
+        child(&rt, &args.child)?;
         return Ok(ExitCode::SUCCESS);
     }
     for s in &args.only {

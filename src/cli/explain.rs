@@ -69,72 +69,10 @@ pub fn render(kind: &str, obj: &Value) -> String {
         out.push_str("  no decision recorded yet (is a policy bound to this kind, and is Runbook running?)\n");
     }
     for d in &records {
-        out.push_str(&format!(
-            "  policy:       {} (version {}, {})\n",
-            d.policy,
-            d.policy_version,
-            d.mode.as_deref().unwrap_or("enforce")
-        ));
-        out.push_str(&format!(
-            "  decided:      {}\n",
-            d.time.as_deref().unwrap_or("-")
-        ));
-        out.push_str(&format!("  inputs hash:  {}\n", d.inputs_hash));
-        if d.actions.is_empty() {
-            out.push_str("  actions:      none\n");
-        } else {
-            out.push_str("  actions:\n");
-            for a in &d.actions {
-                out.push_str(&format!(
-                    "    {:<9} {:<9} {}",
-                    a.result,
-                    a.action,
-                    a.target.as_deref().unwrap_or("")
-                ));
-                if let Some(m) = &a.message {
-                    out.push_str(&format!("\n              {m}"));
-                }
-                out.push('\n');
-            }
-        }
-        if !d.alert_routes.is_empty() {
-            out.push_str(&format!("  alerts to:    {}\n", d.alert_routes.join(", ")));
-        }
-        for (verb, times) in &d.recent_actions {
-            out.push_str(&format!(
-                "  recent {} (limited): {}\n",
-                plural(verb),
-                times.join(", ")
-            ));
-        }
-        out.push_str(&format!(
-            "  error:        {}\n",
-            d.error.as_deref().unwrap_or("-")
-        ));
+        render_record(d, &mut out);
     }
     if !records.is_empty() {
-        let written: Vec<String> = status
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "decisions"))
-            .map(|(k, v)| {
-                let text = match v {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                let cut: String = text.chars().take(100).collect();
-                let more = if cut.len() < text.len() { "..." } else { "" };
-                format!("    {k}: {cut}{more}")
-            })
-            .collect();
-        if !written.is_empty() {
-            out.push_str("  status:\n");
-            for line in written {
-                out.push_str(&line);
-                out.push('\n');
-            }
-        }
+        render_status(status, &mut out);
     }
     if let Some(conds) = status.get("conditions").and_then(Value::as_array) {
         out.push_str("  conditions:\n");
@@ -149,6 +87,79 @@ pub fn render(kind: &str, obj: &Value) -> String {
         }
     }
     out
+}
+
+/// One decision record: its policy, time, actions and error.
+fn render_record(d: &DecisionRecord, out: &mut String) {
+    out.push_str(&format!(
+        "  policy:       {} (version {}, {})\n",
+        d.policy,
+        d.policy_version,
+        d.mode.as_deref().unwrap_or("enforce")
+    ));
+    out.push_str(&format!(
+        "  decided:      {}\n",
+        d.time.as_deref().unwrap_or("-")
+    ));
+    out.push_str(&format!("  inputs hash:  {}\n", d.inputs_hash));
+    if d.actions.is_empty() {
+        out.push_str("  actions:      none\n");
+    } else {
+        out.push_str("  actions:\n");
+        for a in &d.actions {
+            out.push_str(&format!(
+                "    {:<9} {:<9} {}",
+                a.result,
+                a.action,
+                a.target.as_deref().unwrap_or("")
+            ));
+            if let Some(m) = &a.message {
+                out.push_str(&format!("\n              {m}"));
+            }
+            out.push('\n');
+        }
+    }
+    if !d.alert_routes.is_empty() {
+        out.push_str(&format!("  alerts to:    {}\n", d.alert_routes.join(", ")));
+    }
+    for (verb, times) in &d.recent_actions {
+        out.push_str(&format!(
+            "  recent {} (limited): {}\n",
+            plural(verb),
+            times.join(", ")
+        ));
+    }
+    out.push_str(&format!(
+        "  error:        {}\n",
+        d.error.as_deref().unwrap_or("-")
+    ));
+}
+
+/// The status fields a policy wrote (not its conditions and records),
+/// each cut at 100 characters.
+fn render_status(status: &Value, out: &mut String) {
+    let written: Vec<String> = status
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "decisions"))
+        .map(|(k, v)| {
+            let text = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let cut: String = text.chars().take(100).collect();
+            let more = if cut.len() < text.len() { "..." } else { "" };
+            format!("    {k}: {cut}{more}")
+        })
+        .collect();
+    if !written.is_empty() {
+        out.push_str("  status:\n");
+        for line in written {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
 }
 
 /// A verb's plural in a heading: `patches`, `deletes`, `rollbacks`.
@@ -206,6 +217,52 @@ fn names_resource(ar: &kube::discovery::ApiResource, wanted: &str) -> bool {
         .any(|n| n == wanted || (!ar.group.is_empty() && format!("{n}.{}", ar.group) == wanted))
 }
 
+/// The kind a user named (`deploy`, `deployments.apps`, `Evaluator`),
+/// as discovery serves it.
+fn find_kind(
+    discovery: &Discovery,
+    kind: &str,
+) -> anyhow::Result<(
+    kube::discovery::ApiResource,
+    kube::discovery::ApiCapabilities,
+)> {
+    let wanted = kind.to_ascii_lowercase();
+    discovery
+        .groups()
+        .flat_map(|g| g.recommended_resources())
+        .find(|(ar, _)| names_resource(ar, &wanted))
+        .with_context(|| format!("the API server serves no kind called {kind:?}"))
+}
+
+/// The object's last Events (among the first 500 of its namespace).
+async fn print_history(client: &kube::Client, scope: &Scope, namespace: &str, value: &Value) {
+    let uid = value.pointer("/metadata/uid").and_then(Value::as_str);
+    let events: Api<RawObject> = match scope {
+        Scope::Namespaced => Api::namespaced_with(
+            client.clone(),
+            namespace,
+            &std::sync::Arc::new(events_resource()),
+        ),
+        _ => Api::all_with(client.clone(), &std::sync::Arc::new(events_resource())),
+    };
+    let lp = kube::api::ListParams::default().limit(500);
+    if let (Some(uid), Ok(list)) = (uid, events.list(&lp).await) {
+        let about: Vec<Value> = list
+            .items
+            .iter()
+            .map(|e| e.value())
+            .filter(|e| e.pointer("/regarding/uid").and_then(Value::as_str) == Some(uid))
+            .collect();
+        let lines = history(&about, 10);
+        if !lines.is_empty() {
+            println!("  history (last Events):");
+            for l in lines {
+                println!("{l}");
+            }
+        }
+    }
+}
+
 pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let (kind, name) = args
         .object
@@ -220,17 +277,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         .run()
         .await
         .context("discovering the API")?;
-    let wanted = kind.to_ascii_lowercase();
-    let mut found = None;
-    for group in discovery.groups() {
-        for (ar, caps) in group.recommended_resources() {
-            if names_resource(&ar, &wanted) && found.is_none() {
-                found = Some((ar, caps));
-            }
-        }
-    }
-    let (ar, caps) =
-        found.with_context(|| format!("the API server serves no kind called {kind:?}"))?;
+    let (ar, caps) = find_kind(&discovery, kind)?;
     let dyntype = std::sync::Arc::new(ar.clone());
     let api: Api<RawObject> = if caps.scope == Scope::Namespaced {
         Api::namespaced_with(client.clone(), &namespace, &dyntype)
@@ -288,31 +335,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         );
     } else {
         print!("{}", render(&ar.kind, &value));
-        let uid = value.pointer("/metadata/uid").and_then(Value::as_str);
-        let events: Api<RawObject> = match caps.scope {
-            Scope::Namespaced => Api::namespaced_with(
-                client.clone(),
-                &namespace,
-                &std::sync::Arc::new(events_resource()),
-            ),
-            _ => Api::all_with(client.clone(), &std::sync::Arc::new(events_resource())),
-        };
-        let lp = kube::api::ListParams::default().limit(500);
-        if let (Some(uid), Ok(list)) = (uid, events.list(&lp).await) {
-            let about: Vec<Value> = list
-                .items
-                .iter()
-                .map(|e| e.value())
-                .filter(|e| e.pointer("/regarding/uid").and_then(Value::as_str) == Some(uid))
-                .collect();
-            let lines = history(&about, 10);
-            if !lines.is_empty() {
-                println!("  history (last Events):");
-                for l in lines {
-                    println!("{l}");
-                }
-            }
-        }
+        print_history(&client, &caps.scope, &namespace, &value).await;
     }
     Ok(ExitCode::SUCCESS)
 }

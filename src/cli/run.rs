@@ -545,8 +545,8 @@ async fn where_policies_live(
     Ok(true)
 }
 
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    init_logging(args.log_format);
+/// What the flags of leader election and sharding must hold together.
+fn check_leases(args: &RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         !args.leader_elect || args.lease_duration >= 2,
         "--lease-duration {}: a Lease must last at least 2 s (it is renewed every fifth of it)",
@@ -557,11 +557,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             args.leader_elect,
             "--shards needs leader election (--leader-elect=true): replicas share targets through Leases"
         );
-        let id = identity(&args);
+        let id = identity(args);
         if let Err(why) = crate::runtime::shard_identity(&id) {
             anyhow::bail!("--shards: {why}; give --identity");
         }
     }
+    Ok(())
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    check_leases(&args)?;
     // Health is served from the first moment: live while start-up waits
     // (for an API server, for ConfigMaps it may not read yet), not ready
     // until the operator is, with the reason.

@@ -584,13 +584,21 @@ async fn decided_again(
 
 /// Once the targets are placed on the ring of `running`, those whose
 /// label changed since `before`, each decided by its new replica.
+/// The longest a wait may take, and how often it looks.
+#[derive(Clone, Copy)]
+struct Bounds {
+    limit: Duration,
+    poll: Duration,
+}
+
 async fn moved_and_decided(
     client: &Client,
     running: &[Replica],
     before: &BTreeMap<String, Option<String>>,
     since: i64,
-    (limit, poll): (Duration, Duration),
+    bounds: Bounds,
 ) -> Result<(BTreeSet<String>, i64), String> {
+    let Bounds { limit, poll } = bounds;
     let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
     let live: Vec<&str> = ids.iter().map(String::as_str).collect();
     if !placed_on(client, &live, limit, poll).await {
@@ -657,6 +665,256 @@ fn overlaps(all: &[(String, Actions)]) -> (usize, usize) {
     (decided, wrote)
 }
 
+/// Where each target is placed: its shard label, by target name.
+type Held = BTreeMap<String, Option<String>>;
+
+/// What every phase of the measurement uses: how to start a replica, the
+/// cluster's client, and the bounds of each wait.
+struct Bench<'a> {
+    exe: &'a Path,
+    args: &'a [String],
+    kubeconfig: PathBuf,
+    client: Client,
+    lease_secs: u64,
+    /// How often the bench looks (cheap looks, see `placed_on`, so as
+    /// often on a real cluster).
+    poll: Duration,
+    /// The longest any step may take.
+    limit: Duration,
+    /// Quiet time before a step starts: a target written just before its
+    /// replica leaves is otherwise written by the next one less than a
+    /// second later, one after the other.
+    settle: Duration,
+}
+
+impl Bench<'_> {
+    fn start(&self, ns: &str, id: &str, shards: bool) -> Replica {
+        Replica::start(
+            self.exe,
+            self.args,
+            &self.kubeconfig,
+            ns,
+            id,
+            self.lease_secs,
+            shards,
+        )
+    }
+
+    /// A replica with nothing to hold (the fixed part of a replica's
+    /// memory), then one replica holding every target.
+    async fn alone(&self, f: &mut ScaleOutFigures) -> Result<(), String> {
+        let mut empty = self.start(EMPTY, "empty", false);
+        while !empty.heard().leading {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(self.settle).await;
+        (f.empty_rss, f.empty_heap) = empty.rss().await;
+        empty.stop().await;
+        let t0 = Instant::now();
+        let mut one = self.start(ONE, "one", false);
+        if !reconciled(std::slice::from_ref(&one), f.targets, self.limit).await {
+            return Err("one replica did not reconcile every target".into());
+        }
+        f.one_secs = t0.elapsed().as_secs_f64();
+        tokio::time::sleep(self.settle).await;
+        (f.one_rss, f.one_heap) = one.rss().await;
+        one.stop().await;
+        Ok(())
+    }
+
+    /// The replicas sharing the targets: until all are reconciled and
+    /// placed, and what each then holds.
+    async fn shared(&self, f: &mut ScaleOutFigures) -> Result<(Vec<Replica>, Held), String> {
+        let t0 = Instant::now();
+        let mut running: Vec<Replica> = (0..f.replicas)
+            .map(|i| self.start(SHARED, &format!("r{i}"), true))
+            .collect();
+        let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
+        let live: Vec<&str> = ids.iter().map(String::as_str).collect();
+        if !reconciled(&running, f.targets, self.limit).await
+            || !placed_on(&self.client, &live, self.limit, self.poll).await
+        {
+            return Err("the replicas did not reconcile and place every target".into());
+        }
+        f.shared_secs = t0.elapsed().as_secs_f64();
+        tokio::time::sleep(self.settle).await;
+        let held = labels(&self.client).await;
+        for r in running.iter_mut() {
+            let (rss, heap) = r.rss().await;
+            let count = held
+                .values()
+                .filter(|s| s.as_deref() == Some(&r.id))
+                .count();
+            f.each.push((r.id.clone(), count, rss, heap));
+        }
+        Ok((running, held))
+    }
+
+    /// kill -9 of a replica that does not assign (`assigner` does): until
+    /// its targets (as `held` places them) are decided again by the
+    /// others, and placed on them.
+    async fn kill_one(
+        &self,
+        f: &mut ScaleOutFigures,
+        running: &mut Vec<Replica>,
+        held: &Held,
+        assigner: &str,
+    ) -> Result<Replica, String> {
+        let victim = running
+            .iter()
+            .position(|r| r.id != assigner)
+            .ok_or("no replica but the assigner")?;
+        let victim_id = running[victim].id.clone();
+        let theirs: BTreeSet<String> = held
+            .iter()
+            .filter(|(_, s)| s.as_deref() == Some(&victim_id))
+            .map(|(n, _)| n.clone())
+            .collect();
+        f.killed_targets = theirs.len();
+        // Its last renewal is no older than the one read just before the
+        // kill; read again after it, as it may have renewed meanwhile.
+        let before = last_renewal(&self.client, &victim_id).await;
+        let _ = running[victim].child.kill();
+        let killed_at = now_ms();
+        let renewed = match last_renewal(&self.client, &victim_id).await.or(before) {
+            Some(t) => t,
+            None => {
+                eprintln!(
+                    "scale-out: {victim_id}'s last renewal unknown; the takeover is timed from the kill"
+                );
+                killed_at
+            }
+        };
+        let mut dead = running.remove(victim);
+        let _ = dead.child.wait();
+        // Decided by the others (before they are labelled for them: the
+        // published ring places a gone member's targets).
+        let Some(firsts) = decided_again(running, &theirs, killed_at, self.limit).await else {
+            return Err(format!("the targets of {victim_id} were not taken over"));
+        };
+        let since = |from: i64, t: Option<&i64>| t.map_or(0.0, |t| (t - from) as f64 / 1000.0);
+        f.takeover_after_kill_secs = since(killed_at, firsts.last());
+        f.takeover_secs = since(renewed, firsts.last());
+        f.takeover_first_secs = since(renewed, firsts.first());
+        f.takeover_half_secs = since(renewed, firsts.get(firsts.len() / 2));
+        // Placed on the others: no target labelled for it any more (asked
+        // for one at a time, so that looking costs the API server next to
+        // nothing while it carries the move).
+        if !none_labelled(&self.client, &victim_id, self.limit).await {
+            return Err(format!("the targets of {victim_id} were not placed again"));
+        }
+        f.placed_secs = (now_ms() - renewed) as f64 / 1000.0;
+        tokio::time::sleep(self.settle).await;
+        Ok(dead)
+    }
+
+    /// Down to two replicas, then up to four and down to two again: the
+    /// targets each move moved, and until each was decided by its new
+    /// replica. The replicas stopped go to `gone`.
+    async fn resize(
+        &self,
+        f: &mut ScaleOutFigures,
+        running: &mut Vec<Replica>,
+        gone: &mut Vec<Replica>,
+        assigner: &str,
+    ) -> Result<(), String> {
+        while running.len() > 2 {
+            let i = running
+                .iter()
+                .position(|r| r.id != assigner)
+                .unwrap_or(running.len() - 1);
+            let mut r = running.remove(i);
+            r.stop().await;
+            gone.push(r);
+        }
+        let now_ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
+        let live: Vec<&str> = now_ids.iter().map(String::as_str).collect();
+        if !placed_on(&self.client, &live, self.limit, self.poll).await {
+            return Err("two replicas did not take every target".into());
+        }
+        tokio::time::sleep(self.settle).await;
+        let before = labels(&self.client).await;
+        let since = now_ms();
+        for i in 0..2 {
+            running.push(self.start(SHARED, &format!("r{}", f.replicas + i), true));
+        }
+        let (moved, last) = self
+            .moved_and_decided(running, &before, since)
+            .await
+            .map_err(|e| format!("2 -> 4 replicas: {e}"))?;
+        f.up_moved = moved.len();
+        f.up_secs = (last - since) as f64 / 1000.0;
+        tokio::time::sleep(self.settle).await;
+        let before = labels(&self.client).await;
+        let since = now_ms();
+        for _ in 0..2 {
+            if let Some(mut r) = running.pop() {
+                r.stop().await;
+                gone.push(r);
+            }
+        }
+        let (moved, last) = self
+            .moved_and_decided(running, &before, since)
+            .await
+            .map_err(|e| format!("4 -> 2 replicas: {e}"))?;
+        f.down_moved = moved.len();
+        f.down_secs = (last - since) as f64 / 1000.0;
+        Ok(())
+    }
+
+    async fn moved_and_decided(
+        &self,
+        running: &[Replica],
+        before: &BTreeMap<String, Option<String>>,
+        since: i64,
+    ) -> Result<(BTreeSet<String>, i64), String> {
+        let bounds = Bounds {
+            limit: self.limit,
+            poll: self.poll,
+        };
+        moved_and_decided(&self.client, running, before, since, bounds).await
+    }
+}
+
+/// Start the sandbox the replicas share (this program in its
+/// `scaleout-sandbox` role), and read the kubeconfig it serves.
+fn start_sandbox(exe: &Path, args: &[String], n: usize) -> Result<(Child, PathBuf), String> {
+    let mut child = Command::new(exe)
+        .args(args)
+        .args(["scaleout-sandbox", &n.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the sandbox: {e}"))?;
+    let stdout = child.stdout.take().ok_or("the sandbox has no stdout")?;
+    let mut out = BufReader::new(stdout);
+    let mut line = String::new();
+    while !line.starts_with("KUBECONFIG ") {
+        line.clear();
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            return Err("the sandbox exited before serving".into());
+        }
+    }
+    Ok((
+        child,
+        PathBuf::from(line.trim().trim_start_matches("KUBECONFIG ")),
+    ))
+}
+
+/// Empty a real cluster of an earlier run and make the targets.
+async fn prepare_cluster(client: &Client, n: usize) {
+    clean_cluster(client).await;
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    // Namespaces from an earlier run are gone before this one starts.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    for ns in [ONE, SHARED, EMPTY] {
+        while nss.get_opt(ns).await.ok().flatten().is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    populate_cluster(client, n).await;
+}
+
 /// Run the whole measurement: `exe args` starts this program in a child
 /// role; `cluster`, a real cluster's kubeconfig, instead of a sandbox.
 pub async fn measure(
@@ -674,94 +932,29 @@ pub async fn measure(
         cluster: cluster.is_some(),
         ..Default::default()
     };
-    // The API server.
-    let mut server: Option<Child> = None;
-    let kubeconfig: PathBuf = match cluster {
-        Some(path) => path.to_path_buf(),
+    let (server, kubeconfig) = match cluster {
+        Some(path) => (None, path.to_path_buf()),
         None => {
-            let mut child = Command::new(exe)
-                .args(args)
-                .args(["scaleout-sandbox", &n.to_string()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("starting the sandbox: {e}"))?;
-            let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-            let mut line = String::new();
-            while !line.starts_with("KUBECONFIG ") {
-                line.clear();
-                if out.read_line(&mut line).unwrap_or(0) == 0 {
-                    return Err("the sandbox exited before serving".into());
-                }
-            }
-            server = Some(child);
-            PathBuf::from(line.trim().trim_start_matches("KUBECONFIG "))
+            let (child, kubeconfig) = start_sandbox(exe, args, n)?;
+            (Some(child), kubeconfig)
         }
     };
     let client = super::memory::client_of(&kubeconfig).await;
     if cluster.is_some() {
-        clean_cluster(&client).await;
-        let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-        // Namespaces from an earlier run are gone before this one starts.
-        let deadline = Instant::now() + Duration::from_secs(600);
-        for ns in [ONE, SHARED, EMPTY] {
-            while nss.get_opt(ns).await.ok().flatten().is_some() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-        populate_cluster(&client, n).await;
+        prepare_cluster(&client, n).await;
     }
-    // Cheap looks (see `placed_on`), so as often on a real cluster.
-    let poll = Duration::from_millis(250);
-    let limit = Duration::from_secs(1800);
-    let start = |ns: &str, id: &str, shards: bool| {
-        Replica::start(exe, args, &kubeconfig, ns, id, lease_secs, shards)
+    let bench = Bench {
+        exe,
+        args,
+        kubeconfig,
+        client: client.clone(),
+        lease_secs,
+        poll: Duration::from_millis(250),
+        limit: Duration::from_secs(1800),
+        settle: Duration::from_secs(3),
     };
-    let settle = Duration::from_secs(3);
-
-    // A replica with nothing to hold.
-    let mut empty = start(EMPTY, "empty", false);
-    while !empty.heard().leading {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(settle).await;
-    (f.empty_rss, f.empty_heap) = empty.rss().await;
-    empty.stop().await;
-
-    // One replica holding every target.
-    let t0 = Instant::now();
-    let mut one = start(ONE, "one", false);
-    if !reconciled(std::slice::from_ref(&one), n, limit).await {
-        return Err("one replica did not reconcile every target".into());
-    }
-    f.one_secs = t0.elapsed().as_secs_f64();
-    tokio::time::sleep(settle).await;
-    (f.one_rss, f.one_heap) = one.rss().await;
-    one.stop().await;
-
-    // The replicas sharing them.
-    let t0 = Instant::now();
-    let mut running: Vec<Replica> = (0..replicas)
-        .map(|i| start(SHARED, &format!("r{i}"), true))
-        .collect();
-    let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
-    let live: Vec<&str> = ids.iter().map(String::as_str).collect();
-    if !reconciled(&running, n, limit).await || !placed_on(&client, &live, limit, poll).await {
-        return Err("the replicas did not reconcile and place every target".into());
-    }
-    f.shared_secs = t0.elapsed().as_secs_f64();
-    tokio::time::sleep(settle).await;
-    let held = labels(&client).await;
-    for r in running.iter_mut() {
-        let (rss, heap) = r.rss().await;
-        let count = held
-            .values()
-            .filter(|s| s.as_deref() == Some(&r.id))
-            .count();
-        f.each.push((r.id.clone(), count, rss, heap));
-    }
-
-    // kill -9 of a replica that does not assign.
+    bench.alone(&mut f).await?;
+    let (mut running, held) = bench.shared(&mut f).await?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), SHARED);
     let assigner = leases
         .get(RING)
@@ -769,98 +962,13 @@ pub async fn measure(
         .ok()
         .and_then(|l| l.spec?.holder_identity)
         .unwrap_or_default();
-    let victim = running
-        .iter()
-        .position(|r| r.id != assigner)
-        .ok_or("no replica but the assigner")?;
-    let victim_id = running[victim].id.clone();
-    let theirs: BTreeSet<String> = held
-        .iter()
-        .filter(|(_, s)| s.as_deref() == Some(&victim_id))
-        .map(|(n, _)| n.clone())
-        .collect();
-    f.killed_targets = theirs.len();
-    // Its last renewal is no older than the one read just before the
-    // kill; read again after it, as it may have renewed meanwhile.
-    let before = last_renewal(&client, &victim_id).await;
-    let _ = running[victim].child.kill();
-    let killed_at = now_ms();
-    let renewed = match last_renewal(&client, &victim_id).await.or(before) {
-        Some(t) => t,
-        None => {
-            eprintln!(
-                "scale-out: {victim_id}'s last renewal unknown; the takeover is timed from the kill"
-            );
-            killed_at
-        }
-    };
-    let mut dead = running.remove(victim);
-    let _ = dead.child.wait();
-    // Decided by the others (before they are labelled for them: the
-    // published ring places a gone member's targets).
-    let Some(firsts) = decided_again(&running, &theirs, killed_at, limit).await else {
-        return Err(format!("the targets of {victim_id} were not taken over"));
-    };
-    let since = |from: i64, t: Option<&i64>| t.map_or(0.0, |t| (t - from) as f64 / 1000.0);
-    f.takeover_after_kill_secs = since(killed_at, firsts.last());
-    f.takeover_secs = since(renewed, firsts.last());
-    f.takeover_first_secs = since(renewed, firsts.first());
-    f.takeover_half_secs = since(renewed, firsts.get(firsts.len() / 2));
-    // Placed on the others: no target labelled for it any more (asked
-    // for one at a time, so that looking costs the API server next to
-    // nothing while it carries the move).
-    if !none_labelled(&client, &victim_id, limit).await {
-        return Err(format!("the targets of {victim_id} were not placed again"));
-    }
-    f.placed_secs = (now_ms() - renewed) as f64 / 1000.0;
+    let dead = bench
+        .kill_one(&mut f, &mut running, &held, &assigner)
+        .await?;
     let mut gone = vec![dead];
-    // Each step starts from a quiet state: a target written just before a
-    // replica leaves is written by its next one less than a second later,
-    // one after the other; the figure below counts only what is not.
-    tokio::time::sleep(settle).await;
-
-    // Down to two, then up to four and down to two again.
-    while running.len() > 2 {
-        let i = running
-            .iter()
-            .position(|r| r.id != assigner)
-            .unwrap_or(running.len() - 1);
-        let mut r = running.remove(i);
-        r.stop().await;
-        gone.push(r);
-    }
-    let ids =
-        |running: &[Replica]| -> Vec<String> { running.iter().map(|r| r.id.clone()).collect() };
-    let now_ids = ids(&running);
-    let live: Vec<&str> = now_ids.iter().map(String::as_str).collect();
-    if !placed_on(&client, &live, limit, poll).await {
-        return Err("two replicas did not take every target".into());
-    }
-    tokio::time::sleep(settle).await;
-    let before = labels(&client).await;
-    let since = now_ms();
-    let next = replicas;
-    for i in 0..2 {
-        running.push(start(SHARED, &format!("r{}", next + i), true));
-    }
-    let (moved, last) = moved_and_decided(&client, &running, &before, since, (limit, poll))
-        .await
-        .map_err(|e| format!("2 -> 4 replicas: {e}"))?;
-    f.up_moved = moved.len();
-    f.up_secs = (last - since) as f64 / 1000.0;
-    tokio::time::sleep(settle).await;
-    let before = labels(&client).await;
-    let since = now_ms();
-    for _ in 0..2 {
-        let mut r = running.pop().expect("a replica");
-        r.stop().await;
-        gone.push(r);
-    }
-    let (moved, last) = moved_and_decided(&client, &running, &before, since, (limit, poll))
-        .await
-        .map_err(|e| format!("4 -> 2 replicas: {e}"))?;
-    f.down_moved = moved.len();
-    f.down_secs = (last - since) as f64 / 1000.0;
+    bench
+        .resize(&mut f, &mut running, &mut gone, &assigner)
+        .await?;
     for r in running.iter_mut() {
         r.stop().await;
     }

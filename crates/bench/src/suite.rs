@@ -773,7 +773,16 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
         Ok(f) => f,
         Err(e) => return vec![Row::failed(s, "", &e)],
     };
-    let r = REPLICAS as f64;
+    let mut rows = scale_out_memory(&f, n, REPLICAS);
+    rows.extend(scale_out_moves(&f, LEASE_SECS));
+    rows
+}
+
+/// The scale-out rows of time and memory: one replica against
+/// `replicas`, and the largest replica against its bound.
+fn scale_out_memory(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: usize) -> Vec<Row> {
+    let s = "scale-out";
+    let r = replicas as f64;
     let on = if f.cluster {
         "the given cluster"
     } else {
@@ -788,7 +797,7 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
         ),
         Row::new(
             s,
-            format!("{REPLICAS} replicas: the same reconciled (and placed) in"),
+            format!("{replicas} replicas: the same reconciled (and placed) in"),
             f.shared_secs,
             "s",
         ),
@@ -822,23 +831,30 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
     rows.push(
         Row::new(
             s,
-            format!("largest replica's RSS (goal: 1.2/{REPLICAS} of one + F)"),
+            format!("largest replica's RSS (goal: 1.2/{replicas} of one + F)"),
             mb(largest),
             "MB",
         )
         .goal(Goal::AtMost((bound * 100.0).round() / 100.0)),
     );
-    rows.extend([
+    rows
+}
+
+/// The scale-out rows of the takeover and the moves, and whether two
+/// replicas ever acted on one target at once.
+fn scale_out_moves(f: &super::scaleout::ScaleOutFigures, lease_secs: u64) -> Vec<Row> {
+    let s = "scale-out";
+    vec![
         Row::new(
             s,
             format!(
-                "kill -9 of a replica holding {} targets: from its last renewal until each was decided again by another (lease {LEASE_SECS} s)",
+                "kill -9 of a replica holding {} targets: from its last renewal until each was decided again by another (lease {lease_secs} s)",
                 f.killed_targets
             ),
             f.takeover_secs,
             "s",
         )
-        .goal(Goal::AtMost(LEASE_SECS as f64)),
+        .goal(Goal::AtMost(lease_secs as f64)),
         Row::new(
             s,
             "the same, until the first of them was decided again",
@@ -876,8 +892,7 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
             "targets",
         )
         .goal(Goal::AtMost(0.0)),
-    ]);
-    rows
+    ]
 }
 
 /// The operator workload under Kopf against `runbook run`, each its own

@@ -893,71 +893,15 @@ fn call(on: Option<Val>, name: &str, args: Vec<Val>) -> Result<Val, String> {
     let Some(on) = on else {
         return Err(format!("undeclared reference to function {name:?}"));
     };
-    let str_arg = |i: usize| match args.get(i) {
-        Some(Val::Str(s)) => Ok(s.clone()),
-        _ => Err(format!("{name}() wants a string argument {}", i + 1)),
-    };
-    let int_arg = |i: usize| match args.get(i) {
-        Some(Val::Int(n)) => Ok(*n),
-        _ => Err(format!("{name}() wants an int argument {}", i + 1)),
-    };
+    let a = Args { name, list: &args };
     match (name, &on) {
-        ("size", Val::Str(s)) => Ok(Val::Int(s.chars().count() as i64)),
         ("size", Val::List(l)) => Ok(Val::Int(l.len() as i64)),
         ("size", Val::Map(m)) => Ok(Val::Int(m.len() as i64)),
-        ("matches", Val::Str(s)) => Ok(Val::Bool(regex(&str_arg(0)?)?.is_match(s))),
-        ("startsWith", Val::Str(s)) => Ok(Val::Bool(s.starts_with(&str_arg(0)?))),
-        ("endsWith", Val::Str(s)) => Ok(Val::Bool(s.ends_with(&str_arg(0)?))),
-        ("contains", Val::Str(s)) => Ok(Val::Bool(s.contains(&str_arg(0)?))),
-        ("lowerAscii", Val::Str(s)) => Ok(Val::Str(s.to_ascii_lowercase())),
-        ("upperAscii", Val::Str(s)) => Ok(Val::Str(s.to_ascii_uppercase())),
-        ("trim", Val::Str(s)) => Ok(Val::Str(s.trim().to_string())),
-        ("indexOf", Val::Str(s)) => {
-            let needle = str_arg(0)?;
-            Ok(Val::Int(
-                s.find(&needle)
-                    .map_or(-1, |b| s[..b].chars().count() as i64),
-            ))
-        }
-        ("replace", Val::Str(s)) => Ok(Val::Str(s.replace(&str_arg(0)?, &str_arg(1)?))),
-        ("split", Val::Str(s)) => {
-            let sep = str_arg(0)?;
-            Ok(Val::List(
-                s.split(sep.as_str())
-                    .map(|p| Val::Str(p.to_string()))
-                    .collect(),
-            ))
-        }
-        ("substring", Val::Str(s)) => {
-            let chars: Vec<char> = s.chars().collect();
-            let from = usize::try_from(int_arg(0)?)
-                .map_err(|_| "substring: negative index".to_string())?;
-            let to = match args.get(1) {
-                Some(_) => usize::try_from(int_arg(1)?)
-                    .map_err(|_| "substring: negative index".to_string())?,
-                None => chars.len(),
-            };
-            if from > to || to > chars.len() {
-                return Err(format!("substring: index out of range: {from}..{to}"));
-            }
-            Ok(Val::Str(chars[from..to].iter().collect()))
-        }
-        ("find", Val::Str(s)) => Ok(Val::Str(
-            regex(&str_arg(0)?)?
-                .find(s)
-                .map_or(String::new(), |m| m.as_str().to_string()),
-        )),
-        ("findAll", Val::Str(s)) => Ok(Val::List(
-            regex(&str_arg(0)?)?
-                .find_iter(s)
-                .map(|m| Val::Str(m.as_str().to_string()))
-                .collect(),
-        )),
         ("join", Val::List(l)) => {
-            let sep = if args.is_empty() {
+            let sep = if a.list.is_empty() {
                 String::new()
             } else {
-                str_arg(0)?
+                a.string(0)?
             };
             let parts: Result<Vec<String>, String> = l
                 .iter()
@@ -985,7 +929,86 @@ fn call(on: Option<Val>, name: &str, args: Vec<Val>) -> Result<Val, String> {
         },
         ("string", v) => Ok(Val::Str(v.shown())),
         ("bool", Val::Bool(b)) => Ok(Val::Bool(*b)),
+        (_, Val::Str(s)) => string_method(name, s, &a),
         (_, on) => Err(format!("no such overload: {}.{name}()", on.type_name())),
+    }
+}
+
+/// The string functions: `s.name(args)`.
+fn string_method(name: &str, s: &str, a: &Args<'_>) -> Result<Val, String> {
+    match name {
+        "size" => Ok(Val::Int(s.chars().count() as i64)),
+        "matches" => Ok(Val::Bool(regex(&a.string(0)?)?.is_match(s))),
+        "startsWith" => Ok(Val::Bool(s.starts_with(&a.string(0)?))),
+        "endsWith" => Ok(Val::Bool(s.ends_with(&a.string(0)?))),
+        "contains" => Ok(Val::Bool(s.contains(&a.string(0)?))),
+        "lowerAscii" => Ok(Val::Str(s.to_ascii_lowercase())),
+        "upperAscii" => Ok(Val::Str(s.to_ascii_uppercase())),
+        "trim" => Ok(Val::Str(s.trim().to_string())),
+        "indexOf" => {
+            let needle = a.string(0)?;
+            Ok(Val::Int(
+                s.find(&needle)
+                    .map_or(-1, |b| s[..b].chars().count() as i64),
+            ))
+        }
+        "replace" => Ok(Val::Str(s.replace(&a.string(0)?, &a.string(1)?))),
+        "split" => {
+            let sep = a.string(0)?;
+            Ok(Val::List(
+                s.split(sep.as_str())
+                    .map(|p| Val::Str(p.to_string()))
+                    .collect(),
+            ))
+        }
+        "substring" => {
+            let chars: Vec<char> = s.chars().collect();
+            let from =
+                usize::try_from(a.int(0)?).map_err(|_| "substring: negative index".to_string())?;
+            let to = match a.list.get(1) {
+                Some(_) => usize::try_from(a.int(1)?)
+                    .map_err(|_| "substring: negative index".to_string())?,
+                None => chars.len(),
+            };
+            if from > to || to > chars.len() {
+                return Err(format!("substring: index out of range: {from}..{to}"));
+            }
+            Ok(Val::Str(chars[from..to].iter().collect()))
+        }
+        "find" => Ok(Val::Str(
+            regex(&a.string(0)?)?
+                .find(s)
+                .map_or(String::new(), |m| m.as_str().to_string()),
+        )),
+        "findAll" => Ok(Val::List(
+            regex(&a.string(0)?)?
+                .find_iter(s)
+                .map(|m| Val::Str(m.as_str().to_string()))
+                .collect(),
+        )),
+        _ => Err(format!("no such overload: string.{name}()")),
+    }
+}
+
+/// A call's arguments, for the messages that name them.
+struct Args<'a> {
+    name: &'a str,
+    list: &'a [Val],
+}
+
+impl Args<'_> {
+    fn string(&self, i: usize) -> Result<String, String> {
+        match self.list.get(i) {
+            Some(Val::Str(s)) => Ok(s.clone()),
+            _ => Err(format!("{}() wants a string argument {}", self.name, i + 1)),
+        }
+    }
+
+    fn int(&self, i: usize) -> Result<i64, String> {
+        match self.list.get(i) {
+            Some(Val::Int(n)) => Ok(*n),
+            _ => Err(format!("{}() wants an int argument {}", self.name, i + 1)),
+        }
     }
 }
 

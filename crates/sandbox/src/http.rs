@@ -346,23 +346,16 @@ impl Api {
         Ok(())
     }
 
-    async fn resource(
+    /// Authorize a request. As the API server does, a list or watch of one
+    /// name (a `metadata.name=` field selector) is authorized for that
+    /// name, so RBAC `resourceNames` can grant it.
+    fn authorized_as_asked(
         &self,
-        method: &Method,
-        t: Target,
+        user: &UserInfo,
+        verb: ApiVerb,
+        t: &Target,
         q: &BTreeMap<String, String>,
-        headers: &http::HeaderMap,
-        body: Bytes,
-    ) -> Result<Resp, ApiError> {
-        let verb = Self::verb(method, &t, q)?;
-        if let Some(answer) = self.fault(verb, &t) {
-            return answer;
-        }
-        let user =
-            auth::authenticate(&self.store, &self.tokens, headers).map_err(ApiError::forbidden)?;
-        // As the API server does, a list or watch of one name (a
-        // `metadata.name=` field selector) is authorized for that name, so
-        // RBAC `resourceNames` can grant it.
+    ) -> Result<(), ApiError> {
         let by_name = match verb {
             ApiVerb::List | ApiVerb::Watch if t.name.is_none() => q
                 .get("fieldSelector")
@@ -377,10 +370,27 @@ impl Api {
                     name: Some(name),
                     ..t.clone()
                 };
-                self.authorized(&user, verb, &named)?;
+                self.authorized(user, verb, &named)
             }
-            None => self.authorized(&user, verb, &t)?,
+            None => self.authorized(user, verb, t),
         }
+    }
+
+    async fn resource(
+        &self,
+        method: &Method,
+        t: Target,
+        q: &BTreeMap<String, String>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Result<Resp, ApiError> {
+        let verb = Self::verb(method, &t, q)?;
+        if let Some(answer) = self.fault(verb, &t) {
+            return answer;
+        }
+        let user =
+            auth::authenticate(&self.store, &self.tokens, headers).map_err(ApiError::forbidden)?;
+        self.authorized_as_asked(&user, verb, &t, q)?;
         let accept = headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
@@ -686,20 +696,7 @@ impl Api {
             .flatten()
             .and_then(|d| self.store.get(&d, "", &c.ns).ok())
             .map(|b| parse(&b)["metadata"]["labels"].clone());
-        let patched = c
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("patch"));
-        let options_kind = match (operation, patched) {
-            ("CREATE", _) => "CreateOptions",
-            (_, true) => "PatchOptions",
-            _ => "UpdateOptions",
-        };
-        let mut options = json!({"apiVersion": "meta.k8s.io/v1", "kind": options_kind});
-        if let Some(m) = c.opts.field_manager.as_deref().filter(|m| !m.is_empty()) {
-            options["fieldManager"] = json!(m);
-        }
+        let options = review_options(c, operation);
         let request = admission::Request {
             def: &t.def,
             version: &t.version,
@@ -1067,6 +1064,26 @@ fn list_response(t: &Target, meta: &Value, items: impl Iterator<Item = Vec<u8>>)
 
 fn is_true(v: Option<&String>) -> bool {
     matches!(v.map(String::as_str), Some("true") | Some("1"))
+}
+
+/// The options an admission review carries: the write's kind of options
+/// (create, patch or update) and its field manager.
+fn review_options(c: &Call<'_>, operation: &str) -> Value {
+    let patched = c
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("patch"));
+    let options_kind = match (operation, patched) {
+        ("CREATE", _) => "CreateOptions",
+        (_, true) => "PatchOptions",
+        _ => "UpdateOptions",
+    };
+    let mut options = json!({"apiVersion": "meta.k8s.io/v1", "kind": options_kind});
+    if let Some(m) = c.opts.field_manager.as_deref().filter(|m| !m.is_empty()) {
+        options["fieldManager"] = json!(m);
+    }
+    options
 }
 
 fn include_object(q: &BTreeMap<String, String>) -> &str {

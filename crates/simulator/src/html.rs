@@ -847,6 +847,50 @@ fn panels(
     Ok(())
 }
 
+/// A section per object the policies patched (not a target), with a
+/// panel for each numeric field they changed.
+fn patched_sections(
+    report: &Report,
+    frame: &Frame,
+    body: &mut String,
+    others: &mut Vec<String>,
+) -> Result<(), String> {
+    for (object, history) in patched(report) {
+        let markers: Vec<&Entry> = report
+            .entries
+            .iter()
+            .filter(|e| e.action == "patch" && Target::of(e) == object)
+            .collect();
+        let _ = writeln!(
+            body,
+            r#"<section class="target" data-target="{}"><h2>{} <small>({}, changed by the policies)</small></h2>"#,
+            esc(&object.shown()),
+            esc(&object.shown()),
+            esc(&object.api_version)
+        );
+        for (field, values) in history {
+            let points: Vec<(f64, f64, usize)> = values
+                .iter()
+                .map(|(i, v)| (frame.x(&report.entries[*i]), *v, *i))
+                .collect();
+            let panel = Panel {
+                frame,
+                field: &field,
+                points,
+                references: Vec::new(),
+                bands: &[],
+                markers: &markers,
+                from: 0.0,
+                to: frame.end,
+                caption: field.clone(),
+            };
+            body.push_str(&draw_panel(&panel, others)?);
+            body.push('\n');
+        }
+    }
+    Ok(())
+}
+
 fn article(report: &Report) -> Result<String, String> {
     let (frame, last) = frame_of(report);
     let statuses = statuses(report);
@@ -883,39 +927,7 @@ fn article(report: &Report) -> Result<String, String> {
         let legend = legend(&bands, &markers, &mut others);
         body.push_str(&legend);
     }
-    for (object, history) in patched(report) {
-        let markers: Vec<&Entry> = report
-            .entries
-            .iter()
-            .filter(|e| e.action == "patch" && Target::of(e) == object)
-            .collect();
-        let _ = writeln!(
-            body,
-            r#"<section class="target" data-target="{}"><h2>{} <small>({}, changed by the policies)</small></h2>"#,
-            esc(&object.shown()),
-            esc(&object.shown()),
-            esc(&object.api_version)
-        );
-        for (field, values) in history {
-            let points: Vec<(f64, f64, usize)> = values
-                .iter()
-                .map(|(i, v)| (frame.x(&report.entries[*i]), *v, *i))
-                .collect();
-            let panel = Panel {
-                frame: &frame,
-                field: &field,
-                points,
-                references: Vec::new(),
-                bands: &[],
-                markers: &markers,
-                from: 0.0,
-                to: frame.end,
-                caption: field.clone(),
-            };
-            body.push_str(&draw_panel(&panel, &mut others)?);
-            body.push('\n');
-        }
-    }
+    patched_sections(report, &frame, &mut body, &mut others)?;
     let lanes = draw_lanes(&frame)?;
     let verdict = match report.passed() {
         true => r#"<span class="passed">passed</span>"#.to_string(),

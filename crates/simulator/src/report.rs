@@ -264,6 +264,40 @@ impl Report {
         e.time.as_millisecond() - self.start.as_millisecond()
     }
 
+    /// Every error a policy raised, once per distinct error (a failing
+    /// policy retries), as failures of a scenario that expected none.
+    fn unexpected_errors(&mut self) {
+        let errors: Vec<Failure> = self
+            .entries
+            .iter()
+            .filter(|x| x.action == "error")
+            .map(|x| Failure {
+                pos: None,
+                message: format!(
+                    "at {}: policy {} failed on {} {}/{}: {}",
+                    offset(self.ms(x)),
+                    x.policy,
+                    x.kind,
+                    x.namespace,
+                    x.name,
+                    x.detail
+                ),
+                detail: Vec::new(),
+            })
+            .collect();
+        // One line per distinct error: a failing policy retries.
+        for f in errors {
+            let key = f.message.split_once(": policy").map(|(_, r)| r.to_string());
+            if !self
+                .failures
+                .iter()
+                .any(|g| g.message.split_once(": policy").map(|(_, r)| r.to_string()) == key)
+            {
+                self.failures.push(f);
+            }
+        }
+    }
+
     /// Order the entries and check every expectation against them.
     pub fn finish(&mut self, s: &Scenario, mut entries: Vec<Entry>) {
         entries.sort_by(canonical);
@@ -321,35 +355,7 @@ impl Report {
             }
         }
         if !expected_errors {
-            let errors: Vec<Failure> = self
-                .entries
-                .iter()
-                .filter(|x| x.action == "error")
-                .map(|x| Failure {
-                    pos: None,
-                    message: format!(
-                        "at {}: policy {} failed on {} {}/{}: {}",
-                        offset(self.ms(x)),
-                        x.policy,
-                        x.kind,
-                        x.namespace,
-                        x.name,
-                        x.detail
-                    ),
-                    detail: Vec::new(),
-                })
-                .collect();
-            // One line per distinct error: a failing policy retries.
-            for f in errors {
-                let key = f.message.split_once(": policy").map(|(_, r)| r.to_string());
-                if !self
-                    .failures
-                    .iter()
-                    .any(|g| g.message.split_once(": policy").map(|(_, r)| r.to_string()) == key)
-                {
-                    self.failures.push(f);
-                }
-            }
+            self.unexpected_errors();
         }
     }
 
@@ -555,18 +561,15 @@ fn status_summary(fields: &Value, zone: Option<&str>) -> String {
     s
 }
 
-/// Check one final object state.
-pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failure> {
-    let fail = |message: String, detail: Vec<String>| {
-        Some(Failure {
-            pos: Some(pos),
-            message,
-            detail,
-        })
-    };
+/// The objects a final state names: one by name, or every one a name
+/// with wildcards matches.
+async fn final_objects(
+    f: &FinalSpec,
+    world: &World,
+) -> Result<Vec<kube::api::DynamicObject>, String> {
     let served = match world.served(f.api_version.as_deref(), &f.kind) {
         Ok(s) => s,
-        Err(e) => return fail(e, Vec::new()),
+        Err(e) => return Err(e),
     };
     let ns = f
         .namespace
@@ -578,7 +581,7 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
         kube::Api::all_with(world.client.clone(), &served.resource)
     };
     // A name with wildcards stands for every object it matches.
-    let got: Vec<kube::api::DynamicObject> = if f.name.contains(['*', '?']) {
+    let got = if f.name.contains(['*', '?']) {
         match api.list(&Default::default()).await {
             Ok(l) => l
                 .items
@@ -587,7 +590,7 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
                 .collect(),
             Err(e) => {
                 let e = runbook_operator::util::api_error(&e);
-                return fail(format!("at the end: list {}: {e}", f.kind), Vec::new());
+                return Err(format!("at the end: list {}: {e}", f.kind));
             }
         }
     } else {
@@ -597,6 +600,22 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
             .flatten()
             .into_iter()
             .collect()
+    };
+    Ok(got)
+}
+
+/// Check one final object state.
+pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failure> {
+    let fail = |message: String, detail: Vec<String>| {
+        Some(Failure {
+            pos: Some(pos),
+            message,
+            detail,
+        })
+    };
+    let got = match final_objects(f, world).await {
+        Ok(got) => got,
+        Err(e) => return fail(e, Vec::new()),
     };
     if f.absent {
         return match got.first() {

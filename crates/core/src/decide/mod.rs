@@ -306,6 +306,30 @@ pub fn inputs_hash(
     format!("{:016x}", h.finish())
 }
 
+/// Why an object of kind `k` in `obj_ns` may not be written for a target
+/// in `target_ns`: a cluster-scoped kind, or a namespace neither the
+/// target's nor one of `writable`.
+fn namespace_refusal(
+    k: &KindRef,
+    obj_ns: Option<&str>,
+    target_ns: &str,
+    writable: &[String],
+) -> Option<Refused> {
+    if !k.namespaced() {
+        return Some(Refused::ClusterScoped { kind: k.clone() });
+    }
+    match obj_ns {
+        Some(ns) if !ns.is_empty() && ns != target_ns && !writable.iter().any(|w| w == ns) => {
+            Some(Refused::OtherNamespace {
+                kind: k.clone(),
+                namespace: ns.to_string(),
+                target: target_ns.to_string(),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// Why an action may not be taken by this policy on this target, if so.
 /// `writable`: the other namespaces the policy may make children in
 /// (`observe::namespaces_matching` of its `spec.namespaces`).
@@ -323,21 +347,8 @@ pub fn check_permission(
             roles,
         })
     };
-    let check_ns = |obj_ns: Option<&str>, k: &KindRef| -> Option<Refused> {
-        if !k.namespaced() {
-            return Some(Refused::ClusterScoped { kind: k.clone() });
-        }
-        match obj_ns {
-            Some(ns) if !ns.is_empty() && ns != target_ns && !writable.iter().any(|w| w == ns) => {
-                Some(Refused::OtherNamespace {
-                    kind: k.clone(),
-                    namespace: ns.to_string(),
-                    target: target_ns.to_string(),
-                })
-            }
-            _ => None,
-        }
-    };
+    let check_ns =
+        |obj_ns: Option<&str>, k: &KindRef| namespace_refusal(k, obj_ns, target_ns, writable);
     let unknown = |verb, error: String| Some(Refused::UnknownKind { verb, error });
     match action {
         Action::Apply { object } => {

@@ -512,10 +512,8 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
             )]
         }
         Write::Apply { key, object, .. } => {
-            let refs = self::pods::references(object);
-            let mine = policy_label_value(&input.policy.name);
-            let child = &key.name;
             let mut out = Vec::new();
+            let child = &key.name;
             if elsewhere {
                 let verb = if live(&key.kind, child).is_some() {
                     "patch"
@@ -528,25 +526,46 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
                     ..access(verb, key.kind.clone(), child, why)
                 });
             }
-            for (kind, names) in [
-                (KindRef::new("v1", "Secret"), &refs.secrets),
-                (KindRef::new("v1", "ConfigMap"), &refs.config_maps),
-                (KindRef::new("v1", "PersistentVolumeClaim"), &refs.claims),
-            ] {
-                for name in names {
-                    let ours = applies.iter().any(|(k, n)| *k == kind && n == name)
-                        || live(&kind, name).is_some_and(|o| o.is_child_of(&mine, t.uid()));
-                    if !ours {
-                        let why =
-                            format!("put {} {name} into {} {child}", kind.kind, key.kind.kind);
-                        out.push(access("get", kind.clone(), name, why));
-                    }
-                }
+            for (kind, name) in taken_in(input, ns, object, applies) {
+                let why = format!("put {} {name} into {} {child}", kind.kind, key.kind.kind);
+                out.push(access("get", kind, &name, why));
             }
             out
         }
         _ => Vec::new(),
     }
+}
+
+/// The Secrets, ConfigMaps and PersistentVolumeClaims a child `object`
+/// applied in `ns` takes in that are neither made by this decision
+/// (`applies`) nor children the policy already made for the target.
+fn taken_in(
+    input: &Input<'_>,
+    ns: &str,
+    object: &serde_json::Value,
+    applies: &[(KindRef, String)],
+) -> Vec<(KindRef, String)> {
+    let refs = self::pods::references(object);
+    let mine = policy_label_value(&input.policy.name);
+    let t = input.target;
+    let mut out = Vec::new();
+    for (kind, names) in [
+        (KindRef::new("v1", "Secret"), &refs.secrets),
+        (KindRef::new("v1", "ConfigMap"), &refs.config_maps),
+        (KindRef::new("v1", "PersistentVolumeClaim"), &refs.claims),
+    ] {
+        for name in names {
+            let ours = applies.iter().any(|(k, n)| *k == kind && n == name)
+                || input
+                    .view
+                    .get(&kind, ns, name)
+                    .is_some_and(|o| o.is_child_of(&mine, t.uid()));
+            if !ours {
+                out.push((kind.clone(), name.clone()));
+            }
+        }
+    }
+    out
 }
 
 /// The step of an action about the target itself (status, a condition,
@@ -644,103 +663,123 @@ fn discovered(input: &Input<'_>, kind: &KindRef) -> Result<Resolved, Failed> {
     }
 }
 
-/// The write an action needs, or why none is needed or possible.
-fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
+/// The write of a delete action, or why none.
+fn delete_of(
+    input: &Input<'_>,
+    ns: &str,
+    kind: &crate::kinds::KindName,
+    name: &str,
+    namespace: Option<&str>,
+) -> Todo {
     let policy = input.policy;
     let found = |kind: &KindRef| discovered(input, kind);
+    let k = match policy.kinds.resolve(kind) {
+        Ok(k) => k,
+        Err(e) => return Todo::Fail(Failed::invalid(e)),
+    };
+    let elsewhere = namespace.is_some_and(|n| n != ns);
+    let ns = namespace.unwrap_or(ns);
+    let Some(live) = input.view.get(&k, ns, name) else {
+        return Todo::Unchanged;
+    };
+    // What the policy did not make it deletes only where
+    // `spec.deletes` declares it (its kind, its selector), and
+    // only in its target's namespace.
+    if (elsewhere || !policy.may_delete(&k, live.value()))
+        && let Some(refusal) = not_its_child(input, "delete", &k, &live)
+    {
+        return refusal;
+    }
+    // Already on its way out (its own finalizers hold it): a
+    // delete would change nothing, and is not sent again.
+    if live
+        .value()
+        .pointer("/metadata/deletionTimestamp")
+        .is_some()
+    {
+        return Todo::Unchanged;
+    }
+    match found(&k) {
+        Ok(r) if let Some(refusal) = without_namespace("delete", &r, ns) => refusal,
+        Ok(r) => Todo::Write(Box::new(Write::Delete {
+            kind: r,
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            uid: live.uid().to_string(),
+        })),
+        Err(e) => Todo::Fail(e),
+    }
+}
+
+/// The write of a patch action, or why none.
+fn patch_of(
+    input: &Input<'_>,
+    ns: &str,
+    kind: &crate::kinds::KindName,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Todo {
+    let policy = input.policy;
+    let found = |kind: &KindRef| discovered(input, kind);
+    let k = match policy.kinds.resolve(kind) {
+        Ok(k) => k,
+        Err(e) => return Todo::Fail(Failed::invalid(e)),
+    };
+    let live = input.view.get(&k, ns, name);
+    // A child is patched only if it is this policy's own; an
+    // object of a kind the policy mutates is not its child by
+    // design (whose rights allow it is checked apart).
+    let mutated = policy.kinds.has(&k, Role::Mutates);
+    let mut uid = None;
+    if let Some(live) = &live {
+        let mine = policy_label_value(&policy.name);
+        if live.is_child_of(&mine, input.target.uid()) {
+            uid = Some(live.uid().to_string());
+        } else if !mutated {
+            return not_its_child(input, "patch", &k, live).unwrap_or(Todo::Unchanged);
+        }
+        let mut after = live.value().clone();
+        json_patch::merge(&mut after, patch);
+        if &after == live.value() {
+            return Todo::Unchanged;
+        }
+    }
+    // What is not its own child says who changed it.
+    let mut patch = patch.clone();
+    if uid.is_none()
+        && let Some(p) = patch.as_object_mut()
+    {
+        let meta = p.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            let notes = meta.entry("annotations").or_insert_with(|| json!({}));
+            if let Some(notes) = notes.as_object_mut() {
+                notes.insert(CHANGED_BY.into(), json!(changed_by(input)));
+            }
+        }
+    }
+    match found(&k) {
+        Ok(r) if let Some(refusal) = without_namespace("patch", &r, ns) => refusal,
+        Ok(r) => Todo::Write(Box::new(Write::Patch {
+            kind: r,
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            patch,
+            uid,
+        })),
+        Err(e) => Todo::Fail(e),
+    }
+}
+
+/// The write an action needs, or why none is needed or possible.
+fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
     match a {
         Action::Apply { object } => apply_of(input, plan, ns, object),
         Action::Delete {
             kind,
             name,
             namespace,
-        } => {
-            let k = match policy.kinds.resolve(kind) {
-                Ok(k) => k,
-                Err(e) => return Todo::Fail(Failed::invalid(e)),
-            };
-            let elsewhere = namespace.as_deref().is_some_and(|n| n != ns);
-            let ns = namespace.as_deref().unwrap_or(ns);
-            let Some(live) = input.view.get(&k, ns, name) else {
-                return Todo::Unchanged;
-            };
-            // What the policy did not make it deletes only where
-            // `spec.deletes` declares it (its kind, its selector), and
-            // only in its target's namespace.
-            if (elsewhere || !policy.may_delete(&k, live.value()))
-                && let Some(refusal) = not_its_child(input, "delete", &k, &live)
-            {
-                return refusal;
-            }
-            // Already on its way out (its own finalizers hold it): a
-            // delete would change nothing, and is not sent again.
-            if live
-                .value()
-                .pointer("/metadata/deletionTimestamp")
-                .is_some()
-            {
-                return Todo::Unchanged;
-            }
-            match found(&k) {
-                Ok(r) if let Some(refusal) = without_namespace("delete", &r, ns) => refusal,
-                Ok(r) => Todo::Write(Box::new(Write::Delete {
-                    kind: r,
-                    namespace: ns.to_string(),
-                    name: name.clone(),
-                    uid: live.uid().to_string(),
-                })),
-                Err(e) => Todo::Fail(e),
-            }
-        }
-        Action::Patch { kind, name, patch } => {
-            let k = match policy.kinds.resolve(kind) {
-                Ok(k) => k,
-                Err(e) => return Todo::Fail(Failed::invalid(e)),
-            };
-            let live = input.view.get(&k, ns, name);
-            // A child is patched only if it is this policy's own; an
-            // object of a kind the policy mutates is not its child by
-            // design (whose rights allow it is checked apart).
-            let mutated = policy.kinds.has(&k, Role::Mutates);
-            let mut uid = None;
-            if let Some(live) = &live {
-                let mine = policy_label_value(&policy.name);
-                if live.is_child_of(&mine, input.target.uid()) {
-                    uid = Some(live.uid().to_string());
-                } else if !mutated {
-                    return not_its_child(input, "patch", &k, live).unwrap_or(Todo::Unchanged);
-                }
-                let mut after = live.value().clone();
-                json_patch::merge(&mut after, patch);
-                if &after == live.value() {
-                    return Todo::Unchanged;
-                }
-            }
-            // What is not its own child says who changed it.
-            let mut patch = patch.clone();
-            if uid.is_none()
-                && let Some(p) = patch.as_object_mut()
-            {
-                let meta = p.entry("metadata").or_insert_with(|| json!({}));
-                if let Some(meta) = meta.as_object_mut() {
-                    let notes = meta.entry("annotations").or_insert_with(|| json!({}));
-                    if let Some(notes) = notes.as_object_mut() {
-                        notes.insert(CHANGED_BY.into(), json!(changed_by(input)));
-                    }
-                }
-            }
-            match found(&k) {
-                Ok(r) if let Some(refusal) = without_namespace("patch", &r, ns) => refusal,
-                Ok(r) => Todo::Write(Box::new(Write::Patch {
-                    kind: r,
-                    namespace: ns.to_string(),
-                    name: name.clone(),
-                    patch,
-                    uid,
-                })),
-                Err(e) => Todo::Fail(e),
-            }
-        }
+        } => delete_of(input, ns, kind, name, namespace.as_deref()),
+        Action::Patch { kind, name, patch } => patch_of(input, ns, kind, name, patch),
         Action::Rollback {
             deployment,
             revision,

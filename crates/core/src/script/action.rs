@@ -471,6 +471,43 @@ pub fn register(engine: &mut Engine) {
     register_others(engine);
 }
 
+/// `delete(obj)`: the object by its kind, name and namespace.
+fn delete_object(ctx: NativeCallContext, obj: Dynamic) -> RhaiResult<ActionValue> {
+    let object = map_json(&ctx, "delete(obj)", obj)?;
+    let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+        return fail(
+            &ctx,
+            "delete: the object needs kind and metadata.name".into(),
+        );
+    };
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string);
+    Ok(make(
+        &ctx,
+        Action::Delete {
+            kind,
+            name,
+            namespace,
+        },
+    ))
+}
+
+/// `patch(obj, merge_patch)`: the object by its kind and name.
+fn patch_object(ctx: NativeCallContext, obj: Dynamic, patch: Dynamic) -> RhaiResult<ActionValue> {
+    let object = map_json(&ctx, "patch(obj)", obj)?;
+    let patch = map_json(&ctx, "patch(_, merge_patch)", patch)?;
+    let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
+        return fail(
+            &ctx,
+            "patch: the object needs kind and metadata.name".into(),
+        );
+    };
+    Ok(make(&ctx, Action::Patch { kind, name, patch }))
+}
+
 /// `apply`, `delete` and `patch`: objects other than the target.
 fn register_children(engine: &mut Engine) {
     engine.register_fn(
@@ -493,31 +530,7 @@ fn register_children(engine: &mut Engine) {
         },
     );
 
-    engine.register_fn(
-        "delete",
-        |ctx: NativeCallContext, obj: Dynamic| -> RhaiResult<ActionValue> {
-            let object = map_json(&ctx, "delete(obj)", obj)?;
-            let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
-                return fail(
-                    &ctx,
-                    "delete: the object needs kind and metadata.name".into(),
-                );
-            };
-            let namespace = object
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty())
-                .map(str::to_string);
-            Ok(make(
-                &ctx,
-                Action::Delete {
-                    kind,
-                    name,
-                    namespace,
-                },
-            ))
-        },
-    );
+    engine.register_fn("delete", delete_object);
     engine.register_fn(
         "delete",
         |ctx: NativeCallContext, kind: &str, name: &str| -> RhaiResult<ActionValue> {
@@ -532,20 +545,7 @@ fn register_children(engine: &mut Engine) {
         },
     );
 
-    engine.register_fn(
-        "patch",
-        |ctx: NativeCallContext, obj: Dynamic, patch: Dynamic| -> RhaiResult<ActionValue> {
-            let object = map_json(&ctx, "patch(obj)", obj)?;
-            let patch = map_json(&ctx, "patch(_, merge_patch)", patch)?;
-            let (Some(kind), Some(name)) = (KindName::of(&object), name_of(&object)) else {
-                return fail(
-                    &ctx,
-                    "patch: the object needs kind and metadata.name".into(),
-                );
-            };
-            Ok(make(&ctx, Action::Patch { kind, name, patch }))
-        },
-    );
+    engine.register_fn("patch", patch_object);
     engine.register_fn(
         "patch",
         |ctx: NativeCallContext,

@@ -160,7 +160,9 @@ impl Authority {
     }
 
     /// Whether `author` may do what `ask` says (asked once per [`TTL`]).
-    async fn may(&self, author: &Author, ask: &Ask) -> Result<bool, String> {
+    /// A review that could not be asked is the API server's failure (a
+    /// transport error or a 5xx), never a refusal.
+    async fn may(&self, author: &Author, ask: &Ask) -> Result<bool, super::ExecError> {
         let key = (author.clone(), ask.clone());
         let now = tokio::time::Instant::now();
         if let Some((allowed, at)) = lock(&self.answers).get(&key)
@@ -191,12 +193,7 @@ impl Authority {
         let answer = api
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| {
-                format!(
-                    "asking the API server (SubjectAccessReview): {}",
-                    crate::util::api_error(&e)
-                )
-            })?;
+            .map_err(|e| super::ExecError::api("asking the API server (SubjectAccessReview)", e))?;
         let allowed = answer
             .status
             .is_some_and(|s| s.allowed && s.denied != Some(true));
@@ -299,14 +296,15 @@ pub fn touch_command(target: &serde_json::Value) -> String {
     )
 }
 
-/// Why `access` may not be used for `target`, if it may not.
+/// Why `access` may not be used for `target`, if it may not: a refusal
+/// (`Unauthorized`), or the failure that kept it from being checked.
 async fn refusal(
     authority: &Authority,
     resources: &Resources,
     target: &CachedObject,
     author: &Result<Author, String>,
     access: &Access,
-) -> Option<String> {
+) -> Option<Failed> {
     if access.opted_in {
         return None;
     }
@@ -327,12 +325,12 @@ async fn refusal(
     let author = match author {
         Ok(a) => a,
         Err(why) => {
-            return Some(format!(
+            return Some(Failed::unauthorized(format!(
                 "to {} Runbook needs its author's rights, and {why}; run `{}`{}",
                 access.why,
                 touch_command(target.value()),
                 allow(&access.kind)
-            ));
+            )));
         }
     };
     let (group, resource) = match resources.resolve(&access.kind).await {
@@ -352,15 +350,18 @@ async fn refusal(
     };
     match authority.may(author, &ask).await {
         Ok(true) => None,
-        Ok(false) => Some(format!(
+        Ok(false) => Some(Failed::unauthorized(format!(
             "{tkind} {ns}/{tname} was written by {author}, who may not {what} in namespace {:?}, and Runbook does for a target only what its author may do (to {}){}",
             access.namespace,
             access.why,
             allow(&access.kind)
-        )),
-        Err(e) => Some(format!(
-            "whether {author} may {what} in namespace {:?} could not be checked: {e}",
-            access.namespace
+        ))),
+        Err(e) => Some(Failed::new(
+            e.cause(),
+            format!(
+                "whether {author} may {what} in namespace {:?} could not be checked: {e}",
+                access.namespace
+            ),
         )),
     }
 }
@@ -383,22 +384,29 @@ pub async fn authorize(
     }
     let author = authority.author_of(target.value(), view);
     for access in reads {
-        if let Some(why) = refusal(authority, resources, target, &author, access).await {
+        if let Some(failed) = refusal(authority, resources, target, &author, access).await {
             // The reason is said once, on the first step; the others
-            // point to it.
+            // point to it. A check that could not be made fails with its
+            // own cause (retried as the API server's failure), not as a
+            // refusal.
+            let (said, read) = match failed.is_refusal() {
+                true => ("refused", "refused"),
+                false => ("not taken", "not checked"),
+            };
             let mut first = true;
             for step in &mut plan.steps {
                 if matches!(step.todo, Todo::Refused(_)) {
                     continue;
                 }
                 let message = if first {
-                    format!("{} refused: {why}", step.action.verb())
+                    format!("{} {said}: {}", step.action.verb(), failed.message)
                 } else {
-                    "not taken: a read this decision needs was refused (see the first action)"
-                        .to_string()
+                    format!(
+                        "not taken: a read this decision needs was {read} (see the first action)"
+                    )
                 };
                 first = false;
-                step.todo = Todo::Fail(Failed::unauthorized(message));
+                step.todo = Todo::Fail(Failed::new(failed.cause, message));
             }
             plan.fields.clear();
             plan.conditions.clear();
@@ -412,16 +420,21 @@ pub async fn authorize(
             continue;
         }
         for access in &step.needs {
-            if let Some(why) = refusal(authority, resources, target, &author, access).await {
+            if let Some(failed) = refusal(authority, resources, target, &author, access).await {
                 let on = step
                     .target
                     .as_deref()
                     .map(|t| format!(" of {t}"))
                     .unwrap_or_default();
-                step.todo = Todo::Fail(Failed::unauthorized(format!(
-                    "{}{on} refused: {why}",
-                    step.action.verb()
-                )));
+                let said = if failed.is_refusal() {
+                    "refused"
+                } else {
+                    "not taken"
+                };
+                step.todo = Todo::Fail(Failed::new(
+                    failed.cause,
+                    format!("{}{on} {said}: {}", step.action.verb(), failed.message),
+                ));
                 break;
             }
         }

@@ -374,7 +374,8 @@ pub fn watch_config(
 pub fn spawn_informer(
     client: kube::Client,
     resource: ApiResource,
-    (kind, kept): (KindRef, Option<Arc<KindCache>>),
+    kind: KindRef,
+    kept: Option<Arc<KindCache>>,
     scope: Scope,
     changes: crate::util::channel::Sender<Change>,
     health: Arc<WatchHealth>,
@@ -444,51 +445,56 @@ pub fn spawn_informer(
                 })
         })
         .collect();
-    let c = cache.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = super::merge::merged(watches);
-        let mut buffer: Vec<Arc<RawObject>> = Vec::new();
-        while let Some(event) = stream.next().await {
-            let usable = |o: &RawObject| match &o.undecodable {
-                Some(why) => {
-                    tracing::warn!(kind = %c.kind, name = o.meta.name.as_deref().unwrap_or("?"), "skipping an object: {why}");
-                    false
-                }
-                None => true,
-            };
-            match event {
-                Ok(Event::Apply(o)) if usable(&o) => {
-                    if let Some(ch) = c.apply(Arc::new(o)) {
-                        let _ = changes.send(ch);
-                    }
-                }
-                Ok(Event::Delete(o)) => {
-                    let (ns, name) = (
-                        o.meta.namespace.clone().unwrap_or_default(),
-                        o.meta.name.clone().unwrap_or_default(),
-                    );
-                    if let Some(ch) = c.delete(&ns, &name) {
-                        let _ = changes.send(ch);
-                    }
-                }
-                Ok(Event::Init) => buffer.clear(),
-                Ok(Event::InitApply(o)) if usable(&o) => buffer.push(Arc::new(o)),
-                Ok(Event::InitDone) => {
-                    for ch in c.replace_all(std::mem::take(&mut buffer)) {
-                        let _ = changes.send(ch);
-                    }
-                    c.mark_synced();
-                }
-                Ok(_) | Err(_) => {}
-            }
-        }
-    });
+    let task = tokio::spawn(fill(cache.clone(), super::merge::merged(watches), changes));
     Informer {
         cache,
         selector,
         namespaces,
         names,
         task,
+    }
+}
+
+/// Keep `c` as the watch events of `stream` say, sending every change to
+/// `changes`; an object that cannot be decoded is skipped and logged.
+async fn fill<S>(c: Arc<KindCache>, mut stream: S, changes: crate::util::channel::Sender<Change>)
+where
+    S: futures::Stream<Item = Result<Event<RawObject>, watcher::Error>> + Unpin,
+{
+    let mut buffer: Vec<Arc<RawObject>> = Vec::new();
+    while let Some(event) = stream.next().await {
+        let usable = |o: &RawObject| match &o.undecodable {
+            Some(why) => {
+                tracing::warn!(kind = %c.kind, name = o.meta.name.as_deref().unwrap_or("?"), "skipping an object: {why}");
+                false
+            }
+            None => true,
+        };
+        match event {
+            Ok(Event::Apply(o)) if usable(&o) => {
+                if let Some(ch) = c.apply(Arc::new(o)) {
+                    let _ = changes.send(ch);
+                }
+            }
+            Ok(Event::Delete(o)) => {
+                let (ns, name) = (
+                    o.meta.namespace.clone().unwrap_or_default(),
+                    o.meta.name.clone().unwrap_or_default(),
+                );
+                if let Some(ch) = c.delete(&ns, &name) {
+                    let _ = changes.send(ch);
+                }
+            }
+            Ok(Event::Init) => buffer.clear(),
+            Ok(Event::InitApply(o)) if usable(&o) => buffer.push(Arc::new(o)),
+            Ok(Event::InitDone) => {
+                for ch in c.replace_all(std::mem::take(&mut buffer)) {
+                    let _ = changes.send(ch);
+                }
+                c.mark_synced();
+            }
+            Ok(_) | Err(_) => {}
+        }
     }
 }
 

@@ -196,6 +196,25 @@ async fn let_go(
     }
 }
 
+/// What the assigner keeps from one look at the members to the next.
+#[derive(Default)]
+struct Assigner {
+    /// The ring placed by the last full or new pass.
+    last: Option<Ring>,
+    looks: u32,
+    /// Since when each member has been live, as this replica saw it.
+    joined: HashMap<String, Instant>,
+    /// Since when no member has been gone, as published.
+    none_gone: Option<Instant>,
+    /// Since when the gone members published are these.
+    gone_since: Option<(BTreeSet<String>, Instant)>,
+    /// The placing under way (labels are written while the members are
+    /// looked at).
+    placing: Option<tokio::task::JoinHandle<BTreeSet<String>>>,
+    /// The gone members the last placing found all placed.
+    cleared: BTreeSet<String>,
+}
+
 /// Run the assigner while this replica holds the ring's Lease, until the
 /// operator stops. Every replica looks at the members here, for its own
 /// view of them (`takeover`) and its alerts.
@@ -206,19 +225,7 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let election = tokio::spawn(elector.run(assigning.clone(), changed, ctx.stop.clone()));
     let mut members = Members::new(ctx.client.clone(), &ring);
     let mut stop = ctx.stop.clone();
-    let mut last: Option<Ring> = None;
-    let mut looks = 0u32;
-    // Since when each member has been live, as this replica saw it.
-    let mut joined: HashMap<String, Instant> = Default::default();
-    // Since when no member has been gone, as published; since when the
-    // gone members published are these.
-    let mut none_gone: Option<Instant> = None;
-    let mut gone_since: Option<(BTreeSet<String>, Instant)> = None;
-    // The placing under way (labels are written while the members are
-    // looked at), and the gone members it found all placed.
-    let mut placing: Option<tokio::task::JoinHandle<BTreeSet<String>>> = None;
-    let mut cleared = BTreeSet::new();
-    let settle = settle(ring.duration);
+    let mut state = Assigner::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(members.poll()) => {}
@@ -239,22 +246,44 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
             tracing::info!(gone = ?ctx.running.placement.watched(), "deciding for the targets of members gone, as the published ring places them");
         }
         let seen = Instant::now();
-        joined.retain(|m, _| live.contains(m));
+        state.joined.retain(|m, _| live.contains(m));
         for m in &live {
-            joined.entry(m.clone()).or_insert(seen);
+            state.joined.entry(m.clone()).or_insert(seen);
         }
         let assigner = assigning.load(Ordering::Acquire);
         gather_alerts(&ctx, assigner, &live).await;
         if !assigner {
-            last = None;
-            none_gone = None;
+            state.last = None;
+            state.none_gone = None;
             continue;
         }
-        let published = published.unwrap_or_default();
+        state
+            .turn(&ctx, &ring, published.unwrap_or_default(), live, seen)
+            .await;
+    }
+    if let Some(p) = state.placing {
+        p.abort();
+    }
+    // Stopped: another replica notifies from now on.
+    gather_alerts(&ctx, false, &Default::default()).await;
+    let _ = election.await;
+}
+
+impl Assigner {
+    /// One look of the assigner at the members (`live`, and the ring
+    /// `published`): publish the next ring, and place the targets.
+    async fn turn(
+        &mut self,
+        ctx: &Arc<Context>,
+        ring: &LeaseConfig,
+        published: Published,
+        live: BTreeSet<String>,
+        seen: Instant,
+    ) {
         if published.gone.is_empty() {
-            none_gone.get_or_insert(seen);
+            self.none_gone.get_or_insert(seen);
         } else {
-            none_gone = None;
+            self.none_gone = None;
         }
         // Replicas that start together join one after another, and none
         // joins while a member's targets are decided as a gone member's.
@@ -262,54 +291,46 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
         // (see `takeover::gate`), so none joins until a lease duration
         // after the last gone member's targets were all placed: no look
         // that still counts a member gone is used once it is back.
-        let settling = joined.values().any(|t| t.elapsed() < settle);
-        let quiet = none_gone.is_some_and(|t| t.elapsed() >= ring.duration);
-        if placing.as_ref().is_some_and(|p| p.is_finished())
-            && let Some(done) = placing.take()
+        let settling = self
+            .joined
+            .values()
+            .any(|t| t.elapsed() < settle(ring.duration));
+        let quiet = self.none_gone.is_some_and(|t| t.elapsed() >= ring.duration);
+        if self.placing.as_ref().is_some_and(|p| p.is_finished())
+            && let Some(done) = self.placing.take()
         {
-            cleared = done.await.unwrap_or_default();
+            self.cleared = done.await.unwrap_or_default();
         }
-        let next = next_ring(&published, &live, &cleared, (!settling, quiet));
-        let next = match publish(&ctx, &ring, &published, next).await {
+        let next = next_ring(&published, &live, &self.cleared, (!settling, quiet));
+        let next = match publish(ctx, ring, &published, next).await {
             Ok(next) => next,
             Err(e) => {
                 tracing::warn!(
                     "publishing the ring of replicas: {}",
                     crate::util::api_error(&e)
                 );
-                continue;
+                return;
             }
         };
-        cleared.clear();
-        if placing.is_some() || relabel_later(&mut gone_since, &next.gone, ring.duration) {
-            continue;
+        self.cleared.clear();
+        if self.placing.is_some() || relabel_later(&mut self.gone_since, &next.gone, ring.duration)
+        {
+            return;
         }
-        let now = match last.as_ref() {
+        let now = match self.last.as_ref() {
             Some(r) if r.members().iter().eq(next.members.iter()) => r.clone(),
             _ => next.ring(),
         };
         if now.is_empty() {
-            last = None;
-            continue;
+            self.last = None;
+            return;
         }
-        // While one has just joined, only a gone member's targets are
-        // placed, so that start-up does not give everything to the first
-        // and then move most of it.
-        let pass = if settling {
-            Pass::Gone
-        } else {
-            looks += 1;
-            if last.as_ref() != Some(&now) || looks.is_multiple_of(FULL_EVERY) {
-                Pass::Full
-            } else {
-                Pass::New
-            }
-        };
-        if pass != Pass::Gone && last.as_ref() != Some(&now) {
+        let pass = self.pass(settling, &now);
+        if pass != Pass::Gone && self.last.as_ref() != Some(&now) {
             tracing::info!(members = ?now.members(), "the ring of replicas");
         }
         let (ctx2, ring_now, gone) = (ctx.clone(), now.clone(), next.gone.clone());
-        placing = Some(tokio::spawn(async move {
+        self.placing = Some(tokio::spawn(async move {
             for kind in ctx2.policies.load().target_kinds() {
                 if let Err(e) = place(&ctx2, &kind, &ring_now, &live, pass, !gone.is_empty()).await
                 {
@@ -319,15 +340,25 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
             all_placed(&ctx2, &gone).await
         }));
         if pass != Pass::Gone {
-            last = Some(now);
+            self.last = Some(now);
         }
     }
-    if let Some(p) = placing {
-        p.abort();
+
+    /// Which targets this turn places. While one has just joined, only a
+    /// gone member's, so that start-up does not give everything to the
+    /// first and then move most of it; otherwise every target when the
+    /// ring changed (and every [`FULL_EVERY`] looks), else the new ones.
+    fn pass(&mut self, settling: bool, now: &Ring) -> Pass {
+        if settling {
+            return Pass::Gone;
+        }
+        self.looks += 1;
+        if self.last.as_ref() != Some(now) || self.looks.is_multiple_of(FULL_EVERY) {
+            Pass::Full
+        } else {
+            Pass::New
+        }
     }
-    // Stopped: another replica notifies from now on.
-    gather_alerts(&ctx, false, &Default::default()).await;
-    let _ = election.await;
 }
 
 /// Whether the targets of members just counted gone are labelled for

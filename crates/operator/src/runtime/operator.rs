@@ -364,7 +364,8 @@ impl Operator {
                 Arc::new(spawn_informer(
                     self.ctx.client.clone(),
                     resource,
-                    (k.clone(), kept.remove(&k)),
+                    k.clone(),
+                    kept.remove(&k),
                     scope,
                     self.ctx.queue.changes.clone(),
                     self.ctx.health.watches.clone(),
@@ -477,6 +478,24 @@ impl Operator {
         }
         self.wait_informers().await;
         self.ctx.health.synced.store(true, Ordering::Release);
+        self.elect();
+        let mut leading = self.leading_rx.clone();
+        let mut stop = self.ctx.stop.clone();
+        tokio::select! {
+            _ = leading.wait_for(|l| *l) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        self.take_lead().await;
+        let sweeper = tokio::spawn(sweep(self.ctx.clone()));
+        lock(&self.tasks).push(sweeper);
+        self.publish_policy_info(&set);
+        Ok(())
+    }
+
+    /// Lead: at once without a lease; with one, while holding it (sharded,
+    /// a replica leads its own share while it holds its member Lease, and
+    /// one of the replicas assigns).
+    fn elect(&self) {
         let leading_tx = lock(&self.leading_tx).take().expect("start runs once");
         match self.ctx.config.lease.clone() {
             None => {
@@ -484,8 +503,6 @@ impl Operator {
                 let _ = leading_tx.send(true);
             }
             Some(lease) => {
-                // Sharded, a replica leads its own share: it acts while it
-                // holds its member Lease, and one of them assigns.
                 let own = if self.ctx.config.shards {
                     let task = tokio::spawn(super::assign::run(self.ctx.clone(), lease.clone()));
                     lock(&self.tasks).push(task);
@@ -502,63 +519,6 @@ impl Operator {
                 lock(&self.tasks).push(task);
             }
         }
-        let mut leading = self.leading_rx.clone();
-        let mut stop = self.ctx.stop.clone();
-        tokio::select! {
-            _ = leading.wait_for(|l| *l) => {}
-            _ = stop.wait_for(|s| *s) => return Ok(()),
-        }
-        self.take_lead().await;
-        let ctx = self.ctx.clone();
-        let mut stop = self.ctx.stop.clone();
-        lock(&self.tasks).push(tokio::spawn(async move {
-            let mut every = tokio::time::interval(ALERT_SWEEP);
-            let ended = ctx.running.controller_ended.clone();
-            // When to look at ended controllers again: at once when one
-            // ends, then while one waits for its restart.
-            let mut look: Option<tokio::time::Instant> = None;
-            // The targets' gauge is counted again when a reconcile has
-            // finished since (every change of a target's status is one),
-            // and at least every few minutes: counting parses every
-            // target, and most sweeps find nothing new.
-            let mut counted: Option<(u64, tokio::time::Instant)> = None;
-            loop {
-                let due = async {
-                    match look {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = every.tick() => {
-                        ctx.sweep_alerts();
-                        ctx.prune_memory();
-                        if ctx.health.leading.load(Ordering::Acquire) {
-                            let now = tokio::time::Instant::now();
-                            let stale = counted.is_none_or(|(seen, at)| {
-                                seen != ctx.activity() || now.duration_since(at) >= RECOUNT_EVERY
-                            });
-                            if stale {
-                                counted = Some((ctx.activity(), now));
-                                ctx.publish_targets();
-                            }
-                            ctx.publish_firing();
-                        }
-                    }
-                    _ = ended.notified() => look = Some(tokio::time::Instant::now()),
-                    _ = due => {
-                        // A replica that stepped down restarts nothing,
-                        // and looks again for when it leads.
-                        let waiting = !ctx.health.leading.load(Ordering::Acquire)
-                            || ctx.restart_ended();
-                        look = waiting.then(|| tokio::time::Instant::now() + SUPERVISE_EVERY);
-                    }
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-            }
-        }));
-        self.publish_policy_info(&set);
-        Ok(())
     }
 
     /// Status the policies declare that their targets' served schemas
@@ -1073,6 +1033,57 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
         keys.dedup();
         for k in keys {
             ctx.trigger(k);
+        }
+    }
+}
+
+/// Every [`ALERT_SWEEP`] while the operator runs: sweep alerts and
+/// memory, publish the gauges while leading, and restart controllers
+/// that ended (at once, then every [`SUPERVISE_EVERY`] while one waits).
+async fn sweep(ctx: Arc<Context>) {
+    let mut stop = ctx.stop.clone();
+    let mut every = tokio::time::interval(ALERT_SWEEP);
+    let ended = ctx.running.controller_ended.clone();
+    // When to look at ended controllers again: at once when one
+    // ends, then while one waits for its restart.
+    let mut look: Option<tokio::time::Instant> = None;
+    // The targets' gauge is counted again when a reconcile has
+    // finished since (every change of a target's status is one),
+    // and at least every few minutes: counting parses every
+    // target, and most sweeps find nothing new.
+    let mut counted: Option<(u64, tokio::time::Instant)> = None;
+    loop {
+        let due = async {
+            match look {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = every.tick() => {
+                ctx.sweep_alerts();
+                ctx.prune_memory();
+                if ctx.health.leading.load(Ordering::Acquire) {
+                    let now = tokio::time::Instant::now();
+                    let stale = counted.is_none_or(|(seen, at)| {
+                        seen != ctx.activity() || now.duration_since(at) >= RECOUNT_EVERY
+                    });
+                    if stale {
+                        counted = Some((ctx.activity(), now));
+                        ctx.publish_targets();
+                    }
+                    ctx.publish_firing();
+                }
+            }
+            _ = ended.notified() => look = Some(tokio::time::Instant::now()),
+            _ = due => {
+                // A replica that stepped down restarts nothing,
+                // and looks again for when it leads.
+                let waiting = !ctx.health.leading.load(Ordering::Acquire)
+                    || ctx.restart_ended();
+                look = waiting.then(|| tokio::time::Instant::now() + SUPERVISE_EVERY);
+            }
+            _ = stop.wait_for(|s| *s) => return,
         }
     }
 }

@@ -147,171 +147,7 @@ impl Metrics {
             registry: Registry::default(),
             process: Registry::default(),
         };
-        registry.register(
-            "reconciles",
-            "Reconciles by policy and result",
-            m.reconciles.clone(),
-        );
-        registry.register(
-            "unchanged_reconciles",
-            "Reconciles that were not decided again: nothing the last decision read had changed, by policy",
-            m.unchanged.clone(),
-        );
-        registry.register(
-            "queue_overflows",
-            "Items a full queue dropped, made up by a resync, by queue (changes, trigger)",
-            m.queue_overflows.clone(),
-        );
-        registry.register(
-            "skip_check_differences",
-            "Reconciles skipped as unchanged that decided differently when decided again to check (a read that was not recorded), by policy",
-            m.skip_differences.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time per reconcile, by policy",
-            m.reconcile_seconds.clone(),
-        );
-        registry.register(
-            "script_duration_seconds",
-            "Time in the decision (script or steps), by policy",
-            m.script_seconds.clone(),
-        );
-        registry.register(
-            "actions",
-            "Actions by policy, type and result",
-            m.actions.clone(),
-        );
-        registry.register(
-            "refusals",
-            "Actions refused by the permission check, by policy and type",
-            m.refusals.clone(),
-        );
-        registry.register(
-            "api_writes",
-            "Write requests made to the API server",
-            m.writes.clone(),
-        );
-        registry.register(
-            "queue_depth",
-            "Targets waiting to be reconciled after a change",
-            m.queue_depth.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this instance holds the leader lease",
-            m.leader.clone(),
-        );
-        registry.register(
-            "circuit_open",
-            "1 while a policy's writes are suspended by its circuit breaker",
-            m.circuit_open.clone(),
-        );
-        registry.register(
-            "policy_reload",
-            "Policy loads by result",
-            m.policy_reloads.clone(),
-        );
-        registry.register(
-            "watch_failing",
-            "1 while a watch fails, by watch (its error is in the log and /readyz)",
-            m.watch_failing.clone(),
-        );
-        registry.register(
-            "controller_restarts",
-            "Target controllers restarted after their task ended, by kind",
-            m.controller_restarts.clone(),
-        );
-        registry.register(
-            "status_unlisted",
-            "1 for each status field a policy declares that its target's served schema does not list, by policy and field",
-            m.status_unlisted.clone(),
-        );
-        registry.register(
-            "crd_outdated",
-            "1 for each status field this release writes that one of Runbook's own CRDs, as served, lacks, by CRD and field",
-            m.crd_outdated.clone(),
-        );
-        registry.register(
-            "writes_forbidden",
-            "Writes the API server refused for lack of permission (403), by verb and resource",
-            m.writes_forbidden.clone(),
-        );
-        registry.register(
-            "policy_throttled",
-            "Decisions put off because their policy was at its share (--policy-concurrency, --policy-cpu-budget), by policy and limit",
-            m.policy_throttled.clone(),
-        );
-        registry.register(
-            "bundle_state",
-            "1 for each policy bundle, by state: loaded, refused (the last good version in force), never_loaded",
-            m.bundle_state.clone(),
-        );
-        registry.register(
-            "policy_state",
-            "1 for each policy of a bundle's version in force, by bundle, policy and state: loaded, set_aside (a kind it names is not served), refused (the bundle's latest version is; this one serves); never_loaded (policy empty) for a bundle none of which runs",
-            m.policy_state.clone(),
-        );
-        registry.register(
-            "status_dropped",
-            "Status fields a policy wrote that the API server dropped (its status schema does not list them), by policy and field",
-            m.status_dropped.clone(),
-        );
-        registry.register(
-            "cache_waits_ended",
-            "Waits for a cache that reached their bound, by kind and wait: a reconcile for its last status write to show (30 s), or start-up and policy edits for a kind's cache to fill (60 s)",
-            m.cache_waits_ended.clone(),
-        );
-        registry.register(
-            "reconcile_failures",
-            "Failed decisions and reconciles (each retried with backoff), by target kind and cause: a script's error kind (syntax, runtime, timeout, limit, bad_result), schedule, refused, unauthorized, forbidden, invalid, conflict, not_found, server, api, transport, rollback, discovery, status, finalizer, panic",
-            m.failures.clone(),
-        );
-        registry.register(
-            "panics",
-            "Reconciles that panicked, by kind: each failed alone and was retried",
-            m.panics.clone(),
-        );
-        registry.register(
-            "policy_info",
-            "The policy versions in force",
-            m.policy_info.clone(),
-        );
-        registry.register(
-            "alerts",
-            "Alert notifications by receiver and result",
-            m.alerts.clone(),
-        );
-        registry.register(
-            "skipped_objects",
-            "Targets skipped because their metadata cannot be used, by kind",
-            m.skipped.clone(),
-        );
-        registry.register(
-            "alert_queue_depth",
-            "Notifications waiting, by receiver",
-            m.alert_queue.clone(),
-        );
-        registry.register(
-            "targets",
-            "Targets each policy selects, by kind, policy, condition (Ready, Degraded, Reconciling, Stalled) and its status (True, False, Unknown, None without it); said by the replica reconciling them",
-            m.targets.clone(),
-        );
-        registry.register(
-            "alerts_firing",
-            "Alerts firing now, by receiver",
-            m.alerts_firing.clone(),
-        );
-        registry.register(
-            "webhook_reviews",
-            "Admission reviews answered, by webhook (authorship, policies) and result (allowed, denied)",
-            m.webhook_reviews.clone(),
-        );
-        registry.register(
-            "build_info",
-            "1, labelled with the release (version) and the commit it is built from",
-            m.build_info.clone(),
-        );
+        m.register(&mut registry);
         m.set_build(env!("CARGO_PKG_VERSION"), "unknown");
         let mut process = Registry::default();
         process.register_collector(Box::new(process::ProcessCollector));
@@ -320,6 +156,176 @@ impl Metrics {
             process,
             ..m
         }
+    }
+
+    /// Register every metric under its name, with its help text.
+    #[allow(clippy::too_many_lines)] // A table: one registration per metric.
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "reconciles",
+            "Reconciles by policy and result",
+            self.reconciles.clone(),
+        );
+        registry.register(
+            "unchanged_reconciles",
+            "Reconciles that were not decided again: nothing the last decision read had changed, by policy",
+            self.unchanged.clone(),
+        );
+        registry.register(
+            "queue_overflows",
+            "Items a full queue dropped, made up by a resync, by queue (changes, trigger)",
+            self.queue_overflows.clone(),
+        );
+        registry.register(
+            "skip_check_differences",
+            "Reconciles skipped as unchanged that decided differently when decided again to check (a read that was not recorded), by policy",
+            self.skip_differences.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time per reconcile, by policy",
+            self.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "script_duration_seconds",
+            "Time in the decision (script or steps), by policy",
+            self.script_seconds.clone(),
+        );
+        registry.register(
+            "actions",
+            "Actions by policy, type and result",
+            self.actions.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Actions refused by the permission check, by policy and type",
+            self.refusals.clone(),
+        );
+        registry.register(
+            "api_writes",
+            "Write requests made to the API server",
+            self.writes.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Targets waiting to be reconciled after a change",
+            self.queue_depth.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this instance holds the leader lease",
+            self.leader.clone(),
+        );
+        registry.register(
+            "circuit_open",
+            "1 while a policy's writes are suspended by its circuit breaker",
+            self.circuit_open.clone(),
+        );
+        registry.register(
+            "policy_reload",
+            "Policy loads by result",
+            self.policy_reloads.clone(),
+        );
+        registry.register(
+            "watch_failing",
+            "1 while a watch fails, by watch (its error is in the log and /readyz)",
+            self.watch_failing.clone(),
+        );
+        registry.register(
+            "controller_restarts",
+            "Target controllers restarted after their task ended, by kind",
+            self.controller_restarts.clone(),
+        );
+        registry.register(
+            "status_unlisted",
+            "1 for each status field a policy declares that its target's served schema does not list, by policy and field",
+            self.status_unlisted.clone(),
+        );
+        registry.register(
+            "crd_outdated",
+            "1 for each status field this release writes that one of Runbook's own CRDs, as served, lacks, by CRD and field",
+            self.crd_outdated.clone(),
+        );
+        registry.register(
+            "writes_forbidden",
+            "Writes the API server refused for lack of permission (403), by verb and resource",
+            self.writes_forbidden.clone(),
+        );
+        registry.register(
+            "policy_throttled",
+            "Decisions put off because their policy was at its share (--policy-concurrency, --policy-cpu-budget), by policy and limit",
+            self.policy_throttled.clone(),
+        );
+        registry.register(
+            "bundle_state",
+            "1 for each policy bundle, by state: loaded, refused (the last good version in force), never_loaded",
+            self.bundle_state.clone(),
+        );
+        registry.register(
+            "policy_state",
+            "1 for each policy of a bundle's version in force, by bundle, policy and state: loaded, set_aside (a kind it names is not served), refused (the bundle's latest version is; this one serves); never_loaded (policy empty) for a bundle none of which runs",
+            self.policy_state.clone(),
+        );
+        registry.register(
+            "status_dropped",
+            "Status fields a policy wrote that the API server dropped (its status schema does not list them), by policy and field",
+            self.status_dropped.clone(),
+        );
+        registry.register(
+            "cache_waits_ended",
+            "Waits for a cache that reached their bound, by kind and wait: a reconcile for its last status write to show (30 s), or start-up and policy edits for a kind's cache to fill (60 s)",
+            self.cache_waits_ended.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "Failed decisions and reconciles (each retried with backoff), by target kind and cause: a script's error kind (syntax, runtime, timeout, limit, bad_result), schedule, refused, unauthorized, forbidden, invalid, conflict, not_found, server, api, transport, rollback, discovery, status, finalizer, panic",
+            self.failures.clone(),
+        );
+        registry.register(
+            "panics",
+            "Reconciles that panicked, by kind: each failed alone and was retried",
+            self.panics.clone(),
+        );
+        registry.register(
+            "policy_info",
+            "The policy versions in force",
+            self.policy_info.clone(),
+        );
+        registry.register(
+            "alerts",
+            "Alert notifications by receiver and result",
+            self.alerts.clone(),
+        );
+        registry.register(
+            "skipped_objects",
+            "Targets skipped because their metadata cannot be used, by kind",
+            self.skipped.clone(),
+        );
+        registry.register(
+            "alert_queue_depth",
+            "Notifications waiting, by receiver",
+            self.alert_queue.clone(),
+        );
+        registry.register(
+            "targets",
+            "Targets each policy selects, by kind, policy, condition (Ready, Degraded, Reconciling, Stalled) and its status (True, False, Unknown, None without it); said by the replica reconciling them",
+            self.targets.clone(),
+        );
+        registry.register(
+            "alerts_firing",
+            "Alerts firing now, by receiver",
+            self.alerts_firing.clone(),
+        );
+        registry.register(
+            "webhook_reviews",
+            "Admission reviews answered, by webhook (authorship, policies) and result (allowed, denied)",
+            self.webhook_reviews.clone(),
+        );
+        registry.register(
+            "build_info",
+            "1, labelled with the release (version) and the commit it is built from",
+            self.build_info.clone(),
+        );
     }
 
     /// Say which release and commit this is (`runbook_build_info`).

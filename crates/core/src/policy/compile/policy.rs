@@ -18,6 +18,39 @@ use crate::script::engine::Script;
 use crate::util::hash::short_hex;
 use crate::util::yaml::{Node, Pos};
 
+/// The kinds `spec.deletes` names, each with its label selector.
+fn delete_selectors(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &PolicySpec,
+) -> Vec<(crate::kinds::KindRef, Selector)> {
+    spec.deletes
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let field = format!("deletes[{i}].selector");
+            let selector = label_selector(cx, file, node, &field, d.selector.as_ref());
+            (d.kind_ref(), selector)
+        })
+        .collect()
+}
+
+/// `spec.annotationSelector` as a selector over annotations.
+fn annotation_selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Selector {
+    match &spec.annotation_selector {
+        Some(sel) => selector_of(
+            cx,
+            file,
+            node,
+            ("annotationSelector", "matchAnnotations"),
+            &sel.match_annotations,
+            &sel.match_expressions,
+        ),
+        None => Selector::default(),
+    }
+}
+
 /// Compile a policy document (`None`: its errors are recorded).
 pub(super) fn load_policy(
     cx: &mut Ctx,
@@ -55,27 +88,8 @@ pub(super) fn load_policy(
     let limits = compile_limits(cx, file, &node, &spec.limits);
     let params = params_of(cx, file, &node, spec);
     let selector = label_selector(cx, file, &node, "selector", spec.selector.as_ref());
-    let deletes = spec
-        .deletes
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let field = format!("deletes[{i}].selector");
-            let selector = label_selector(cx, file, &node, &field, d.selector.as_ref());
-            (d.kind_ref(), selector)
-        })
-        .collect();
-    let annotation_selector = match &spec.annotation_selector {
-        Some(sel) => selector_of(
-            cx,
-            file,
-            &node,
-            ("annotationSelector", "matchAnnotations"),
-            &sel.match_annotations,
-            &sel.match_expressions,
-        ),
-        None => Selector::default(),
-    };
+    let deletes = delete_selectors(cx, file, &node, spec);
+    let annotation_selector = annotation_selector_of(cx, file, &node, spec);
     let status = compile_status_claim(cx, file, &node, spec);
     let namespaces = other_namespaces(cx, file, &node, spec, body.as_ref());
     if cx.errors.len() > errors_before {
