@@ -190,21 +190,31 @@ pub fn overlay(target: &Value, state: Option<&Value>) -> Value {
 /// built-in kind's target.
 pub const FIELDS: &str = "fields";
 
+/// What decides which fields are Runbook's when a status is split.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Keeping {
+    /// The policy has declarative steps, whose progress is Runbook's.
+    pub steps: bool,
+    /// The target's kind is built in: its status keeps none of a
+    /// policy's fields.
+    pub built_in: bool,
+}
+
 /// A concluded status split in two: the target's own status (`own`,
 /// changed as the decision changed it, Runbook's fields and condition
 /// left out), and Runbook's state of it (`state`, changed likewise).
 /// `seen` is the status the decision saw (the overlay), to tell what the
-/// decision removed; `steps`: the policy has declarative steps, whose
-/// progress is Runbook's; `built_in`: the target's kind is built in, so
-/// its status keeps none of a policy's fields (a Pod's `announced`), and
-/// they are kept in the state's `fields` instead.
+/// decision removed; `keeping` says whether step progress is Runbook's,
+/// and whether a policy's fields are kept in the state's `fields`
+/// instead (a built-in kind's status keeps none: a Pod's `announced`).
 pub fn split(
     own: &Value,
     state: &Value,
     seen: &Value,
     concluded: &Value,
-    (steps, built_in): (bool, bool),
+    keeping: Keeping,
 ) -> (Value, Value) {
+    let Keeping { steps, built_in } = keeping;
     let empty = Map::new();
     let concluded_map = concluded.as_object().unwrap_or(&empty);
     let seen_map = seen.as_object().unwrap_or(&empty);
@@ -374,7 +384,7 @@ mod tests {
         concluded["conditions"] = json!([{"type": "Available", "status": "True"},
                                          {"type": "Degraded", "status": "True"}]);
         concluded["lastRunTime"] = json!("2026-01-01T00:00:00Z");
-        let (own, st) = split(&real, &state, &seen, &concluded, (false, false));
+        let (own, st) = split(&real, &state, &seen, &concluded, Keeping::default());
         assert_eq!(
             own,
             json!({"replicas": 3, "observedGeneration": 7, "ready": true,
@@ -402,13 +412,13 @@ mod tests {
         let mut concluded = seen.clone();
         concluded["value"] = json!("b");
         concluded["conditions"] = json!([{"type": "Degraded", "status": "True"}]);
-        let (own, st) = split(&real, &json!({}), &seen, &concluded, (false, false));
+        let (own, st) = split(&real, &json!({}), &seen, &concluded, Keeping::default());
         assert_eq!(own, json!({"value": "b"}), "no conditions, no records");
         assert_eq!(st["decisions"][0]["time"], "t0", "carried over");
         // A field the decision removes is removed from the target.
         let mut removed = seen.clone();
         removed.as_object_mut().unwrap().remove("value");
-        let (own, _) = split(&real, &json!({}), &seen, &removed, (false, false));
+        let (own, _) = split(&real, &json!({}), &seen, &removed, Keeping::default());
         assert_eq!(own, json!({}));
     }
 
@@ -422,19 +432,34 @@ mod tests {
         // the step policy's progress stays in the state.
         let mut concluded = seen.clone();
         concluded["ready"] = json!(true);
-        let (own, st) = split(&real, &state, &seen, &concluded, (false, false));
+        let (own, st) = split(&real, &state, &seen, &concluded, Keeping::default());
         assert_eq!(own, json!({"ready": true}));
         assert_eq!(st["run"], "r1");
         // The step policy moves on.
         let mut concluded = seen.clone();
         concluded["phase"] = json!("Completed");
-        let (own, st) = split(&real, &state, &seen, &concluded, (true, false));
+        let (own, st) = split(
+            &real,
+            &state,
+            &seen,
+            &concluded,
+            Keeping {
+                steps: true,
+                built_in: false,
+            },
+        );
         assert_eq!(own, json!({}));
         assert_eq!(st["phase"], "Completed");
         // A script that sets a phase of its own writes it to the target.
         let mut concluded = overlay(&sts(real.clone()), None)["status"].clone();
         concluded["phase"] = json!("Ready");
-        let (own, _) = split(&real, &json!({}), &json!({}), &concluded, (false, false));
+        let (own, _) = split(
+            &real,
+            &json!({}),
+            &json!({}),
+            &concluded,
+            Keeping::default(),
+        );
         assert_eq!(own, json!({"phase": "Ready"}));
     }
 
@@ -462,7 +487,16 @@ mod tests {
         let seen = overlay(&json!({"status": real}), None)["status"].clone();
         let mut concluded = seen.clone();
         concluded["announced"] = json!(true);
-        let (own, st) = split(&real, &json!({}), &seen, &concluded, (false, true));
+        let (own, st) = split(
+            &real,
+            &json!({}),
+            &seen,
+            &concluded,
+            Keeping {
+                steps: false,
+                built_in: true,
+            },
+        );
         assert_eq!(
             own,
             json!({"phase": "Running"}),
@@ -476,7 +510,16 @@ mod tests {
         // And can remove it.
         let mut removed = seen.clone();
         removed.as_object_mut().unwrap().remove("announced");
-        let (own, st) = split(&real, &st, &seen, &removed, (false, true));
+        let (own, st) = split(
+            &real,
+            &st,
+            &seen,
+            &removed,
+            Keeping {
+                steps: false,
+                built_in: true,
+            },
+        );
         assert_eq!(own, json!({"phase": "Running"}));
         assert!(st.get(FIELDS).is_none(), "{st}");
     }

@@ -544,7 +544,8 @@ async fn finish_apart(
         runbook_core::policy::compile::Body::Steps { .. }
     );
     let built_in = state::built_in(&target_kind.kind_ref());
-    let (own, runbooks) = state::split(own_now, state_now, seen, &end.status, (steps, built_in));
+    let keeping = state::Keeping { steps, built_in };
+    let (own, runbooks) = state::split(own_now, state_now, seen, &end.status, keeping);
     let entry = |action: &str, result: &str| {
         Entry::new(w.now, action, result)
             .policy(&policy.name)

@@ -33,7 +33,7 @@ use serde_json::json;
 use super::context::Context;
 use super::leader::{Elector, LeaseConfig, look_every};
 use super::members::{Members, Published, published_name};
-use super::takeover::{Gate, next_ring};
+use super::takeover::{Gate, Joining, next_ring};
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
@@ -301,7 +301,11 @@ impl Assigner {
         {
             self.cleared = done.await.unwrap_or_default();
         }
-        let next = next_ring(&published, &live, &self.cleared, (!settling, quiet));
+        let joining = Joining {
+            settled: !settling,
+            quiet,
+        };
+        let next = next_ring(&published, &live, &self.cleared, joining);
         let next = match publish(ctx, ring, &published, next).await {
             Ok(next) => next,
             Err(e) => {

@@ -62,16 +62,16 @@ pub(super) fn spawn_target(
     let health = ctx.health.watches.clone();
     let own = watched_all(&health, &apis, &ar, &config);
     let events = match ctx.config.shards {
-        true => super::shares::Shares::new(
-            (ctx.config.identity.clone(), k.to_string()),
+        true => super::shares::Shares::new(super::shares::Parts {
+            me: ctx.config.identity.clone(),
+            kind: k.to_string(),
             own,
-            (
-                gone_watch(ctx, apis, &ar, selector.clone()),
-                places_here(ctx, k),
-            ),
-            ctx.running.placement.targets_gone.subscribe(),
-            (reader.clone(), ar.clone()),
-        )
+            start_gone: gone_watch(ctx, apis, &ar, selector.clone()),
+            places_here: places_here(ctx, k),
+            watched: ctx.running.placement.targets_gone.subscribe(),
+            store: reader.clone(),
+            resource: ar.clone(),
+        })
         .into_stream()
         .boxed(),
         false => own,

@@ -93,14 +93,37 @@ pub(super) struct Shares {
     out: VecDeque<WatchResult>,
 }
 
+/// What a sharded replica's watch of a kind is made of.
+pub(super) struct Parts {
+    /// This replica's identity.
+    pub me: String,
+    /// The kind, for logs.
+    pub kind: String,
+    /// The watch of this replica's own label.
+    pub own: Watch,
+    /// Starts the watch of the gone members' labels.
+    pub start_gone: StartGone,
+    /// Whether the published ring places a gone member's target here.
+    pub places_here: PlacesHere,
+    /// The gone members, as published.
+    pub watched: watch::Receiver<BTreeSet<String>>,
+    /// The kind's store, and how it is served.
+    pub store: Store<RawObject>,
+    pub resource: Arc<ApiResource>,
+}
+
 impl Shares {
-    pub(super) fn new(
-        (me, kind): (String, String),
-        own: Watch,
-        (start_gone, places_here): (StartGone, PlacesHere),
-        watched: watch::Receiver<BTreeSet<String>>,
-        (store, resource): (Store<RawObject>, Arc<ApiResource>),
-    ) -> Self {
+    pub(super) fn new(parts: Parts) -> Self {
+        let Parts {
+            me,
+            kind,
+            own,
+            start_gone,
+            places_here,
+            watched,
+            store,
+            resource,
+        } = parts;
         Self {
             me,
             kind,
@@ -416,13 +439,16 @@ mod tests {
             });
             let writer = reflector::store::Writer::<RawObject>::new(resource());
             let store = writer.as_reader();
-            let shares = Shares::new(
-                ("me".into(), "Widget".into()),
-                own_rx.boxed(),
-                (start, places_here),
-                watched_rx,
-                (store.clone(), resource()),
-            );
+            let shares = Shares::new(Parts {
+                me: "me".into(),
+                kind: "Widget".into(),
+                own: own_rx.boxed(),
+                start_gone: start,
+                places_here,
+                watched: watched_rx,
+                store: store.clone(),
+                resource: resource(),
+            });
             let events = reflector::reflector(writer, shares.into_stream()).boxed();
             Self {
                 own,

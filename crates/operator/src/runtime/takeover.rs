@@ -229,6 +229,15 @@ pub fn gate(
     }
 }
 
+/// When live members not in the ring may join it.
+#[derive(Clone, Copy, Debug)]
+pub struct Joining {
+    /// Those starting together have all been seen.
+    pub settled: bool,
+    /// No member has been gone for a while.
+    pub quiet: bool,
+}
+
 /// The ring the assigner publishes next, from the one published and the
 /// members live now: members no longer live are moved to the gone;
 /// `cleared` are gone members none of whose targets carries their label
@@ -240,8 +249,9 @@ pub fn next_ring(
     published: &Published,
     live: &BTreeSet<String>,
     cleared: &BTreeSet<String>,
-    (settled, quiet): (bool, bool),
+    joining: Joining,
 ) -> Published {
+    let Joining { settled, quiet } = joining;
     let members: BTreeSet<String> = published.members.intersection(live).cloned().collect();
     let gone: BTreeSet<String> = published
         .gone
@@ -397,26 +407,69 @@ mod tests {
             &Published::default(),
             &set(&["a", "b"]),
             &none,
-            (true, false),
+            Joining {
+                settled: true,
+                quiet: false,
+            },
         );
         assert_eq!(first.members, set(&["a", "b"]));
-        let early = next_ring(&Published::default(), &set(&["a"]), &none, (false, true));
+        let early = next_ring(
+            &Published::default(),
+            &set(&["a"]),
+            &none,
+            Joining {
+                settled: false,
+                quiet: true,
+            },
+        );
         assert!(early.members.is_empty());
         // d stops: gone, and e, joining, waits.
         let p = published(&["a", "b", "d"], &[]);
-        let next = next_ring(&p, &set(&["a", "b", "e"]), &none, (true, true));
+        let next = next_ring(
+            &p,
+            &set(&["a", "b", "e"]),
+            &none,
+            Joining {
+                settled: true,
+                quiet: true,
+            },
+        );
         assert_eq!(next.members, set(&["a", "b"]));
         assert_eq!(next.gone, set(&["d"]));
         // d's targets all placed: cleared; e joins once none has been
         // gone for a while.
-        let next = next_ring(&next, &set(&["a", "b", "e"]), &set(&["d"]), (true, false));
+        let next = next_ring(
+            &next,
+            &set(&["a", "b", "e"]),
+            &set(&["d"]),
+            Joining {
+                settled: true,
+                quiet: false,
+            },
+        );
         assert_eq!(next.members, set(&["a", "b"]));
         assert!(next.gone.is_empty());
-        let next = next_ring(&next, &set(&["a", "b", "e"]), &none, (true, true));
+        let next = next_ring(
+            &next,
+            &set(&["a", "b", "e"]),
+            &none,
+            Joining {
+                settled: true,
+                quiet: true,
+            },
+        );
         assert_eq!(next.members, set(&["a", "b", "e"]));
         // Every member gone: the new ones form the ring and take over.
         let p = published(&["a", "b"], &[]);
-        let next = next_ring(&p, &set(&["x", "y"]), &none, (true, false));
+        let next = next_ring(
+            &p,
+            &set(&["x", "y"]),
+            &none,
+            Joining {
+                settled: true,
+                quiet: false,
+            },
+        );
         assert_eq!(next.members, set(&["x", "y"]));
         assert_eq!(next.gone, set(&["a", "b"]));
     }
