@@ -36,8 +36,17 @@ impl Drop for Server {
     }
 }
 
+/// A number of its own for each server a test starts: `cargo test` runs
+/// this file's tests as threads of one process, each with its server,
+/// its directory and (on a real cluster) its namespace.
+fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
+
 fn tmp(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("runbook-kubectl-{name}-{}", std::process::id()));
+    let p = std::env::temp_dir().join(format!("runbook-kubectl-{name}-{}", unique()));
     let _ = std::fs::remove_dir_all(&p);
     std::fs::create_dir_all(&p).unwrap();
     p
@@ -50,7 +59,7 @@ fn start() -> Server {
         .ok()
         .filter(|k| !k.is_empty())
     {
-        let ns = format!("rbt-kubectl-{}", std::process::id());
+        let ns = format!("rbt-kubectl-{}", unique());
         let s = Server {
             child: None,
             kubeconfig: k.into(),
@@ -117,16 +126,27 @@ fn install_crds(s: &Server, root: &Path, ns: &str) {
     // On a shared control plane another test may have applied the CRDs
     // (its own field manager, an older version): take them over, as an
     // upgrade over someone else's install would.
-    let out = kubectl(
-        s,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-k",
-            root.join("crds").to_str().unwrap(),
-        ],
-    );
+    let crds = root.join("crds");
+    let args = [
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-k",
+        crds.to_str().unwrap(),
+    ];
+    // Two tests applying a CRD that does not exist yet both create it, and
+    // one is told it already exists: applied again, it is an update.
+    let mut tries = 0;
+    let out = loop {
+        let out = kubectl_output(s, &args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        tries += 1;
+        match out.status.success() {
+            true => break String::from_utf8_lossy(&out.stdout).into_owned(),
+            false if err.contains("AlreadyExists") && tries < 3 => continue,
+            false => panic!("kubectl {args:?} failed:\n{err}"),
+        }
+    };
     assert_eq!(
         out.matches("serverside-applied").count(),
         runbook::crd::all().len(),

@@ -31,17 +31,60 @@ use runbook_core::policy::compile::{Body, CompiledPolicy};
 use runbook_core::policy::limits::Verb;
 use runbook_core::script::obj::TargetReads;
 
+/// What a decision of one policy on one target is remembered by: a
+/// reconcile whose memo equals the last decision's would decide the same,
+/// and is not decided again. Built by [`Memo::new`] alone, for the
+/// decision when it is made and for each reconcile after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Memo {
+    /// The policy's version, hashed.
+    version: u64,
+    /// Enforced: another mode (shadow, suspended) decides every time.
+    enforce: bool,
+    /// `Context::resyncs`: a resync decides everything again.
+    resyncs: u64,
+    /// The target was woken since (an object the decision read changed,
+    /// or a reconcile was asked for).
+    woken: bool,
+    /// The time the decision asked to be made again has come.
+    due: bool,
+    /// What the decision's reads find in the target, with its shard
+    /// label (see `fingerprint`).
+    fingerprint: u64,
+}
+
+/// What a [`Memo`] is built from.
+struct MemoOf<'a> {
+    policy: &'a CompiledPolicy,
+    mode: &'a Acting,
+    resyncs: u64,
+    reads: &'a TargetReads,
+    target: &'a Value,
+    woken: bool,
+    due: bool,
+}
+
+impl Memo {
+    fn new(of: MemoOf<'_>) -> Self {
+        Self {
+            version: hash_of(of.policy.version.as_str()),
+            enforce: *of.mode == Acting::Enforce,
+            resyncs: of.resyncs,
+            woken: of.woken,
+            due: of.due,
+            fingerprint: fingerprint(of.reads, of.target),
+        }
+    }
+}
+
 /// The last decision of one policy on one target, as far as deciding
 /// again depends on it.
 struct Last {
-    /// The policy's name and version, hashed (`hash_of`).
+    /// The policy's name, hashed (`hash_of`).
     policy: u64,
-    version: u64,
-    /// `Context::resyncs` when it was made.
-    resyncs: u64,
+    /// What it is remembered by (never woken, never due).
+    memo: Memo,
     reads: Arc<TargetReads>,
-    /// What `reads` found in the target.
-    fingerprint: u64,
     /// When the decision asked to be made again.
     requeue_at: Option<Timestamp>,
     /// `LastDecisions::woken` before it was made.
@@ -118,12 +161,25 @@ pub(super) struct Made<'a> {
     pub check: bool,
 }
 
-/// Whether a policy's decisions can be known to repeat from the target's
-/// fields alone.
-fn repeatable(p: &CompiledPolicy) -> bool {
-    matches!(p.body, Body::Script { .. })
+/// The reads a decision is remembered by, if it may be remembered at all:
+/// an enforced decision, carried out in full, of a script policy with no
+/// schedule and no rate limits (they count over time), that read fields of
+/// its target (not the clock, not the target as a whole) and no object of
+/// its own kind. `None`: the next reconcile decides again.
+fn memorable<'d>(
+    p: &CompiledPolicy,
+    decision: Option<&'d Decision>,
+    made: &Made<'_>,
+) -> Option<&'d TargetReads> {
+    let d = decision?;
+    let repeatable = matches!(p.body, Body::Script { .. })
         && p.schedules.is_empty()
-        && Verb::ALL.iter().all(|v| p.limits.get(*v).is_none())
+        && Verb::ALL.iter().all(|v| p.limits.get(*v).is_none());
+    (*made.mode == Acting::Enforce
+        && repeatable
+        && d.target_reads.fields_only()
+        && !made.reads_own_kind)
+        .then_some(&d.target_reads)
 }
 
 impl LastDecisions {
@@ -142,13 +198,16 @@ impl LastDecisions {
         let decisions = inner.targets.get(&hash_of(key))?;
         let policy = hash_of(p.id.as_str());
         let last = decisions.last.iter().find(|l| l.policy == policy)?;
-        let same = decisions.woken <= last.woken
-            && last.version == hash_of(p.version.as_str())
-            && *mode == Acting::Enforce
-            && last.resyncs == resyncs
-            && last.requeue_at.is_none_or(|at| at > now)
-            && fingerprint(&last.reads, target) == last.fingerprint;
-        same.then(|| {
+        let now_memo = Memo::new(MemoOf {
+            policy: p,
+            mode,
+            resyncs,
+            reads: &last.reads,
+            target,
+            woken: decisions.woken > last.woken,
+            due: last.requeue_at.is_some_and(|at| at <= now),
+        });
+        (now_memo == last.memo).then(|| {
             last.requeue_at
                 .map(|at| (at.as_millisecond() - now.as_millisecond()).max(1))
         })
@@ -178,16 +237,8 @@ impl LastDecisions {
         decision: Option<&Decision>,
         made: &Made<'_>,
     ) {
-        let reads = match decision {
-            Some(d)
-                if *made.mode == Acting::Enforce
-                    && repeatable(p)
-                    && d.target_reads.fields_only()
-                    && !made.reads_own_kind =>
-            {
-                &d.target_reads
-            }
-            _ => return self.forget_policy(key, &p.id),
+        let Some(reads) = memorable(p, decision, made) else {
+            return self.forget_policy(key, &p.id);
         };
         let now = made.now;
         let mut inner = lock(&self.0);
@@ -200,11 +251,18 @@ impl LastDecisions {
             }
         };
         let policy = hash_of(p.id.as_str());
+        let memo = Memo::new(MemoOf {
+            policy: p,
+            mode: made.mode,
+            resyncs: made.resyncs,
+            reads,
+            target: made.target,
+            woken: false,
+            due: false,
+        });
         let last = Last {
             policy,
-            version: hash_of(p.version.as_str()),
-            resyncs: made.resyncs,
-            fingerprint: fingerprint(reads, made.target),
+            memo,
             reads: shared,
             requeue_at: decision
                 .and_then(|d| d.requeue_after_ms)
@@ -273,5 +331,171 @@ impl LastDecisions {
     /// How many targets have a decision kept.
     pub fn len(&self) -> usize {
         lock(&self.0).targets.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runbook_core::kinds::KindRef;
+    use runbook_core::policy::bundle::{Bundle, Origin};
+    use runbook_core::script::ScriptEngine;
+    use serde_json::json;
+
+    /// A script policy on ConfigMaps, `extra` added to its spec.
+    fn policy(extra: &str) -> Arc<CompiledPolicy> {
+        let yaml = format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: sizer}}\nspec:\n  target: {{apiVersion: v1, kind: ConfigMap}}\n  script: sizer.rhai\n{extra}"
+        );
+        let script = "fn reconcile(ctx) { [] }".to_string();
+        let files = [
+            ("sizer.yaml".to_string(), yaml),
+            ("sizer.rhai".to_string(), script),
+        ]
+        .into_iter()
+        .collect();
+        let bundle = Bundle::new(Origin::Inline("test".into()), files);
+        let (set, errors) = runbook_core::policy::load(&ScriptEngine::default(), &[bundle]);
+        assert!(errors.is_empty(), "{errors:?}");
+        set.policies["sizer"].clone()
+    }
+
+    fn key() -> TargetKey {
+        TargetKey {
+            kind: KindRef::new("v1", "ConfigMap"),
+            namespace: "ns".into(),
+            name: "web".into(),
+        }
+    }
+
+    fn target(size: &str, shard: &str) -> Value {
+        json!({"metadata": {"uid": "u1", "labels": {"runbook.dev/shard": shard}},
+               "data": {"size": size, "other": "x"}})
+    }
+
+    /// A decision that read `data.size`, asking to come back in `requeue`.
+    fn decision(requeue: Option<i64>) -> Decision {
+        Decision {
+            policy: "sizer".into(),
+            policy_version: String::new(),
+            mode: Default::default(),
+            actions: Vec::new(),
+            requeue_after_ms: requeue,
+            inputs_hash: String::new(),
+            due: false,
+            target_reads: TargetReads {
+                whole: false,
+                clock: false,
+                fields: vec![("data".into(), Some("size".into()))],
+            },
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+
+    /// The memory after `d` was remembered on `target` at second 0.
+    fn remembered(p: &CompiledPolicy, d: &Decision, target: &Value) -> LastDecisions {
+        let last = LastDecisions::default();
+        let made = Made {
+            target,
+            reads_own_kind: false,
+            mode: &Acting::Enforce,
+            resyncs: 1,
+            woken: last.woken(),
+            now: at(0),
+            check: false,
+        };
+        last.remember(&key(), p, Some(d), &made);
+        last
+    }
+
+    #[test]
+    fn an_unchanged_read_repeats_until_the_requeue_time() {
+        let p = policy("");
+        let t = target("2", "r0");
+        let last = remembered(&p, &decision(Some(60_000)), &t);
+        assert_eq!(
+            last.repeats(&key(), &p, &t, &Acting::Enforce, 1, at(10)),
+            Some(Some(50_000))
+        );
+        // A field the decision did not read changes nothing.
+        let mut other = t.clone();
+        other["data"]["other"] = json!("y");
+        assert!(
+            last.repeats(&key(), &p, &other, &Acting::Enforce, 1, at(10))
+                .is_some()
+        );
+        // The time it asked to come back at has come.
+        assert_eq!(
+            last.repeats(&key(), &p, &t, &Acting::Enforce, 1, at(60)),
+            None
+        );
+    }
+
+    #[test]
+    fn each_input_of_the_memo_decides_again() {
+        let p = policy("");
+        let t = target("2", "r0");
+        let last = remembered(&p, &decision(None), &t);
+        let repeats = |p: &CompiledPolicy, t: &Value, mode: &Acting, resyncs: u64| {
+            last.repeats(&key(), p, t, mode, resyncs, at(10)).is_some()
+        };
+        assert!(repeats(&p, &t, &Acting::Enforce, 1));
+        // A field it read.
+        assert!(!repeats(&p, &target("3", "r0"), &Acting::Enforce, 1));
+        // The shard label (its children copy it).
+        assert!(!repeats(&p, &target("2", "r1"), &Acting::Enforce, 1));
+        // Another mode.
+        assert!(!repeats(&p, &t, &Acting::Shadow, 1));
+        // A resync.
+        assert!(!repeats(&p, &t, &Acting::Enforce, 2));
+        // Another version of the policy.
+        let edited = policy("  params: {x: 1}\n");
+        assert_ne!(edited.version, p.version);
+        assert!(!repeats(&edited, &t, &Acting::Enforce, 1));
+        // A wake-up of the target (something it read changed).
+        last.wake(&key());
+        assert!(!repeats(&p, &t, &Acting::Enforce, 1));
+    }
+
+    #[test]
+    fn what_cannot_repeat_is_not_remembered() {
+        let t = target("2", "r0");
+        let check = |p: &CompiledPolicy, d: Option<&Decision>, own_kind: bool, mode: &Acting| {
+            let last = LastDecisions::default();
+            let made = Made {
+                target: &t,
+                reads_own_kind: own_kind,
+                mode,
+                resyncs: 1,
+                woken: 0,
+                now: at(0),
+                check: false,
+            };
+            last.remember(&key(), p, d, &made);
+            last.repeats(&key(), p, &t, mode, 1, at(1)).is_some()
+        };
+        let p = policy("");
+        let d = decision(None);
+        assert!(check(&p, Some(&d), false, &Acting::Enforce));
+        // A failed decision, one that read its own kind, one not enforced.
+        assert!(!check(&p, None, false, &Acting::Enforce));
+        assert!(!check(&p, Some(&d), true, &Acting::Enforce));
+        assert!(!check(&p, Some(&d), false, &Acting::Shadow));
+        // One that read the clock, or the target as a whole.
+        let mut clock = decision(None);
+        clock.target_reads.clock = true;
+        assert!(!check(&p, Some(&clock), false, &Acting::Enforce));
+        let mut whole = decision(None);
+        whole.target_reads.whole = true;
+        assert!(!check(&p, Some(&whole), false, &Acting::Enforce));
+        // A policy with a schedule, or with rate limits.
+        let scheduled = policy("  schedule: {cron: \"@hourly\"}\n");
+        assert!(!check(&scheduled, Some(&d), false, &Acting::Enforce));
+        let limited =
+            policy("  owns: [{apiVersion: v1, kind: Secret}]\n  limits: {delete: 1/1h}\n");
+        assert!(!check(&limited, Some(&d), false, &Acting::Enforce));
     }
 }
