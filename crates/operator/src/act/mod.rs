@@ -168,7 +168,8 @@ fn dropped_fields(patch: &Value, after: &Value) -> Vec<String> {
 async fn tell_dropped(
     w: &Writer<'_>,
     target: &CachedObject,
-    (patch, after): (&Value, &Value),
+    patch: &Value,
+    after: &Value,
     out: &mut Outcome,
 ) {
     let fields = dropped_fields(patch, after);
@@ -581,7 +582,7 @@ async fn finish_apart(
             w.observe(|| entry("status", "ok").fields(patch.clone()));
             out.writes += 1;
             out.status_written = true;
-            tell_dropped(w, target, (&patch, &after), out).await;
+            tell_dropped(w, target, &patch, &after, out).await;
             out.target_after = Some(after);
         }
         Err(e) => {
@@ -676,7 +677,7 @@ async fn finish_status(
                             .is_some_and(|d| !d.is_null())
                 })
             };
-            tell_dropped(w, target, (patch, &after), out).await;
+            tell_dropped(w, target, patch, &after, out).await;
             if let Some((namespace, state_name)) = &x.state_at
                 && !kept(&after)
             {

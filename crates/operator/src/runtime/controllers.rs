@@ -150,7 +150,8 @@ fn watched_all(
                 watched(
                     health.clone(),
                     name.clone(),
-                    (api.clone(), ar),
+                    api.clone(),
+                    ar,
                     config.clone(),
                 )
                 .boxed()
@@ -164,7 +165,8 @@ fn watched_all(
 fn watched(
     health: Arc<WatchHealth>,
     name: String,
-    (api, ar): (Api<RawObject>, &kube::core::ApiResource),
+    api: Api<RawObject>,
+    ar: &kube::core::ApiResource,
     config: watcher::Config,
 ) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
     let typed = ar.clone();
@@ -204,7 +206,8 @@ fn gone_watch(
                 watched(
                     health.clone(),
                     name.clone(),
-                    (api.clone(), &ar),
+                    api.clone(),
+                    &ar,
                     config.clone(),
                 )
                 .default_backoff()

@@ -85,6 +85,13 @@ fn warning(reason: &str, message: String) -> act::plan::Note {
     }
 }
 
+/// A change to one of a target's finalizers.
+#[derive(Clone, Copy, Debug)]
+enum Finalizer<'a> {
+    Add(&'a str),
+    Remove(&'a str),
+}
+
 /// Add or remove one of the target's finalizers (counted as a write), as
 /// the policy it is for.
 async fn finalizers(
@@ -92,8 +99,12 @@ async fn finalizers(
     policy: &CompiledPolicy,
     kind: &Resolved,
     target: &Value,
-    (add, remove): (Option<&str>, Option<&str>),
+    change: Finalizer<'_>,
 ) -> Result<(), ReconcileError> {
+    let (add, remove) = match change {
+        Finalizer::Add(f) => (Some(f), None),
+        Finalizer::Remove(f) => (None, Some(f)),
+    };
     ctx.metrics.writes.inc();
     let manager = act::manager_of(&policy.name);
     let acting = ctx.acting_for(policy);
@@ -804,7 +815,7 @@ async fn one_policy(
         && writes_elsewhere(ctx, p, target)
     {
         let (kind, value) = (&target.resolved, target.cached.value());
-        finalizers(ctx, p, kind, value, (Some(&fin), None)).await?;
+        finalizers(ctx, p, kind, value, Finalizer::Add(&fin)).await?;
         return Ok(Some(Action::await_change()));
     }
     let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
@@ -910,7 +921,7 @@ async fn finalize_policy(
     if let Some(f) = outcome.failure {
         next.failed(ctx, t.key, &p.name, f);
     } else if !work_left && p.mode == policy::Mode::Enforce {
-        finalizers(ctx, p, &t.resolved, cached.value(), (None, Some(fin))).await?;
+        finalizers(ctx, p, &t.resolved, cached.value(), Finalizer::Remove(fin)).await?;
     } else {
         next.requeue(5_000);
     }
