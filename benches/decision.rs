@@ -10,25 +10,25 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-    let f = runbook::bench::decision::run(&policies, iters);
+    let f = runbook_bench::decision::run(&policies, iters);
     println!(
         "evaluator decision on a {}-byte Evaluator, {} samples each",
         f.target_bytes, f.scripted.samples
     );
     println!(
         "  rollback decision, scripted (Rhai policy): median {:>8.2} us   p99 {:>8.2} us",
-        runbook::bench::us(f.scripted.median),
-        runbook::bench::us(f.scripted.p99)
+        runbook_bench::us(f.scripted.median),
+        runbook_bench::us(f.scripted.p99)
     );
     println!(
         "  rollback decision, native (Rust rule):     median {:>8.2} us   p99 {:>8.2} us",
-        runbook::bench::us(f.native.median),
-        runbook::bench::us(f.native.p99)
+        runbook_bench::us(f.native.median),
+        runbook_bench::us(f.native.p99)
     );
     println!("  ratio scripted/native: {:.1}x", f.ratio());
     println!(
         "  steady state (scripted, nothing due): median {:>8.2} us",
-        runbook::bench::us(f.scripted_idle.median)
+        runbook_bench::us(f.scripted_idle.median)
     );
 }
 

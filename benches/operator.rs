@@ -10,8 +10,8 @@
 // the workspace's unwrap and function-length lints are for the product.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
-use runbook::bench::memory::{measure, operator_child, sandbox_child};
-use runbook::bench::operator::run;
+use runbook_bench::memory::{measure, operator_child, sandbox_child};
+use runbook_bench::operator::run;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

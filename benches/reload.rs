@@ -5,8 +5,8 @@
 // the workspace's unwrap and function-length lints are for the product.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
-use runbook::bench::reload::run;
-use runbook::bench::us;
+use runbook_bench::reload::run;
+use runbook_bench::us;
 
 fn main() {
     let edits: usize = std::env::var("RUNBOOK_BENCH_EDITS")

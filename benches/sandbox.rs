@@ -4,8 +4,8 @@
 // the workspace's unwrap and function-length lints are for the product.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
-use runbook::bench::sandbox::{ms, run};
-use runbook::bench::us;
+use runbook_bench::sandbox::{ms, run};
+use runbook_bench::us;
 
 fn main() {
     let scale = std::env::var("RUNBOOK_BENCH_SCALE")

@@ -5,7 +5,7 @@
 // the workspace's unwrap and function-length lints are for the product.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
-use runbook::bench::scenario::run;
+use runbook_bench::scenario::run;
 
 fn main() {
     let iters: usize = std::env::var("RUNBOOK_BENCH_ITERS")

@@ -9,9 +9,9 @@ use std::fmt::Write as _;
 use schemars::generate::SchemaSettings;
 use serde_json::{Value, json};
 
-use crate::alert::model::AlertRoutesDoc;
-use crate::policy::model::{API_VERSION, PolicyDoc};
-use crate::scenario::model::{ACTIONS, RESULTS, ScenarioDoc};
+use runbook_core::alert::model::AlertRoutesDoc;
+use runbook_core::policy::model::{API_VERSION, PolicyDoc};
+use runbook_simulator::model::{ACTIONS, RESULTS, ScenarioDoc};
 
 /// A document kind that has a schema.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

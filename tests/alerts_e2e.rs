@@ -25,12 +25,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use receiver::{Behaviour, Receiver};
-use runbook::alert::deliver::{Delivery, DeliveryConfig};
-use runbook::alert::dispatch::Dispatcher;
-use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
-use runbook::clock::Clock;
-use runbook::policy::{Bundle, Origin};
-use runbook::telemetry::Metrics;
+use runbook_core::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
+use runbook_core::clock::Clock;
+use runbook_core::policy::{Bundle, Origin};
+use runbook_operator::alert::deliver::{Delivery, DeliveryConfig};
+use runbook_operator::alert::dispatch::Dispatcher;
+use runbook_operator::telemetry::Metrics;
 use serde_json::json;
 
 /// Routes `team` to one webhook receiver, `hook`, with the given
@@ -46,7 +46,7 @@ fn hook_routes(hook: &Receiver, route: &str) -> String {
 /// test's namespace as the operator keeps it.
 fn logged_dispatcher(client: &kube::Client, ns: &str, metrics: &Arc<Metrics>) -> Arc<Dispatcher> {
     let delivery = Delivery::new(Some(client.clone()), metrics.clone(), "test", fast());
-    let log = runbook::alert::nflog::ConfigMapLog::new(client.clone(), ns);
+    let log = runbook_operator::alert::nflog::ConfigMapLog::new(client.clone(), ns);
     Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
 }
 
@@ -91,8 +91,8 @@ fn routes(c: &Cluster, yaml: &str) -> Arc<CompiledRoutes> {
         },
         [("routes.yaml".to_string(), yaml.to_string())].into(),
     );
-    let engine = runbook::script::ScriptEngine::default();
-    let mut loaded = runbook::policy::load_bundle(&engine, &bundle, None);
+    let engine = runbook_core::script::ScriptEngine::default();
+    let mut loaded = runbook_core::policy::load_bundle(&engine, &bundle, None);
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     Arc::new(loaded.routes.remove(0))
 }
@@ -708,7 +708,7 @@ fn reconcile(ctx) {
 "#;
 
 /// The alerting widget policy, its alerts routed by `routes`.
-fn alerting_policies(c: &Cluster, routes: &str) -> runbook::policy::PolicySet {
+fn alerting_policies(c: &Cluster, routes: &str) -> runbook_core::policy::PolicySet {
     operator::policies(
         c,
         &[
@@ -737,7 +737,7 @@ async fn the_operator_fires_and_resolves_alerts_as_objects_change() {
     let op = operator::operator_with_sink(
         &c,
         set,
-        runbook::runtime::OperatorConfig::default(),
+        runbook_operator::runtime::OperatorConfig::default(),
         metrics,
         dispatcher,
     );
@@ -817,7 +817,7 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
         let op = operator::operator_with_sink(
             &c,
             set,
-            runbook::runtime::OperatorConfig::default(),
+            runbook_operator::runtime::OperatorConfig::default(),
             metrics,
             dispatcher,
         );
@@ -841,7 +841,7 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
     eventually("the alert fires", 30, || async { notified("firing") == 1 }).await;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     eventually("the notification log written", 30, || async {
-        cms.get_opt(runbook::alert::nflog::CONFIGMAP)
+        cms.get_opt(runbook_operator::alert::nflog::CONFIGMAP)
             .await
             .unwrap()
             .is_some()
@@ -881,7 +881,7 @@ async fn an_alert_is_not_sent_again_after_a_restart() {
 /// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_replicas_notify_a_group_once() {
-    use runbook::alert::shared::{Ring, SharedAlerts};
+    use runbook_operator::alert::shared::{Ring, SharedAlerts};
     logs();
     let hook = Receiver::start(Behaviour::Accept);
     let c = Cluster::new("alerts-shards").await;
@@ -947,7 +947,7 @@ async fn sharded_replicas_notify_a_group_once() {
         Api::namespaced_with(c.client.clone(), &c.ns, &operator::widget_resource(&c));
     // Three for each replica: the ring places by namespace and name, and
     // the test's namespace is new each run.
-    let ring = runbook::shard::Ring::new(["a", "b"]);
+    let ring = runbook_core::shard::Ring::new(["a", "b"]);
     let group = operator::widget_resource(&c).group;
     let mut names: Vec<String> = Vec::new();
     for want in ["a", "b"] {
@@ -955,7 +955,7 @@ async fn sharded_replicas_notify_a_group_once() {
             (0..)
                 .map(|i| format!("big{i}"))
                 .filter(|n| {
-                    ring.owner(&runbook::shard::key(&group, "Widget", &c.ns, n)) == Some(want)
+                    ring.owner(&runbook_core::shard::key(&group, "Widget", &c.ns, n)) == Some(want)
                 })
                 .take(3),
         );
@@ -972,7 +972,7 @@ async fn sharded_replicas_notify_a_group_once() {
                 .metadata
                 .labels
                 .unwrap_or_default()
-                .get(runbook::shard::SHARD_LABEL)
+                .get(runbook_core::shard::SHARD_LABEL)
             {
                 on.insert(s.clone());
             }
@@ -1015,7 +1015,7 @@ async fn sharded_replicas_notify_a_group_once() {
                 w.metadata
                     .labels
                     .as_ref()
-                    .and_then(|l| l.get(runbook::shard::SHARD_LABEL))
+                    .and_then(|l| l.get(runbook_core::shard::SHARD_LABEL))
                     == Some(&stays_id.to_string())
             })
     })
@@ -1081,7 +1081,7 @@ async fn alerts_reach_a_real_alertmanager_pair_and_resolve_there() {
     let delivery = Delivery::new(Some(c.client.clone()), metrics.clone(), "test", fast());
     let dispatcher = Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()));
     let _flusher = dispatcher.spawn();
-    let config = runbook::runtime::OperatorConfig::default();
+    let config = runbook_operator::runtime::OperatorConfig::default();
     let op = operator::operator_with_sink(&c, set, config, metrics, dispatcher);
     op.start().await.unwrap();
     let widgets: Api<kube::core::DynamicObject> =

@@ -139,7 +139,7 @@ async fn a_status_schema_that_prunes_runbooks_fields_does_not_stall_the_target()
     );
     // What the Mirror's status cannot keep is in its RunbookState.
     let states = c.runbook_states();
-    let name = runbook::crd::state::name_for(&resource.group, "Mirror", "m");
+    let name = runbook_core::crd::state::name_for(&resource.group, "Mirror", "m");
     let state = states.get(&name).await.unwrap();
     assert_eq!(state.data["status"]["decisions"][0]["policy"], "mirror");
     // And Runbook's condition says what is dropped, where it can be
@@ -289,7 +289,7 @@ async fn a_policy_on_a_built_in_kind_keeps_its_state_beside_the_target() {
 /// API server, not finding it in its cache, rather than starting afresh).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_a_built_in_kinds_state_follows_its_target() {
-    use runbook::shard::SHARD_LABEL;
+    use runbook_core::shard::SHARD_LABEL;
     let c = Cluster::new("any-shards").await;
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = c.api();
     sets.create(&PostParams::default(), &statefulset("db", json!({})))
@@ -428,7 +428,7 @@ async fn a_scheduled_policy_on_a_pruning_kind_fires_on_its_schedule() {
     .await;
     let states = c.runbook_states();
     let state = states
-        .get(&runbook::crd::state::name_for(
+        .get(&runbook_core::crd::state::name_for(
             &resource.group,
             "Mirror",
             "t",

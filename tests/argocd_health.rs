@@ -208,7 +208,7 @@ fn each_kind_is_healthy_progressing_or_degraded_as_its_status_says() {
 #[test]
 fn the_argocd_patch_holds_each_script_as_is() {
     let patch = std::fs::read_to_string(repo().join("deploy/argocd/argocd-cm.yaml")).unwrap();
-    let doc = runbook::util::yaml::parse_documents(&patch)
+    let doc = runbook_core::util::yaml::parse_documents(&patch)
         .unwrap()
         .remove(0);
     for kind in ["Evaluator", "DatabaseBackup", "AIModel"] {

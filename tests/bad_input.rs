@@ -8,9 +8,9 @@
 mod common;
 
 use common::*;
-use runbook::bench::fixtures::{deployment, evaluator};
-use runbook::policy::{self, Bundle, Origin};
-use runbook::script::{ScriptEngine, ScriptErrorKind};
+use runbook_bench::fixtures::{deployment, evaluator};
+use runbook_core::policy::{self, Bundle, Origin};
+use runbook_core::script::{ScriptEngine, ScriptErrorKind};
 
 fn load_errors(files: &[(&str, &str)]) -> Vec<String> {
     let engine = ScriptEngine::default();
@@ -181,7 +181,7 @@ fn runtime_world_on(engine: ScriptEngine, script: &str) -> World {
     World::from_files_on(engine, &[("p.yaml", yaml), ("p.rhai", script)])
 }
 
-fn runtime_error(script: &str) -> runbook::script::ScriptError {
+fn runtime_error(script: &str) -> runbook_core::script::ScriptError {
     runtime_error_on(ScriptEngine::default(), script)
 }
 
@@ -190,17 +190,17 @@ fn runtime_error(script: &str) -> runbook::script::ScriptError {
 /// beside a real control plane on 2 cores) the 20 ms default can stop it
 /// first.
 fn unhurried() -> ScriptEngine {
-    ScriptEngine::new(runbook::script::ScriptLimits {
+    ScriptEngine::new(runbook_core::script::ScriptLimits {
         wall_time: std::time::Duration::from_secs(5),
         ..Default::default()
     })
 }
 
-fn runtime_error_on(engine: ScriptEngine, script: &str) -> runbook::script::ScriptError {
+fn runtime_error_on(engine: ScriptEngine, script: &str) -> runbook_core::script::ScriptError {
     let w = runtime_world_on(engine, script);
     w.add(deployment("chatbot", 1));
     match w.try_decide("p", &evaluator("chatbot", "chatbot", 0.9)) {
-        Err(runbook::decide::DecideError::Script(e)) => e,
+        Err(runbook_core::decide::DecideError::Script(e)) => e,
         other => panic!("expected a script error, got {other:?}"),
     }
 }
@@ -307,7 +307,7 @@ fn an_action_in_another_namespace_is_refused() {
     let d = w.decide("p", &evaluator("chatbot", "chatbot", 0.9));
     let r = d.refused().next().unwrap().refusal.clone().unwrap();
     assert!(
-        matches!(&r.why, runbook::failure::Refused::OtherNamespace { namespace, .. } if namespace == "kube-system"),
+        matches!(&r.why, runbook_core::failure::Refused::OtherNamespace { namespace, .. } if namespace == "kube-system"),
         "{r:?}"
     );
     assert!(
@@ -588,19 +588,19 @@ fn a_builtin_that_takes_the_budget_stops_the_call_in_its_statement() {
 
 #[test]
 fn a_lookup_that_takes_the_budget_is_named_when_time_runs_out() {
-    use runbook::bench::lookup::{busy_pods, caches};
+    use runbook_bench::lookup::{busy_pods, caches};
     // Every pod of a busy namespace, read cold: each one is parsed.
     let yaml = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: runbook.dev/v1alpha1, kind: Evaluator}\n  reads: [{apiVersion: v1, kind: Pod}]\n  script: p.rhai\n";
     let script = "fn count(ctx) {\n  let n = 0;\n  n += ctx.list(\"Pod\").len();\n  n\n}\nfn reconcile(ctx) {\n  let n = count(ctx);\n  []\n}\n";
     let w = World::from_files(&[("p.yaml", yaml), ("p.rhai", script)]);
     let ev = evaluator("chatbot", "chatbot", 0.9);
-    let observed = runbook::decide::Observed {
-        target: runbook::observe::CachedObject::new(ev),
+    let observed = runbook_core::decide::Observed {
+        target: runbook_core::observe::CachedObject::new(ev),
         view: std::sync::Arc::new(caches(busy_pods(5_000).collect::<Vec<_>>())),
         now: w.now,
     };
-    let e = match runbook::decide::decide(&w.engine, &w.set.policies["p"], &observed) {
-        Err(runbook::decide::DecideError::Script(e)) => e,
+    let e = match runbook_core::decide::decide(&w.engine, &w.set.policies["p"], &observed) {
+        Err(runbook_core::decide::DecideError::Script(e)) => e,
         other => panic!("expected the lookup to run out of time, got {other:?}"),
     };
     assert_eq!(e.kind, ScriptErrorKind::Timeout, "{e}");

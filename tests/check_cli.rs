@@ -528,7 +528,7 @@ fn rbac_warns_of_secrets_elsewhere_and_confines_a_tenant() {
     );
     assert!(!stdout.contains("nodes"), "{stdout}");
     assert!(!stdout.contains("leases"), "{stdout}");
-    let docs = runbook::util::yaml::parse_documents(&stdout).unwrap();
+    let docs = runbook_core::util::yaml::parse_documents(&stdout).unwrap();
     for d in &docs {
         assert_eq!(d["metadata"]["namespace"], "team-a", "{d}");
     }
@@ -712,7 +712,7 @@ fn check_refuses_what_run_refuses_and_a_secret_read_by_name_passes() {
         "{}",
         String::from_utf8_lossy(&rbac.stderr)
     );
-    let docs = runbook::util::yaml::parse_documents(&text).unwrap();
+    let docs = runbook_core::util::yaml::parse_documents(&text).unwrap();
     let secret_rules: Vec<&serde_json::Value> = docs
         .iter()
         .flat_map(|d| d["rules"].as_array().into_iter().flatten())

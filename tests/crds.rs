@@ -11,22 +11,22 @@ use std::collections::BTreeSet;
 fn committed_crds_match_the_generated_ones() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
     let mut expected = BTreeSet::new();
-    for crd in runbook::crd::all() {
-        let name = runbook::crd::file_name(&crd);
+    for crd in runbook_core::crd::all() {
+        let name = runbook_core::crd::file_name(&crd);
         let path = dir.join(&name);
         let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
             panic!("{}: {e}; run `runbook crds --out-dir crds`", path.display())
         });
         assert_eq!(
             committed,
-            runbook::crd::to_yaml(&crd),
+            runbook_core::crd::to_yaml(&crd),
             "{} differs from `runbook crds`; run `runbook crds --out-dir crds`",
             path.display()
         );
         expected.insert(name);
     }
     // The kustomization that deploy/ includes lists exactly these files.
-    let kustomization = runbook::util::yaml::parse_documents(
+    let kustomization = runbook_core::util::yaml::parse_documents(
         &std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap(),
     )
     .unwrap();
@@ -43,7 +43,7 @@ fn committed_crds_match_the_generated_ones() {
     let present: BTreeSet<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| n != "kustomization.yaml" && n != runbook::crd::FIELD_SELECTORS_DIR)
+        .filter(|n| n != "kustomization.yaml" && n != runbook_core::crd::FIELD_SELECTORS_DIR)
         .collect();
     assert_eq!(
         present, expected,
@@ -55,13 +55,16 @@ fn committed_crds_match_the_generated_ones() {
 fn the_field_selectors_crds_are_the_generated_ones_and_name_real_fields() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("crds")
-        .join(runbook::crd::FIELD_SELECTORS_DIR);
+        .join(runbook_core::crd::FIELD_SELECTORS_DIR);
     let mut files = vec![(
         "kustomization.yaml".to_string(),
-        runbook::crd::kustomization(true),
+        runbook_core::crd::kustomization(true),
     )];
-    for crd in runbook::crd::all_with_field_selectors() {
-        files.push((runbook::crd::file_name(&crd), runbook::crd::to_yaml(&crd)));
+    for crd in runbook_core::crd::all_with_field_selectors() {
+        files.push((
+            runbook_core::crd::file_name(&crd),
+            runbook_core::crd::to_yaml(&crd),
+        ));
         // Every selectable field is a string, boolean or integer of the
         // schema, as the API server requires.
         let v = serde_json::to_value(&crd).unwrap();
@@ -101,7 +104,7 @@ fn the_printed_stream_holds_every_crd() {
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let docs = runbook::util::yaml::parse_documents(&text).unwrap();
+    let docs = runbook_core::util::yaml::parse_documents(&text).unwrap();
     let names: Vec<&str> = docs
         .iter()
         .map(|d| d["metadata"]["name"].as_str().unwrap())
@@ -198,7 +201,7 @@ const BUILT_IN_NAMES: &[&str] = &[
 /// only: `kubectl get ev` still lists Events.
 #[test]
 fn short_names_collide_with_nothing_a_standard_cluster_serves() {
-    for crd in runbook::crd::all() {
+    for crd in runbook_core::crd::all() {
         let names = &crd.spec.names;
         let mine = names
             .short_names

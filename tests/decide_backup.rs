@@ -8,8 +8,8 @@
 mod common;
 
 use common::*;
-use runbook::bench::fixtures::{backup, child_of, pvc, statefulset, with};
-use runbook::script::Action;
+use runbook_bench::fixtures::{backup, child_of, pvc, statefulset, with};
+use runbook_core::script::Action;
 use serde_json::{Value, json};
 
 fn ready_world() -> World {
@@ -21,7 +21,7 @@ fn ready_world() -> World {
     w
 }
 
-fn steps(d: &runbook::decide::Decision) -> Vec<(String, String)> {
+fn steps(d: &runbook_core::decide::Decision) -> Vec<(String, String)> {
     status_of(d)["steps"]
         .as_array()
         .unwrap()
@@ -35,7 +35,7 @@ fn steps(d: &runbook::decide::Decision) -> Vec<(String, String)> {
         .collect()
 }
 
-fn deleted(d: &runbook::decide::Decision) -> Vec<String> {
+fn deleted(d: &runbook_core::decide::Decision) -> Vec<String> {
     d.actions
         .iter()
         .filter_map(|p| match &p.action {
@@ -46,7 +46,7 @@ fn deleted(d: &runbook::decide::Decision) -> Vec<String> {
 }
 
 /// The status a decision would leave, merged onto the backup.
-fn after(b: &Value, d: &runbook::decide::Decision) -> Value {
+fn after(b: &Value, d: &runbook_core::decide::Decision) -> Value {
     with(b.clone(), json!({"status": Value::Object(status_of(d))}))
 }
 

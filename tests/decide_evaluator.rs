@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use runbook::bench::fixtures::{
+use runbook_bench::fixtures::{
     self, JobState, deployment, evaluator, job, job_pod, replicaset, with,
 };
 use serde_json::json;
@@ -98,7 +98,7 @@ fn a_long_evaluator_name_still_gets_a_valid_job_name() {
     assert!(name("one").len() >= 60);
     for n in [&a, &b] {
         assert!(
-            n.len() <= 63 && runbook::names::is_dns_label(n),
+            n.len() <= 63 && runbook_core::names::is_dns_label(n),
             "{n} ({} characters)",
             n.len()
         );
@@ -167,7 +167,7 @@ fn a_low_score_rolls_back_to_the_last_good_revision_and_pages_the_team() {
 
 /// The decision on a run of revision 5 that scored 0.72 (revision 3 was
 /// the last good one), its Evaluator changed by `patch`.
-fn low_score(patch: serde_json::Value) -> runbook::decide::Decision {
+fn low_score(patch: serde_json::Value) -> runbook_core::decide::Decision {
     let w = world_at_revision(5);
     let ev = with(
         with(running(JOB), json!({"status": {"lastGoodRevision": 3}})),
@@ -347,7 +347,7 @@ fn old_finished_jobs_are_cleaned_up() {
         .actions
         .iter()
         .filter_map(|p| match &p.action {
-            runbook::script::Action::Delete { name, .. } => Some(name.clone()),
+            runbook_core::script::Action::Delete { name, .. } => Some(name.clone()),
             _ => None,
         })
         .collect();
@@ -648,7 +648,7 @@ fn a_message_that_is_not_a_score_is_reported_without_its_content() {
 /// their owner, and decides within the default script budget (20 ms).
 #[test]
 fn the_drift_policy_decides_within_its_budget_beside_5000_pods() {
-    use runbook::bench::lookup::{busy_pods, caches};
+    use runbook_bench::lookup::{busy_pods, caches};
     let ev = with(running(JOB), json!({"status": {"lastGoodRevision": 3}}));
     let mut objects: Vec<serde_json::Value> = busy_pods(5_000).collect();
     objects.push(deployment("chatbot", 5));
@@ -656,12 +656,12 @@ fn the_drift_policy_decides_within_its_budget_beside_5000_pods() {
     objects.push(job(&ev, JOB, 5, JobState::Succeeded));
     objects.push(job_pod(JOB, r#"{"score": 0.72}"#));
     let w = World::shipped();
-    let observed = runbook::decide::Observed {
-        target: runbook::observe::CachedObject::new(ev.clone()),
+    let observed = runbook_core::decide::Observed {
+        target: runbook_core::observe::CachedObject::new(ev.clone()),
         view: std::sync::Arc::new(caches(objects)),
         now: w.now,
     };
-    let d = runbook::decide::decide(&w.engine, &w.set.policies["evaluator-drift"], &observed)
+    let d = runbook_core::decide::decide(&w.engine, &w.set.policies["evaluator-drift"], &observed)
         .unwrap_or_else(|e| panic!("the decision beside 5,000 pods failed: {e}"));
     assert_eq!(rollbacks(&d), vec![("chatbot".to_string(), Some(3))]);
     assert_eq!(status_of(&d)["lastScore"], 0.72);
@@ -669,16 +669,16 @@ fn the_drift_policy_decides_within_its_budget_beside_5000_pods() {
 
 #[test]
 fn a_target_kind_is_listed_and_selected_as_a_watched_kind_is() {
-    use runbook::bench::lookup::{busy_pods, caches, target_store};
-    use runbook::observe::ObjectView;
-    let pod = runbook::kinds::KindRef::new("v1", "Pod");
+    use runbook_bench::lookup::{busy_pods, caches, target_store};
+    use runbook_core::observe::ObjectView;
+    let pod = runbook_core::kinds::KindRef::new("v1", "Pod");
     let watched = caches(busy_pods(600).collect::<Vec<_>>());
     let targets = target_store(busy_pods(600).collect::<Vec<_>>());
-    let names = |v: Vec<std::sync::Arc<runbook::observe::CachedObject>>| {
+    let names = |v: Vec<std::sync::Arc<runbook_core::observe::CachedObject>>| {
         v.iter().map(|o| o.name().to_string()).collect::<Vec<_>>()
     };
-    let ns = runbook::bench::fixtures::NS;
-    let sel = runbook::labels::Selector::parse("app=web-7").expect("a selector");
+    let ns = runbook_bench::fixtures::NS;
+    let sel = runbook_core::labels::Selector::parse("app=web-7").expect("a selector");
     let picked = names(targets.select(&pod, ns, &sel));
     assert_eq!(picked, names(watched.select(&pod, ns, &sel)));
     assert_eq!(picked.len(), 3, "{picked:?}");

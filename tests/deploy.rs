@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 
 use cluster::Cluster;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use runbook::kinds::KindRef;
+use runbook_core::kinds::KindRef;
 use serde_json::{Value, json};
 
 fn repo() -> PathBuf {
@@ -60,7 +60,7 @@ fn edit(path: &Path, from: &str, to: &str) {
 
 /// The rules of the derived roles, as (apiGroup, resource, verbs) triples.
 fn rules(yaml: &str) -> Vec<(String, String, Vec<String>, String)> {
-    let docs = runbook::util::yaml::parse_documents(yaml).unwrap();
+    let docs = runbook_core::util::yaml::parse_documents(yaml).unwrap();
     let mut out = Vec::new();
     for d in docs {
         let scope = format!(
@@ -310,10 +310,11 @@ async fn the_operator_refuses_a_bundle_declaring_a_dangerous_kind() {
         "    - {apiVersion: v1, kind: Pod}",
         "    - {apiVersion: v1, kind: Pod}\n    - {apiVersion: v1, kind: Secret}",
     );
-    let engine = std::sync::Arc::new(runbook::script::ScriptEngine::default());
-    let metrics = std::sync::Arc::new(runbook::telemetry::Metrics::new());
-    let reloader = runbook::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test");
-    let bundle = runbook::policy::Bundle::from_dir(&dir).unwrap();
+    let engine = std::sync::Arc::new(runbook_core::script::ScriptEngine::default());
+    let metrics = std::sync::Arc::new(runbook_operator::telemetry::Metrics::new());
+    let reloader =
+        runbook_operator::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test");
+    let bundle = runbook_core::policy::Bundle::from_dir(&dir).unwrap();
     let (set, errors) = reloader.initial(vec![bundle.clone()]).await;
     assert!(set.policies.is_empty(), "the bundle is refused as a whole");
     assert!(
@@ -322,8 +323,8 @@ async fn the_operator_refuses_a_bundle_declaring_a_dangerous_kind() {
             && e.contains("--allow-dangerous-kinds")),
         "{errors:?}"
     );
-    let allowed =
-        runbook::reload::Reloader::new(engine, None, metrics, "test").with_dangerous_kinds(true);
+    let allowed = runbook_operator::reload::Reloader::new(engine, None, metrics, "test")
+        .with_dangerous_kinds(true);
     let (set, errors) = allowed.initial(vec![bundle]).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert!(set.policies.contains_key("backup-ordering"));
@@ -342,7 +343,8 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         return;
     };
     assert!(out.status.success(), "{}", text(&out));
-    let docs = runbook::util::yaml::parse_documents(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let docs =
+        runbook_core::util::yaml::parse_documents(&String::from_utf8_lossy(&out.stdout)).unwrap();
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     for want in [
         "Namespace",
@@ -425,10 +427,16 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         .find(|d| d["kind"] == "MutatingWebhookConfiguration")
         .unwrap();
     let hook = &mwc["webhooks"][0];
-    assert_eq!(hook["name"], runbook::admission::config::AUTHORSHIP_WEBHOOK);
+    assert_eq!(
+        hook["name"],
+        runbook_operator::admission::config::AUTHORSHIP_WEBHOOK
+    );
     assert_eq!(hook["failurePolicy"], "Ignore");
     let svc_ref = &hook["clientConfig"]["service"];
-    assert_eq!(svc_ref["path"], runbook::admission::config::AUTHORSHIP_PATH);
+    assert_eq!(
+        svc_ref["path"],
+        runbook_operator::admission::config::AUTHORSHIP_PATH
+    );
     let svc = docs
         .iter()
         .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == svc_ref["name"])
@@ -465,22 +473,22 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         .iter()
         .find(|d| d["kind"] == "ValidatingWebhookConfiguration")
         .expect("deploy/webhook.yaml ships the policy webhook");
-    let endpoint = runbook::admission::config::Endpoint::Service {
+    let endpoint = runbook_operator::admission::config::Endpoint::Service {
         namespace: svc_ref["namespace"].as_str().unwrap().into(),
         name: svc_ref["name"].as_str().unwrap().into(),
         port: svc_ref["port"].as_u64().unwrap() as u16,
     };
-    let written = runbook::admission::config::policies_webhook(
+    let written = runbook_operator::admission::config::policies_webhook(
         Some(&vwc["webhooks"][0]),
         &endpoint,
         None,
-        runbook::reload::sources::BUNDLE_LABEL,
+        runbook_operator::reload::sources::BUNDLE_LABEL,
         &[svc_ref["namespace"].as_str().unwrap().to_string()],
     );
     assert_eq!(vwc["webhooks"][0], written, "as the operator keeps it");
     assert_eq!(vwc["metadata"]["name"], mwc["metadata"]["name"]);
     let secret = docs.iter().find(|d| d["kind"] == "Secret").unwrap();
-    let objects = runbook::rbac::WebhookObjects::default();
+    let objects = runbook_operator::rbac::WebhookObjects::default();
     assert_eq!(secret["metadata"]["name"], objects.secret.as_str());
     assert!(secret.get("data").is_none(), "the operator fills it");
     assert_eq!(mwc["metadata"]["name"], objects.configuration.as_str());
@@ -501,7 +509,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         ),
     ] {
         let mut grants = Vec::new();
-        for d in runbook::util::yaml::parse_documents(&rbac).unwrap() {
+        for d in runbook_core::util::yaml::parse_documents(&rbac).unwrap() {
             for r in d["rules"].as_array().into_iter().flatten() {
                 let has = |k: &str, v: &str| r[k].as_array().unwrap().iter().any(|x| x == v);
                 if has("apiGroups", group) && has("resources", resource) {
@@ -525,27 +533,27 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 #[tokio::test]
 async fn the_startup_check_names_a_missing_permission() {
     let c = Cluster::new("access").await;
-    let engine = runbook::script::ScriptEngine::default();
-    let (set, errors) = runbook::policy::load(
+    let engine = runbook_core::script::ScriptEngine::default();
+    let (set, errors) = runbook_core::policy::load(
         &engine,
-        &[runbook::policy::Bundle::from_dir(&repo().join("policies")).unwrap()],
+        &[runbook_core::policy::Bundle::from_dir(&repo().join("policies")).unwrap()],
     );
     assert!(errors.is_empty(), "{errors:?}");
-    let opts = runbook::rbac::Options::default();
-    let served = runbook::runtime::access::served_kinds(&c.client, &set).await;
-    let needs = runbook::rbac::needs(&set, &opts, &served);
+    let opts = runbook_operator::rbac::Options::default();
+    let served = runbook_operator::runtime::access::served_kinds(&c.client, &set).await;
+    let needs = runbook_operator::rbac::needs(&set, &opts, &served);
     if let Some(sandbox) = &c.sandbox {
-        let missing = runbook::runtime::access::check(&c.client, &needs, None)
+        let missing = runbook_operator::runtime::access::check(&c.client, &needs, None)
             .await
             .unwrap();
         assert!(missing.is_empty(), "{missing:?}");
-        sandbox.faults().deny(runbook::sandbox::Denied {
-            verb: runbook::sandbox::ApiVerb::Create,
+        sandbox.faults().deny(runbook_sandbox::Denied {
+            verb: runbook_sandbox::ApiVerb::Create,
             group: "batch".into(),
             resource: "jobs".into(),
             namespace: None,
         });
-        let missing = runbook::runtime::access::check(&c.client, &needs, None)
+        let missing = runbook_operator::runtime::access::check(&c.client, &needs, None)
             .await
             .unwrap();
         assert_eq!(missing.len(), 1, "{missing:?}");
@@ -571,7 +579,7 @@ async fn the_startup_check_names_a_missing_permission() {
         assert_eq!(cluster::code::<()>(Err(err)), 403);
     } else {
         // Whatever the test user lacks is reported, not an error.
-        runbook::runtime::access::check(&c.client, &needs, None)
+        runbook_operator::runtime::access::check(&c.client, &needs, None)
             .await
             .unwrap();
     }
@@ -668,11 +676,11 @@ fn deletes_grant_delete_and_nothing_else() {
 #[tokio::test]
 async fn other_namespaces_are_refused_unless_allowed() {
     let dir = repo().join("examples/secret-copier/policy");
-    let engine = std::sync::Arc::new(runbook::script::ScriptEngine::default());
-    let metrics = std::sync::Arc::new(runbook::telemetry::Metrics::new());
-    let bundle = runbook::policy::Bundle::from_dir(&dir).unwrap();
+    let engine = std::sync::Arc::new(runbook_core::script::ScriptEngine::default());
+    let metrics = std::sync::Arc::new(runbook_operator::telemetry::Metrics::new());
+    let bundle = runbook_core::policy::Bundle::from_dir(&dir).unwrap();
     let reloader = |dangerous: bool, elsewhere: bool| {
-        runbook::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test")
+        runbook_operator::reload::Reloader::new(engine.clone(), None, metrics.clone(), "test")
             .with_dangerous_kinds(dangerous)
             .with_other_namespaces(elsewhere)
     };

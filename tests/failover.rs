@@ -391,15 +391,15 @@ async fn health_is_served_while_start_up_waits_for_the_api_server() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Members of a sharded ring (`runbook::runtime::members`): each holds a
+/// Members of a sharded ring (`runbook_operator::runtime::members`): each holds a
 /// Lease of its own; every replica sees the live ones. One that stops
 /// renewing (its process killed: no release) is counted gone once its
 /// record has gone unrenewed for four fifths of the lease duration; one
 /// that leaves releases its Lease and is gone at the next look.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_of_a_ring_see_who_is_live() {
-    use runbook::runtime::leader::{Elector, LeaseConfig};
-    use runbook::runtime::members::{Members, member_lease};
+    use runbook_operator::runtime::leader::{Elector, LeaseConfig};
+    use runbook_operator::runtime::members::{Members, member_lease};
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
     let c = Cluster::new("members").await;
@@ -416,7 +416,7 @@ async fn members_of_a_ring_see_who_is_live() {
         let elector = Elector::new(
             c.operator_client.clone(),
             member_lease(&ring(identity)),
-            runbook::clock::Clock::real(),
+            runbook_core::clock::Clock::real(),
         );
         let task = tokio::spawn(elector.run(Arc::new(AtomicBool::new(false)), changed, stopped));
         (stop, task)
@@ -565,9 +565,9 @@ async fn seen(states: &Api<kube::core::DynamicObject>, name: &str) -> Option<ser
 async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Patch, PatchParams, PostParams};
-    use runbook::runtime::leader::{Elector, LeaseConfig};
-    use runbook::runtime::members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
-    use runbook::shard::SHARD_LABEL;
+    use runbook_core::shard::SHARD_LABEL;
+    use runbook_operator::runtime::leader::{Elector, LeaseConfig};
+    use runbook_operator::runtime::members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let c = Cluster::new("shardgone").await;
@@ -588,7 +588,7 @@ async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
             duration: Duration::from_secs(lease),
             renew_every: Duration::from_secs(1),
         },
-        runbook::clock::Clock::real(),
+        runbook_core::clock::Clock::real(),
     );
     let election = tokio::spawn(elector.run(assigning.clone(), changed, stopped));
     eventually("the test holds the ring's Lease", 10, || {
@@ -671,7 +671,7 @@ async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
 async fn a_killed_replicas_targets_are_taken_over() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Patch, PatchParams, PostParams};
-    use runbook::shard::SHARD_LABEL;
+    use runbook_core::shard::SHARD_LABEL;
     let c = Cluster::new("shardkill").await;
     let dir = std::env::temp_dir().join(format!("runbook-shardkill-{}", c.ns));
     let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;

@@ -149,7 +149,7 @@ fn install_crds(s: &Server, root: &Path, ns: &str) {
     };
     assert_eq!(
         out.matches("serverside-applied").count(),
-        runbook::crd::all().len(),
+        runbook_core::crd::all().len(),
         "{out}"
     );
     // The kinds are served once the CRDs are established.

@@ -174,54 +174,10 @@ const OPERATOR: Layers = &[
     ),
 ];
 
-/// The `runbook` command, over every product (which its library names as
-/// modules: `runbook::policy`, `runbook::sandbox`, ...).
-const COMMAND: Layers = &[
-    // The products, re-exported by `src/lib.rs` (their own tables and the
-    // crate graph hold them).
-    ("clock", &[]),
-    ("crd", &[]),
-    ("kinds", &[]),
-    ("policy", &[]),
-    ("script", &[]),
-    ("util", &[]),
-    ("observe", &[]),
-    ("alert", &[]),
-    ("act", &[]),
-    ("admission", &[]),
-    ("rbac", &[]),
-    ("reload", &[]),
-    ("runtime", &[]),
-    ("telemetry", &[]),
-    ("sandbox", &[]),
-    ("scenario", &[]),
-    ("bench", &[]),
-    // The command's own modules.
-    ("schema", &["alert", "policy", "scenario", "util"]),
-    (
-        "cli",
-        &[
-            "act",
-            "admission",
-            "alert",
-            "bench",
-            "clock",
-            "crd",
-            "kinds",
-            "observe",
-            "policy",
-            "rbac",
-            "reload",
-            "runtime",
-            "sandbox",
-            "scenario",
-            "schema",
-            "script",
-            "telemetry",
-            "util",
-        ],
-    ),
-];
+/// The `runbook` command: its own modules (the products it runs are
+/// crates, named as `runbook_core::policy`, `runbook_sandbox`, ...; the
+/// crate graph holds their order).
+const COMMAND: Layers = &[("schema", &[]), ("cli", &["schema"])];
 
 /// The crates whose modules have a table, by source folder.
 const TABLES: &[(&str, Layers)] = &[
@@ -715,6 +671,37 @@ fn no_span_guard_is_held_in_async_code() {
     assert!(
         wrong.is_empty(),
         "span guards (use .instrument(span) instead):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// One name per thing: no crate re-exports another crate's items, whole
+/// (`pub use runbook_core::util::*`) or renamed (`pub use runbook_sandbox
+/// as sandbox`), so a reader and a search find each item under the crate
+/// that defines it.
+#[test]
+fn no_crate_gives_another_crates_items_a_second_name() {
+    let mut files = Vec::new();
+    for folder in SOURCES {
+        rust_files(&root().join(folder), &mut files);
+    }
+    let mut wrong = Vec::new();
+    for file in files {
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        for stmt in code.split(';') {
+            let stmt = stmt.split_whitespace().collect::<Vec<_>>().join(" ");
+            let Some(rest) = stmt.split("pub use ").nth(1) else {
+                continue;
+            };
+            if rest.starts_with("runbook_") {
+                let rel = file.strip_prefix(root()).unwrap().display();
+                wrong.push(format!("{rel}: pub use {rest}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "re-exports of another crate (name the item by its own crate instead):\n{}",
         wrong.join("\n")
     );
 }

@@ -23,8 +23,8 @@ use cluster::{Cluster, eventually};
 use futures::StreamExt;
 use kube::api::ListParams;
 use operator::*;
-use runbook::runtime::OperatorConfig;
-use runbook::telemetry::Metrics;
+use runbook_operator::runtime::OperatorConfig;
+use runbook_operator::telemetry::Metrics;
 use serde_json::json;
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
@@ -52,7 +52,7 @@ where
         let depth = count("reconciling object").max(count("reconcile"));
         self.deepest.fetch_max(depth, Ordering::Relaxed);
         if depth > 1 {
-            runbook::util::lock(&self.first_bad).get_or_insert(names.join(" < "));
+            runbook_core::util::lock(&self.first_bad).get_or_insert(names.join(" < "));
         }
     }
 }
@@ -75,7 +75,7 @@ fn reconcile(ctx) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_targets_under_the_real_log_subscriber_nest_no_spans() {
     let nesting = Nesting::default();
-    let subscriber = runbook::telemetry::log::text(std::io::sink).with(nesting.clone());
+    let subscriber = runbook_operator::telemetry::log::text(std::io::sink).with(nesting.clone());
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     let c = Cluster::new("logging").await;
     install_widget_crd(&c).await;
@@ -120,7 +120,7 @@ async fn thousands_of_targets_under_the_real_log_subscriber_nest_no_spans() {
     assert!(
         nesting.deepest.load(Ordering::Relaxed) <= 1,
         "a span inside more than one reconcile: {:?}",
-        runbook::util::lock(&nesting.first_bad)
+        runbook_core::util::lock(&nesting.first_bad)
     );
     op.shutdown(std::time::Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;

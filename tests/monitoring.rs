@@ -47,7 +47,7 @@ fn tool(name: &str) -> Option<PathBuf> {
 fn rules_into(dir: &Path) -> Vec<(String, String)> {
     let text =
         std::fs::read_to_string(repo().join("deploy/monitoring/prometheusrule.yaml")).unwrap();
-    let doc = runbook::util::yaml::parse_documents(&text)
+    let doc = runbook_core::util::yaml::parse_documents(&text)
         .unwrap()
         .remove(0);
     assert_eq!(doc["kind"], "PrometheusRule");

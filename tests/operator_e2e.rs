@@ -22,11 +22,11 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use operator::*;
 use proxy::Proxy;
-use runbook::alert::LogSink;
-use runbook::reload::{self, Reloader};
-use runbook::runtime::OperatorConfig;
-use runbook::script::ScriptEngine;
-use runbook::telemetry::Metrics;
+use runbook_core::alert::LogSink;
+use runbook_core::script::ScriptEngine;
+use runbook_operator::reload::{self, Reloader};
+use runbook_operator::runtime::OperatorConfig;
+use runbook_operator::telemetry::Metrics;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -67,7 +67,7 @@ async fn setup(
     test: &str,
 ) -> (
     Cluster,
-    std::sync::Arc<runbook::runtime::Operator>,
+    std::sync::Arc<runbook_operator::runtime::Operator>,
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
@@ -80,7 +80,7 @@ async fn setup_with(
     script: &str,
 ) -> (
     Cluster,
-    std::sync::Arc<runbook::runtime::Operator>,
+    std::sync::Arc<runbook_operator::runtime::Operator>,
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
@@ -114,7 +114,7 @@ async fn label_owner(widgets: &Api<DynamicObject>, name: &str) {
         .unwrap();
 }
 
-async fn teardown(c: Cluster, op: std::sync::Arc<runbook::runtime::Operator>) {
+async fn teardown(c: Cluster, op: std::sync::Arc<runbook_operator::runtime::Operator>) {
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
     c.cleanup().await;
@@ -128,9 +128,9 @@ fn rv<K: kube::Resource>(k: &K) -> String {
 /// nothing yet, so only the operator's own state counts).
 fn readiness(
     c: &Cluster,
-    op: &Arc<runbook::runtime::Operator>,
+    op: &Arc<runbook_operator::runtime::Operator>,
     metrics: &Arc<Metrics>,
-) -> runbook::telemetry::Readiness {
+) -> runbook_operator::telemetry::Readiness {
     let reloader = Arc::new(Reloader::new(
         Arc::new(ScriptEngine::default()),
         Some(c.client.clone()),
@@ -200,7 +200,7 @@ async fn reconciling_again_without_change_writes_nothing() {
         rv(&cms.get("w1-config").await.unwrap()),
     );
     let writes = op.ctx.metrics.writes.get();
-    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    let kind = runbook_core::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
     for _ in 0..10 {
         op.ctx.resync(std::slice::from_ref(&kind));
         settle(&op).await;
@@ -259,7 +259,7 @@ async fn deleting_a_cr_runs_finalize_then_its_children_are_collected() {
     })
     .await;
     // Once the widget is gone from the cache, nothing is remembered of it.
-    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    let kind = runbook_core::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
     eventually("the widget out of the cache", 30, || async {
         op.ctx.target_keys(std::slice::from_ref(&kind)).is_empty()
     })
@@ -342,7 +342,7 @@ async fn injected_server_errors_back_off_and_converge() {
     let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     sandbox.faults().fail_next(
         4,
-        Some(runbook::sandbox::ApiVerb::Patch),
+        Some(runbook_sandbox::ApiVerb::Patch),
         Some("configmaps"),
         500,
     );
@@ -468,19 +468,23 @@ async fn one_leads_and_the_other_takes_over() {
 /// by the drain handshake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_replicas_share_the_targets() {
-    use runbook::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
+    use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
     let c = Cluster::new("shards").await;
     install_widget_crd(&c).await;
     // What each replica wrote, and when.
-    let journals: std::sync::Mutex<Vec<(String, Arc<runbook::telemetry::journal::MemoryJournal>)>> =
-        Default::default();
+    let journals: std::sync::Mutex<
+        Vec<(
+            String,
+            Arc<runbook_operator::telemetry::journal::MemoryJournal>,
+        )>,
+    > = Default::default();
     let replica = |id: &str| {
         let op = operator(
             &c,
             policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
             sharded(&c, id),
         );
-        let journal = Arc::new(runbook::telemetry::journal::MemoryJournal::default());
+        let journal = Arc::new(runbook_operator::telemetry::journal::MemoryJournal::default());
         op.ctx.set_journal(journal.clone());
         journals.lock().unwrap().push((id.to_string(), journal));
         let started = op.clone();
@@ -847,7 +851,7 @@ async fn a_controller_that_ends_is_restarted_and_readyz_names_it_meanwhile() {
     eventually("ready", 30, || async { ready().is_ok() }).await;
     // The controller of Widgets ends, as a panic outside a reconcile
     // would end it: nothing would reconcile a Widget again.
-    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    let kind = runbook_core::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
     op.ctx.end_controller(&kind);
     eventually("/readyz names the controller that ended", 10, || async {
         ready().is_err_and(|why| {
@@ -896,7 +900,11 @@ async fn reconciled_widget(
 async fn behind_a_proxy(
     c: &Cluster,
     config: OperatorConfig,
-) -> (Proxy, Arc<runbook::runtime::Operator>, Arc<Metrics>) {
+) -> (
+    Proxy,
+    Arc<runbook_operator::runtime::Operator>,
+    Arc<Metrics>,
+) {
     install_widget_crd(c).await;
     let proxy = Proxy::start(c).await;
     let metrics = Arc::new(Metrics::new());
@@ -993,7 +1001,7 @@ async fn a_leader_that_loses_its_lease_stands_by_and_leads_again() {
     use k8s_openapi::api::coordination::v1::Lease;
     let c = Cluster::new("relead").await;
     let config = OperatorConfig {
-        lease: Some(runbook::runtime::leader::LeaseConfig {
+        lease: Some(runbook_operator::runtime::leader::LeaseConfig {
             namespace: c.ns.clone(),
             name: "runbook-leader".into(),
             identity: "a".into(),
@@ -1133,7 +1141,7 @@ async fn a_shadow_policy_decides_and_records_but_writes_nothing() {
         rec.record
             .actions
             .iter()
-            .any(|a| a.action == "apply" && a.result == runbook::crd::ActionResult::Shadow),
+            .any(|a| a.action == "apply" && a.result == runbook_core::crd::ActionResult::Shadow),
         "{:?}",
         rec.record.actions
     );
@@ -1434,7 +1442,7 @@ async fn database_cluster_kind(c: &Cluster) -> (String, Api<DynamicObject>) {
 /// namespace in their key), each decided by the replica it is placed on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_replicas_share_a_cluster_scoped_kind() {
-    use runbook::shard::{Ring, SHARD_LABEL, key};
+    use runbook_core::shard::{Ring, SHARD_LABEL, key};
     let c = Cluster::new("shardcl").await;
     let (group, clusters) = database_cluster_kind(&c).await;
     let policy = format!(
@@ -1776,7 +1784,7 @@ fn reconcile(ctx) {
 "#;
 
 /// A counter of the operator's metrics, by its labels as rendered.
-fn counter(op: &runbook::runtime::Operator, name: &str, labels: &str) -> u64 {
+fn counter(op: &runbook_operator::runtime::Operator, name: &str, labels: &str) -> u64 {
     let prefix = format!("{name}{{{labels}}} ");
     op.ctx
         .metrics
@@ -1786,7 +1794,7 @@ fn counter(op: &runbook::runtime::Operator, name: &str, labels: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn decided(op: &runbook::runtime::Operator) -> u64 {
+fn decided(op: &runbook_operator::runtime::Operator) -> u64 {
     counter(
         op,
         "runbook_reconciles_total",
@@ -1794,7 +1802,7 @@ fn decided(op: &runbook::runtime::Operator) -> u64 {
     )
 }
 
-fn not_decided_again(op: &runbook::runtime::Operator) -> u64 {
+fn not_decided_again(op: &runbook_operator::runtime::Operator) -> u64 {
     counter(
         op,
         "runbook_unchanged_reconciles_total",
@@ -1866,7 +1874,7 @@ async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
     // And a resync decides on every target again, writing nothing.
     settle(&op).await;
     let (made, writes) = (decided(&op), op.ctx.metrics.writes.get());
-    let kind = runbook::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
+    let kind = runbook_core::kinds::KindRef::new(format!("{}/v1", widget_group(&c)), "Widget");
     op.ctx.resync(std::slice::from_ref(&kind));
     settle(&op).await;
     assert!(decided(&op) > made, "a resync was not decided on");
@@ -1911,10 +1919,10 @@ async fn a_change_of_a_status_field_the_decision_read_is_decided_on() {
 /// A function that gives a script something Runbook does not record: each
 /// call a new number (as a function reading the clock, or the target
 /// outside its view, unrecorded, would).
-fn engine_with_a_hidden_input() -> runbook::script::ScriptEngine {
+fn engine_with_a_hidden_input() -> runbook_core::script::ScriptEngine {
     use std::sync::atomic::{AtomicI64, Ordering};
     static CALLS: AtomicI64 = AtomicI64::new(0);
-    let mut engine = runbook::script::ScriptEngine::default();
+    let mut engine = runbook_core::script::ScriptEngine::default();
     engine
         .rhai_mut()
         .register_fn("hidden", || CALLS.fetch_add(1, Ordering::Relaxed));

@@ -38,7 +38,7 @@ async fn start_example(
     c: &Cluster,
     example: &str,
     edit: impl Fn(String) -> String,
-) -> std::sync::Arc<runbook::runtime::Operator> {
+) -> std::sync::Arc<runbook_operator::runtime::Operator> {
     start_example_with(c, example, edit, Default::default()).await
 }
 
@@ -47,8 +47,8 @@ async fn start_example_with(
     c: &Cluster,
     example: &str,
     edit: impl Fn(String) -> String,
-    config: runbook::runtime::OperatorConfig,
-) -> std::sync::Arc<runbook::runtime::Operator> {
+    config: runbook_operator::runtime::OperatorConfig,
+) -> std::sync::Arc<runbook_operator::runtime::Operator> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples")
         .join(example)
@@ -73,7 +73,10 @@ async fn start_example_with(
 
 /// The end of a port's test: no reconcile failed, the operator stopped,
 /// the test's objects removed.
-async fn finish_without_failures(c: Cluster, op: std::sync::Arc<runbook::runtime::Operator>) {
+async fn finish_without_failures(
+    c: Cluster,
+    op: std::sync::Arc<runbook_operator::runtime::Operator>,
+) {
     let metrics = op.ctx.metrics.render();
     assert!(
         !metrics.contains("runbook_reconcile_failures_total{"),
@@ -105,7 +108,7 @@ async fn example_crd(
     )
     .await
     .unwrap();
-    let resource = runbook::kinds::KindRef::new(format!("{ours}/v1"), kind).api_resource();
+    let resource = runbook_core::kinds::KindRef::new(format!("{ours}/v1"), kind).api_resource();
     let api: Api<kube::core::DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &resource);
     eventually("the example's kind served", 60, || async {
@@ -134,7 +137,7 @@ fn example_json(
 
 /// One YAML document as JSON, through Runbook's own YAML reader.
 fn yaml_document(text: &str) -> serde_json::Value {
-    runbook::util::yaml::parse_documents(text)
+    runbook_core::util::yaml::parse_documents(text)
         .unwrap()
         .into_iter()
         .next()
@@ -527,7 +530,7 @@ async fn secret_copier() {
                     &format!("matchLabels: {{copier-test: {mark}}}"),
                 )
         },
-        runbook::runtime::OperatorConfig {
+        runbook_operator::runtime::OperatorConfig {
             namespace: Some(String::new()),
             ..Default::default()
         },

@@ -7,9 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
 use proptest::prelude::*;
-use runbook::act::prepare_child;
-use runbook::observe::RawObject;
-use runbook::script::action::shape_problem;
+use runbook_core::observe::RawObject;
+use runbook_core::plan::prepare_child;
+use runbook_core::script::action::shape_problem;
 use serde_json::{Map, Value, json};
 
 /// Any JSON value, a few levels deep, with keys that include the ones the
@@ -82,7 +82,7 @@ proptest! {
             Some(reason) => prop_assert!(!reason.is_empty()),
             None => {
                 let meta = &obj["metadata"];
-                prop_assert!(meta["name"].as_str().is_some_and(runbook::names::is_dns_subdomain));
+                prop_assert!(meta["name"].as_str().is_some_and(runbook_core::names::is_dns_subdomain));
                 for field in ["labels", "annotations"] {
                     let v = &meta[field];
                     prop_assert!(
@@ -205,8 +205,8 @@ fn action_value() -> impl Strategy<Value = Value> {
 }
 
 /// What the API server may answer a write with, besides success.
-fn api_answer() -> impl Strategy<Value = (Option<runbook::sandbox::faults::ApiVerb>, u16)> {
-    use runbook::sandbox::faults::ApiVerb;
+fn api_answer() -> impl Strategy<Value = (Option<runbook_sandbox::faults::ApiVerb>, u16)> {
+    use runbook_sandbox::faults::ApiVerb;
     let verb = prop_oneof![
         Just(None),
         Just(Some(ApiVerb::Patch)),
@@ -228,9 +228,9 @@ fn api_answer() -> impl Strategy<Value = (Option<runbook::sandbox::faults::ApiVe
 
 /// The sandbox for one case: the Actor kind, and the objects the cache
 /// also shows (ConfigMaps `a` and `b`, the Deployment `web`).
-async fn world(live: &[Value]) -> runbook::sandbox::Sandbox {
+async fn world(live: &[Value]) -> runbook_sandbox::Sandbox {
     use kube::api::{DynamicObject, PostParams};
-    let sandbox = runbook::sandbox::Sandbox::new(Default::default());
+    let sandbox = runbook_sandbox::Sandbox::new(Default::default());
     let client = sandbox.client();
     let crd: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -257,7 +257,7 @@ async fn world(live: &[Value]) -> runbook::sandbox::Sandbox {
         .await
         .unwrap();
     for v in live {
-        let kind = runbook::kinds::KindRef::new(
+        let kind = runbook_core::kinds::KindRef::new(
             v["apiVersion"].as_str().unwrap(),
             v["kind"].as_str().unwrap(),
         );
@@ -299,20 +299,21 @@ proptest! {
         cached in prop::collection::vec(script_object(), 0..3),
         answers in prop::collection::vec(api_answer(), 0..3),
     ) {
-        use runbook::act::{self, Exec, Acting, Writer};
-        use runbook::decide::{self, Observed};
-        use runbook::observe::{CachedObject, MemoryView};
+        use runbook_core::plan::Acting;
+        use runbook_operator::act::{self, Exec, Writer};
+        use runbook_core::decide::{self, Observed};
+        use runbook_core::observe::{CachedObject, MemoryView};
         use std::sync::Arc;
 
-        let engine = runbook::script::ScriptEngine::default();
-        let bundle = runbook::policy::Bundle::new(
-            runbook::policy::Origin::Inline("props".into()),
+        let engine = runbook_core::script::ScriptEngine::default();
+        let bundle = runbook_core::policy::Bundle::new(
+            runbook_core::policy::Origin::Inline("props".into()),
             [("actor.yaml", ACTOR_POLICY), ("actor.rhai", ACTOR)]
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         );
-        let (set, errors) = runbook::policy::load(&engine, &[bundle]);
+        let (set, errors) = runbook_core::policy::load(&engine, &[bundle]);
         prop_assert!(errors.is_empty(), "{errors:?}");
         let policy = set.policies["actor"].clone();
         let target = CachedObject::new(json!({
@@ -345,7 +346,7 @@ proptest! {
             let actors: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
                 sandbox.client(),
                 "ns",
-                &runbook::kinds::KindRef::new("fuzz.example.com/v1", "Actor").api_resource(),
+                &runbook_core::kinds::KindRef::new("fuzz.example.com/v1", "Actor").api_resource(),
             );
             actors
                 .create(&Default::default(), &serde_json::from_value(target_obj).unwrap())
@@ -355,13 +356,13 @@ proptest! {
                 sandbox.faults().fail_next(1, *verb, None, *code);
             }
             let client = sandbox.client();
-            let resources = runbook::observe::discovery::Resources::new(client.clone());
+            let resources = runbook_operator::observe::discovery::Resources::new(client.clone());
             let kind = resources
-                .resolve(&runbook::kinds::KindRef::new("fuzz.example.com/v1", "Actor"))
+                .resolve(&runbook_core::kinds::KindRef::new("fuzz.example.com/v1", "Actor"))
                 .await
                 .unwrap();
-            let applied = act::Applied::default();
-            let sink = runbook::alert::LogSink::default();
+            let applied = runbook_core::plan::Applied::default();
+            let sink = runbook_core::alert::LogSink::default();
             let authority = act::authorize::Authority::new(client.clone(), None);
             let exec = Exec {
                 writer: Writer { client: &client, recorder: None, journal: None, applied: Some(&applied), now, manager: "runbook/p" },
@@ -376,14 +377,14 @@ proptest! {
             };
             act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Acting::Enforce).await
         });
-        let steps = decision.as_ref().map(|d| d.actions.iter().filter(|p| !matches!(p.action, runbook::script::Action::Requeue { .. })).count()).unwrap_or(0);
+        let steps = decision.as_ref().map(|d| d.actions.iter().filter(|p| !matches!(p.action, runbook_core::script::Action::Requeue { .. })).count()).unwrap_or(0);
         prop_assert_eq!(outcome.record.actions.len(), steps, "every action is recorded");
         if let Some(f) = &outcome.failure {
             let e = &f.message;
             prop_assert!(!e.contains('\n') && !e.contains("Status {"), "one line, no Debug dump: {e}");
         }
         for a in &outcome.record.actions {
-            if a.result == runbook::crd::ActionResult::Failed || a.result == runbook::crd::ActionResult::Refused {
+            if a.result == runbook_core::crd::ActionResult::Failed || a.result == runbook_core::crd::ActionResult::Refused {
                 prop_assert!(a.message.as_deref().is_some_and(|m| !m.is_empty()), "{a:?}");
             }
         }

@@ -23,10 +23,10 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use operator::*;
-use runbook::reload::{self, Reloader, SourceConfig};
-use runbook::runtime::OperatorConfig;
-use runbook::script::ScriptEngine;
-use runbook::telemetry::Metrics;
+use runbook_core::script::ScriptEngine;
+use runbook_operator::reload::{self, Reloader, SourceConfig};
+use runbook_operator::runtime::OperatorConfig;
+use runbook_operator::telemetry::Metrics;
 use serde_json::{Value, json};
 
 fn policy_yaml(c: &Cluster, threshold: &str) -> String {
@@ -55,7 +55,7 @@ async fn status_threshold(widgets: &Api<DynamicObject>, name: &str) -> serde_jso
 async fn start(
     c: &Cluster,
     sources: SourceConfig,
-) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>) {
+) -> (Arc<runbook_operator::runtime::Operator>, Arc<Reloader>) {
     start_with(c, sources, |r| r).await
 }
 
@@ -64,7 +64,7 @@ async fn start_with(
     c: &Cluster,
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
-) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>) {
+) -> (Arc<runbook_operator::runtime::Operator>, Arc<Reloader>) {
     let (op, reloader, errors) = start_refusing(c, sources, configure).await;
     assert!(errors.is_empty(), "{errors:?}");
     (op, reloader)
@@ -75,7 +75,11 @@ async fn start_refusing(
     c: &Cluster,
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
-) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>, Vec<String>) {
+) -> (
+    Arc<runbook_operator::runtime::Operator>,
+    Arc<Reloader>,
+    Vec<String>,
+) {
     start_configured(c, sources, configure, OperatorConfig::default()).await
 }
 
@@ -85,7 +89,11 @@ async fn start_configured(
     sources: SourceConfig,
     configure: impl FnOnce(Reloader) -> Reloader,
     config: OperatorConfig,
-) -> (Arc<runbook::runtime::Operator>, Arc<Reloader>, Vec<String>) {
+) -> (
+    Arc<runbook_operator::runtime::Operator>,
+    Arc<Reloader>,
+    Vec<String>,
+) {
     let engine = Arc::new(ScriptEngine::default());
     let metrics = Arc::new(Metrics::new());
     // The test's namespace is the operator's (its bundles cluster-wide)
@@ -97,7 +105,7 @@ async fn start_configured(
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         bundles.extend(
-            runbook::reload::sources::configmap_bundles(&c.client, ns)
+            runbook_operator::reload::sources::configmap_bundles(&c.client, ns)
                 .await
                 .unwrap(),
         );
@@ -158,7 +166,7 @@ async fn from_configmap(
     c: &Cluster,
     threshold: &str,
 ) -> (
-    Arc<runbook::runtime::Operator>,
+    Arc<runbook_operator::runtime::Operator>,
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
@@ -172,7 +180,7 @@ async fn checked_at_admission(
     threshold: &str,
     admission: bool,
 ) -> (
-    Arc<runbook::runtime::Operator>,
+    Arc<runbook_operator::runtime::Operator>,
     Api<DynamicObject>,
     Api<ConfigMap>,
 ) {
@@ -488,8 +496,8 @@ async fn alert_routes_naming_a_missing_secret_are_refused_until_it_exists() {
     let c = Cluster::new("reloadsecret").await;
     let routes = "apiVersion: runbook.dev/v1alpha1\nkind: AlertRoutes\nmetadata: {name: team}\nspec:\n  route:\n    receiver: hook\n  receivers:\n    - name: hook\n      webhook:\n        url: {secretKeyRef: {name: hooks, key: url}}\n";
     let bundle = || {
-        runbook::policy::Bundle::new(
-            runbook::policy::Origin::ConfigMap {
+        runbook_core::policy::Bundle::new(
+            runbook_core::policy::Origin::ConfigMap {
                 namespace: c.ns.clone(),
                 name: "routes".into(),
             },
@@ -600,10 +608,10 @@ async fn an_edit_needing_a_missing_permission_is_refused() {
 
     // The operator may not create CronJobs; the edit makes the policy own them.
     for verb in [
-        runbook::sandbox::ApiVerb::Create,
-        runbook::sandbox::ApiVerb::Delete,
+        runbook_sandbox::ApiVerb::Create,
+        runbook_sandbox::ApiVerb::Delete,
     ] {
-        sandbox.faults().deny(runbook::sandbox::Denied {
+        sandbox.faults().deny(runbook_sandbox::Denied {
             verb,
             group: "batch".into(),
             resource: "cronjobs".into(),
@@ -905,7 +913,7 @@ async fn a_storm_of_edits_is_loaded_as_its_newest_version() {
 fn validating_configurations(c: &Cluster) -> Api<DynamicObject> {
     Api::all_with(
         c.client.clone(),
-        &runbook::kinds::KindRef::new(
+        &runbook_core::kinds::KindRef::new(
             "admissionregistration.k8s.io/v1",
             "ValidatingWebhookConfiguration",
         )
@@ -945,7 +953,7 @@ async fn a_broken_policy_is_refused_at_kubectl_apply() {
     let name = format!("runbook-{}", c.ns);
     eventually("the policy webhook's configuration", 30, || async {
         configurations.get(&name).await.is_ok_and(|v| {
-            v.data["webhooks"][0]["name"] == runbook::admission::policies::POLICIES_WEBHOOK
+            v.data["webhooks"][0]["name"] == runbook_operator::admission::policies::POLICIES_WEBHOOK
         })
     })
     .await;
@@ -1159,9 +1167,9 @@ async fn the_policy_webhook_is_reached_through_its_service() {
         .create(&PostParams::default(), &service)
         .await
         .unwrap();
-    let webhook = runbook::runtime::WebhookConfig {
+    let webhook = runbook_operator::runtime::WebhookConfig {
         listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        endpoint: Some(runbook::admission::config::Endpoint::Service {
+        endpoint: Some(runbook_operator::admission::config::Endpoint::Service {
             namespace: c.ns.clone(),
             name: "runbook-webhook".into(),
             port,

@@ -37,9 +37,9 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
 use kubelet::Kubelet;
 use proxy::Proxy;
-use runbook::alert::LogSink;
-use runbook::runtime::OperatorConfig;
-use runbook::telemetry::Metrics;
+use runbook_core::alert::LogSink;
+use runbook_operator::runtime::OperatorConfig;
+use runbook_operator::telemetry::Metrics;
 use serde_json::json;
 use workflows::*;
 

@@ -657,12 +657,12 @@ fn world_events_take_globs_alike() {
 fn no_shipped_scenario_writes_what_it_has_just_written() {
     let mut files = Vec::new();
     for dir in ["policies", "examples"] {
-        files.extend(runbook::scenario::find(&repo().join(dir)).unwrap());
+        files.extend(runbook_simulator::find(&repo().join(dir)).unwrap());
     }
     assert!(files.len() >= 14, "{files:?}");
     let mut wasted = Vec::new();
     for f in &files {
-        let r = runbook::scenario::run_file(f);
+        let r = runbook_simulator::run_file(f);
         assert!(r.passed(), "{}: {}", f.display(), r.summary());
         let mut last_status: std::collections::HashMap<_, (jiff::Timestamp, serde_json::Value)> =
             Default::default();

@@ -8,10 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use runbook::policy::compile::load_bundle;
-use runbook::policy::{Bundle, Origin};
 use runbook::schema::{self, DocKind};
-use runbook::script::ScriptEngine;
+use runbook_core::policy::compile::load_bundle;
+use runbook_core::policy::{Bundle, Origin};
+use runbook_core::script::ScriptEngine;
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -42,7 +42,8 @@ fn the_shipped_schemas_and_reference_are_current() {
         ));
     }
     let functions = root().join("docs/script-functions.md");
-    if std::fs::read_to_string(&functions).ok() != Some(runbook::script::reference::markdown()) {
+    if std::fs::read_to_string(&functions).ok() != Some(runbook_core::script::reference::markdown())
+    {
         stale.push(format!(
             "{} is stale: cargo run -q -- schema --functions > docs/script-functions.md",
             functions.display()
@@ -118,7 +119,7 @@ fn every_shipped_policy_routes_and_scenario_file_validates() {
         let Some(kind) = kind_of(&text) else {
             continue;
         };
-        let docs = runbook::util::yaml::parse_documents(&text)
+        let docs = runbook_core::util::yaml::parse_documents(&text)
             .unwrap_or_else(|e| panic!("{}: {e:?}", f.display()));
         for doc in &docs {
             if let Err(e) = v.check(kind, doc) {
@@ -152,7 +153,7 @@ fn every_shipped_policy_routes_and_scenario_file_validates() {
 }
 
 fn yaml(text: &str) -> Value {
-    runbook::util::yaml::parse_documents(text)
+    runbook_core::util::yaml::parse_documents(text)
         .expect("yaml")
         .remove(0)
 }

@@ -32,9 +32,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubelet::{Fate, Kubelet};
-use runbook::admission::config::AUTHORSHIP_WEBHOOK;
-use runbook::kinds::KindRef;
-use runbook::runtime::{Operator, OperatorConfig};
+use runbook_core::kinds::KindRef;
+use runbook_operator::admission::config::AUTHORSHIP_WEBHOOK;
+use runbook_operator::runtime::{Operator, OperatorConfig};
 use serde_json::{Value, json};
 use workflows::*;
 
@@ -81,21 +81,22 @@ async fn create_all(c: &Cluster, docs: Vec<Value>) {
 async fn install(c: &Cluster) {
     install_crds(c).await;
     let set = shipped_policies();
-    let opts = runbook::rbac::Options {
+    let opts = runbook_operator::rbac::Options {
         name: configuration(c),
         namespace: c.ns.clone(),
         service_account: "runbook".into(),
         watch_namespaces: vec![c.ns.clone()],
         policy_configmaps: false,
-        webhook: Some(runbook::rbac::WebhookObjects {
+        webhook: Some(runbook_operator::rbac::WebhookObjects {
             configuration: configuration(c),
             secret: "runbook-webhook-tls".into(),
         }),
         ..Default::default()
     };
-    let served = runbook::runtime::access::served_kinds(&c.client, &set).await;
-    let rbac = runbook::rbac::render(&runbook::rbac::needs(&set, &opts, &served), &opts);
-    let mut docs = runbook::util::yaml::parse_documents(&rbac).unwrap();
+    let served = runbook_operator::runtime::access::served_kinds(&c.client, &set).await;
+    let rbac =
+        runbook_operator::rbac::render(&runbook_operator::rbac::needs(&set, &opts, &served), &opts);
+    let mut docs = runbook_core::util::yaml::parse_documents(&rbac).unwrap();
     for d in &mut docs {
         if d["metadata"]["namespace"].is_string() {
             assert_eq!(d["metadata"]["namespace"], c.ns.as_str(), "{d}");
@@ -149,8 +150,8 @@ async fn start_operator_as(c: &Cluster, me: Client) -> Arc<Operator> {
         me,
         shipped_policies(),
         OperatorConfig::default(),
-        Arc::new(runbook::telemetry::Metrics::new()),
-        Arc::new(runbook::alert::LogSink::default()),
+        Arc::new(runbook_operator::telemetry::Metrics::new()),
+        Arc::new(runbook_core::alert::LogSink::default()),
     );
     op.start().await.expect("the operator starts");
     let configs = webhook_configurations(&c.client);
@@ -585,7 +586,7 @@ async fn an_access_review_the_server_fails_is_its_failure_not_a_refusal() {
     let as_oncall = runbook_api(&oncall, &c, "Evaluator");
     sandbox.faults().fail_next(
         6,
-        Some(runbook::sandbox::ApiVerb::Create),
+        Some(runbook_sandbox::ApiVerb::Create),
         Some("subjectaccessreviews"),
         503,
     );
@@ -721,7 +722,7 @@ async fn the_outside_the_cluster_recipe_works_as_written() {
     let kubelet = benchmark_kubelet(&c, &["chatbot"]);
     for file in apply.split(" -f ").skip(1) {
         let text = std::fs::read_to_string(repo.join(file.trim())).unwrap();
-        for doc in runbook::util::yaml::parse_documents(&text).unwrap() {
+        for doc in runbook_core::util::yaml::parse_documents(&text).unwrap() {
             let kind = KindRef::new(
                 doc["apiVersion"].as_str().unwrap(),
                 doc["kind"].as_str().unwrap(),
@@ -805,11 +806,11 @@ async fn a_secret_read_by_name_needs_only_that_secret() {
         ],
     );
     assert!(
-        runbook::rbac::dangers(&set).is_empty(),
+        runbook_operator::rbac::dangers(&set).is_empty(),
         "{:?}",
-        runbook::rbac::dangers(&set)
+        runbook_operator::rbac::dangers(&set)
     );
-    let opts = runbook::rbac::Options {
+    let opts = runbook_operator::rbac::Options {
         name: format!("runbook-{}", c.ns),
         namespace: c.ns.clone(),
         service_account: "runbook".into(),
@@ -818,10 +819,11 @@ async fn a_secret_read_by_name_needs_only_that_secret() {
         webhook: None,
         ..Default::default()
     };
-    let served = runbook::runtime::access::served_kinds(&c.client, &set).await;
-    let rbac = runbook::rbac::render(&runbook::rbac::needs(&set, &opts, &served), &opts);
+    let served = runbook_operator::runtime::access::served_kinds(&c.client, &set).await;
+    let rbac =
+        runbook_operator::rbac::render(&runbook_operator::rbac::needs(&set, &opts, &served), &opts);
     assert!(rbac.contains("tls-web"), "{rbac}");
-    let mut docs = runbook::util::yaml::parse_documents(&rbac).unwrap();
+    let mut docs = runbook_core::util::yaml::parse_documents(&rbac).unwrap();
     // Of Secrets, only tls-web is granted.
     for d in &docs {
         for rule in d["rules"].as_array().into_iter().flatten() {
@@ -854,11 +856,11 @@ async fn a_secret_read_by_name_needs_only_that_secret() {
     let me = c.client_of_service_account(&c.ns, "runbook").await;
     let op = Arc::new(Operator::new(
         me,
-        Arc::new(runbook::script::ScriptEngine::default()),
+        Arc::new(runbook_core::script::ScriptEngine::default()),
         set,
-        runbook::clock::Clock::real(),
-        Arc::new(runbook::alert::LogSink::default()),
-        Arc::new(runbook::telemetry::Metrics::new()),
+        runbook_core::clock::Clock::real(),
+        Arc::new(runbook_core::alert::LogSink::default()),
+        Arc::new(runbook_operator::telemetry::Metrics::new()),
         OperatorConfig {
             namespace: Some(c.ns.clone()),
             operator_namespace: c.ns.clone(),
@@ -1080,13 +1082,13 @@ async fn a_write_the_operator_may_no_longer_make_is_seen_and_unreadies_it() {
     let c = Cluster::new("sec-revoked").await;
     install(&c).await;
     let op = start_operator(&c).await;
-    let reloader = Arc::new(runbook::reload::Reloader::new(
-        Arc::new(runbook::script::ScriptEngine::default()),
+    let reloader = Arc::new(runbook_operator::reload::Reloader::new(
+        Arc::new(runbook_core::script::ScriptEngine::default()),
         Some(c.client.clone()),
         op.ctx.metrics.clone(),
         "test",
     ));
-    let ready = runbook::reload::readiness(&op, &reloader);
+    let ready = runbook_operator::reload::readiness(&op, &reloader);
     eventually("ready", 60, || async { ready().is_ok() }).await;
     let kubelet = benchmark_kubelet(&c, &["gamma"]);
     let deployments = model_deployment(&c, "gamma").await;
@@ -1128,7 +1130,7 @@ async fn a_write_the_operator_may_no_longer_make_is_seen_and_unreadies_it() {
         .ctx
         .metrics
         .writes_forbidden
-        .get_or_create(&runbook::telemetry::Metrics::labels(&[
+        .get_or_create(&runbook_operator::telemetry::Metrics::labels(&[
             ("verb", "patch"),
             ("resource", "batch/jobs"),
         ]))

@@ -32,12 +32,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use runbook::alert::LogSink;
-use runbook::clock::Clock;
-use runbook::reload::{self, Reloader, SourceConfig};
-use runbook::runtime::{Operator, OperatorConfig};
-use runbook::script::ScriptEngine;
-use runbook::telemetry::Metrics;
+use runbook_core::alert::LogSink;
+use runbook_core::clock::Clock;
+use runbook_core::script::ScriptEngine;
+use runbook_operator::reload::{self, Reloader, SourceConfig};
+use runbook_operator::runtime::{Operator, OperatorConfig};
+use runbook_operator::telemetry::Metrics;
 use serde_json::{Value, json};
 use support::{crd_resource, grant_tenant};
 
@@ -159,7 +159,7 @@ fn configmap(name: &str, files: &[(String, String)]) -> ConfigMap {
 /// Create `docs` in `ns` as the administrator (409 is fine).
 async fn create_in(c: &Cluster, ns: &str, docs: Vec<Value>) {
     for d in docs {
-        let kind = runbook::kinds::KindRef::new(
+        let kind = runbook_core::kinds::KindRef::new(
             d["apiVersion"].as_str().unwrap(),
             d["kind"].as_str().unwrap(),
         );
@@ -194,19 +194,19 @@ impl Shared {
         let a = c.extra_namespace("a").await;
         let b = c.extra_namespace("b").await;
         install_gadget_crd(&c).await;
-        let opts = runbook::rbac::Options {
+        let opts = runbook_operator::rbac::Options {
             name: format!("runbook-{}", c.ns),
             namespace: c.ns.clone(),
             policy_namespaces: vec![a.clone(), b.clone()],
             webhook: None,
             ..Default::default()
         };
-        let none = runbook::policy::PolicySet::default();
-        let rbac = runbook::rbac::render(
-            &runbook::rbac::needs(&none, &opts, &Default::default()),
+        let none = runbook_core::policy::PolicySet::default();
+        let rbac = runbook_operator::rbac::render(
+            &runbook_operator::rbac::needs(&none, &opts, &Default::default()),
             &opts,
         );
-        let docs = runbook::util::yaml::parse_documents(&rbac).unwrap();
+        let docs = runbook_core::util::yaml::parse_documents(&rbac).unwrap();
         create_in(&c, &c.ns, docs).await;
         Self { c, a, b }
     }
@@ -270,7 +270,7 @@ impl Shared {
         let mut bundles = Vec::new();
         for ns in &sources.configmap_namespaces {
             bundles.extend(
-                runbook::reload::sources::configmap_bundles(&me, ns)
+                runbook_operator::reload::sources::configmap_bundles(&me, ns)
                     .await
                     .unwrap(),
             );

@@ -38,9 +38,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubelet::{Fate, Kubelet};
 use proxy::Proxy;
-use runbook::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
-use runbook::runtime::{Operator, OperatorConfig};
-use runbook::telemetry::Metrics;
+use runbook_core::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
+use runbook_operator::runtime::{Operator, OperatorConfig};
+use runbook_operator::telemetry::Metrics;
 use serde_json::{Value, json};
 use workflows::*;
 
@@ -538,13 +538,13 @@ async fn a_model_is_served_and_a_new_uri_rolls_out() {
 
 /// The shipped policies and those of an example directory, loaded together
 /// as `runbook run --policy-dir policies/ --policy-dir DIR` would.
-fn shipped_and(example: &str) -> runbook::policy::PolicySet {
-    let engine = runbook::script::ScriptEngine::default();
+fn shipped_and(example: &str) -> runbook_core::policy::PolicySet {
+    let engine = runbook_core::script::ScriptEngine::default();
     let bundles = [
-        runbook::policy::Bundle::from_dir(&repo().join("policies")).unwrap(),
-        runbook::policy::Bundle::from_dir(&repo().join(example)).unwrap(),
+        runbook_core::policy::Bundle::from_dir(&repo().join("policies")).unwrap(),
+        runbook_core::policy::Bundle::from_dir(&repo().join(example)).unwrap(),
     ];
-    let (set, errors) = runbook::policy::load(&engine, &bundles);
+    let (set, errors) = runbook_core::policy::load(&engine, &bundles);
     assert!(errors.is_empty(), "{errors:?}");
     set
 }
@@ -728,7 +728,7 @@ async fn an_upgrade_waits_for_its_snapshot_and_a_failed_snapshot_withholds_the_n
         std::fs::read_to_string(repo().join("examples/snapshot-before-upgrade/crd.yaml")).unwrap();
     apply_crd(
         &c,
-        runbook::util::yaml::parse_documents(&crd)
+        runbook_core::util::yaml::parse_documents(&crd)
             .unwrap()
             .remove(0),
     )
@@ -877,7 +877,7 @@ async fn a_schedule_in_seconds_is_refused_at_apply() {
     let evaluators: Api<DynamicObject> = Api::namespaced_with(
         c.client.clone(),
         &c.ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "Evaluator").api_resource(),
+        &runbook_core::kinds::KindRef::new("runbook.dev/v1alpha1", "Evaluator").api_resource(),
     );
     let ev = |name: &str, schedule: &str| -> DynamicObject {
         serde_json::from_value(json!({
@@ -909,7 +909,7 @@ async fn a_schedule_in_seconds_is_refused_at_apply() {
 /// `kubectl config set-context --current --namespace` does).
 fn in_namespace(kubeconfig: &std::path::Path, namespace: &str) {
     let text = std::fs::read_to_string(kubeconfig).unwrap();
-    let mut config = runbook::util::yaml::parse_documents(&text)
+    let mut config = runbook_core::util::yaml::parse_documents(&text)
         .unwrap()
         .remove(0);
     let current = config["current-context"].as_str().unwrap_or("").to_string();

@@ -7,10 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::alert::CompiledRoutes;
-use crate::policy;
-use crate::script::ScriptEngine;
-use crate::util::time::render_duration_ms;
+use runbook_core::alert::CompiledRoutes;
+use runbook_core::policy;
+use runbook_core::script::ScriptEngine;
+use runbook_core::util::time::render_duration_ms;
 
 #[derive(clap::Args, Debug)]
 pub struct AlertsArgs {

@@ -1,9 +1,9 @@
-//! `runbook bench`: the performance suite (see `crate::bench::suite`).
+//! `runbook bench`: the performance suite (see `runbook_bench::suite`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::bench::suite::{self, Options};
+use runbook_bench::suite::{self, Options};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -51,21 +51,21 @@ pub struct BenchArgs {
 fn child(rt: &tokio::runtime::Runtime, child: &[String]) -> anyhow::Result<()> {
     let n: usize = child.get(1).and_then(|v| v.parse().ok()).unwrap_or(10_000);
     match child[0].as_str() {
-        "sandbox" => rt.block_on(crate::bench::memory::sandbox_child(n)),
+        "sandbox" => rt.block_on(runbook_bench::memory::sandbox_child(n)),
         "operator" => {
             let kc = PathBuf::from(child.get(2).cloned().unwrap_or_default());
             rt.block_on(async move {
-                tokio::spawn(async move { crate::bench::memory::operator_child(&kc, n).await })
+                tokio::spawn(async move { runbook_bench::memory::operator_child(&kc, n).await })
                     .await
             })?;
         }
-        "scaleout-sandbox" => rt.block_on(crate::bench::scaleout::sandbox_child(n)),
+        "scaleout-sandbox" => rt.block_on(runbook_bench::scaleout::sandbox_child(n)),
         "replica" => {
             // A replica's own logs, on stderr, where RUNBOOK_LOG asks.
             super::scenario::init_logging();
             let rest = child[1..].to_vec();
             rt.block_on(async move {
-                tokio::spawn(async move { crate::bench::scaleout::replica_child(&rest).await })
+                tokio::spawn(async move { runbook_bench::scaleout::replica_child(&rest).await })
                     .await
             })?;
         }

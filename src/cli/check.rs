@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::kinds::KindRef;
-use crate::policy::compile::{KindPlaces, LoadError};
-use crate::policy::{self, Body, Bundle};
-use crate::script::{ScriptEngine, ScriptLimits};
+use runbook_core::kinds::KindRef;
+use runbook_core::policy::compile::{KindPlaces, LoadError};
+use runbook_core::policy::{self, Body, Bundle};
+use runbook_core::script::{ScriptEngine, ScriptLimits};
 
 #[derive(clap::Args, Debug)]
 pub struct CheckArgs {
@@ -34,7 +34,7 @@ pub struct CheckArgs {
 /// the text output prints.
 pub fn error_json(
     file: &str,
-    pos: Option<crate::util::yaml::Pos>,
+    pos: Option<runbook_core::util::yaml::Pos>,
     message: &str,
     text: String,
 ) -> serde_json::Value {
@@ -111,15 +111,15 @@ pub fn load_paths(
 }
 
 /// CRD documents in the bundles' YAML files.
-pub fn crd_docs(bundles: &[crate::policy::Bundle]) -> Vec<serde_json::Value> {
+pub fn crd_docs(bundles: &[runbook_core::policy::Bundle]) -> Vec<serde_json::Value> {
     bundles
         .iter()
         .flat_map(|b| b.files.iter())
         .filter(|(name, _)| name.ends_with(".yaml") || name.ends_with(".yml"))
-        .filter_map(|(_, text)| crate::util::yaml::parse_documents(text).ok())
+        .filter_map(|(_, text)| runbook_core::util::yaml::parse_documents(text).ok())
         .flatten()
         .chain(
-            crate::crd::all()
+            runbook_core::crd::all()
                 .into_iter()
                 .filter_map(|c| serde_json::to_value(c).ok()),
         )
@@ -153,7 +153,7 @@ fn crd_kinds(docs: &[serde_json::Value]) -> Vec<KindRef> {
 /// position with what was meant. A kind of a group nothing here knows
 /// stays a note (`rbac::guesses`): its CRD may be in the cluster only.
 fn unserved_kinds(declared: &[(String, KindPlaces)], crds: &[KindRef]) -> Vec<LoadError> {
-    let mut known = crate::kinds::well_known_kinds();
+    let mut known = runbook_core::kinds::well_known_kinds();
     known.extend(crds.iter().cloned());
     let names: Vec<String> = known.iter().map(|k| k.to_string()).collect();
     let mut out = Vec::new();
@@ -164,13 +164,14 @@ fn unserved_kinds(declared: &[(String, KindPlaces)], crds: &[KindRef]) -> Vec<Lo
             }
             let wanted = k.to_string();
             // A near miss, or the kind right and its apiVersion wrong.
-            let meant = crate::util::suggest::closest(&wanted, names.iter().map(String::as_str))
-                .map(str::to_string)
-                .or_else(|| {
-                    let same_kind = known.iter().find(|c| c.kind == k.kind);
-                    same_kind.map(|c| c.to_string())
-                });
-            let built_in_group = !crate::kinds::well_known_versions(k.group()).is_empty();
+            let meant =
+                runbook_core::util::suggest::closest(&wanted, names.iter().map(String::as_str))
+                    .map(str::to_string)
+                    .or_else(|| {
+                        let same_kind = known.iter().find(|c| c.kind == k.kind);
+                        same_kind.map(|c| c.to_string())
+                    });
+            let built_in_group = !runbook_core::kinds::well_known_versions(k.group()).is_empty();
             if meant.is_none() && !built_in_group {
                 continue;
             }
@@ -194,13 +195,16 @@ fn unserved_kinds(declared: &[(String, KindPlaces)], crds: &[KindRef]) -> Vec<Lo
 /// where it has none, each at the position it is declared. (A status
 /// schema that keeps any field, or a target whose CRD is not among the
 /// paths, is not checked.)
-fn pruned_status(set: &crate::policy::PolicySet, docs: &[serde_json::Value]) -> Vec<LoadError> {
+fn pruned_status(
+    set: &runbook_core::policy::PolicySet,
+    docs: &[serde_json::Value],
+) -> Vec<LoadError> {
     let mut out = Vec::new();
     for p in set.policies.values() {
         let Some(status) = status_schema(docs, &p.target) else {
             continue;
         };
-        let notes = crate::act::state::unlisted_notes(&p.target.kind, &status, &p.status);
+        let notes = runbook_core::plan::state::unlisted_notes(&p.target.kind, &status, &p.status);
         for (pos, message) in notes {
             out.push(LoadError {
                 file: p.file.clone(),
@@ -232,7 +236,7 @@ fn status_schema(docs: &[serde_json::Value], kind: &KindRef) -> Option<serde_jso
 }
 
 /// What a policy does, in a few words: its script, or its steps.
-fn body_of(p: &crate::policy::compile::CompiledPolicy) -> String {
+fn body_of(p: &runbook_core::policy::compile::CompiledPolicy) -> String {
     match &p.body {
         Body::Script {
             script,
@@ -272,7 +276,7 @@ fn refusals(set: &policy::PolicySet, args: &CheckArgs) -> Vec<LoadError> {
     for p in set.policies.values() {
         let one = std::iter::once(&**p);
         if !args.allow_dangerous_kinds {
-            for why in crate::rbac::dangers_of(one) {
+            for why in runbook_operator::rbac::dangers_of(one) {
                 out.push(LoadError {
                     file: p.file.clone(),
                     pos: None,
@@ -301,7 +305,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     errors.extend(refusals(&set, &args));
     let docs = crd_docs(&bundles);
     if args.output == "json" {
-        let crds = crate::rbac::crd_plurals(&docs);
+        let crds = runbook_operator::rbac::crd_plurals(&docs);
         let doc = serde_json::json!({
             "ok": errors.is_empty(),
             "policies": set.policies.values().map(|p| serde_json::json!({
@@ -312,7 +316,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 "name": r.name, "receivers": r.receivers.len(), "version": r.version,
             })).collect::<Vec<_>>(),
             "scripts": scripts,
-            "notes": crate::rbac::guesses(&set, &crds),
+            "notes": runbook_operator::rbac::guesses(&set, &crds),
             "errors": errors.iter().map(|e| error_json(&e.file, e.pos, &e.message, e.to_string())).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -341,7 +345,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             r.version
         );
     }
-    let crds = crate::rbac::crd_plurals(&docs);
+    let crds = runbook_operator::rbac::crd_plurals(&docs);
     // A kind already an error needs no note.
     let unserved = |g: &String| {
         errors.iter().any(|e| {
@@ -351,7 +355,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             ))
         })
     };
-    for guess in crate::rbac::guesses(&set, &crds)
+    for guess in runbook_operator::rbac::guesses(&set, &crds)
         .iter()
         .filter(|g| !unserved(g))
     {

@@ -10,8 +10,8 @@ use kube::Api;
 use kube::discovery::{Discovery, Scope};
 use serde_json::Value;
 
-use crate::crd::DecisionRecord;
-use crate::observe::RawObject;
+use runbook_core::crd::DecisionRecord;
+use runbook_core::observe::RawObject;
 
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
@@ -60,7 +60,7 @@ pub fn render(kind: &str, obj: &Value) -> String {
     let records = DecisionRecord::all(obj);
     let changed = obj
         .pointer("/metadata/annotations")
-        .and_then(|a| a.get(crate::act::plan::CHANGED_BY))
+        .and_then(|a| a.get(runbook_core::plan::CHANGED_BY))
         .and_then(Value::as_str);
     if let Some(by) = changed {
         out.push_str(&format!("  changed by:   {by}\n"));
@@ -294,17 +294,17 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         Err(e) => anyhow::bail!(
             "reading {} {name:?}{place}: {}",
             ar.kind,
-            crate::util::api_error(&e)
+            runbook_operator::util::api_error(&e)
         ),
     };
     let mut value = obj.value();
     // A kind whose schema is not Runbook's: its records are in its
     // RunbookState (a cluster-scoped target's in the namespace watched,
     // or the operator's).
-    let kind_ref = crate::kinds::KindRef::new(&ar.api_version, &ar.kind);
-    if !crate::act::state::owns_schema(&kind_ref) {
-        let state = crate::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState");
-        let state_name = crate::crd::state::name_for(&ar.group, &ar.kind, name);
+    let kind_ref = runbook_core::kinds::KindRef::new(&ar.api_version, &ar.kind);
+    if !runbook_core::plan::state::owns_schema(&kind_ref) {
+        let state = runbook_core::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState");
+        let state_name = runbook_core::crd::state::name_for(&ar.group, &ar.kind, name);
         let namespaces = match caps.scope {
             Scope::Namespaced => vec![namespace.clone()],
             _ => vec![namespace.clone(), args.operator_namespace.clone()],
@@ -322,7 +322,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             if let Ok(Some(found)) = states.get_opt(&state_name).await {
                 let found = found.value();
                 if found.pointer("/spec/target/uid").and_then(Value::as_str) == uid.as_deref() {
-                    value = crate::act::state::overlay(&value, found.get("status"));
+                    value = runbook_core::plan::state::overlay(&value, found.get("status"));
                     break;
                 }
             }
@@ -341,7 +341,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn events_resource() -> kube::discovery::ApiResource {
-    crate::kinds::KindRef::new("events.k8s.io/v1", "Event").api_resource()
+    runbook_core::kinds::KindRef::new("events.k8s.io/v1", "Event").api_resource()
 }
 
 #[cfg(test)]
@@ -390,7 +390,7 @@ mod tests {
         assert!(!text.contains("no decision recorded yet"), "{text}");
         assert_eq!(plural("patch"), "patches");
         assert_eq!(plural("rollback"), "rollbacks");
-        let ar = crate::kinds::KindRef::new("apps/v1", "Deployment").api_resource();
+        let ar = runbook_core::kinds::KindRef::new("apps/v1", "Deployment").api_resource();
         for typed in [
             "deployment",
             "deployments",

@@ -61,23 +61,27 @@ pub struct CrdsArgs {
 fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     let Some(dir) = args.out_dir else {
-        print!("{}", crate::crd::all_yaml());
+        print!("{}", runbook_core::crd::all_yaml());
         return Ok(ExitCode::SUCCESS);
     };
-    let selecting = dir.join(crate::crd::FIELD_SELECTORS_DIR);
+    let selecting = dir.join(runbook_core::crd::FIELD_SELECTORS_DIR);
     for (dir, crds, field_selectors) in [
-        (&dir, crate::crd::all(), false),
-        (&selecting, crate::crd::all_with_field_selectors(), true),
+        (&dir, runbook_core::crd::all(), false),
+        (
+            &selecting,
+            runbook_core::crd::all_with_field_selectors(),
+            true,
+        ),
     ] {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut files = vec![(
             dir.join("kustomization.yaml"),
-            crate::crd::kustomization(field_selectors),
+            runbook_core::crd::kustomization(field_selectors),
         )];
         files.extend(crds.iter().map(|crd| {
             (
-                dir.join(crate::crd::file_name(crd)),
-                crate::crd::to_yaml(crd),
+                dir.join(runbook_core::crd::file_name(crd)),
+                runbook_core::crd::to_yaml(crd),
             )
         }));
         for (path, text) in files {

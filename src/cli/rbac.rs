@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::rbac::{self, Options};
+use runbook_operator::rbac::{self, Options};
 
 #[derive(clap::Args, Debug)]
 pub struct RbacArgs {
@@ -65,7 +65,7 @@ pub struct RbacArgs {
     #[arg(
         long,
         env = "RUNBOOK_TENANT_SERVICE_ACCOUNT",
-        default_value = crate::runtime::tenants::DEFAULT_ACCOUNT
+        default_value = runbook_operator::runtime::tenants::DEFAULT_ACCOUNT
     )]
     pub tenant_service_account: String,
     /// Grant what replicas sharing the targets need (`runbook run

@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::alert::deliver::{Delivery, DeliveryConfig};
-use crate::alert::dispatch::Dispatcher;
-use crate::clock::Clock;
-use crate::observe::health;
-use crate::reload::{self, Reloader, SourceConfig};
-use crate::runtime::access;
-use crate::runtime::leader::LeaseConfig;
-use crate::runtime::{Operator, OperatorConfig};
-use crate::script::{ScriptEngine, ScriptLimits};
-use crate::telemetry::{self, Metrics};
+use runbook_core::clock::Clock;
+use runbook_core::script::{ScriptEngine, ScriptLimits};
+use runbook_operator::alert::deliver::{Delivery, DeliveryConfig};
+use runbook_operator::alert::dispatch::Dispatcher;
+use runbook_operator::observe::health;
+use runbook_operator::reload::{self, Reloader, SourceConfig};
+use runbook_operator::runtime::access;
+use runbook_operator::runtime::leader::LeaseConfig;
+use runbook_operator::runtime::{Operator, OperatorConfig};
+use runbook_operator::telemetry::{self, Metrics};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
@@ -129,7 +129,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "RUNBOOK_TENANT_SERVICE_ACCOUNT",
-        default_value = crate::runtime::tenants::DEFAULT_ACCOUNT
+        default_value = runbook_operator::runtime::tenants::DEFAULT_ACCOUNT
     )]
     pub tenant_service_account: String,
     /// Another ServiceAccount for one tenant's namespace, as NAMESPACE=ACCOUNT
@@ -145,7 +145,7 @@ pub struct RunArgs {
     /// `{serviceAccounts: [bench]}`); a tenant's bundle that allows more is
     /// refused. Default: nothing.
     #[arg(long, env = "RUNBOOK_TENANT_POD_BOUNDS", default_value = "{}", value_parser = pod_bounds)]
-    pub tenant_pod_bounds: crate::policy::model::PodsSpec,
+    pub tenant_pod_bounds: runbook_core::policy::model::PodsSpec,
     /// Decisions of one policy under way at once where another policy
     /// targets the same kind; more wait, without holding up the other.
     #[arg(long, env = "RUNBOOK_POLICY_CONCURRENCY", default_value_t = 8)]
@@ -202,8 +202,8 @@ fn whole_seconds(text: &str) -> Result<u64, String> {
     Ok((ms / 1000) as u64)
 }
 
-fn pod_bounds(s: &str) -> Result<crate::policy::model::PodsSpec, String> {
-    crate::util::yaml::parse(s).map_err(|e| format!("{s:?}: {e}"))
+fn pod_bounds(s: &str) -> Result<runbook_core::policy::model::PodsSpec, String> {
+    runbook_core::util::yaml::parse(s).map_err(|e| format!("{s:?}: {e}"))
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,8 +262,11 @@ pub async fn config(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Config
 
 /// Who tenants' policies act as, from the flags; `impersonating`: whom the
 /// operator's own credentials already impersonate, if anyone.
-fn tenancy(args: &RunArgs, impersonating: Option<&str>) -> crate::runtime::TenancyConfig {
-    crate::runtime::TenancyConfig {
+fn tenancy(
+    args: &RunArgs,
+    impersonating: Option<&str>,
+) -> runbook_operator::runtime::TenancyConfig {
+    runbook_operator::runtime::TenancyConfig {
         service_account: args.tenant_service_account.clone(),
         overrides: args.tenant_service_accounts.iter().cloned().collect(),
         pod_bounds: args.tenant_pod_bounds.clone(),
@@ -295,7 +298,7 @@ async fn operator_namespace_exists(
                 // Least privilege need not allow reading namespaces: then
                 // the Lease will tell.
                 Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
-                Err(e) => Err(crate::util::api_error(&e)),
+                Err(e) => Err(runbook_operator::util::api_error(&e)),
             }
         }) => Some(found),
         _ = super::shutdown_signal() => None,
@@ -326,14 +329,14 @@ async fn initial_bundles(
     client: &kube::Client,
     sources: &SourceConfig,
     waiting: &health::Waiting,
-) -> Option<Vec<crate::policy::Bundle>> {
+) -> Option<Vec<runbook_core::policy::Bundle>> {
     let mut bundles = Reloader::read_dirs(&sources.dirs);
     for ns in &sources.configmap_namespaces {
         let what = format!("reading the policy ConfigMaps in {ns}");
         let read = health::patiently(waiting, &what, || async {
-            crate::reload::sources::configmap_bundles(client, ns)
+            runbook_operator::reload::sources::configmap_bundles(client, ns)
                 .await
-                .map_err(|e| crate::util::api_error(&e))
+                .map_err(|e| runbook_operator::util::api_error(&e))
         });
         tokio::select! {
             found = read => bundles.extend(found),
@@ -357,11 +360,11 @@ fn watched(args: &RunArgs) -> Option<String> {
 async fn check_access(
     args: &RunArgs,
     client: &kube::Client,
-    set: &crate::policy::PolicySet,
+    set: &runbook_core::policy::PolicySet,
     sources: &SourceConfig,
 ) -> anyhow::Result<()> {
     let watched = watched(args);
-    let opts = crate::rbac::Options {
+    let opts = runbook_operator::rbac::Options {
         namespace: args.operator_namespace.clone(),
         watch_namespaces: watched.iter().cloned().collect(),
         policy_namespaces: sources.configmap_namespaces.clone(),
@@ -391,38 +394,43 @@ async fn check_access(
         }
         Err(e) => tracing::warn!(
             "could not check permissions (SelfSubjectAccessReview): {}",
-            crate::util::api_error(&e)
+            runbook_operator::util::api_error(&e)
         ),
     }
     Ok(())
 }
 
 /// The authorship webhook's settings, unless it is off.
-fn webhook_config(args: &RunArgs) -> Option<crate::runtime::WebhookConfig> {
-    use crate::admission::config::Endpoint;
-    args.hook.webhook.then(|| crate::runtime::WebhookConfig {
-        listen: args.webhook_addr,
-        endpoint: Some(match &args.webhook_url {
-            Some(url) => Endpoint::Url(url.clone()),
-            None => Endpoint::Service {
-                namespace: args.operator_namespace.clone(),
-                name: args.webhook_service.clone(),
-                port: 443,
-            },
-        }),
-        configuration: args.hook.webhook_configuration.clone(),
-        secret: Some((
-            args.operator_namespace.clone(),
-            args.hook.webhook_secret.clone(),
-        )),
-        created_with: None,
-    })
+fn webhook_config(args: &RunArgs) -> Option<runbook_operator::runtime::WebhookConfig> {
+    use runbook_operator::admission::config::Endpoint;
+    args.hook
+        .webhook
+        .then(|| runbook_operator::runtime::WebhookConfig {
+            listen: args.webhook_addr,
+            endpoint: Some(match &args.webhook_url {
+                Some(url) => Endpoint::Url(url.clone()),
+                None => Endpoint::Service {
+                    namespace: args.operator_namespace.clone(),
+                    name: args.webhook_service.clone(),
+                    port: 443,
+                },
+            }),
+            configuration: args.hook.webhook_configuration.clone(),
+            secret: Some((
+                args.operator_namespace.clone(),
+                args.hook.webhook_secret.clone(),
+            )),
+            created_with: None,
+        })
 }
 
-fn operator_config(args: &RunArgs, tenancy: crate::runtime::TenancyConfig) -> OperatorConfig {
+fn operator_config(
+    args: &RunArgs,
+    tenancy: runbook_operator::runtime::TenancyConfig,
+) -> OperatorConfig {
     OperatorConfig {
         tenancy,
-        fair: crate::runtime::fair::FairConfig {
+        fair: runbook_operator::runtime::fair::FairConfig {
             concurrency: args.policy_concurrency,
             cpu_per_second: Duration::from_millis(args.policy_cpu_budget_ms),
             scripts_at_once: 0,
@@ -458,7 +466,8 @@ fn dispatcher(args: &RunArgs, client: &kube::Client, metrics: &Arc<Metrics>) -> 
             ..Default::default()
         },
     );
-    let log = crate::alert::nflog::ConfigMapLog::new(client.clone(), &args.operator_namespace);
+    let log =
+        runbook_operator::alert::nflog::ConfigMapLog::new(client.clone(), &args.operator_namespace);
     Arc::new(Dispatcher::new(Arc::new(delivery), Clock::real()).with_store(Arc::new(log)))
 }
 
@@ -470,7 +479,7 @@ fn alert_sink(
     client: &kube::Client,
     metrics: &Arc<Metrics>,
 ) -> (
-    Arc<dyn crate::alert::AlertSink>,
+    Arc<dyn runbook_core::alert::AlertSink>,
     Option<tokio::task::JoinHandle<()>>,
 ) {
     if !args.shards {
@@ -478,7 +487,7 @@ fn alert_sink(
         let flusher = dispatcher.spawn();
         return (dispatcher, Some(flusher));
     }
-    let ring = crate::alert::shared::Ring {
+    let ring = runbook_operator::alert::shared::Ring {
         namespace: args.operator_namespace.clone(),
         name: args.lease_name.clone(),
         identity: identity(args),
@@ -486,7 +495,7 @@ fn alert_sink(
     };
     let (args, made_with, m) = (args.clone(), client.clone(), metrics.clone());
     let make = move || dispatcher(&args, &made_with, &m);
-    let shared = crate::alert::shared::SharedAlerts::new(client.clone(), &ring, make);
+    let shared = runbook_operator::alert::shared::SharedAlerts::new(client.clone(), &ring, make);
     (Arc::new(shared), None)
 }
 
@@ -558,7 +567,7 @@ fn check_leases(args: &RunArgs) -> anyhow::Result<()> {
             "--shards needs leader election (--leader-elect=true): replicas share targets through Leases"
         );
         let id = identity(args);
-        if let Err(why) = crate::runtime::shard_identity(&id) {
+        if let Err(why) = runbook_operator::runtime::shard_identity(&id) {
             anyhow::bail!("--shards: {why}; give --identity");
         }
     }

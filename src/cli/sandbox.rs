@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::sandbox::Sandbox;
+use runbook_sandbox::Sandbox;
 
 #[derive(clap::Args, Debug)]
 pub struct SandboxArgs {
@@ -28,7 +28,7 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
             .store()
             .def("apiextensions.k8s.io", "customresourcedefinitions")
             .context("CRDs are served")?;
-        for crd in crate::crd::all() {
+        for crd in runbook_core::crd::all() {
             let v = serde_json::to_value(&crd)?;
             sandbox
                 .store()
@@ -46,10 +46,10 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     // Deployment controller (each new pod template a new ReplicaSet
     // revision, rolled out at once), so `kubectl rollout status|history|undo`
     // work against it.
-    let world = crate::scenario::world::World::new(
+    let world = runbook_simulator::world::World::new(
         sandbox.clone(),
         "default",
-        std::sync::Arc::new(crate::telemetry::journal::MemoryJournal::default()),
+        std::sync::Arc::new(runbook_operator::telemetry::journal::MemoryJournal::default()),
     );
     let controllers = world.spawn(Vec::new());
     let served = sandbox

@@ -31,7 +31,7 @@ pub fn run(args: SchemaArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.functions {
-        print!("{}", crate::script::reference::markdown());
+        print!("{}", runbook_core::script::reference::markdown());
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(dir) = args.out_dir {

@@ -6,10 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use runbook::decide::{self, Decision, Observed};
-use runbook::observe::{CachedObject, MemoryView};
-use runbook::policy::{self, Bundle, PolicySet};
-use runbook::script::{Action, ScriptEngine};
+use runbook_core::decide::{self, Decision, Observed};
+use runbook_core::observe::{CachedObject, MemoryView};
+use runbook_core::policy::{self, Bundle, PolicySet};
+use runbook_core::script::{Action, ScriptEngine};
 use serde_json::Value;
 
 pub struct World {
@@ -19,8 +19,14 @@ pub struct World {
     pub now: Timestamp,
 }
 
+/// The shipped `policies/` at the workspace's root, from the root package's
+/// tests or a crate's (`crates/NAME`).
 pub fn policies_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|dir| dir.join("policies"))
+        .find(|dir| dir.is_dir())
+        .expect("policies/ above the package")
 }
 
 impl World {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use runbook::sandbox::{Sandbox, SandboxConfig};
+use runbook_sandbox::{Sandbox, SandboxConfig};
 
 pub struct Cluster {
     /// The test's own client: an administrator (in `system:masters`),
@@ -241,7 +241,8 @@ async fn install_state_crd(client: &Client, ns: &str) {
     use kube::core::DynamicObject;
     let crds: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource());
     let crd: DynamicObject =
-        serde_json::from_value(serde_json::to_value(runbook::crd::state::crd()).unwrap()).unwrap();
+        serde_json::from_value(serde_json::to_value(runbook_core::crd::state::crd()).unwrap())
+            .unwrap();
     let name = crd.metadata.name.clone().unwrap_or_default();
     match crds.get_opt(&name).await.ok().flatten() {
         None => match crds.create(&PostParams::default(), &crd).await {
@@ -274,7 +275,7 @@ fn states_in(client: &Client, ns: &str) -> Api<kube::core::DynamicObject> {
     Api::namespaced_with(
         client.clone(),
         ns,
-        &runbook::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+        &runbook_core::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
     )
 }
 
@@ -342,7 +343,7 @@ impl Cluster {
     pub async fn kubeconfig_file(
         &self,
         dir: &std::path::Path,
-    ) -> (std::path::PathBuf, Option<runbook::sandbox::serve::Served>) {
+    ) -> (std::path::PathBuf, Option<runbook_sandbox::serve::Served>) {
         std::fs::create_dir_all(dir).unwrap();
         let path = dir.join("kubeconfig");
         let served = match (&self.sandbox, real_cluster()) {

@@ -21,9 +21,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use runbook::scenario::model::{CompleteSpec, PodReadySpec};
-use runbook::scenario::world::World;
-use runbook::telemetry::journal::MemoryJournal;
+use runbook_operator::telemetry::journal::MemoryJournal;
+use runbook_simulator::model::{CompleteSpec, PodReadySpec};
+use runbook_simulator::world::World;
 use serde_json::{Value, json};
 
 use super::cluster::Cluster;

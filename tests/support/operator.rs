@@ -8,12 +8,12 @@ use std::time::Duration;
 use kube::Api;
 use kube::api::{ApiResource, PostParams};
 use kube::core::DynamicObject;
-use runbook::alert::LogSink;
-use runbook::clock::Clock;
-use runbook::policy::{self, Bundle, Origin};
-use runbook::runtime::{Operator, OperatorConfig};
-use runbook::script::ScriptEngine;
-use runbook::telemetry::Metrics;
+use runbook_core::alert::LogSink;
+use runbook_core::clock::Clock;
+use runbook_core::policy::{self, Bundle, Origin};
+use runbook_core::script::ScriptEngine;
+use runbook_operator::runtime::{Operator, OperatorConfig};
+use runbook_operator::telemetry::Metrics;
 use serde_json::{Value, json};
 
 pub use super::cluster::crd_resource;
@@ -143,7 +143,7 @@ pub async fn create_widget(c: &Cluster, widgets: &Api<DynamicObject>, name: &str
 }
 
 /// Policies from text; `GROUP` in the YAML is replaced with the widget group.
-pub fn policies(c: &Cluster, files: &[(&str, &str)]) -> runbook::policy::PolicySet {
+pub fn policies(c: &Cluster, files: &[(&str, &str)]) -> runbook_core::policy::PolicySet {
     policies_on(c, &ScriptEngine::default(), files)
 }
 
@@ -152,7 +152,7 @@ pub fn policies_on(
     c: &Cluster,
     engine: &ScriptEngine,
     files: &[(&str, &str)],
-) -> runbook::policy::PolicySet {
+) -> runbook_core::policy::PolicySet {
     let g = widget_group(c);
     let bundle = Bundle::new(
         Origin::Inline("test".into()),
@@ -179,8 +179,12 @@ pub fn sharded(c: &Cluster, id: &str) -> OperatorConfig {
 
 /// A Lease in the test's namespace short enough for tests: 2 s, renewed
 /// every 300 ms.
-pub fn short_lease(c: &Cluster, name: &str, id: &str) -> runbook::runtime::leader::LeaseConfig {
-    runbook::runtime::leader::LeaseConfig {
+pub fn short_lease(
+    c: &Cluster,
+    name: &str,
+    id: &str,
+) -> runbook_operator::runtime::leader::LeaseConfig {
+    runbook_operator::runtime::leader::LeaseConfig {
         namespace: c.ns.clone(),
         name: name.into(),
         identity: id.into(),
@@ -191,7 +195,7 @@ pub fn short_lease(c: &Cluster, name: &str, id: &str) -> runbook::runtime::leade
 
 pub fn operator(
     c: &Cluster,
-    set: runbook::policy::PolicySet,
+    set: runbook_core::policy::PolicySet,
     config: OperatorConfig,
 ) -> Arc<Operator> {
     operator_with_metrics(c, set, config, Arc::new(Metrics::new()))
@@ -199,7 +203,7 @@ pub fn operator(
 
 pub fn operator_with_metrics(
     c: &Cluster,
-    set: runbook::policy::PolicySet,
+    set: runbook_core::policy::PolicySet,
     config: OperatorConfig,
     metrics: Arc<Metrics>,
 ) -> Arc<Operator> {
@@ -209,10 +213,10 @@ pub fn operator_with_metrics(
 /// An operator whose alerts go to `sink`.
 pub fn operator_with_sink(
     c: &Cluster,
-    set: runbook::policy::PolicySet,
+    set: runbook_core::policy::PolicySet,
     config: OperatorConfig,
     metrics: Arc<Metrics>,
-    sink: Arc<dyn runbook::alert::AlertSink>,
+    sink: Arc<dyn runbook_core::alert::AlertSink>,
 ) -> Arc<Operator> {
     operator_through(c, c.operator_client.clone(), set, config, metrics, sink)
 }
@@ -221,10 +225,10 @@ pub fn operator_with_sink(
 pub fn operator_through(
     c: &Cluster,
     client: kube::Client,
-    set: runbook::policy::PolicySet,
+    set: runbook_core::policy::PolicySet,
     config: OperatorConfig,
     metrics: Arc<Metrics>,
-    sink: Arc<dyn runbook::alert::AlertSink>,
+    sink: Arc<dyn runbook_core::alert::AlertSink>,
 ) -> Arc<Operator> {
     if std::env::var("RUNBOOK_TEST_LOG").is_ok() {
         let _ = tracing_subscriber::fmt()
@@ -250,7 +254,7 @@ pub fn operator_through(
 pub fn operator_on(
     c: &Cluster,
     engine: ScriptEngine,
-    set: runbook::policy::PolicySet,
+    set: runbook_core::policy::PolicySet,
     config: OperatorConfig,
 ) -> Arc<Operator> {
     Arc::new(Operator::new(
@@ -296,8 +300,8 @@ fn test_config(c: &Cluster, config: OperatorConfig) -> OperatorConfig {
 /// URL, its configuration named after the test's namespace and covering
 /// only that namespace, its material in a Secret there (every operator
 /// of the test shares it, as replicas do).
-pub fn test_webhook(c: &Cluster) -> runbook::runtime::WebhookConfig {
-    runbook::runtime::WebhookConfig {
+pub fn test_webhook(c: &Cluster) -> runbook_operator::runtime::WebhookConfig {
+    runbook_operator::runtime::WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         endpoint: None,
         configuration: format!("runbook-{}", c.ns),
@@ -341,23 +345,24 @@ pub async fn started(c: &Cluster, files: &[(&str, &str)]) -> Arc<Operator> {
 pub async fn grant_tenant(
     c: &Cluster,
     tenant: &str,
-    set: &runbook::policy::PolicySet,
+    set: &runbook_core::policy::PolicySet,
     operator: (&str, &str),
 ) {
-    let opts = runbook::rbac::Options {
+    let opts = runbook_operator::rbac::Options {
         name: format!("runbook-{}", c.ns),
         namespace: operator.0.to_string(),
         service_account: operator.1.to_string(),
         tenant: Some(tenant.to_string()),
         ..Default::default()
     };
-    let served = runbook::runtime::access::served_kinds(&c.client, set).await;
-    let rbac = runbook::rbac::render(&runbook::rbac::needs(set, &opts, &served), &opts);
-    let mut docs = runbook::util::yaml::parse_documents(&rbac).unwrap();
+    let served = runbook_operator::runtime::access::served_kinds(&c.client, set).await;
+    let rbac =
+        runbook_operator::rbac::render(&runbook_operator::rbac::needs(set, &opts, &served), &opts);
+    let mut docs = runbook_core::util::yaml::parse_documents(&rbac).unwrap();
     docs.push(json!({"apiVersion": "v1", "kind": "ServiceAccount",
                      "metadata": {"name": opts.tenant_account, "namespace": tenant}}));
     for d in docs {
-        let kind = runbook::kinds::KindRef::new(
+        let kind = runbook_core::kinds::KindRef::new(
             d["apiVersion"].as_str().unwrap(),
             d["kind"].as_str().unwrap(),
         );

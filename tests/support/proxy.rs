@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kube::Client;
-use runbook::sandbox::serve::Served;
+use runbook_sandbox::serve::Served;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 

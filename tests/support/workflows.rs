@@ -6,7 +6,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use runbook::kinds::KindRef;
+use runbook_core::kinds::KindRef;
 use serde_json::{Value, json};
 
 use super::cluster::{Cluster, crd_resource, eventually};
@@ -15,10 +15,10 @@ pub fn repo() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-pub fn shipped_policies() -> runbook::policy::PolicySet {
-    let engine = runbook::script::ScriptEngine::default();
-    let bundle = runbook::policy::Bundle::from_dir(&repo().join("policies")).unwrap();
-    let (set, errors) = runbook::policy::load(&engine, &[bundle]);
+pub fn shipped_policies() -> runbook_core::policy::PolicySet {
+    let engine = runbook_core::script::ScriptEngine::default();
+    let bundle = runbook_core::policy::Bundle::from_dir(&repo().join("policies")).unwrap();
+    let (set, errors) = runbook_core::policy::load(&engine, &[bundle]);
     assert!(errors.is_empty(), "{errors:?}");
     set
 }
@@ -37,11 +37,13 @@ pub async fn apply_crd(c: &Cluster, crd: Value) {
 
 /// Runbook's CRDs and the VolumeSnapshot CRD, served.
 pub async fn install_crds(c: &Cluster) {
-    for crd in runbook::crd::all() {
+    for crd in runbook_core::crd::all() {
         apply_crd(c, serde_json::to_value(crd).unwrap()).await;
     }
     let vs = std::fs::read_to_string(repo().join("examples/crds/volumesnapshot.yaml")).unwrap();
-    let vs = runbook::util::yaml::parse_documents(&vs).unwrap().remove(0);
+    let vs = runbook_core::util::yaml::parse_documents(&vs)
+        .unwrap()
+        .remove(0);
     let snapshots: Api<DynamicObject> =
         Api::all_with(c.client.clone(), &snapshot_kind().api_resource());
     if snapshots.list(&Default::default()).await.is_err() {

@@ -17,11 +17,11 @@ use kube::core::DynamicObject;
 use serde_json::json;
 
 use super::Stats;
+use runbook_core::alert::LogSink;
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::policy::{Bundle, PolicySet};
 use runbook_core::script::ScriptEngine;
-use runbook_operator::alert::LogSink;
 use runbook_operator::reload::{self, Reloader, SourceConfig};
 use runbook_operator::runtime::{Operator, OperatorConfig, WebhookConfig};
 use runbook_operator::telemetry::Metrics;

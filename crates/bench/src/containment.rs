@@ -9,10 +9,10 @@ use serde_json::json;
 use super::Stats;
 use super::operator::{populate, runbook_operator_with};
 use runbook_core::decide::{self, Observed};
+use runbook_core::observe::{CachedObject, MemoryView};
 use runbook_core::policy::{self, Bundle, Origin};
 use runbook_core::script::ScriptEngine;
 use runbook_core::script::error::ScriptErrorKind;
-use runbook_operator::observe::{CachedObject, MemoryView};
 use runbook_sandbox::Sandbox;
 
 const RUNAWAY_POLICY: &str = r#"

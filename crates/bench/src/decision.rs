@@ -9,9 +9,9 @@ use serde_json::{Value, json};
 use super::{Rounds, Stats, native, samples};
 use crate::fixtures::{self, JobState};
 use runbook_core::decide::{self, Decision, Observed};
+use runbook_core::observe::{CachedObject, MemoryView};
 use runbook_core::policy::{self, Bundle, PolicySet};
 use runbook_core::script::ScriptEngine;
-use runbook_operator::observe::{CachedObject, MemoryView};
 
 /// A scored run awaiting its verdict, around a ~1 KB Evaluator.
 pub struct Setup {

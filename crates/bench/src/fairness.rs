@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 
 use super::Stats;
 use super::operator::{GROUP, item_resource, populate};
+use runbook_core::alert::LogSink;
 use runbook_core::clock::Clock;
 use runbook_core::policy::{self, Bundle, Origin};
 use runbook_core::script::ScriptEngine;
-use runbook_operator::alert::LogSink;
 use runbook_operator::runtime::fair::FairConfig;
 use runbook_operator::runtime::{Operator, OperatorConfig};
 use runbook_operator::telemetry::Metrics;

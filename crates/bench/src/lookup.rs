@@ -10,9 +10,9 @@ use serde_json::{Value, json};
 use super::{Stats, fixtures, measure};
 use runbook_core::kinds::KindRef;
 use runbook_core::labels::Selector;
+use runbook_core::observe::{ObjectView, RawObject};
 use runbook_operator::observe::cache::KindCache;
 use runbook_operator::observe::view::{Source, Sources};
-use runbook_operator::observe::{ObjectView, RawObject};
 
 /// Pods of 250 workloads (`app: web-N`), each about 2 KB of JSON as a
 /// serving pod's spec makes it.

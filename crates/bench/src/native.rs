@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use runbook_core::script::action::{Action, Condition, EventType};
 use runbook_core::script::helpers::{job_failed, job_succeeded, revision_of, termination_message};
-use runbook_operator::util::time;
+use runbook_core::util::time;
 
 /// What the rule needs: the Evaluator and the objects around it.
 pub struct Inputs<'a> {
@@ -111,7 +111,7 @@ fn rollback_target(i: &Inputs, st: &Value, ran_on: i64) -> Option<i64> {
     let revisions: Vec<i64> = i
         .replicasets
         .iter()
-        .filter(|rs| runbook_operator::observe::owner_uids(rs).any(|u| Some(u) == dep_uid))
+        .filter(|rs| runbook_core::observe::owner_uids(rs).any(|u| Some(u) == dep_uid))
         .filter_map(|rs| revision_of(rs))
         .collect();
     match last_good {

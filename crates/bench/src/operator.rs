@@ -15,11 +15,11 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+use runbook_core::alert::LogSink;
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::policy::{self, Bundle, Origin};
 use runbook_core::script::ScriptEngine;
-use runbook_operator::alert::LogSink;
 use runbook_operator::runtime::{Operator, OperatorConfig};
 use runbook_operator::telemetry::Metrics;
 use runbook_sandbox::Sandbox;

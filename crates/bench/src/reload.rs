@@ -14,9 +14,9 @@ use serde_json::json;
 
 use super::Stats;
 use super::operator::{item_resource, populate};
+use runbook_core::alert::LogSink;
 use runbook_core::clock::Clock;
 use runbook_core::script::ScriptEngine;
-use runbook_operator::alert::LogSink;
 use runbook_operator::reload::{self, Reloader, SourceConfig};
 use runbook_operator::runtime::{Operator, OperatorConfig};
 use runbook_operator::telemetry::Metrics;

@@ -240,7 +240,7 @@ impl Replica {
         let h = heard.clone();
         std::thread::spawn(move || {
             for line in out.lines().map_while(Result::ok) {
-                let mut h = runbook_operator::util::lock(&h);
+                let mut h = runbook_core::util::lock(&h);
                 let mut w = line.split_whitespace();
                 match w.next() {
                     Some("J") => {
@@ -276,7 +276,7 @@ impl Replica {
     }
 
     fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
-        runbook_operator::util::lock(&self.heard)
+        runbook_core::util::lock(&self.heard)
     }
 
     fn say(&mut self, what: &str) {

@@ -13,16 +13,16 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::util::lock;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use runbook_core::util::lock;
 
 pub use kube::runtime::events::Reporter;
-pub use runbook_core::script::action::EventType;
+use runbook_core::script::action::EventType;
 
 /// One Event to write about an object.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{
 use kube::api::ObjectMeta;
 use serde_json::Value;
 
-use crate::alert::routes::{ReceiverKind, Target};
+use runbook_core::alert::routes::{ReceiverKind, Target};
 use runbook_core::kinds::{KindRef, Role as KindRole};
 use runbook_core::policy::PolicySet;
 
@@ -918,7 +918,7 @@ pub fn render(needs: &[Need], opts: &Options) -> String {
             out.push_str("---\n");
         }
         // Keys come out sorted, which puts apiVersion and kind first.
-        out.push_str(&crate::util::yaml::to_string(d));
+        out.push_str(&runbook_core::util::yaml::to_string(d));
     }
     out
 }

@@ -33,7 +33,7 @@ fn token_shape(token: &str) -> String {
 }
 
 fn value_shape(v: &str) -> String {
-    if runbook_operator::util::time::parse(v.trim_end_matches([',', ':'])).is_some() {
+    if runbook_core::util::time::parse(v.trim_end_matches([',', ':'])).is_some() {
         return "<time>".into();
     }
     // `default/chatbot-eval-da2d3ac333` → `default/chatbot-eval-*`
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn the_summary_counts_expectations_apart_from_their_causes() {
-        use runbook_operator::util::yaml::Pos;
+        use runbook_core::util::yaml::Pos;
         let failure = |pos: Option<Pos>, message: &str| super::super::report::Failure {
             pos,
             message: message.to_string(),

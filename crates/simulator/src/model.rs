@@ -10,8 +10,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
-use runbook_operator::util::time::parse_duration_ms;
-use runbook_operator::util::yaml::{self, Node, NodeValue, Pos};
+use runbook_core::util::time::parse_duration_ms;
+use runbook_core::util::yaml::{self, Node, NodeValue, Pos};
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::model::{Expectation, FinalSpec, Scenario, ScenarioError, glob, subset};
 use super::world::World;
+use runbook_core::util::yaml::Pos;
 use runbook_operator::telemetry::journal::Entry;
-use runbook_operator::util::yaml::Pos;
 
 /// A patch as the timeline shows it: its JSON, without the note Runbook
 /// leaves of who changed the object, cut at 160 characters.
@@ -19,7 +19,7 @@ fn patch_summary(patch: &Value) -> String {
     let mut p = patch.clone();
     if let Some(meta) = p.get_mut("metadata").and_then(Value::as_object_mut) {
         if let Some(notes) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            notes.remove(runbook_operator::act::plan::CHANGED_BY);
+            notes.remove(runbook_core::plan::CHANGED_BY);
             if notes.is_empty() {
                 meta.remove("annotations");
             }
@@ -501,7 +501,7 @@ impl Report {
         json!({
             "scenario": self.name,
             "file": self.file,
-            "start": runbook_operator::util::time::format(self.start),
+            "start": runbook_core::util::time::format(self.start),
             "passed": self.passed(),
             "expectations": self.checked,
             "failures": self.failures.iter().map(|f| json!({

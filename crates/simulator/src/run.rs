@@ -11,18 +11,18 @@ use serde_json::{Value, json};
 use super::model::{Scenario, ScenarioError, WorldEvent};
 use super::report::{self, Failure, Report};
 use super::world::{Kinds, World};
+use runbook_core::alert::notify::{self, Notification};
+use runbook_core::alert::sink::ActiveAlerts;
+use runbook_core::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use runbook_core::clock::Clock;
 use runbook_core::policy::Bundle;
 use runbook_core::script::ScriptEngine;
+use runbook_core::util::lock;
 use runbook_operator::alert::dispatch::{Dispatcher, Outbox};
-use runbook_operator::alert::notify::{self, Notification};
-use runbook_operator::alert::sink::ActiveAlerts;
-use runbook_operator::alert::{Alert, AlertSink, AlertSource, CompiledRoutes};
 use runbook_operator::reload::{Reloaded, Reloader};
 use runbook_operator::runtime::{Operator, OperatorConfig};
 use runbook_operator::telemetry::Metrics;
 use runbook_operator::telemetry::journal::{Entry, Journal, MemoryJournal};
-use runbook_operator::util::lock;
 use runbook_sandbox::{Sandbox, SandboxConfig};
 
 /// Alerts as the journal sees them: when each starts and stops firing,
@@ -233,7 +233,7 @@ fn unserved_resource(
     s: &Scenario,
     f: &super::model::FailSpec,
     kinds: &Kinds,
-    pos: runbook_operator::util::yaml::Pos,
+    pos: runbook_core::util::yaml::Pos,
 ) -> Option<ScenarioError> {
     let r = f.resource.as_deref()?;
     let plural = r.split('/').next().unwrap_or(r);
@@ -255,7 +255,7 @@ fn unserved_resource(
 
 /// CustomResourceDefinitions the timeline creates: the kind each
 /// defines, its name, and where the step creating it is.
-fn timeline_crds(s: &Scenario) -> Vec<(String, String, runbook_operator::util::yaml::Pos)> {
+fn timeline_crds(s: &Scenario) -> Vec<(String, String, runbook_core::util::yaml::Pos)> {
     let mut out = Vec::new();
     for step in &s.steps {
         for (w, pos) in &step.world {
@@ -713,7 +713,7 @@ fn created_objects(c: &super::model::CreateSpec, s: &Scenario) -> Result<Vec<Val
     Ok(match (&c.file, &c.object) {
         (Some(f), _) => {
             let text = std::fs::read_to_string(s.dir.join(f)).map_err(|e| e.to_string())?;
-            runbook_operator::util::yaml::parse_documents(&text).map_err(|e| e.to_string())?
+            runbook_core::util::yaml::parse_documents(&text).map_err(|e| e.to_string())?
         }
         (None, Some(o)) => vec![o.clone()],
         _ => Vec::new(),

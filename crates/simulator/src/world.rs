@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 use super::model::{CompleteSpec, PodReadySpec, Rule, SnapshotReadySpec, WorldEvent, glob};
 use runbook_core::clock::Clock;
 use runbook_core::script::helpers::without_hash;
+use runbook_core::util::time;
 use runbook_operator::observe::health::WatchBackoff;
 use runbook_operator::telemetry::journal::{Entry, Journal, MemoryJournal};
-use runbook_operator::util::time;
 use runbook_sandbox::Sandbox;
 use runbook_sandbox::registry::ResourceDef;
 
@@ -46,7 +46,7 @@ impl Kinds {
 
     /// The served kind whose name is nearest `kind` (a typo's fix).
     pub fn nearest(&self, kind: &str) -> Option<&str> {
-        runbook_operator::util::suggest::closest(kind, self.defs.iter().map(|d| d.kind.as_str()))
+        runbook_core::util::suggest::closest(kind, self.defs.iter().map(|d| d.kind.as_str()))
     }
 
     /// Whether a resource of this plural (as in the API's paths) is served.
@@ -62,7 +62,7 @@ impl Kinds {
             .find(|d| d.kind.eq_ignore_ascii_case(name))
             .map(|d| d.plural.as_str())
             .or_else(|| {
-                runbook_operator::util::suggest::closest(
+                runbook_core::util::suggest::closest(
                     name,
                     self.defs.iter().map(|d| d.plural.as_str()),
                 )
@@ -119,7 +119,7 @@ pub struct World {
     seen: Mutex<HashSet<String>>,
 }
 
-pub use runbook_operator::util::api_error;
+use runbook_operator::util::api_error;
 
 /// Who writes the scenario's objects, as the authorship webhook records
 /// them: an administrator, so the operator may do for them whatever the
@@ -540,7 +540,7 @@ impl World {
             let name = s.metadata.name.clone().unwrap_or_default();
             let status = json!({"readyToUse": true, "creationTime": now,
                                 "restoreSize": spec.restore_size.clone().unwrap_or_else(|| "10Gi".into()),
-                                "boundVolumeSnapshotContentName": format!("snapcontent-{}", runbook_operator::util::hash::short_hex(name.as_bytes(), 8))});
+                                "boundVolumeSnapshotContentName": format!("snapcontent-{}", runbook_core::util::hash::short_hex(name.as_bytes(), 8))});
             self.update(None, "VolumeSnapshot", Some(&ns), &name, &status, true)
                 .await?;
             self.note(
@@ -607,7 +607,7 @@ impl World {
         let Some(rule) = rules.iter().find(|r| r.matches(&name, &value)) else {
             return;
         };
-        if !runbook_operator::util::lock(&self.seen).insert(uid) {
+        if !runbook_core::util::lock(&self.seen).insert(uid) {
             return;
         }
         let Some(event) = rule.does.clone() else {
@@ -761,7 +761,7 @@ impl World {
 fn replica_set(d: &DynamicObject, template: &Value, revision: i64) -> Value {
     let ns = d.metadata.namespace.clone().unwrap_or_default();
     let name = d.metadata.name.clone().unwrap_or_default();
-    let hash = runbook_operator::util::hash::json_hash(template, 10);
+    let hash = runbook_core::util::hash::json_hash(template, 10);
     let mut t = template.clone();
     t["metadata"]["labels"]["pod-template-hash"] = json!(hash);
     let mut selector = d.data["spec"]["selector"].clone();
@@ -786,7 +786,7 @@ fn job_pod(job: &DynamicObject, ns: &str, spec: &CompleteSpec, now: &str) -> (St
     let name = job.metadata.name.clone().unwrap_or_default();
     let pod_name = format!(
         "{name}-{}",
-        &runbook_operator::util::hash::short_hex(name.as_bytes(), 5)
+        &runbook_core::util::hash::short_hex(name.as_bytes(), 5)
     );
     let template = &job.data["spec"]["template"];
     let mut labels = template["metadata"]["labels"].clone();

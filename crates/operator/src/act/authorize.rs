@@ -23,12 +23,12 @@ use kube::api::{Api, PostParams};
 
 use super::plan::{Access, Failed, Plan, Todo};
 use crate::admission::{Author, Signer};
-use crate::observe::CachedObject;
 use crate::observe::discovery::Resources;
 use crate::observe::view::AccessKey;
-use crate::util::lock;
 use runbook_core::kinds::{KindRef, Role};
+use runbook_core::observe::CachedObject;
 use runbook_core::policy::compile::CompiledPolicy;
+use runbook_core::util::lock;
 
 /// How long an answer of the API server is trusted.
 pub const TTL: Duration = Duration::from_secs(30);
@@ -118,7 +118,7 @@ impl Authority {
     pub fn author_of(
         &self,
         target: &serde_json::Value,
-        view: &dyn crate::observe::ObjectView,
+        view: &dyn runbook_core::observe::ObjectView,
     ) -> Result<Author, String> {
         let Some(signer) = self.signer.get() else {
             return Err("Runbook runs without its authorship webhook, so no target has an author it can trust".into());
@@ -222,7 +222,7 @@ pub fn reads_to_check(
     policy: &CompiledPolicy,
     target: &CachedObject,
     reads: &[AccessKey],
-    view: &dyn crate::observe::ObjectView,
+    view: &dyn runbook_core::observe::ObjectView,
 ) -> Vec<Access> {
     // An object whose owner allowed the target (`runbook.dev/allow-targets`)
     // is read for it whoever its author is, as it is acted on.
@@ -373,7 +373,7 @@ async fn refusal(
 pub async fn authorize(
     authority: &Authority,
     resources: &Resources,
-    view: &dyn crate::observe::ObjectView,
+    view: &dyn runbook_core::observe::ObjectView,
     target: &CachedObject,
     plan: &mut Plan,
     reads: &[Access],

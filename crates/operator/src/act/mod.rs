@@ -17,26 +17,26 @@ pub mod authorize;
 pub mod rollback;
 pub mod writer;
 
-pub use runbook_core::plan::{self, conclude, pods, state, status};
-pub use runbook_core::plan::{Acting, Applied, AppliedWrite, ChildKey};
-
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde_json::{Value, json};
 
-use self::conclude::Done;
-pub use self::plan::{APPLIED_HASH, apply_is_noop, prepare_child};
-use self::plan::{Cause, Discovered, Failed, Note, Plan, Todo};
 pub use self::writer::{MANAGER, Writer, manager_of};
-use crate::alert::AlertSink;
-use crate::alert::routes::CompiledRoutes;
-use crate::observe::discovery::{Resolved, Resources};
-use crate::observe::{CachedObject, ObjectView};
+use crate::observe::discovery::Resources;
 use crate::telemetry::journal::Entry;
+use runbook_core::alert::AlertSink;
+use runbook_core::alert::routes::CompiledRoutes;
 use runbook_core::crd::{ActionResult, DecisionRecord};
 use runbook_core::decide::{DecideError, Decision};
 use runbook_core::kinds::KindRef;
+use runbook_core::observe::Resolved;
+use runbook_core::observe::{CachedObject, ObjectView};
+use runbook_core::plan::conclude::Done;
+use runbook_core::plan::{
+    self, Cause, Discovered, Failed, Note, Plan, Todo, conclude, state, status,
+};
+use runbook_core::plan::{Acting, Applied, AppliedWrite};
 use runbook_core::policy::compile::CompiledPolicy;
 use runbook_core::script::Action;
 
@@ -611,7 +611,7 @@ async fn status_failed(
     );
     w.observe(|| entry.detail(m.clone()));
     let note = plan::Note {
-        type_: crate::events::EventType::Warning,
+        type_: runbook_core::script::action::EventType::Warning,
         reason: "StatusWriteFailed".into(),
         message: m.clone(),
     };

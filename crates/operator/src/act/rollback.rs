@@ -7,8 +7,8 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::ExecError;
-use crate::observe::RawObject;
 use runbook_core::kinds::KindRef;
+use runbook_core::observe::RawObject;
 use runbook_core::script::helpers::{revision_of, without_hash};
 
 /// What a rollback did.
@@ -31,7 +31,7 @@ pub fn pick<'a>(
     let current = revision_of(deployment);
     let owned: Vec<&Value> = replicasets
         .iter()
-        .filter(|rs| crate::observe::owner_uids(rs).any(|u| u == uid))
+        .filter(|rs| runbook_core::observe::owner_uids(rs).any(|u| u == uid))
         .collect();
     match revision {
         Some(r) => owned

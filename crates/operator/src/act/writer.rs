@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 use super::plan::{Note, Step, Write, kind_of, target_string};
 use super::{Applied, AppliedWrite, ExecError, rollback};
 use crate::events::{Event, EventWriter};
-use crate::observe::discovery::Resolved;
-use crate::observe::{RawObject, finalizers_of};
 use crate::telemetry::journal::{Entry, Journal};
 use runbook_core::kinds::KindRef;
+use runbook_core::observe::Resolved;
+use runbook_core::observe::{RawObject, finalizers_of};
 use runbook_core::policy::compile::CompiledPolicy;
 use runbook_core::script::action::{Action, event_type_str};
 
@@ -36,7 +36,7 @@ pub fn manager_of(policy: &str) -> String {
     }
     let cut = policy.char_indices().take_while(|(i, _)| *i < 100).count();
     let head: String = policy.chars().take(cut).collect();
-    let hash = crate::util::hash::short_hex(policy.as_bytes(), 8);
+    let hash = runbook_core::util::hash::short_hex(policy.as_bytes(), 8);
     format!("{MANAGER}/{head}-{hash}")
 }
 
@@ -181,7 +181,7 @@ impl Writer<'_> {
     async fn apply(
         &self,
         kind: &Resolved,
-        key: &super::ChildKey,
+        key: &runbook_core::plan::ChildKey,
         object: &Value,
         uid: Option<&str>,
     ) -> Result<String, kube::Error> {
@@ -222,7 +222,7 @@ impl Writer<'_> {
     async fn new_child(
         &self,
         kind: &Resolved,
-        key: &super::ChildKey,
+        key: &runbook_core::plan::ChildKey,
         desired: &Value,
     ) -> Result<Option<String>, ExecError> {
         let found = match api(self.client, kind, &key.namespace)
@@ -239,18 +239,18 @@ impl Writer<'_> {
             return Ok(None);
         };
         let live = found.value();
-        let policy = crate::observe::policy_of_child(desired).unwrap_or_default();
+        let policy = runbook_core::observe::policy_of_child(desired).unwrap_or_default();
         // Its target: the controller, or (a child in another namespace)
         // the one its label names.
-        let owner = crate::observe::controller_uid(desired)
+        let owner = runbook_core::observe::controller_uid(desired)
             .or_else(|| {
                 desired
                     .pointer("/metadata/labels")
-                    .and_then(|l| l.get(crate::observe::OWNER_UID_LABEL))
+                    .and_then(|l| l.get(runbook_core::observe::OWNER_UID_LABEL))
                     .and_then(Value::as_str)
             })
             .unwrap_or_default();
-        if crate::observe::is_child_of(&live, policy, owner) {
+        if runbook_core::observe::is_child_of(&live, policy, owner) {
             return Ok(found.meta.uid.clone());
         }
         let target = desired
@@ -410,7 +410,7 @@ impl Writer<'_> {
     async fn apply_child(
         &self,
         kind: &Resolved,
-        key: &super::ChildKey,
+        key: &runbook_core::plan::ChildKey,
         object: &Value,
         hash: &str,
         uid: Option<&str>,
@@ -486,7 +486,7 @@ impl Writer<'_> {
         .await?;
         // Decoded once, straight to the tree decisions read, without the
         // managedFields no decision reads (as the caches keep objects).
-        crate::observe::object::decode_without_managed_fields(&answer)
+        runbook_core::observe::object::decode_without_managed_fields(&answer)
             .map_err(kube::Error::SerdeError)
     }
 
@@ -512,7 +512,7 @@ impl Writer<'_> {
             &Patch::Apply(state),
         )
         .await?;
-        crate::observe::object::decode_without_managed_fields(&answer)
+        runbook_core::observe::object::decode_without_managed_fields(&answer)
             .map_err(kube::Error::SerdeError)
     }
 
@@ -572,5 +572,47 @@ impl Writer<'_> {
         if let Err(e) = rec.publish(&ev, &super::object_ref(regarding)).await {
             tracing::warn!("recording an Event failed: {}", crate::util::api_error(&e));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conflicting_managers;
+
+    fn conflict(code: u16, causes: &[(&str, &str)]) -> kube::Error {
+        let status = serde_json::json!({
+            "status": "Failure", "message": "Apply failed", "reason": "Conflict", "code": code,
+            "details": {"causes": causes.iter().map(|(reason, message)| serde_json::json!({
+                "reason": reason, "message": message, "field": ".data.k",
+            })).collect::<Vec<_>>()},
+        });
+        match serde_json::from_value(status) {
+            Ok(s) => kube::Error::Api(s),
+            Err(e) => panic!("a Status: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_conflict_names_each_manager_that_owns_a_field() {
+        let e = conflict(
+            409,
+            &[
+                (
+                    "FieldManagerConflict",
+                    r#"conflict with "kubectl-edit" using v1: .data.k"#,
+                ),
+                ("FieldManagerConflict", r#"conflict with "helm": .data.j"#),
+                ("FieldValueInvalid", r#"not "a manager""#),
+            ],
+        );
+        assert_eq!(conflicting_managers(&e), ["kubectl-edit", "helm"]);
+    }
+
+    #[test]
+    fn only_a_409_with_field_manager_causes_names_managers() {
+        let not_conflict = conflict(422, &[("FieldManagerConflict", r#"conflict with "x""#)]);
+        assert!(conflicting_managers(&not_conflict).is_empty());
+        let unquoted = conflict(409, &[("FieldManagerConflict", "conflict with nobody")]);
+        assert!(conflicting_managers(&unquoted).is_empty());
     }
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::{Event as KubeEvent, EventType, EventWriter};
+use crate::events::{Event as KubeEvent, EventWriter};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
@@ -21,12 +21,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::Api;
+use runbook_core::script::action::EventType;
 use tokio::sync::mpsc;
 
 use super::dispatch::Outbox;
-use super::notify::{self, Notification};
-use super::routes::{CompiledRoutes, ReceiverKind, Target};
 use crate::telemetry::Metrics;
+use runbook_core::alert::notify::{self, Notification};
+use runbook_core::alert::routes::{CompiledRoutes, ReceiverKind, Target};
 
 /// How delivery behaves.
 #[derive(Clone, Debug)]
@@ -155,7 +156,7 @@ impl Delivery {
     }
 
     fn queue(&self, key: QueueKey) -> mpsc::Sender<Job> {
-        let mut queues = crate::util::lock(&self.queues);
+        let mut queues = runbook_core::util::lock(&self.queues);
         if let Some(tx) = queues.get(&key)
             && !tx.is_closed()
         {
@@ -497,8 +498,10 @@ impl Inner {
         if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(Failure::config("the receiver URL is not http(s)"));
         }
-        if super::routes::has_credentials(url) {
-            return Err(Failure::config(super::routes::CREDENTIALS_IN_URL));
+        if runbook_core::alert::routes::has_credentials(url) {
+            return Err(Failure::config(
+                runbook_core::alert::routes::CREDENTIALS_IN_URL,
+            ));
         }
         let req = http::Request::post(uri)
             .header(http::header::CONTENT_TYPE, "application/json")

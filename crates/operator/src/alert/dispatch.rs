@@ -22,9 +22,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::nflog::{LogStore, NotificationLog, SentRecord};
-use super::notify::{Notification, NotifiedAlert};
-use super::routes::{CompiledRoutes, ReceiverKind, Route};
-use super::sink::{Alert, AlertSink, AlertSource};
+use runbook_core::alert::notify::{Notification, NotifiedAlert};
+use runbook_core::alert::routes::{CompiledRoutes, ReceiverKind, Route};
+use runbook_core::alert::sink::{Alert, AlertSink, AlertSource};
 use runbook_core::clock::Clock;
 
 /// Where flushed notifications go (the delivery queues, or a recorder in
@@ -41,13 +41,13 @@ pub struct RecordingOutbox {
 
 impl RecordingOutbox {
     pub fn take(&self) -> Vec<Notification> {
-        std::mem::take(&mut *crate::util::lock(&self.sent))
+        std::mem::take(&mut *runbook_core::util::lock(&self.sent))
     }
 }
 
 impl Outbox for RecordingOutbox {
     fn send(&self, _routes: &Arc<CompiledRoutes>, n: Notification) {
-        crate::util::lock(&self.sent).push(n);
+        runbook_core::util::lock(&self.sent).push(n);
     }
 }
 
@@ -211,7 +211,7 @@ impl Dispatcher {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        crate::util::lock(&self.state)
+        runbook_core::util::lock(&self.state)
     }
 
     /// Put `alert` into the groups of every route it reaches (and take it

@@ -1,8 +1,6 @@
 //! Alerts: the routes, matchers and sinks of `runbook_core::alert`, and
 //! here their grouping, notification log and delivery to receivers.
 
-pub use runbook_core::alert::*;
-
 pub mod deliver;
 pub mod dispatch;
 pub mod nflog;

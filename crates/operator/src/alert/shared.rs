@@ -29,8 +29,8 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use super::dispatch::Dispatcher;
-use super::routes::CompiledRoutes;
-use super::sink::{Alert, AlertSink, AlertSource};
+use runbook_core::alert::routes::CompiledRoutes;
+use runbook_core::alert::sink::{Alert, AlertSink, AlertSource};
 
 /// The label that marks a replica's published alerts, its value the
 /// replica's identity.
@@ -183,7 +183,7 @@ impl SharedAlerts {
     }
 
     fn own(&self) -> std::sync::MutexGuard<'_, Own> {
-        crate::util::lock(&self.own)
+        runbook_core::util::lock(&self.own)
     }
 
     /// Write what this replica's targets raise, if it changed.

@@ -16,10 +16,10 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::Notify;
 
 use super::health::{WatchBackoff, WatchHealth, report_watch};
-use crate::observe::CachedObject;
-use crate::observe::RawObject;
 use runbook_core::kinds::KindRef;
 use runbook_core::labels::Selector;
+use runbook_core::observe::CachedObject;
+use runbook_core::observe::RawObject;
 
 use super::index::Index;
 pub use super::index::ObjKey;
@@ -64,11 +64,11 @@ pub fn owners_of(o: &RawObject) -> Vec<OwnerRef> {
         })
         .collect();
     let uid = Some(&o.labels)
-        .filter(|l| l.get(crate::observe::MANAGED_BY) == Some("runbook"))
-        .and_then(|l| l.get(crate::observe::OWNER_UID_LABEL));
+        .filter(|l| l.get(runbook_core::observe::MANAGED_BY) == Some("runbook"))
+        .and_then(|l| l.get(runbook_core::observe::OWNER_UID_LABEL));
     if let Some(uid) = uid
         && let Some((api_version, kind, namespace, name)) =
-            crate::observe::owner_elsewhere(o.meta.annotations.as_ref())
+            runbook_core::observe::owner_elsewhere(o.meta.annotations.as_ref())
     {
         owners.push(OwnerRef {
             api_version,

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
 
-use crate::util::lock;
 use runbook_core::kinds::KindRef;
+use runbook_core::util::lock;
 
-pub use runbook_core::observe::Resolved;
+use runbook_core::observe::Resolved;
 
 /// Discovery results, by kind.
 pub struct Resources {

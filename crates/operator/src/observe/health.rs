@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::util::lock;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
+use runbook_core::util::lock;
 use tokio::time::Instant;
 
 /// How long a watch fails before the policies using it are told (an Event
@@ -252,11 +252,11 @@ pub struct Waiting(std::sync::Mutex<Option<String>>);
 
 impl Waiting {
     pub fn set(&self, why: Option<String>) {
-        *crate::util::lock(&self.0) = why;
+        *runbook_core::util::lock(&self.0) = why;
     }
 
     pub fn now(&self) -> Option<String> {
-        crate::util::lock(&self.0).clone()
+        runbook_core::util::lock(&self.0).clone()
     }
 
     /// Why start-up is not ready: what it waits for, else `otherwise`.

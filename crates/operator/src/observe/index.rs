@@ -8,8 +8,8 @@ use std::sync::RwLock;
 
 use kube::runtime::watcher::Event;
 
-use crate::observe::{Labels, RawObject};
 use runbook_core::labels::{Requirement, Selector};
+use runbook_core::observe::{Labels, RawObject};
 
 /// (namespace, name).
 pub type ObjKey = (String, String);

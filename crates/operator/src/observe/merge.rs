@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher::{self, Event};
 
-use super::RawObject;
+use runbook_core::observe::RawObject;
 
 pub type WatchResult = Result<Event<RawObject>, watcher::Error>;
 

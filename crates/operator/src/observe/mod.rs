@@ -2,8 +2,6 @@
 //! `runbook_core::observe`, and here the watch caches that fill it, the
 //! views over them, the indexes, discovery and watch health.
 
-pub use runbook_core::observe::*;
-
 pub mod cache;
 pub mod discovery;
 pub mod health;

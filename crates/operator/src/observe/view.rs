@@ -9,11 +9,11 @@ use kube::runtime::reflector::Store;
 
 use super::cache::KindCache;
 use super::index::TargetIndex;
-use crate::observe::RawObject;
-use crate::observe::{CachedObject, ObjectView};
-use crate::util::lock;
 use runbook_core::kinds::KindRef;
 use runbook_core::labels::Selector;
+use runbook_core::observe::RawObject;
+use runbook_core::observe::{CachedObject, ObjectView};
+use runbook_core::util::lock;
 
 /// A target: its kind, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

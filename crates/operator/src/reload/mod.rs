@@ -21,22 +21,23 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::events::{Event as KubeEvent, EventType, EventWriter};
+use crate::events::{Event as KubeEvent, EventWriter};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use runbook_core::script::action::EventType;
 
 use self::sources::BUNDLE_LABEL;
 use crate::admission::policies::{PolicyCheck, Verdict};
-use crate::alert::routes::{ReceiverKind, Target};
 use crate::runtime::Operator;
 use crate::telemetry::Metrics;
-use crate::util::lock;
+use runbook_core::alert::routes::{ReceiverKind, Target};
 use runbook_core::policy::compile::{LoadError, Loaded, load_bundle};
 use runbook_core::policy::{Bundle, Origin, PolicySet};
 use runbook_core::script::ScriptEngine;
+use runbook_core::util::lock;
 
 /// Where bundles come from.
 #[derive(Clone, Debug, Default)]
@@ -344,12 +345,14 @@ impl Reloader {
                                     "Secret {ns}/{} has no key {:?}",
                                     key.name, key.key
                                 )),
-                                Some(url) if crate::alert::routes::has_credentials(url.trim()) => {
+                                Some(url)
+                                    if runbook_core::alert::routes::has_credentials(url.trim()) =>
+                                {
                                     Some(format!(
                                         "Secret {ns}/{} key {:?}: {}",
                                         key.name,
                                         key.key,
-                                        crate::alert::routes::CREDENTIALS_IN_URL
+                                        runbook_core::alert::routes::CREDENTIALS_IN_URL
                                     ))
                                 }
                                 Some(_) => None,

@@ -13,27 +13,27 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
 
-use crate::observe::RawObject;
 use crate::util::channel::{self, Sent};
+use runbook_core::observe::RawObject;
 
 use super::leader::LeaseConfig;
 use crate::act;
-use crate::alert::AlertSink;
 use crate::events::EventWriter;
-use crate::observe::OwnWrites;
 use crate::observe::cache::{Change, Informer};
 use crate::observe::discovery::Resources;
 use crate::observe::health::WatchHealth;
 use crate::observe::view::{Dependencies, Source, Sources, TargetKey, target_ref};
 use crate::telemetry::Metrics;
 use crate::telemetry::journal::Journal;
-use crate::util::lock;
+use runbook_core::alert::AlertSink;
 use runbook_core::clock::Clock;
 use runbook_core::crd::DecisionRecord;
 use runbook_core::kinds::KindRef;
+use runbook_core::observe::OwnWrites;
 use runbook_core::policy::PolicySet;
 use runbook_core::policy::limits::Breaker;
 use runbook_core::script::ScriptEngine;
+use runbook_core::util::lock;
 
 /// How the operator runs.
 #[derive(Clone, Debug)]
@@ -221,7 +221,7 @@ pub(super) struct Memory {
     /// longer is.
     pub written: OwnWrites<TargetKey, (Vec<String>, tokio::time::Instant)>,
     /// Children this process applied that the cache may not show yet.
-    pub applied: act::Applied,
+    pub applied: runbook_core::plan::Applied,
     /// Runbook's state of targets (`RunbookState`) as this process last
     /// wrote it, with the resourceVersion it replaced (`None`: it made
     /// it): used while the cache still shows the state before.
@@ -366,7 +366,7 @@ impl Context {
         }
         let set = self.policies.load_full();
         let targets = lock(&self.running.targets);
-        let alive = |s: &crate::alert::AlertSource| {
+        let alive = |s: &runbook_core::alert::AlertSource| {
             if !set.policies.contains_key(&s.policy) {
                 return false;
             }

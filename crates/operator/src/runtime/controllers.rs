@@ -12,13 +12,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::context::{Context, TargetController};
 use super::reconcile::{error_policy, panic_message, reconcile};
-use crate::observe::RawObject;
 use crate::observe::health::{WatchBackoff, WatchHealth, report_watch};
 use crate::observe::index::TargetIndex;
 use crate::telemetry::Metrics;
 use crate::util::channel;
-use crate::util::lock;
 use runbook_core::kinds::KindRef;
+use runbook_core::observe::RawObject;
+use runbook_core::util::lock;
 
 /// Start the controller of one target kind: its watch, its reflector and
 /// its reconciles. A panic that escapes the controller (anywhere but a

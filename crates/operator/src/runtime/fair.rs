@@ -30,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::telemetry::Metrics;
-use crate::util::lock;
+use runbook_core::util::lock;
 
 /// How much of the operator one policy may take.
 #[derive(Clone, Debug, PartialEq, Eq)]

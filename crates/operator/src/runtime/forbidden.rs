@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::telemetry::Metrics;
-use crate::util::lock;
+use runbook_core::util::lock;
 
 /// How long a refused write keeps the instance unready without being
 /// refused again.

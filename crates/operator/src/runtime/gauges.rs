@@ -38,7 +38,7 @@ impl Context {
                 }
             }
         }
-        let stores: Vec<_> = crate::util::lock(&self.running.targets)
+        let stores: Vec<_> = runbook_core::util::lock(&self.running.targets)
             .iter()
             .map(|(k, t)| (k.clone(), t.store.clone()))
             .collect();

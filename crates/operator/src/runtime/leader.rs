@@ -81,7 +81,7 @@ impl Elector {
     fn expired(&self, lease: &Lease, spec: &LeaseSpec) -> bool {
         let record = lease.metadata.resource_version.clone().unwrap_or_default();
         let now = Instant::now();
-        let mut sighted = crate::util::lock(&self.sighted);
+        let mut sighted = runbook_core::util::lock(&self.sighted);
         let since = match &*sighted {
             Some((seen, at)) if *seen == record => *at,
             _ => {

@@ -15,7 +15,6 @@ use super::context::{Context, Health, Memory, OperatorConfig, Queue, Running, Ta
 use super::controllers::{SUPERVISE_EVERY, spawn_target};
 use super::leader::Elector;
 use crate::act;
-use crate::alert::AlertSink;
 use crate::events::EventWriter;
 use crate::observe::cache::{Change, spawn_informer};
 use crate::observe::discovery::Resources;
@@ -23,11 +22,12 @@ use crate::observe::health::WatchHealth;
 use crate::observe::view::TargetKey;
 use crate::telemetry::Metrics;
 use crate::util::channel;
-use crate::util::lock;
+use runbook_core::alert::AlertSink;
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::policy::PolicySet;
 use runbook_core::script::ScriptEngine;
+use runbook_core::util::lock;
 
 /// How often, and how far apart, start-up asks discovery again for a kind
 /// it does not list (a CRD being established): two seconds in all.
@@ -174,7 +174,7 @@ impl Operator {
         let needs_state = set
             .target_kinds()
             .iter()
-            .any(|k| !crate::act::state::owns_schema(k));
+            .any(|k| !runbook_core::plan::state::owns_schema(k));
         if needs_state {
             kinds.push(state.clone());
         }
@@ -189,7 +189,10 @@ impl Operator {
                 .states_served
                 .store(needs_state && served, Ordering::Release);
         }
-        let built_in_target = set.target_kinds().iter().any(crate::act::state::built_in);
+        let built_in_target = set
+            .target_kinds()
+            .iter()
+            .any(runbook_core::plan::state::built_in);
         if needs_state && !served && !built_in_target {
             if !dry {
                 tracing::warn!(
@@ -210,7 +213,7 @@ impl Operator {
         let state_needed_by_cluster_wide = set
             .policies
             .values()
-            .any(|p| p.tenant.is_none() && !crate::act::state::owns_schema(&p.target));
+            .any(|p| p.tenant.is_none() && !runbook_core::plan::state::owns_schema(&p.target));
         let targets: Vec<KindRef> = missing
             .iter()
             .filter(|k| {
@@ -540,7 +543,7 @@ impl Operator {
             let Some(status) = schemas.status(&self.ctx.client, k).await else {
                 continue;
             };
-            for (what, _) in crate::act::state::unlisted(&status, &p.status) {
+            for (what, _) in runbook_core::plan::state::unlisted(&status, &p.status) {
                 tracing::warn!(policy = %p.id, kind = %k, "the policy declares status {what:?}, which the served schema of {k} does not list: the API server will drop it (add it to the CRD's status properties)");
                 self.ctx
                     .metrics
@@ -956,7 +959,10 @@ fn absent_kinds(p: &runbook_core::policy::CompiledPolicy, missing: &[KindRef]) -
         .cloned()
         .collect();
     let state = super::reconcile::state_kind();
-    if p.tenant.is_some() && missing.contains(&state) && crate::act::state::built_in(&p.target) {
+    if p.tenant.is_some()
+        && missing.contains(&state)
+        && runbook_core::plan::state::built_in(&p.target)
+    {
         absent.push(state);
     }
     absent
@@ -1009,7 +1015,7 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
         // decision did not read (it is what the decision asked for): its
         // owner is not woken for it unless the decision read its children
         // of that kind (it now sees one it did not), only what read it.
-        let child = act::ChildKey::new(&ch.kind, &ch.namespace, &ch.name);
+        let child = runbook_core::plan::ChildKey::new(&ch.kind, &ch.namespace, &ch.name);
         let own_apply = ctx.memory.applied.seen(&child, ch.version.as_deref());
         if own_apply {
             tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is woken only if it read its children");

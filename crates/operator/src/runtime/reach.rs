@@ -32,7 +32,7 @@ impl Reach {
         for p in set.policies.values() {
             let declares = p.target == *kind
                 || p.kinds.declares(kind)
-                || (state && !crate::act::state::owns_schema(&p.target));
+                || (state && !runbook_core::plan::state::owns_schema(&p.target));
             if !declares {
                 continue;
             }

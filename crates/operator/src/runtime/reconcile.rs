@@ -13,17 +13,18 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::context::{Context, Failing, ShadowRecord};
-use crate::act::{self, Acting, Exec};
-use crate::observe::RawObject;
-use crate::observe::discovery::Resolved;
+use crate::act::{self, Exec};
 use crate::observe::view::{TargetKey, Tracking};
 use crate::telemetry::Metrics;
-use crate::util::lock;
 use runbook_core::decide::{self, Observed};
 use runbook_core::failure::{Cause, Failed};
 use runbook_core::kinds::KindRef;
+use runbook_core::observe::RawObject;
+use runbook_core::observe::Resolved;
+use runbook_core::plan::Acting;
 use runbook_core::policy::compile::CompiledPolicy;
 use runbook_core::policy::{self, PolicySet};
+use runbook_core::util::lock;
 
 /// Why a reconcile failed before its policies decided (it is retried with
 /// backoff). A policy's own failure is its decision's (`Outcome::failure`),
@@ -70,16 +71,16 @@ fn finalizer_name(policy: &str) -> String {
     } else {
         runbook_core::names::child_name(
             &policy[..50],
-            &crate::util::hash::short_hex(policy.as_bytes(), 8),
+            &runbook_core::util::hash::short_hex(policy.as_bytes(), 8),
         )
     };
     format!("runbook.dev/{name}")
 }
 
 /// A warning Event on a target.
-fn warning(reason: &str, message: String) -> act::plan::Note {
-    act::plan::Note {
-        type_: crate::events::EventType::Warning,
+fn warning(reason: &str, message: String) -> runbook_core::plan::Note {
+    runbook_core::plan::Note {
+        type_: runbook_core::script::action::EventType::Warning,
         reason: reason.into(),
         message,
     }
@@ -249,7 +250,7 @@ fn timed_decision(
 /// a kind whose schema is not Runbook's, once the server serves the
 /// state's kind.
 fn state_apart(ctx: &Context, key: &TargetKey) -> Option<(String, String)> {
-    (!act::state::owns_schema(&key.kind)
+    (!runbook_core::plan::state::owns_schema(&key.kind)
         && ctx
             .memory
             .states_served
@@ -334,7 +335,7 @@ fn keep_shadow(
     tracing::info!(policy = %p.id, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
     let mut log = lock(&ctx.memory.shadow);
     log.push_back(ShadowRecord {
-        time: crate::util::time::format(now),
+        time: runbook_core::util::time::format(now),
         target: format!("{} {}/{}", key.kind, key.namespace, key.name),
         record: outcome.record.clone(),
     });
@@ -549,13 +550,13 @@ impl Next {
 struct Target<'a> {
     /// The target as decisions see it: with Runbook's state laid over its
     /// status where that state is kept apart.
-    cached: Arc<crate::observe::CachedObject>,
+    cached: Arc<runbook_core::observe::CachedObject>,
     key: &'a TargetKey,
     resolved: Resolved,
     set: Arc<PolicySet>,
     /// Runbook's state of the target, for a kind whose schema is not
     /// Runbook's.
-    apart: Option<act::state::Apart>,
+    apart: Option<runbook_core::plan::state::Apart>,
 }
 
 /// The kind Runbook keeps its state of targets in.
@@ -587,9 +588,9 @@ async fn apart_of(
     ctx: &Context,
     kind: &KindRef,
     key: &TargetKey,
-    target: &crate::observe::CachedObject,
-) -> Result<Option<act::state::Apart>, ReconcileError> {
-    if act::state::owns_schema(kind)
+    target: &runbook_core::observe::CachedObject,
+) -> Result<Option<runbook_core::plan::state::Apart>, ReconcileError> {
+    if runbook_core::plan::state::owns_schema(kind)
         || !ctx
             .memory
             .states_served
@@ -611,7 +612,7 @@ async fn apart_of(
     // that follows the decision labels it for this replica. Not for a
     // target whose own status holds Runbook's records: its kind keeps
     // Runbook's fields there, and it has no state apart.
-    let may_be_apart = act::state::built_in(kind)
+    let may_be_apart = runbook_core::plan::state::built_in(kind)
         || lock(&ctx.memory.pruning).contains(kind)
         || target.value().pointer("/status/decisions").is_none();
     if cached.is_none()
@@ -638,12 +639,13 @@ async fn apart_of(
         .filter(|s| s.pointer("/spec/target/uid").and_then(Value::as_str) == Some(target.uid()));
     // Kept in the status while the kind's status keeps what Runbook
     // writes there, and no state of the target exists apart.
-    let apart =
-        state.is_some() || act::state::built_in(kind) || lock(&ctx.memory.pruning).contains(kind);
+    let apart = state.is_some()
+        || runbook_core::plan::state::built_in(kind)
+        || lock(&ctx.memory.pruning).contains(kind);
     if !apart {
         return Ok(None);
     }
-    Ok(Some(act::state::Apart {
+    Ok(Some(runbook_core::plan::state::Apart {
         namespace,
         name,
         state,
@@ -686,7 +688,7 @@ async fn reconcile_target(
     }
     let set = ctx.policies.load_full();
     let cached = obj.cached();
-    let present = crate::observe::finalizers_of(cached.value());
+    let present = runbook_core::observe::finalizers_of(cached.value());
     // The policies that select the target, and those it has left (its
     // labels or annotations no longer match) still holding their
     // finalizer on it: they finalize it and take the finalizer off.
@@ -724,7 +726,7 @@ async fn reconcile_target(
             })?;
     let apart = apart_of(ctx, kind, key, &cached).await?;
     let cached = match &apart {
-        Some(a) => crate::observe::CachedObject::new(a.overlaid()),
+        Some(a) => runbook_core::observe::CachedObject::new(a.overlaid()),
         None => cached,
     };
     let mut target = Target {
@@ -772,7 +774,7 @@ async fn each_policy(
     leaving: &[String],
     next: &mut Next,
 ) -> Result<Option<Action>, ReconcileError> {
-    let present = crate::observe::finalizers_of(target.cached.value());
+    let present = runbook_core::observe::finalizers_of(target.cached.value());
     for p in policies {
         let ending = deleting || leaving.contains(&p.name);
         let key = target.key;
@@ -825,7 +827,7 @@ async fn one_policy(
     if state_after.is_some() && target.apart.is_none() {
         // Moved apart by this write: the state's place.
         let (namespace, name) = state_location(ctx, &key.kind, key);
-        target.apart = Some(act::state::Apart {
+        target.apart = Some(runbook_core::plan::state::Apart {
             namespace,
             name,
             state: None,
@@ -849,7 +851,7 @@ async fn one_policy(
             .remember(key.clone(), (before, state.clone()));
         apart.state = Some(state);
         if after.is_none() {
-            target.cached = crate::observe::CachedObject::new(apart.overlaid());
+            target.cached = runbook_core::observe::CachedObject::new(apart.overlaid());
         }
     }
     if let Some(after) = after {
@@ -866,9 +868,9 @@ async fn one_policy(
         target.cached = match target.apart.as_mut() {
             Some(apart) => {
                 apart.target = Arc::new(after);
-                crate::observe::CachedObject::new(apart.overlaid())
+                runbook_core::observe::CachedObject::new(apart.overlaid())
             }
-            None => crate::observe::CachedObject::new(after),
+            None => runbook_core::observe::CachedObject::new(after),
         };
     }
     Ok(None)
@@ -1115,7 +1117,7 @@ pub(super) fn error_policy(
 pub fn backoff(base: Duration, max: Duration, attempt: u32, seed: &str) -> Duration {
     let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
     let capped = exp.min(max);
-    let h = crate::util::hash::fnv64(format!("{seed}#{attempt}").as_bytes());
+    let h = runbook_core::util::hash::fnv64(format!("{seed}#{attempt}").as_bytes());
     let jitter = 0.8 + (h % 4001) as f64 / 10_000.0;
     capped.mul_f64(jitter)
 }

@@ -25,7 +25,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::observe::RawObject;
+use runbook_core::observe::RawObject;
 use runbook_core::shard::SHARD_LABEL;
 
 pub(super) type WatchResult = Result<Event<RawObject>, watcher::Error>;

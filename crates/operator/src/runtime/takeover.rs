@@ -30,8 +30,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::members::{Published, View};
-use crate::util::lock;
 use runbook_core::shard::Ring;
+use runbook_core::util::lock;
 
 /// Whether a reconcile may decide for a target, sharded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,8 +22,8 @@ use http::HeaderValue;
 use kube::Client;
 
 use crate::events::EventWriter;
-use crate::util::lock;
 use runbook_core::policy::model::PodsSpec;
+use runbook_core::util::lock;
 
 pub use crate::rbac::DEFAULT_TENANT_ACCOUNT as DEFAULT_ACCOUNT;
 

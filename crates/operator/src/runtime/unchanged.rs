@@ -23,13 +23,13 @@ use std::sync::{Arc, Mutex};
 use jiff::Timestamp;
 use serde_json::Value;
 
-use crate::act::Acting;
 use crate::observe::view::TargetKey;
-use crate::util::lock;
 use runbook_core::decide::Decision;
+use runbook_core::plan::Acting;
 use runbook_core::policy::compile::{Body, CompiledPolicy};
 use runbook_core::policy::limits::Verb;
 use runbook_core::script::obj::TargetReads;
+use runbook_core::util::lock;
 
 /// What a decision of one policy on one target is remembered by: a
 /// reconcile whose memo equals the last decision's would decide the same,
@@ -102,7 +102,7 @@ pub(super) fn effects(d: &Decision) -> String {
 /// A 64-bit hash of a name, a version or a target.
 fn hash_of(x: &(impl std::hash::Hash + ?Sized)) -> u64 {
     use std::hash::Hasher;
-    let mut h = crate::util::hash::Fnv64::default();
+    let mut h = runbook_core::util::hash::Fnv64::default();
     x.hash(&mut h);
     h.finish()
 }

@@ -5,8 +5,8 @@
 
 use std::sync::Mutex;
 
-use crate::util::lock;
 use jiff::Timestamp;
+use runbook_core::util::lock;
 use serde::Serialize;
 use serde_json::Value;
 

@@ -1,8 +1,6 @@
 //! The shared pieces of `runbook_core::util`, and here those that need the
 //! API client or the async runtime.
 
-pub use runbook_core::util::*;
-
 pub mod channel;
 
 /// An API error as a person reads it, on one line: the server's message,

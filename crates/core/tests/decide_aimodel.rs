@@ -5,10 +5,11 @@
 // the workspace's unwrap and function-length lints are for the product.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::*;
-use runbook::script::Action;
+use runbook_core::script::Action;
 use serde_json::{Value, json};
 
 fn model(spec: Value) -> Value {
@@ -20,7 +21,7 @@ fn model(spec: Value) -> Value {
     })
 }
 
-fn events(d: &runbook::decide::Decision) -> Vec<String> {
+fn events(d: &runbook_core::decide::Decision) -> Vec<String> {
     d.actions
         .iter()
         .filter_map(|p| match &p.action {

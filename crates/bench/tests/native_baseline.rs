@@ -5,8 +5,8 @@
 // the workspace's unwrap and function-length lints are for the product.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
-use runbook::bench::decision::Setup;
-use runbook::script::Action;
+use runbook_bench::decision::Setup;
+use runbook_core::script::Action;
 
 fn scripted_actions(s: &Setup) -> Vec<String> {
     let d = s.scripted();
@@ -33,7 +33,7 @@ fn native_actions(s: &Setup) -> Vec<String> {
 #[test]
 fn both_roll_back_on_a_low_score_with_the_same_actions() {
     let s = Setup::new(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies"),
         0.72,
     );
     let native = native_actions(&s);
@@ -47,7 +47,7 @@ fn both_roll_back_on_a_low_score_with_the_same_actions() {
 #[test]
 fn both_pass_a_high_score_with_the_same_actions() {
     let s = Setup::new(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies"),
         0.93,
     );
     let native = native_actions(&s);

@@ -8,10 +8,10 @@
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use runbook::sandbox::Sandbox;
+use runbook_sandbox::Sandbox;
 use serde_json::{Value, json};
 
-#[path = "support/rng.rs"]
+#[path = "../../../tests/support/rng.rs"]
 mod rng;
 use rng::Rng;
 
