@@ -167,18 +167,27 @@ fn the_architecture_names_every_runtime_module() {
     let architecture = read(&root().join("docs/architecture.md"));
     let dir = root().join("crates/operator/src/runtime");
     let mut missing = Vec::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = match path.extension().and_then(|e| e.to_str()) {
-            Some("rs") => path.file_stem().unwrap().to_string_lossy().to_string(),
-            _ if path.is_dir() => path.file_name().unwrap().to_string_lossy().to_string(),
-            _ => continue,
-        };
-        if name != "mod"
-            && !architecture.contains(&format!("`{name}`"))
-            && !architecture.contains(&format!("`runtime::{name}`"))
-        {
-            missing.push(name);
+    // The runtime's modules and, one level down, those of its folders
+    // (`shard/`).
+    let mut dirs = vec![dir];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = match path.extension().and_then(|e| e.to_str()) {
+                Some("rs") => path.file_stem().unwrap().to_string_lossy().to_string(),
+                _ if path.is_dir() => {
+                    dirs.push(path.clone());
+                    path.file_name().unwrap().to_string_lossy().to_string()
+                }
+                _ => continue,
+            };
+            if name != "mod"
+                && !architecture.contains(&format!("`{name}`"))
+                && !architecture.contains(&format!("`runtime::{name}`"))
+                && !architecture.contains(&format!("`runtime::shard::{name}`"))
+            {
+                missing.push(name);
+            }
         }
     }
     assert!(

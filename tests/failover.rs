@@ -399,7 +399,7 @@ async fn health_is_served_while_start_up_waits_for_the_api_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_of_a_ring_see_who_is_live() {
     use runbook_operator::runtime::leader::{Elector, LeaseConfig};
-    use runbook_operator::runtime::members::{Members, member_lease};
+    use runbook_operator::runtime::shard::{Members, member_lease};
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
     let c = Cluster::new("members").await;
@@ -567,7 +567,7 @@ async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
     use kube::api::{Patch, PatchParams, PostParams};
     use runbook_core::shard::SHARD_LABEL;
     use runbook_operator::runtime::leader::{Elector, LeaseConfig};
-    use runbook_operator::runtime::members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
+    use runbook_operator::runtime::shard::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let c = Cluster::new("shardgone").await;

@@ -574,7 +574,7 @@ const WRITERS: &[(&str, &str)] = &[
     ),
     ("crates/operator/src/runtime/leader.rs", "the leader Lease"),
     (
-        "crates/operator/src/runtime/assign.rs",
+        "crates/operator/src/runtime/shard/assign.rs",
         "the shard labels that place targets on replicas, and the ring it publishes",
     ),
     (

@@ -567,7 +567,7 @@ fn check_leases(args: &RunArgs) -> anyhow::Result<()> {
             "--shards needs leader election (--leader-elect=true): replicas share targets through Leases"
         );
         let id = identity(args);
-        if let Err(why) = runbook_operator::runtime::shard_identity(&id) {
+        if let Err(why) = runbook_operator::runtime::shard::shard_identity(&id) {
             anyhow::bail!("--shards: {why}; give --identity");
         }
     }

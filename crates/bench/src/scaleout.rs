@@ -23,8 +23,9 @@ use serde_json::json;
 
 use super::operator::{item, item_crd, item_resource};
 use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
+use runbook_operator::runtime::OperatorConfig;
 use runbook_operator::runtime::leader::LeaseConfig;
-use runbook_operator::runtime::{OperatorConfig, none_match};
+use runbook_operator::runtime::shard::none_match;
 use runbook_operator::telemetry::journal::{Entry, Journal};
 
 /// The namespaces of the run: one replica's, the shared targets', and an

@@ -174,7 +174,7 @@ pub(super) struct Running {
     pub informers: Mutex<HashMap<KindRef, Arc<Informer>>>,
     pub targets: Mutex<HashMap<KindRef, TargetController>>,
     /// Sharded: what this replica knows of the ring.
-    pub placement: super::takeover::Placement,
+    pub placement: super::shard::Placement,
     /// Told when a target controller's task ends, so the supervisor
     /// looks at once instead of polling (a simulated week has no
     /// idle wake-ups).

@@ -53,7 +53,7 @@ pub(super) fn spawn_target(
     let index = Arc::new(TargetIndex::default());
     // Sharded, only this replica's own targets; those of gone members
     // by a watch beside it (`shares`).
-    let watch = super::assign::watch_selector(ctx, selector.as_deref());
+    let watch = super::shard::watch_selector(ctx, selector.as_deref());
     let config = crate::observe::cache::watch_config(
         watch.as_deref(),
         ctx.config.shards,
@@ -62,7 +62,7 @@ pub(super) fn spawn_target(
     let health = ctx.health.watches.clone();
     let own = watched_all(&health, &apis, &ar, &config);
     let events = match ctx.config.shards {
-        true => super::shares::Shares::new(super::shares::Parts {
+        true => super::shard::Shares::new(super::shard::Parts {
             me: ctx.config.identity.clone(),
             kind: k.to_string(),
             own,
@@ -143,7 +143,7 @@ fn watched_all(
     apis: &[(Api<RawObject>, String)],
     ar: &kube::core::ApiResource,
     config: &watcher::Config,
-) -> super::shares::Watch {
+) -> super::shard::Watch {
     crate::observe::merge::merged(
         apis.iter()
             .map(|(api, name)| {
@@ -184,7 +184,7 @@ fn gone_watch(
     apis: Vec<(Api<RawObject>, String)>,
     ar: &kube::core::ApiResource,
     selector: Option<String>,
-) -> super::shares::StartGone {
+) -> super::shard::StartGone {
     let (health, ar) = (ctx.health.watches.clone(), ar.clone());
     let timeout = ctx.config.watch_timeout_secs;
     let apis: Vec<(Api<RawObject>, String)> = apis
@@ -198,7 +198,7 @@ fn gone_watch(
             }
             return None;
         }
-        let selector = super::assign::gone_selector(selector.as_deref(), labels);
+        let selector = super::shard::gone_selector(selector.as_deref(), labels);
         let config = crate::observe::cache::watch_config(Some(&selector), true, timeout);
         let watches: Vec<_> = apis
             .iter()
@@ -220,7 +220,7 @@ fn gone_watch(
 
 /// Sharded, whether the published ring places a gone member's target of
 /// a kind on this replica (`shares` holds only those).
-fn places_here(ctx: &Arc<Context>, k: &KindRef) -> super::shares::PlacesHere {
+fn places_here(ctx: &Arc<Context>, k: &KindRef) -> super::shard::PlacesHere {
     let (ctx, k) = (ctx.clone(), k.clone());
     Box::new(move |o: &RawObject| {
         let key = || {

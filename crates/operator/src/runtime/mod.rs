@@ -4,24 +4,20 @@
 //! that is `decide`'s, and every write is `act`'s.
 
 pub mod access;
-mod assign;
 mod context;
 mod controllers;
 pub mod fair;
 pub mod forbidden;
 mod gauges;
 pub mod leader;
-pub mod members;
 pub mod operator;
 mod reach;
 mod reconcile;
 pub mod rediscover;
-mod shares;
-pub mod takeover;
+pub mod shard;
 pub mod tenants;
 mod unchanged;
 pub mod webhook;
-pub use assign::{none_match, shard_identity};
 pub use context::{Context, Health, OperatorConfig, SetAside, ShadowRecord};
 pub use operator::{Operator, StartError};
 pub use reconcile::{ReconcileError, backoff};

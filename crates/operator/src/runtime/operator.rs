@@ -321,7 +321,7 @@ impl Operator {
         let mut informers = lock(&self.ctx.running.informers);
         // Sharded, the kinds that are only ever children are cached for
         // this replica's share only (a child carries its target's label).
-        let selector = |k: &KindRef| super::assign::children_selector(&self.ctx, set, k);
+        let selector = |k: &KindRef| super::shard::children_selector(&self.ctx, set, k);
         let reach = |k: &KindRef| super::reach::Reach::of(&self.ctx, set, k);
         // A kind every policy declaring it reads by name only is watched
         // by those names alone.
@@ -415,7 +415,7 @@ impl Operator {
                 .iter()
                 .filter(|(k, t)| {
                     let watch =
-                        super::assign::watch_selector(&self.ctx, set.watch_selector(k).as_deref());
+                        super::shard::watch_selector(&self.ctx, set.watch_selector(k).as_deref());
                     let reach = super::reach::Reach::of(&self.ctx, set, k);
                     let namespaced = self.ctx.resources.served_as(k).1;
                     let namespaces = if namespaced {
@@ -507,9 +507,9 @@ impl Operator {
             }
             Some(lease) => {
                 let own = if self.ctx.config.shards {
-                    let task = tokio::spawn(super::assign::run(self.ctx.clone(), lease.clone()));
+                    let task = tokio::spawn(super::shard::run(self.ctx.clone(), lease.clone()));
                     lock(&self.tasks).push(task);
-                    super::members::member_lease(&lease)
+                    super::shard::member_lease(&lease)
                 } else {
                     lease
                 };

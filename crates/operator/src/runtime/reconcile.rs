@@ -377,7 +377,7 @@ pub(super) async fn reconcile(
     tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, "reconcile");
     // Sharded: a target moving away, or not this replica's, is left.
     if let Some(action) =
-        super::assign::admit(&ctx, &kind, &key.namespace, &key.name, &obj.labels).await
+        super::shard::admit(&ctx, &kind, &key.namespace, &key.name, &obj.labels).await
     {
         tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, ?action, "not decided here");
         return Ok(action);

@@ -28,16 +28,16 @@ use tokio::time::Instant;
 use runbook_core::observe::RawObject;
 use runbook_core::shard::SHARD_LABEL;
 
-pub(super) type WatchResult = Result<Event<RawObject>, watcher::Error>;
-pub(super) type Watch = BoxStream<'static, WatchResult>;
+pub(crate) type WatchResult = Result<Event<RawObject>, watcher::Error>;
+pub(crate) type Watch = BoxStream<'static, WatchResult>;
 
 /// Starts the watch of the given gone members' labels; `None` for none
 /// (the last one's health is cleared then).
-pub(super) type StartGone = Box<dyn Fn(&BTreeSet<String>) -> Option<Watch> + Send>;
+pub(crate) type StartGone = Box<dyn Fn(&BTreeSet<String>) -> Option<Watch> + Send>;
 
 /// Whether the published ring places a gone member's target on this
 /// replica (`takeover::Placement::places_here`).
-pub(super) type PlacesHere = Box<dyn Fn(&RawObject) -> bool + Send>;
+pub(crate) type PlacesHere = Box<dyn Fn(&RawObject) -> bool + Send>;
 
 /// Where an object is held in the store from: the shard label it carries.
 fn label(o: &RawObject) -> Option<&str> {
@@ -64,7 +64,7 @@ struct GoneList {
 }
 
 /// The merged watch; see the module's documentation.
-pub(super) struct Shares {
+pub(crate) struct Shares {
     me: String,
     kind: String,
     own: Watch,
@@ -94,7 +94,7 @@ pub(super) struct Shares {
 }
 
 /// What a sharded replica's watch of a kind is made of.
-pub(super) struct Parts {
+pub(crate) struct Parts {
     /// This replica's identity.
     pub me: String,
     /// The kind, for logs.
@@ -113,7 +113,7 @@ pub(super) struct Parts {
 }
 
 impl Shares {
-    pub(super) fn new(parts: Parts) -> Self {
+    pub(crate) fn new(parts: Parts) -> Self {
         let Parts {
             me,
             kind,
@@ -145,7 +145,7 @@ impl Shares {
 
     /// The merged events, one at a time: the reflector applies each
     /// before the next is made, so the store is looked at as it is.
-    pub(super) fn into_stream(self) -> impl Stream<Item = WatchResult> + Send + 'static {
+    pub(crate) fn into_stream(self) -> impl Stream<Item = WatchResult> + Send + 'static {
         futures::stream::unfold(self, |mut s| async move {
             let next = s.next().await?;
             Some((next, s))

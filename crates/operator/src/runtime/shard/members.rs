@@ -22,7 +22,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio::time::Instant;
 
-use super::leader::{LeaseConfig, expires_after, look_every};
+use crate::runtime::leader::{LeaseConfig, expires_after, look_every};
 use runbook_core::shard::Ring;
 
 /// The name of a member's Lease in ring `ring`.

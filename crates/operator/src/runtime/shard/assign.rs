@@ -30,10 +30,10 @@ use kube::runtime::controller::Action;
 use runbook_core::observe::Labels;
 use serde_json::json;
 
-use super::context::Context;
-use super::leader::{Elector, LeaseConfig, look_every};
 use super::members::{Members, Published, published_name};
 use super::takeover::{Gate, Joining, next_ring};
+use crate::runtime::context::Context;
+use crate::runtime::leader::{Elector, LeaseConfig, look_every};
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
 use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
@@ -138,7 +138,7 @@ fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObj
 /// to another replica is let go, undecided; otherwise only its own
 /// targets and those of gone members the published ring places here are
 /// decided (`takeover`).
-pub(super) async fn admit(
+pub(crate) async fn admit(
     ctx: &Context,
     kind: &KindRef,
     namespace: &str,
@@ -196,9 +196,14 @@ async fn let_go(
     }
 }
 
-/// What the assigner keeps from one look at the members to the next.
-#[derive(Default)]
+/// The assigner's state machine: what it keeps from one look at the
+/// members to the next. It does no I/O and reads no clock: `run` steps it
+/// with each look (`look`), the ring it published (`published`) and the
+/// end of a placing (`placed`), passing the time in.
+#[derive(Debug)]
 struct Assigner {
+    /// The ring members' lease duration.
+    lease: Duration,
     /// The ring placed by the last full or new pass.
     last: Option<Ring>,
     looks: u32,
@@ -208,16 +213,147 @@ struct Assigner {
     none_gone: Option<Instant>,
     /// Since when the gone members published are these.
     gone_since: Option<(BTreeSet<String>, Instant)>,
-    /// The placing under way (labels are written while the members are
+    /// Whether a member joined within the last `settle` at the last look.
+    settling: bool,
+    /// A placing is under way (labels are written while the members are
     /// looked at).
-    placing: Option<tokio::task::JoinHandle<BTreeSet<String>>>,
+    placing: bool,
     /// The gone members the last placing found all placed.
     cleared: BTreeSet<String>,
 }
 
+/// What one turn places, once the ring is published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Place {
+    ring: Ring,
+    pass: Pass,
+    /// The gone members whose targets this placing takes.
+    gone: BTreeSet<String>,
+    /// The ring differs from the one placed last (worth a log line).
+    changed: bool,
+}
+
+impl Assigner {
+    fn new(lease: Duration) -> Self {
+        Self {
+            lease,
+            last: None,
+            looks: 0,
+            joined: HashMap::new(),
+            none_gone: None,
+            gone_since: None,
+            settling: false,
+            placing: false,
+            cleared: BTreeSet::new(),
+        }
+    }
+
+    /// A look at the members at `now`: `live` by this replica's clock,
+    /// the ring `published`, and whether this replica holds the ring's
+    /// Lease. Returns the ring to publish next, on the assigner only; a
+    /// replica that is not (or no longer) the assigner forgets the ring it
+    /// placed, so that when it assigns again it places every target.
+    fn look(
+        &mut self,
+        live: &BTreeSet<String>,
+        published: &Published,
+        assigning: bool,
+        now: Instant,
+    ) -> Option<Published> {
+        self.joined.retain(|m, _| live.contains(m));
+        for m in live {
+            self.joined.entry(m.clone()).or_insert(now);
+        }
+        if !assigning {
+            self.last = None;
+            self.none_gone = None;
+            return None;
+        }
+        if published.gone.is_empty() {
+            self.none_gone.get_or_insert(now);
+        } else {
+            self.none_gone = None;
+        }
+        // Replicas that start together join one after another, and none
+        // joins while a member's targets are decided as a gone member's.
+        // A replica's look at the members serves it for a lease duration
+        // (see `takeover::gate`), so none joins until a lease duration
+        // after the last gone member's targets were all placed: no look
+        // that still counts a member gone is used once it is back.
+        let settle = settle(self.lease);
+        self.settling = self
+            .joined
+            .values()
+            .any(|t| now.saturating_duration_since(*t) < settle);
+        let quiet = self
+            .none_gone
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.lease);
+        let joining = Joining {
+            settled: !self.settling,
+            quiet,
+        };
+        Some(next_ring(published, live, &self.cleared, joining))
+    }
+
+    /// The ring `next` is published (after a `look`): what to place now,
+    /// if anything. Nothing while a placing is under way, while the gone
+    /// members' targets wait (`relabel_later`), or with nobody in the
+    /// ring.
+    fn published(&mut self, next: &Published, now: Instant) -> Option<Place> {
+        self.cleared.clear();
+        if self.placing || relabel_later(&mut self.gone_since, &next.gone, self.lease, now) {
+            return None;
+        }
+        let ring = match self.last.as_ref() {
+            Some(r) if r.members().iter().eq(next.members.iter()) => r.clone(),
+            _ => next.ring(),
+        };
+        if ring.is_empty() {
+            self.last = None;
+            return None;
+        }
+        let pass = self.pass(&ring);
+        let changed = self.last.as_ref() != Some(&ring);
+        if pass != Pass::Gone {
+            self.last = Some(ring.clone());
+        }
+        self.placing = true;
+        Some(Place {
+            ring,
+            pass,
+            gone: next.gone.clone(),
+            changed,
+        })
+    }
+
+    /// The placing under way ended, finding the targets of `cleared` (gone
+    /// members) all placed elsewhere: the next ring published drops them.
+    fn placed(&mut self, cleared: BTreeSet<String>) {
+        self.placing = false;
+        self.cleared = cleared;
+    }
+
+    /// Which targets this turn places. While one has just joined, only a
+    /// gone member's, so that start-up does not give everything to the
+    /// first and then move most of it; otherwise every target when the
+    /// ring changed (and every [`FULL_EVERY`] looks), else the new ones.
+    fn pass(&mut self, now: &Ring) -> Pass {
+        if self.settling {
+            return Pass::Gone;
+        }
+        self.looks += 1;
+        if self.last.as_ref() != Some(now) || self.looks.is_multiple_of(FULL_EVERY) {
+            Pass::Full
+        } else {
+            Pass::New
+        }
+    }
+}
+
 /// Run the assigner while this replica holds the ring's Lease, until the
 /// operator stops. Every replica looks at the members here, for its own
-/// view of them (`takeover`) and its alerts.
+/// view of them (`takeover`) and its alerts. This is the I/O around
+/// [`Assigner`]: read the members, publish the ring, place the targets.
 pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let assigning = Arc::new(AtomicBool::new(false));
     let (changed, _) = tokio::sync::watch::channel(false);
@@ -225,7 +361,8 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let election = tokio::spawn(elector.run(assigning.clone(), changed, ctx.stop.clone()));
     let mut members = Members::new(ctx.client.clone(), &ring);
     let mut stop = ctx.stop.clone();
-    let mut state = Assigner::default();
+    let mut state = Assigner::new(ring.duration);
+    let mut placing: Option<tokio::task::JoinHandle<BTreeSet<String>>> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(members.poll()) => {}
@@ -241,27 +378,37 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
                 continue;
             }
         };
-        let (live, published) = (view.live.clone(), view.published.clone());
+        let (live, published) = (
+            view.live.clone(),
+            view.published.clone().unwrap_or_default(),
+        );
         if ctx.running.placement.observe(view) {
             tracing::info!(gone = ?ctx.running.placement.watched(), "deciding for the targets of members gone, as the published ring places them");
         }
-        let seen = Instant::now();
-        state.joined.retain(|m, _| live.contains(m));
-        for m in &live {
-            state.joined.entry(m.clone()).or_insert(seen);
-        }
         let assigner = assigning.load(Ordering::Acquire);
         gather_alerts(&ctx, assigner, &live).await;
-        if !assigner {
-            state.last = None;
-            state.none_gone = None;
-            continue;
+        if assigner
+            && placing.as_ref().is_some_and(|p| p.is_finished())
+            && let Some(done) = placing.take()
+        {
+            state.placed(done.await.unwrap_or_default());
         }
-        state
-            .turn(&ctx, &ring, published.unwrap_or_default(), live, seen)
-            .await;
+        let Some(next) = state.look(&live, &published, assigner, Instant::now()) else {
+            continue;
+        };
+        let next = match publish(&ctx, &ring, &published, next).await {
+            Ok(next) => next,
+            Err(e) => {
+                let e = crate::util::api_error(&e);
+                tracing::warn!("publishing the ring of replicas: {e}");
+                continue;
+            }
+        };
+        if let Some(place) = state.published(&next, Instant::now()) {
+            placing = Some(tokio::spawn(place_all(ctx.clone(), place, live)));
+        }
     }
-    if let Some(p) = state.placing {
+    if let Some(p) = placing {
         p.abort();
     }
     // Stopped: another replica notifies from now on.
@@ -269,100 +416,19 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let _ = election.await;
 }
 
-impl Assigner {
-    /// One look of the assigner at the members (`live`, and the ring
-    /// `published`): publish the next ring, and place the targets.
-    async fn turn(
-        &mut self,
-        ctx: &Arc<Context>,
-        ring: &LeaseConfig,
-        published: Published,
-        live: BTreeSet<String>,
-        seen: Instant,
-    ) {
-        if published.gone.is_empty() {
-            self.none_gone.get_or_insert(seen);
-        } else {
-            self.none_gone = None;
-        }
-        // Replicas that start together join one after another, and none
-        // joins while a member's targets are decided as a gone member's.
-        // A replica's look at the members serves it for a lease duration
-        // (see `takeover::gate`), so none joins until a lease duration
-        // after the last gone member's targets were all placed: no look
-        // that still counts a member gone is used once it is back.
-        let settling = self
-            .joined
-            .values()
-            .any(|t| t.elapsed() < settle(ring.duration));
-        let quiet = self.none_gone.is_some_and(|t| t.elapsed() >= ring.duration);
-        if self.placing.as_ref().is_some_and(|p| p.is_finished())
-            && let Some(done) = self.placing.take()
-        {
-            self.cleared = done.await.unwrap_or_default();
-        }
-        let joining = Joining {
-            settled: !settling,
-            quiet,
-        };
-        let next = next_ring(&published, &live, &self.cleared, joining);
-        let next = match publish(ctx, ring, &published, next).await {
-            Ok(next) => next,
-            Err(e) => {
-                tracing::warn!(
-                    "publishing the ring of replicas: {}",
-                    crate::util::api_error(&e)
-                );
-                return;
-            }
-        };
-        self.cleared.clear();
-        if self.placing.is_some() || relabel_later(&mut self.gone_since, &next.gone, ring.duration)
-        {
-            return;
-        }
-        let now = match self.last.as_ref() {
-            Some(r) if r.members().iter().eq(next.members.iter()) => r.clone(),
-            _ => next.ring(),
-        };
-        if now.is_empty() {
-            self.last = None;
-            return;
-        }
-        let pass = self.pass(settling, &now);
-        if pass != Pass::Gone && self.last.as_ref() != Some(&now) {
-            tracing::info!(members = ?now.members(), "the ring of replicas");
-        }
-        let (ctx2, ring_now, gone) = (ctx.clone(), now.clone(), next.gone.clone());
-        self.placing = Some(tokio::spawn(async move {
-            for kind in ctx2.policies.load().target_kinds() {
-                if let Err(e) = place(&ctx2, &kind, &ring_now, &live, pass, !gone.is_empty()).await
-                {
-                    tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
-                }
-            }
-            all_placed(&ctx2, &gone).await
-        }));
-        if pass != Pass::Gone {
-            self.last = Some(now);
+/// Place every target kind's targets as `place` says; returns the gone
+/// members whose targets are all placed elsewhere now.
+async fn place_all(ctx: Arc<Context>, place: Place, live: BTreeSet<String>) -> BTreeSet<String> {
+    if place.changed && place.pass != Pass::Gone {
+        tracing::info!(members = ?place.ring.members(), "the ring of replicas");
+    }
+    let gone = !place.gone.is_empty();
+    for kind in ctx.policies.load().target_kinds() {
+        if let Err(e) = self::place(&ctx, &kind, &place.ring, &live, place.pass, gone).await {
+            tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
         }
     }
-
-    /// Which targets this turn places. While one has just joined, only a
-    /// gone member's, so that start-up does not give everything to the
-    /// first and then move most of it; otherwise every target when the
-    /// ring changed (and every [`FULL_EVERY`] looks), else the new ones.
-    fn pass(&mut self, settling: bool, now: &Ring) -> Pass {
-        if settling {
-            return Pass::Gone;
-        }
-        self.looks += 1;
-        if self.last.as_ref() != Some(now) || self.looks.is_multiple_of(FULL_EVERY) {
-            Pass::Full
-        } else {
-            Pass::New
-        }
-    }
+    all_placed(&ctx, &place.gone).await
 }
 
 /// Whether the targets of members just counted gone are labelled for
@@ -376,6 +442,7 @@ fn relabel_later(
     since: &mut Option<(BTreeSet<String>, Instant)>,
     gone: &BTreeSet<String>,
     lease: Duration,
+    now: Instant,
 ) -> bool {
     if gone.is_empty() {
         *since = None;
@@ -386,10 +453,10 @@ fn relabel_later(
         // they have been gone.
         Some((g, t)) if gone.is_subset(g) => {
             *g = gone.clone();
-            t.elapsed() < lease
+            now.saturating_duration_since(*t) < lease
         }
         _ => {
-            *since = Some((gone.clone(), Instant::now()));
+            *since = Some((gone.clone(), now));
             true
         }
     }
@@ -685,25 +752,216 @@ mod tests {
         }
     }
 
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
     #[test]
     fn a_gone_members_targets_are_relabelled_a_lease_after_it_is_gone() {
         let lease = Duration::from_millis(300);
-        let gone = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut since = None;
-        assert!(!relabel_later(&mut since, &gone(&[]), lease));
-        assert!(relabel_later(&mut since, &gone(&["g"]), lease));
-        assert!(relabel_later(&mut since, &gone(&["g"]), lease));
-        std::thread::sleep(lease);
-        assert!(!relabel_later(&mut since, &gone(&["g"]), lease));
+        assert!(!relabel_later(&mut since, &set(&[]), lease, at(0)));
+        assert!(relabel_later(&mut since, &set(&["g"]), lease, at(0)));
+        assert!(relabel_later(&mut since, &set(&["g"]), lease, at(299)));
+        assert!(!relabel_later(&mut since, &set(&["g"]), lease, at(300)));
         // Another gone: its targets wait a lease too.
-        assert!(relabel_later(&mut since, &gone(&["g", "h"]), lease));
+        assert!(relabel_later(&mut since, &set(&["g", "h"]), lease, at(310)));
         // g's are all placed: h's still wait.
-        assert!(relabel_later(&mut since, &gone(&["h"]), lease));
-        std::thread::sleep(lease);
-        assert!(!relabel_later(&mut since, &gone(&["h"]), lease));
+        assert!(relabel_later(&mut since, &set(&["h"]), lease, at(400)));
+        assert!(!relabel_later(&mut since, &set(&["h"]), lease, at(610)));
         // Nobody gone: nothing waits, and the next one gone waits anew.
-        assert!(!relabel_later(&mut since, &gone(&[]), lease));
-        assert!(relabel_later(&mut since, &gone(&["h"]), lease));
+        assert!(!relabel_later(&mut since, &set(&[]), lease, at(620)));
+        assert!(relabel_later(&mut since, &set(&["h"]), lease, at(630)));
+    }
+
+    /// The assigner's state machine, stepped as `run` steps it: a look at
+    /// the members, the ring published, what to place.
+    struct Steps {
+        a: Assigner,
+        t0: Instant,
+        published: Published,
+    }
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    impl Steps {
+        fn new() -> Self {
+            Self {
+                a: Assigner::new(LEASE),
+                t0: Instant::now(),
+                published: Published::default(),
+            }
+        }
+
+        /// One turn at `ms` with these members live, as the assigner:
+        /// what it publishes and places (the publish succeeds).
+        fn turn(&mut self, ms: u64, live: &[&str]) -> Option<Place> {
+            let now = self.t0 + Duration::from_millis(ms);
+            let next = self.a.look(&set(live), &self.published, true, now)?;
+            self.published = next.clone();
+            self.a.published(&next, now)
+        }
+
+        /// A turn whose placing ends at once, finding these gone members'
+        /// targets all placed.
+        fn turn_placed(&mut self, ms: u64, live: &[&str], cleared: &[&str]) -> Option<Place> {
+            let place = self.turn(ms, live);
+            if place.is_some() {
+                self.a.placed(set(cleared));
+            }
+            place
+        }
+    }
+
+    #[test]
+    fn replicas_starting_together_join_once_settled_and_then_everything_is_placed() {
+        let mut s = Steps::new();
+        // The first members wait until those starting with them have been
+        // seen (`settle`: a fifth of the lease, here 2 s): nobody is in the
+        // ring yet, and nothing is placed.
+        assert!(s.turn_placed(0, &["a", "b"], &[]).is_none());
+        assert!(s.turn_placed(1_000, &["a", "b", "c"], &[]).is_none());
+        assert!(s.published.members.is_empty());
+        // c, seen last, has settled: the three join at once, and the
+        // new ring places every target.
+        let p = s.turn_placed(3_000, &["a", "b", "c"], &[]).unwrap();
+        assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        assert_eq!((p.pass, p.changed), (Pass::Full, true));
+        // A fourth starting later joins only once settled and quiet, and
+        // while it settles, only gone members' targets are placed.
+        let p = s.turn_placed(4_000, &["a", "b", "c", "d"], &[]).unwrap();
+        assert_eq!(p.pass, Pass::Gone);
+        assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        assert!(s.turn_placed(5_000, &["a", "b", "c"], &[]).is_some());
+        let p = s.turn_placed(13_000, &["a", "b", "c", "d"], &[]).unwrap();
+        assert_eq!(p.pass, Pass::Gone);
+        s.turn_placed(15_000, &["a", "b", "c", "d"], &[]);
+        assert_eq!(s.published.members, set(&["a", "b", "c", "d"]));
+        // The same ring next: only new targets, with a full pass every
+        // FULL_EVERY looks.
+        let four = ["a", "b", "c", "d"];
+        let p = s.turn_placed(16_000, &four, &[]).unwrap();
+        assert_eq!((p.pass, p.changed), (Pass::New, false));
+        let passes: Vec<Pass> = (0..FULL_EVERY as u64)
+            .filter_map(|i| s.turn_placed(17_000 + i, &four, &[]))
+            .map(|p| p.pass)
+            .collect();
+        assert_eq!(passes.iter().filter(|p| **p == Pass::Full).count(), 1);
+    }
+
+    #[test]
+    fn a_member_gone_is_relabelled_a_lease_later_and_dropped_once_all_placed() {
+        let mut s = Steps::new();
+        s.turn_placed(0, &["a", "b"], &[]);
+        s.turn_placed(20_000, &["a", "b"], &[]);
+        // b stops renewing: published gone at once, its targets placed a
+        // lease later (others decide for them meanwhile).
+        assert!(s.turn_placed(21_000, &["a"], &[]).is_none());
+        assert_eq!(
+            (s.published.members.clone(), s.published.gone.clone()),
+            (set(&["a"]), set(&["b"]))
+        );
+        assert!(s.turn_placed(30_000, &["a"], &[]).is_none());
+        let p = s.turn(31_000, &["a"]).unwrap();
+        assert_eq!((p.pass, p.gone.clone()), (Pass::Full, set(&["b"])));
+        // The drain under way: nothing else is placed until it ends.
+        assert!(s.turn(32_000, &["a"]).is_none());
+        assert!(s.turn(33_000, &["a"]).is_none());
+        // It ends with b's targets all placed: b leaves the published gone.
+        s.a.placed(set(&["b"]));
+        s.turn(34_000, &["a"]);
+        assert!(s.published.gone.is_empty(), "{:?}", s.published);
+    }
+
+    #[test]
+    fn a_drain_that_never_completes_keeps_the_member_gone_and_places_again() {
+        let mut s = Steps::new();
+        s.turn_placed(0, &["a", "b"], &[]);
+        s.turn_placed(20_000, &["a", "b"], &[]);
+        s.turn_placed(21_000, &["a"], &[]);
+        // Each placing ends with some of b's targets still labelled b (a
+        // write refused, say): b stays gone, the next turn places again,
+        // and nobody joins meanwhile.
+        for i in 0..5u64 {
+            let p = s.turn_placed(31_000 + i * 1_000, &["a", "c"], &[]).unwrap();
+            assert_eq!(p.gone, set(&["b"]));
+            assert_eq!(
+                s.published.members,
+                set(&["a"]),
+                "none joins while b is gone"
+            );
+        }
+        // Once they are all placed, b leaves the gone; c joins a lease
+        // after a ring with nobody gone was published.
+        s.turn_placed(40_000, &["a", "c"], &["b"]);
+        s.turn_placed(41_000, &["a", "c"], &[]);
+        assert!(s.published.gone.is_empty());
+        s.turn_placed(42_000, &["a", "c"], &[]);
+        s.turn_placed(51_000, &["a", "c"], &[]);
+        assert_eq!(
+            s.published.members,
+            set(&["a"]),
+            "not quiet for a lease yet"
+        );
+        s.turn_placed(52_000, &["a", "c"], &[]);
+        assert_eq!(s.published.members, set(&["a", "c"]));
+    }
+
+    #[test]
+    fn a_flapping_member_settles_again_each_time_it_comes_back() {
+        let mut s = Steps::new();
+        s.turn_placed(0, &["a"], &[]);
+        s.turn_placed(20_000, &["a"], &[]);
+        // b appears, vanishes, appears: each return starts its settling
+        // anew, so every turn while it settles places only gone targets,
+        // and b does not join.
+        let p = s.turn_placed(21_000, &["a", "b"], &[]).unwrap();
+        assert_eq!(p.pass, Pass::Gone);
+        let p = s.turn_placed(22_000, &["a"], &[]).unwrap();
+        assert_eq!(p.pass, Pass::New, "nobody settling while b is away");
+        for ms in [22_500, 24_000] {
+            let p = s.turn_placed(ms, &["a", "b"], &[]).unwrap();
+            assert_eq!(p.pass, Pass::Gone, "at {ms}");
+            assert_eq!(s.published.members, set(&["a"]), "b has not joined at {ms}");
+        }
+        // Seen for the settling time since it came back: it joins.
+        s.turn_placed(24_500, &["a", "b"], &[]);
+        assert_eq!(s.published.members, set(&["a", "b"]));
+    }
+
+    #[test]
+    fn an_assigner_that_loses_the_lease_forgets_its_ring_and_places_all_when_back() {
+        let mut s = Steps::new();
+        s.turn_placed(0, &["a", "b"], &[]);
+        let p = s.turn_placed(20_000, &["a", "b"], &[]).unwrap();
+        assert_eq!(p.pass, Pass::Full);
+        assert_eq!(
+            s.turn_placed(21_000, &["a", "b"], &[]).unwrap().pass,
+            Pass::New
+        );
+        // During a handover another replica assigns: this one publishes
+        // nothing and places nothing.
+        let now = s.t0 + Duration::from_millis(22_000);
+        assert!(
+            s.a.look(&set(&["a", "b"]), &s.published, false, now)
+                .is_none()
+        );
+        assert!(s.a.last.is_none());
+        // The other may have placed by another ring meanwhile: back as the
+        // assigner, this one looks at every target again.
+        assert_eq!(
+            s.turn_placed(30_000, &["a", "b"], &[]).unwrap().pass,
+            Pass::Full
+        );
+    }
+
+    #[test]
+    fn nobody_in_the_ring_places_nothing() {
+        let mut s = Steps::new();
+        assert!(s.turn_placed(0, &[], &[]).is_none());
+        assert!(s.a.last.is_none() && !s.a.placing);
     }
 
     #[test]

@@ -1,0 +1,28 @@
+//! Sharding: the replicas of one ring share the targets, each deciding for
+//! those the consistent-hash ring (`runbook_core::shard`) places on it.
+//!
+//! The rest of the runtime goes through this door only: the selector a
+//! kind's watch takes (`watch_selector`, `Shares` over the labels of gone
+//! members), the children's selector, the check a reconcile makes before
+//! it decides (`admit`), and the assigner's loop the operator starts
+//! (`run`, over the member Leases of `members`). Inside: `members` reads
+//! and publishes who is live, `assign` is the assigner (publish the next
+//! ring, label targets for their places), `takeover` decides what a
+//! replica may do for a gone member's targets before they are relabelled,
+//! and `shares` merges a replica's own watch with those of gone members.
+//! The decisions of `assign` and `takeover` are plain state machines
+//! (`Assigner::look`, `Assigner::published`, `Placement::observe`,
+//! `gate`, `next_ring`) stepped by the I/O loop with the time passed in.
+
+mod assign;
+mod members;
+mod shares;
+mod takeover;
+
+pub(crate) use assign::admit;
+pub use assign::{
+    children_selector, gone_selector, none_match, run, shard_identity, watch_selector,
+};
+pub use members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, Members, member_lease, published_name};
+pub(crate) use shares::{Parts, PlacesHere, Shares, StartGone, Watch};
+pub use takeover::Placement;
