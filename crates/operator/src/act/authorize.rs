@@ -30,6 +30,36 @@ use runbook_core::observe::CachedObject;
 use runbook_core::policy::compile::CompiledPolicy;
 use runbook_core::util::lock;
 
+/// Why a target has no author Runbook trusts; said in the refusal of what
+/// needed the author's rights.
+#[derive(Debug, thiserror::Error)]
+pub enum NoAuthor {
+    #[error("Runbook runs without its authorship webhook, so no target has an author it can trust")]
+    NoWebhook,
+    #[error("Runbook has not learned its own identity from the API server yet")]
+    IdentityUnknown,
+    #[error(transparent)]
+    Unverified(#[from] crate::admission::Unverified),
+    #[error("it was written by Runbook itself, for no target")]
+    NoOwner,
+    #[error("it was written by Runbook for {kind} {name}, which Runbook does not see")]
+    OwnerUnseen { kind: String, name: String },
+    #[error("it was written by Runbook for a chain of targets too long to follow")]
+    TooDeep,
+}
+
+/// Why Runbook could not learn its own user name (asked again later).
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error(
+        "asking the API server who Runbook is (SelfSubjectReview): {}",
+        crate::util::api_error(.0)
+    )]
+    Api(#[source] kube::Error),
+    #[error("the SelfSubjectReview named no user")]
+    NoUser,
+}
+
 /// How long an answer of the API server is trusted.
 pub const TTL: Duration = Duration::from_secs(30);
 /// Answers remembered at most (beyond, the memory starts over).
@@ -88,7 +118,7 @@ impl Authority {
 
     /// Learn Runbook's own user name from the API server (a
     /// SelfSubjectReview, which every identity may make).
-    pub async fn learn_identity(&self) -> Result<String, String> {
+    pub async fn learn_identity(&self) -> Result<String, IdentityError> {
         if let Some(me) = self.runbook.get() {
             return Ok(me.clone());
         }
@@ -97,18 +127,13 @@ impl Authority {
         let answer = api
             .create(&PostParams::default(), &Default::default())
             .await
-            .map_err(|e| {
-                format!(
-                    "asking the API server who Runbook is (SelfSubjectReview): {}",
-                    crate::util::api_error(&e)
-                )
-            })?;
+            .map_err(IdentityError::Api)?;
         let me = answer
             .status
             .and_then(|s| s.user_info)
             .and_then(|u| u.username)
             .filter(|u| !u.is_empty())
-            .ok_or("the SelfSubjectReview named no user")?;
+            .ok_or(IdentityError::NoUser)?;
         Ok(self.runbook.get_or_init(|| me).clone())
     }
 
@@ -119,16 +144,16 @@ impl Authority {
         &self,
         target: &serde_json::Value,
         view: &dyn runbook_core::observe::ObjectView,
-    ) -> Result<Author, String> {
+    ) -> Result<Author, NoAuthor> {
         let Some(signer) = self.signer.get() else {
-            return Err("Runbook runs without its authorship webhook, so no target has an author it can trust".into());
+            return Err(NoAuthor::NoWebhook);
         };
         let Some(me) = self.runbook.get() else {
-            return Err("Runbook has not learned its own identity from the API server yet".into());
+            return Err(NoAuthor::IdentityUnknown);
         };
         let mut object = std::sync::Arc::new(target.clone());
         for _ in 0..OWNER_DEPTH {
-            let verified = signer.verified(&object).map_err(|e| e.to_string())?;
+            let verified = signer.verified(&object)?;
             if !verified.by(me) {
                 return Ok(verified.author);
             }
@@ -137,7 +162,7 @@ impl Authority {
                 .and_then(serde_json::Value::as_array)
                 .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
                 .cloned()
-                .ok_or("it was written by Runbook itself, for no target")?;
+                .ok_or(NoAuthor::NoOwner)?;
             let text = |k: &str| owner[k].as_str().unwrap_or("").to_string();
             let kind = KindRef::new(text("apiVersion"), text("kind"));
             let ns = object
@@ -147,16 +172,13 @@ impl Authority {
             let found = view
                 .get(&kind, ns, &text("name"))
                 .filter(|o| o.uid() == text("uid"))
-                .ok_or_else(|| {
-                    format!(
-                        "it was written by Runbook for {} {}, which Runbook does not see",
-                        kind.kind,
-                        text("name")
-                    )
+                .ok_or_else(|| NoAuthor::OwnerUnseen {
+                    kind: kind.kind.clone(),
+                    name: text("name"),
                 })?;
             object = found.shared();
         }
-        Err("it was written by Runbook for a chain of targets too long to follow".into())
+        Err(NoAuthor::TooDeep)
     }
 
     /// Whether `author` may do what `ask` says (asked once per [`TTL`]).
@@ -302,7 +324,7 @@ async fn refusal(
     authority: &Authority,
     resources: &Resources,
     target: &CachedObject,
-    author: &Result<Author, String>,
+    author: &Result<Author, NoAuthor>,
     access: &Access,
 ) -> Option<Failed> {
     if access.opted_in {

@@ -356,6 +356,8 @@ pub enum Unverified {
     BadSignature,
 }
 
+impl std::error::Error for Unverified {}
+
 impl std::fmt::Display for Unverified {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

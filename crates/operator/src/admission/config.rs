@@ -13,6 +13,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::core::{ApiResource, DynamicObject};
 use serde_json::{Value, json};
 
+use super::WebhookError;
 use super::tls::Material;
 
 /// The name of the authorship webhook inside its configuration.
@@ -98,7 +99,7 @@ fn next_material(
     hosts: &[String],
     now: Timestamp,
     secret: &str,
-) -> Result<Next, String> {
+) -> Result<Next, WebhookError> {
     if data.is_empty() {
         return Ok(Next::Write(Material::generate(hosts, now)?));
     }
@@ -151,15 +152,14 @@ pub async fn material(
     name: &str,
     hosts: &[String],
     now: Timestamp,
-) -> Result<Material, String> {
+) -> Result<Material, WebhookError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = format!("{namespace}/{name}");
     for _ in 0..5 {
-        let found = api.get_opt(name).await.map_err(|e| {
-            format!(
-                "reading Secret {namespace}/{name}: {}",
-                crate::util::api_error(&e)
-            )
-        })?;
+        let found = api
+            .get_opt(name)
+            .await
+            .map_err(WebhookError::api("reading Secret", &secret))?;
         let data: BTreeMap<String, Vec<u8>> = found
             .as_ref()
             .and_then(|s| s.data.clone())
@@ -167,40 +167,32 @@ pub async fn material(
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect();
-        let next = match next_material(&data, hosts, now, &format!("{namespace}/{name}"))? {
+        let next = match next_material(&data, hosts, now, &secret)? {
             Next::Keep(m) => return Ok(m),
             Next::Write(m) => m,
         };
-        let secret = material_secret(namespace, name, found.as_ref(), &next);
+        let object = material_secret(namespace, name, found.as_ref(), &next);
         let written = match &found {
-            Some(_) => api.replace(name, &PostParams::default(), &secret).await,
-            None => api.create(&PostParams::default(), &secret).await,
+            Some(_) => api.replace(name, &PostParams::default(), &object).await,
+            None => api.create(&PostParams::default(), &object).await,
         };
         match written {
             Ok(_) => {
-                tracing::info!(secret = %format!("{namespace}/{name}"), not_after = %next.cert_not_after, "webhook certificate written");
+                tracing::info!(%secret, not_after = %next.cert_not_after, "webhook certificate written");
                 return Ok(next);
             }
             // Another replica wrote first: read what it wrote.
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(kube::Error::Api(s)) if s.code == 403 && found.is_none() => {
-                return Err(format!(
-                    "Secret {namespace}/{name} does not exist and Runbook may not create it ({}): \
-                     create it empty (deploy/webhook.yaml does), Runbook fills it",
-                    s.message
-                ));
+                return Err(WebhookError::SecretNotCreatable {
+                    secret,
+                    message: s.message,
+                });
             }
-            Err(e) => {
-                return Err(format!(
-                    "writing Secret {namespace}/{name}: {}",
-                    crate::util::api_error(&e)
-                ));
-            }
+            Err(e) => return Err(WebhookError::api("writing Secret", secret)(e)),
         }
     }
-    Err(format!(
-        "Secret {namespace}/{name} kept changing under every write"
-    ))
+    Err(WebhookError::Contended(secret))
 }
 
 /// Which kind of webhook configuration.
@@ -336,13 +328,14 @@ pub async fn keep_in_step(
     material: &Material,
     desired: impl Fn(Option<&Value>, Option<&str>) -> Value,
     created_with: Option<&Value>,
-) -> Result<bool, String> {
+) -> Result<bool, WebhookError> {
     let kind = configures.kind();
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &configures.resource());
+    let object = format!("{kind} {name}");
     let live = api
         .get_opt(name)
         .await
-        .map_err(|e| format!("reading {kind} {name}: {}", crate::util::api_error(&e)))?;
+        .map_err(WebhookError::api("reading", &object))?;
     let Some(live) = live else {
         let mut hook = desired(created_with, Some(&material.ca_bundle));
         if let Some(extra) = created_with.and_then(Value::as_object) {
@@ -357,10 +350,14 @@ pub async fn keep_in_step(
             "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "runbook"}},
             "webhooks": [hook],
         }))
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| WebhookError::Build {
+            kind,
+            name: name.to_string(),
+            source,
+        })?;
         api.create(&PostParams::default(), &obj)
             .await
-            .map_err(|e| format!("creating {kind} {name}: {}", crate::util::api_error(&e)))?;
+            .map_err(WebhookError::api("creating", object))?;
         return Ok(true);
     };
     let injected = live
@@ -388,13 +385,63 @@ pub async fn keep_in_step(
     updated.data["webhooks"] = json!(webhooks);
     api.replace(name, &PostParams::default(), &updated)
         .await
-        .map_err(|e| format!("updating {kind} {name}: {}", crate::util::api_error(&e)))?;
+        .map_err(WebhookError::api("updating", object))?;
     Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The material's Secret as the API server fails it: each failure is
+    /// told as what it is, with the API server's status kept.
+    #[tokio::test]
+    async fn the_materials_failures_keep_the_api_servers_answer() {
+        use runbook_sandbox::{ApiVerb, Denied, Sandbox};
+        let now: Timestamp = "2026-12-01T00:00:00Z".parse().unwrap_or_default();
+        let hosts = ["127.0.0.1".to_string()];
+        let sandbox = Sandbox::default();
+        let client = sandbox.client();
+        // The read fails with a 503: the API server's failure, not a
+        // missing Secret.
+        sandbox
+            .faults()
+            .fail_next(1, Some(ApiVerb::Get), Some("secrets"), 503);
+        match material(&client, "default", "hook", &hosts, now).await {
+            Err(
+                e @ WebhookError::Api {
+                    doing: "reading Secret",
+                    ..
+                },
+            ) => {
+                assert_eq!(e.status(), Some(503));
+                assert!(
+                    e.to_string().starts_with("reading Secret default/hook: "),
+                    "{e}"
+                );
+            }
+            other => panic!("expected the read's failure, got {other:?}"),
+        }
+        // Missing, and Runbook may not create it: says what to do.
+        sandbox.faults().deny(Denied {
+            verb: ApiVerb::Create,
+            group: String::new(),
+            resource: "secrets".into(),
+            namespace: None,
+        });
+        match material(&client, "default", "hook", &hosts, now).await {
+            Err(e @ WebhookError::SecretNotCreatable { .. }) => {
+                assert!(e.to_string().contains("create it empty"), "{e}");
+                assert_eq!(e.status(), None);
+            }
+            other => panic!("expected the refusal to create, got {other:?}"),
+        }
+        sandbox.faults().clear();
+        // Then made, and read back as made.
+        let made = material(&client, "default", "hook", &hosts, now).await;
+        let again = material(&client, "default", "hook", &hosts, now).await;
+        assert!(made.is_ok() && made.ok() == again.ok());
+    }
 
     #[test]
     fn an_endpoint_names_the_hosts_its_certificate_needs() {

@@ -11,14 +11,17 @@
 //!   the replicas share;
 //! - [`server`]: the HTTPS server every replica runs;
 //! - [`config`]: the material's Secret and the webhook configurations,
-//!   kept in step with the policies loaded.
+//!   kept in step with the policies loaded;
+//! - [`error`]: [`WebhookError`], what each of them fails with.
 
 pub mod author;
 pub mod config;
+pub mod error;
 pub mod policies;
 pub mod review;
 pub mod server;
 pub mod tls;
 
 pub use author::{Author, Signer, Unverified, Verified, is_runbook_manager};
+pub use error::WebhookError;
 pub use review::Authorship;

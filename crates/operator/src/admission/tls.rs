@@ -13,6 +13,8 @@
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
+
+use super::WebhookError;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
@@ -74,8 +76,16 @@ fn offset(t: Timestamp) -> time::OffsetDateTime {
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> String {
-    format!("{what}: {e}")
+fn cert(what: &'static str) -> impl FnOnce(rcgen::Error) -> WebhookError {
+    move |source| WebhookError::Certificate { what, source }
+}
+
+fn pem(what: &'static str) -> impl FnOnce(rustls::pki_types::pem::Error) -> WebhookError {
+    move |source| WebhookError::Pem { what, source }
+}
+
+fn tls(what: &'static str) -> impl FnOnce(rustls::Error) -> WebhookError {
+    move |source| WebhookError::Tls { what, source }
 }
 
 /// The parameters of Runbook's CA; the same every time, so the CA's
@@ -98,9 +108,9 @@ fn serving_cert(
     ca_key: &KeyPair,
     hosts: &[String],
     now: Timestamp,
-) -> Result<(String, String, Timestamp), String> {
+) -> Result<(String, String, Timestamp), WebhookError> {
     let issuer = Issuer::new(ca_params(now, now), ca_key);
-    let mut p = CertificateParams::new(hosts.to_vec()).map_err(|e| err("certificate names", e))?;
+    let mut p = CertificateParams::new(hosts.to_vec()).map_err(cert("certificate names"))?;
     let mut dn = DistinguishedName::new();
     dn.push(
         DnType::CommonName,
@@ -123,24 +133,24 @@ fn serving_cert(
             .unwrap_or(now),
     );
     p.not_after = offset(not_after);
-    let key = KeyPair::generate().map_err(|e| err("a serving key", e))?;
+    let key = KeyPair::generate().map_err(cert("a serving key"))?;
     let cert = p
         .signed_by(&key, &issuer)
-        .map_err(|e| err("signing the serving certificate", e))?;
+        .map_err(cert("signing the serving certificate"))?;
     Ok((cert.pem(), key.serialize_pem(), not_after))
 }
 
 impl Material {
     /// A new CA, serving certificate and signing key.
-    pub fn generate(hosts: &[String], now: Timestamp) -> Result<Self, String> {
-        let ca_key = KeyPair::generate().map_err(|e| err("a CA key", e))?;
+    pub fn generate(hosts: &[String], now: Timestamp) -> Result<Self, WebhookError> {
+        let ca_key = KeyPair::generate().map_err(cert("a CA key"))?;
         let ca_not_after = now.saturating_add(CA_LIFETIME).unwrap_or(now);
         let before = now
             .saturating_sub(SignedDuration::from_mins(1))
             .unwrap_or(now);
         let ca = ca_params(before, ca_not_after)
             .self_signed(&ca_key)
-            .map_err(|e| err("the CA certificate", e))?;
+            .map_err(cert("the CA certificate"))?;
         let (cert, key, cert_not_after) = serving_cert(&ca_key, hosts, now)?;
         let mut signing_key = vec![0u8; 32];
         super::author::getrandom_fill(&mut signing_key);
@@ -170,10 +180,15 @@ impl Material {
 
     /// The material with what is due renewed; the signing key is kept (a
     /// new one would unmake every author record).
-    pub fn renewed(&self, due: Due, hosts: &[String], now: Timestamp) -> Result<Self, String> {
+    pub fn renewed(
+        &self,
+        due: Due,
+        hosts: &[String],
+        now: Timestamp,
+    ) -> Result<Self, WebhookError> {
         match due {
             Due::Cert => {
-                let ca_key = KeyPair::from_pem(&self.ca_key).map_err(|e| err("the CA key", e))?;
+                let ca_key = KeyPair::from_pem(&self.ca_key).map_err(cert("the CA key"))?;
                 let (cert, key, cert_not_after) = serving_cert(&ca_key, hosts, now)?;
                 Ok(Self {
                     cert,
@@ -218,19 +233,28 @@ impl Material {
     }
 
     /// Read the material back from the Secret's data.
-    pub fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Result<Self, String> {
+    pub fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Result<Self, WebhookError> {
+        let bad = |key: &str, why: String| WebhookError::Material {
+            key: key.to_string(),
+            why,
+        };
         let bytes = |k: &str| {
             data.get(k)
                 .cloned()
-                .ok_or_else(|| format!("the Secret has no key {k:?}"))
+                .ok_or_else(|| bad(k, "the Secret has no such key".into()))
         };
         let text = |k: &str| {
-            bytes(k).and_then(|b| String::from_utf8(b).map_err(|_| format!("{k} is not text")))
+            bytes(k).and_then(|b| String::from_utf8(b).map_err(|_| bad(k, "not text".into())))
         };
-        let time = |k: &str| text(k)?.trim().parse::<Timestamp>().map_err(|e| err(k, e));
+        let time = |k: &str| {
+            text(k)?
+                .trim()
+                .parse::<Timestamp>()
+                .map_err(|e| bad(k, e.to_string()))
+        };
         let signing_key = bytes(SIGNING_KEY)?;
         if signing_key.len() < 32 {
-            return Err(format!("{SIGNING_KEY} is shorter than 32 bytes"));
+            return Err(bad(SIGNING_KEY, "shorter than 32 bytes".into()));
         }
         Ok(Self {
             ca_bundle: text(CA_CERT)?,
@@ -249,22 +273,22 @@ impl Material {
     }
 
     /// A TLS server configuration serving this certificate.
-    pub fn server_config(&self) -> Result<rustls::ServerConfig, String> {
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, WebhookError> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let certs: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(self.cert.as_bytes())
                 .collect::<Result<_, _>>()
-                .map_err(|e| err("the serving certificate", e))?;
-        let key = PrivateKeyDer::from_pem_slice(self.key.as_bytes())
-            .map_err(|e| err("the serving key", e))?;
+                .map_err(pem("the serving certificate"))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(self.key.as_bytes()).map_err(pem("the serving key"))?;
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| err("TLS versions", e))?
+            .map_err(tls("TLS versions"))?
             .with_no_client_auth()
             .with_single_cert(certs, key)
-            .map_err(|e| err("the serving certificate", e))?;
+            .map_err(tls("the serving certificate"))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }

@@ -57,16 +57,27 @@ pub fn size_of(bundle: &Bundle) -> usize {
     bundle.files.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
+/// Why a bundle's last good version could not be kept.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error("its files hold {0} bytes, more than the {MAX_BYTES} a kept copy may")]
+    TooBig(usize),
+    #[error("{}", crate::util::api_error(.0))]
+    Api(#[source] kube::Error),
+}
+
 /// Keep `bundle` as its origin's last good version, in `namespace`.
-pub async fn save(client: &kube::Client, namespace: &str, bundle: &Bundle) -> Result<(), String> {
+pub async fn save(
+    client: &kube::Client,
+    namespace: &str,
+    bundle: &Bundle,
+) -> Result<(), SaveError> {
     let Some(name) = name_of(&bundle.origin) else {
         return Ok(());
     };
     let size = size_of(bundle);
     if size > MAX_BYTES {
-        return Err(format!(
-            "its files hold {size} bytes, more than the {MAX_BYTES} a kept copy may"
-        ));
+        return Err(SaveError::TooBig(size));
     }
     let now = runbook_core::util::time::format(jiff::Timestamp::now());
     let cm = json!({
@@ -87,7 +98,7 @@ pub async fn save(client: &kube::Client, namespace: &str, bundle: &Bundle) -> Re
     )
     .await
     .map(|_| ())
-    .map_err(|e| crate::util::api_error(&e))
+    .map_err(SaveError::Api)
 }
 
 /// The kept copy of `origin`'s bundle, and when it was written; none when

@@ -42,7 +42,7 @@ pub enum StartError {
     #[error("discovery failed: {}", crate::util::api_error(.0))]
     Discovery(kube::Error),
     #[error("the authorship webhook: {0}")]
-    Webhook(String),
+    Webhook(#[source] crate::admission::WebhookError),
 }
 
 /// How often the alerts of deleted objects are resolved, and what

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::admission::config::{self, AUTHORSHIP_PATH, AUTHORSHIP_WEBHOOK, Configures, Endpoint};
 use crate::admission::policies::{self, POLICIES_PATH, POLICIES_WEBHOOK, PolicyCheck};
 use crate::admission::tls::Material;
-use crate::admission::{Authorship, Signer};
+use crate::admission::{Authorship, Signer, WebhookError};
 use crate::observe::discovery::Resources;
 use runbook_core::policy::PolicySet;
 
@@ -83,12 +83,14 @@ impl Webhook {
         client: &kube::Client,
         config: WebhookConfig,
         metrics: Arc<crate::telemetry::Metrics>,
-    ) -> Result<Self, String> {
-        let listener = std::net::TcpListener::bind(config.listen)
-            .map_err(|e| format!("listening on {}: {e}", config.listen))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("listening on {}: {e}", config.listen))?;
+    ) -> Result<Self, WebhookError> {
+        let listening = |source| WebhookError::Io {
+            doing: "listening on",
+            addr: config.listen,
+            source,
+        };
+        let listener = std::net::TcpListener::bind(config.listen).map_err(listening)?;
+        let addr = listener.local_addr().map_err(listening)?;
         let endpoint = config
             .endpoint
             .clone()
@@ -128,7 +130,11 @@ impl Webhook {
                 }),
             );
         let (addr, server) = crate::admission::server::serve(listener, tls.clone(), routes)
-            .map_err(|e| format!("serving the webhook on {addr}: {e}"))?;
+            .map_err(|source| WebhookError::Io {
+                doing: "serving the webhook on",
+                addr,
+                source,
+            })?;
         tracing::info!(%addr, "serving the authorship webhook");
         Ok(Self {
             config,
@@ -149,7 +155,7 @@ impl Webhook {
 
     /// Check the material (another replica may have renewed it, or it is
     /// due); serve what is current. Whether it changed.
-    pub async fn renew(&self, client: &kube::Client) -> Result<bool, String> {
+    pub async fn renew(&self, client: &kube::Client) -> Result<bool, WebhookError> {
         if self.config.secret.is_none() {
             // Material made in memory lives as long as the process.
             return Ok(false);
@@ -170,7 +176,7 @@ impl Webhook {
         client: &kube::Client,
         set: &PolicySet,
         resources: &Resources,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, WebhookError> {
         let mut rules = Vec::new();
         for kind in set.target_kinds() {
             match resources.resolve(&kind).await {
@@ -220,7 +226,7 @@ impl Webhook {
     /// policies are checked here (`false` until then). The reload does it
     /// when it starts, the leader whenever it keeps the authorship
     /// webhook's in step (so a new leader points both at itself).
-    pub async fn keep_policies_in_step(&self, client: &kube::Client) -> Result<bool, String> {
+    pub async fn keep_policies_in_step(&self, client: &kube::Client) -> Result<bool, WebhookError> {
         let Some((label, namespaces)) = self.policy_scope.get() else {
             return Ok(false);
         };
@@ -267,7 +273,7 @@ async fn load(
     client: &kube::Client,
     config: &WebhookConfig,
     endpoint: &Endpoint,
-) -> Result<Material, String> {
+) -> Result<Material, WebhookError> {
     let hosts = endpoint.hosts();
     let now = Timestamp::now();
     match &config.secret {
