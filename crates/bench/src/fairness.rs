@@ -141,7 +141,8 @@ async fn wait_seen(sandbox: &Sandbox, name: &str, value: i64, limit: Duration) -
 async fn reactions(
     noisy_targets: usize,
     rounds: usize,
-    (noisy, fair): (bool, FairConfig),
+    noisy: bool,
+    fair: FairConfig,
 ) -> (Stats, u64) {
     let sandbox = Sandbox::default();
     populate(&sandbox, NAMESPACE, 0);
@@ -209,11 +210,11 @@ async fn reactions(
 
 pub async fn run(noisy_targets: usize, rounds: usize) -> FairnessFigures {
     let shared = FairConfig::default();
-    let (alone, _) = reactions(noisy_targets, rounds, (false, shared.clone())).await;
-    let (beside, throttled) = reactions(noisy_targets, rounds, (true, shared)).await;
+    let (alone, _) = reactions(noisy_targets, rounds, false, shared.clone()).await;
+    let (beside, throttled) = reactions(noisy_targets, rounds, true, shared).await;
     // Slow enough without shares that a few rounds tell it.
     let few = rounds.min(20);
-    let (unshared, _) = reactions(noisy_targets, few, (true, FairConfig::unlimited())).await;
+    let (unshared, _) = reactions(noisy_targets, few, true, FairConfig::unlimited()).await;
     FairnessFigures {
         alone,
         beside,

@@ -395,7 +395,13 @@ impl Needs {
                                 let place = format!("{why}: its replica's label (--shards)");
                                 self.add(scope.clone(), g, &plural, &["patch"], &[], place);
                             }
-                            self.target_rights(p, k, (&scope, namespaced), &plural, opts, &why)
+                            let target = TargetKind {
+                                kind: k,
+                                scope: &scope,
+                                namespaced,
+                                plural: &plural,
+                            };
+                            self.target_rights(p, target, opts, &why)
                         }
                         KindRole::Owns => self.add(scope, g, &plural, WRITE, &[], why),
                         KindRole::Mutates => {
@@ -417,12 +423,16 @@ impl Needs {
     fn target_rights(
         &mut self,
         p: &runbook_core::policy::CompiledPolicy,
-        k: &KindRef,
-        (scope, namespaced): (&Scope, bool),
-        plural: &str,
+        target: TargetKind<'_>,
         opts: &Options,
         why: &str,
     ) {
+        let TargetKind {
+            kind: k,
+            scope,
+            namespaced,
+            plural,
+        } = target;
         let g = k.group();
         if p.has_finalizer() {
             self.add(
@@ -679,7 +689,8 @@ impl Needs {
     fn tenant_operator(
         &mut self,
         set: &PolicySet,
-        (tenant, account): (&str, &str),
+        tenant: &str,
+        account: &str,
         crds: &BTreeMap<(String, String), (String, bool)>,
     ) {
         let scope = Scope::Namespace(tenant.to_string());
@@ -737,7 +748,7 @@ pub fn needs(
         needs.operator(set, opts);
         needs.secrets(set, opts);
         needs.who = Who::Operator;
-        needs.tenant_operator(set, (tenant, &opts.tenant_account), crds);
+        needs.tenant_operator(set, tenant, &opts.tenant_account, crds);
         needs.policy_sources(opts);
         needs.secrets(set, opts);
         return needs.found;
@@ -921,4 +932,15 @@ pub fn render(needs: &[Need], opts: &Options) -> String {
         out.push_str(&runbook_core::util::yaml::to_string(d));
     }
     out
+}
+
+/// A policy's target kind, where its rights are granted.
+#[derive(Clone, Copy)]
+struct TargetKind<'a> {
+    kind: &'a KindRef,
+    /// Where the rights hold.
+    scope: &'a Scope,
+    /// The kind is namespaced.
+    namespaced: bool,
+    plural: &'a str,
 }

@@ -418,12 +418,7 @@ fn value_points(p: &Panel, at: impl Fn(f64, f64) -> (i32, i32), overlay: &mut St
 
 /// The markers (rollbacks, alerts, ...): those at one instant stand side
 /// by side, the rollback (drawn last, so on top) at the line itself.
-fn markers(
-    p: &Panel,
-    at: impl Fn(f64, f64) -> (i32, i32),
-    (lo, hi): (f64, f64),
-    overlay: &mut String,
-) {
+fn markers(p: &Panel, at: impl Fn(f64, f64) -> (i32, i32), lo: f64, hi: f64, overlay: &mut String) {
     let frame = p.frame;
     let mut markers: Vec<&&Entry> = p.markers.iter().collect();
     markers.sort_by_key(|e| (e.time, marker_rank(e)));
@@ -457,7 +452,8 @@ fn markers(
 fn draw_bands(
     chart: &mut Chart,
     p: &Panel,
-    (lo, hi): (f64, f64),
+    lo: f64,
+    hi: f64,
     phases_only: bool,
     others: &mut Vec<String>,
     overlay: &mut String,
@@ -537,7 +533,7 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
             .y_label_area_size(LEFT)
             .build_cartesian_2d(p.from..p.to, lo..hi)
             .map_err(|e| e.to_string())?;
-        draw_bands(&mut chart, p, (lo, hi), phases_only, others, &mut overlay)?;
+        draw_bands(&mut chart, p, lo, hi, phases_only, others, &mut overlay)?;
         chart
             .configure_mesh()
             .label_style(("sans-serif", 12))
@@ -558,7 +554,7 @@ fn draw_panel(p: &Panel, others: &mut Vec<String>) -> Result<String, String> {
             .map_err(|e| e.to_string())?;
         let at = |x: f64, y: f64| chart.backend_coord(&(x, y));
         value_points(p, at, &mut overlay);
-        markers(p, at, (lo, hi), &mut overlay);
+        markers(p, at, lo, hi, &mut overlay);
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(format!(

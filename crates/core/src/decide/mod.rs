@@ -552,7 +552,8 @@ impl Collected<'_> {
 
 fn plan(
     policy: &CompiledPolicy,
-    (target_ns, view): (&str, &dyn ObjectView),
+    target_ns: &str,
+    view: &dyn ObjectView,
     file: Option<&str>,
     values: Vec<ActionValue>,
 ) -> Vec<Planned> {
@@ -683,7 +684,7 @@ pub fn decide(
                 "reconcile",
                 result?,
             )?;
-            let actions = plan(policy, (&ns, &*observed.view), Some(&script.file), values);
+            let actions = plan(policy, &ns, &*observed.view, Some(&script.file), values);
             let mut decision = finish(policy, observed, sched, actions, None);
             decision.target_reads = reads;
             Ok(decision)
@@ -699,7 +700,7 @@ pub fn decide(
                 retention: retention.as_ref(),
             };
             let out = steps::decide(engine, policy, &body, observed, &ctx, sched.as_ref())?;
-            let actions = plan(policy, (&ns, &*observed.view), None, out.actions);
+            let actions = plan(policy, &ns, &*observed.view, None, out.actions);
             Ok(finish(
                 policy,
                 observed,
@@ -728,7 +729,7 @@ pub fn finalize(
         } => {
             let result = engine.call(script, "finalize", (ctx,))?;
             let values = collect(&script.file, script.fn_pos("finalize"), "finalize", result)?;
-            let actions = plan(policy, (&ns, &*observed.view), Some(&script.file), values);
+            let actions = plan(policy, &ns, &*observed.view, Some(&script.file), values);
             Ok(finish(policy, observed, None, actions, None))
         }
         _ => Ok(finish(policy, observed, None, Vec::new(), None)),

@@ -240,7 +240,7 @@ pub fn authorship_webhook(
     ca: Option<&str>,
     rules: &[Value],
 ) -> Value {
-    let mut w = webhook(live, (AUTHORSHIP_WEBHOOK, AUTHORSHIP_PATH), endpoint, ca);
+    let mut w = webhook(live, AUTHORSHIP_WEBHOOK, AUTHORSHIP_PATH, endpoint, ca);
     w["rules"] = json!(rules);
     defaults(&mut w, &[("reinvocationPolicy", json!("IfNeeded"))]);
     w
@@ -251,7 +251,8 @@ pub fn authorship_webhook(
 /// cert-manager keeps, stays as it is), reviews v1, no side effects.
 fn webhook(
     live: Option<&Value>,
-    (name, path): (&str, &str),
+    name: &str,
+    path: &str,
     endpoint: &Endpoint,
     ca: Option<&str>,
 ) -> Value {
@@ -298,11 +299,11 @@ pub fn policies_webhook(
     label: &str,
     namespaces: &[String],
 ) -> Value {
-    let hook = (
+    let (name, path) = (
         super::policies::POLICIES_WEBHOOK,
         super::policies::POLICIES_PATH,
     );
-    let mut w = webhook(live, hook, endpoint, ca);
+    let mut w = webhook(live, name, path, endpoint, ca);
     w["rules"] = json!([{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
                          "apiVersions": ["v1"], "resources": ["configmaps"], "scope": "Namespaced"}]);
     w["objectSelector"] = json!({"matchLabels": {label: "true"}});
@@ -324,7 +325,9 @@ pub fn policies_webhook(
 /// own. Writes only when something differs.
 pub async fn keep_in_step(
     client: &kube::Client,
-    (configures, name, webhook): (Configures, &str, &str),
+    configures: Configures,
+    name: &str,
+    webhook: &str,
     material: &Material,
     desired: impl Fn(Option<&Value>, Option<&str>) -> Value,
     created_with: Option<&Value>,

@@ -194,11 +194,9 @@ impl Webhook {
         let material = self.material.load_full();
         config::keep_in_step(
             client,
-            (
-                Configures::Mutating,
-                &self.config.configuration,
-                AUTHORSHIP_WEBHOOK,
-            ),
+            Configures::Mutating,
+            &self.config.configuration,
+            AUTHORSHIP_WEBHOOK,
             &material,
             |live, ca| config::authorship_webhook(live, &self.endpoint, ca, &rules),
             self.config.created_with.as_ref(),
@@ -233,11 +231,9 @@ impl Webhook {
         let material = self.material.load_full();
         config::keep_in_step(
             client,
-            (
-                Configures::Validating,
-                &self.config.configuration,
-                POLICIES_WEBHOOK,
-            ),
+            Configures::Validating,
+            &self.config.configuration,
+            POLICIES_WEBHOOK,
             &material,
             |live, ca| config::policies_webhook(live, &self.endpoint, ca, label, namespaces),
             None,

@@ -596,7 +596,12 @@ async fn place(
         let seen = &ctx.running.placement;
         let cached = cacheable && seen.cache_serves(&look, PAGE as usize);
         let found = std::sync::atomic::AtomicUsize::new(0);
-        each_page(&api, (&selection, PAGE, cached), |items| {
+        let pages = Look {
+            selection: &selection,
+            page: PAGE,
+            cached,
+        };
+        each_page(&api, pages, |items| {
             found.fetch_add(items.len(), Ordering::Relaxed);
             async move {
             // Labelled a few at a time: a thousand new targets, or a gone
@@ -631,6 +636,17 @@ async fn place(
 /// token expired.
 const RESTARTS: u32 = 3;
 
+/// One look at the targets of a kind, page by page.
+#[derive(Clone, Copy)]
+struct Look<'a> {
+    /// The label selection.
+    selection: &'a str,
+    /// Objects a page holds at most.
+    page: u32,
+    /// Whether the API server's watch cache may answer.
+    cached: bool,
+}
+
 /// The metadata of the objects a label selection finds, a page at a time
 /// (so that placing many targets costs the assigner no more memory than a
 /// page), each page handed to `each` before the next is asked for;
@@ -642,13 +658,18 @@ const RESTARTS: u32 = 3;
 /// nothing is done for them twice.
 async fn each_page<F, Fut>(
     api: &Api<DynamicObject>,
-    (selection, limit, cached): (&str, u32, bool),
+    look: Look<'_>,
     mut each: F,
 ) -> Result<(), kube::Error>
 where
     F: FnMut(Vec<kube::core::PartialObjectMeta<DynamicObject>>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let Look {
+        selection,
+        page: limit,
+        cached,
+    } = look;
     let paged = ListParams::default().labels(selection).limit(limit);
     // Without a limit: kube sends no `resourceVersion=0` along with one
     // (see `cache::watch_config`).
@@ -1067,7 +1088,12 @@ mod tests {
         let placed = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let pages = std::sync::atomic::AtomicU32::new(0);
         let selection = format!("app=web,!{SHARD_LABEL}");
-        each_page(&api, (&selection, 3, false), |items| {
+        let look = Look {
+            selection: &selection,
+            page: 3,
+            cached: false,
+        };
+        each_page(&api, look, |items| {
             let (typed, placed, store) = (typed.clone(), placed.clone(), sandbox.store().clone());
             let page = pages.fetch_add(1, Ordering::Relaxed);
             async move {
@@ -1115,7 +1141,12 @@ mod tests {
         let ar = kube::core::ApiResource::erase::<ConfigMap>(&());
         let api: Api<DynamicObject> = Api::namespaced_with(sandbox.client(), "default", &ar);
         let pages = std::sync::atomic::AtomicU32::new(0);
-        let result = each_page(&api, ("", 2, false), |_| {
+        let look = Look {
+            selection: "",
+            page: 2,
+            cached: false,
+        };
+        let result = each_page(&api, look, |_| {
             let page = pages.fetch_add(1, Ordering::Relaxed);
             // A write, so that the compaction is past the list's token.
             let (typed, store) = (typed.clone(), sandbox.store().clone());
