@@ -76,11 +76,11 @@ type Layers = &'static [(&'static str, &'static [&'static str])];
 const CORE: Layers = &[
     // Foundations: no domain knowledge, used everywhere.
     ("util", &[]),
-    ("clock", &[]),
+    ("clock", &["util"]),
     ("names", &["util"]),
     ("labels", &["names"]),
     ("kinds", &[]),
-    ("schedule", &[]),
+    ("schedule", &["util"]),
     // Which replica decides for which target (the ring of `--shards`).
     ("shard", &["util"]),
     // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel, RunbookState).
@@ -702,6 +702,38 @@ fn no_crate_gives_another_crates_items_a_second_name() {
     assert!(
         wrong.is_empty(),
         "re-exports of another crate (name the item by its own crate instead):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Locks are taken one way: `runbook_core::util::{lock, read, write}`,
+/// which take over what a panicking thread left (every lock guards data
+/// valid between any two statements) instead of panicking in turn.
+#[test]
+fn every_lock_is_taken_through_util() {
+    let mut files = Vec::new();
+    for folder in SOURCES {
+        rust_files(&root().join(folder), &mut files);
+    }
+    let mut wrong = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(root()).unwrap().display().to_string();
+        if rel == "crates/core/src/util/mod.rs" || rel.starts_with("crates/bench/") {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        let flat: String = code.split_whitespace().collect();
+        for taken in ["lock()", "read()", "write()"] {
+            for after in [".expect(", ".unwrap()", ".unwrap_or_else("] {
+                if flat.contains(&format!(".{taken}{after}")) {
+                    wrong.push(format!("{rel}: .{taken}{after}"));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "take locks with runbook_core::util::lock/read/write:\n{}",
         wrong.join("\n")
     );
 }

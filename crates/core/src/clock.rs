@@ -43,24 +43,21 @@ impl Clock {
                 .unwrap_or(jiff::SignedDuration::MAX);
             return base.saturating_add(d).unwrap_or(base);
         }
-        self.manual
-            .lock()
-            .expect("clock lock")
-            .unwrap_or_else(Timestamp::now)
+        crate::util::lock(&self.manual).unwrap_or_else(Timestamp::now)
     }
 
     pub fn is_manual(&self) -> bool {
-        self.tokio.is_some() || self.manual.lock().expect("clock lock").is_some()
+        self.tokio.is_some() || crate::util::lock(&self.manual).is_some()
     }
 
     /// Set the time (making the clock manual).
     pub fn set(&self, t: Timestamp) {
-        *self.manual.lock().expect("clock lock") = Some(t);
+        *crate::util::lock(&self.manual) = Some(t);
     }
 
     /// Move a manual clock forward; a real clock becomes manual at now + d.
     pub fn advance(&self, d: std::time::Duration) {
-        let mut m = self.manual.lock().expect("clock lock");
+        let mut m = crate::util::lock(&self.manual);
         let base = m.unwrap_or_else(Timestamp::now);
         let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
         *m = Some(base.saturating_add(d).unwrap_or(base));

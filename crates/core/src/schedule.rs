@@ -232,7 +232,7 @@ impl Schedule {
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
-        let remembered = *self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        let remembered = *crate::util::lock(&self.memo);
         if let Some((asked, fire)) = remembered
             && asked <= t
             && t < fire
@@ -250,7 +250,7 @@ impl Schedule {
             }
             Some((_, tz)) => self.next_in(tz, t)?,
         };
-        *self.memo.lock().unwrap_or_else(|p| p.into_inner()) = Some((t, fire));
+        *crate::util::lock(&self.memo) = Some((t, fire));
         Some(fire)
     }
 
@@ -389,7 +389,7 @@ impl ParsedSchedules {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Schedule>>> {
-        self.parsed.lock().unwrap_or_else(|p| p.into_inner())
+        crate::util::lock(&self.parsed)
     }
 }
 

@@ -139,7 +139,7 @@ pub struct Tokens {
 impl Tokens {
     /// A new token for the ServiceAccount `namespace/name`.
     pub fn issue(&self, namespace: &str, name: &str) -> String {
-        let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        let mut issued = runbook_core::util::lock(&self.issued);
         let token = format!(
             "sandbox.{}",
             runbook_core::util::hash::short_hex(
@@ -157,7 +157,7 @@ impl Tokens {
     }
 
     fn user(&self, token: &str) -> Option<UserInfo> {
-        let issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        let issued = runbook_core::util::lock(&self.issued);
         issued.get(token).cloned()
     }
 }

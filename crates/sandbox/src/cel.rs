@@ -868,7 +868,7 @@ fn regex(re: &str) -> Result<std::sync::Arc<regex::Regex>, String> {
     use std::sync::{Arc, LazyLock, Mutex};
     static CACHE: LazyLock<Mutex<HashMap<String, Arc<regex::Regex>>>> =
         LazyLock::new(Mutex::default);
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = runbook_core::util::lock(&CACHE);
     if let Some(r) = cache.get(re) {
         return Ok(r.clone());
     }

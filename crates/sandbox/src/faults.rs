@@ -86,7 +86,7 @@ impl Faults {
     /// Fail the next `n` requests of `verb` (any, if None) on `resource`
     /// (a plural such as "deployments"; any, if None) with `code`.
     pub fn fail_next(&self, n: u32, verb: Option<ApiVerb>, resource: Option<&str>, code: u16) {
-        self.rules.lock().expect("faults lock").push(Rule {
+        runbook_core::util::lock(&self.rules).push(Rule {
             verb,
             resource: resource.map(str::to_string),
             remaining: n,
@@ -98,7 +98,7 @@ impl Faults {
     /// and SelfSubjectAccessReviews for it say not allowed, as they would
     /// for a user whose RBAC lacks it.
     pub fn deny(&self, d: Denied) {
-        self.denied.lock().expect("faults lock").push(d);
+        runbook_core::util::lock(&self.denied).push(d);
     }
 
     /// Whether a request with these attributes is denied.
@@ -109,7 +109,7 @@ impl Faults {
         resource: &str,
         namespace: Option<&str>,
     ) -> bool {
-        self.denied.lock().expect("faults lock").iter().any(|d| {
+        runbook_core::util::lock(&self.denied).iter().any(|d| {
             d.verb == verb
                 && d.group == group
                 && d.resource == resource
@@ -121,23 +121,23 @@ impl Faults {
 
     /// Delay every request by this much.
     pub fn set_latency(&self, d: Duration) {
-        *self.latency.lock().expect("faults lock") = d;
+        *runbook_core::util::lock(&self.latency) = d;
     }
 
     pub fn latency(&self) -> Duration {
-        *self.latency.lock().expect("faults lock")
+        *runbook_core::util::lock(&self.latency)
     }
 
     /// Clear every rule and the latency.
     pub fn clear(&self) {
-        self.rules.lock().expect("faults lock").clear();
-        self.denied.lock().expect("faults lock").clear();
+        runbook_core::util::lock(&self.rules).clear();
+        runbook_core::util::lock(&self.denied).clear();
         self.set_latency(Duration::ZERO);
     }
 
     /// Requests failed on purpose so far.
     pub fn failed(&self) -> u64 {
-        *self.failed.lock().expect("faults lock")
+        *runbook_core::util::lock(&self.failed)
     }
 
     /// The code to fail this request with, if a rule matches (and uses it
@@ -146,7 +146,7 @@ impl Faults {
     /// `plural/subresource` only that subresource.
     pub fn take(&self, verb: ApiVerb, resource: &str) -> Option<u16> {
         let plural = resource.split('/').next().unwrap_or(resource);
-        let mut rules = self.rules.lock().expect("faults lock");
+        let mut rules = runbook_core::util::lock(&self.rules);
         let idx = rules.iter().position(|r| {
             r.remaining > 0
                 && r.verb.is_none_or(|v| v == verb)
@@ -159,7 +159,7 @@ impl Faults {
         if rules[idx].remaining == 0 {
             rules.remove(idx);
         }
-        *self.failed.lock().expect("faults lock") += 1;
+        *runbook_core::util::lock(&self.failed) += 1;
         Some(code)
     }
 }

@@ -384,9 +384,7 @@ impl MemoryView {
         );
         let obj = CachedObject::new(value);
         let key = (kind, obj.namespace().to_string());
-        self.objects
-            .write()
-            .expect("view lock")
+        crate::util::write(&self.objects)
             .entry(key)
             .or_default()
             .insert(obj.name().to_string(), obj.clone());
@@ -394,11 +392,8 @@ impl MemoryView {
     }
 
     pub fn remove(&self, kind: &KindRef, namespace: &str, name: &str) {
-        if let Some(m) = self
-            .objects
-            .write()
-            .expect("view lock")
-            .get_mut(&(kind.clone(), namespace.to_string()))
+        if let Some(m) =
+            crate::util::write(&self.objects).get_mut(&(kind.clone(), namespace.to_string()))
         {
             m.remove(name);
         }
@@ -407,24 +402,20 @@ impl MemoryView {
 
 impl ObjectView for MemoryView {
     fn list(&self, kind: &KindRef, namespace: &str) -> Vec<Arc<CachedObject>> {
-        self.objects
-            .read()
-            .expect("view lock")
+        crate::util::read(&self.objects)
             .get(&(kind.clone(), namespace.to_string()))
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
     }
 
     fn get(&self, kind: &KindRef, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
-        self.objects
-            .read()
-            .expect("view lock")
+        crate::util::read(&self.objects)
             .get(&(kind.clone(), namespace.to_string()))
             .and_then(|m| m.get(name).cloned())
     }
 
     fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>> {
-        let objects = self.objects.read().expect("view lock");
+        let objects = crate::util::read(&self.objects);
         objects
             .iter()
             .filter(|((k, _), _)| k == kind)

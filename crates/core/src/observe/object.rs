@@ -110,7 +110,7 @@ struct Parsed(Mutex<Weak<CachedObject>>);
 
 impl Parsed {
     fn held(&self) -> std::sync::MutexGuard<'_, Weak<CachedObject>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.0)
     }
 }
 

@@ -138,11 +138,11 @@ impl KindCache {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        runbook_core::util::read(&self.state)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+        runbook_core::util::write(&self.state)
     }
 
     /// A change to `o`, which is now in the cache, or (`present` false)

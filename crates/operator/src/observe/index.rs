@@ -275,11 +275,11 @@ fn key_of(o: &RawObject) -> ObjKey {
 
 impl TargetIndex {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Targets> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        runbook_core::util::read(&self.state)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Targets> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+        runbook_core::util::write(&self.state)
     }
 
     /// Follow one event of the watch (a relist replaces everything once
