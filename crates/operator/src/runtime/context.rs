@@ -29,7 +29,6 @@ use runbook_core::alert::AlertSink;
 use runbook_core::clock::Clock;
 use runbook_core::crd::DecisionRecord;
 use runbook_core::kinds::KindRef;
-use runbook_core::observe::OwnWrites;
 use runbook_core::policy::PolicySet;
 use runbook_core::policy::limits::Breaker;
 use runbook_core::script::ScriptEngine;
@@ -181,14 +180,6 @@ pub(super) struct Running {
     pub controller_ended: Arc<tokio::sync::Notify>,
 }
 
-/// What failed on a target, for its backoff: one of its policies, or the
-/// reconcile itself before any decided (discovery, a finalizer, a panic).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) enum Failing {
-    Policy(String),
-    Reconcile,
-}
-
 /// Work waiting, failing and in flight.
 pub(super) struct Queue {
     /// Targets triggered and not reconciled yet.
@@ -208,24 +199,16 @@ pub(super) struct Queue {
 /// longer cached (deleted, even while a watch was down).
 #[derive(Default)]
 pub(super) struct Memory {
-    /// Failed reconciles in a row, for the backoff.
-    pub failures: Mutex<HashMap<(TargetKey, Failing), u32>>,
+    /// Each target's failures in a row, and its status and state as this
+    /// process wrote them: one record per target.
+    pub records: super::records::Records,
     /// What each target's last decision looked up.
     pub deps: Arc<Mutex<Dependencies>>,
     /// Last decisions that need not be made again while nothing they read changes.
     pub last: super::unchanged::LastDecisions,
     pub breakers: Mutex<HashMap<String, Breaker>>,
-    /// Targets whose status this process wrote, with the resourceVersions
-    /// each write replaced (one per policy that wrote): while the cache
-    /// shows one of them, a reconcile would decide on a status that no
-    /// longer is.
-    pub written: OwnWrites<TargetKey, (Vec<String>, tokio::time::Instant)>,
     /// Children this process applied that the cache may not show yet.
     pub applied: runbook_core::plan::Applied,
-    /// Runbook's state of targets (`RunbookState`) as this process last
-    /// wrote it, with the resourceVersion it replaced (`None`: it made
-    /// it): used while the cache still shows the state before.
-    pub states: OwnWrites<TargetKey, (Option<String>, Arc<serde_json::Value>)>,
     /// Kinds whose status a write showed to prune Runbook's fields: their
     /// targets' state is kept apart from then on.
     pub pruning: Mutex<HashSet<KindRef>>,
@@ -245,20 +228,19 @@ impl Memory {
     pub fn prune(&self, alive: &HashSet<TargetKey>) {
         lock(&self.deps).prune(alive);
         self.last.prune(alive);
-        self.written.retain(|k| alive.contains(k));
-        self.states.retain(|k| alive.contains(k));
-        lock(&self.failures).retain(|(k, _), _| alive.contains(k));
+        self.records.retain(alive);
     }
 
     /// How many targets each per-target store holds something of, by
     /// store.
     pub fn remembered(&self) -> [(&'static str, usize); 5] {
+        let [written, states, failures] = self.records.counts();
         [
             ("deps", lock(&self.deps).targets().count()),
             ("last", self.last.len()),
-            ("written", self.written.len()),
-            ("states", self.states.len()),
-            ("failures", lock(&self.failures).len()),
+            ("written", written),
+            ("states", states),
+            ("failures", failures),
         ]
     }
 }
@@ -494,11 +476,11 @@ mod tests {
             };
             lock(&m.deps).set(k, "p", vec![read]);
             let now = tokio::time::Instant::now();
-            m.written.remember(k.clone(), (vec!["7".into()], now));
+            m.records.wrote_status(k, (vec!["7".into()], now));
             let state = Arc::new(serde_json::json!({}));
-            m.states.remember(k.clone(), (None, state));
-            let failing = (k.clone(), Failing::Policy("p".into()));
-            lock(&m.failures).insert(failing, 3);
+            m.records.wrote_state(k, (None, state));
+            m.records
+                .failed(k, super::super::records::Failing::Policy("p".into()));
         }
         let before = m.remembered();
         m.prune(&HashSet::from([kept.clone()]));
@@ -512,6 +494,7 @@ mod tests {
                 .readers_of(&KindRef::new("v1", "ConfigMap"), "ns", "gone-config")
                 .is_empty()
         );
-        assert!(m.written.pending(&gone).is_none() && m.written.pending(&kept).is_some());
+        assert!(m.records.status_written(&gone).is_none());
+        assert!(m.records.status_written(&kept).is_some());
     }
 }

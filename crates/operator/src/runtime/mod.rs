@@ -13,6 +13,7 @@ pub mod leader;
 pub mod operator;
 mod reach;
 mod reconcile;
+mod records;
 pub mod rediscover;
 pub mod shard;
 pub mod tenants;

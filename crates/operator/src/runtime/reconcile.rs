@@ -12,7 +12,8 @@ use kube::runtime::controller::Action;
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::context::{Context, Failing, ShadowRecord};
+use super::context::{Context, ShadowRecord};
+use super::records::Failing;
 use crate::act::{self, Exec};
 use crate::observe::view::{TargetKey, Tracking};
 use crate::telemetry::Metrics;
@@ -475,7 +476,7 @@ pub const CACHE_WAIT: Duration = Duration::from_secs(30);
 /// with would repeat what the last decision did. The wait is bounded by
 /// [`CACHE_WAIT`]; reaching it is logged and counted.
 fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
-    match ctx.memory.written.pending(key) {
+    match ctx.memory.records.status_written(key) {
         Some((before, since)) if before.iter().any(|rv| rv == obj.resource_version()) => {
             if since.elapsed() < CACHE_WAIT {
                 tracing::debug!(kind = %key.kind, namespace = %key.namespace, name = %key.name, "waiting for the cache to show the last status write");
@@ -491,11 +492,11 @@ fn cache_lags(ctx: &Context, obj: &RawObject, key: &TargetKey) -> bool {
                     ("wait", "status"),
                 ]))
                 .inc();
-            ctx.memory.written.settled(key);
+            ctx.memory.records.status_settled(key);
             false
         }
         Some(_) => {
-            ctx.memory.written.settled(key);
+            ctx.memory.records.status_settled(key);
             false
         }
         None => false,
@@ -521,14 +522,10 @@ impl Next {
     /// A policy failed on the target: it comes back after its own
     /// backoff, which grows with its own consecutive failures there.
     fn failed(&mut self, ctx: &Context, key: &TargetKey, policy: &str, failure: Failed) {
-        let n = {
-            let mut f = lock(&ctx.memory.failures);
-            let n = f
-                .entry((key.clone(), Failing::Policy(policy.to_string())))
-                .or_insert(0);
-            *n += 1;
-            *n
-        };
+        let n = ctx
+            .memory
+            .records
+            .failed(key, Failing::Policy(policy.to_string()));
         let delay = backoff(
             ctx.config.backoff_base,
             failure.cause.longest_backoff(ctx.config.backoff_max),
@@ -542,7 +539,9 @@ impl Next {
 
     /// A policy succeeded on the target: its backoff starts over.
     fn succeeded(ctx: &Context, key: &TargetKey, policy: &str) {
-        lock(&ctx.memory.failures).remove(&(key.clone(), Failing::Policy(policy.to_string())));
+        ctx.memory
+            .records
+            .succeeded(key, &Failing::Policy(policy.to_string()));
     }
 }
 
@@ -618,7 +617,7 @@ async fn apart_of(
     if cached.is_none()
         && ctx.config.shards
         && may_be_apart
-        && ctx.memory.states.pending(key).is_none()
+        && ctx.memory.records.state_written(key).is_none()
     {
         cached = read_state(ctx, &namespace, &name).await?;
     }
@@ -627,10 +626,10 @@ async fn apart_of(
         .and_then(|s| s.pointer("/metadata/resourceVersion"))
         .and_then(Value::as_str)
         .map(str::to_string);
-    let state = match ctx.memory.states.pending(key) {
+    let state = match ctx.memory.records.state_written(key) {
         Some((before, written)) if before == cached_version || cached.is_none() => Some(written),
         Some(_) => {
-            ctx.memory.states.settled(key);
+            ctx.memory.records.state_settled(key);
             cached
         }
         None => cached,
@@ -740,13 +739,10 @@ async fn reconcile_target(
     let mut next = Next::default();
     let early = each_policy(ctx, &policies, &mut target, deleting, &leaving, &mut next).await;
     if !next.written_over.is_empty() {
-        ctx.memory.written.remember(
-            key.clone(),
-            (
-                std::mem::take(&mut next.written_over),
-                tokio::time::Instant::now(),
-            ),
-        );
+        let over = std::mem::take(&mut next.written_over);
+        ctx.memory
+            .records
+            .wrote_status(key, (over, tokio::time::Instant::now()));
     }
     if let Some(action) = early? {
         return Ok(action);
@@ -756,7 +752,7 @@ async fn reconcile_target(
         // requeue); the others keep their own times.
         tracing::debug!(error = %f, label = f.cause.label(), delay_ms = next.requeue_ms, "reconcile failed; retrying");
     }
-    lock(&ctx.memory.failures).remove(&(key.clone(), Failing::Reconcile));
+    ctx.memory.records.succeeded(key, &Failing::Reconcile);
     Ok(match next.requeue_ms {
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
@@ -846,9 +842,7 @@ async fn one_policy(
             .and_then(Value::as_str)
             .map(str::to_string);
         let state = Arc::new(state);
-        ctx.memory
-            .states
-            .remember(key.clone(), (before, state.clone()));
+        ctx.memory.records.wrote_state(key, (before, state.clone()));
         apart.state = Some(state);
         if after.is_none() {
             target.cached = runbook_core::observe::CachedObject::new(apart.overlaid());
@@ -1094,12 +1088,7 @@ pub(super) fn error_policy(
     kind: &KindRef,
 ) -> Action {
     let key = key_of(kind, &obj);
-    let n = {
-        let mut f = lock(&ctx.memory.failures);
-        let n = f.entry((key.clone(), Failing::Reconcile)).or_insert(0);
-        *n += 1;
-        *n
-    };
+    let n = ctx.memory.records.failed(&key, Failing::Reconcile);
     let delay = backoff(
         ctx.config.backoff_base,
         ctx.config.backoff_max,
