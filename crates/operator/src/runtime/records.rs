@@ -30,18 +30,50 @@ pub(super) type StatusWrite = (Vec<String>, Instant);
 /// resourceVersion it replaced (`None`: it made it).
 pub(super) type StateWrite = (Option<String>, Arc<Value>);
 
-/// One target's record.
+/// One target's record. The status write is what most targets have for a
+/// moment after each decision that wrote; the rest is rarer and kept
+/// apart, so that a record costs what the status write alone did.
 #[derive(Default)]
 struct Record {
+    status: Option<StatusWrite>,
+    rare: Option<Box<Rare>>,
+}
+
+/// The rarer part of a record.
+#[derive(Default)]
+struct Rare {
     /// Failed reconciles in a row, by what failed.
     failures: Vec<(Failing, u32)>,
-    status: Option<StatusWrite>,
     state: Option<StateWrite>,
 }
 
 impl Record {
     fn is_empty(&self) -> bool {
-        self.failures.is_empty() && self.status.is_none() && self.state.is_none()
+        self.status.is_none() && self.rare.is_none()
+    }
+
+    /// The rarer part, made if missing.
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Drop the rarer part once nothing is in it.
+    fn tidy(&mut self) {
+        if self
+            .rare
+            .as_ref()
+            .is_some_and(|r| r.failures.is_empty() && r.state.is_none())
+        {
+            self.rare = None;
+        }
+    }
+
+    fn failures(&self) -> &[(Failing, u32)] {
+        self.rare.as_ref().map_or(&[], |r| &r.failures)
+    }
+
+    fn state(&self) -> Option<&StateWrite> {
+        self.rare.as_ref().and_then(|r| r.state.as_ref())
     }
 }
 
@@ -56,6 +88,7 @@ impl Records {
         match all.get_mut(key) {
             Some(r) => {
                 let out = f(r);
+                r.tidy();
                 if r.is_empty() {
                     all.remove(key);
                 }
@@ -64,6 +97,7 @@ impl Records {
             None => {
                 let mut r = Record::default();
                 let out = f(&mut r);
+                r.tidy();
                 if !r.is_empty() {
                     all.insert(key.clone(), r);
                 }
@@ -80,13 +114,14 @@ impl Records {
     /// One more failure of `failing` on `key` in a row: how many now.
     pub fn failed(&self, key: &TargetKey, failing: Failing) -> u32 {
         self.with(key, |r| {
-            match r.failures.iter_mut().find(|(f, _)| *f == failing) {
+            let failures = &mut r.rare().failures;
+            match failures.iter_mut().find(|(f, _)| *f == failing) {
                 Some((_, n)) => {
                     *n = n.saturating_add(1);
                     *n
                 }
                 None => {
-                    r.failures.push((failing, 1));
+                    failures.push((failing, 1));
                     1
                 }
             }
@@ -95,7 +130,11 @@ impl Records {
 
     /// `failing` succeeded on `key`: its backoff starts over.
     pub fn succeeded(&self, key: &TargetKey, failing: &Failing) {
-        self.with(key, |r| r.failures.retain(|(f, _)| f != failing));
+        self.with(key, |r| {
+            if let Some(rare) = r.rare.as_mut() {
+                rare.failures.retain(|(f, _)| f != failing);
+            }
+        });
     }
 
     /// This process wrote `key`'s status.
@@ -115,17 +154,21 @@ impl Records {
 
     /// This process wrote Runbook's state of `key`.
     pub fn wrote_state(&self, key: &TargetKey, write: StateWrite) {
-        self.with(key, |r| r.state = Some(write));
+        self.with(key, |r| r.rare().state = Some(write));
     }
 
     /// The state write of `key` the cache may not show yet.
     pub fn state_written(&self, key: &TargetKey) -> Option<StateWrite> {
-        self.get(key, |r| r.state.clone())
+        self.get(key, |r| r.state().cloned())
     }
 
     /// The cache shows `key`'s state write.
     pub fn state_settled(&self, key: &TargetKey) {
-        self.with(key, |r| r.state = None);
+        self.with(key, |r| {
+            if let Some(rare) = r.rare.as_mut() {
+                rare.state = None;
+            }
+        });
     }
 
     /// Keep the records of the targets `alive` only.
@@ -140,8 +183,8 @@ impl Records {
         let count = |f: fn(&Record) -> bool| all.values().filter(|r| f(r)).count();
         [
             count(|r| r.status.is_some()),
-            count(|r| r.state.is_some()),
-            count(|r| !r.failures.is_empty()),
+            count(|r| r.state().is_some()),
+            count(|r| !r.failures().is_empty()),
         ]
     }
 
@@ -204,6 +247,14 @@ mod tests {
         r.status_settled(&key("b"));
         r.succeeded(&key("b"), &Failing::Reconcile);
         assert_eq!(r.len(), 0);
+    }
+
+    /// Most records hold a status write alone: one costs that write and a
+    /// pointer, not room for everything a record may hold.
+    #[test]
+    fn a_record_costs_its_status_write_and_a_pointer() {
+        let write = std::mem::size_of::<StatusWrite>();
+        assert!(std::mem::size_of::<Record>() <= write + std::mem::size_of::<usize>());
     }
 
     #[test]
