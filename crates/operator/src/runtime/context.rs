@@ -202,22 +202,23 @@ pub(super) struct Memory {
     /// Each target's failures in a row, and its status and state as this
     /// process wrote them: one record per target.
     pub records: super::records::Records,
-    /// What each target's last decision looked up.
+    /// What each target's last decision looked up (shared with each
+    /// decision's `Tracking`, which records into it).
     pub deps: Arc<Mutex<Dependencies>>,
     /// Last decisions that need not be made again while nothing they read changes.
     pub last: super::unchanged::LastDecisions,
-    pub breakers: Mutex<HashMap<String, Breaker>>,
+    breakers: Mutex<HashMap<String, Breaker>>,
     /// Children this process applied that the cache may not show yet.
     pub applied: runbook_core::plan::Applied,
     /// Kinds whose status a write showed to prune Runbook's fields: their
     /// targets' state is kept apart from then on.
-    pub pruning: Mutex<HashSet<KindRef>>,
+    pruning: Mutex<HashSet<KindRef>>,
     /// Status fields a policy writes that a target kind's schema drops
     /// (from its served schema, or a write's answer), by policy and kind.
-    pub dropped: Mutex<HashMap<(String, KindRef), std::collections::BTreeSet<String>>>,
+    dropped: Mutex<HashMap<(String, KindRef), std::collections::BTreeSet<String>>>,
     /// Whether the API server serves `RunbookState` (checked at start).
     pub states_served: std::sync::atomic::AtomicBool,
-    pub shadow: Mutex<VecDeque<ShadowRecord>>,
+    shadow: Mutex<VecDeque<ShadowRecord>>,
     /// Where action outcomes are written down, when someone listens (scenarios).
     pub journal: std::sync::OnceLock<Arc<dyn Journal>>,
 }
@@ -242,6 +243,108 @@ impl Memory {
             ("states", states),
             ("failures", failures),
         ]
+    }
+
+    /// What `policy`'s last decision on `target` looked up.
+    pub fn read_by(
+        &self,
+        target: &TargetKey,
+        policy: &str,
+        reads: Vec<crate::observe::view::AccessKey>,
+    ) {
+        lock(&self.deps).set(target, policy, reads);
+    }
+
+    /// Forget what the decisions on `target` looked up (it is gone).
+    pub fn forget_reads(&self, target: &TargetKey) {
+        lock(&self.deps).forget(target);
+    }
+
+    /// Whether a decision on `owner` looked up its children of `kind`.
+    pub fn reads_children(&self, owner: &TargetKey, kind: &KindRef) -> bool {
+        lock(&self.deps).reads_children(owner, kind)
+    }
+
+    /// The targets whose last decisions looked up this object.
+    pub fn readers_of(&self, kind: &KindRef, namespace: &str, name: &str) -> Vec<TargetKey> {
+        lock(&self.deps).readers_of(kind, namespace, name)
+    }
+
+    /// Whether `kind`'s status was seen to prune Runbook's fields.
+    pub fn is_pruning(&self, kind: &KindRef) -> bool {
+        lock(&self.pruning).contains(kind)
+    }
+
+    /// `kind`'s status was seen to prune Runbook's fields: whether that is
+    /// news.
+    pub fn mark_pruning(&self, kind: &KindRef) -> bool {
+        lock(&self.pruning).insert(kind.clone())
+    }
+
+    /// The status fields of `policy`'s writes on `kind` the API server
+    /// drops.
+    pub fn dropped_fields(&self, policy: &str, kind: &KindRef) -> Vec<String> {
+        lock(&self.dropped)
+            .get(&(policy.to_string(), kind.clone()))
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// A write of `policy` on `kind` showed these fields `dropped` and
+    /// these `kept` (again).
+    pub fn note_dropped(&self, policy: &str, kind: &KindRef, dropped: &[String], kept: &[String]) {
+        let mut d = lock(&self.dropped);
+        let known = d.entry((policy.to_string(), kind.clone())).or_default();
+        known.extend(dropped.iter().cloned());
+        for k in kept {
+            known.remove(k);
+        }
+    }
+
+    /// Forget every dropped field (the served schemas are read again).
+    pub fn forget_dropped(&self) {
+        lock(&self.dropped).clear();
+    }
+
+    /// Whether `policy`'s circuit breaker is open at `now_ms` (why, if so).
+    pub fn breaker_open(
+        &self,
+        policy: &str,
+        cb: &runbook_core::policy::limits::CircuitBreaker,
+        now_ms: i64,
+    ) -> Option<String> {
+        lock(&self.breakers)
+            .entry(policy.to_string())
+            .or_default()
+            .open(cb, now_ms)
+    }
+
+    /// Count a decision of `policy` at `now_ms` in its circuit breaker.
+    pub fn breaker_record(
+        &self,
+        policy: &str,
+        cb: &runbook_core::policy::limits::CircuitBreaker,
+        now_ms: i64,
+        failed: bool,
+    ) {
+        lock(&self.breakers)
+            .entry(policy.to_string())
+            .or_default()
+            .record(cb, now_ms, failed);
+    }
+
+    /// Keep a shadow decision, with the newest `keep` only.
+    pub fn keep_shadow(&self, record: ShadowRecord, keep: usize) {
+        let mut log = lock(&self.shadow);
+        log.push_back(record);
+        while log.len() > keep {
+            log.pop_front();
+        }
+    }
+
+    /// Shadow decisions, newest last.
+    pub fn shadow_records(&self) -> Vec<ShadowRecord> {
+        lock(&self.shadow).iter().cloned().collect()
     }
 }
 
@@ -294,7 +397,7 @@ impl Context {
 
     /// Shadow decisions, newest last.
     pub fn shadow_records(&self) -> Vec<ShadowRecord> {
-        lock(&self.memory.shadow).iter().cloned().collect()
+        self.memory.shadow_records()
     }
 
     pub(super) fn trigger(&self, key: TargetKey) {

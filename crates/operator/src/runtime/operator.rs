@@ -534,7 +534,7 @@ impl Operator {
         schemas: &mut crate::observe::schemas::ServedSchemas,
     ) {
         self.ctx.metrics.status_unlisted.clear();
-        lock(&self.ctx.memory.dropped).clear();
+        self.ctx.memory.forget_dropped();
         for p in set.policies.values() {
             let k = &p.target;
             if !p.status.declared || runbook_core::kinds::built_in(k) {
@@ -550,10 +550,7 @@ impl Operator {
                     .status_unlisted
                     .get_or_create(&Metrics::labels(&[("policy", &p.id), ("field", &what)]))
                     .set(1);
-                lock(&self.ctx.memory.dropped)
-                    .entry((p.id.clone(), k.clone()))
-                    .or_default()
-                    .insert(what);
+                self.ctx.memory.note_dropped(&p.id, k, &[what], &[]);
             }
         }
     }
@@ -1030,11 +1027,11 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
                 namespace: o.namespace.clone().unwrap_or_else(|| ch.namespace.clone()),
                 name: o.name.clone(),
             };
-            if !own_apply || lock(&ctx.memory.deps).reads_children(&owner, &ch.kind) {
+            if !own_apply || ctx.memory.reads_children(&owner, &ch.kind) {
                 keys.push(owner);
             }
         }
-        keys.extend(lock(&ctx.memory.deps).readers_of(&ch.kind, &ch.namespace, &ch.name));
+        keys.extend(ctx.memory.readers_of(&ch.kind, &ch.namespace, &ch.name));
         keys.sort();
         keys.dedup();
         for k in keys {

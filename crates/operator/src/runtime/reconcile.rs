@@ -143,12 +143,9 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
     let reads_target = read.iter().any(|a| a.kind == key.kind);
-    lock(&ctx.memory.deps).set(key, &p.name, read);
+    ctx.memory.read_by(key, &p.name, read);
     let manager = act::manager_of(&p.name);
-    let dropped: Vec<String> = lock(&ctx.memory.dropped)
-        .get(&(p.id.clone(), key.kind.clone()))
-        .map(|d| d.iter().cloned().collect())
-        .unwrap_or_default();
+    let dropped = ctx.memory.dropped_fields(&p.id, &key.kind);
     let acting = ctx.acting_for(p);
     let exec = Exec {
         writer: act::Writer {
@@ -265,12 +262,8 @@ fn note_dropped(ctx: &Context, p: &CompiledPolicy, kind: &KindRef, outcome: &act
     if outcome.dropped.is_empty() && outcome.kept.is_empty() {
         return;
     }
-    let mut d = lock(&ctx.memory.dropped);
-    let known = d.entry((p.id.clone(), kind.clone())).or_default();
-    known.extend(outcome.dropped.iter().cloned());
-    for k in &outcome.kept {
-        known.remove(k);
-    }
+    ctx.memory
+        .note_dropped(&p.id, kind, &outcome.dropped, &outcome.kept);
 }
 
 /// How a policy may act now: shadow, enforcing, or suspended while its
@@ -279,12 +272,11 @@ fn mode_of(ctx: &Context, p: &CompiledPolicy, now: Timestamp) -> Acting {
     let mode = match p.mode {
         policy::Mode::Shadow => Acting::Shadow,
         policy::Mode::Enforce => {
-            let open = p.limits.circuit_breaker.as_ref().and_then(|cb| {
-                lock(&ctx.memory.breakers)
-                    .entry(p.id.clone())
-                    .or_default()
-                    .open(cb, now.as_millisecond())
-            });
+            let open = p
+                .limits
+                .circuit_breaker
+                .as_ref()
+                .and_then(|cb| ctx.memory.breaker_open(&p.id, cb, now.as_millisecond()));
             open.map_or(Acting::Enforce, Acting::Suspended)
         }
     };
@@ -318,10 +310,9 @@ fn count(ctx: &Context, p: &CompiledPolicy, now: Timestamp, outcome: &act::Outco
             .inc();
     }
     if let (Some(cb), policy::Mode::Enforce) = (&p.limits.circuit_breaker, p.mode) {
-        lock(&ctx.memory.breakers)
-            .entry(p.id.clone())
-            .or_default()
-            .record(cb, now.as_millisecond(), outcome.failure.is_some());
+        let failed = outcome.failure.is_some();
+        ctx.memory
+            .breaker_record(&p.id, cb, now.as_millisecond(), failed);
     }
 }
 
@@ -334,15 +325,12 @@ fn keep_shadow(
     outcome: &act::Outcome,
 ) {
     tracing::info!(policy = %p.id, version = %p.version, target = %format!("{}/{}", key.namespace, key.name), actions = ?outcome.record.actions, "shadow decision");
-    let mut log = lock(&ctx.memory.shadow);
-    log.push_back(ShadowRecord {
+    let record = ShadowRecord {
         time: runbook_core::util::time::format(now),
         target: format!("{} {}/{}", key.kind, key.namespace, key.name),
         record: outcome.record.clone(),
-    });
-    while log.len() > 1000 {
-        log.pop_front();
-    }
+    };
+    ctx.memory.keep_shadow(record, 1000);
 }
 
 /// What a caught panic said.
@@ -612,7 +600,7 @@ async fn apart_of(
     // target whose own status holds Runbook's records: its kind keeps
     // Runbook's fields there, and it has no state apart.
     let may_be_apart = runbook_core::plan::state::built_in(kind)
-        || lock(&ctx.memory.pruning).contains(kind)
+        || ctx.memory.is_pruning(kind)
         || target.value().pointer("/status/decisions").is_none();
     if cached.is_none()
         && ctx.config.shards
@@ -638,9 +626,8 @@ async fn apart_of(
         .filter(|s| s.pointer("/spec/target/uid").and_then(Value::as_str) == Some(target.uid()));
     // Kept in the status while the kind's status keeps what Runbook
     // writes there, and no state of the target exists apart.
-    let apart = state.is_some()
-        || runbook_core::plan::state::built_in(kind)
-        || lock(&ctx.memory.pruning).contains(kind);
+    let apart =
+        state.is_some() || runbook_core::plan::state::built_in(kind) || ctx.memory.is_pruning(kind);
     if !apart {
         return Ok(None);
     }
@@ -708,7 +695,7 @@ async fn reconcile_target(
         })
         .collect();
     if policies.is_empty() {
-        lock(&ctx.memory.deps).forget(key);
+        ctx.memory.forget_reads(key);
         ctx.memory.last.forget(key);
         return Ok(Action::await_change());
     }
@@ -817,7 +804,7 @@ async fn one_policy(
         return Ok(Some(Action::await_change()));
     }
     let (after, state_after, pruned) = reconcile_policy(ctx, p, target, next).await;
-    if pruned && lock(&ctx.memory.pruning).insert(key.kind.clone()) {
+    if pruned && ctx.memory.mark_pruning(&key.kind) {
         tracing::info!(kind = %key.kind, "the status of this kind prunes what Runbook keeps there: its targets' state is kept in RunbookStates");
     }
     if state_after.is_some() && target.apart.is_none() {
