@@ -216,6 +216,15 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every Rust file of the products' sources (`SOURCES`), sorted.
+fn product_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for folder in SOURCES {
+        rust_files(&root().join(folder), &mut files);
+    }
+    files
+}
+
 /// A file's code without comments and without its test module (which
 /// clippy keeps last in the file).
 fn code_of(text: &str) -> String {
@@ -626,10 +635,7 @@ const WRITERS: &[(&str, &str)] = &[
 /// `DeleteParams`: only the files above may build them.
 #[test]
 fn only_the_writers_write_to_the_api() {
-    let mut files = Vec::new();
-    for folder in SOURCES {
-        rust_files(&root().join(folder), &mut files);
-    }
+    let files = product_files();
     let mut wrong = Vec::new();
     for file in files {
         let rel = file.strip_prefix(root()).unwrap().display().to_string();
@@ -655,10 +661,7 @@ fn only_the_writers_write_to_the_api() {
 /// with `.instrument(span)`.
 #[test]
 fn no_span_guard_is_held_in_async_code() {
-    let mut files = Vec::new();
-    for folder in SOURCES {
-        rust_files(&root().join(folder), &mut files);
-    }
+    let files = product_files();
     let mut wrong = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
@@ -681,10 +684,7 @@ fn no_span_guard_is_held_in_async_code() {
 /// that defines it.
 #[test]
 fn no_crate_gives_another_crates_items_a_second_name() {
-    let mut files = Vec::new();
-    for folder in SOURCES {
-        rust_files(&root().join(folder), &mut files);
-    }
+    let files = product_files();
     let mut wrong = Vec::new();
     for file in files {
         let code = code_of(&std::fs::read_to_string(&file).unwrap());
@@ -711,10 +711,7 @@ fn no_crate_gives_another_crates_items_a_second_name() {
 /// valid between any two statements) instead of panicking in turn.
 #[test]
 fn every_lock_is_taken_through_util() {
-    let mut files = Vec::new();
-    for folder in SOURCES {
-        rust_files(&root().join(folder), &mut files);
-    }
+    let files = product_files();
     let mut wrong = Vec::new();
     for file in files {
         let rel = file.strip_prefix(root()).unwrap().display().to_string();

@@ -77,15 +77,4 @@ impl WebhookError {
             source,
         }
     }
-
-    /// The API server's status code, where the API server answered.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            Self::Api {
-                source: kube::Error::Api(s),
-                ..
-            } => Some(s.code),
-            _ => None,
-        }
-    }
 }
