@@ -74,6 +74,10 @@ fn the_same_scenario_gives_byte_identical_output() {
             "-o",
             "text",
         ],
+        // Objects the scenario makes carry an authorship record, and
+        // each decision's inputs hash covers it and the object's uid.
+        ["simulate", "examples/monitor-pods", "-o", "json"],
+        ["simulate", "examples/secret-copier", "-o", "json"],
     ] {
         let a = runbook(&args);
         let b = runbook(&args);

@@ -561,7 +561,13 @@ async fn sandbox_for(
         bookmark_interval: Duration::from_secs(3600),
         ..Default::default()
     });
-    let signer = runbook_operator::admission::Signer::random();
+    // A key of the scenario's own, not a random one: the authorship record
+    // is among a decision's inputs (its hash is in every decision record),
+    // and two runs of one scenario must report alike. Nothing outside this
+    // process writes to its API server, so nobody can forge with it.
+    let signer = runbook_operator::admission::Signer::new(
+        format!("runbook simulation: {}", s.name).into_bytes(),
+    );
     if let Err(e) = install_authorship(&sandbox, &signer).await {
         report.load_errors.push(load_error(
             &s.file,

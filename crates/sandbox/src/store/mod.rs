@@ -61,7 +61,9 @@ impl Default for StoreConfig {
 
 pub(super) struct Inner {
     rv: u64,
-    seq: u64,
+    /// How many uids and generated names each name (or prefix) has had:
+    /// see [`Inner::draw`].
+    draws: HashMap<u64, u32>,
     defs: BTreeMap<ResKey, Arc<ResourceDef>>,
     objects: HashMap<ResKey, BTreeMap<ObjKey, Stored>>,
     by_uid: HashMap<String, (ResKey, ObjKey)>,
@@ -149,6 +151,7 @@ pub(super) fn without(v: &Value, keys: &[&str]) -> Value {
 
 pub(super) const GENERATE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
+/// A uid in the UUID form, from a number drawn for it.
 pub(super) fn uid_from(seq: u64) -> String {
     let a = runbook_core::util::hash::fnv64(&seq.to_le_bytes());
     let b = runbook_core::util::hash::fnv64(&a.to_le_bytes());
@@ -456,7 +459,7 @@ impl Store {
         let store = Self {
             inner: Mutex::new(Inner {
                 rv: 0,
-                seq: 0,
+                draws: HashMap::new(),
                 defs,
                 objects: HashMap::new(),
                 by_uid: HashMap::new(),
@@ -566,6 +569,26 @@ pub(super) mod tests {
         let a = uid_from(1);
         assert_eq!(a.len(), 36);
         assert_ne!(a, uid_from(2));
+    }
+
+    /// An object's uid depends on what it is and how often that name was
+    /// made before, not on what else was written first: two simulations
+    /// of one scenario give their objects the same uids however their
+    /// writes interleave. A name made again gets another uid.
+    #[test]
+    fn uids_follow_the_name_not_the_order_of_writes() {
+        let uid = |v: &Value| v["metadata"]["uid"].as_str().unwrap().to_string();
+        let (one, two) = (store(), store());
+        let a1 = uid(&config_map(&one, "a", json!({})).unwrap());
+        let b1 = uid(&config_map(&one, "b", json!({})).unwrap());
+        let b2 = uid(&config_map(&two, "b", json!({})).unwrap());
+        let a2 = uid(&config_map(&two, "a", json!({})).unwrap());
+        assert_eq!((a1.as_str(), b1.as_str()), (a2.as_str(), b2.as_str()));
+        assert_ne!(a1, b1);
+        let cms = def(&one, "", "configmaps");
+        one.delete(&cms, "ns", "a", &Default::default()).unwrap();
+        let again = uid(&config_map(&one, "a", json!({})).unwrap());
+        assert_ne!(again, a1, "made again, it is another object");
     }
 
     #[test]

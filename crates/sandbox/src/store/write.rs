@@ -34,8 +34,7 @@ impl Store {
         {
             return Err(ApiError::already_exists(def, &name));
         }
-        inner.seq += 1;
-        let uid = uid_from(inner.seq);
+        let uid = uid_from(inner.draw(&("uid", def.storage(), ns, &name)));
         let now = self.now();
         stamp_new(def, &mut obj, &uid, &now);
         default_builtin(def, &mut obj, &uid);
@@ -654,10 +653,24 @@ impl Inner {
         }
     }
 
+    /// A number for the next uid or generated name of `what` (a kind,
+    /// namespace and name or prefix): the same from one run to the next
+    /// whatever else was written meanwhile, and another each time.
+    pub(super) fn draw(&mut self, what: &impl std::hash::Hash) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = runbook_core::util::hash::Fnv64::default();
+        what.hash(&mut h);
+        let id = h.finish();
+        let n = self.draws.entry(id).or_default();
+        *n = n.wrapping_add(1);
+        let mut h = runbook_core::util::hash::Fnv64::default();
+        (id, *n).hash(&mut h);
+        h.finish()
+    }
+
     pub(super) fn generate_name(&mut self, def: &ResourceDef, ns: &str, prefix: &str) -> String {
         loop {
-            self.seq += 1;
-            let mut h = runbook_core::util::hash::fnv64(&self.seq.to_le_bytes());
+            let mut h = self.draw(&("generateName", def.storage(), ns, prefix));
             let mut suffix = String::new();
             for _ in 0..5 {
                 suffix
