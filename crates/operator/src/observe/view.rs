@@ -2,7 +2,7 @@
 //! remembers every object a decision looked up, so that a change to any of
 //! them wakes exactly the targets that depend on it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::runtime::reflector::Store;
@@ -142,23 +142,18 @@ pub struct Tracking {
     /// The reads made for the target's own sake (not of what one of the
     /// policy's children owns): what its author must be allowed to read.
     checked: Mutex<Vec<AccessKey>>,
-    deps: Arc<Mutex<Dependencies>>,
+    log: Arc<dyn ReadLog>,
     target: TargetKey,
     policy: String,
 }
 
 impl Tracking {
-    pub fn new(
-        sources: Sources,
-        deps: Arc<Mutex<Dependencies>>,
-        target: TargetKey,
-        policy: &str,
-    ) -> Self {
+    pub fn new(sources: Sources, log: Arc<dyn ReadLog>, target: TargetKey, policy: &str) -> Self {
         Self {
             sources,
             accessed: Mutex::new(Vec::new()),
             checked: Mutex::new(Vec::new()),
-            deps,
+            log,
             target,
             policy: policy.to_string(),
         }
@@ -170,7 +165,7 @@ impl Tracking {
             namespace: namespace.to_string(),
             name: name.map(str::to_string),
         };
-        lock(&self.deps).add(&self.target, &self.policy, key.clone());
+        self.log.read(&self.target, &self.policy, key.clone());
         if checked {
             lock(&self.checked).push(key.clone());
         }
@@ -260,147 +255,12 @@ impl ObjectView for Tracking {
 /// read of an object by name.
 pub const CHILDREN: &str = "\u{0}children";
 
-/// Which targets read which objects: for each target, what the last
-/// decision of each of its policies looked up (two teams' policies on one
-/// target each keep their own reads).
-#[derive(Default)]
-pub struct Dependencies {
-    /// For each object read, the targets that read it and how many of
-    /// their policies did.
-    readers: HashMap<AccessKey, HashMap<TargetKey, usize>>,
-    reads: HashMap<TargetKey, HashMap<String, HashSet<AccessKey>>>,
-}
-
-impl Dependencies {
-    /// Replace what one policy's decision on a target depends on.
-    pub fn set(&mut self, target: &TargetKey, policy: &str, keys: Vec<AccessKey>) {
-        let new: HashSet<AccessKey> = keys.into_iter().collect();
-        let old = self
-            .reads
-            .get_mut(target)
-            .and_then(|by_policy| by_policy.remove(policy))
-            .unwrap_or_default();
-        for k in old.difference(&new) {
-            self.unread(k, target);
-        }
-        for k in new.difference(&old) {
-            self.read(k, target);
-        }
-        if !new.is_empty() {
-            self.reads
-                .entry(target.clone())
-                .or_default()
-                .insert(policy.to_string(), new);
-        } else if self.reads.get(target).is_some_and(HashMap::is_empty) {
-            self.reads.remove(target);
-        }
-    }
-
-    /// Add one read to what a policy's decision on a target depends on
-    /// (until its next `set`).
-    pub fn add(&mut self, target: &TargetKey, policy: &str, key: AccessKey) {
-        let keys = self
-            .reads
-            .entry(target.clone())
-            .or_default()
-            .entry(policy.to_string())
-            .or_default();
-        if keys.insert(key.clone()) {
-            self.read(&key, target);
-        }
-    }
-
-    /// The targets whose reads are kept.
-    pub fn targets(&self) -> impl Iterator<Item = &TargetKey> {
-        self.reads.keys()
-    }
-
-    /// Forget the reads of every target but those `alive`.
-    pub fn prune(&mut self, alive: &HashSet<TargetKey>) {
-        let gone: Vec<TargetKey> = self
-            .reads
-            .keys()
-            .filter(|t| !alive.contains(*t))
-            .cloned()
-            .collect();
-        for t in &gone {
-            self.forget(t);
-        }
-    }
-
-    /// Forget every read of a target (it is gone, or no policy applies).
-    pub fn forget(&mut self, target: &TargetKey) {
-        for keys in self
-            .reads
-            .remove(target)
-            .into_iter()
-            .flat_map(HashMap::into_values)
-        {
-            for k in &keys {
-                self.unread(k, target);
-            }
-        }
-    }
-
-    fn read(&mut self, key: &AccessKey, target: &TargetKey) {
-        *self
-            .readers
-            .entry(key.clone())
-            .or_default()
-            .entry(target.clone())
-            .or_default() += 1;
-    }
-
-    fn unread(&mut self, key: &AccessKey, target: &TargetKey) {
-        let Some(targets) = self.readers.get_mut(key) else {
-            return;
-        };
-        if let Some(n) = targets.get_mut(target) {
-            *n -= 1;
-            if *n == 0 {
-                targets.remove(target);
-            }
-        }
-        if targets.is_empty() {
-            self.readers.remove(key);
-        }
-    }
-
-    /// Whether the last decision of a policy on `target` read its children
-    /// of `kind` (see [`CHILDREN`]).
-    pub fn reads_children(&self, target: &TargetKey, kind: &KindRef) -> bool {
-        let key = AccessKey {
-            kind: kind.clone(),
-            namespace: target.namespace.clone(),
-            name: Some(CHILDREN.to_string()),
-        };
-        self.readers
-            .get(&key)
-            .is_some_and(|targets| targets.contains_key(target))
-    }
-
-    /// Targets that read this object, by name or by listing its namespace.
-    pub fn readers_of(&self, kind: &KindRef, namespace: &str, name: &str) -> Vec<TargetKey> {
-        let exact = AccessKey {
-            kind: kind.clone(),
-            namespace: namespace.to_string(),
-            name: Some(name.to_string()),
-        };
-        let all = AccessKey {
-            kind: kind.clone(),
-            namespace: namespace.to_string(),
-            name: None,
-        };
-        let mut out: Vec<TargetKey> = Vec::new();
-        for k in [exact, all] {
-            if let Some(targets) = self.readers.get(&k) {
-                out.extend(targets.keys().cloned());
-            }
-        }
-        out.sort();
-        out.dedup();
-        out
-    }
+/// Where the reads of a decision are noted as it makes them (the target's
+/// record, in the runtime's memory): from then on a change of what was
+/// read wakes the target.
+pub trait ReadLog: Send + Sync {
+    /// `policy`'s decision on `target` read `key`.
+    fn read(&self, target: &TargetKey, policy: &str, key: AccessKey);
 }
 
 /// The key of a target in its controller's store: cluster-scoped objects
@@ -415,74 +275,5 @@ pub fn target_ref(
         r
     } else {
         r.within(namespace)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(name: &str) -> TargetKey {
-        TargetKey {
-            kind: KindRef::new("runbook.dev/v1alpha1", "Evaluator"),
-            namespace: "d".into(),
-            name: name.into(),
-        }
-    }
-
-    fn dep(name: Option<&str>) -> AccessKey {
-        AccessKey {
-            kind: KindRef::new("apps/v1", "Deployment"),
-            namespace: "d".into(),
-            name: name.map(str::to_string),
-        }
-    }
-
-    #[test]
-    fn a_change_wakes_the_targets_that_read_it() {
-        let mut d = Dependencies::default();
-        d.set(&t("a"), "p", vec![dep(Some("web"))]);
-        d.set(&t("b"), "p", vec![dep(None)]);
-        d.set(&t("c"), "p", vec![dep(Some("api"))]);
-        let kind = KindRef::new("apps/v1", "Deployment");
-        assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("a"), t("b")]);
-        d.set(&t("a"), "p", vec![]);
-        assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("b")]);
-        assert!(d.readers_of(&kind, "other", "web").is_empty());
-    }
-
-    #[test]
-    fn each_policy_on_a_target_keeps_its_own_reads() {
-        let mut d = Dependencies::default();
-        let kind = KindRef::new("apps/v1", "Deployment");
-        d.set(&t("a"), "drift", vec![dep(Some("web"))]);
-        // A second policy on the same target reads nothing: the first
-        // one's read still wakes the target.
-        d.set(&t("a"), "retrain", vec![]);
-        assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("a")]);
-        // Both read it; one stops; the other still does.
-        d.set(&t("a"), "retrain", vec![dep(Some("web"))]);
-        d.set(&t("a"), "drift", vec![]);
-        assert_eq!(d.readers_of(&kind, "d", "web"), vec![t("a")]);
-        d.set(&t("a"), "retrain", vec![]);
-        assert!(d.readers_of(&kind, "d", "web").is_empty());
-        assert!(d.reads.is_empty() && d.readers.is_empty(), "nothing kept");
-    }
-
-    #[test]
-    fn a_read_wakes_its_target_from_the_moment_it_is_made() {
-        let deps = Arc::new(Mutex::new(Dependencies::default()));
-        let view = Tracking::new(Sources::default(), deps.clone(), t("a"), "drift");
-        let kind = KindRef::new("apps/v1", "Deployment");
-        // The decision is still running (nothing set yet), and a change to
-        // what it read already finds it.
-        assert!(view.get(&kind, "d", "web").is_none());
-        assert_eq!(lock(&deps).readers_of(&kind, "d", "web"), vec![t("a")]);
-        // Its end replaces the reads with what it read, once each.
-        let keys = view.take();
-        lock(&deps).set(&t("a"), "drift", keys);
-        assert_eq!(lock(&deps).readers_of(&kind, "d", "web"), vec![t("a")]);
-        lock(&deps).forget(&t("a"));
-        assert!(lock(&deps).readers_of(&kind, "d", "web").is_empty());
     }
 }

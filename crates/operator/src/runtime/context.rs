@@ -22,7 +22,7 @@ use crate::events::EventWriter;
 use crate::observe::cache::{Change, Informer};
 use crate::observe::discovery::Resources;
 use crate::observe::health::WatchHealth;
-use crate::observe::view::{Dependencies, Source, Sources, TargetKey, target_ref};
+use crate::observe::view::{Source, Sources, TargetKey, target_ref};
 use crate::telemetry::Metrics;
 use crate::telemetry::journal::Journal;
 use runbook_core::alert::AlertSink;
@@ -199,14 +199,11 @@ pub(super) struct Queue {
 /// longer cached (deleted, even while a watch was down).
 #[derive(Default)]
 pub(super) struct Memory {
-    /// Each target's failures in a row, and its status and state as this
-    /// process wrote them: one record per target.
-    pub records: super::records::Records,
-    /// What each target's last decision looked up (shared with each
-    /// decision's `Tracking`, which records into it).
-    pub deps: Arc<Mutex<Dependencies>>,
-    /// Last decisions that need not be made again while nothing they read changes.
-    pub last: super::unchanged::LastDecisions,
+    /// One record per target: its last decisions and what they looked up
+    /// (shared with each decision's `Tracking`, which notes reads into
+    /// it), its failures in a row, and its status and state as this
+    /// process wrote them.
+    pub records: Arc<super::records::Records>,
     breakers: Mutex<HashMap<String, Breaker>>,
     /// Children this process applied that the cache may not show yet.
     pub applied: runbook_core::plan::Applied,
@@ -224,50 +221,14 @@ pub(super) struct Memory {
 }
 
 impl Memory {
-    /// Keep what is remembered of the targets `alive` only, in every
-    /// per-target store.
+    /// Keep what is remembered of the targets `alive` only.
     pub fn prune(&self, alive: &HashSet<TargetKey>) {
-        lock(&self.deps).prune(alive);
-        self.last.prune(alive);
         self.records.retain(alive);
     }
 
-    /// How many targets each per-target store holds something of, by
-    /// store.
+    /// How many targets have something of each kind remembered, by kind.
     pub fn remembered(&self) -> [(&'static str, usize); 5] {
-        let [written, states, failures] = self.records.counts();
-        [
-            ("deps", lock(&self.deps).targets().count()),
-            ("last", self.last.len()),
-            ("written", written),
-            ("states", states),
-            ("failures", failures),
-        ]
-    }
-
-    /// What `policy`'s last decision on `target` looked up.
-    pub fn read_by(
-        &self,
-        target: &TargetKey,
-        policy: &str,
-        reads: Vec<crate::observe::view::AccessKey>,
-    ) {
-        lock(&self.deps).set(target, policy, reads);
-    }
-
-    /// Forget what the decisions on `target` looked up (it is gone).
-    pub fn forget_reads(&self, target: &TargetKey) {
-        lock(&self.deps).forget(target);
-    }
-
-    /// Whether a decision on `owner` looked up its children of `kind`.
-    pub fn reads_children(&self, owner: &TargetKey, kind: &KindRef) -> bool {
-        lock(&self.deps).reads_children(owner, kind)
-    }
-
-    /// The targets whose last decisions looked up this object.
-    pub fn readers_of(&self, kind: &KindRef, namespace: &str, name: &str) -> Vec<TargetKey> {
-        lock(&self.deps).readers_of(kind, namespace, name)
+        self.records.counts()
     }
 
     /// Whether `kind`'s status was seen to prune Runbook's fields.
@@ -406,7 +367,7 @@ impl Context {
             let r = target_ref(&t.resource, &key.namespace, &key.name);
             // Woken before it is sent: the reconcile it starts decides
             // again, however unchanged the target itself is.
-            self.memory.last.wake(&key);
+            self.memory.records.wake(&key);
             match t.trigger.send(r) {
                 Sent::Queued => {
                     let mut pending = lock(&self.queue.pending);
@@ -550,54 +511,4 @@ pub(super) struct TargetController {
     pub watch: Option<String>,
     /// The namespaces it watches (none: all, or the one reconciled).
     pub namespaces: Vec<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::observe::view::AccessKey;
-
-    fn key(name: &str) -> TargetKey {
-        TargetKey {
-            kind: KindRef::new("example.com/v1", "Widget"),
-            namespace: "ns".into(),
-            name: name.into(),
-        }
-    }
-
-    /// A target deleted while nothing reconciled it again (or while its
-    /// watch was down) leaves nothing behind in any per-target store.
-    #[test]
-    fn pruning_forgets_a_gone_target_in_every_store() {
-        let m = Memory::default();
-        let (gone, kept) = (key("gone"), key("kept"));
-        for k in [&gone, &kept] {
-            let read = AccessKey {
-                kind: KindRef::new("v1", "ConfigMap"),
-                namespace: "ns".into(),
-                name: Some(format!("{}-config", k.name)),
-            };
-            lock(&m.deps).set(k, "p", vec![read]);
-            let now = tokio::time::Instant::now();
-            m.records.wrote_status(k, (vec!["7".into()], now));
-            let state = Arc::new(serde_json::json!({}));
-            m.records.wrote_state(k, (None, state));
-            m.records
-                .failed(k, super::super::records::Failing::Policy("p".into()));
-        }
-        let before = m.remembered();
-        m.prune(&HashSet::from([kept.clone()]));
-        for ((store, was), (_, now)) in before.iter().zip(m.remembered()) {
-            let expected = was.min(&1);
-            assert_eq!(now, *expected, "{store}: {was} -> {now}");
-        }
-        assert_eq!(lock(&m.deps).targets().collect::<Vec<_>>(), [&kept]);
-        assert!(
-            lock(&m.deps)
-                .readers_of(&KindRef::new("v1", "ConfigMap"), "ns", "gone-config")
-                .is_empty()
-        );
-        assert!(m.records.status_written(&gone).is_none());
-        assert!(m.records.status_written(&kept).is_some());
-    }
 }

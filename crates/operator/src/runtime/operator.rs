@@ -1027,11 +1027,15 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
                 namespace: o.namespace.clone().unwrap_or_else(|| ch.namespace.clone()),
                 name: o.name.clone(),
             };
-            if !own_apply || ctx.memory.reads_children(&owner, &ch.kind) {
+            if !own_apply || ctx.memory.records.reads_children(&owner, &ch.kind) {
                 keys.push(owner);
             }
         }
-        keys.extend(ctx.memory.readers_of(&ch.kind, &ch.namespace, &ch.name));
+        keys.extend(
+            ctx.memory
+                .records
+                .readers_of(&ch.kind, &ch.namespace, &ch.name),
+        );
         keys.sort();
         keys.dedup();
         for k in keys {

@@ -134,7 +134,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let apart = t.apart.as_ref();
     let now: Timestamp = ctx.clock.now();
     let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
-    let woken = ctx.memory.last.woken();
+    let woken = ctx.memory.records.woken();
     let (tracking, observed) = tracked(ctx, p, t, now);
     let script = ctx.fair.script(&p.id).await;
     let decision = timed_decision(ctx, p, &observed, hook);
@@ -143,7 +143,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
     let reads_target = read.iter().any(|a| a.kind == key.kind);
-    ctx.memory.read_by(key, &p.name, read);
+    ctx.memory.records.read_by(key, &p.name, read);
     let manager = act::manager_of(&p.name);
     let dropped = ctx.memory.dropped_fields(&p.id, &key.kind);
     let acting = ctx.acting_for(p);
@@ -188,7 +188,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
             now,
             check: ctx.config.check_skips,
         };
-        ctx.memory.last.remember(key, p, carried_out, &last);
+        ctx.memory.records.remember(key, p, carried_out, &last);
     }
     note_dropped(ctx, p, &key.kind, &outcome);
     count(ctx, p, now, &outcome);
@@ -211,7 +211,7 @@ fn tracked(
 ) -> (Arc<Tracking>, Observed) {
     let tracking = Arc::new(Tracking::new(
         ctx.sources(),
-        ctx.memory.deps.clone(),
+        ctx.memory.records.clone(),
         t.key.clone(),
         &p.name,
     ));
@@ -695,12 +695,11 @@ async fn reconcile_target(
         })
         .collect();
     if policies.is_empty() {
-        ctx.memory.forget_reads(key);
-        ctx.memory.last.forget(key);
+        ctx.memory.records.no_policy_applies(key);
         return Ok(Action::await_change());
     }
     ctx.memory
-        .last
+        .records
         .keep_only(key, policies.iter().map(|p| p.id.as_str()));
     let resolved =
         ctx.resources
@@ -866,14 +865,7 @@ async fn one_policy(
 /// elsewhere, or the finalizer would be there) is not made.
 fn writes_elsewhere(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>) -> bool {
     let now = ctx.clock.now();
-    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
-    let mode = mode_of(ctx, p, now);
-    if ctx
-        .memory
-        .last
-        .repeats(t.key, p, t.cached.value(), &mode, resyncs, now)
-        .is_some()
-    {
+    if repeats(ctx, p, t, now).is_some() {
         return false;
     }
     let observed = Observed {
@@ -911,15 +903,30 @@ async fn finalize_policy(
     Ok(())
 }
 
+/// `Some` when deciding `p` on `t` at `now` would repeat its last
+/// decision there, with how long after now it asked to be made again.
+fn repeats(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    now: Timestamp,
+) -> Option<Option<i64>> {
+    let mode = mode_of(ctx, p, now);
+    let at = super::unchanged::Now {
+        target: t.cached.value(),
+        mode: &mode,
+        resyncs: ctx.queue.resyncs.load(Ordering::Acquire),
+        now,
+    };
+    ctx.memory.records.repeats(t.key, p, &at)
+}
+
 /// Whether the last decision of `p` on the target would only be made
 /// again (nothing it read changed since): then it is not, and the time it
 /// asked to come back at still holds.
 fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next) -> bool {
     let now = ctx.clock.now();
-    let mode = mode_of(ctx, p, now);
-    let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
-    let last = &ctx.memory.last;
-    let Some(requeue) = last.repeats(t.key, p, t.cached.value(), &mode, resyncs, now) else {
+    let Some(requeue) = repeats(ctx, p, t, now) else {
         return false;
     };
     tracing::debug!("nothing the last decision read changed: not decided again");
@@ -943,7 +950,7 @@ fn unchanged(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, next: &mut Next)
 /// is told and counted, and the skip stands, so that checking changes
 /// nothing of what the operator does.
 fn check_skip(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, now: Timestamp) {
-    let Some(before) = ctx.memory.last.decided(t.key, p) else {
+    let Some(before) = ctx.memory.records.decided(t.key, p) else {
         return;
     };
     let observed = Observed {

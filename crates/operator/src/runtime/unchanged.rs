@@ -18,18 +18,16 @@
 //! (they count over time), failed, or came from a steps policy.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use serde_json::Value;
 
-use crate::observe::view::TargetKey;
 use runbook_core::decide::Decision;
 use runbook_core::plan::Acting;
 use runbook_core::policy::compile::{Body, CompiledPolicy};
 use runbook_core::policy::limits::Verb;
 use runbook_core::script::obj::TargetReads;
-use runbook_core::util::lock;
 
 /// What a decision of one policy on one target is remembered by: a
 /// reconcile whose memo equals the last decision's would decide the same,
@@ -87,7 +85,7 @@ struct Last {
     reads: Arc<TargetReads>,
     /// When the decision asked to be made again.
     requeue_at: Option<Timestamp>,
-    /// `LastDecisions::woken` before it was made.
+    /// The wake-up count before it was made.
     woken: u64,
     /// What it decided (`effects`), kept when skips are checked.
     decided: Option<Arc<str>>,
@@ -119,29 +117,32 @@ fn fingerprint(reads: &TargetReads, target: &Value) -> u64 {
     hash_of(&(reads.fingerprint(target), shard))
 }
 
-/// The last decisions that need not be made again while nothing they read
-/// changes, by target, one per policy. Kept small (it is per target):
-/// names are hashed; two targets whose names hash alike would only decide
-/// more, as each one's fingerprint holds its uid.
+/// The reads of each policy's latest decision: a policy reads the same
+/// fields of most of its targets, and they share one copy.
 #[derive(Default)]
-pub(super) struct LastDecisions(Mutex<Inner>);
+pub(super) struct SharedReads(HashMap<String, Arc<TargetReads>>);
 
-#[derive(Default)]
-struct Inner {
-    targets: HashMap<u64, Decisions>,
-    /// Counts the wake-ups of targets (`wake`).
-    woken: u64,
-    /// The reads of each policy's latest decision: a policy reads the same
-    /// fields of most of its targets, and they share one copy.
-    reads: HashMap<String, Arc<TargetReads>>,
+impl SharedReads {
+    fn share(&mut self, policy: &str, reads: &TargetReads) -> Arc<TargetReads> {
+        match self.0.get(policy) {
+            Some(r) if **r == *reads => r.clone(),
+            _ => {
+                let r = Arc::new(reads.clone());
+                self.0.insert(policy.to_string(), r.clone());
+                r
+            }
+        }
+    }
 }
 
-/// The last decisions on one target.
+/// The last decisions on one target that need not be made again while
+/// nothing they read changes, one per policy: part of the target's record
+/// (`records`). Kept small; policy names are hashed.
 #[derive(Default)]
-struct Decisions {
+pub(super) struct Decisions {
     last: Vec<Last>,
-    /// `Inner::woken` at the target's latest wake-up: a decision made
-    /// before it is made again.
+    /// The wake-up count at the target's latest wake-up (`wake`): a
+    /// decision made before it is made again.
     woken: u64,
 }
 
@@ -154,7 +155,7 @@ pub(super) struct Made<'a> {
     pub mode: &'a Acting,
     /// `Context::resyncs` before it was made.
     pub resyncs: u64,
-    /// `LastDecisions::woken()` before it was made.
+    /// The wake-up count (`Records::woken`) before it was made.
     pub woken: u64,
     pub now: Timestamp,
     /// Keep what it decided, for a check of the reconciles it lets skip.
@@ -182,75 +183,72 @@ fn memorable<'d>(
         .then_some(&d.target_reads)
 }
 
-impl LastDecisions {
-    /// `Some` when deciding now would repeat the last decision of `p` on
-    /// `key`, with how long after now it asked to be made again.
-    pub fn repeats(
-        &self,
-        key: &TargetKey,
-        p: &CompiledPolicy,
-        target: &Value,
-        mode: &Acting,
-        resyncs: u64,
-        now: Timestamp,
-    ) -> Option<Option<i64>> {
-        let inner = lock(&self.0);
-        let decisions = inner.targets.get(&hash_of(key))?;
+/// What a reconcile compares with the last decision: the target as cached
+/// now, and how the policy would act on it.
+pub(super) struct Now<'a> {
+    pub target: &'a Value,
+    pub mode: &'a Acting,
+    /// `Context::resyncs` now.
+    pub resyncs: u64,
+    pub now: Timestamp,
+}
+
+impl Decisions {
+    /// Nothing kept: neither a decision nor a wake-up.
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty() && self.woken == 0
+    }
+
+    /// Whether a decision is kept.
+    pub fn any(&self) -> bool {
+        !self.last.is_empty()
+    }
+
+    fn of(&self, p: &CompiledPolicy) -> Option<&Last> {
         let policy = hash_of(p.id.as_str());
-        let last = decisions.last.iter().find(|l| l.policy == policy)?;
+        self.last.iter().find(|l| l.policy == policy)
+    }
+
+    /// `Some` when deciding now would repeat the last decision of `p`,
+    /// with how long after now it asked to be made again.
+    pub fn repeats(&self, p: &CompiledPolicy, now: &Now<'_>) -> Option<Option<i64>> {
+        let last = self.of(p)?;
         let now_memo = Memo::new(MemoOf {
             policy: p,
-            mode,
-            resyncs,
+            mode: now.mode,
+            resyncs: now.resyncs,
             reads: &last.reads,
-            target,
-            woken: decisions.woken > last.woken,
-            due: last.requeue_at.is_some_and(|at| at <= now),
+            target: now.target,
+            woken: self.woken > last.woken,
+            due: last.requeue_at.is_some_and(|at| at <= now.now),
         });
         (now_memo == last.memo).then(|| {
             last.requeue_at
-                .map(|at| (at.as_millisecond() - now.as_millisecond()).max(1))
+                .map(|at| (at.as_millisecond() - now.now.as_millisecond()).max(1))
         })
     }
 
-    /// What the last decision of `p` on `key` decided, where it was kept
+    /// What the last decision of `p` decided, where it was kept
     /// (`Made::check`).
-    pub fn decided(&self, key: &TargetKey, p: &CompiledPolicy) -> Option<Arc<str>> {
-        let inner = lock(&self.0);
-        let policy = hash_of(p.id.as_str());
-        inner
-            .targets
-            .get(&hash_of(key))?
-            .last
-            .iter()
-            .find(|l| l.policy == policy)?
-            .decided
-            .clone()
+    pub fn decided(&self, p: &CompiledPolicy) -> Option<Arc<str>> {
+        self.of(p)?.decided.clone()
     }
 
     /// Keep a decision carried out in full, when a later one could repeat
     /// it (`None`: it failed); forget the last one otherwise.
     pub fn remember(
-        &self,
-        key: &TargetKey,
+        &mut self,
         p: &CompiledPolicy,
         decision: Option<&Decision>,
         made: &Made<'_>,
+        shared: &mut SharedReads,
     ) {
+        let policy = hash_of(p.id.as_str());
+        self.last.retain(|l| l.policy != policy);
         let Some(reads) = memorable(p, decision, made) else {
-            return self.forget_policy(key, &p.id);
+            return;
         };
         let now = made.now;
-        let mut inner = lock(&self.0);
-        let shared = match inner.reads.get(&p.id) {
-            Some(r) if **r == *reads => r.clone(),
-            _ => {
-                let r = Arc::new(reads.clone());
-                inner.reads.insert(p.id.clone(), r.clone());
-                r
-            }
-        };
-        let policy = hash_of(p.id.as_str());
         let memo = Memo::new(MemoOf {
             policy: p,
             mode: made.mode,
@@ -263,7 +261,7 @@ impl LastDecisions {
         let last = Last {
             policy,
             memo,
-            reads: shared,
+            reads: shared.share(&p.id, reads),
             requeue_at: decision
                 .and_then(|d| d.requeue_after_ms)
                 .map(|ms| Timestamp::from_millisecond(now.as_millisecond() + ms).unwrap_or(now)),
@@ -272,72 +270,38 @@ impl LastDecisions {
                 .filter(|_| made.check)
                 .map(|d| Arc::from(effects(d))),
         };
-        let target = inner.targets.entry(hash_of(key)).or_default();
-        target.last.retain(|l| l.policy != policy);
         // Most targets have one policy: room for one, not the four a
         // vector's first push makes.
-        target.last.reserve_exact(1);
-        target.last.push(last);
+        self.last.reserve_exact(1);
+        self.last.push(last);
     }
 
-    /// Something a decision on `key` read changed, or it was asked to be
-    /// reconciled: however unchanged the target itself is, its next
-    /// reconcile decides again. (A count, not a flag the next reconcile
-    /// clears: one that ends before deciding, waiting for the cache to
-    /// catch up, must not use the wake-up up.)
-    pub fn wake(&self, key: &TargetKey) {
-        let mut inner = lock(&self.0);
-        inner.woken += 1;
-        let n = inner.woken;
-        inner.targets.entry(hash_of(key)).or_default().woken = n;
+    /// Something a decision read changed, or a reconcile was asked for:
+    /// `count` is the wake-up count now. However unchanged the target
+    /// itself is, its next reconcile decides again. (A count, not a flag
+    /// the next reconcile clears: one that ends before deciding, waiting
+    /// for the cache to catch up, must not use the wake-up up.)
+    pub fn wake(&mut self, count: u64) {
+        self.woken = count;
     }
 
-    /// The count of wake-ups so far, read before a decision.
-    pub fn woken(&self) -> u64 {
-        lock(&self.0).woken
-    }
-
-    /// Forget the last decision of `policy` on `key`.
-    pub fn forget_policy(&self, key: &TargetKey, policy: &str) {
-        let policy = hash_of(policy);
-        self.retain(key, |l| l.policy != policy);
-    }
-
-    fn retain(&self, key: &TargetKey, keep: impl Fn(&Last) -> bool) {
-        if let Some(target) = lock(&self.0).targets.get_mut(&hash_of(key)) {
-            target.last.retain(keep);
-        }
-    }
-
-    /// Keep the decisions on `key` of the policies that apply to it now
+    /// Keep the decisions of the policies that apply to the target now
     /// (one that stopped applying, its selector no longer matching, has
     /// made none since, and will decide afresh when it applies again).
-    pub fn keep_only<'a>(&self, key: &TargetKey, names: impl IntoIterator<Item = &'a str>) {
+    pub fn keep_only<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
         let keep: Vec<u64> = names.into_iter().map(hash_of).collect();
-        self.retain(key, |l| keep.contains(&l.policy));
+        self.last.retain(|l| keep.contains(&l.policy));
     }
 
-    /// Forget every decision on `key` (no policy applies to it any more).
-    pub fn forget(&self, key: &TargetKey) {
-        lock(&self.0).targets.remove(&hash_of(key));
-    }
-
-    /// Keep only the decisions on the targets still `alive`.
-    pub fn prune(&self, alive: &std::collections::HashSet<TargetKey>) {
-        let alive: std::collections::HashSet<u64> = alive.iter().map(hash_of).collect();
-        lock(&self.0).targets.retain(|k, _| alive.contains(k));
-    }
-
-    /// How many targets have a decision kept.
-    pub fn len(&self) -> usize {
-        lock(&self.0).targets.len()
+    /// Forget every decision (no policy applies to the target any more).
+    pub fn clear(&mut self) {
+        self.last.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runbook_core::kinds::KindRef;
     use runbook_core::policy::bundle::{Bundle, Origin};
     use runbook_core::script::ScriptEngine;
     use serde_json::json;
@@ -358,14 +322,6 @@ mod tests {
         let (set, errors) = runbook_core::policy::load(&ScriptEngine::default(), &[bundle]);
         assert!(errors.is_empty(), "{errors:?}");
         set.policies["sizer"].clone()
-    }
-
-    fn key() -> TargetKey {
-        TargetKey {
-            kind: KindRef::new("v1", "ConfigMap"),
-            namespace: "ns".into(),
-            name: "web".into(),
-        }
     }
 
     fn target(size: &str, shard: &str) -> Value {
@@ -396,19 +352,39 @@ mod tests {
     }
 
     /// The memory after `d` was remembered on `target` at second 0.
-    fn remembered(p: &CompiledPolicy, d: &Decision, target: &Value) -> LastDecisions {
-        let last = LastDecisions::default();
+    fn remembered(p: &CompiledPolicy, d: &Decision, target: &Value) -> Decisions {
+        let mut last = Decisions::default();
         let made = Made {
             target,
             reads_own_kind: false,
             mode: &Acting::Enforce,
             resyncs: 1,
-            woken: last.woken(),
+            woken: 0,
             now: at(0),
             check: false,
         };
-        last.remember(&key(), p, Some(d), &made);
+        last.remember(p, Some(d), &made, &mut SharedReads::default());
         last
+    }
+
+    /// Whether deciding `p` on `target` now would repeat the last decision.
+    fn repeats(
+        last: &Decisions,
+        p: &CompiledPolicy,
+        target: &Value,
+        mode: &Acting,
+        resyncs: u64,
+        now: Timestamp,
+    ) -> Option<Option<i64>> {
+        last.repeats(
+            p,
+            &Now {
+                target,
+                mode,
+                resyncs,
+                now,
+            },
+        )
     }
 
     #[test]
@@ -417,54 +393,48 @@ mod tests {
         let t = target("2", "r0");
         let last = remembered(&p, &decision(Some(60_000)), &t);
         assert_eq!(
-            last.repeats(&key(), &p, &t, &Acting::Enforce, 1, at(10)),
+            repeats(&last, &p, &t, &Acting::Enforce, 1, at(10)),
             Some(Some(50_000))
         );
         // A field the decision did not read changes nothing.
         let mut other = t.clone();
         other["data"]["other"] = json!("y");
-        assert!(
-            last.repeats(&key(), &p, &other, &Acting::Enforce, 1, at(10))
-                .is_some()
-        );
+        assert!(repeats(&last, &p, &other, &Acting::Enforce, 1, at(10)).is_some());
         // The time it asked to come back at has come.
-        assert_eq!(
-            last.repeats(&key(), &p, &t, &Acting::Enforce, 1, at(60)),
-            None
-        );
+        assert_eq!(repeats(&last, &p, &t, &Acting::Enforce, 1, at(60)), None);
     }
 
     #[test]
     fn each_input_of_the_memo_decides_again() {
         let p = policy("");
         let t = target("2", "r0");
-        let last = remembered(&p, &decision(None), &t);
-        let repeats = |p: &CompiledPolicy, t: &Value, mode: &Acting, resyncs: u64| {
-            last.repeats(&key(), p, t, mode, resyncs, at(10)).is_some()
+        let mut last = remembered(&p, &decision(None), &t);
+        let repeats = |last: &Decisions, p: &CompiledPolicy, t: &Value, mode: &Acting, r: u64| {
+            repeats(last, p, t, mode, r, at(10)).is_some()
         };
-        assert!(repeats(&p, &t, &Acting::Enforce, 1));
+        assert!(repeats(&last, &p, &t, &Acting::Enforce, 1));
         // A field it read.
-        assert!(!repeats(&p, &target("3", "r0"), &Acting::Enforce, 1));
+        assert!(!repeats(&last, &p, &target("3", "r0"), &Acting::Enforce, 1));
         // The shard label (its children copy it).
-        assert!(!repeats(&p, &target("2", "r1"), &Acting::Enforce, 1));
+        assert!(!repeats(&last, &p, &target("2", "r1"), &Acting::Enforce, 1));
         // Another mode.
-        assert!(!repeats(&p, &t, &Acting::Shadow, 1));
+        assert!(!repeats(&last, &p, &t, &Acting::Shadow, 1));
         // A resync.
-        assert!(!repeats(&p, &t, &Acting::Enforce, 2));
+        assert!(!repeats(&last, &p, &t, &Acting::Enforce, 2));
         // Another version of the policy.
         let edited = policy("  params: {x: 1}\n");
         assert_ne!(edited.version, p.version);
-        assert!(!repeats(&edited, &t, &Acting::Enforce, 1));
+        assert!(!repeats(&last, &edited, &t, &Acting::Enforce, 1));
         // A wake-up of the target (something it read changed).
-        last.wake(&key());
-        assert!(!repeats(&p, &t, &Acting::Enforce, 1));
+        last.wake(1);
+        assert!(!repeats(&last, &p, &t, &Acting::Enforce, 1));
     }
 
     #[test]
     fn what_cannot_repeat_is_not_remembered() {
         let t = target("2", "r0");
         let check = |p: &CompiledPolicy, d: Option<&Decision>, own_kind: bool, mode: &Acting| {
-            let last = LastDecisions::default();
+            let mut last = Decisions::default();
             let made = Made {
                 target: &t,
                 reads_own_kind: own_kind,
@@ -474,8 +444,8 @@ mod tests {
                 now: at(0),
                 check: false,
             };
-            last.remember(&key(), p, d, &made);
-            last.repeats(&key(), p, &t, mode, 1, at(1)).is_some()
+            last.remember(p, d, &made, &mut SharedReads::default());
+            repeats(&last, p, &t, mode, 1, at(1)).is_some()
         };
         let p = policy("");
         let d = decision(None);
