@@ -31,7 +31,7 @@ use runbook_core::observe::Labels;
 use serde_json::json;
 
 use super::members::{Members, Published, published_name};
-use super::takeover::{Gate, Joining, next_ring};
+use super::takeover::{Ask, Gate, Joining, next_ring};
 use crate::runtime::context::Context;
 use crate::runtime::leader::{Elector, LeaseConfig, look_every};
 use runbook_core::clock::Clock;
@@ -153,11 +153,12 @@ pub(crate) async fn admit(
     }
     let label = labels.get(SHARD_LABEL);
     let ring_key = || key(kind.group(), &kind.kind, namespace, name);
-    match ctx
-        .running
-        .placement
-        .gate(&ctx.config.identity, label, ring_key, lease.duration)
-    {
+    let ask = Ask {
+        me: &ctx.config.identity,
+        label,
+        fresh: lease.duration,
+    };
+    match ctx.running.placement.gate(ask, ring_key) {
         Gate::Decide => None,
         Gate::NotMine => Some(Action::await_change()),
         Gate::NotYet => Some(Action::requeue(look_every(lease.duration))),

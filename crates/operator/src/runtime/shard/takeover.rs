@@ -19,8 +19,9 @@
 //!   a joining member therefore never takes a target another is deciding
 //!   for as the gone member's.
 //!
-//! `gate` holds the rules a reconcile applies; `Placement` is what this
-//! replica knows.
+//! `gate` holds the rules a reconcile applies; `Known` is what this
+//! replica knows, a plain state its looks at the members step, and
+//! `Placement` shares it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -47,22 +48,18 @@ pub enum Gate {
 }
 
 /// What this replica knows of the ring, kept from its looks at the
-/// members (`assign::run`).
+/// members (`assign::run`): a plain state, changed by the steps below
+/// with the time passed in, and tested without a cluster.
 #[derive(Default)]
-pub struct Placement {
-    seen: Mutex<Option<Seen>>,
+pub struct Known {
+    seen: Option<Seen>,
     /// When this replica last began leading its own share.
-    gained: Mutex<Option<Instant>>,
+    gained: Option<Instant>,
     /// The gone members whose labels this replica's watches include.
-    watched: Mutex<BTreeSet<String>>,
-    /// Told when `watched` grew: the caches are listed again with it.
-    pub reselect: Notify,
-    /// The gone members whose targets the target controllers watch
-    /// (`shares`): `watched`, once the caches hold their children.
-    pub targets_gone: tokio::sync::watch::Sender<BTreeSet<String>>,
+    watched: BTreeSet<String>,
     /// How many targets each of the assigner's looks (by kind and
     /// selection) found the last time (`assign`).
-    looked: Mutex<HashMap<String, usize>>,
+    looked: HashMap<String, usize>,
 }
 
 struct Seen {
@@ -72,35 +69,44 @@ struct Seen {
     ring: Ring,
 }
 
-impl Placement {
-    /// Keep a new look at the members. Returns whether the watches must
-    /// now include more gone members' labels (`reselect` is told too).
-    pub fn observe(&self, view: View) -> bool {
+/// What a new look at the members asks of the replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// Nothing more to watch.
+    Same,
+    /// The watches must include more gone members' labels: the caches
+    /// are listed again with them.
+    Reselect,
+}
+
+impl Known {
+    /// Keep a new look at the members.
+    pub fn observe(&mut self, view: View) -> Observed {
         let published = view.published.clone().unwrap_or_default();
-        let mut seen = lock(&self.seen);
-        let ring = match seen.as_ref() {
-            Some(s) if s.published.members == published.members => s.ring.clone(),
+        let ring = match self.seen.take() {
+            Some(s) if s.published.members == published.members => s.ring,
             _ => published.ring(),
         };
-        let grew = {
-            let mut watched = lock(&self.watched);
-            let grew = !published.gone.is_subset(&watched);
-            if grew {
-                // The ones no longer gone are dropped at the same time:
-                // their targets are all labelled elsewhere.
-                *watched = published.gone.clone();
-            }
-            grew
-        };
-        *seen = Some(Seen {
+        let grew = !published.gone.is_subset(&self.watched);
+        if grew {
+            // The ones no longer gone are dropped at the same time: their
+            // targets are all labelled elsewhere.
+            self.watched = published.gone.clone();
+        }
+        self.seen = Some(Seen {
             view,
             published,
             ring,
         });
-        if grew {
-            self.reselect.notify_one();
+        match grew {
+            true => Observed::Reselect,
+            false => Observed::Same,
         }
-        grew
+    }
+
+    /// This replica began leading its own share (its member Lease) `at`.
+    pub fn gained(&mut self, at: Instant) {
+        self.gained = Some(at);
     }
 
     /// Whether the assigner's look `look` is asked of the API server's
@@ -111,22 +117,12 @@ impl Placement {
     /// assigner holds thousands of targets at once at most once (many
     /// created between two looks), not look after look.
     pub fn cache_serves(&self, look: &str, page: usize) -> bool {
-        lock(&self.looked).get(look).is_some_and(|n| *n <= page)
+        self.looked.get(look).is_some_and(|n| *n <= page)
     }
 
     /// What the assigner's look `look` found.
-    pub fn looked(&self, look: &str, found: usize) {
-        lock(&self.looked).insert(look.to_string(), found);
-    }
-
-    /// This replica began leading its own share (its member Lease).
-    pub fn gained(&self) {
-        *lock(&self.gained) = Some(Instant::now());
-    }
-
-    /// The gone members whose labels the watches include.
-    pub fn watched(&self) -> BTreeSet<String> {
-        lock(&self.watched).clone()
+    pub fn looked(&mut self, look: &str, found: usize) {
+        self.looked.insert(look.to_string(), found);
     }
 
     /// Whether the published ring places a target whose ring key `key`
@@ -134,38 +130,97 @@ impl Placement {
     /// replica decides for need not be held here. True while no ring is
     /// known (the reconcile's `gate` decides then).
     pub fn places_here(&self, me: &str, key: impl FnOnce() -> String) -> bool {
-        match lock(&self.seen).as_ref() {
+        match self.seen.as_ref() {
             Some(s) if !s.ring.is_empty() => s.ring.owner(&key()) == Some(me),
             _ => true,
         }
     }
 
-    /// `gate` with what this replica knows now.
-    pub fn gate(
-        &self,
-        me: &str,
-        label: Option<&str>,
-        key: impl FnOnce() -> String,
-        fresh: Duration,
-    ) -> Gate {
-        let seen = lock(&self.seen);
-        let gained = *lock(&self.gained);
-        let Some(s) = seen.as_ref() else {
+    /// `gate` with what this replica knows at `now`.
+    pub fn gate(&self, ask: Ask<'_>, now: Instant, key: impl FnOnce() -> String) -> Gate {
+        let Some(s) = self.seen.as_ref() else {
             return Gate::NotYet;
         };
         gate(
             &Knowledge {
-                me,
+                me: ask.me,
                 view: &s.view,
                 published: &s.published,
                 ring: &s.ring,
-                gained,
-                fresh,
+                gained: self.gained,
+                fresh: ask.fresh,
             },
-            Instant::now(),
-            label,
+            now,
+            ask.label,
             key,
         )
+    }
+}
+
+/// What a reconcile asks the gate of a target.
+#[derive(Clone, Copy)]
+pub struct Ask<'a> {
+    /// This replica.
+    pub me: &'a str,
+    /// The target's shard label.
+    pub label: Option<&'a str>,
+    /// How old a look may be to decide for a gone member's target.
+    pub fresh: Duration,
+}
+
+/// What this replica knows of the ring, shared by its reconciles, its
+/// watches and the assigner's loop: [`Known`] behind one lock, and the
+/// signals its steps give.
+#[derive(Default)]
+pub struct Placement {
+    known: Mutex<Known>,
+    /// Told when the watches must include more gone members' labels: the
+    /// caches are listed again with them.
+    pub reselect: Notify,
+    /// The gone members whose targets the target controllers watch
+    /// (`shares`): `watched`, once the caches hold their children.
+    pub targets_gone: tokio::sync::watch::Sender<BTreeSet<String>>,
+}
+
+impl Placement {
+    /// Keep a new look at the members. Returns whether the watches must
+    /// now include more gone members' labels (`reselect` is told too).
+    pub fn observe(&self, view: View) -> bool {
+        let step = lock(&self.known).observe(view);
+        if step == Observed::Reselect {
+            self.reselect.notify_one();
+        }
+        step == Observed::Reselect
+    }
+
+    /// See [`Known::cache_serves`].
+    pub fn cache_serves(&self, look: &str, page: usize) -> bool {
+        lock(&self.known).cache_serves(look, page)
+    }
+
+    /// What the assigner's look `look` found.
+    pub fn looked(&self, look: &str, found: usize) {
+        lock(&self.known).looked(look, found);
+    }
+
+    /// This replica began leading its own share (its member Lease).
+    pub fn gained(&self) {
+        lock(&self.known).gained(Instant::now());
+    }
+
+    /// The gone members whose labels the watches include.
+    pub fn watched(&self) -> BTreeSet<String> {
+        lock(&self.known).watched.clone()
+    }
+
+    /// See [`Known::places_here`].
+    pub fn places_here(&self, me: &str, key: impl FnOnce() -> String) -> bool {
+        lock(&self.known).places_here(me, key)
+    }
+
+    /// `gate` with what this replica knows now.
+    pub fn gate(&self, ask: Ask<'_>, key: impl FnOnce() -> String) -> Gate {
+        lock(&self.known).gate(ask, Instant::now(), key)
     }
 }
 
@@ -323,7 +378,7 @@ mod tests {
     /// all targets are unplaced), nor after one that found many.
     #[test]
     fn the_watch_cache_serves_looks_that_found_few() {
-        let p = Placement::default();
+        let mut p = Known::default();
         assert!(!p.cache_serves("Widget !shard", 500));
         p.looked("Widget !shard", 20_000);
         assert!(!p.cache_serves("Widget !shard", 500));
@@ -332,6 +387,49 @@ mod tests {
         assert!(!p.cache_serves("Gadget !shard", 500));
         p.looked("Widget !shard", 500);
         assert!(p.cache_serves("Widget !shard", 500));
+    }
+
+    /// The watches widen when a member is newly gone, and not when one
+    /// stops being gone (its targets are all labelled elsewhere): they
+    /// narrow with the next widening, never listing again for less.
+    #[test]
+    fn a_look_reselects_the_watches_only_when_more_members_are_gone() {
+        let now = Instant::now();
+        let mut k = Known::default();
+        let look = |members: &[&str], gone: &[&str]| world(members, members, gone, now).view;
+        assert_eq!(k.observe(look(&["a", "b"], &[])), Observed::Same);
+        assert_eq!(k.observe(look(&["a"], &["b"])), Observed::Reselect);
+        assert_eq!(k.watched, set(&["b"]));
+        assert_eq!(k.observe(look(&["a"], &["b"])), Observed::Same);
+        assert_eq!(k.observe(look(&["a"], &[])), Observed::Same);
+        assert_eq!(k.watched, set(&["b"]), "kept until the next widening");
+        assert_eq!(k.observe(look(&["x"], &["a"])), Observed::Reselect);
+        assert_eq!(k.watched, set(&["a"]));
+    }
+
+    /// Before any look, nothing is decided (a look may be on its way); a
+    /// target is held wherever no ring is known; and a look from before
+    /// this replica began leading decides nothing.
+    #[test]
+    fn what_a_replica_may_do_before_and_after_its_first_look() {
+        let now = Instant::now();
+        let mut k = Known::default();
+        let ask = |label| Ask {
+            me: "a",
+            label,
+            fresh: Duration::from_secs(10),
+        };
+        let t = || key("", "ConfigMap", "shop", "t1");
+        assert_eq!(k.gate(ask(Some("a")), now, t), Gate::NotYet);
+        assert!(k.places_here("a", t) && k.places_here("b", t));
+        k.observe(world(&["a", "b"], &["a", "b"], &[], now).view);
+        assert_eq!(k.gate(ask(Some("a")), now, t), Gate::Decide);
+        assert_ne!(k.places_here("a", t), k.places_here("b", t));
+        k.gained(now + Duration::from_millis(1));
+        assert_eq!(k.gate(ask(Some("a")), now, t), Gate::NotYet);
+        let later = now + Duration::from_secs(1);
+        k.observe(world(&["a", "b"], &["a", "b"], &[], later).view);
+        assert_eq!(k.gate(ask(Some("a")), later, t), Gate::Decide);
     }
 
     #[test]
