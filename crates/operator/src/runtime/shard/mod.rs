@@ -10,9 +10,11 @@
 //! ring, label targets for their places), `takeover` decides what a
 //! replica may do for a gone member's targets before they are relabelled,
 //! and `shares` merges a replica's own watch with those of gone members.
-//! The decisions of `assign` and `takeover` are plain state machines
-//! (`Assigner::look`, `Assigner::published`, `Placement::observe`,
-//! `gate`, `next_ring`) stepped by the I/O loop with the time passed in.
+//! The decisions of all three are plain state machines, stepped by thin
+//! I/O loops with the time passed in and unit-tested without a cluster:
+//! the assigner (`Assigner::look`, `Assigner::published`, `next_ring`),
+//! what a replica knows of the ring (`takeover::Known::observe`, `gate`),
+//! and the merge of the watches (`shares::Merge::step`).
 
 mod assign;
 mod members;

@@ -13,6 +13,10 @@
 //! and the deletions it implies. An object moving from a gone label to
 //! this replica's own shows up in both watches, in either order; the
 //! store keeps what the own watch says of it.
+//!
+//! `Merge` holds these rules as a plain state machine, stepped one input
+//! at a time with what the store holds and the time; `Shares` is the loop
+//! that reads the watches, steps it and starts the watches it asks for.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -63,34 +67,262 @@ struct GoneList {
     first: Option<std::time::Duration>,
 }
 
-/// The merged watch; see the module's documentation.
-pub(crate) struct Shares {
+/// What the merge looks at as it steps: the store as the reflector holds
+/// it, and where the published ring places a gone member's target.
+pub(crate) trait Look {
+    /// The object as the store holds it.
+    fn held(&self, o: &RawObject) -> Option<Arc<RawObject>>;
+    /// Every object held that `pick` picks.
+    fn held_where(&self, pick: &dyn Fn(&RawObject) -> bool) -> Vec<Arc<RawObject>>;
+    /// Whether the published ring places this gone member's target here.
+    fn places_here(&self, o: &RawObject) -> bool;
+}
+
+/// What the merge is told, one thing at a time.
+pub(crate) enum Input {
+    /// An event of the own watch.
+    Own(WatchResult),
+    /// An event of the gone watch.
+    Gone(WatchResult),
+    /// The gone watch ended (a watcher does not; were it to, the next
+    /// change of the gone members starts another).
+    GoneEnded,
+    /// The gone members to watch are these now.
+    Watched(BTreeSet<String>),
+}
+
+/// What a step asks of its loop.
+pub(crate) enum Act {
+    /// Pass this on to the reflector.
+    Pass(WatchResult),
+    /// Watch these gone members' labels, in place of the ones watched
+    /// (none: stop).
+    Watch(BTreeSet<String>),
+}
+
+/// The merge of the own watch and the gone watch as a plain state machine:
+/// [`Merge::step`] takes one input, what the store holds and the time, and
+/// says what to pass on and which watch to start. See the module's
+/// documentation for the rules.
+pub(crate) struct Merge {
     me: String,
     kind: String,
-    own: Watch,
     /// Whether the own watch's first list reached the store.
     own_listed: bool,
     /// What the own watch's relist has listed so far.
     own_relist: Option<HashSet<Key>>,
-    gone: Option<Watch>,
-    /// The gone members the gone watch selects.
+    /// The gone members to watch, as last told.
+    wanted: BTreeSet<String>,
+    /// The gone members the gone watch selects, and whether it runs.
     gone_labels: BTreeSet<String>,
+    gone_running: bool,
     /// What the gone watch's list has listed so far.
     gone_list: Option<GoneList>,
     /// When the gone watch was last started.
     gone_started: Instant,
-    start_gone: StartGone,
-    /// Only the gone members' targets the ring places here are held: the
-    /// others' reconciles would end at once, and at thousands of targets
-    /// passing them through the store and the controller's queue is most
-    /// of a takeover's time.
-    places_here: PlacesHere,
-    /// The gone members to watch the labels of; `None` once nothing
-    /// tells of them any more.
-    watched: Option<watch::Receiver<BTreeSet<String>>>,
-    store: Store<RawObject>,
-    resource: Arc<ApiResource>,
-    out: VecDeque<WatchResult>,
+    out: Vec<Act>,
+}
+
+impl Merge {
+    /// A merge for replica `me`, told of the gone members `wanted` so far.
+    pub(crate) fn new(me: String, kind: String, wanted: BTreeSet<String>, now: Instant) -> Self {
+        Self {
+            me,
+            kind,
+            own_listed: false,
+            own_relist: None,
+            wanted,
+            gone_labels: BTreeSet::new(),
+            gone_running: false,
+            gone_list: None,
+            gone_started: now,
+            out: Vec::new(),
+        }
+    }
+
+    /// Whether the own watch's first list is done: the gone watch and its
+    /// changes wait for it.
+    pub(crate) fn listed(&self) -> bool {
+        self.own_listed
+    }
+
+    /// Take one input: what to do, in order.
+    pub(crate) fn step(&mut self, input: Input, look: &dyn Look, now: Instant) -> Vec<Act> {
+        match input {
+            Input::Own(e) => self.on_own(e, look, now),
+            Input::Gone(e) => self.on_gone(e, look, now),
+            Input::GoneEnded => self.gone_running = false,
+            Input::Watched(labels) => {
+                self.wanted = labels;
+                if self.own_listed {
+                    self.follow(look, now);
+                }
+            }
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    fn pass(&mut self, e: Event<RawObject>) {
+        self.out.push(Act::Pass(Ok(e)));
+    }
+
+    /// Whether the store holds this object as the own watch last said it.
+    fn held_as_own(&self, o: &RawObject, look: &dyn Look) -> bool {
+        look.held(o).is_some_and(|h| label(&h) == Some(&self.me))
+    }
+
+    fn on_own(&mut self, e: WatchResult, look: &dyn Look, now: Instant) {
+        let e = match e {
+            Ok(e) => e,
+            Err(e) => return self.out.push(Act::Pass(Err(e))),
+        };
+        if !self.own_listed {
+            // The first list fills the store as any reflector's does; the
+            // gone watch starts after it.
+            let done = matches!(e, Event::InitDone);
+            self.pass(e);
+            if done {
+                self.own_listed = true;
+                self.follow(look, now);
+            }
+            return;
+        }
+        match e {
+            Event::Init => self.own_relist = Some(HashSet::new()),
+            Event::InitApply(o) => {
+                if let Some(seen) = self.own_relist.as_mut() {
+                    seen.insert(key(&o));
+                }
+                self.pass(Event::Apply(o));
+            }
+            Event::InitDone => {
+                let seen = self.own_relist.take().unwrap_or_default();
+                let me = self.me.clone();
+                self.sweep(look, &|o| label(o) == Some(&me) && !seen.contains(&key(o)));
+            }
+            Event::Apply(o) => self.pass(Event::Apply(o)),
+            // Held as a gone member's target (the object went from this
+            // replica's label to a gone member's, and the gone watch said
+            // so first): the gone watch's word stands.
+            Event::Delete(o) => match look.held(&o) {
+                Some(h) if label(&h) != Some(&self.me) => {}
+                _ => self.pass(Event::Delete(o)),
+            },
+        }
+    }
+
+    fn on_gone(&mut self, e: WatchResult, look: &dyn Look, now: Instant) {
+        // Its failures are reported and retried with a backoff where the
+        // watch is made (`StartGone`); the controller never sees them.
+        let Ok(e) = e else { return };
+        match e {
+            Event::Init => {
+                self.gone_list = Some(GoneList {
+                    seen: HashSet::new(),
+                    listed: 0,
+                    began: now,
+                    first: None,
+                })
+            }
+            Event::InitApply(o) => self.gone_listed(o, look, now),
+            Event::InitDone => self.gone_list_done(look, now),
+            // The own watch's word stands for an object it holds.
+            Event::Apply(o) | Event::Delete(o) if self.held_as_own(&o, look) => {}
+            // Placed on another replica: not held here (dropped, were it
+            // held from before).
+            Event::Apply(o) if !look.places_here(&o) => {
+                if look.held(&o).is_some() {
+                    self.pass(Event::Delete(o));
+                }
+            }
+            Event::Delete(o) if look.held(&o).is_none() => {}
+            e => self.pass(e),
+        }
+    }
+
+    /// One object of the gone watch's list.
+    fn gone_listed(&mut self, o: RawObject, look: &dyn Look, now: Instant) {
+        let here = look.places_here(&o);
+        if let Some(list) = self.gone_list.as_mut() {
+            list.first
+                .get_or_insert_with(|| now.saturating_duration_since(list.began));
+            list.listed += 1;
+            if list.listed % 500 == 0 {
+                tracing::debug!(
+                    kind = %self.kind,
+                    listed = list.listed,
+                    held = list.seen.len(),
+                    ms = now.saturating_duration_since(list.began).as_millis() as u64,
+                    "listing the gone members' targets"
+                );
+            }
+            // Those placed elsewhere are not held: the sweep at the list's
+            // end drops any held from before.
+            if here {
+                list.seen.insert(key(&o));
+            }
+        }
+        if !here {
+            return;
+        }
+        // Held as the own watch said it, or already held as it is (the gone
+        // members changed, and this one's targets are listed again):
+        // nothing new to decide.
+        let skip = look.held(&o).is_some_and(|h| {
+            label(&h) == Some(&self.me) || h.meta.resource_version == o.meta.resource_version
+        });
+        if !skip {
+            self.pass(Event::Apply(o));
+        }
+    }
+
+    /// The gone watch's list is done: what it no longer lists goes.
+    fn gone_list_done(&mut self, look: &dyn Look, now: Instant) {
+        let Some(list) = self.gone_list.take() else {
+            return;
+        };
+        let me = self.me.clone();
+        let seen = &list.seen;
+        self.sweep(look, &|o| label(o) != Some(&me) && !seen.contains(&key(o)));
+        // From the watch's start to its list's request, to the list's
+        // first object, and to its end.
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        tracing::info!(
+            kind = %self.kind,
+            gone = ?self.gone_labels,
+            listed = list.listed,
+            targets = seen.len(),
+            requested_ms = ms(list.began.saturating_duration_since(self.gone_started)),
+            first_ms = list.first.map(ms),
+            ms = ms(now.saturating_duration_since(list.began)),
+            "listed the gone members' targets"
+        );
+    }
+
+    /// Watch the gone members wanted, where they are not the ones watched.
+    fn follow(&mut self, look: &dyn Look, now: Instant) {
+        let labels = self.wanted.clone();
+        if labels == self.gone_labels && (self.gone_running || labels.is_empty()) {
+            return;
+        }
+        self.gone_list = None;
+        self.gone_started = now;
+        self.gone_running = !labels.is_empty();
+        self.gone_labels = labels.clone();
+        self.out.push(Act::Watch(labels));
+        if !self.gone_running {
+            // Nobody's targets but this replica's own any more.
+            let me = self.me.clone();
+            self.sweep(look, &|o| label(o) != Some(&me));
+        }
+    }
+
+    /// Pass on the deletion of every object held that `gone` picks.
+    fn sweep(&mut self, look: &dyn Look, gone: &dyn Fn(&RawObject) -> bool) {
+        for o in look.held_where(gone) {
+            self.pass(Event::Delete((*o).clone()));
+        }
+    }
 }
 
 /// What a sharded replica's watch of a kind is made of.
@@ -112,6 +344,41 @@ pub(crate) struct Parts {
     pub resource: Arc<ApiResource>,
 }
 
+/// The store and the ring, as the merge looks at them.
+struct Held {
+    store: Store<RawObject>,
+    resource: Arc<ApiResource>,
+    places_here: PlacesHere,
+}
+
+impl Look for Held {
+    fn held(&self, o: &RawObject) -> Option<Arc<RawObject>> {
+        self.store.get(&o.to_object_ref(self.resource.clone()))
+    }
+
+    fn held_where(&self, pick: &dyn Fn(&RawObject) -> bool) -> Vec<Arc<RawObject>> {
+        self.store.state_filter(pick)
+    }
+
+    fn places_here(&self, o: &RawObject) -> bool {
+        (self.places_here)(o)
+    }
+}
+
+/// The merged watch: the I/O loop that feeds [`Merge`] and does what it
+/// asks.
+pub(crate) struct Shares {
+    merge: Merge,
+    held: Held,
+    own: Watch,
+    gone: Option<Watch>,
+    start_gone: StartGone,
+    /// The gone members to watch the labels of; `None` once nothing
+    /// tells of them any more.
+    watched: Option<watch::Receiver<BTreeSet<String>>>,
+    out: VecDeque<WatchResult>,
+}
+
 impl Shares {
     pub(crate) fn new(parts: Parts) -> Self {
         let Parts {
@@ -120,25 +387,22 @@ impl Shares {
             own,
             start_gone,
             places_here,
-            watched,
+            mut watched,
             store,
             resource,
         } = parts;
+        let wanted = watched.borrow_and_update().clone();
         Self {
-            me,
-            kind,
+            merge: Merge::new(me, kind, wanted, Instant::now()),
+            held: Held {
+                store,
+                resource,
+                places_here,
+            },
             own,
-            own_listed: false,
-            own_relist: None,
             gone: None,
-            gone_labels: BTreeSet::new(),
-            gone_list: None,
-            gone_started: Instant::now(),
             start_gone,
-            places_here,
             watched: Some(watched),
-            store,
-            resource,
             out: VecDeque::new(),
         }
     }
@@ -157,9 +421,23 @@ impl Shares {
             if let Some(e) = self.out.pop_front() {
                 return Some(e);
             }
-            let listed = self.own_listed;
+            let input = self.input().await?;
+            for act in self.merge.step(input, &self.held, Instant::now()) {
+                match act {
+                    Act::Pass(e) => self.out.push_back(e),
+                    Act::Watch(labels) => self.gone = (self.start_gone)(&labels),
+                }
+            }
+        }
+    }
+
+    /// The next input; `None` when the own watch ends (which ends the
+    /// controller; its supervisor starts it again).
+    async fn input(&mut self) -> Option<Input> {
+        loop {
+            let listed = self.merge.listed();
             let (own, gone, watched) = (&mut self.own, &mut self.gone, &mut self.watched);
-            let gone = async {
+            let gone_next = async {
                 match gone.as_mut() {
                     Some(g) => g.next().await,
                     None => std::future::pending().await,
@@ -171,187 +449,33 @@ impl Shares {
                     None => std::future::pending().await,
                 }
             };
-            enum Step {
+            enum Got {
                 Own(Option<WatchResult>),
                 Gone(Option<WatchResult>),
                 Changed(bool),
             }
-            let step = tokio::select! {
+            let got = tokio::select! {
                 biased;
-                e = own.next() => Step::Own(e),
-                ok = changed, if listed => Step::Changed(ok),
-                e = gone, if listed => Step::Gone(e),
+                e = own.next() => Got::Own(e),
+                ok = changed, if listed => Got::Changed(ok),
+                e = gone_next, if listed => Got::Gone(e),
             };
-            match step {
-                // The own watch ending ends the controller (its supervisor
-                // starts it again).
-                Step::Own(None) => return None,
-                Step::Own(Some(e)) => self.on_own(e),
-                Step::Gone(Some(e)) => self.on_gone(e),
-                // A watcher does not end; were it to, the next change of
-                // the gone members starts another.
-                Step::Gone(None) => self.gone = None,
-                Step::Changed(true) => self.follow(),
-                Step::Changed(false) => self.watched = None,
-            }
-        }
-    }
-
-    fn held(&self, o: &RawObject) -> Option<std::sync::Arc<RawObject>> {
-        self.store.get(&o.to_object_ref(self.resource.clone()))
-    }
-
-    /// Whether the store holds this object as the own watch last said it.
-    fn held_as_own(&self, o: &RawObject) -> bool {
-        self.held(o).is_some_and(|h| label(&h) == Some(&self.me))
-    }
-
-    fn on_own(&mut self, e: WatchResult) {
-        let e = match e {
-            Ok(e) => e,
-            Err(e) => return self.out.push_back(Err(e)),
-        };
-        if !self.own_listed {
-            // The first list fills the store as any reflector's does; the
-            // gone watch starts after it.
-            let done = matches!(e, Event::InitDone);
-            self.out.push_back(Ok(e));
-            if done {
-                self.own_listed = true;
-                self.follow();
-            }
-            return;
-        }
-        match e {
-            Event::Init => self.own_relist = Some(HashSet::new()),
-            Event::InitApply(o) => {
-                if let Some(seen) = self.own_relist.as_mut() {
-                    seen.insert(key(&o));
+            return match got {
+                Got::Own(e) => e.map(Input::Own),
+                Got::Gone(Some(e)) => Some(Input::Gone(e)),
+                Got::Gone(None) => {
+                    self.gone = None;
+                    Some(Input::GoneEnded)
                 }
-                self.out.push_back(Ok(Event::Apply(o)));
-            }
-            Event::InitDone => {
-                let seen = self.own_relist.take().unwrap_or_default();
-                let me = self.me.clone();
-                self.sweep(|o| label(o) == Some(&me) && !seen.contains(&key(o)));
-            }
-            Event::Apply(o) => self.out.push_back(Ok(Event::Apply(o))),
-            // Held as a gone member's target (the object went from this
-            // replica's label to a gone member's, and the gone watch said
-            // so first): the gone watch's word stands.
-            Event::Delete(o) => match self.held(&o) {
-                Some(h) if label(&h) != Some(&self.me) => {}
-                _ => self.out.push_back(Ok(Event::Delete(o))),
-            },
-        }
-    }
-
-    fn on_gone(&mut self, e: WatchResult) {
-        // Its failures are reported and retried with a backoff where the
-        // watch is made (`StartGone`); the controller never sees them.
-        let Ok(e) = e else { return };
-        match e {
-            Event::Init => {
-                self.gone_list = Some(GoneList {
-                    seen: HashSet::new(),
-                    listed: 0,
-                    began: Instant::now(),
-                    first: None,
-                })
-            }
-            Event::InitApply(o) => {
-                let here = (self.places_here)(&o);
-                if let Some(list) = self.gone_list.as_mut() {
-                    list.first.get_or_insert_with(|| list.began.elapsed());
-                    list.listed += 1;
-                    if list.listed % 500 == 0 {
-                        tracing::debug!(
-                            kind = %self.kind,
-                            listed = list.listed,
-                            held = list.seen.len(),
-                            ms = list.began.elapsed().as_millis() as u64,
-                            "listing the gone members' targets"
-                        );
-                    }
-                    // Those placed elsewhere are not held: the sweep at
-                    // the list's end drops any held from before.
-                    if here {
-                        list.seen.insert(key(&o));
-                    }
+                Got::Changed(true) => {
+                    let labels = self.watched.as_mut().map(|w| w.borrow_and_update().clone());
+                    Some(Input::Watched(labels.unwrap_or_default()))
                 }
-                if !here {
-                    return;
+                Got::Changed(false) => {
+                    self.watched = None;
+                    continue;
                 }
-                // Held as the own watch said it, or already held as it
-                // is (the gone members changed, and this one's targets
-                // are listed again): nothing new to decide.
-                let skip = self.held(&o).is_some_and(|h| {
-                    label(&h) == Some(&self.me)
-                        || h.meta.resource_version == o.meta.resource_version
-                });
-                if !skip {
-                    self.out.push_back(Ok(Event::Apply(o)));
-                }
-            }
-            Event::InitDone => {
-                let Some(list) = self.gone_list.take() else {
-                    return;
-                };
-                let me = self.me.clone();
-                let seen = &list.seen;
-                self.sweep(|o| label(o) != Some(&me) && !seen.contains(&key(o)));
-                // From the watch's start to its list's request, to the
-                // list's first object, and to its end.
-                let ms = |d: std::time::Duration| d.as_millis() as u64;
-                tracing::info!(
-                    kind = %self.kind,
-                    gone = ?self.gone_labels,
-                    listed = list.listed,
-                    targets = seen.len(),
-                    requested_ms = ms(list.began.saturating_duration_since(self.gone_started)),
-                    first_ms = list.first.map(ms),
-                    ms = ms(list.began.elapsed()),
-                    "listed the gone members' targets"
-                );
-            }
-            // The own watch's word stands for an object it holds.
-            Event::Apply(o) | Event::Delete(o) if self.held_as_own(&o) => {}
-            // Placed on another replica: not held here (dropped, were it
-            // held from before).
-            Event::Apply(o) if !(self.places_here)(&o) => {
-                if self.held(&o).is_some() {
-                    self.out.push_back(Ok(Event::Delete(o)));
-                }
-            }
-            Event::Delete(o) if self.held(&o).is_none() => {}
-            e => self.out.push_back(Ok(e)),
-        }
-    }
-
-    /// The gone members changed: watch theirs instead.
-    fn follow(&mut self) {
-        let Some(watched) = self.watched.as_mut() else {
-            return;
-        };
-        let labels = watched.borrow_and_update().clone();
-        if labels == self.gone_labels && (self.gone.is_some() || labels.is_empty()) {
-            return;
-        }
-        self.gone_list = None;
-        self.gone_started = Instant::now();
-        self.gone = (self.start_gone)(&labels);
-        self.gone_labels = labels;
-        if self.gone.is_none() {
-            // Nobody's targets but this replica's own any more.
-            let me = self.me.clone();
-            self.sweep(|o| label(o) != Some(&me));
-        }
-    }
-
-    /// Pass on the deletion of every object held that `gone` picks.
-    fn sweep(&mut self, gone: impl Fn(&RawObject) -> bool) {
-        for o in self.store.state_filter(gone) {
-            self.out.push_back(Ok(Event::Delete((*o).clone())));
+            };
         }
     }
 }
@@ -519,6 +643,110 @@ mod tests {
 
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// The store as a reflector keeps it, applied by hand, and the
+    /// names the ring places elsewhere.
+    #[derive(Default)]
+    struct Fake {
+        held: std::collections::BTreeMap<String, Arc<RawObject>>,
+        elsewhere: BTreeSet<String>,
+    }
+
+    impl Look for Fake {
+        fn held(&self, o: &RawObject) -> Option<Arc<RawObject>> {
+            self.held.get(o.name()).cloned()
+        }
+        fn held_where(&self, pick: &dyn Fn(&RawObject) -> bool) -> Vec<Arc<RawObject>> {
+            self.held.values().filter(|o| pick(o)).cloned().collect()
+        }
+        fn places_here(&self, o: &RawObject) -> bool {
+            !self.elsewhere.contains(o.name())
+        }
+    }
+
+    impl Fake {
+        /// Step `m` with `input`, apply what it passes on, and say what it
+        /// did.
+        fn step(&mut self, m: &mut Merge, input: Input) -> Vec<String> {
+            let acts = m.step(input, self, Instant::now());
+            acts.into_iter()
+                .map(|a| match a {
+                    Act::Watch(labels) => format!("watch {labels:?}"),
+                    Act::Pass(Err(_)) => "error".into(),
+                    Act::Pass(Ok(e)) => match e {
+                        Event::Apply(o) | Event::InitApply(o) => {
+                            let name = o.name().to_string();
+                            self.held.insert(name.clone(), Arc::new(o));
+                            format!("apply {name}")
+                        }
+                        Event::Delete(o) => {
+                            self.held.remove(o.name());
+                            format!("delete {}", o.name())
+                        }
+                        Event::Init => "init".into(),
+                        Event::InitDone => "done".into(),
+                    },
+                })
+                .collect()
+        }
+
+        fn steps(&mut self, m: &mut Merge, inputs: Vec<Input>) -> Vec<String> {
+            inputs.into_iter().flat_map(|i| self.step(m, i)).collect()
+        }
+    }
+
+    fn own(events: Vec<Event<RawObject>>) -> Vec<Input> {
+        events.into_iter().map(|e| Input::Own(Ok(e))).collect()
+    }
+
+    fn gone(events: Vec<Event<RawObject>>) -> Vec<Input> {
+        events.into_iter().map(|e| Input::Gone(Ok(e))).collect()
+    }
+
+    fn merge() -> Merge {
+        Merge::new(
+            "me".into(),
+            "Widget".into(),
+            BTreeSet::new(),
+            Instant::now(),
+        )
+    }
+
+    /// Without a cluster or a runtime: the gone watch waits for the own
+    /// list, its targets join the store, and when nobody is gone any more
+    /// only the own share stays.
+    #[test]
+    fn the_merge_starts_the_gone_watch_after_the_own_list_and_stops_it() {
+        let (mut f, mut m) = (Fake::default(), merge());
+        assert!(f.step(&mut m, Input::Watched(set(&["g"]))).is_empty());
+        let acts = f.steps(&mut m, own(list(&[("a", "me")])));
+        assert_eq!(acts, ["init", "apply a", "done", "watch {\"g\"}"]);
+        let acts = f.steps(&mut m, gone(list(&[("c", "g")])));
+        assert_eq!(acts, ["apply c"]);
+        // The same members told again start nothing.
+        assert!(f.step(&mut m, Input::Watched(set(&["g"]))).is_empty());
+        let acts = f.step(&mut m, Input::Watched(BTreeSet::new()));
+        assert_eq!(acts, ["watch {}", "delete c"]);
+        assert_eq!(f.held.keys().collect::<Vec<_>>(), ["a"]);
+    }
+
+    /// A gone watch that ended (a watcher does not, but were it to) is
+    /// started again by the next word of the gone members, even the same;
+    /// its errors never reach the controller, the own watch's do.
+    #[test]
+    fn an_ended_gone_watch_is_started_again_and_its_errors_stay_inside() {
+        let (mut f, mut m) = (Fake::default(), merge());
+        f.steps(&mut m, own(list(&[])));
+        f.step(&mut m, Input::Watched(set(&["g"])));
+        let failed = || Err(watcher::Error::NoResourceVersion);
+        assert!(f.step(&mut m, Input::Gone(failed())).is_empty());
+        assert_eq!(f.step(&mut m, Input::Own(failed())), ["error"]);
+        assert!(f.step(&mut m, Input::GoneEnded).is_empty());
+        assert_eq!(
+            f.step(&mut m, Input::Watched(set(&["g"]))),
+            ["watch {\"g\"}"]
+        );
     }
 
     #[tokio::test]
