@@ -29,10 +29,24 @@ pub struct SentRecord {
 /// By aggregation group, by integration of its receiver.
 pub type NotificationLog = BTreeMap<String, BTreeMap<usize, SentRecord>>;
 
+/// Why the log could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The API server did not answer, or refused.
+    #[error("{}", crate::util::api_error(.0))]
+    Api(#[source] kube::Error),
+    /// What the ConfigMap holds is not a notification log.
+    #[error("ConfigMap {CONFIGMAP} key {KEY}: {0}")]
+    Unreadable(#[source] serde_json::Error),
+    /// The log could not be written as JSON.
+    #[error("the notification log as JSON: {0}")]
+    Unwritable(#[source] serde_json::Error),
+}
+
 /// Where the log is kept.
 pub trait LogStore: Send + Sync {
-    fn load(&self) -> BoxFuture<'_, Result<NotificationLog, String>>;
-    fn save(&self, log: NotificationLog) -> BoxFuture<'_, Result<(), String>>;
+    fn load(&self) -> BoxFuture<'_, Result<NotificationLog, LogError>>;
+    fn save(&self, log: NotificationLog) -> BoxFuture<'_, Result<(), LogError>>;
 }
 
 /// The log in a ConfigMap of the operator's namespace, written with
@@ -50,23 +64,19 @@ impl ConfigMapLog {
 }
 
 impl LogStore for ConfigMapLog {
-    fn load(&self) -> BoxFuture<'_, Result<NotificationLog, String>> {
+    fn load(&self) -> BoxFuture<'_, Result<NotificationLog, LogError>> {
         Box::pin(async move {
-            let cm = self
-                .api
-                .get_opt(CONFIGMAP)
-                .await
-                .map_err(|e| crate::util::api_error(&e))?;
+            let cm = self.api.get_opt(CONFIGMAP).await.map_err(LogError::Api)?;
             let Some(text) = cm.and_then(|c| c.data).and_then(|mut d| d.remove(KEY)) else {
                 return Ok(NotificationLog::new());
             };
-            serde_json::from_str(&text).map_err(|e| format!("ConfigMap {CONFIGMAP} key {KEY}: {e}"))
+            serde_json::from_str(&text).map_err(LogError::Unreadable)
         })
     }
 
-    fn save(&self, log: NotificationLog) -> BoxFuture<'_, Result<(), String>> {
+    fn save(&self, log: NotificationLog) -> BoxFuture<'_, Result<(), LogError>> {
         Box::pin(async move {
-            let text = serde_json::to_string(&log).map_err(|e| e.to_string())?;
+            let text = serde_json::to_string(&log).map_err(LogError::Unwritable)?;
             let cm = serde_json::json!({
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": CONFIGMAP, "labels": {"app.kubernetes.io/managed-by": "runbook"}},
@@ -80,7 +90,7 @@ impl LogStore for ConfigMapLog {
                 )
                 .await
                 .map(|_| ())
-                .map_err(|e| crate::util::api_error(&e))
+                .map_err(LogError::Api)
         })
     }
 }
