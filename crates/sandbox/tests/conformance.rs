@@ -862,6 +862,66 @@ async fn finalizers_hold_an_object_until_they_are_removed() {
     c.cleanup().await;
 }
 
+/// An object's metadata as the server sends it, untyped: an empty list
+/// and a missing one read alike once typed.
+async fn raw_meta(c: &Cluster, name: &str) -> Value {
+    let text = c
+        .client
+        .request_text(
+            http::Request::get(format!("/api/v1/namespaces/{}/configmaps/{name}", c.ns))
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    serde_json::from_str::<Value>(&text).unwrap()["metadata"].clone()
+}
+
+/// Metadata is kept in its typed form, which drops empty lists and maps:
+/// the last finalizer removed leaves no `finalizers: []`, and empty labels
+/// or annotations are not kept either.
+#[tokio::test]
+async fn empty_finalizers_labels_and_annotations_are_not_kept() {
+    let c = Cluster::new("empty-meta").await;
+    let api: Api<ConfigMap> = c.api();
+    let o: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "e", "finalizers": ["example.com/hold"], "labels": {}, "annotations": {}},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &o).await.unwrap();
+    let meta = raw_meta(&c, "e").await;
+    assert_eq!(meta["finalizers"], json!(["example.com/hold"]));
+    assert!(
+        meta.get("labels").is_none() && meta.get("annotations").is_none(),
+        "{meta}"
+    );
+    let empty = json!([{"op": "replace", "path": "/metadata/finalizers", "value": []}]);
+    let patch: json_patch::Patch = serde_json::from_value(empty).unwrap();
+    api.patch("e", &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+        .unwrap();
+    let meta = raw_meta(&c, "e").await;
+    assert!(meta.get("finalizers").is_none(), "{meta}");
+    api.patch(
+        "e",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "e",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"a": null}}})),
+    )
+    .await
+    .unwrap();
+    let meta = raw_meta(&c, "e").await;
+    assert!(meta.get("labels").is_none(), "{meta}");
+    c.cleanup().await;
+}
+
 fn owned(name: &str, owner: &ConfigMap) -> ConfigMap {
     let mut o = cm(name, &[]);
     o.metadata.owner_references = Some(vec![

@@ -604,6 +604,37 @@ async fn final_objects(
     Ok(got)
 }
 
+/// What an object holds of the parts an expectation names (its spec and
+/// status where it names neither), for a failure's detail.
+fn saw(want: &Value, value: &Value) -> String {
+    let mut parts: Vec<&str> = want
+        .as_object()
+        .map(|w| w.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    if parts.is_empty() {
+        parts = vec!["spec", "status"];
+    }
+    let shown: Vec<String> = parts
+        .iter()
+        .map(|k| match k {
+            &"metadata" => {
+                let of_want: Vec<&str> = want[k]
+                    .as_object()
+                    .map(|m| m.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                let meta = &value[k];
+                let picked: serde_json::Map<String, Value> = of_want
+                    .iter()
+                    .map(|f| (f.to_string(), meta.get(*f).cloned().unwrap_or(Value::Null)))
+                    .collect();
+                format!("metadata {}", Value::Object(picked))
+            }
+            _ => format!("{k} {}", value.get(*k).unwrap_or(&Value::Null)),
+        })
+        .collect();
+    format!("saw  {}", shown.join(" "))
+}
+
 /// Check one final object state.
 pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failure> {
     let fail = |message: String, detail: Vec<String>| {
@@ -651,11 +682,7 @@ pub async fn check_final(f: &FinalSpec, pos: Pos, world: &World) -> Option<Failu
                     f.kind,
                     o.metadata.name.as_deref().unwrap_or("")
                 ),
-                vec![format!(
-                    "saw  spec {} status {}",
-                    value.get("spec").unwrap_or(&Value::Null),
-                    value.get("status").unwrap_or(&Value::Null)
-                )],
+                vec![saw(want, &value)],
             );
         }
     }

@@ -37,6 +37,7 @@ impl Store {
         let uid = uid_from(inner.draw(&("uid", def.storage(), ns, &name)));
         let now = self.now();
         stamp_new(def, &mut obj, &uid, &now);
+        drop_empty_meta(&mut obj);
         default_builtin(def, &mut obj, &uid);
         if let Some(admit) = &opts.admit {
             (admit.0)(&mut obj)?;
@@ -315,6 +316,7 @@ impl Store {
         let mut warnings = Vec::new();
         keep_identity(&old, &mut new);
         keep_other_part(def, part, &old, &mut new);
+        drop_empty_meta(&mut new);
         super::validate::label_namespace(def, &mut new);
         super::validate::secret_string_data(def, &mut new);
         if let Some(admit) = &opts.admit {
@@ -539,6 +541,25 @@ fn conflict_error(def: &ResourceDef, name: &str, conflicts: &[fields::Conflict])
         .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.path}))
         .collect();
     e
+}
+
+/// Empty metadata lists and maps are not kept: the API server decodes
+/// metadata into its typed form, whose `omitempty` drops an empty
+/// `finalizers`, `labels` or `ownerReferences` (removing the last finalizer
+/// leaves no `finalizers: []` behind).
+fn drop_empty_meta(obj: &mut Value) {
+    let meta = meta_mut(obj);
+    for k in ["finalizers", "labels", "annotations", "ownerReferences"] {
+        let empty = match meta.get(k) {
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Object(m)) => m.is_empty(),
+            Some(Value::Null) => true,
+            _ => false,
+        };
+        if empty {
+            meta.remove(k);
+        }
+    }
 }
 
 /// What the server sets on a new object: uid, creation time, generation,
