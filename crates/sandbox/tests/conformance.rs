@@ -67,6 +67,9 @@ async fn discovery_lists_the_built_in_kinds() {
         "batch/v1/Job",
         "batch/v1/CronJob",
         "coordination.k8s.io/v1/Lease",
+        "networking.k8s.io/v1/NetworkPolicy",
+        "networking.k8s.io/v1/Ingress",
+        "networking.k8s.io/v1/IngressClass",
         "events.k8s.io/v1/Event",
         "apiextensions.k8s.io/v1/CustomResourceDefinition",
     ] {
@@ -342,6 +345,85 @@ async fn a_built_in_kind_drops_fields_its_type_lacks() {
         "{text}"
     );
     assert_eq!(code::<()>(Err(err)), 400);
+    c.cleanup().await;
+}
+
+/// NetworkPolicy, Ingress and IngressClass are served as the API server
+/// serves them: typed (an unknown field dropped), a generation counting
+/// spec changes, an Ingress's status made by the server and written only
+/// through its subresource, an IngressClass cluster-scoped.
+#[tokio::test]
+async fn network_policies_and_ingresses_are_served() {
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClass, NetworkPolicy};
+    let c = Cluster::new("networking").await;
+    let policies: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &ApiResource::erase::<NetworkPolicy>(&()),
+    );
+    let deny = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "deny"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "bogus": 1},
+    });
+    let made = policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(deny).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(made.data["spec"].get("bogus").is_none(), "{}", made.data);
+    assert_eq!(made.metadata.generation, Some(1));
+    let both = json!({"spec": {"policyTypes": ["Ingress", "Egress"]}});
+    let changed = policies
+        .patch("deny", &PatchParams::default(), &Patch::Merge(both))
+        .await
+        .unwrap();
+    assert_eq!(changed.metadata.generation, Some(2));
+    let ingresses: Api<Ingress> = c.api();
+    let web: Ingress = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "web"},
+        "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}},
+        "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}},
+    }))
+    .unwrap();
+    let made = ingresses
+        .create(&PostParams::default(), &web)
+        .await
+        .unwrap();
+    let status = serde_json::to_value(&made.status).unwrap();
+    assert_eq!(
+        status,
+        json!({"loadBalancer": {}}),
+        "the server's, not the request's"
+    );
+    let ip = json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}}});
+    let written = ingresses
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(ip))
+        .await
+        .unwrap();
+    let status = serde_json::to_value(&written.status).unwrap();
+    assert_eq!(status["loadBalancer"]["ingress"][0]["ip"], "10.0.0.1");
+    assert_eq!(written.metadata.generation, Some(1), "status is not spec");
+    let classes: Api<IngressClass> = Api::all(c.client.clone());
+    let name = format!("{}-class", c.ns);
+    let class: IngressClass = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+        "metadata": {"name": name},
+        "spec": {"controller": "example.com/ingress"},
+    }))
+    .unwrap();
+    let made = classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    assert!(made.metadata.namespace.is_none());
+    classes
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
     c.cleanup().await;
 }
 

@@ -19,7 +19,7 @@ pub(super) fn unknown_fields(group: &str, kind: &str, obj: &Value) -> Option<Vec
 
 /// `obj` decoded as its kind's type and encoded again.
 fn round_trip(group: &str, kind: &str, obj: &Value) -> Option<Value> {
-    use k8s_openapi::api::{apps, batch, coordination, core, policy, rbac};
+    use k8s_openapi::api::{apps, batch, coordination, core, networking, policy, rbac};
     fn through<T: serde::de::DeserializeOwned + serde::Serialize>(obj: &Value) -> Option<Value> {
         let t: T = serde_json::from_value(obj.clone()).ok()?;
         serde_json::to_value(t).ok()
@@ -38,6 +38,9 @@ fn round_trip(group: &str, kind: &str, obj: &Value) -> Option<Value> {
         ("batch", "Job") => through::<batch::v1::Job>(obj),
         ("batch", "CronJob") => through::<batch::v1::CronJob>(obj),
         ("coordination.k8s.io", "Lease") => through::<coordination::v1::Lease>(obj),
+        ("networking.k8s.io", "NetworkPolicy") => through::<networking::v1::NetworkPolicy>(obj),
+        ("networking.k8s.io", "Ingress") => through::<networking::v1::Ingress>(obj),
+        ("networking.k8s.io", "IngressClass") => through::<networking::v1::IngressClass>(obj),
         ("policy", "PodDisruptionBudget") => through::<policy::v1::PodDisruptionBudget>(obj),
         ("rbac.authorization.k8s.io", "Role") => through::<rbac::v1::Role>(obj),
         ("rbac.authorization.k8s.io", "RoleBinding") => through::<rbac::v1::RoleBinding>(obj),

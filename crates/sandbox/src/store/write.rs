@@ -591,6 +591,9 @@ fn stamp_new(def: &ResourceDef, obj: &mut Value, uid: &str, now: &str) {
                 m.insert("status".into(), json!({"phase": "Pending"}))
             }
             ("", "Namespace") => m.insert("status".into(), json!({"phase": "Active"})),
+            ("networking.k8s.io", "Ingress") => {
+                m.insert("status".into(), json!({"loadBalancer": {}}))
+            }
             _ => m.remove("status"),
         };
     }
