@@ -409,6 +409,73 @@ async fn a_change_of_spec_is_applied_to_the_child() {
     teardown(c, op).await;
 }
 
+/// A child whose kind the policy owns with `force`: a hand edit of a
+/// field the policy writes is taken back at the next reconcile, with an
+/// Event on the child naming the manager that had it; a field the policy
+/// does not write stays as edited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_edit_of_a_forced_childs_field_is_taken_back() {
+    let c = Cluster::new("force").await;
+    install_widget_crd(&c).await;
+    let forced = POLICY.replace(
+        "owns: [{apiVersion: v1, kind: ConfigMap}]",
+        "owns: [{apiVersion: v1, kind: ConfigMap, force: true}]",
+    );
+    let set = policies(&c, &[("widget.yaml", &forced), ("widget.rhai", SCRIPT)]);
+    let op = operator(&c, set, OperatorConfig::default());
+    op.start().await.expect("the operator starts");
+    let widgets = Api::namespaced_with(c.client.clone(), &c.ns, &widget_resource(&c));
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    create_widget(&c, &widgets, "w1", json!({"size": 1})).await;
+    let data = |name: &'static str| {
+        let cms = cms.clone();
+        async move { cms.get(name).await.unwrap().data.unwrap_or_default() }
+    };
+    eventually("the child", 30, || async {
+        cms.get_opt("w1-config").await.unwrap().is_some()
+    })
+    .await;
+    // As `kubectl edit` would: an update under another field manager.
+    let edit = PatchParams {
+        field_manager: Some("kubectl-edit".into()),
+        ..Default::default()
+    };
+    cms.patch(
+        "w1-config",
+        &edit,
+        &Patch::Merge(json!({"data": {"size": "5", "note": "by hand"}})),
+    )
+    .await
+    .unwrap();
+    eventually("the policy's field taken back", 30, || async {
+        data("w1-config").await.get("size").map(String::as_str) == Some("1")
+    })
+    .await;
+    assert_eq!(
+        data("w1-config").await.get("note").map(String::as_str),
+        Some("by hand"),
+        "a field the policy does not write is left alone"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    eventually("an Event naming the manager", 30, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("FieldsReverted")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w1-config")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("kubectl-edit"))
+            })
+    })
+    .await;
+    teardown(c, op).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leads_and_the_other_takes_over() {
     let c = Cluster::new("leader").await;

@@ -204,6 +204,9 @@ pub enum Write {
         /// is another one by now). `None`: a new child; the writer first
         /// makes sure no object of that name exists.
         uid: Option<String>,
+        /// The policy owns the child's fields outright (`spec.owns[].force`):
+        /// one another field manager took is taken back.
+        force: bool,
     },
     /// The deletion of a child, on condition that it is still the object
     /// of this uid.
@@ -933,6 +936,7 @@ fn apply_of(input: &Input<'_>, plan: &mut Plan, ns: &str, object: &Value) -> Tod
         object: desired,
         hash,
         uid: live.map(|l| l.uid().to_string()),
+        force: input.policy.forced.contains(&kind),
     }))
 }
 

@@ -52,7 +52,7 @@ pub struct PolicySpec {
     pub annotation_selector: Option<AnnotationSelectorSpec>,
     /// Children: created with an ownerReference to the target, watched.
     #[serde(default)]
-    pub owns: Vec<KindRef>,
+    pub owns: Vec<OwnsSpec>,
     /// Kinds read from caches (never written).
     #[serde(default)]
     pub reads: Vec<KindRef>,
@@ -230,6 +230,38 @@ pub struct ReadsByNameSpec {
 impl ReadsByNameSpec {
     pub fn kind_ref(&self) -> KindRef {
         KindRef::new(self.api_version.clone(), self.kind.clone())
+    }
+}
+
+/// One `spec.owns` entry: a kind of the policy's children.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OwnsSpec {
+    /// The kind's API group and version, such as `batch/v1` (`v1` for the
+    /// core group).
+    pub api_version: String,
+    /// The kind, as the API server spells it (`Job`, `StatefulSet`).
+    pub kind: String,
+    /// The fields the policy writes on its children of this kind are its
+    /// own outright: one somebody else changed (`kubectl edit`, another
+    /// controller) is taken back at the next reconcile, with a Normal
+    /// Event `FieldsReverted` on the child naming who had it. Without it,
+    /// such an apply fails with a conflict naming the other manager and
+    /// is retried. Never applies to an object the policy did not make.
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl OwnsSpec {
+    pub fn kind_ref(&self) -> KindRef {
+        KindRef::new(self.api_version.clone(), self.kind.clone())
+    }
+}
+
+impl PolicySpec {
+    /// The kinds of `spec.owns`.
+    pub fn owned_kinds(&self) -> Vec<KindRef> {
+        self.owns.iter().map(OwnsSpec::kind_ref).collect()
     }
 }
 

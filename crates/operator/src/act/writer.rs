@@ -149,10 +149,10 @@ fn with_uid(object: &Value, uid: Option<&str>) -> Value {
 
 pub use crate::admission::is_runbook_manager;
 
-/// The field managers an apply conflicted with, from the API server's
-/// answer (`conflict with "kubectl-edit" using v1`); empty when the error
-/// is not a conflict of field managers.
-pub fn conflicting_managers(e: &kube::Error) -> Vec<String> {
+/// The fields an apply conflicted over, each with the field manager that
+/// holds it (`conflict with "kubectl-edit" using v1`, `.data.k`), from the
+/// API server's answer; empty when the error is not such a conflict.
+pub fn conflicts(e: &kube::Error) -> Vec<(String, String)> {
     let kube::Error::Api(s) = e else {
         return Vec::new();
     };
@@ -168,22 +168,57 @@ pub fn conflicting_managers(e: &kube::Error) -> Vec<String> {
         .filter(|c| c.reason == "FieldManagerConflict")
         .filter_map(|c| {
             let rest = c.message.split_once('"')?.1;
-            Some(rest.split_once('"')?.0.to_string())
+            Some((rest.split_once('"')?.0.to_string(), c.field.clone()))
         })
         .collect()
 }
 
+/// The field managers an apply conflicted with (see [`conflicts`]).
+pub fn conflicting_managers(e: &kube::Error) -> Vec<String> {
+    conflicts(e).into_iter().map(|(m, _)| m).collect()
+}
+
+/// What a forced apply took back, as its Event says it: each other
+/// manager with the fields it had.
+fn reverted_message(taken: &[(String, String)]) -> String {
+    let mut by_manager: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (manager, field) in taken.iter().filter(|(m, _)| !is_runbook_manager(m)) {
+        by_manager.entry(manager).or_default().push(field);
+    }
+    let parts: Vec<String> = by_manager
+        .iter()
+        .map(|(m, fields)| format!("{} from {m:?}", fields.join(", ")))
+        .collect();
+    format!(
+        "took back what the policy writes (spec.owns force): {}",
+        parts.join("; ")
+    )
+}
+
+/// A child to apply, as the plan made it.
+#[derive(Clone, Copy)]
+struct Child<'a> {
+    kind: &'a Resolved,
+    key: &'a runbook_core::plan::ChildKey,
+    object: &'a Value,
+    hash: &'a str,
+    force: bool,
+}
+
 impl Writer<'_> {
     /// Apply a child, on condition that it is the object `uid` (if given).
-    /// Fields are never taken from another field manager: a conflict only
-    /// with Runbook's own managers (an earlier version of the policy, say)
-    /// is forced, any other fails the apply.
+    /// A conflict only with Runbook's own managers (an earlier version of
+    /// the policy, say) is forced. Fields another manager holds are taken
+    /// back only where the policy owns the kind's fields outright (`force`,
+    /// with a `FieldsReverted` Event on the child); otherwise the apply
+    /// fails, naming the manager.
     async fn apply(
         &self,
         kind: &Resolved,
         key: &runbook_core::plan::ChildKey,
         object: &Value,
         uid: Option<&str>,
+        force: bool,
     ) -> Result<String, kube::Error> {
         let body = with_uid(object, uid);
         let send = |force: bool| {
@@ -202,17 +237,32 @@ impl Writer<'_> {
                 .await
             }
         };
-        match send(false).await {
-            Err(e) => {
-                let managers = conflicting_managers(&e);
-                if !managers.is_empty() && managers.iter().all(|m| is_runbook_manager(m)) {
-                    send(true).await
-                } else {
-                    Err(e)
-                }
-            }
-            ok => ok,
+        let e = match send(false).await {
+            Err(e) => e,
+            ok => return ok,
+        };
+        let taken = conflicts(&e);
+        if taken.is_empty() {
+            return Err(e);
         }
+        if taken.iter().all(|(m, _)| is_runbook_manager(m)) {
+            return send(true).await;
+        }
+        if !force {
+            return Err(e);
+        }
+        let answer = send(true).await?;
+        let note = Note {
+            type_: runbook_core::script::action::EventType::Normal,
+            reason: "FieldsReverted".into(),
+            message: reverted_message(&taken),
+        };
+        let mut regarding = body.clone();
+        if kind.namespaced {
+            regarding["metadata"]["namespace"] = json!(key.namespace);
+        }
+        self.event(&regarding, &note).await;
+        Ok(answer)
     }
 
     /// Before a new child is applied: the object of its name as the API
@@ -351,9 +401,16 @@ impl Writer<'_> {
                 object,
                 hash,
                 uid,
+                force,
             } => {
-                self.apply_child(kind, key, object, hash, uid.as_deref())
-                    .await
+                let child = Child {
+                    kind,
+                    key,
+                    object,
+                    hash,
+                    force: *force,
+                };
+                self.apply_child(&child, uid.as_deref()).await
             }
             Write::Delete {
                 kind,
@@ -409,12 +466,16 @@ impl Writer<'_> {
     /// remembered with the version the answer gave.
     async fn apply_child(
         &self,
-        kind: &Resolved,
-        key: &runbook_core::plan::ChildKey,
-        object: &Value,
-        hash: &str,
+        child: &Child<'_>,
         uid: Option<&str>,
     ) -> Result<Option<Value>, ExecError> {
+        let Child {
+            kind,
+            key,
+            object,
+            hash,
+            force,
+        } = *child;
         let what = || {
             format!(
                 "apply {}",
@@ -426,7 +487,7 @@ impl Writer<'_> {
             None => self.new_child(kind, key, object).await?,
         };
         let answer = self
-            .apply(kind, key, object, uid.as_deref())
+            .apply(kind, key, object, uid.as_deref(), force)
             .await
             .map_err(|e| ExecError::api(&what(), e))?;
         if let Some(own) = self.applied {
@@ -590,6 +651,23 @@ mod tests {
             Ok(s) => kube::Error::Api(s),
             Err(e) => panic!("a Status: {e}"),
         }
+    }
+
+    /// A forced apply's Event names each other manager with its fields,
+    /// and none of Runbook's own (those are taken back without a word).
+    #[test]
+    fn what_a_forced_apply_took_back_names_each_manager_and_field() {
+        let taken = [
+            ("kubectl-edit".to_string(), ".data.size".to_string()),
+            ("runbook/other".to_string(), ".data.x".to_string()),
+            ("kubectl-edit".to_string(), ".data.mode".to_string()),
+            ("helm".to_string(), ".metadata.labels.tier".to_string()),
+        ];
+        assert_eq!(
+            super::reverted_message(&taken),
+            "took back what the policy writes (spec.owns force): \
+             .metadata.labels.tier from \"helm\"; .data.size, .data.mode from \"kubectl-edit\""
+        );
     }
 
     #[test]

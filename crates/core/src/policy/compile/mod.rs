@@ -165,6 +165,9 @@ pub struct CompiledPolicy {
     /// `spec.namespaces`: the other namespaces it may make children in,
     /// by their labels, and where that is declared.
     pub namespaces: Option<(Selector, Option<Pos>)>,
+    /// `spec.owns` kinds with `force`: a field of its child somebody else
+    /// changed is taken back.
+    pub forced: Vec<KindRef>,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and

@@ -13,7 +13,7 @@ use super::steps::{StepCx, compile_step, step_nodes};
 use super::{Body, CompiledPolicy, CompiledRetention, Ctx, parse_doc, pos_at};
 use crate::kinds::{DeclaredKinds, KindRef};
 use crate::labels::Selector;
-use crate::policy::model::{API_VERSION, PolicyDoc, PolicySpec};
+use crate::policy::model::{API_VERSION, OwnsSpec, PolicyDoc, PolicySpec};
 use crate::script::engine::Script;
 use crate::util::hash::short_hex;
 use crate::util::yaml::{Node, Pos};
@@ -123,6 +123,12 @@ pub(super) fn load_policy(
         pods: spec.pods.clone(),
         pods_pos: node.at(&["spec", "pods"]).map(|n| n.pos),
         namespaces,
+        forced: spec
+            .owns
+            .iter()
+            .filter(|o| o.force)
+            .map(OwnsSpec::kind_ref)
+            .collect(),
     })
 }
 
@@ -182,8 +188,9 @@ fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
         cx.error(file, pos_at(node, &["metadata", "name"]), m);
     }
     let spec = &doc.spec;
+    let owns = spec.owned_kinds();
     for (key, k) in std::iter::once(("target", &spec.target))
-        .chain(spec.owns.iter().map(|k| ("owns", k)))
+        .chain(owns.iter().map(|k| ("owns", k)))
         .chain(spec.reads.iter().map(|k| ("reads", k)))
         .chain(spec.mutates.iter().map(|k| ("mutates", k)))
     {
@@ -194,7 +201,7 @@ fn check_header(cx: &mut Ctx, file: &str, node: &Node, doc: &PolicyDoc) {
     }
     // Its children would be its targets; in other namespaces they are
     // not (`selects` leaves them out), so a copier may own its kind.
-    if spec.owns.contains(&spec.target) && spec.namespaces.is_none() {
+    if owns.contains(&spec.target) && spec.namespaces.is_none() {
         let m = "spec.owns: a policy cannot own its own target kind (except one that makes its children in other namespaces: spec.namespaces)";
         cx.error(file, pos_at(node, &["spec", "owns"]), m);
     }
@@ -247,7 +254,7 @@ fn declared_kinds(spec: &PolicySpec) -> DeclaredKinds {
     if reads_namespaces {
         reads.push(namespace);
     }
-    DeclaredKinds::new(&spec.target, &spec.owns, &reads, &spec.mutates)
+    DeclaredKinds::new(&spec.target, &spec.owned_kinds(), &reads, &spec.mutates)
         .with_deletes(spec.deletes.iter().map(|d| d.kind_ref()))
 }
 
@@ -261,8 +268,9 @@ fn kind_places(
         pos_at(node, &["spec", "target"]),
     )];
     let deletes: Vec<crate::kinds::KindRef> = spec.deletes.iter().map(|d| d.kind_ref()).collect();
+    let owns = spec.owned_kinds();
     for (key, list) in [
-        ("owns", &spec.owns),
+        ("owns", &owns),
         ("reads", &spec.reads),
         ("mutates", &spec.mutates),
         ("deletes", &deletes),
