@@ -743,6 +743,86 @@ fn a_set_aside_policy_is_the_first_cause_of_its_failed_scenario() {
     assert!(cause < t.find("want at least one apply").expect(&t), "{t}");
 }
 
+/// A field given `()` in `status(map)` is removed from the status, at
+/// any depth, on a custom resource (its status) and on a built-in kind
+/// (its RunbookState) alike; the rest of the map stays.
+#[test]
+fn a_field_given_unit_is_removed_from_a_status_map() {
+    let script = "fn reconcile(ctx) {
+    if ctx.resource?.metadata?.labels?.drop == \"yes\" {
+        [status(#{ timers: #{ nightly: () } })]
+    } else {
+        [status(#{ timers: #{ nightly: 1, hourly: 2 } })]
+    }
+}
+";
+    let policy = |name: &str, target: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: {name}}}\nspec:\n  target: {target}\n  status: {{fields: [timers], conditions: []}}\n  script: {name}.rhai\n"
+        )
+    };
+    let crd = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: hoards.acme.io}
+spec:
+  group: acme.io
+  scope: Namespaced
+  names: {kind: Hoard, plural: hoards, singular: hoard}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      subresources: {status: {}}
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: acme.io/v1
+kind: Hoard
+metadata: {name: h1, namespace: default}
+spec: {}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c1, namespace: default}
+data: {x: \"1\"}
+";
+    let scenario = "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {name: a status key removed}
+spec:
+  policies: pol
+  objects: [objects.yaml]
+  start: \"2026-11-29T09:00:00Z\"
+  until: 5m
+  timeline:
+    - at: 1m
+      world:
+        - update: {kind: Hoard, name: h1, patch: {metadata: {labels: {drop: \"yes\"}}}}
+        - update: {kind: ConfigMap, name: c1, patch: {metadata: {labels: {drop: \"yes\"}}}}
+  final:
+    - {kind: Hoard, name: h1, fields: {status: {timers: {nightly: null, hourly: 2}}}}
+    - {kind: RunbookState, name: configmap.c1, fields: {status: {fields: {timers: {nightly: null, hourly: 2}}}}}
+";
+    let dir = dir_with(
+        "unset",
+        &[
+            ("objects.yaml", crd),
+            (
+                "pol/hoards.yaml",
+                &policy("hoards", "{apiVersion: acme.io/v1, kind: Hoard}"),
+            ),
+            ("pol/hoards.rhai", script),
+            (
+                "pol/maps.yaml",
+                &policy("maps", "{apiVersion: v1, kind: ConfigMap}"),
+            ),
+            ("pol/maps.rhai", script),
+            ("s.yaml", scenario),
+        ],
+    );
+    let out = runbook(&["test", dir.join("s.yaml").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// A scenario directory: a `Hoard` CRD (status subresource, any fields),
 /// a policy `hoard` running `script` on it, and `s.yaml` creating Hoard
 /// `h1` at once, with `world` (more world events, indented as list items)

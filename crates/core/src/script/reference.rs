@@ -503,8 +503,8 @@ pub const FUNCTIONS: &[Entry] = &[
         "status",
         1,
         "status(map)",
-        "Fields of the target's status (those the policy declares).",
-        "let a = status(#{phase: \"Healthy\", lastScore: 0.91});"
+        "Fields of the target's status (those the policy declares), merged into it: maps merge key by key, and a field given `()` is removed, at any depth.",
+        "let a = status(#{phase: \"Healthy\", timers: #{nightly: ()}});"
     ),
     entry!(
         Actions,
