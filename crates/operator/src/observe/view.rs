@@ -24,7 +24,7 @@ pub struct TargetKey {
 }
 
 /// An object (or, with no name, a whole namespace of a kind) a decision read.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AccessKey {
     pub kind: KindRef,
     pub namespace: String,

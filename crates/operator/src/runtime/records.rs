@@ -58,8 +58,63 @@ struct Rare {
     /// Failed reconciles in a row, by what failed.
     failures: Vec<(Failing, u32)>,
     state: Option<StateWrite>,
-    /// What the last decision of each policy (by name) looked up.
-    reads: HashMap<String, HashSet<AccessKey>>,
+    /// What the last decision of each policy looked up.
+    reads: Reads,
+}
+
+/// What each policy's last decision on a target looked up, by policy
+/// name. Few policies with few reads each: sorted vectors, as a hash map
+/// of one entry costs hundreds of bytes and most targets have one.
+#[derive(Default)]
+struct Reads(Vec<(String, Vec<AccessKey>)>);
+
+impl Reads {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn all(&self) -> impl Iterator<Item = &AccessKey> {
+        self.0.iter().flat_map(|(_, keys)| keys)
+    }
+
+    /// Take `policy`'s reads out (none: empty).
+    fn take(&mut self, policy: &str) -> Vec<AccessKey> {
+        match self.0.iter().position(|(p, _)| p == policy) {
+            Some(i) => self.0.swap_remove(i).1,
+            None => Vec::new(),
+        }
+    }
+
+    /// `policy`'s reads are `keys` (sorted, each once, not empty).
+    fn put(&mut self, policy: &str, mut keys: Vec<AccessKey>) {
+        keys.shrink_to_fit();
+        self.0.reserve_exact(1);
+        self.0.push((policy.to_string(), keys));
+    }
+
+    /// One more read of `policy`: whether it is new.
+    fn add(&mut self, policy: &str, key: &AccessKey) -> bool {
+        let keys = match self.0.iter().position(|(p, _)| p == policy) {
+            Some(i) => &mut self.0[i].1,
+            None => {
+                self.0.reserve_exact(1);
+                self.0.push((policy.to_string(), Vec::new()));
+                let last = self.0.len() - 1;
+                &mut self.0[last].1
+            }
+        };
+        match keys.binary_search(key) {
+            Ok(_) => false,
+            Err(at) => {
+                keys.insert(at, key.clone());
+                true
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 impl Rare {
@@ -68,7 +123,7 @@ impl Rare {
             key: key.clone(),
             failures: Vec::new(),
             state: None,
-            reads: HashMap::new(),
+            reads: Reads::default(),
         }
     }
 
@@ -136,7 +191,7 @@ impl Readers {
 
     /// Take every read of a record's rare part out of the index.
     fn unread_all(&mut self, rare: &Rare) {
-        for k in rare.reads.values().flatten() {
+        for k in rare.reads.all() {
             self.unread(k, &rare.key);
         }
     }
@@ -266,22 +321,24 @@ impl Records {
     /// What `policy`'s last decision on `target` looked up: these, in
     /// place of what it looked up before.
     pub fn read_by(&self, target: &TargetKey, policy: &str, reads: Vec<AccessKey>) {
+        let mut new = reads;
+        new.sort();
+        new.dedup();
         self.with(target, |r, reach| {
-            let new: HashSet<AccessKey> = reads.into_iter().collect();
             let had = r.rare.as_ref().is_some_and(|x| x.key == *target);
             if new.is_empty() && !had {
                 return;
             }
             let rare = r.rare_mut(target, reach.readers);
-            let old = rare.reads.remove(policy).unwrap_or_default();
-            for k in old.difference(&new) {
+            let old = rare.reads.take(policy);
+            for k in old.iter().filter(|k| new.binary_search(k).is_err()) {
                 reach.readers.unread(k, target);
             }
-            for k in new.difference(&old) {
+            for k in new.iter().filter(|k| old.binary_search(k).is_err()) {
                 reach.readers.read(k, target);
             }
             if !new.is_empty() {
-                rare.reads.insert(policy.to_string(), new);
+                rare.reads.put(policy, new);
             }
         });
     }
@@ -433,12 +490,7 @@ impl ReadLog for Records {
     fn read(&self, target: &TargetKey, policy: &str, key: AccessKey) {
         self.with(target, |r, reach| {
             let rare = r.rare_mut(target, reach.readers);
-            if rare
-                .reads
-                .entry(policy.to_string())
-                .or_default()
-                .insert(key.clone())
-            {
+            if rare.reads.add(policy, &key) {
                 reach.readers.read(&key, target);
             }
         });
@@ -553,12 +605,28 @@ mod tests {
         let (a, b) = (key("a"), key("b"));
         let rare = record.rare_mut(&a, &mut readers);
         rare.state = Some((None, Arc::new(Value::Null)));
-        rare.reads.insert("p".into(), HashSet::from([read("x")]));
+        rare.reads.put("p", vec![read("x")]);
         readers.read(&read("x"), &a);
         assert!(record.rare(&a).is_some());
         assert!(record.rare(&b).is_none());
         assert!(record.rare_mut(&b, &mut readers).state.is_none());
         assert!(readers.0.is_empty(), "a's read left the index");
+    }
+
+    /// Each policy's reads are kept once each, whatever order they come
+    /// in, and taken out whole.
+    #[test]
+    fn reads_are_kept_once_each_by_policy() {
+        let mut reads = Reads::default();
+        assert!(reads.add("p", &read("b")));
+        assert!(reads.add("p", &read("a")));
+        assert!(!reads.add("p", &read("b")), "already read");
+        assert!(reads.add("q", &read("b")));
+        assert_eq!(reads.all().count(), 3);
+        assert_eq!(reads.take("p"), vec![read("a"), read("b")]);
+        assert!(reads.take("p").is_empty());
+        reads.clear();
+        assert!(reads.is_empty());
     }
 
     #[test]
