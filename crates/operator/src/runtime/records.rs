@@ -197,6 +197,36 @@ impl Readers {
     }
 }
 
+/// The records' map is keyed by a keyed hash already: it is used as it
+/// is, not hashed again.
+#[derive(Clone, Copy, Default)]
+struct Prehashed;
+
+impl std::hash::BuildHasher for Prehashed {
+    type Hasher = PrehashedHasher;
+    fn build_hasher(&self) -> PrehashedHasher {
+        PrehashedHasher(0)
+    }
+}
+
+#[derive(Default)]
+struct PrehashedHasher(u64);
+
+impl std::hash::Hasher for PrehashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed; anything else is folded in.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// The records of every target, and the index of their reads.
 pub(super) struct Records(Mutex<Inner>);
 
@@ -204,7 +234,7 @@ struct Inner {
     /// Hashes target keys, with a key of its own: no tenant can pick names
     /// that hash alike on purpose.
     hasher: std::hash::RandomState,
-    targets: HashMap<u64, Record>,
+    targets: HashMap<u64, Record, Prehashed>,
     readers: Readers,
     /// Counts the wake-ups of targets (`wake`).
     woken: u64,
@@ -215,7 +245,7 @@ impl Default for Records {
     fn default() -> Self {
         Self(Mutex::new(Inner {
             hasher: std::hash::RandomState::new(),
-            targets: HashMap::new(),
+            targets: HashMap::default(),
             readers: Readers::default(),
             woken: 0,
             shared: SharedReads::default(),
@@ -241,13 +271,27 @@ impl Records {
             woken: &mut inner.woken,
             shared: &mut inner.shared,
         };
-        let record = inner.targets.entry(h).or_default();
-        let out = f(record, reach);
-        record.tidy();
-        if record.is_empty() {
-            inner.targets.remove(&h);
+        // Most calls find the record, or leave none: a new one is kept
+        // only when something was put in it.
+        match inner.targets.get_mut(&h) {
+            Some(record) => {
+                let out = f(record, reach);
+                record.tidy();
+                if record.is_empty() {
+                    inner.targets.remove(&h);
+                }
+                out
+            }
+            None => {
+                let mut record = Record::default();
+                let out = f(&mut record, reach);
+                record.tidy();
+                if !record.is_empty() {
+                    inner.targets.insert(h, record);
+                }
+                out
+            }
         }
-        out
     }
 
     /// Read `key`'s record, if it has one.
