@@ -40,13 +40,12 @@ pub(super) type StatusWrite = (Vec<String>, Instant);
 pub(super) type StateWrite = (Option<String>, Arc<Value>);
 
 /// One target's record. Its last decisions are what most targets keep
-/// for good; a status write is there for a moment after each decision
-/// that wrote; the rest is rarer and kept apart, so that a record costs
-/// its decisions and two pointers.
+/// for good; everything else (a status write, there for a moment after
+/// each decision that wrote; reads, failures, a state write) is kept
+/// apart, so that a record costs its decisions and a pointer.
 #[derive(Default)]
 struct Record {
     decisions: Decisions,
-    status: Option<Box<StatusWrite>>,
     rare: Option<Box<Rare>>,
 }
 
@@ -57,6 +56,7 @@ struct Rare {
     key: TargetKey,
     /// Failed reconciles in a row, by what failed.
     failures: Vec<(Failing, u32)>,
+    status: Option<StatusWrite>,
     state: Option<StateWrite>,
     /// What the last decision of each policy looked up.
     reads: Reads,
@@ -122,19 +122,23 @@ impl Rare {
         Self {
             key: key.clone(),
             failures: Vec::new(),
+            status: None,
             state: None,
             reads: Reads::default(),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.failures.is_empty() && self.state.is_none() && self.reads.is_empty()
+        self.failures.is_empty()
+            && self.status.is_none()
+            && self.state.is_none()
+            && self.reads.is_empty()
     }
 }
 
 impl Record {
     fn is_empty(&self) -> bool {
-        self.decisions.is_empty() && self.status.is_none() && self.rare.is_none()
+        self.decisions.is_empty() && self.rare.is_none()
     }
 
     /// The rarer part of `key`'s record, if it has one.
@@ -328,17 +332,23 @@ impl Records {
 
     /// This process wrote `key`'s status.
     pub fn wrote_status(&self, key: &TargetKey, write: StatusWrite) {
-        self.with(key, |r, _| r.status = Some(Box::new(write)));
+        self.with(key, |r, reach| {
+            r.rare_mut(key, reach.readers).status = Some(write)
+        });
     }
 
     /// The status write of `key` the cache may not show yet.
     pub fn status_written(&self, key: &TargetKey) -> Option<StatusWrite> {
-        self.get(key, |r| r.status.as_deref().cloned())
+        self.get(key, |r| r.rare(key)?.status.clone())
     }
 
     /// The cache shows `key`'s status write (or no longer matters).
     pub fn status_settled(&self, key: &TargetKey) {
-        self.with(key, |r, _| r.status = None);
+        self.with(key, |r, _| {
+            if let Some(rare) = r.rare.as_mut().filter(|r| r.key == *key) {
+                rare.status = None;
+            }
+        });
     }
 
     /// This process wrote Runbook's state of `key`.
@@ -509,7 +519,10 @@ impl Records {
                 count(|r| r.rare.as_ref().is_some_and(|x| !x.reads.is_empty())),
             ),
             ("last", count(|r| r.decisions.any())),
-            ("written", count(|r| r.status.is_some())),
+            (
+                "written",
+                count(|r| r.rare.as_ref().is_some_and(|x| x.status.is_some())),
+            ),
             (
                 "states",
                 count(|r| r.rare.as_ref().is_some_and(|x| x.state.is_some())),
@@ -597,12 +610,12 @@ mod tests {
         assert_eq!(r.len(), 0);
     }
 
-    /// Most records hold last decisions alone: one costs those and two
-    /// pointers, not room for everything a record may hold.
+    /// Most records hold last decisions alone: one costs those and a
+    /// pointer, not room for everything a record may hold.
     #[test]
-    fn a_record_costs_its_decisions_and_two_pointers() {
+    fn a_record_costs_its_decisions_and_a_pointer() {
         let decisions = std::mem::size_of::<Decisions>();
-        assert!(std::mem::size_of::<Record>() <= decisions + 2 * std::mem::size_of::<usize>());
+        assert!(std::mem::size_of::<Record>() <= decisions + std::mem::size_of::<usize>());
     }
 
     /// A config map of namespace `ns` read by name.
