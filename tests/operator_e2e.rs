@@ -114,6 +114,26 @@ async fn label_owner(widgets: &Api<DynamicObject>, name: &str) {
         .unwrap();
 }
 
+/// Wait for an Event with `reason` on the object named `name`, whose
+/// note contains `says`.
+async fn event_on(c: &Cluster, reason: &str, name: &str, says: &str) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    eventually(&format!("a {reason} Event on {name}"), 30, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.note.as_deref().unwrap_or_default().contains(says)
+            })
+    })
+    .await;
+}
+
 async fn teardown(c: Cluster, op: std::sync::Arc<runbook_operator::runtime::Operator>) {
     op.shutdown(Duration::from_secs(5)).await;
     remove_widget_crd(&c).await;
@@ -297,20 +317,7 @@ async fn an_action_on_an_undeclared_kind_is_refused_and_reported() {
         .filter(|a| a["result"] == "refused")
         .collect();
     assert_eq!(refused.len(), 1);
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
-    eventually("a warning Event", 30, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("ActionRefused")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w1")
-            })
-    })
-    .await;
+    event_on(&c, "ActionRefused", "w1", "").await;
     // The status write lands a moment before the reconcile counts it.
     eventually("the refusal counted", 10, || async {
         op.ctx
@@ -456,23 +463,7 @@ async fn a_hand_edit_of_a_forced_childs_field_is_taken_back() {
         Some("by hand"),
         "a field the policy does not write is left alone"
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
-    eventually("an Event naming the manager", 30, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("FieldsReverted")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w1-config")
-                    && e.note
-                        .as_deref()
-                        .is_some_and(|n| n.contains("kubectl-edit"))
-            })
-    })
-    .await;
+    event_on(&c, "FieldsReverted", "w1-config", "kubectl-edit").await;
     teardown(c, op).await;
 }
 

@@ -743,6 +743,22 @@ fn a_set_aside_policy_is_the_first_cause_of_its_failed_scenario() {
     assert!(cause < t.find("want at least one apply").expect(&t), "{t}");
 }
 
+/// A CRD of `Hoard`s: a status subresource, any fields.
+const HOARD_CRD: &str = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: hoards.acme.io}
+spec:
+  group: acme.io
+  scope: Namespaced
+  names: {kind: Hoard, plural: hoards, singular: hoard}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      subresources: {status: {}}
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+";
+
 /// A field given `()` in `status(map)` is removed from the status, at
 /// any depth, on a custom resource (its status) and on a built-in kind
 /// (its RunbookState) alike; the rest of the map stays.
@@ -761,20 +777,9 @@ fn a_field_given_unit_is_removed_from_a_status_map() {
             "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: {name}}}\nspec:\n  target: {target}\n  status: {{fields: [timers], conditions: []}}\n  script: {name}.rhai\n"
         )
     };
-    let crd = "apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: hoards.acme.io}
-spec:
-  group: acme.io
-  scope: Namespaced
-  names: {kind: Hoard, plural: hoards, singular: hoard}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
+    let objects = [
+        HOARD_CRD,
+        "---
 apiVersion: acme.io/v1
 kind: Hoard
 metadata: {name: h1, namespace: default}
@@ -784,7 +789,9 @@ apiVersion: v1
 kind: ConfigMap
 metadata: {name: c1, namespace: default}
 data: {x: \"1\"}
-";
+",
+    ]
+    .concat();
     let scenario = "apiVersion: runbook.dev/v1alpha1
 kind: Scenario
 metadata: {name: a status key removed}
@@ -805,7 +812,7 @@ spec:
     let dir = dir_with(
         "unset",
         &[
-            ("objects.yaml", crd),
+            ("objects.yaml", &objects),
             (
                 "pol/hoards.yaml",
                 &policy("hoards", "{apiVersion: acme.io/v1, kind: Hoard}"),
@@ -848,23 +855,7 @@ spec:
     let dir = dir_with(
         name,
         &[
-            (
-                "crd.yaml",
-                "apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: hoards.acme.io}
-spec:
-  group: acme.io
-  scope: Namespaced
-  names: {kind: Hoard, plural: hoards, singular: hoard}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-",
-            ),
+            ("crd.yaml", HOARD_CRD),
             (
                 "pol/hoard.yaml",
                 "apiVersion: runbook.dev/v1alpha1
