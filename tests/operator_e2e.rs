@@ -2330,3 +2330,78 @@ async fn a_policy_deletes_what_it_did_not_make_only_as_declared() {
     remove_widget_crd(&c).await;
     c.cleanup().await;
 }
+
+/// `fn deleted(ctx)`: a ConfigMap deleted is told once, with the labels
+/// it last had, though the policy holds no finalizer on it; one that only
+/// leaves the policy's selector (a real API server's watch then sends a
+/// delete event too) is not told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_is_heard_without_a_finalizer_and_a_relabel_is_not() {
+    let c = Cluster::new("deleted").await;
+    let policy = "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: gone}
+spec:
+  target: {apiVersion: v1, kind: ConfigMap}
+  selector: {matchLabels: {watched: \"yes\"}}
+  script: gone.rhai
+";
+    let script = "fn reconcile(ctx) { [] }
+fn deleted(ctx) {
+    [event(\"Normal\", \"Deleted\", `${ctx.resource.metadata.name} of ${ctx.resource.metadata.labels.team} deleted`)]
+}
+";
+    let set = policies(&c, &[("gone.yaml", policy), ("gone.rhai", script)]);
+    let op = operator(&c, set, OperatorConfig::default());
+    op.start().await.expect("the operator starts");
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    for (name, team) in [("a", "ml"), ("b", "web")] {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name,
+            "labels": {"watched": "yes", "team": team}}}))
+        .unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let reconciled = || {
+        op.ctx
+            .metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("runbook_reconciles_total{") && l.contains("gone"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    eventually("both decided", 30, || async { reconciled() >= 2.0 }).await;
+    cms.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"watched": "no"}}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    event_on(&c, "Deleted", "a", "a of ml deleted").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    let told = |name: &'static str| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("Deleted")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                })
+                .map(|e| e.deprecated_count.unwrap_or(1))
+                .sum::<i32>()
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(told("a").await, 1, "told once");
+    assert_eq!(told("b").await, 0, "a relabel is no deletion");
+    assert!(cms.get_opt("b").await.unwrap().is_some());
+    op.shutdown(Duration::from_secs(5)).await;
+    c.cleanup().await;
+}

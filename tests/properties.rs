@@ -374,6 +374,7 @@ proptest! {
                 state: None,
                 state_at: None,
                 dropped: &[],
+                gone: false,
             };
             act::execute(&exec, &policy, None, &target, &kind, decision.as_ref(), Acting::Enforce).await
         });

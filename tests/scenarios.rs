@@ -997,3 +997,85 @@ fn a_long_status_line_shows_its_phase() {
     assert!(line.contains("phase=Scaled alpha="), "{line}");
     assert!(line.ends_with("..."), "the line is cut: {line}");
 }
+
+/// `fn deleted(ctx)`: a deletion is heard once, without a finalizer, on
+/// the last state seen (its labels); a target that only leaves the
+/// policy's selector is not deleted and is not told; actions on the gone
+/// target itself are refused with their position.
+#[test]
+fn a_deleted_handler_hears_a_deletion_once_and_never_a_selector_change() {
+    let dir = dir_with(
+        "deleted",
+        &[
+            (
+                "pol/gone.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: gone}
+spec:
+  target: {apiVersion: v1, kind: ConfigMap}
+  selector: {matchLabels: {watched: \"yes\"}}
+  script: gone.rhai
+",
+            ),
+            (
+                "pol/gone.rhai",
+                "fn reconcile(ctx) { [] }
+fn deleted(ctx) {
+    let team = ctx.resource.metadata.labels.team;
+    [event(\"Normal\", \"Deleted\", `ConfigMap ${ctx.resource.metadata.name} of ${team} was deleted`),
+     alert(\"warning\", `${ctx.resource.metadata.name} deleted`),
+     status(#{ gone: true })]
+}
+",
+            ),
+            (
+                "s.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {name: deleted}
+spec:
+  policies: pol
+  namespace: default
+  start: \"2026-11-29T09:00:00Z\"
+  until: 30m
+  timeline:
+    - at: 0s
+      world:
+        - create:
+            object: {apiVersion: v1, kind: ConfigMap, metadata: {name: a, labels: {watched: \"yes\", team: ml}}}
+        - create:
+            object: {apiVersion: v1, kind: ConfigMap, metadata: {name: b, labels: {watched: \"yes\", team: web}}}
+      expect:
+        - {none: event}
+    - at: 1m
+      world:
+        - update: {kind: ConfigMap, name: b, patch: {metadata: {labels: {watched: \"no\"}}}}
+      expect:
+        - {none: event}
+    - at: 2m
+      world:
+        - delete: {kind: ConfigMap, name: a}
+      expect:
+        - {action: event, kind: ConfigMap, name: a, reason: Deleted, count: 1}
+        - {action: alert, kind: ConfigMap, name: a, labels: {severity: warning}}
+        - {action: refusal, kind: ConfigMap, name: a}
+        - {none: status}
+    - at: 5m
+      world:
+        - delete: {kind: ConfigMap, name: b}
+      expect:
+        - {none: event}
+",
+            ),
+        ],
+    );
+    let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("ConfigMap a of ml was deleted"), "{t}");
+    assert!(
+        t.contains("gone.rhai:6:6: status refused: the target is deleted"),
+        "{t}"
+    );
+}

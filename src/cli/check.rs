@@ -241,15 +241,17 @@ fn body_of(p: &runbook_core::policy::compile::CompiledPolicy) -> String {
         Body::Script {
             script,
             has_finalize,
+            has_deleted,
             ..
         } => format!(
-            "script {}{}",
+            "script {}{}{}",
             script.file.rsplit('/').next().unwrap_or(&script.file),
             if *has_finalize {
                 " (with finalize)"
             } else {
                 ""
-            }
+            },
+            if *has_deleted { " (with deleted)" } else { "" }
         ),
         Body::Steps {
             steps,

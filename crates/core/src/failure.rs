@@ -185,6 +185,9 @@ pub enum Refused {
     StatusFields { fields: Vec<String> },
     /// A condition outside the policy's `spec.status.conditions`.
     Condition { type_: String },
+    /// An action on a target already deleted (in `deleted(ctx)`): its
+    /// status, a new child of it, or a reconcile of it again.
+    TargetGone { verb: &'static str },
 }
 
 impl fmt::Display for Refused {
@@ -222,6 +225,12 @@ impl fmt::Display for Refused {
                 f,
                 "condition {type_} refused: the policy does not declare it in \
                  spec.status.conditions"
+            ),
+            Refused::TargetGone { verb } => write!(
+                f,
+                "{verb} refused: the target is deleted; deleted(ctx) may raise Events and \
+                 alerts, patch, roll back and delete, but not write the target's status, make \
+                 it a child or reconcile it again"
             ),
         }
     }

@@ -736,6 +736,48 @@ pub fn finalize(
     }
 }
 
+/// Decide what to do now that a target is deleted (`fn deleted(ctx)`),
+/// on the last state of it Runbook saw. The target being gone, actions on
+/// it (its status, a condition, a child of it, a requeue) are refused.
+/// A policy without `deleted` decides nothing.
+pub fn deleted(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    observed: &Observed,
+) -> Result<Decision, DecideError> {
+    let ctx = build_ctx(policy, observed, None);
+    let ns = observed.target.namespace().to_string();
+    let Body::Script {
+        script,
+        has_deleted: true,
+        ..
+    } = &policy.body
+    else {
+        return Ok(finish(policy, observed, None, Vec::new(), None));
+    };
+    let result = engine.call(script, "deleted", (ctx,))?;
+    let values = collect(&script.file, script.fn_pos("deleted"), "deleted", result)?;
+    let mut actions = plan(policy, &ns, &*observed.view, Some(&script.file), values);
+    for a in &mut actions {
+        let on_target = matches!(
+            a.action,
+            Action::Status { .. }
+                | Action::Condition(_)
+                | Action::Apply { .. }
+                | Action::Requeue { .. }
+        );
+        if on_target && a.refusal.is_none() {
+            a.refusal = Some(Refusal {
+                why: Refused::TargetGone {
+                    verb: a.action.verb(),
+                },
+                origin: a.origin.clone(),
+            });
+        }
+    }
+    Ok(finish(policy, observed, None, actions, None))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

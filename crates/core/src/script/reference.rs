@@ -54,7 +54,7 @@ impl Group {
     fn intro(self) -> &'static str {
         match self {
             Group::Ctx => {
-                "Properties of the `ctx` a script's `reconcile(ctx)` and `finalize(ctx)` receive."
+                "Properties of the `ctx` a script's `reconcile(ctx)`, `finalize(ctx)` and `deleted(ctx)` receive."
             }
             Group::Lookups => {
                 "Objects of the kinds the policy declares (`owns`, `reads`, `mutates`), from \

@@ -108,6 +108,8 @@ pub struct Exec<'a> {
     pub state_at: Option<(String, String)>,
     /// Status fields of the policy the target's schema is known to drop.
     pub dropped: &'a [String],
+    /// The target is deleted (`deleted(ctx)`): its status is not written.
+    pub gone: bool,
 }
 
 /// What executing a decision did.
@@ -445,7 +447,7 @@ pub async fn execute(
     // is written even when nothing in it changed.
     let relabel = json!({});
     let moved = x.state.filter(|a| a.moved()).map(|_| &relabel);
-    if let Some(patch) = end.patch.as_ref().or(moved) {
+    if let Some(patch) = end.patch.as_ref().or(moved).filter(|_| !x.gone) {
         let subject = Subject {
             policy,
             target,

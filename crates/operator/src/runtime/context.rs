@@ -189,6 +189,8 @@ pub(super) struct Queue {
     pub activity: AtomicU64,
     /// Changes of cached objects, to route to the targets they concern.
     pub changes: channel::Sender<Change>,
+    /// Targets deleted, for the policies that hear of it (`deleted.rs`).
+    pub deleted: channel::Sender<super::deleted::Gone>,
     /// Moves with every resync asked for (and every controller restart):
     /// a decision made before one is made again.
     pub resyncs: AtomicU64,
@@ -216,6 +218,9 @@ pub(super) struct Memory {
     /// Whether the API server serves `RunbookState` (checked at start).
     pub states_served: std::sync::atomic::AtomicBool,
     shadow: Mutex<VecDeque<ShadowRecord>>,
+    /// The alerts of deleted targets that keep firing a while, until when
+    /// (see `deleted.rs`).
+    pub held_alerts: Mutex<HashMap<runbook_core::alert::AlertSource, jiff::Timestamp>>,
     /// Where action outcomes are written down, when someone listens (scenarios).
     pub journal: std::sync::OnceLock<Arc<dyn Journal>>,
 }
@@ -411,10 +416,15 @@ impl Context {
             return;
         }
         let set = self.policies.load_full();
+        let mut held = lock(&self.memory.held_alerts);
+        super::deleted::held_at(&mut held, self.clock.now());
         let targets = lock(&self.running.targets);
         let alive = |s: &runbook_core::alert::AlertSource| {
             if !set.policies.contains_key(&s.policy) {
                 return false;
+            }
+            if held.contains_key(s) {
+                return true;
             }
             let kind = KindRef::new(s.api_version.clone(), s.kind.clone());
             let Some(t) = targets.get(&kind) else {

@@ -236,19 +236,21 @@ fn places_here(ctx: &Arc<Context>, k: &KindRef) -> super::shard::PlacesHere {
 }
 
 /// A target kind's events, after any merging: each kept in the kind's
-/// index, and a deleted child of another namespace's target told to it.
+/// index, a deleted child of another namespace's target told to it, and
+/// a deleted target to the policies that hear of deletions.
 fn indexed(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     k: &KindRef,
     events: impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static,
     index: Arc<TargetIndex>,
 ) -> impl Stream<Item = Result<watcher::Event<RawObject>, watcher::Error>> + Send + 'static {
-    let (changes, kind) = (ctx.queue.changes.clone(), k.clone());
+    let (ctx, kind) = (ctx.clone(), k.clone());
     events.inspect(move |e| {
         if let Ok(event) = e {
             index.observe(event);
             if let watcher::Event::Delete(o) = event {
-                gone_elsewhere(&changes, &kind, o);
+                gone_elsewhere(&ctx.queue.changes, &kind, o);
+                super::deleted::heard(&ctx, &kind, o);
             }
         }
     })

@@ -6,6 +6,7 @@
 pub mod access;
 mod context;
 mod controllers;
+mod deleted;
 pub mod fair;
 pub mod forbidden;
 mod gauges;

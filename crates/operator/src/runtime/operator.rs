@@ -56,6 +56,7 @@ pub struct Operator {
     pub ctx: Arc<Context>,
     stop: watch::Sender<bool>,
     changes_rx: Mutex<Option<channel::Receiver<Change>>>,
+    deleted_rx: Mutex<Option<channel::Receiver<super::deleted::Gone>>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     leading_rx: watch::Receiver<bool>,
     leading_tx: Mutex<Option<watch::Sender<bool>>>,
@@ -87,9 +88,11 @@ impl Operator {
         // they concern; past the capacity, one drops and every target is
         // resynced.
         let (changes, changes_rx) = channel::bounded(config.queue_capacity);
+        // Deleted targets waiting for the policies that hear of it.
+        let (deleted, deleted_rx) = channel::bounded(config.queue_capacity);
         let (leading_tx, leading_rx) = watch::channel(false);
         // Both queues' overflow counts exist from the start, at 0.
-        for queue in ["changes", "trigger"] {
+        for queue in ["changes", "trigger", "deleted"] {
             metrics
                 .queue_overflows
                 .get_or_create(&Metrics::labels(&[("queue", queue)]))
@@ -128,6 +131,7 @@ impl Operator {
                 in_flight: Default::default(),
                 activity: Default::default(),
                 changes,
+                deleted,
                 resyncs: Default::default(),
             },
             memory: Memory::default(),
@@ -137,6 +141,7 @@ impl Operator {
             ctx,
             stop,
             changes_rx: Mutex::new(Some(changes_rx)),
+            deleted_rx: Mutex::new(Some(deleted_rx)),
             tasks: Mutex::new(Vec::new()),
             leading_rx,
             leading_tx: Mutex::new(Some(leading_tx)),
@@ -478,6 +483,10 @@ impl Operator {
         self.ensure_informers(&set);
         if let Some(rx) = lock(&self.changes_rx).take() {
             lock(&self.tasks).push(tokio::spawn(dispatch(self.ctx.clone(), rx)));
+        }
+        if let Some(rx) = lock(&self.deleted_rx).take() {
+            let told = super::deleted::run(self.ctx.clone(), rx);
+            lock(&self.tasks).push(tokio::spawn(told));
         }
         self.wait_informers().await;
         self.ctx.health.synced.store(true, Ordering::Release);

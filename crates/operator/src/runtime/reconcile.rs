@@ -121,15 +121,23 @@ async fn finalizers(
 
 /// Which of a policy's functions a reconcile runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hook {
+pub(super) enum Hook {
     /// `reconcile` (or the steps): the target is alive.
     Reconcile,
     /// `finalize`: the target is being deleted and holds our finalizer.
     Finalize,
+    /// `deleted`: the target is gone (see `deleted.rs`); nothing is
+    /// written to it and nothing of it is remembered.
+    Deleted,
 }
 
 /// One policy's decision on one target, carried out.
-async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hook) -> act::Outcome {
+pub(super) async fn run_policy(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    t: &Target<'_>,
+    hook: Hook,
+) -> act::Outcome {
     let (set, target, resolved, key) = (&*t.set, &t.cached, &t.resolved, t.key);
     let apart = t.apart.as_ref();
     let now: Timestamp = ctx.clock.now();
@@ -143,7 +151,9 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
     let reads_target = read.iter().any(|a| a.kind == key.kind);
-    ctx.memory.records.read_by(key, &p.name, read);
+    if hook != Hook::Deleted {
+        ctx.memory.records.read_by(key, &p.name, read);
+    }
     let manager = act::manager_of(&p.name);
     let dropped = ctx.memory.dropped_fields(&p.id, &key.kind);
     let acting = ctx.acting_for(p);
@@ -161,6 +171,7 @@ async fn run_policy(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, hook: Hoo
         state: apart,
         state_at: state_apart(ctx, key),
         dropped: &dropped,
+        gone: hook == Hook::Deleted,
     };
     let routes = set.routes_for(p);
     let decided = decision.as_ref();
@@ -234,6 +245,7 @@ fn timed_decision(
     let decision = match hook {
         Hook::Reconcile => decide::decide(&ctx.engine, p, observed),
         Hook::Finalize => decide::finalize(&ctx.engine, p, observed),
+        Hook::Deleted => decide::deleted(&ctx.engine, p, observed),
     };
     let took = started.elapsed();
     ctx.fair.spent(&p.id, took);
@@ -534,16 +546,16 @@ impl Next {
 }
 
 /// What one target's reconcile shares between its policies.
-struct Target<'a> {
+pub(super) struct Target<'a> {
     /// The target as decisions see it: with Runbook's state laid over its
     /// status where that state is kept apart.
-    cached: Arc<runbook_core::observe::CachedObject>,
-    key: &'a TargetKey,
-    resolved: Resolved,
-    set: Arc<PolicySet>,
+    pub cached: Arc<runbook_core::observe::CachedObject>,
+    pub key: &'a TargetKey,
+    pub resolved: Resolved,
+    pub set: Arc<PolicySet>,
     /// Runbook's state of the target, for a kind whose schema is not
     /// Runbook's.
-    apart: Option<runbook_core::plan::state::Apart>,
+    pub apart: Option<runbook_core::plan::state::Apart>,
 }
 
 /// The kind Runbook keeps its state of targets in.
@@ -571,7 +583,7 @@ fn state_location(ctx: &Context, kind: &KindRef, key: &TargetKey) -> (String, St
 /// `RunbookState` as the cache shows it, or as this process last wrote it
 /// while the cache still shows what that write replaced. A state left by
 /// an earlier object of the target's name (another uid) is not its.
-async fn apart_of(
+pub(super) async fn apart_of(
     ctx: &Context,
     kind: &KindRef,
     key: &TargetKey,

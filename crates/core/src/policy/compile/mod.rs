@@ -112,6 +112,9 @@ pub enum Body {
         script: Arc<Script>,
         source: Arc<str>,
         has_finalize: bool,
+        /// It defines `fn deleted(ctx)`: it hears of its targets'
+        /// deletions (at most once each).
+        has_deleted: bool,
     },
     Steps {
         steps: Vec<CompiledStep>,
@@ -188,6 +191,18 @@ impl CompiledPolicy {
         (self.selector.is_empty() || self.selector.matches_object(target))
             && (self.annotation_selector.is_empty()
                 || self.annotation_selector.matches_annotations(target))
+    }
+
+    /// Whether its script defines `fn deleted(ctx)`, run once (at most)
+    /// when a target it selects is deleted.
+    pub fn hears_deletions(&self) -> bool {
+        matches!(
+            self.body,
+            Body::Script {
+                has_deleted: true,
+                ..
+            }
+        )
     }
 
     pub fn has_finalizer(&self) -> bool {
