@@ -1079,3 +1079,118 @@ spec:
         "{t}"
     );
 }
+
+/// `spec.previous`: a decision reads what changed since the last one that
+/// concluded. A label change is told once with its old and new value; a
+/// change of a field not declared is not and writes nothing; keeping the
+/// old value costs no write of its own, no more API writes than the same
+/// monitor keeping the last labels in a status field by hand.
+#[test]
+fn previous_tells_a_declared_change_once_and_costs_no_write_of_its_own() {
+    let timeline = "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {name: diffs}
+spec:
+  policies: pol
+  namespace: default
+  start: \"2026-11-29T09:00:00Z\"
+  until: 30m
+  timeline:
+    - at: 0s
+      world:
+        - create:
+            object: {apiVersion: v1, kind: ConfigMap, metadata: {name: a, labels: {tier: web, watched: \"yes\"}}, data: {size: \"1\"}}
+      expect:
+        - {none: event}
+    - at: 1m
+      world:
+        - update: {kind: ConfigMap, name: a, patch: {data: {size: \"2\"}}}
+      expect:
+        - {none: event}
+    - at: 2m
+      world:
+        - update: {kind: ConfigMap, name: a, patch: {metadata: {labels: {tier: db}}}}
+      expect:
+        - {action: event, kind: ConfigMap, name: a, reason: LabelsChanged, count: 1}
+    - at: 3m
+      world:
+        - update: {kind: ConfigMap, name: a, patch: {data: {size: \"3\"}}}
+      expect:
+        - {none: event}
+";
+    let policy = |extra: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {{name: diffs}}
+spec:
+  target: {{apiVersion: v1, kind: ConfigMap}}
+  selector: {{matchLabels: {{watched: \"yes\"}}}}
+  script: diffs.rhai
+{extra}"
+        )
+    };
+    let declared = dir_with(
+        "previous",
+        &[
+            ("pol/diffs.yaml", &policy("  previous: [metadata.labels]\n")),
+            (
+                "pol/diffs.rhai",
+                "fn reconcile(ctx) {
+    if ctx.previous == () || !ctx.changed(\"metadata.labels\") { return []; }
+    let was = ctx.previous.metadata.labels.tier;
+    let now = ctx.resource.metadata.labels.tier;
+    [event(\"Normal\", \"LabelsChanged\", `tier ${was} -> ${now}`)]
+}
+",
+            ),
+            ("s.yaml", timeline),
+        ],
+    );
+    let by_hand = dir_with(
+        "previous-by-hand",
+        &[
+            (
+                "pol/diffs.yaml",
+                &policy("  status: {fields: [lastTier]}\n"),
+            ),
+            (
+                "pol/diffs.rhai",
+                "fn reconcile(ctx) {
+    let now = ctx.resource.metadata.labels.tier;
+    let was = ctx.resource?.status?.lastTier;
+    if was == now { return []; }
+    let out = [status(#{ lastTier: now })];
+    if was != () { out.push(event(\"Normal\", \"LabelsChanged\", `tier ${was} -> ${now}`)); }
+    out
+}
+",
+            ),
+            ("s.yaml", timeline),
+        ],
+    );
+    let writes = |dir: &Path| -> (String, u64) {
+        let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        let n = t
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("API writes: "))
+            .and_then(|n| n.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no API writes line: {t}"));
+        (t, n)
+    };
+    let (t, declared_writes) = writes(&declared);
+    assert!(t.contains("LabelsChanged: tier web -> db"), "{t}");
+    // Its first decision and the label change write the record; the
+    // changes of undeclared data do not.
+    let state_writes = t.lines().filter(|l| l.contains(" state    v1 ")).count();
+    assert_eq!(state_writes, 2, "{t}");
+    let (t, hand_writes) = writes(&by_hand);
+    assert!(t.contains("LabelsChanged: tier web -> db"), "{t}");
+    assert!(
+        declared_writes <= hand_writes,
+        "spec.previous: {declared_writes} writes; by hand: {hand_writes}"
+    );
+    eprintln!("API writes: spec.previous {declared_writes}, kept by hand {hand_writes}");
+}

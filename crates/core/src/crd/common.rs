@@ -162,6 +162,12 @@ pub struct DecisionRecord {
     /// The error that ended the reconcile, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The values of the fields the policy declares in `spec.previous`
+    /// at its last decision that concluded, by path (`null`: absent; a
+    /// value over 1 KiB of JSON kept as its hash).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "any_fields_schema")]
+    pub previous: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl DecisionRecord {

@@ -2,6 +2,7 @@
 //! synchronous: no I/O, no clock but the `now` it is given, so every policy
 //! can be tested offline and the same inputs always give the same decision.
 
+pub mod previous;
 mod steps;
 
 use std::sync::Arc;
@@ -450,7 +451,23 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         view: observed.view.clone(),
         kinds: policy.kinds.clone(),
         namespaces: policy.namespaces.as_ref().map(|(s, _)| s.clone()),
+        previous: previous_of(policy, observed.target.value()),
     }))
+}
+
+/// `ctx.previous` and `ctx.changed` for a decision on `target`.
+fn previous_of(policy: &CompiledPolicy, target: &Value) -> crate::script::ctx::Previous {
+    if policy.previous.is_empty() {
+        return Default::default();
+    }
+    let last = previous::last_kept(target, &policy.name);
+    crate::script::ctx::Previous {
+        declared: policy.previous.clone(),
+        changed: previous::changed(&policy.previous, last.as_ref(), target),
+        last: last.map_or(Dynamic::UNIT, |l| {
+            crate::script::obj::view(Arc::new(previous::as_object(&l)))
+        }),
+    }
 }
 
 /// The most actions one decision may take.
@@ -687,6 +704,11 @@ pub fn decide(
             let actions = plan(policy, &ns, &*observed.view, Some(&script.file), values);
             let mut decision = finish(policy, observed, sched, actions, None);
             decision.target_reads = reads;
+            // What `ctx.changed` compares is read, whether or not the
+            // script asked: a change of it is decided again.
+            for path in &policy.previous {
+                decision.target_reads.note_path(path);
+            }
             Ok(decision)
         }
         Body::Steps {

@@ -186,7 +186,8 @@ pub fn record_to_keep(
         && previous.error.is_none()
         && record.policy_version == previous.policy_version
         && record.mode == previous.mode
-        && record.alert_routes == previous.alert_routes;
+        && record.alert_routes == previous.alert_routes
+        && record.previous == previous.previous;
     if previous.time.is_some() && status_unchanged && (compare == *previous || idle) {
         previous.clone()
     } else {
@@ -315,6 +316,13 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         alert_routes: input.plan.routes.iter().cloned().collect(),
         recent_actions: recent.to_record(limits, input.now),
         error,
+        // What `spec.previous` names, as this decision saw it when it
+        // concluded; a failed one keeps what the last that concluded saw.
+        previous: if input.decide_error.is_none() && input.failed.is_none() {
+            crate::decide::previous::snapshot(&input.policy.previous, t)
+        } else {
+            previous.previous.clone()
+        },
     };
     let status_unchanged = equal_but_decisions(&current, &new_status);
     let wrote = input.done.iter().any(|d| d.wrote);

@@ -119,6 +119,13 @@ pub struct PolicySpec {
     /// Order among policies that target the same kind (lower runs first).
     #[serde(default)]
     pub priority: i32,
+    /// Fields of the target (dotted paths: `spec.replicas`,
+    /// `metadata.labels`) whose values at the last decision that
+    /// concluded a script reads back as `ctx.previous` and asks about
+    /// with `ctx.changed(path)`: Kopf's old and new, without a status
+    /// field of the policy's own. Kept in the policy's decision record.
+    #[serde(default)]
+    pub previous: Vec<String>,
     /// The part of its targets' status this policy writes. Absent: all of
     /// it, so no other enforcing policy may share its targets.
     #[serde(default)]

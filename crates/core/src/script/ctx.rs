@@ -27,6 +27,19 @@ pub struct CtxData {
     /// `spec.namespaces`: the other namespaces the policy may make
     /// children in, by their labels.
     pub namespaces: Option<Selector>,
+    /// `spec.previous`: the fields declared, those changed since the last
+    /// concluded decision, and what that decision saw (`ctx.previous`).
+    pub previous: Previous,
+}
+
+/// Old and new for the fields a policy declares in `spec.previous`.
+#[derive(Default)]
+pub struct Previous {
+    pub declared: Vec<String>,
+    pub changed: Vec<String>,
+    /// The fields as the last concluded decision saw them, shaped like
+    /// the target; `()` before the first.
+    pub last: Dynamic,
 }
 
 pub use timely::{Timely, Times};
@@ -296,6 +309,7 @@ pub const PROPERTIES: &[&str] = &[
     "run",
     "namespace",
     "policy",
+    "previous",
 ];
 
 /// `ctx`'s properties: the target, params, the clock and schedule, the policy.
@@ -319,6 +333,30 @@ fn register_properties(engine: &mut Engine) {
     });
     engine.register_get("run", |c: &mut Ctx| c.0.timely.run().to_string());
     engine.register_get("namespace", |c: &mut Ctx| c.0.namespace.clone());
+    engine.register_get("previous", |c: &mut Ctx| c.0.previous.last.clone());
+    engine.register_fn(
+        "changed",
+        |call: NativeCallContext, c: &mut Ctx, path: &str| -> RhaiResult<bool> {
+            let p = &c.0.previous;
+            if !p.declared.iter().any(|d| d == path) {
+                let declared = if p.declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    p.declared.join(", ")
+                };
+                return fail(
+                    &call,
+                    format!(
+                        "ctx.changed({path:?}): the policy does not declare {path} in spec.previous (declared: {declared})"
+                    ),
+                );
+            }
+            Ok(p.changed.iter().any(|d| d == path))
+        },
+    );
+    engine.register_fn("changed", |c: &mut Ctx| -> Array {
+        c.0.previous.changed.iter().map(|p| p.into()).collect()
+    });
     engine.register_get("policy", |c: &mut Ctx| {
         let mut m = Map::new();
         m.insert("name".into(), c.0.policy_name.clone().into());

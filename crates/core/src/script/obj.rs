@@ -240,6 +240,14 @@ impl TargetReads {
         }
     }
 
+    /// A dotted field path read (its first two fields, as reads are kept).
+    pub fn note_path(&mut self, path: &str) {
+        let mut segs = path.split('.');
+        if let Some(top) = segs.next() {
+            self.add(top, segs.next());
+        }
+    }
+
     /// Whether a later decision on the same inputs could differ from the
     /// one these reads were made for only through the fields read.
     pub fn fields_only(&self) -> bool {

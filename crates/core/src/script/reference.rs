@@ -171,6 +171,30 @@ pub const FUNCTIONS: &[Entry] = &[
         "let by = ctx.policy.name;"
     ),
     entry!(
+        Ctx,
+        "get$previous",
+        1,
+        "ctx.previous",
+        "The fields the policy declares in `spec.previous` as its last decision that concluded saw them, shaped like the target (a value over 1 KiB is left out); `()` before its first.",
+        "let was = ctx.previous?.spec?.replicas;"
+    ),
+    entry!(
+        Ctx,
+        "changed",
+        2,
+        "ctx.changed(path)",
+        "Whether a field declared in `spec.previous` differs from what the last concluded decision saw (true before the first); a path not declared is an error.",
+        "if ctx.changed(\"metadata.labels\") { /* tell */ }"
+    ),
+    entry!(
+        Ctx,
+        "changed",
+        1,
+        "ctx.changed()",
+        "The paths of `spec.previous` that changed since the last concluded decision (all of them before the first).",
+        "for path in ctx.changed() { /* ... */ }"
+    ),
+    entry!(
         Lookups,
         "owned",
         2,
@@ -664,7 +688,7 @@ mod tests {
         use serde_json::json;
         use std::sync::Arc;
 
-        const POLICY: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: apps/v1, kind: Deployment}\n  owns: [{apiVersion: v1, kind: ConfigMap}]\n  reads: [{apiVersion: v1, kind: Pod}, {apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedules: [{name: nightly, cron: '0 3 * * *'}]\n  params: {threshold: 0.85}\n  script: example.rhai\n";
+        const POLICY: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: apps/v1, kind: Deployment}\n  owns: [{apiVersion: v1, kind: ConfigMap}]\n  reads: [{apiVersion: v1, kind: Pod}, {apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedules: [{name: nightly, cron: '0 3 * * *'}]\n  params: {threshold: 0.85}\n  previous: [metadata.labels, spec.replicas]\n  script: example.rhai\n";
         let view = MemoryView::new();
         let meta = |name: &str| {
             json!({"name": name, "namespace": "shop", "uid": format!("uid-{name}"),

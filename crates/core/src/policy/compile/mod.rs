@@ -171,6 +171,9 @@ pub struct CompiledPolicy {
     /// `spec.owns` kinds with `force`: a field of its child somebody else
     /// changed is taken back.
     pub forced: Vec<KindRef>,
+    /// `spec.previous`: target fields whose last concluded values a
+    /// decision reads back (`ctx.previous`, `ctx.changed`).
+    pub previous: Vec<String>,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and

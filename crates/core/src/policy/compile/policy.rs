@@ -36,6 +36,38 @@ fn delete_selectors(
         .collect()
 }
 
+/// `spec.previous`: field paths, each once, at most `MAX_PATHS`.
+fn previous_paths(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Vec<String> {
+    use crate::decide::previous::{MAX_PATHS, check_path};
+    let items: Vec<Pos> = match node.at(&["spec", "previous"]).map(|n| &n.value) {
+        Some(crate::util::yaml::NodeValue::Seq(items)) => items.iter().map(|n| n.pos).collect(),
+        _ => Vec::new(),
+    };
+    let whole = pos_at(node, &["spec", "previous"]);
+    if spec.previous.len() > MAX_PATHS {
+        let n = spec.previous.len();
+        cx.error(
+            file,
+            whole,
+            format!("spec.previous: {n} paths; at most {MAX_PATHS}"),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, path) in spec.previous.iter().enumerate() {
+        let pos = items.get(i).copied().or(whole);
+        if let Err(m) = check_path(path) {
+            cx.error(file, pos, format!("spec.previous[{i}]: {m}"));
+        } else if !seen.insert(path.as_str()) {
+            cx.error(
+                file,
+                pos,
+                format!("spec.previous[{i}]: {path} is named twice"),
+            );
+        }
+    }
+    spec.previous.clone()
+}
+
 /// `spec.annotationSelector` as a selector over annotations.
 fn annotation_selector_of(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Selector {
     match &spec.annotation_selector {
@@ -92,6 +124,7 @@ pub(super) fn load_policy(
     let annotation_selector = annotation_selector_of(cx, file, &node, spec);
     let status = compile_status_claim(cx, file, &node, spec);
     let namespaces = other_namespaces(cx, file, &node, spec, body.as_ref());
+    let previous = previous_paths(cx, file, &node, spec);
     if cx.errors.len() > errors_before {
         return None;
     }
@@ -129,6 +162,7 @@ pub(super) fn load_policy(
             .filter(|o| o.force)
             .map(OwnsSpec::kind_ref)
             .collect(),
+        previous,
     })
 }
 
