@@ -732,3 +732,51 @@ async fn other_namespaces_are_refused_unless_allowed() {
         ["get", "list", "watch"]
     );
 }
+
+/// A policy that only watches Namespaces (Kyverno's generate, a namespace
+/// monitor) is not cluster administration: its state of them is kept
+/// apart, so nothing is written to a Namespace, and it needs no
+/// `--allow-dangerous-kinds`. One that holds a finalizer on them writes
+/// them, and does.
+#[test]
+fn a_namespace_target_is_dangerous_only_when_written() {
+    let dir = std::env::temp_dir().join(format!("runbook-rbac-ns-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("ns.yaml"),
+        "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: ns}
+spec:
+  target: {apiVersion: v1, kind: Namespace}
+  script: ns.rhai
+",
+    )
+    .unwrap();
+    std::fs::write(dir.join("ns.rhai"), "fn reconcile(ctx) { [] }\n").unwrap();
+    let out = runbook(&["rbac", dir.to_str().unwrap(), "--webhook=false"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let granted = rules(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        verbs_on(&granted, "", "namespaces"),
+        ["get", "list", "watch"]
+    );
+    assert!(
+        verbs_on(&granted, "", "namespaces/status").is_empty(),
+        "{t}"
+    );
+    std::fs::write(
+        dir.join("ns.rhai"),
+        "fn reconcile(ctx) { [] }\nfn finalize(ctx) { [] }\n",
+    )
+    .unwrap();
+    let out = runbook(&["rbac", dir.to_str().unwrap(), "--webhook=false"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("target v1 Namespace: writing Nodes or Namespaces is cluster administration"),
+        "{t}"
+    );
+}

@@ -773,3 +773,97 @@ async fn monitor_pods() {
     assert_eq!(told().await, 1, "told once");
     finish_without_failures(c, op).await;
 }
+
+/// Kyverno's add-networkpolicy (`best-practices/add_network_policy`): a
+/// new Namespace gets the generated `default-deny`, as Kyverno's own test
+/// checks; with its `synchronize: true`, a hand edit of it is taken back
+/// and a deleted one comes back. The policy selects the test's own
+/// namespaces by a label, so that it leaves the others of the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_network_policy() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let c = Cluster::new("port-netpol").await;
+    let mark = c.ns.clone();
+    // Every namespace: the new Namespace is another than the test's.
+    let op = start_example_with(
+        &c,
+        "add-network-policy",
+        |t| {
+            t.replace(
+                "  target: {apiVersion: v1, kind: Namespace}\n",
+                &format!(
+                    "  target: {{apiVersion: v1, kind: Namespace}}\n  selector: {{matchLabels: {{runbook-port: {mark}}}}}\n"
+                ),
+            )
+        },
+        // Runbook's state of a cluster-scoped target is kept in the
+        // operator's namespace: the test's.
+        runbook_operator::runtime::OperatorConfig {
+            operator_namespace: c.ns.clone(),
+            ..support::all_namespaces()
+        },
+    )
+    .await;
+    let name = format!("{}-team", c.ns);
+    let nss: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"runbook-port": mark}}}),
+    )
+    .unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let policies: Api<NetworkPolicy> = Api::namespaced(c.client.clone(), &name);
+    let types = || async {
+        policies
+            .get_opt("default-deny")
+            .await
+            .unwrap()
+            .and_then(|p| p.spec)
+            .and_then(|s| s.policy_types)
+    };
+    let both = || Some(vec!["Ingress".to_string(), "Egress".to_string()]);
+    eventually("default-deny in the new Namespace", 30, || async {
+        types().await == both()
+    })
+    .await;
+    let generated = policies.get("default-deny").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&generated.spec.as_ref().unwrap().pod_selector).unwrap(),
+        json!({}),
+        "it selects every Pod"
+    );
+    // As `kubectl edit` would: the policy's field is taken back.
+    let edit = PatchParams {
+        field_manager: Some("kubectl-edit".into()),
+        ..Default::default()
+    };
+    policies
+        .patch(
+            "default-deny",
+            &edit,
+            &Patch::Merge(json!({"spec": {"policyTypes": ["Ingress"]}})),
+        )
+        .await
+        .unwrap();
+    eventually("the hand edit taken back", 30, || async {
+        types().await == both()
+    })
+    .await;
+    policies
+        .delete("default-deny", &Default::default())
+        .await
+        .unwrap();
+    eventually("a deleted default-deny made again", 30, || async {
+        policies
+            .get_opt("default-deny")
+            .await
+            .unwrap()
+            .is_some_and(|p| p.metadata.uid != generated.metadata.uid)
+    })
+    .await;
+    // The test's own namespace has no such label: left alone.
+    let own: Api<NetworkPolicy> = c.api();
+    assert!(own.get_opt("default-deny").await.unwrap().is_none());
+    let _ = nss.delete(&name, &Default::default()).await;
+    finish_without_failures(c, op).await;
+}

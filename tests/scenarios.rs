@@ -700,11 +700,12 @@ fn no_shipped_scenario_writes_what_it_has_just_written() {
                 "delete" => {
                     last_apply.remove(&key);
                 }
-                // The world deleted it (by hand): an apply after that
-                // puts it back.
+                // The world deleted or edited it (by hand): an apply
+                // after that puts it back.
                 "world" => {
                     last_apply.retain(|(kind, _, name, _), _| {
                         e.detail != format!("deleted {kind} {name}")
+                            && !e.detail.starts_with(&format!("updated {kind} {name}:"))
                     });
                 }
                 _ => {}
@@ -1193,4 +1194,73 @@ spec:
         "spec.previous: {declared_writes} writes; by hand: {hand_writes}"
     );
     eprintln!("API writes: spec.previous {declared_writes}, kept by hand {hand_writes}");
+}
+
+/// A namespaced target reads its own Namespace (a cluster-scoped kind) by
+/// name, and a policy that lists namespaces decides again when one is
+/// deleted, not only when one is made.
+#[test]
+fn namespaces_are_read_by_name_and_a_deleted_one_wakes_who_listed_it() {
+    let dir = dir_with(
+        "namespaces",
+        &[
+            (
+                "pol/count.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {name: count}
+spec:
+  target: {apiVersion: v1, kind: ConfigMap}
+  selector: {matchLabels: {counted: \"yes\"}}
+  reads: [{apiVersion: v1, kind: Namespace}]
+  owns: [{apiVersion: v1, kind: ConfigMap}]
+  namespaces: {selector: {matchLabels: {team: ml}}}
+  status: {fields: [teams, owner]}
+  script: count.rhai
+",
+            ),
+            (
+                "pol/count.rhai",
+                "fn reconcile(ctx) {
+    let own = ctx.get(\"Namespace\", ctx.namespace);
+    [status(#{ teams: ctx.namespaces().len(), owner: own.metadata.labels.owner })]
+}
+fn finalize(ctx) { ctx.sync_children([]) }
+",
+            ),
+            (
+                "s.yaml",
+                "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {name: namespaces}
+spec:
+  policies: pol
+  namespace: home
+  operator: {allowOtherNamespaces: true}
+  start: \"2026-11-29T09:00:00Z\"
+  until: 30m
+  timeline:
+    - at: 0s
+      world:
+        - update: {kind: Namespace, name: home, patch: {metadata: {labels: {owner: ana}}}}
+        - create:
+            object: {apiVersion: v1, kind: Namespace, metadata: {name: ml-a, labels: {team: ml}}}
+        - create:
+            object: {apiVersion: v1, kind: Namespace, metadata: {name: ml-b, labels: {team: ml}}}
+        - create:
+            object: {apiVersion: v1, kind: ConfigMap, metadata: {name: c, namespace: home, labels: {counted: \"yes\"}}}
+      expect:
+        - {action: state, kind: ConfigMap, name: c, fields: {fields: {teams: 2, owner: ana}}}
+    - at: 5m
+      world:
+        - delete: {kind: Namespace, name: ml-b}
+      expect:
+        - {action: state, kind: ConfigMap, name: c, fields: {fields: {teams: 1}}}
+",
+            ),
+        ],
+    );
+    let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
 }

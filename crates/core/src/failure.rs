@@ -214,7 +214,8 @@ impl fmt::Display for Refused {
             Refused::NoNamespace { verb, kind } => write!(
                 f,
                 "{verb} of {kind} refused: it is namespaced and the target is cluster-scoped; a \
-                 policy acts only in its target's namespace, and a cluster-scoped target has none"
+                 policy acts only in its target's namespace (a Namespace's is itself), and a \
+                 cluster-scoped target of another kind has none"
             ),
             Refused::StatusFields { fields } => write!(
                 f,

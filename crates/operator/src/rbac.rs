@@ -203,7 +203,15 @@ pub fn dangers_of<'a>(
                 if role == KindRole::Reads && p.names_read(k).is_some() {
                     continue;
                 }
-                if let Some(why) = danger(k, role) {
+                // A built-in target is written only for its finalizer
+                // (its state is kept apart, in a RunbookState).
+                let judged = match role {
+                    KindRole::Target if runbook_core::kinds::built_in(k) && !p.has_finalizer() => {
+                        KindRole::Reads
+                    }
+                    r => r,
+                };
+                if let Some(why) = danger(k, judged) {
                     out.push(format!(
                         "policy {} ({}): {} {k}: {why}",
                         p.name,
@@ -444,10 +452,13 @@ impl Needs {
                 why.to_string(),
             );
         }
-        let writes_status = runbook_core::kinds::owns_schema(k)
-            || !p.status.declared
-            || !p.status.fields.is_empty()
-            || !p.status.conditions.is_empty();
+        // A built-in kind's status is never written: Runbook's state of
+        // it is kept apart.
+        let writes_status = !runbook_core::kinds::built_in(k)
+            && (runbook_core::kinds::owns_schema(k)
+                || !p.status.declared
+                || !p.status.fields.is_empty()
+                || !p.status.conditions.is_empty());
         if writes_status {
             let status = format!("{plural}/status");
             let verbs = &["get", "patch", "update"];

@@ -446,7 +446,7 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         ),
         policy_name: policy.name.clone(),
         policy_version: policy.version.clone(),
-        namespace: observed.target.namespace().to_string(),
+        namespace: observed.target.acting_namespace().to_string(),
         target_uid: observed.target.uid().to_string(),
         view: observed.view.clone(),
         kinds: policy.kinds.clone(),
@@ -689,7 +689,7 @@ pub fn decide(
 ) -> Result<Decision, DecideError> {
     let sched = schedule_state(policy, observed.target.value(), observed.now)?;
     let ctx = build_ctx(policy, observed, sched.as_ref());
-    let ns = observed.target.namespace().to_string();
+    let ns = observed.target.acting_namespace().to_string();
     match &policy.body {
         Body::Script { script, .. } => {
             let target = observed.target.shared();
@@ -742,7 +742,7 @@ pub fn finalize(
     observed: &Observed,
 ) -> Result<Decision, DecideError> {
     let ctx = build_ctx(policy, observed, None);
-    let ns = observed.target.namespace().to_string();
+    let ns = observed.target.acting_namespace().to_string();
     match &policy.body {
         Body::Script {
             script,
@@ -768,7 +768,7 @@ pub fn deleted(
     observed: &Observed,
 ) -> Result<Decision, DecideError> {
     let ctx = build_ctx(policy, observed, None);
-    let ns = observed.target.namespace().to_string();
+    let ns = observed.target.acting_namespace().to_string();
     let Body::Script {
         script,
         has_deleted: true,

@@ -14,25 +14,8 @@ use crate::crd::DecisionRecord;
 /// whether it changed, not what it was.
 pub const KEEP_WHOLE_BYTES: usize = 1024;
 
-/// The most paths a policy may declare.
-pub const MAX_PATHS: usize = 32;
-
 /// The key of a value kept as its hash.
 const HASHED: &str = "runbook.dev/hash";
-
-/// Whether `path` is a field path `spec.previous` may name: dotted
-/// segments, none empty.
-pub fn check_path(path: &str) -> Result<(), String> {
-    if path.is_empty() || path.split('.').any(str::is_empty) {
-        return Err(format!(
-            "{path:?} is not a field path: give dotted fields such as spec.replicas or metadata.labels"
-        ));
-    }
-    if path.len() > 253 {
-        return Err(format!("{path:?} is longer than 253 characters"));
-    }
-    Ok(())
-}
 
 /// The value at `path` in `target`, if there.
 fn at<'a>(target: &'a Value, path: &str) -> Option<&'a Value> {
@@ -124,15 +107,6 @@ fn put(m: &mut Map<String, Value>, segs: &[&str], v: &Value) {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn a_path_is_dotted_fields() {
-        assert!(check_path("spec.replicas").is_ok());
-        assert!(check_path("metadata.labels").is_ok());
-        for bad in ["", ".spec", "spec.", "spec..x"] {
-            assert!(check_path(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn every_path_changed_before_the_first_and_only_those_that_differ_after() {

@@ -63,7 +63,7 @@ impl Run<'_> {
     fn lookup(&self, kind: &KindRef, name: &str) -> Dynamic {
         self.observed
             .view
-            .get(kind, self.observed.target.namespace(), name)
+            .get(kind, self.observed.target.acting_namespace(), name)
             .map(|o| crate::script::obj::of(&o))
             .unwrap_or(Dynamic::UNIT)
     }
@@ -178,7 +178,7 @@ impl Run<'_> {
             for child in self
                 .observed
                 .view
-                .owned_by(kind, target.namespace(), target.uid())
+                .owned_by(kind, target.acting_namespace(), target.uid())
                 .into_iter()
                 .filter(|c| c.is_child_of(&mine, target.uid()))
             {

@@ -99,6 +99,13 @@ impl CachedObject {
         meta_str(&self.value, "namespace")
     }
 
+    /// Where a policy on this object acts (its children, the objects it
+    /// looks up and writes): its namespace; a Namespace acts in itself;
+    /// another cluster-scoped object in none.
+    pub fn acting_namespace(&self) -> &str {
+        acting_namespace(&self.value)
+    }
+
     pub fn uid(&self) -> &str {
         meta_str(&self.value, "uid")
     }
@@ -219,6 +226,30 @@ pub fn policy_of_child(v: &Value) -> Option<&str> {
         .get("labels")?
         .get(POLICY_NAME_LABEL)?
         .as_str()
+}
+
+/// Where a policy on `target` acts: see [`CachedObject::acting_namespace`].
+pub fn acting_namespace(target: &Value) -> &str {
+    let is_namespace = target.get("apiVersion").and_then(Value::as_str) == Some("v1")
+        && target.get("kind").and_then(Value::as_str) == Some("Namespace");
+    if is_namespace {
+        meta_str(target, "name")
+    } else {
+        meta_str(target, "namespace")
+    }
+}
+
+/// [`acting_namespace`] of a target known by its kind, namespace and name.
+pub fn acting_namespace_of<'a>(
+    kind: &crate::kinds::KindRef,
+    namespace: &'a str,
+    name: &'a str,
+) -> &'a str {
+    if kind.api_version == "v1" && kind.kind == "Namespace" {
+        name
+    } else {
+        namespace
+    }
 }
 
 fn meta_str<'a>(v: &'a Value, key: &str) -> &'a str {

@@ -352,9 +352,9 @@ fn action_target(a: &Action, ns: &str, target: &CachedObject) -> Option<String> 
         Action::Rollback { deployment, .. } => {
             Some(format!("apps/v1 Deployment {ns}/{deployment}"))
         }
-        Action::Status { .. } | Action::Condition { .. } | Action::Event { .. } => {
-            Some(target_string(&kind_of(target.value()), ns, target.name()))
-        }
+        Action::Status { .. } | Action::Condition { .. } | Action::Event { .. } => Some(
+            target_string(&kind_of(target.value()), target.namespace(), target.name()),
+        ),
         Action::Alert { labels, .. } => Some(format!(
             "alert {}",
             labels
@@ -389,14 +389,14 @@ pub fn alert_labels(
 /// Plan a decision.
 pub fn plan(input: &Input<'_>) -> Plan {
     let t = input.target;
-    let ns = t.namespace().to_string();
+    let ns = t.acting_namespace().to_string();
     let tkind = kind_of(t.value());
     let mut plan = Plan {
         source: AlertSource {
             policy: input.policy.id.clone(),
             api_version: tkind.api_version.clone(),
             kind: tkind.kind.clone(),
-            namespace: ns.clone(),
+            namespace: t.namespace().to_string(),
             name: t.name().to_string(),
             uid: t.uid().to_string(),
         },
@@ -460,7 +460,7 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
     let ns = match w {
         Write::Apply { key, .. } => key.namespace.as_str(),
         Write::Delete { namespace, .. } => namespace.as_str(),
-        _ => t.namespace(),
+        _ => t.acting_namespace(),
     };
     let live = |kind: &KindRef, name: &str| input.view.get(kind, ns, name);
     let opted =
@@ -475,7 +475,7 @@ fn needs_of(input: &Input<'_>, w: &Write, applies: &[(KindRef, String)]) -> Vec<
     };
     // A write in another namespace than the target's is one its author
     // must be allowed there: Runbook's own rights reach further.
-    let elsewhere = ns != t.namespace();
+    let elsewhere = ns != t.acting_namespace();
     match w {
         Write::Patch {
             kind,
@@ -965,7 +965,8 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
-    let target_ns = target["metadata"]["namespace"].as_str().unwrap_or("");
+    // Where the target acts: its namespace, or a Namespace's own name.
+    let target_ns = crate::observe::acting_namespace(target);
     // A child in another namespace (the policy declares `namespaces`,
     // checked before) names its target by label and annotation: an
     // ownerReference cannot cross namespaces.
@@ -991,7 +992,8 @@ pub fn prepare_child(object: &Value, target: &Value, namespaced: bool, policy: &
     if elsewhere {
         let named = json!({
             "apiVersion": target["apiVersion"], "kind": target["kind"],
-            "namespace": target_ns, "name": target["metadata"]["name"],
+            "namespace": target["metadata"]["namespace"].as_str().unwrap_or(""),
+            "name": target["metadata"]["name"],
         });
         with_map(&mut meta, "labels", |l| {
             l.insert(OWNER_UID_LABEL.into(), target["metadata"]["uid"].clone());

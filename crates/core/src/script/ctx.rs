@@ -149,7 +149,17 @@ impl Ctx {
     }
 
     fn objects(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
-        self.named(kind, self.0.view.list(kind, &self.0.namespace))
+        self.named(kind, self.0.view.list(kind, self.namespace_of(kind)))
+    }
+
+    /// Where objects of `kind` are looked up: the target's namespace, or
+    /// none for a cluster-scoped kind (a Namespace, a Node).
+    fn namespace_of(&self, kind: &KindRef) -> &str {
+        if kind.namespaced() {
+            &self.0.namespace
+        } else {
+            ""
+        }
     }
 
     /// Of a kind the policy reads by name only, the objects it names.
@@ -406,7 +416,7 @@ fn register_reads(engine: &mut Engine) {
                 }
                 Ok(c.0
                     .view
-                    .get(&k, &c.0.namespace, name)
+                    .get(&k, c.namespace_of(&k), name)
                     .map(|o| super::obj::of(&o))
                     .unwrap_or(Dynamic::UNIT))
             })
@@ -432,7 +442,7 @@ fn register_reads(engine: &mut Engine) {
                 let k = c.kind(&call, kind)?;
                 let sel = selector_of(&call, &selector)?;
                 Ok(Ctx::array(
-                    c.named(&k, c.0.view.select(&k, &c.0.namespace, &sel)),
+                    c.named(&k, c.0.view.select(&k, c.namespace_of(&k), &sel)),
                 ))
             })
         },

@@ -159,7 +159,7 @@ pub const FUNCTIONS: &[Entry] = &[
         "get$namespace",
         1,
         "ctx.namespace",
-        "The target's namespace (`\"\"` for a cluster-scoped target).",
+        "The namespace the target acts in: its own; a Namespace's own name; `\"\"` for a target of another cluster-scoped kind.",
         "let url = `postgres://db.${ctx.namespace}.svc:5432`;"
     ),
     entry!(

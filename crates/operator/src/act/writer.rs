@@ -348,7 +348,10 @@ impl Writer<'_> {
         fields: Value,
         detail: Option<&str>,
     ) -> Entry {
-        let (tversion, tkind, mut ns, tname) = identity(target);
+        let (tversion, tkind, tns, tname) = identity(target);
+        // What the action writes is where the target acts (a Namespace's
+        // children are in it); the target itself is where it is.
+        let mut ns = runbook_core::observe::acting_namespace(target).to_string();
         let (api_version, kind, name) = match &step.action {
             Action::Apply { object } => {
                 let k = kind_of(object);
@@ -382,7 +385,10 @@ impl Writer<'_> {
             Action::Rollback { deployment, .. } => {
                 ("apps/v1".into(), "Deployment".into(), deployment.clone())
             }
-            _ => (tversion, tkind, tname),
+            _ => {
+                ns = tns;
+                (tversion, tkind, tname)
+            }
         };
         Entry::new(self.now, step.action.verb(), result)
             .policy(&policy.name)

@@ -180,6 +180,13 @@ pub(super) struct Running {
     pub controller_ended: Arc<tokio::sync::Notify>,
 }
 
+/// A target deleted, as its watch last saw it, waiting for the policies
+/// that hear of deletions (`deleted.rs`).
+pub(super) struct Gone {
+    pub kind: KindRef,
+    pub object: runbook_core::observe::RawObject,
+}
+
 /// Work waiting, failing and in flight.
 pub(super) struct Queue {
     /// Targets triggered and not reconciled yet.
@@ -190,7 +197,7 @@ pub(super) struct Queue {
     /// Changes of cached objects, to route to the targets they concern.
     pub changes: channel::Sender<Change>,
     /// Targets deleted, for the policies that hear of it (`deleted.rs`).
-    pub deleted: channel::Sender<super::deleted::Gone>,
+    pub deleted: channel::Sender<Gone>,
     /// Moves with every resync asked for (and every controller restart):
     /// a decision made before one is made again.
     pub resyncs: AtomicU64,
@@ -417,7 +424,8 @@ impl Context {
         }
         let set = self.policies.load_full();
         let mut held = lock(&self.memory.held_alerts);
-        super::deleted::held_at(&mut held, self.clock.now());
+        let now = self.clock.now();
+        held.retain(|_, until| *until > now);
         let targets = lock(&self.running.targets);
         let alive = |s: &runbook_core::alert::AlertSource| {
             if !set.policies.contains_key(&s.policy) {

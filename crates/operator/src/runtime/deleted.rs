@@ -12,7 +12,6 @@
 //! So the object is looked up first, and one still there with its uid is
 //! no deletion.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use tracing::Instrument;
 
-use super::context::Context;
+use super::context::{Context, Gone};
 use super::reconcile::{Hook, Target, apart_of, run_policy};
 use crate::observe::view::TargetKey;
 use crate::util::channel;
@@ -29,12 +28,6 @@ use runbook_core::kinds::KindRef;
 use runbook_core::observe::RawObject;
 use runbook_core::policy::compile::CompiledPolicy;
 use runbook_core::util::lock;
-
-/// A target deleted, as its watch last saw it.
-pub(super) struct Gone {
-    pub kind: KindRef,
-    pub object: RawObject,
-}
 
 /// How long the alerts a `deleted` handler raises keep firing: their
 /// target is gone, so nothing decides them again to resolve them, and
@@ -45,6 +38,14 @@ pub const DELETED_ALERTS_FIRE_FOR: Duration = Duration::from_secs(300);
 fn hearing(ctx: &Context, kind: &KindRef, o: &RawObject) -> Vec<Arc<CompiledPolicy>> {
     let set = ctx.policies.load();
     let ns = o.meta.namespace.as_deref().unwrap_or("");
+    let key = TargetKey {
+        kind: kind.clone(),
+        namespace: ns.to_string(),
+        name: o.meta.name.clone().unwrap_or_default(),
+    };
+    if !super::reconcile::within_scope(ctx, &key) {
+        return Vec::new();
+    }
     let mut value = None;
     set.for_target(kind)
         .into_iter()
@@ -184,10 +185,4 @@ fn hold_alerts(ctx: &Context, p: &CompiledPolicy, key: &TargetKey, o: &RawObject
         .checked_add(DELETED_ALERTS_FIRE_FOR)
         .unwrap_or(Timestamp::MAX);
     lock(&ctx.memory.held_alerts).insert(source, until);
-}
-
-/// The alert sources of deleted targets still held at `now` (those whose
-/// time is up are dropped).
-pub(super) fn held_at(held: &mut HashMap<AlertSource, Timestamp>, now: Timestamp) {
-    held.retain(|_, until| *until > now);
 }

@@ -56,7 +56,7 @@ pub struct Operator {
     pub ctx: Arc<Context>,
     stop: watch::Sender<bool>,
     changes_rx: Mutex<Option<channel::Receiver<Change>>>,
-    deleted_rx: Mutex<Option<channel::Receiver<super::deleted::Gone>>>,
+    deleted_rx: Mutex<Option<channel::Receiver<super::context::Gone>>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     leading_rx: watch::Receiver<bool>,
     leading_tx: Mutex<Option<watch::Sender<bool>>>,
@@ -1031,9 +1031,16 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
             if !targets.contains(&k) {
                 continue;
             }
+            // An ownerReference names an owner in its child's namespace,
+            // or a cluster-scoped one (a Namespace owning what it holds).
+            let namespace = match &o.namespace {
+                Some(ns) => ns.clone(),
+                None if !ctx.resources.served_as(&k).1 => String::new(),
+                None => ch.namespace.clone(),
+            };
             let owner = TargetKey {
                 kind: k,
-                namespace: o.namespace.clone().unwrap_or_else(|| ch.namespace.clone()),
+                namespace,
                 name: o.name.clone(),
             };
             if !own_apply || ctx.memory.records.reads_children(&owner, &ch.kind) {

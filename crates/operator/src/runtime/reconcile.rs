@@ -571,6 +571,7 @@ fn state_location(ctx: &Context, kind: &KindRef, key: &TargetKey) -> (String, St
         ctx.config
             .namespace
             .clone()
+            .filter(|n| !n.is_empty())
             .unwrap_or_else(|| ctx.config.operator_namespace.clone())
     } else {
         key.namespace.clone()
@@ -673,6 +674,19 @@ async fn read_state(
     }))
 }
 
+/// Whether the operator reconciles where `key` acts: a Namespace acts
+/// in itself, so an operator that reconciles one namespace leaves the
+/// other Namespaces.
+pub(super) fn within_scope(ctx: &Context, key: &TargetKey) -> bool {
+    let acting = runbook_core::observe::acting_namespace_of(&key.kind, &key.namespace, &key.name);
+    match ctx.config.namespace.as_deref() {
+        Some(only) if !only.is_empty() && key.namespace.is_empty() && !acting.is_empty() => {
+            acting == only
+        }
+        _ => true,
+    }
+}
+
 async fn reconcile_target(
     obj: &RawObject,
     ctx: &Arc<Context>,
@@ -697,6 +711,7 @@ async fn reconcile_target(
         .filter(|p| {
             let selects = p.selects(cached.value())
                 && p.acts_in(&key.namespace)
+                && within_scope(ctx, key)
                 && !(p.kinds.has(kind, runbook_core::kinds::Role::Owns)
                     && runbook_core::observe::made_by(&p.name, cached.value()));
             let left = !selects && present.contains(&finalizer_name(&p.name));

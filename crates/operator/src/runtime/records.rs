@@ -411,9 +411,11 @@ impl Records {
 
     /// Whether a decision on `owner` looked up its children of `kind`.
     pub fn reads_children(&self, owner: &TargetKey, kind: &KindRef) -> bool {
+        let at =
+            runbook_core::observe::acting_namespace_of(&owner.kind, &owner.namespace, &owner.name);
         let key = AccessKey {
             kind: kind.clone(),
-            namespace: owner.namespace.clone(),
+            namespace: at.to_string(),
             name: Some(CHILDREN.to_string()),
         };
         lock(&self.0)

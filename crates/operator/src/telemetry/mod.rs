@@ -173,7 +173,7 @@ impl Metrics {
         );
         registry.register(
             "queue_overflows",
-            "Items a full queue dropped, made up by a resync, by queue (changes, trigger)",
+            "Items a full queue dropped, by queue: changes and trigger (made up by a resync), deleted (deletions not told)",
             self.queue_overflows.clone(),
         );
         registry.register(

@@ -36,9 +36,25 @@ fn delete_selectors(
         .collect()
 }
 
+/// The most paths `spec.previous` may name.
+const MAX_PATHS: usize = 32;
+
+/// Whether `path` is a field path `spec.previous` may name: dotted
+/// segments, none empty.
+fn check_path(path: &str) -> Result<(), String> {
+    if path.is_empty() || path.split('.').any(str::is_empty) {
+        return Err(format!(
+            "{path:?} is not a field path: give dotted fields such as spec.replicas or metadata.labels"
+        ));
+    }
+    if path.len() > 253 {
+        return Err(format!("{path:?} is longer than 253 characters"));
+    }
+    Ok(())
+}
+
 /// `spec.previous`: field paths, each once, at most `MAX_PATHS`.
 fn previous_paths(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Vec<String> {
-    use crate::decide::previous::{MAX_PATHS, check_path};
     let items: Vec<Pos> = match node.at(&["spec", "previous"]).map(|n| &n.value) {
         Some(crate::util::yaml::NodeValue::Seq(items)) => items.iter().map(|n| n.pos).collect(),
         _ => Vec::new(),
@@ -608,6 +624,15 @@ fn version_of(cx: &Ctx, file: &str, text: &str, used: &BTreeSet<String>) -> Stri
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_previous_path_is_dotted_fields() {
+        assert!(super::check_path("spec.replicas").is_ok());
+        assert!(super::check_path("metadata.labels").is_ok());
+        for bad in ["", ".spec", "spec.", "spec..x"] {
+            assert!(super::check_path(bad).is_err(), "{bad:?}");
+        }
+    }
     use crate::policy::compile::tests::{errors_in, errors_of, load};
 
     const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n";
