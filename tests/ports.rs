@@ -867,3 +867,72 @@ async fn add_network_policy() {
     let _ = nss.delete(&name, &Default::default()).await;
     finish_without_failures(c, op).await;
 }
+
+/// Kopf's timers (`examples/15-timers`): once the example has been left
+/// alone for 5 s its first timer pings every 2 s (the second waits 10 s);
+/// a change of its spec silences them until it has been idle again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers() {
+    use k8s_openapi::api::core::v1::Event;
+    let c = Cluster::new("port-timers").await;
+    let (group, examples) = example_crd(&c, "timers", "kopf.dev").await;
+    let op = start_example(&c, "timers", |t| {
+        t.replace("kopf.dev/v1", &format!("{group}/v1"))
+    })
+    .await;
+    let example = example_json(&c, "timers", "example.yaml", Some(("kopf.dev", &group)));
+    let made = std::time::Instant::now();
+    examples
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(example).unwrap(),
+        )
+        .await
+        .unwrap();
+    let events: Api<Event> = c.api();
+    let pings = |says: &'static str| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|e| e.message.as_deref() == Some(says))
+                .map(|e| e.count.unwrap_or(1))
+                .sum::<i32>()
+        }
+    };
+    let sync = "Ping from the sync timer: field=value";
+    eventually("the first timer pings", 30, || async {
+        pings(sync).await >= 1
+    })
+    .await;
+    assert!(
+        made.elapsed() >= std::time::Duration::from_secs(5),
+        "it waited for the example to be idle 5 s"
+    );
+    eventually("the second timer pings, later", 30, || async {
+        pings("Ping from the async timer: field=value").await >= 1
+    })
+    .await;
+    let changed = std::time::Instant::now();
+    examples
+        .patch(
+            "kopf-example-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"field": "changed"}})),
+        )
+        .await
+        .unwrap();
+    eventually("a ping after the change", 30, || async {
+        pings("Ping from the sync timer: field=changed").await >= 1
+    })
+    .await;
+    assert!(
+        changed.elapsed() >= std::time::Duration::from_secs(5),
+        "the change started the wait again"
+    );
+    finish_without_failures(c, op).await;
+}

@@ -495,6 +495,7 @@ fn schedules_zone(set: &runbook_core::policy::PolicySet) -> Option<String> {
                     .zone()
                     .map(str::to_string)
                     .or_else(|| default.as_ref().and_then(|d| d.zone().map(str::to_string))),
+                ScheduleSource::Every { .. } => None,
             };
             zones.extend(zone);
         }

@@ -168,6 +168,10 @@ pub struct DecisionRecord {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     #[schemars(schema_with = "any_fields_schema")]
     pub previous: std::collections::BTreeMap<String, serde_json::Value>,
+    /// When a field the policy declares in `spec.previous` last changed,
+    /// as the decision that concluded on it saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_at: Option<String>,
 }
 
 impl DecisionRecord {

@@ -11,6 +11,7 @@ use jiff::Timestamp;
 use rhai::{Array, Dynamic};
 use serde_json::Value;
 
+use crate::crd::DecisionRecord;
 use crate::failure::{Cause, Refusal, Refused};
 use crate::kinds::{KindRef, Role};
 use crate::observe::{CachedObject, ObjectView};
@@ -187,7 +188,7 @@ pub fn schedule_state(
         .unwrap_or(now);
     let mut timers = Vec::new();
     for timer in &policy.schedules {
-        let Some(schedule) = timer_schedule(policy, timer, target)? else {
+        let Some(schedule) = timer_schedule(policy, timer, target, (created, now))? else {
             continue;
         };
         let last = match &timer.name {
@@ -201,7 +202,16 @@ pub fn schedule_state(
         };
         let (due, fire) = match last {
             _ if suspended => (false, None),
-            None if timer.first_run == crate::policy::model::FirstRun::Creation => {
+            // An idle timer's first run waits for the target to be idle.
+            None if timer.first_run == crate::policy::model::FirstRun::Creation
+                && !matches!(
+                    timer.source,
+                    ScheduleSource::Every {
+                        idle_ms: Some(_),
+                        ..
+                    }
+                ) =>
+            {
                 (true, Some(created))
             }
             // The first fire time after the creation, once it has come.
@@ -241,9 +251,38 @@ fn timer_schedule<'a>(
     policy: &CompiledPolicy,
     timer: &'a crate::policy::compile::Timer,
     target: &Value,
+    (created, now): (Timestamp, Timestamp),
 ) -> Result<Option<Picked<'a>>, DecideError> {
     match &timer.source {
         ScheduleSource::Fixed(s) => Ok(Some(Picked::Fixed(s))),
+        ScheduleSource::Every { every_ms, idle_ms } => {
+            // Idle: from the last change of a declared field, which is
+            // now when this decision sees one (or sees the target first).
+            let anchor = match idle_ms {
+                Some(idle) => {
+                    let last = previous::last_kept(target, &policy.name);
+                    let changed =
+                        if previous::changed(&policy.previous, last.as_ref(), target).is_empty() {
+                            DecisionRecord::of(target, &policy.name)
+                                .and_then(|r| r.changed_at)
+                                .as_deref()
+                                .and_then(time::parse)
+                                .unwrap_or(created)
+                        } else {
+                            now
+                        };
+                    // On a whole second, as the run times status keeps.
+                    let at = time::add_ms(changed, *idle).as_millisecond();
+                    let up = at.div_euclid(1000) + i64::from(at.rem_euclid(1000) > 0);
+                    Timestamp::from_second(up).unwrap_or(Timestamp::MAX)
+                }
+                None => created,
+            };
+            Ok(Some(Picked::Every {
+                anchor,
+                every_ms: *every_ms,
+            }))
+        }
         ScheduleSource::FromField {
             path,
             default,
@@ -273,15 +312,43 @@ fn timer_schedule<'a>(
 enum Picked<'a> {
     Fixed(&'a Schedule),
     Parsed(Arc<Schedule>),
+    /// Fire times `anchor + k * every_ms`, for k from 0.
+    Every {
+        anchor: Timestamp,
+        every_ms: i64,
+    },
 }
 
-impl std::ops::Deref for Picked<'_> {
-    type Target = Schedule;
-
-    fn deref(&self) -> &Schedule {
+impl Picked<'_> {
+    /// The first fire time after `t`.
+    fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
         match self {
-            Picked::Fixed(s) => s,
-            Picked::Parsed(s) => s,
+            Picked::Fixed(s) => s.next_after(t),
+            Picked::Parsed(s) => s.next_after(t),
+            Picked::Every { anchor, every_ms } => {
+                let since = t.as_millisecond() - anchor.as_millisecond();
+                if since < 0 {
+                    return Some(*anchor);
+                }
+                let k = since / every_ms + 1;
+                Some(time::add_ms(*anchor, k.saturating_mul(*every_ms)))
+            }
+        }
+    }
+
+    /// The latest fire time after `since` and at or before `t`.
+    fn last_at_or_before(&self, since: Timestamp, t: Timestamp) -> Option<Timestamp> {
+        match self {
+            Picked::Fixed(s) => s.last_at_or_before(since, t),
+            Picked::Parsed(s) => s.last_at_or_before(since, t),
+            Picked::Every { anchor, every_ms } => {
+                let passed = t.as_millisecond() - anchor.as_millisecond();
+                if passed < 0 {
+                    return None;
+                }
+                let fire = time::add_ms(*anchor, (passed / every_ms) * every_ms);
+                (fire > since).then_some(fire)
+            }
         }
     }
 }
@@ -461,7 +528,13 @@ fn previous_of(policy: &CompiledPolicy, target: &Value) -> crate::script::ctx::P
         return Default::default();
     }
     let last = previous::last_kept(target, &policy.name);
+    let changed_at = DecisionRecord::of(target, &policy.name)
+        .and_then(|r| r.changed_at)
+        .as_deref()
+        .and_then(time::parse)
+        .map(|t| t.as_second());
     crate::script::ctx::Previous {
+        changed_at,
         declared: policy.previous.clone(),
         changed: previous::changed(&policy.previous, last.as_ref(), target),
         last: last.map_or(Dynamic::UNIT, |l| {

@@ -187,7 +187,8 @@ pub fn record_to_keep(
         && record.policy_version == previous.policy_version
         && record.mode == previous.mode
         && record.alert_routes == previous.alert_routes
-        && record.previous == previous.previous;
+        && record.previous == previous.previous
+        && record.changed_at == previous.changed_at;
     if previous.time.is_some() && status_unchanged && (compare == *previous || idle) {
         previous.clone()
     } else {
@@ -306,6 +307,13 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     // A failure is said once: on the action it came from, not again as
     // the decision's error (which is for what failed before any action).
     let error = error.filter(|e| !actions.iter().any(|a| a.message.as_ref() == Some(e)));
+    // What `spec.previous` names, as this decision saw it when it
+    // concluded; a failed one keeps what the last that concluded saw.
+    let kept = if input.decide_error.is_none() && input.failed.is_none() {
+        crate::decide::previous::snapshot(&input.policy.previous, t)
+    } else {
+        previous.previous.clone()
+    };
     let record = DecisionRecord {
         policy: input.policy.name.clone(),
         policy_version: input.policy.version.clone(),
@@ -318,10 +326,12 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         error,
         // What `spec.previous` names, as this decision saw it when it
         // concluded; a failed one keeps what the last that concluded saw.
-        previous: if input.decide_error.is_none() && input.failed.is_none() {
-            crate::decide::previous::snapshot(&input.policy.previous, t)
+        previous: kept.clone(),
+        // To the millisecond: an idle timer counts from it.
+        changed_at: if kept != previous.previous {
+            Some(format!("{:.3}", input.now))
         } else {
-            previous.previous.clone()
+            previous.changed_at.clone()
         },
     };
     let status_unchanged = equal_but_decisions(&current, &new_status);

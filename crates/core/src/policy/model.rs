@@ -387,6 +387,17 @@ pub struct ScheduleSpec {
     /// The expression when the field is absent.
     #[serde(default)]
     pub default: Option<String>,
+    /// Instead of a cron expression: fire at this interval (`30s`,
+    /// `5m`), from the target's creation, or with `idle` from when it
+    /// has been left unchanged that long.
+    #[serde(default)]
+    pub every: Option<String>,
+    /// With `every`: fire only once the fields the policy declares in
+    /// `spec.previous` have been unchanged this long (`10s`, `1h`), and
+    /// every `every` after that while they stay so; a change of one of
+    /// them starts the wait again (Kopf's `@timer(idle=...)`).
+    #[serde(default)]
+    pub idle: Option<String>,
     /// The time zone the expression's times are in (an IANA name such as
     /// `Europe/Berlin`), evaluated with the time zone database: a
     /// night-time run stays at night across DST changes. UTC when absent.

@@ -40,6 +40,9 @@ pub struct Previous {
     /// The fields as the last concluded decision saw them, shaped like
     /// the target; `()` before the first.
     pub last: Dynamic,
+    /// When one of them last changed (unix seconds), as a decision that
+    /// concluded saw it.
+    pub changed_at: Option<i64>,
 }
 
 pub use timely::{Timely, Times};
@@ -320,6 +323,7 @@ pub const PROPERTIES: &[&str] = &[
     "namespace",
     "policy",
     "previous",
+    "changed_at",
 ];
 
 /// `ctx`'s properties: the target, params, the clock and schedule, the policy.
@@ -344,6 +348,11 @@ fn register_properties(engine: &mut Engine) {
     engine.register_get("run", |c: &mut Ctx| c.0.timely.run().to_string());
     engine.register_get("namespace", |c: &mut Ctx| c.0.namespace.clone());
     engine.register_get("previous", |c: &mut Ctx| c.0.previous.last.clone());
+    engine.register_get("changed_at", |c: &mut Ctx| {
+        c.0.previous
+            .changed_at
+            .map_or(Dynamic::UNIT, Dynamic::from_int)
+    });
     engine.register_fn(
         "changed",
         |call: NativeCallContext, c: &mut Ctx, path: &str| -> RhaiResult<bool> {

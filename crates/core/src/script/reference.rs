@@ -180,6 +180,14 @@ pub const FUNCTIONS: &[Entry] = &[
     ),
     entry!(
         Ctx,
+        "get$changed_at",
+        1,
+        "ctx.changed_at",
+        "When a field declared in `spec.previous` last changed (unix seconds), as the decision that concluded on it saw; `()` before the first.",
+        "let quiet_for = ctx.now - (ctx.changed_at ?? ctx.now);"
+    ),
+    entry!(
+        Ctx,
         "changed",
         2,
         "ctx.changed(path)",

@@ -115,6 +115,16 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// `t` plus `ms` milliseconds, kept within the representable times.
+pub fn add_ms(t: Timestamp, ms: i64) -> Timestamp {
+    let at = t.as_millisecond().saturating_add(ms);
+    Timestamp::from_millisecond(at).unwrap_or(if ms < 0 {
+        Timestamp::MIN
+    } else {
+        Timestamp::MAX
+    })
+}
+
 /// Parse a duration such as `30s`, `5m`, `1h30m`, `2d`, `500ms` into
 /// milliseconds. A bare number is seconds.
 pub fn parse_duration_ms(text: &str) -> Result<i64, String> {

@@ -63,6 +63,11 @@ impl From<ScriptError> for LoadError {
 #[derive(Clone, Debug)]
 pub enum ScheduleSource {
     Fixed(Schedule),
+    /// `every` (and `idle`), in milliseconds.
+    Every {
+        every_ms: i64,
+        idle_ms: Option<i64>,
+    },
     FromField {
         path: Vec<String>,
         default: Option<Schedule>,

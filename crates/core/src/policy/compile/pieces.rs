@@ -103,6 +103,13 @@ fn compile_schedule(
             None
         }
     };
+    if let Some(every) = &spec.every {
+        return every_source(cx, file, pos, field, spec, every);
+    }
+    if spec.idle.is_some() {
+        cx.error(file, pos, format!("{field}.idle: give it with every"));
+        return None;
+    }
     match (&spec.cron, &spec.from_field) {
         (Some(_), Some(_)) => {
             cx.error(
@@ -134,6 +141,43 @@ fn compile_schedule(
             None
         }
     }
+}
+
+/// A schedule of `every` (and `idle`): an interval, alone.
+fn every_source(
+    cx: &mut Ctx,
+    file: &str,
+    pos: Option<Pos>,
+    field: &str,
+    spec: &ScheduleSpec,
+    every: &str,
+) -> Option<ScheduleSource> {
+    if spec.cron.is_some() || spec.from_field.is_some() {
+        let m = format!("{field}: give cron, fromField or every, one of them");
+        cx.error(file, pos, m);
+        return None;
+    }
+    let ms = |cx: &mut Ctx, what: &str, text: &str| match crate::util::time::parse_duration_ms(text)
+    {
+        Ok(ms) if ms >= 1_000 => Some(ms),
+        Ok(_) => {
+            let m = format!(
+                "{field}.{what}: {text:?} is under a second, the least a schedule may wait"
+            );
+            cx.error(file, pos, m);
+            None
+        }
+        Err(e) => {
+            cx.error(file, pos, format!("{field}.{what}: {e}"));
+            None
+        }
+    };
+    let every_ms = ms(cx, "every", every)?;
+    let idle_ms = match &spec.idle {
+        Some(text) => Some(ms(cx, "idle", text)?),
+        None => None,
+    };
+    Some(ScheduleSource::Every { every_ms, idle_ms })
 }
 
 pub(super) fn compile_limits(

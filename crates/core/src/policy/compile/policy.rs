@@ -53,8 +53,35 @@ fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `spec.previous`: field paths, each once, at most `MAX_PATHS`.
-fn previous_paths(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec) -> Vec<String> {
+/// `spec.previous`: field paths, each once, at most `MAX_PATHS`; given
+/// when a schedule waits for its target to be idle.
+fn previous_paths(
+    cx: &mut Ctx,
+    file: &str,
+    node: &Node,
+    spec: &PolicySpec,
+    schedules: &[crate::policy::compile::Timer],
+) -> Vec<String> {
+    let idles = schedules.iter().any(|t| {
+        matches!(
+            t.source,
+            crate::policy::compile::ScheduleSource::Every {
+                idle_ms: Some(_),
+                ..
+            }
+        )
+    });
+    if idles && spec.previous.is_empty() {
+        let at = node
+            .at(&["spec", "schedules"])
+            .or(node.at(&["spec", "schedule"]))
+            .map(|n| n.pos);
+        cx.error(
+            file,
+            at,
+            "idle: a schedule that waits for its target to be left unchanged needs spec.previous, the fields whose change counts (spec.previous: [spec], say)",
+        );
+    }
     let items: Vec<Pos> = match node.at(&["spec", "previous"]).map(|n| &n.value) {
         Some(crate::util::yaml::NodeValue::Seq(items)) => items.iter().map(|n| n.pos).collect(),
         _ => Vec::new(),
@@ -140,7 +167,7 @@ pub(super) fn load_policy(
     let annotation_selector = annotation_selector_of(cx, file, &node, spec);
     let status = compile_status_claim(cx, file, &node, spec);
     let namespaces = other_namespaces(cx, file, &node, spec, body.as_ref());
-    let previous = previous_paths(cx, file, &node, spec);
+    let previous = previous_paths(cx, file, &node, spec, &schedules);
     if cx.errors.len() > errors_before {
         return None;
     }
