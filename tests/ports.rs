@@ -936,3 +936,98 @@ async fn timers() {
     );
     finish_without_failures(c, op).await;
 }
+
+/// shell-operator's monitor-namespaces (`examples/102-monitor-namespaces`):
+/// a Namespace made, its labels changed and its deletion are each told
+/// once; an annotation changed is not; the operator restarted between the
+/// label change and the deletion tells nothing again. The policy selects
+/// the test's own namespaces by a label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_namespaces() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::events::v1::Event;
+    let c = Cluster::new("port-nsmon").await;
+    let mark = c.ns.clone();
+    let start = || {
+        let mark = mark.clone();
+        start_example_with(
+            &c,
+            "monitor-namespaces",
+            move |t| {
+                t.replace(
+                    "  target: {apiVersion: v1, kind: Namespace}\n",
+                    &format!(
+                        "  target: {{apiVersion: v1, kind: Namespace}}\n  selector: {{matchLabels: {{runbook-port: {mark}}}}}\n"
+                    ),
+                )
+            },
+            runbook_operator::runtime::OperatorConfig {
+                operator_namespace: c.ns.clone(),
+                ..support::all_namespaces()
+            },
+        )
+    };
+    let op = start().await;
+    let name = format!("{}-watched", c.ns);
+    let nss: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"runbook-port": mark}}}),
+    )
+    .unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let events: Api<Event> = Api::all(c.client.clone());
+    let told = |says: String| {
+        let (events, name) = (events.clone(), name.clone());
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+                        && e.note.as_deref() == Some(says.as_str())
+                })
+                .map(|e| e.deprecated_count.unwrap_or(1))
+                .sum::<i32>()
+        }
+    };
+    let created = format!("Namespace {name} was created");
+    eventually("its creation told", 30, || async {
+        told(created.clone()).await >= 1
+    })
+    .await;
+    nss.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"owner": "ana"}}})),
+    )
+    .await
+    .unwrap();
+    nss.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "ml"}}})),
+    )
+    .await
+    .unwrap();
+    let modified = format!("Namespace {name} labels were modified");
+    eventually("the label change told", 30, || async {
+        told(modified.clone()).await >= 1
+    })
+    .await;
+    op.shutdown(std::time::Duration::from_secs(5)).await;
+    // A restart tells nothing again: what was seen is remembered.
+    let op = start().await;
+    nss.delete(&name, &Default::default()).await.unwrap();
+    let deleted = format!("Namespace {name} was deleted");
+    eventually("the deletion told", 60, || async {
+        told(deleted.clone()).await >= 1
+    })
+    .await;
+    assert_eq!(told(created).await, 1, "created told once");
+    assert_eq!(told(modified).await, 1, "one label change told once");
+    assert_eq!(told(deleted).await, 1, "deleted told once");
+    finish_without_failures(c, op).await;
+}
