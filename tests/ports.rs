@@ -1031,3 +1031,86 @@ async fn monitor_namespaces() {
     assert_eq!(told(deleted).await, 1, "deleted told once");
     finish_without_failures(c, op).await;
 }
+
+/// Kopf's filtering handlers (`examples/11-filtering-handlers`), checked
+/// as its `test_example_11.py` checks them: the messages of the handlers
+/// whose filters hold are there, the others are not, and the update
+/// handler runs on the change of `spec.field` from `value` to `changed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtering_handlers() {
+    use k8s_openapi::api::core::v1::Event;
+    let c = Cluster::new("port-filters").await;
+    let (group, examples) = example_crd(&c, "filtering-handlers", "kopf.dev").await;
+    let op = start_example(&c, "filtering-handlers", |t| {
+        t.replace("kopf.dev/v1", &format!("{group}/v1"))
+    })
+    .await;
+    let example = example_json(
+        &c,
+        "filtering-handlers",
+        "example.yaml",
+        Some(("kopf.dev", &group)),
+    );
+    examples
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(example).unwrap(),
+        )
+        .await
+        .unwrap();
+    let events: Api<Event> = c.api();
+    let said = || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Handled"))
+            .filter_map(|e| e.message)
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+    eventually("the creation handlers", 30, || async {
+        said().await.contains("Field presence is satisfied.")
+    })
+    .await;
+    eventually("the daemon", 30, || async {
+        said().await.contains("Field daemon is satisfied.")
+    })
+    .await;
+    examples
+        .patch(
+            "kopf-example-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"field": "changed"}})),
+        )
+        .await
+        .unwrap();
+    eventually("the update handler", 30, || async {
+        said().await.contains("Field change is satisfied.")
+    })
+    .await;
+    let said = said().await;
+    for there in [
+        "Label is matching.",
+        "Label is present.",
+        "Label is absent.",
+        "Label callback matching.",
+        "Annotation is matching.",
+        "Annotation is present.",
+        "Annotation is absent.",
+        "Filter satisfied.",
+        "Field value is satisfied.",
+    ] {
+        assert!(said.contains(there), "{there:?} missing: {said:?}");
+    }
+    for absent in [
+        "Annotation callback mismatch.",
+        "Filter not satisfied.",
+        "Field value is not satisfied.",
+        "Field presence is not satisfied.",
+    ] {
+        assert!(!said.contains(absent), "{absent:?} said: {said:?}");
+    }
+    finish_without_failures(c, op).await;
+}

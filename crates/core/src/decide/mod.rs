@@ -782,6 +782,12 @@ pub fn decide(
             for path in &policy.previous {
                 decision.target_reads.note_path(path);
             }
+            // And what the last concluded decision kept of them, which this
+            // one's conclusion changes: the next decision sees the new
+            // values (a change told once is not told again).
+            if !policy.previous.is_empty() {
+                decision.target_reads.note_path("status.decisions");
+            }
             Ok(decision)
         }
         Body::Steps {
