@@ -100,6 +100,10 @@ async fn example_crd(
     let ours = format!("{}.{group}", c.ns);
     let plural = crd["spec"]["names"]["plural"].as_str().unwrap().to_string();
     let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+    let version = crd["spec"]["versions"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
     crd["metadata"]["name"] = json!(format!("{plural}.{ours}"));
     crd["spec"]["group"] = json!(ours);
     crds.create(
@@ -108,7 +112,8 @@ async fn example_crd(
     )
     .await
     .unwrap();
-    let resource = runbook_core::kinds::KindRef::new(format!("{ours}/v1"), kind).api_resource();
+    let resource =
+        runbook_core::kinds::KindRef::new(format!("{ours}/{version}"), kind).api_resource();
     let api: Api<kube::core::DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.ns, &resource);
     eventually("the example's kind served", 60, || async {
@@ -1112,5 +1117,60 @@ async fn filtering_handlers() {
     ] {
         assert!(!said.contains(absent), "{absent:?} said: {said:?}");
     }
+    finish_without_failures(c, op).await;
+}
+
+/// kro's web-app graph (`examples/kubernetes/webapp`): a WebApp with only
+/// a name becomes a Deployment and a Service with the schema's defaults;
+/// the Ingress switched on is made, the Service switched off is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_app() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::networking::v1::Ingress;
+    let c = Cluster::new("port-webapp").await;
+    let (group, apps) = example_crd(&c, "web-app", "kro.run").await;
+    let op = start_example(&c, "web-app", |t| {
+        t.replace("kro.run/v1alpha1", &format!("{group}/v1alpha1"))
+    })
+    .await;
+    let app = example_json(&c, "web-app", "web-app.yaml", Some(("kro.run", &group)));
+    apps.create(
+        &PostParams::default(),
+        &serde_json::from_value(app).unwrap(),
+    )
+    .await
+    .unwrap();
+    let deployments: Api<Deployment> = c.api();
+    let services: Api<Service> = c.api();
+    let ingresses: Api<Ingress> = c.api();
+    eventually("the Deployment and the Service", 30, || async {
+        deployments.get_opt("web").await.unwrap().is_some()
+            && services.get_opt("web").await.unwrap().is_some()
+    })
+    .await;
+    let d = deployments.get("web").await.unwrap().spec;
+    assert_eq!(d.replicas, Some(1), "the schema's default");
+    let container = &d.template.spec.unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some("nginx"));
+    assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 8080);
+    assert!(ingresses.get_opt("web").await.unwrap().is_none());
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"ingress": {"enabled": true}, "service": {"enabled": false}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually("the Ingress made and the Service gone", 30, || async {
+        ingresses.get_opt("web").await.unwrap().is_some()
+            && services
+                .get_opt("web")
+                .await
+                .unwrap()
+                .is_none_or(|s| s.metadata.deletion_timestamp.is_some())
+    })
+    .await;
     finish_without_failures(c, op).await;
 }
