@@ -213,6 +213,10 @@ pub(super) struct Memory {
     /// it), its failures in a row, and its status and state as this
     /// process wrote them.
     pub records: Arc<super::records::Records>,
+    /// Targets (by uid) whose RunbookState was just removed, and when:
+    /// the garbage collector removes it as its target goes, often before
+    /// the target's own deletion reaches its controller (`states_gone`).
+    pub states_gone: Mutex<HashMap<String, tokio::time::Instant>>,
     breakers: Mutex<HashMap<String, Breaker>>,
     /// Children this process applied that the cache may not show yet.
     pub applied: runbook_core::plan::Applied,

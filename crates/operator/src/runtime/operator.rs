@@ -1026,6 +1026,15 @@ async fn dispatch(ctx: Arc<Context>, mut rx: channel::Receiver<Change>) {
         if own_apply {
             tracing::debug!(kind = %ch.kind, namespace = %ch.namespace, name = %ch.name, "a child's own apply came back: its owner is woken only if it read its children");
         }
+        // A target's state removed: its target is going (or the state
+        // was removed by hand); it is not woken for it.
+        if ch.version.is_none() && ch.kind == super::reconcile::state_kind() {
+            let now = tokio::time::Instant::now();
+            let mut gone = lock(&ctx.memory.states_gone);
+            gone.retain(|_, at| now.duration_since(*at) < super::reconcile::STATE_GONE_WAIT);
+            gone.extend(ch.owners.iter().map(|o| (o.uid.clone(), now)));
+            continue;
+        }
         for o in &ch.owners {
             let k = KindRef::new(&o.api_version, &o.kind);
             if !targets.contains(&k) {

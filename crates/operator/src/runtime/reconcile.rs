@@ -472,6 +472,21 @@ async fn caught(ctx: &Context, obj: &RawObject, key: &TargetKey, what: String) -
 /// event, a write the server turned into something else).
 pub const CACHE_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a target whose RunbookState was removed waits before it is
+/// decided on without it.
+pub(super) const STATE_GONE_WAIT: Duration = Duration::from_secs(30);
+
+/// How much longer to wait before deciding on `obj`, whose RunbookState
+/// was just removed: decided now, on the target the cache still holds
+/// while its own deletion is on its way, it would be decided as if seen
+/// for the first time (`ctx.previous` is `()`, a schedule's first run).
+fn state_gone(ctx: &Context, obj: &RawObject) -> Option<Duration> {
+    let uid = obj.meta.uid.as_deref()?;
+    let gone = lock(&ctx.memory.states_gone);
+    let since = gone.get(uid)?.elapsed();
+    STATE_GONE_WAIT.checked_sub(since).filter(|d| !d.is_zero())
+}
+
 /// Read our own writes: deciding on a status the cache has not caught up
 /// with would repeat what the last decision did. The wait is bounded by
 /// [`CACHE_WAIT`]; reaching it is logged and counted.
@@ -697,6 +712,11 @@ async fn reconcile_target(
         // The watch event of that write reconciles again; the requeue is a
         // backstop, at the end of the wait.
         return Ok(Action::requeue(CACHE_WAIT));
+    }
+    if let Some(left) = state_gone(ctx, obj) {
+        // Its deletion reaching the controller ends this; a state removed
+        // by hand is made again after the wait.
+        return Ok(Action::requeue(left));
     }
     let set = ctx.policies.load_full();
     let cached = obj.cached();
