@@ -283,17 +283,24 @@ fn field_selectors_find_runbooks_objects_from_v1_31() {
     // A field manager of its own, so that another install of the plain
     // CRDs on a shared control plane leaves the selectable fields alone.
     let overlay = root.join("crds").join("field-selectors");
-    let applied = kubectl_output(
-        &s,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager=runbook-field-selectors",
-            "-k",
-            overlay.to_str().unwrap(),
-        ],
-    );
+    // A CRD's `versions` is an atomic list: another test on a shared
+    // control plane applying the plain CRDs with force takes the whole
+    // list back, selectable fields and all, so the overlay is applied
+    // again while the selectors are waited for.
+    let apply_overlay = || {
+        kubectl_output(
+            &s,
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=runbook-field-selectors",
+                "-k",
+                overlay.to_str().unwrap(),
+            ],
+        )
+    };
+    let applied = apply_overlay();
     for (name, target) in [("a", "web"), ("b", "api")] {
         let file = s.cache.join(format!("eval-{name}.yaml"));
         std::fs::write(
@@ -356,6 +363,7 @@ fn field_selectors_find_runbooks_objects_from_v1_31() {
             String::from_utf8_lossy(&out.stderr)
         );
         std::thread::sleep(Duration::from_millis(200));
+        apply_overlay();
     }
     let not_web = select("spec.targetRef.name!=web");
     assert_eq!(
