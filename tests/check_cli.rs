@@ -734,3 +734,35 @@ fn check_refuses_what_run_refuses_and_a_secret_read_by_name_passes() {
     assert_eq!(read["verbs"], serde_json::json!(["get", "list", "watch"]));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The functions Runbook calls take `ctx` alone: a `deleted` or
+/// `finalize` written without it (or with more) is refused where it is
+/// defined, not found missing when a target is deleted.
+#[test]
+fn a_hook_without_its_ctx_argument_is_refused_where_it_is_defined() {
+    let dir = temp_dir("hooks");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n  script: p.rhai\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("p.rhai"),
+        "fn reconcile(ctx) { [] }\n\nfn finalize(ctx, more) { [] }\n\nfn deleted() { [] }\n",
+    )
+    .unwrap();
+    let out = runbook().arg("check").arg(&dir).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("p.rhai:3:1: fn finalize takes one argument, ctx (fn finalize(ctx)); it is defined with 2"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "p.rhai:5:1: fn deleted takes one argument, ctx (fn deleted(ctx)); it is defined with 0"
+        ),
+        "{stderr}"
+    );
+}

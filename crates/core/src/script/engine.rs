@@ -83,6 +83,16 @@ impl Script {
         self.functions.contains(name)
     }
 
+    /// How many parameters each function of that name takes (Rhai
+    /// functions may be defined once per count).
+    pub fn arities(&self, name: &str) -> Vec<usize> {
+        self.ast
+            .iter_functions()
+            .filter(|f| f.name == name)
+            .map(|f| f.params.len())
+            .collect()
+    }
+
     /// Where a function is defined, for errors about what it returned.
     pub fn fn_pos(&self, name: &str) -> Option<Pos> {
         self.fn_positions.get(name).copied()

@@ -408,6 +408,17 @@ fn script_body(
         cx.error(script, Some(Pos { line: 1, col: 1 }), m);
         return None;
     }
+    // The functions Runbook calls take `ctx`, and nothing else.
+    for hook in ["reconcile", "finalize", "deleted"] {
+        let arities = s.arities(hook);
+        if !arities.is_empty() && !arities.contains(&1) {
+            let n = arities[0];
+            let m = format!(
+                "fn {hook} takes one argument, ctx (fn {hook}(ctx)); it is defined with {n}"
+            );
+            cx.error(script, s.fn_pos(hook).or(Some(Pos { line: 1, col: 1 })), m);
+        }
+    }
     for (name, pos, near) in cx.engine.unknown_calls(&s, None) {
         let hint = near
             .map(|m| format!(" (did you mean {m}?)"))
