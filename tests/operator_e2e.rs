@@ -116,6 +116,23 @@ async fn label_owner(widgets: &Api<DynamicObject>, name: &str) {
 
 /// Wait for an Event with `reason` on the object named `name`, whose
 /// note contains `says`.
+/// How many times an Event of `reason` was recorded on `name`.
+async fn events_of(c: &Cluster, reason: &str, name: &str) -> i32 {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .map(|e| e.deprecated_count.unwrap_or(1))
+        .sum()
+}
+
 async fn event_on(c: &Cluster, reason: &str, name: &str, says: &str) {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
     eventually(&format!("a {reason} Event on {name}"), 30, || async {
@@ -2380,27 +2397,13 @@ fn deleted(ctx) {
     .unwrap();
     cms.delete("a", &DeleteParams::default()).await.unwrap();
     event_on(&c, "Deleted", "a", "a of ml deleted").await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.client.clone(), &c.ns);
-    let told = |name: &'static str| {
-        let events = events.clone();
-        async move {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .filter(|e| {
-                    e.reason.as_deref() == Some("Deleted")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                })
-                .map(|e| e.deprecated_count.unwrap_or(1))
-                .sum::<i32>()
-        }
-    };
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(told("a").await, 1, "told once");
-    assert_eq!(told("b").await, 0, "a relabel is no deletion");
+    assert_eq!(events_of(&c, "Deleted", "a").await, 1, "told once");
+    assert_eq!(
+        events_of(&c, "Deleted", "b").await,
+        0,
+        "a relabel is no deletion"
+    );
     assert!(cms.get_opt("b").await.unwrap().is_some());
     op.shutdown(Duration::from_secs(5)).await;
     c.cleanup().await;

@@ -779,6 +779,50 @@ async fn monitor_pods() {
     finish_without_failures(c, op).await;
 }
 
+/// An operator running an example whose policy targets Namespaces, kept
+/// to the test's own ones by the label `runbook-port: <the test's
+/// namespace>`: it reconciles every namespace (the test's Namespaces are
+/// others than its own), and keeps Runbook's state of them in the test's.
+async fn start_namespace_example(
+    c: &Cluster,
+    example: &str,
+) -> std::sync::Arc<runbook_operator::runtime::Operator> {
+    let mark = c.ns.clone();
+    start_example_with(
+        c,
+        example,
+        |t| {
+            t.replace(
+                "  target: {apiVersion: v1, kind: Namespace}\n",
+                &format!(
+                    "  target: {{apiVersion: v1, kind: Namespace}}\n  selector: {{matchLabels: {{runbook-port: {mark}}}}}\n"
+                ),
+            )
+        },
+        runbook_operator::runtime::OperatorConfig {
+            operator_namespace: c.ns.clone(),
+            ..support::all_namespaces()
+        },
+    )
+    .await
+}
+
+/// A Namespace of the test's own: `{ns}-{suffix}`, labelled for
+/// [`start_namespace_example`].
+async fn test_namespace(c: &Cluster, suffix: &str) -> String {
+    use k8s_openapi::api::core::v1::Namespace;
+    let name = format!("{}-{suffix}", c.ns);
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"runbook-port": c.ns}}}),
+    )
+    .unwrap();
+    Api::<Namespace>::all(c.client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    name
+}
+
 /// Kyverno's add-networkpolicy (`best-practices/add_network_policy`): a
 /// new Namespace gets the generated `default-deny`, as Kyverno's own test
 /// checks; with its `synchronize: true`, a hand edit of it is taken back
@@ -789,34 +833,9 @@ async fn add_network_policy() {
     use k8s_openapi::api::core::v1::Namespace;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     let c = Cluster::new("port-netpol").await;
-    let mark = c.ns.clone();
-    // Every namespace: the new Namespace is another than the test's.
-    let op = start_example_with(
-        &c,
-        "add-network-policy",
-        |t| {
-            t.replace(
-                "  target: {apiVersion: v1, kind: Namespace}\n",
-                &format!(
-                    "  target: {{apiVersion: v1, kind: Namespace}}\n  selector: {{matchLabels: {{runbook-port: {mark}}}}}\n"
-                ),
-            )
-        },
-        // Runbook's state of a cluster-scoped target is kept in the
-        // operator's namespace: the test's.
-        runbook_operator::runtime::OperatorConfig {
-            operator_namespace: c.ns.clone(),
-            ..support::all_namespaces()
-        },
-    )
-    .await;
-    let name = format!("{}-team", c.ns);
+    let op = start_namespace_example(&c, "add-network-policy").await;
+    let name = test_namespace(&c, "team").await;
     let nss: Api<Namespace> = Api::all(c.client.clone());
-    let ns: Namespace = serde_json::from_value(
-        json!({"metadata": {"name": name, "labels": {"runbook-port": mark}}}),
-    )
-    .unwrap();
-    nss.create(&PostParams::default(), &ns).await.unwrap();
     let policies: Api<NetworkPolicy> = Api::namespaced(c.client.clone(), &name);
     let types = || async {
         policies
@@ -952,34 +971,9 @@ async fn monitor_namespaces() {
     use k8s_openapi::api::core::v1::Namespace;
     use k8s_openapi::api::events::v1::Event;
     let c = Cluster::new("port-nsmon").await;
-    let mark = c.ns.clone();
-    let start = || {
-        let mark = mark.clone();
-        start_example_with(
-            &c,
-            "monitor-namespaces",
-            move |t| {
-                t.replace(
-                    "  target: {apiVersion: v1, kind: Namespace}\n",
-                    &format!(
-                        "  target: {{apiVersion: v1, kind: Namespace}}\n  selector: {{matchLabels: {{runbook-port: {mark}}}}}\n"
-                    ),
-                )
-            },
-            runbook_operator::runtime::OperatorConfig {
-                operator_namespace: c.ns.clone(),
-                ..support::all_namespaces()
-            },
-        )
-    };
-    let op = start().await;
-    let name = format!("{}-watched", c.ns);
+    let op = start_namespace_example(&c, "monitor-namespaces").await;
+    let name = test_namespace(&c, "watched").await;
     let nss: Api<Namespace> = Api::all(c.client.clone());
-    let ns: Namespace = serde_json::from_value(
-        json!({"metadata": {"name": name, "labels": {"runbook-port": mark}}}),
-    )
-    .unwrap();
-    nss.create(&PostParams::default(), &ns).await.unwrap();
     let events: Api<Event> = Api::all(c.client.clone());
     let told = |says: String| {
         let (events, name) = (events.clone(), name.clone());
@@ -1024,7 +1018,7 @@ async fn monitor_namespaces() {
     .await;
     op.shutdown(std::time::Duration::from_secs(5)).await;
     // A restart tells nothing again: what was seen is remembered.
-    let op = start().await;
+    let op = start_namespace_example(&c, "monitor-namespaces").await;
     nss.delete(&name, &Default::default()).await.unwrap();
     let deleted = format!("Namespace {name} was deleted");
     eventually("the deletion told", 60, || async {

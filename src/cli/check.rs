@@ -241,7 +241,6 @@ fn body_of(p: &runbook_core::policy::compile::CompiledPolicy) -> String {
         Body::Script {
             script,
             has_finalize,
-            has_deleted,
             ..
         } => format!(
             "script {}{}{}",
@@ -251,7 +250,11 @@ fn body_of(p: &runbook_core::policy::compile::CompiledPolicy) -> String {
             } else {
                 ""
             },
-            if *has_deleted { " (with deleted)" } else { "" }
+            if script.has_fn("deleted") {
+                " (with deleted)"
+            } else {
+                ""
+            }
         ),
         Body::Steps {
             steps,

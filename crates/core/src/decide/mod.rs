@@ -11,7 +11,6 @@ use jiff::Timestamp;
 use rhai::{Array, Dynamic};
 use serde_json::Value;
 
-use crate::crd::DecisionRecord;
 use crate::failure::{Cause, Refusal, Refused};
 use crate::kinds::{KindRef, Role};
 use crate::observe::{CachedObject, ObjectView};
@@ -260,17 +259,14 @@ fn timer_schedule<'a>(
             // now when this decision sees one (or sees the target first).
             let anchor = match idle_ms {
                 Some(idle) => {
-                    let last = previous::last_kept(target, &policy.name);
-                    let changed =
-                        if previous::changed(&policy.previous, last.as_ref(), target).is_empty() {
-                            DecisionRecord::of(target, &policy.name)
-                                .and_then(|r| r.changed_at)
-                                .as_deref()
-                                .and_then(time::parse)
-                                .unwrap_or(created)
-                        } else {
-                            now
-                        };
+                    let last = previous::last(target, &policy.name);
+                    let changed = if previous::changed(&policy.previous, last.kept.as_ref(), target)
+                        .is_empty()
+                    {
+                        last.changed_at.unwrap_or(created)
+                    } else {
+                        now
+                    };
                     // On a whole second, as the run times status keeps.
                     let at = time::add_ms(changed, *idle).as_millisecond();
                     let up = at.div_euclid(1000) + i64::from(at.rem_euclid(1000) > 0);
@@ -527,17 +523,12 @@ fn previous_of(policy: &CompiledPolicy, target: &Value) -> crate::script::ctx::P
     if policy.previous.is_empty() {
         return Default::default();
     }
-    let last = previous::last_kept(target, &policy.name);
-    let changed_at = DecisionRecord::of(target, &policy.name)
-        .and_then(|r| r.changed_at)
-        .as_deref()
-        .and_then(time::parse)
-        .map(|t| t.as_second());
+    let last = previous::last(target, &policy.name);
     crate::script::ctx::Previous {
-        changed_at,
+        changed_at: last.changed_at.map(|t| t.as_second()),
         declared: policy.previous.clone(),
-        changed: previous::changed(&policy.previous, last.as_ref(), target),
-        last: last.map_or(Dynamic::UNIT, |l| {
+        changed: previous::changed(&policy.previous, last.kept.as_ref(), target),
+        last: last.kept.map_or(Dynamic::UNIT, |l| {
             crate::script::obj::view(Arc::new(previous::as_object(&l)))
         }),
     }
@@ -813,6 +804,33 @@ pub fn decide(
     }
 }
 
+/// The actions a script's hook `name` (`finalize`, `deleted`) returns,
+/// planned; none when the script does not define it.
+fn hook_actions(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    observed: &Observed,
+    name: &str,
+) -> Result<Vec<Planned>, DecideError> {
+    let Body::Script { script, .. } = &policy.body else {
+        return Ok(Vec::new());
+    };
+    if !script.has_fn(name) {
+        return Ok(Vec::new());
+    }
+    let ctx = build_ctx(policy, observed, None);
+    let ns = observed.target.acting_namespace();
+    let result = engine.call(script, name, (ctx,))?;
+    let values = collect(&script.file, script.fn_pos(name), name, result)?;
+    Ok(plan(
+        policy,
+        ns,
+        &*observed.view,
+        Some(&script.file),
+        values,
+    ))
+}
+
 /// Decide the clean-up for a target being deleted. An empty decision means
 /// the clean-up is done and the finalizer can go.
 pub fn finalize(
@@ -820,21 +838,8 @@ pub fn finalize(
     policy: &CompiledPolicy,
     observed: &Observed,
 ) -> Result<Decision, DecideError> {
-    let ctx = build_ctx(policy, observed, None);
-    let ns = observed.target.acting_namespace().to_string();
-    match &policy.body {
-        Body::Script {
-            script,
-            has_finalize: true,
-            ..
-        } => {
-            let result = engine.call(script, "finalize", (ctx,))?;
-            let values = collect(&script.file, script.fn_pos("finalize"), "finalize", result)?;
-            let actions = plan(policy, &ns, &*observed.view, Some(&script.file), values);
-            Ok(finish(policy, observed, None, actions, None))
-        }
-        _ => Ok(finish(policy, observed, None, Vec::new(), None)),
-    }
+    let actions = hook_actions(engine, policy, observed, "finalize")?;
+    Ok(finish(policy, observed, None, actions, None))
 }
 
 /// Decide what to do now that a target is deleted (`fn deleted(ctx)`),
@@ -846,19 +851,7 @@ pub fn deleted(
     policy: &CompiledPolicy,
     observed: &Observed,
 ) -> Result<Decision, DecideError> {
-    let ctx = build_ctx(policy, observed, None);
-    let ns = observed.target.acting_namespace().to_string();
-    let Body::Script {
-        script,
-        has_deleted: true,
-        ..
-    } = &policy.body
-    else {
-        return Ok(finish(policy, observed, None, Vec::new(), None));
-    };
-    let result = engine.call(script, "deleted", (ctx,))?;
-    let values = collect(&script.file, script.fn_pos("deleted"), "deleted", result)?;
-    let mut actions = plan(policy, &ns, &*observed.view, Some(&script.file), values);
+    let mut actions = hook_actions(engine, policy, observed, "deleted")?;
     for a in &mut actions {
         let on_target = matches!(
             a.action,

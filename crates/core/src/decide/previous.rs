@@ -60,12 +60,24 @@ pub fn changed(
         .collect()
 }
 
-/// What the policy's last concluded decision kept, from its record on
-/// `target`; `None` before its first.
-pub fn last_kept(target: &Value, policy: &str) -> Option<BTreeMap<String, Value>> {
-    DecisionRecord::of(target, policy)
-        .map(|r| r.previous)
-        .filter(|p| !p.is_empty())
+/// What the policy's last concluded decision kept, from its record.
+pub struct Last {
+    /// The declared fields' values; `None` before its first.
+    pub kept: Option<BTreeMap<String, Value>>,
+    /// When one of them last changed.
+    pub changed_at: Option<jiff::Timestamp>,
+}
+
+/// [`Last`] from the policy's record on `target` (read once).
+pub fn last(target: &Value, policy: &str) -> Last {
+    let record = DecisionRecord::of(target, policy);
+    Last {
+        changed_at: record
+            .as_ref()
+            .and_then(|r| r.changed_at.as_deref())
+            .and_then(crate::util::time::parse),
+        kept: record.map(|r| r.previous).filter(|p| !p.is_empty()),
+    }
 }
 
 /// The kept values as an object shaped like the target (`spec.replicas`

@@ -117,9 +117,6 @@ pub enum Body {
         script: Arc<Script>,
         source: Arc<str>,
         has_finalize: bool,
-        /// It defines `fn deleted(ctx)`: it hears of its targets'
-        /// deletions (at most once each).
-        has_deleted: bool,
     },
     Steps {
         steps: Vec<CompiledStep>,
@@ -204,13 +201,7 @@ impl CompiledPolicy {
     /// Whether its script defines `fn deleted(ctx)`, run once (at most)
     /// when a target it selects is deleted.
     pub fn hears_deletions(&self) -> bool {
-        matches!(
-            self.body,
-            Body::Script {
-                has_deleted: true,
-                ..
-            }
-        )
+        matches!(&self.body, Body::Script { script, .. } if script.has_fn("deleted"))
     }
 
     pub fn has_finalizer(&self) -> bool {

@@ -451,7 +451,6 @@ fn script_body(
     }
     Some(Body::Script {
         has_finalize: s.has_fn("finalize"),
-        has_deleted: s.has_fn("deleted"),
         source: cx.bundle.files[script].as_str().into(),
         script: s,
     })
