@@ -1168,3 +1168,68 @@ async fn web_app() {
     .await;
     finish_without_failures(c, op).await;
 }
+
+/// Kyverno's cleanup-bare-pods (a `ClusterCleanupPolicy` every five
+/// minutes; here every 2 s): the bare Pod is deleted at the next run, a
+/// Pod with an owner stays, and nothing is written per Pod: the sweep's
+/// one RunbookState keeps its run times and what it found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_bare_pods() {
+    let c = Cluster::new("port-sweep").await;
+    let pods: Api<Pod> = c.api();
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = c.api();
+    let owner = maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "owner"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pod = |name: &str, owned: bool| -> Pod {
+        let mut p = json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}});
+        if owned {
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+                "name": "owner", "uid": owner.metadata.uid, "controller": true}]);
+        }
+        serde_json::from_value(p).unwrap()
+    };
+    for (name, owned) in [("debug-shell", false), ("kept", true)] {
+        pods.create(&PostParams::default(), &pod(name, owned))
+            .await
+            .unwrap();
+    }
+    let op = start_example(&c, "cleanup-bare-pods", |t| {
+        t.replace("cron: \"*/5 * * * *\"", "every: 2s")
+    })
+    .await;
+    eventually("the bare Pod deleted at a run", 30, || async {
+        pods.get_opt("debug-shell").await.unwrap().is_none()
+    })
+    .await;
+    let states = Api::<kube::core::DynamicObject>::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook_core::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState").api_resource(),
+    );
+    // A later run finds nothing bare, and says so in its record.
+    eventually("a run that finds no bare Pod", 30, || async {
+        let state = states
+            .get_opt("sweep.runbook.dev.cleanup-bare-pods")
+            .await
+            .unwrap();
+        state.is_some_and(|s| s.data["status"]["fields"]["found"] == 0)
+    })
+    .await;
+    assert!(pods.get_opt("kept").await.unwrap().is_some());
+    let names: Vec<String> = states
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    assert_eq!(names, ["sweep.runbook.dev.cleanup-bare-pods"]);
+    finish_without_failures(c, op).await;
+}

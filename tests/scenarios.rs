@@ -1264,3 +1264,153 @@ spec:
     let t = text(&out);
     assert!(out.status.success(), "{t}");
 }
+
+/// `count` Pods named `prefix-N` in `default`, with these labels.
+fn pods(prefix: &str, count: usize, labels: &str) -> String {
+    (0..count)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {prefix}-{i}, namespace: default, labels: {labels}}}\nspec: {{containers: [{{name: c, image: busybox}}]}}\n---\n"
+            )
+        })
+        .collect()
+}
+
+/// The API writes a scenario run made, from its summary.
+fn api_writes(t: &str) -> u64 {
+    t.lines()
+        .find_map(|l| l.trim().strip_prefix("API writes: "))
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no API writes line: {t}"))
+}
+
+/// A sweep decides once per fire time over all the Pods it selects: what
+/// it deletes is bounded by its limit (the rest waits for the next run),
+/// nothing is written per Pod, and each run writes its one record. The
+/// same clean-up decided per Pod writes every Pod's state at every run.
+#[test]
+fn a_sweep_decides_once_per_run_within_its_limit_and_writes_nothing_per_pod() {
+    let policy = |sweep: bool| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {{name: tidy}}
+spec:
+  target: {{apiVersion: v1, kind: Pod}}
+  sweep: {sweep}
+  schedule: {{cron: \"*/5 * * * *\", firstRun: schedule}}
+  deletes: [{{apiVersion: v1, kind: Pod}}]
+  limits: {{delete: 20/5m}}
+  status: {{fields: [found]}}
+  script: tidy.rhai
+"
+        )
+    };
+    let swept = "fn reconcile(ctx) {
+    if !ctx.due { return []; }
+    let gone = ctx.targets.filter(|p| p.metadata.labels.temporary == \"yes\");
+    let out = gone.map(|p| delete(p));
+    out.push(status(#{ found: gone.len() }));
+    out
+}
+";
+    let each = "fn reconcile(ctx) {
+    if !ctx.due || ctx.resource.metadata.labels.temporary != \"yes\" { return []; }
+    [delete(ctx.resource)]
+}
+";
+    let scenario = |until: &str, timeline: &str| {
+        format!(
+            "apiVersion: runbook.dev/v1alpha1
+kind: Scenario
+metadata: {{name: tidy}}
+spec:
+  policies: pol
+  objects: [pods.yaml]
+  start: \"2026-12-01T09:02:30Z\"
+  until: {until}
+  timeline:
+{timeline}  final:
+    - {{kind: RunbookState, name: \"pod.*\", absent: true}}
+    - {{kind: RunbookState, name: sweep.runbook.dev.tidy}}
+"
+        )
+    };
+    // 25 to delete against a limit of 20 per 5 minutes.
+    let bounded = dir_with(
+        "sweep-bounded",
+        &[
+            ("pol/tidy.yaml", &policy(true)),
+            ("pol/tidy.rhai", swept),
+            ("pods.yaml", &pods("tmp", 25, "{temporary: \"yes\"}")),
+            (
+                "s.yaml",
+                &scenario(
+                    "10m",
+                    "    - at: 0s
+      expect:
+        - {none: delete, kind: Pod}
+    - at: 2m30s
+      expect:
+        - {action: delete, kind: Pod, result: ok, count: 20}
+        - {action: delete, kind: Pod, result: limited, count: 5}
+        - {action: state, kind: Sweep, name: tidy, count: 1, fields: {fields: {found: 25}}}
+    - at: 7m30s
+      expect:
+        - {action: delete, kind: Pod, result: ok, count: 5}
+        - {action: state, kind: Sweep, name: tidy, count: 1, fields: {fields: {found: 5}}}
+",
+                ),
+            ),
+        ],
+    );
+    let out = runbook(&["simulate", bounded.join("s.yaml").to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(!t.contains("state    v1 Pod"), "{t}");
+
+    // Writes per run: 10 Pods to delete among 30, three runs.
+    let mixed = format!(
+        "{}{}",
+        pods("tmp", 10, "{temporary: \"yes\"}"),
+        pods("app", 20, "{temporary: \"no\"}")
+    );
+    let timeline = "    - at: 2m30s
+      expect:
+        - {action: delete, kind: Pod, name: \"tmp-*\", count: 10}
+        - {none: delete, kind: Pod, name: \"app-*\"}
+";
+    let run = |sweep: bool| {
+        let dir = dir_with(
+            if sweep {
+                "sweep-writes"
+            } else {
+                "per-pod-writes"
+            },
+            &[
+                ("pol/tidy.yaml", &policy(sweep)),
+                ("pol/tidy.rhai", if sweep { swept } else { each }),
+                ("pods.yaml", &mixed),
+                ("s.yaml", &scenario("15m", timeline)),
+            ],
+        );
+        let out = runbook(&["simulate", dir.join("s.yaml").to_str().unwrap()]);
+        (out.status.success(), text(&out))
+    };
+    let (ok, t) = run(true);
+    assert!(ok, "{t}");
+    let sweep_writes = api_writes(&t);
+    // Its first look (not due: the first run is at 09:05), then three
+    // runs (09:05, 09:10, 09:15): one record write each, and 10 deletes.
+    assert_eq!(sweep_writes, 4 + 10, "{t}");
+    let (ok, t) = run(false);
+    // Decided per Pod, each Pod's run times are kept in a RunbookState
+    // of its own: the final check that none exists fails.
+    assert!(!ok, "{t}");
+    assert!(t.contains("RunbookState"), "{t}");
+    let per_pod_writes = api_writes(&t);
+    eprintln!(
+        "30 Pods, 10 to delete, 3 runs: API writes swept {sweep_writes}, decided per Pod {per_pod_writes}"
+    );
+    assert!(per_pod_writes > 3 * 20, "{t}");
+}

@@ -258,9 +258,22 @@ impl DeclaredKinds {
 }
 
 /// Built-in kinds: their status is decoded into fixed types, so it keeps
-/// nothing of Runbook's.
+/// nothing of Runbook's. A sweep's record counts as one: it has no object
+/// of its own, and all of it is kept in its `RunbookState`.
 pub fn built_in(kind: &KindRef) -> bool {
-    kind.group() != "runbook.dev" && well_known(kind.group(), &kind.kind).is_some()
+    (kind.group() != "runbook.dev" && well_known(kind.group(), &kind.kind).is_some())
+        || is_sweep(kind)
+}
+
+/// The kind a sweep (`spec.sweep`) is decided as: one object per policy,
+/// made up by the runtime and never served, whose status is kept in a
+/// `RunbookState` named after it (`sweep.runbook.dev.POLICY`).
+pub fn sweep_kind() -> KindRef {
+    KindRef::new("runbook.dev/v1alpha1", "Sweep")
+}
+
+pub fn is_sweep(kind: &KindRef) -> bool {
+    kind.group() == "runbook.dev" && kind.kind == "Sweep"
 }
 
 /// The kinds whose schema is Runbook's: their status declares Runbook's

@@ -411,6 +411,11 @@ pub fn check_permission(
             roles,
         })
     };
+    if policy.sweep
+        && let Some(refusal) = sweep_refusal(policy, action)
+    {
+        return refusal;
+    }
     let check_ns =
         |obj_ns: Option<&str>, k: &KindRef| namespace_refusal(k, obj_ns, target_ns, writable);
     let unknown = |verb, error: String| Some(Refused::UnknownKind { verb, error });
@@ -443,9 +448,11 @@ pub fn check_permission(
             Ok(k) => refuse_kind(&k, "delete", "owns or deletes"),
             Err(e) => unknown("delete", e),
         },
-        Action::Patch { kind, .. } => match kinds.resolve(kind) {
+        Action::Patch {
+            kind, namespace, ..
+        } => match kinds.resolve(kind) {
             Ok(k) if kinds.has(&k, Role::Owns) || kinds.has(&k, Role::Mutates) => {
-                check_ns(None, &k)
+                check_ns(namespace.as_deref(), &k)
             }
             Ok(k) => refuse_kind(&k, "patch", "owns or mutates"),
             Err(e) => unknown("patch", e),
@@ -473,6 +480,57 @@ pub fn check_permission(
             })
         }
         _ => None,
+    }
+}
+
+/// What a sweep decides over: every object of its target kind that it
+/// selects, in the one namespace a tenant's policy acts in or in all.
+pub fn swept(policy: &CompiledPolicy, view: &dyn ObjectView) -> Vec<Arc<CachedObject>> {
+    let mut all = view.every(&policy.target);
+    all.retain(|o| policy.selects(o.value()) && policy.acts_in(o.namespace()));
+    all
+}
+
+/// A sweep's delete or patch of one of its targets: `Some(None)` when it
+/// may (it declares the verb in `spec.deletes` or `spec.mutates`, and the
+/// object is where the policy acts: a tenant's own namespace, or for a
+/// cluster-wide policy any), `Some(Some(why))` when not; `None` for
+/// anything else, checked as for any policy (in the namespace its record
+/// is kept in).
+fn sweep_refusal(policy: &CompiledPolicy, action: &Action) -> Option<Option<Refused>> {
+    let (kind, namespace, verb, role, roles) = match action {
+        Action::Delete {
+            kind, namespace, ..
+        } => (kind, namespace, "delete", Role::Deletes, "deletes"),
+        Action::Patch {
+            kind, namespace, ..
+        } => (kind, namespace, "patch", Role::Mutates, "mutates"),
+        _ => return None,
+    };
+    let k = policy.kinds.resolve(kind).ok()?;
+    if k != policy.target {
+        return None;
+    }
+    if !policy.kinds.has(&k, role) {
+        return Some(Some(Refused::Undeclared {
+            verb,
+            kind: k,
+            roles,
+        }));
+    }
+    let Some(tenant) = &policy.tenant else {
+        return Some(None);
+    };
+    if !k.namespaced() {
+        return Some(Some(Refused::ClusterScoped { kind: k }));
+    }
+    match namespace.as_deref() {
+        Some(ns) if ns != tenant => Some(Some(Refused::OtherNamespace {
+            kind: k,
+            namespace: ns.to_string(),
+            target: tenant.clone(),
+        })),
+        _ => Some(None),
     }
 }
 
@@ -515,6 +573,7 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         kinds: policy.kinds.clone(),
         namespaces: policy.namespaces.as_ref().map(|(s, _)| s.clone()),
         previous: previous_of(policy, observed.target.value()),
+        targets: policy.sweep.then(|| swept(policy, observed.view.as_ref())),
     }))
 }
 
@@ -1039,6 +1098,58 @@ mod tests {
         }
         let undeclared = yaml("", true);
         assert!(undeclared.policies.is_empty());
+    }
+
+    /// A sweep deletes and patches its targets in any namespace, as its
+    /// policy declares; a tenant's sweep only in the tenant's namespace,
+    /// and never a cluster-scoped object.
+    #[test]
+    fn a_sweep_acts_where_its_policy_does() {
+        let load = |kind: &str, tenant: Option<&str>| {
+            let mut l = crate::policy::compile::tests::load(&[
+                (
+                    "p.yaml",
+                    &format!(
+                        "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: p}}\nspec:\n  target: {{apiVersion: v1, kind: {kind}}}\n  sweep: true\n  schedule: {{every: 1m}}\n  deletes: [{{apiVersion: v1, kind: {kind}}}]\n  script: p.rhai\n"
+                    ),
+                ),
+                ("p.rhai", "fn reconcile(ctx) { [] }"),
+            ]);
+            assert!(l.errors.is_empty(), "{:?}", l.errors);
+            if let Some(t) = tenant {
+                l.confine_to(t, &Default::default());
+            }
+            l.policies.remove(0)
+        };
+        let delete = |kind: &str, ns: Option<&str>| Action::Delete {
+            kind: crate::kinds::KindName::parse(kind),
+            name: "x".into(),
+            namespace: ns.map(str::to_string),
+        };
+        let patch = |ns: &str| Action::Patch {
+            kind: crate::kinds::KindName::parse("Pod"),
+            name: "x".into(),
+            patch: serde_json::json!({"metadata": {"labels": {"a": "b"}}}),
+            namespace: Some(ns.to_string()),
+        };
+        let why = |p: &CompiledPolicy, a: &Action| {
+            check_permission(p, "runbook-system", a, &[]).map(|r| r.to_string())
+        };
+        let admin = load("Pod", None);
+        assert_eq!(why(&admin, &delete("Pod", Some("shop"))), None);
+        assert_eq!(why(&admin, &delete("Pod", Some("kube-system"))), None);
+        // Patching needs spec.mutates, which it does not declare.
+        assert!(why(&admin, &patch("shop")).is_some_and(|w| w.contains("mutates")));
+        let tenant = load("Pod", Some("team-a"));
+        assert_eq!(why(&tenant, &delete("Pod", Some("team-a"))), None);
+        let elsewhere = why(&tenant, &delete("Pod", Some("team-b")));
+        assert!(
+            elsewhere.as_deref().is_some_and(|w| w.contains("team-b")),
+            "{elsewhere:?}"
+        );
+        let nodes = load("Node", Some("team-a"));
+        assert!(why(&nodes, &delete("Node", None)).is_some());
+        assert_eq!(why(&load("Node", None), &delete("Node", None)), None);
     }
 
     /// A new target's first run: at its creation by default; with

@@ -379,6 +379,11 @@ pub trait ObjectView: Send + Sync {
         self.owned_by(kind, namespace, uid)
     }
 
+    /// Every object of `kind` in every namespace the caches hold (or, of
+    /// a cluster-scoped kind, all of them), sorted by namespace and name:
+    /// what a sweep lists at its fire time.
+    fn every(&self, kind: &KindRef) -> Vec<Arc<CachedObject>>;
+
     /// The children of `kind` made for the target with uid `uid` in other
     /// namespaces than its own (they name it by label, see
     /// [`OWNER_UID_LABEL`]), sorted by namespace and name.
@@ -443,6 +448,14 @@ impl ObjectView for MemoryView {
         crate::util::read(&self.objects)
             .get(&(kind.clone(), namespace.to_string()))
             .and_then(|m| m.get(name).cloned())
+    }
+
+    fn every(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
+        crate::util::read(&self.objects)
+            .iter()
+            .filter(|((k, _), _)| k == kind)
+            .flat_map(|(_, m)| m.values().cloned())
+            .collect()
     }
 
     fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>> {

@@ -348,7 +348,15 @@ fn action_target(a: &Action, ns: &str, target: &CachedObject) -> Option<String> 
             "{kind} {}/{name}",
             namespace.as_deref().unwrap_or(ns)
         )),
-        Action::Patch { kind, name, .. } => Some(format!("{kind} {ns}/{name}")),
+        Action::Patch {
+            kind,
+            name,
+            namespace,
+            ..
+        } => Some(format!(
+            "{kind} {}/{name}",
+            namespace.as_deref().unwrap_or(ns)
+        )),
         Action::Rollback { deployment, .. } => {
             Some(format!("apps/v1 Deployment {ns}/{deployment}"))
         }
@@ -439,7 +447,10 @@ pub fn plan(input: &Input<'_>) -> Plan {
             _ => None,
         })
         .collect();
-    for i in 0..plan.steps.len() {
+    // A sweep acts for no target's author: with the rights its policy
+    // declares (a tenant's, as the account its namespace acts as).
+    let for_author = !input.policy.sweep;
+    for i in (0..plan.steps.len()).filter(|_| for_author) {
         if let Todo::Write(w) = &plan.steps[i].todo {
             plan.steps[i].needs = needs_of(input, w, &applies);
         }
@@ -680,8 +691,10 @@ fn delete_of(
         Ok(k) => k,
         Err(e) => return Todo::Fail(Failed::invalid(e)),
     };
-    let elsewhere = namespace.is_some_and(|n| n != ns);
-    let ns = namespace.unwrap_or(ns);
+    // A sweep's targets are in any namespace it acts in (the
+    // permission check confines a tenant's to its own).
+    let elsewhere = namespace.is_some_and(|n| n != ns) && !(policy.sweep && k == policy.target);
+    let ns = namespace.unwrap_or(if k.namespaced() { ns } else { "" });
     let Some(live) = input.view.get(&k, ns, name) else {
         return Todo::Unchanged;
     };
@@ -717,9 +730,9 @@ fn delete_of(
 /// The write of a patch action, or why none.
 fn patch_of(
     input: &Input<'_>,
+    namespace: Option<&str>,
     ns: &str,
-    kind: &crate::kinds::KindName,
-    name: &str,
+    (kind, name): (&crate::kinds::KindName, &str),
     patch: &serde_json::Value,
 ) -> Todo {
     let policy = input.policy;
@@ -728,6 +741,7 @@ fn patch_of(
         Ok(k) => k,
         Err(e) => return Todo::Fail(Failed::invalid(e)),
     };
+    let ns = namespace.unwrap_or(if k.namespaced() { ns } else { "" });
     let live = input.view.get(&k, ns, name);
     // A child is patched only if it is this policy's own; an
     // object of a kind the policy mutates is not its child by
@@ -782,7 +796,12 @@ fn write_of(input: &Input<'_>, plan: &mut Plan, ns: &str, a: &Action) -> Todo {
             name,
             namespace,
         } => delete_of(input, ns, kind, name, namespace.as_deref()),
-        Action::Patch { kind, name, patch } => patch_of(input, ns, kind, name, patch),
+        Action::Patch {
+            kind,
+            name,
+            patch,
+            namespace,
+        } => patch_of(input, namespace.as_deref(), ns, (kind, name), patch),
         Action::Rollback {
             deployment,
             revision,
@@ -1380,6 +1399,7 @@ spec:
                 kind: KindName::parse("ConfigMap"),
                 name: "w-a".into(),
                 patch: json!({"data": {"admin": "no"}}),
+                namespace: None,
             };
             let p = plan_of(&w, &[live], Acting::Enforce, vec![delete, patch]);
             for (i, verb) in [(0, "delete"), (1, "patch")] {
@@ -1507,11 +1527,13 @@ spec:
             kind: KindName::parse("Deployment"),
             name: "web".into(),
             patch: json!({"spec": {"replicas": 2}}),
+            namespace: None,
         };
         let scale = Action::Patch {
             kind: KindName::parse("Deployment"),
             name: "web".into(),
             patch: json!({"spec": {"replicas": 3}}),
+            namespace: None,
         };
         let p = plan_of(
             &w,

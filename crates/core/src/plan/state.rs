@@ -324,6 +324,9 @@ fn last_decision(decisions: Option<&Value>) -> Option<Value> {
     Some(last)
 }
 
+/// The label of a sweep's `RunbookState`: its policy's name.
+pub const SWEEP_LABEL: &str = "runbook.dev/sweep";
+
 /// A new `RunbookState` for `target` holding `status`.
 pub fn new_state(apart: &Apart, status: &Value) -> Value {
     let t = &apart.target;
@@ -335,6 +338,17 @@ pub fn new_state(apart: &Apart, status: &Value) -> Value {
     if let Some(shard) = shard_of(t) {
         labels[crate::shard::SHARD_LABEL] = json!(shard);
     }
+    // A sweep's record has no object to be collected with: it names its
+    // policy, and stays until removed with it.
+    let owners = if crate::kinds::is_sweep(&kind) {
+        labels[SWEEP_LABEL] = json!(crate::observe::policy_label_value(text("/metadata/name")));
+        json!([])
+    } else {
+        json!([{
+            "apiVersion": kind.api_version, "kind": kind.kind,
+            "name": text("/metadata/name"), "uid": text("/metadata/uid"),
+        }])
+    };
     json!({
         "apiVersion": "runbook.dev/v1alpha1",
         "kind": "RunbookState",
@@ -342,10 +356,7 @@ pub fn new_state(apart: &Apart, status: &Value) -> Value {
             "name": apart.name,
             "namespace": apart.namespace,
             "labels": labels,
-            "ownerReferences": [{
-                "apiVersion": kind.api_version, "kind": kind.kind,
-                "name": text("/metadata/name"), "uid": text("/metadata/uid"),
-            }],
+            "ownerReferences": owners,
         },
         "spec": {"target": {
             "apiVersion": kind.api_version, "kind": kind.kind,

@@ -126,6 +126,15 @@ pub struct PolicySpec {
     /// field of the policy's own. Kept in the policy's decision record.
     #[serde(default)]
     pub previous: Vec<String>,
+    /// Decide once per fire time of the schedule over every target the
+    /// policy selects (`ctx.targets`), instead of once per target: a
+    /// clean-up of bare Pods every few minutes, without any state written
+    /// per target. The run times, the decision record and the limits'
+    /// history live in one `RunbookState` of the policy (`ctx.object` is
+    /// that record). Needs `spec.schedule`; takes no `finalize`,
+    /// `deleted`, `owns` or `previous`.
+    #[serde(default)]
+    pub sweep: bool,
     /// The part of its targets' status this policy writes. Absent: all of
     /// it, so no other enforcing policy may share its targets.
     #[serde(default)]

@@ -156,6 +156,8 @@ impl PolicySet {
             .values()
             .filter(|q| {
                 q.target == p.target
+                    && !q.sweep
+                    && !p.sweep
                     && q.mode == Mode::Enforce
                     && !disjoint(&q.selector, &p.selector)
                     && !(q.tenant.is_some() && p.tenant.is_some() && q.tenant != p.tenant)
@@ -187,16 +189,22 @@ impl PolicySet {
         short_hex(text.as_bytes(), 12)
     }
 
-    /// Policies that target a kind, in the order they run (priority, then name).
+    /// Policies that decide for each target of a kind, in the order they
+    /// run (priority, then name); a sweep over the kind is not one.
     pub fn for_target(&self, kind: &KindRef) -> Vec<Arc<CompiledPolicy>> {
         let mut out: Vec<_> = self
             .policies
             .values()
-            .filter(|p| &p.target == kind)
+            .filter(|p| &p.target == kind && !p.sweep)
             .cloned()
             .collect();
         out.sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
         out
+    }
+
+    /// The sweeps (`spec.sweep`), by id.
+    pub fn sweeps(&self) -> impl Iterator<Item = &Arc<CompiledPolicy>> {
+        self.policies.values().filter(|p| p.sweep)
     }
 
     /// The routing tree a policy's alerts go through: its own, else the one
@@ -218,8 +226,10 @@ impl PolicySet {
     pub fn watch_selector(&self, kind: &KindRef) -> Option<String> {
         let targeting = self.for_target(kind);
         let first = &targeting.first()?.selector;
+        // A sweep over the kind lists its targets from the same cache.
         let same = targeting
             .iter()
+            .chain(self.sweeps().filter(|p| &p.target == kind))
             .all(|p| &p.selector == first && !p.has_finalizer());
         let declared_elsewhere = self
             .policies
@@ -228,9 +238,15 @@ impl PolicySet {
         (!first.is_empty() && same && !declared_elsewhere).then(|| first.to_string())
     }
 
-    /// Every kind any policy targets.
+    /// Every kind a policy decides for target by target (a kind only
+    /// swept is cached, not reconciled).
     pub fn target_kinds(&self) -> Vec<KindRef> {
-        let mut out: Vec<KindRef> = self.policies.values().map(|p| p.target.clone()).collect();
+        let mut out: Vec<KindRef> = self
+            .policies
+            .values()
+            .filter(|p| !p.sweep)
+            .map(|p| p.target.clone())
+            .collect();
         out.sort();
         out.dedup();
         out

@@ -26,11 +26,14 @@ pub enum Action {
         name: String,
         namespace: Option<String>,
     },
-    /// JSON merge patch a declared object.
+    /// JSON merge patch a declared object: in the target's namespace, or
+    /// (`namespace`, from the object patched) the one it names, which a
+    /// sweep may and any other policy is refused.
     Patch {
         kind: KindName,
         name: String,
         patch: Value,
+        namespace: Option<String>,
     },
     /// Merge fields into the target's status.
     Status {
@@ -505,7 +508,20 @@ fn patch_object(ctx: NativeCallContext, obj: Dynamic, patch: Dynamic) -> RhaiRes
             "patch: the object needs kind and metadata.name".into(),
         );
     };
-    Ok(make(&ctx, Action::Patch { kind, name, patch }))
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string);
+    Ok(make(
+        &ctx,
+        Action::Patch {
+            kind,
+            name,
+            patch,
+            namespace,
+        },
+    ))
 }
 
 /// `apply`, `delete` and `patch`: objects other than the target.
@@ -560,6 +576,7 @@ fn register_children(engine: &mut Engine) {
                     kind: KindName::parse(kind),
                     name: name.to_string(),
                     patch,
+                    namespace: None,
                 },
             ))
         },

@@ -30,6 +30,9 @@ pub struct CtxData {
     /// `spec.previous`: the fields declared, those changed since the last
     /// concluded decision, and what that decision saw (`ctx.previous`).
     pub previous: Previous,
+    /// A sweep's targets (`ctx.targets`); `None` for a policy that
+    /// decides per target.
+    pub targets: Option<Vec<Arc<CachedObject>>>,
 }
 
 /// Old and new for the fields a policy declares in `spec.previous`.
@@ -324,6 +327,7 @@ pub const PROPERTIES: &[&str] = &[
     "policy",
     "previous",
     "changed_at",
+    "targets",
 ];
 
 /// `ctx`'s properties: the target, params, the clock and schedule, the policy.
@@ -347,6 +351,15 @@ fn register_properties(engine: &mut Engine) {
     });
     engine.register_get("run", |c: &mut Ctx| c.0.timely.run().to_string());
     engine.register_get("namespace", |c: &mut Ctx| c.0.namespace.clone());
+    engine.register_get("targets", |c: &mut Ctx| -> RhaiResult<Array> {
+        match &c.0.targets {
+            Some(all) => Ok(Ctx::array(all.iter().cloned())),
+            None => Err(Box::new(EvalAltResult::ErrorRuntime(
+                "ctx.targets: only a sweep (spec.sweep: true) lists its targets; this policy decides for one target, ctx.resource".into(),
+                rhai::Position::NONE,
+            ))),
+        }
+    });
     engine.register_get("previous", |c: &mut Ctx| c.0.previous.last.clone());
     engine.register_get("changed_at", |c: &mut Ctx| {
         c.0.previous

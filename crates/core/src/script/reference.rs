@@ -180,6 +180,14 @@ pub const FUNCTIONS: &[Entry] = &[
     ),
     entry!(
         Ctx,
+        "get$targets",
+        1,
+        "ctx.targets",
+        "A sweep's (`spec.sweep: true`) targets: every object of its target kind it selects, in each namespace it acts in, sorted by namespace and name. An error in a policy that decides per target.",
+        "let bare = ctx.targets.filter(|p| p.metadata.ownerReferences == ());"
+    ),
+    entry!(
+        Ctx,
         "get$changed_at",
         1,
         "ctx.changed_at",
@@ -697,6 +705,7 @@ mod tests {
         use std::sync::Arc;
 
         const POLICY: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: apps/v1, kind: Deployment}\n  owns: [{apiVersion: v1, kind: ConfigMap}]\n  reads: [{apiVersion: v1, kind: Pod}, {apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedules: [{name: nightly, cron: '0 3 * * *'}]\n  params: {threshold: 0.85}\n  previous: [metadata.labels, spec.replicas]\n  script: example.rhai\n";
+        const SWEEP: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: v1, kind: Pod}\n  sweep: true\n  reads: [{apiVersion: batch/v1, kind: Job}, {apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedule: {every: 1m}\n  params: {threshold: 0.85}\n  script: example.rhai\n";
         let view = MemoryView::new();
         let meta = |name: &str| {
             json!({"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
@@ -726,8 +735,14 @@ mod tests {
                 "fn reconcile(ctx) {{\n{EXAMPLE_FIXTURES}\n{}\n[]\n}}\n",
                 e.example
             );
+            // What only a sweep may read runs in one.
+            let policy = if e.call == "ctx.targets" {
+                SWEEP
+            } else {
+                POLICY
+            };
             let loaded = crate::policy::compile::tests::load(&[
-                ("example.yaml", POLICY),
+                ("example.yaml", policy),
                 ("example.rhai", &script),
             ]);
             let Some(policy) = loaded.policies.first() else {

@@ -576,6 +576,10 @@ async fn finish_apart(
             }
         }
     }
+    // A sweep has no object of its own: its record is all there is.
+    if runbook_core::kinds::is_sweep(&kind) {
+        return;
+    }
     let Some(patch) = status::merge_diff(own_now, &own) else {
         return;
     };
@@ -735,6 +739,7 @@ mod tests {
             kind: KindName::parse("Deployment"),
             name: "chatbot".into(),
             patch: json!({"spec": {"replicas": 0}}),
+            namespace: None,
         };
         assert_eq!(
             mutation_line(&step(patch, on)).as_deref(),

@@ -378,10 +378,20 @@ impl Writer<'_> {
                     Err(_) => (String::new(), kind.to_string(), name.clone()),
                 }
             }
-            Action::Patch { kind, name, .. } => match policy.kinds.resolve(kind) {
-                Ok(k) => (k.api_version, k.kind, name.clone()),
-                Err(_) => (String::new(), kind.to_string(), name.clone()),
-            },
+            Action::Patch {
+                kind,
+                name,
+                namespace,
+                ..
+            } => {
+                if let Some(other) = namespace {
+                    ns = other.clone();
+                }
+                match policy.kinds.resolve(kind) {
+                    Ok(k) => (k.api_version, k.kind, name.clone()),
+                    Err(_) => (String::new(), kind.to_string(), name.clone()),
+                }
+            }
             Action::Rollback { deployment, .. } => {
                 ("apps/v1".into(), "Deployment".into(), deployment.clone())
             }

@@ -232,6 +232,16 @@ impl KindCache {
             .collect()
     }
 
+    /// Every object, sorted by namespace and name.
+    pub fn every(&self) -> Vec<Arc<CachedObject>> {
+        let st = self.read();
+        let mut keys: Vec<&ObjKey> = st.objects.keys().collect();
+        keys.sort();
+        keys.into_iter()
+            .filter_map(|(ns, name)| st.cached(ns, name))
+            .collect()
+    }
+
     /// Objects in a namespace whose labels satisfy `selector`, sorted by
     /// name. Labels are matched without parsing an object; with an
     /// equality among the requirements only the objects carrying that

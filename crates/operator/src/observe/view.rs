@@ -101,6 +101,23 @@ impl ObjectView for Sources {
         }
     }
 
+    fn every(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
+        match self.0.get(kind) {
+            Some(Source::Informer(c)) => c.every(),
+            Some(Source::Targets(s, _, _)) => {
+                let mut all: Vec<Arc<CachedObject>> = s
+                    .state()
+                    .into_iter()
+                    .filter(|o| o.undecodable.is_none())
+                    .map(|o| o.cached())
+                    .collect();
+                all.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
+                all
+            }
+            None => Vec::new(),
+        }
+    }
+
     fn children_elsewhere(&self, kind: &KindRef, uid: &str) -> Vec<Arc<CachedObject>> {
         let found = match self.0.get(kind) {
             Some(Source::Informer(c)) => c.owned_anywhere(uid),
@@ -227,6 +244,12 @@ impl ObjectView for Tracking {
     fn list_owned_by(&self, kind: &KindRef, namespace: &str, uid: &str) -> Vec<Arc<CachedObject>> {
         self.note(kind, namespace, None, true);
         self.sources.owned_by(kind, namespace, uid)
+    }
+
+    // A sweep's listing wakes nothing: a sweep decides at its fire
+    // times, whatever changed in between.
+    fn every(&self, kind: &KindRef) -> Vec<Arc<CachedObject>> {
+        self.sources.every(kind)
     }
 
     // Children in other namespaces are noted one by one (a change to

@@ -178,6 +178,9 @@ pub(super) struct Running {
     /// looks at once instead of polling (a simulated week has no
     /// idle wake-ups).
     pub controller_ended: Arc<tokio::sync::Notify>,
+    /// Told when the policies change, so the sweeps (`sweeps.rs`) look
+    /// at once at those that are new or edited.
+    pub sweeps_changed: Arc<tokio::sync::Notify>,
 }
 
 /// A target deleted, as its watch last saw it, waiting for the policies
@@ -439,6 +442,10 @@ impl Context {
                 return true;
             }
             let kind = KindRef::new(s.api_version.clone(), s.kind.clone());
+            // A sweep's alerts are its policy's while it sweeps.
+            if runbook_core::kinds::is_sweep(&kind) {
+                return set.policies.get(&s.policy).is_some_and(|p| p.sweep);
+            }
             let Some(t) = targets.get(&kind) else {
                 return false;
             };
@@ -460,11 +467,29 @@ impl Context {
         }
     }
 
+    /// Where a sweep (`sweeps.rs`) is decided: its made-up target, named
+    /// after its policy in its policy's namespace (a tenant's, else the
+    /// one the operator reconciles or its own).
+    pub(super) fn sweep_key(&self, p: &runbook_core::policy::compile::CompiledPolicy) -> TargetKey {
+        let namespace = p
+            .tenant
+            .clone()
+            .or_else(|| self.config.namespace.clone().filter(|n| !n.is_empty()))
+            .unwrap_or_else(|| self.config.operator_namespace.clone());
+        TargetKey {
+            kind: runbook_core::kinds::sweep_kind(),
+            namespace,
+            name: p.name.clone(),
+        }
+    }
+
     /// Drop what reconciles remember of targets no longer cached (the
     /// operator does it every 15 s).
     pub fn prune_memory(&self) {
         let kinds: Vec<KindRef> = lock(&self.running.targets).keys().cloned().collect();
-        let alive: HashSet<TargetKey> = self.target_keys(&kinds).into_iter().collect();
+        let mut alive: HashSet<TargetKey> = self.target_keys(&kinds).into_iter().collect();
+        let set = self.policies.load_full();
+        alive.extend(set.sweeps().map(|p| self.sweep_key(p)));
         self.memory.prune(&alive);
     }
 

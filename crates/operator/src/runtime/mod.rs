@@ -17,6 +17,7 @@ mod reconcile;
 mod records;
 pub mod rediscover;
 pub mod shard;
+mod sweeps;
 pub mod tenants;
 mod unchanged;
 pub mod webhook;

@@ -179,7 +179,8 @@ impl Operator {
         let needs_state = set
             .target_kinds()
             .iter()
-            .any(|k| !runbook_core::plan::state::owns_schema(k));
+            .any(|k| !runbook_core::plan::state::owns_schema(k))
+            || set.sweeps().next().is_some();
         if needs_state {
             kinds.push(state.clone());
         }
@@ -500,6 +501,8 @@ impl Operator {
         self.take_lead().await;
         let sweeper = tokio::spawn(sweep(self.ctx.clone()));
         lock(&self.tasks).push(sweeper);
+        let sweeps = tokio::spawn(super::sweeps::run(self.ctx.clone()));
+        lock(&self.tasks).push(sweeps);
         self.publish_policy_info(&set);
         Ok(())
     }
@@ -896,6 +899,7 @@ impl Operator {
             .filter(|k| set.target_kinds().contains(k))
             .collect();
         self.ctx.resync(&still);
+        self.ctx.running.sweeps_changed.notify_one();
         still
     }
 

@@ -53,6 +53,12 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// A sweep keeps its record in a `RunbookState`, which the API server
+    /// does not serve.
+    #[error(
+        "a sweep keeps its run times and decisions in a RunbookState, which the API server does not serve; install Runbook's CRDs (runbook crds | kubectl apply --server-side -f -)"
+    )]
+    NoStateKind,
 }
 
 impl ReconcileError {
@@ -62,6 +68,7 @@ impl ReconcileError {
             ReconcileError::Finalizer(_) => Cause::Finalizer,
             ReconcileError::Panic(_) => Cause::Panic,
             ReconcileError::State { .. } => Cause::Status,
+            ReconcileError::NoStateKind => Cause::Discovery,
         }
     }
 }
@@ -790,6 +797,82 @@ async fn reconcile_target(
         Some(ms) => Action::requeue(Duration::from_millis(ms.max(1) as u64)),
         None => Action::await_change(),
     })
+}
+
+/// A sweep's decision (see `sweeps.rs`) on the target made up for it:
+/// its policy's name in its policy's namespace, with what Runbook keeps
+/// of it laid over it. `Some(ms)`: decide it again after that long (its
+/// next fire time, or a failure's backoff).
+pub(super) async fn decide_sweep(
+    ctx: &Context,
+    p: &Arc<CompiledPolicy>,
+    key: &TargetKey,
+) -> Result<Option<i64>, ReconcileError> {
+    let uid = format!(
+        "sweep-{}",
+        runbook_core::util::hash::short_hex(p.id.as_bytes(), 16)
+    );
+    let made_up = |created: &str| {
+        runbook_core::observe::CachedObject::new(serde_json::json!({
+            "apiVersion": key.kind.api_version,
+            "kind": key.kind.kind,
+            "metadata": {
+                "name": key.name,
+                "namespace": key.namespace,
+                "uid": uid,
+                "creationTimestamp": created,
+            },
+        }))
+    };
+    // Its first run belongs to when its record was made (or, before
+    // there is one, to now).
+    let now = runbook_core::util::time::format(ctx.clock.now());
+    let Some(mut apart) = apart_of(ctx, &key.kind, key, &made_up(&now)).await? else {
+        return Err(ReconcileError::NoStateKind);
+    };
+    if let Some(created) = apart
+        .state
+        .as_deref()
+        .and_then(|s| s.pointer("/metadata/creationTimestamp"))
+        .and_then(Value::as_str)
+    {
+        apart.target = made_up(created).shared();
+    }
+    let mut target = Target {
+        cached: runbook_core::observe::CachedObject::new(apart.overlaid()),
+        key,
+        resolved: sweep_resolved(&key.kind),
+        set: ctx.policies.load_full(),
+        apart: Some(apart),
+    };
+    let mut next = Next::default();
+    let ended = each_policy(
+        ctx,
+        std::slice::from_ref(p),
+        &mut target,
+        false,
+        &[],
+        &mut next,
+    )
+    .await?;
+    debug_assert!(ended.is_none(), "a sweep adds no finalizer");
+    Ok(next.requeue_ms)
+}
+
+/// How a sweep's made-up kind would be served: it never is, and nothing
+/// is written to it (its record goes to its `RunbookState`).
+fn sweep_resolved(kind: &KindRef) -> Resolved {
+    Resolved {
+        resource: kube::core::ApiResource {
+            group: kind.group().to_string(),
+            version: kind.version().to_string(),
+            api_version: kind.api_version.clone(),
+            kind: kind.kind.clone(),
+            plural: kind.plural(),
+        },
+        namespaced: true,
+        status_subresource: false,
+    }
 }
 
 /// Run each policy on the target in turn, each deciding on the status the

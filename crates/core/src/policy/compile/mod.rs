@@ -176,6 +176,9 @@ pub struct CompiledPolicy {
     /// `spec.previous`: target fields whose last concluded values a
     /// decision reads back (`ctx.previous`, `ctx.changed`).
     pub previous: Vec<String>,
+    /// `spec.sweep`: one decision per fire time over every target it
+    /// selects (`ctx.targets`), none per target.
+    pub sweep: bool,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and

@@ -168,6 +168,9 @@ pub(super) fn load_policy(
     let status = compile_status_claim(cx, file, &node, spec);
     let namespaces = other_namespaces(cx, file, &node, spec, body.as_ref());
     let previous = previous_paths(cx, file, &node, spec, &schedules);
+    if spec.sweep {
+        check_sweep(cx, file, &node, spec, body.as_ref());
+    }
     if cx.errors.len() > errors_before {
         return None;
     }
@@ -206,7 +209,82 @@ pub(super) fn load_policy(
             .map(OwnsSpec::kind_ref)
             .collect(),
         previous,
+        sweep: spec.sweep,
     })
+}
+
+/// What `spec.sweep` rules out: a sweep decides at its schedule's fire
+/// times over all its targets at once, so nothing that belongs to one
+/// target (children, their clean-up, a field's last value, a schedule
+/// read from a target) has a place in it.
+fn check_sweep(cx: &mut Ctx, file: &str, node: &Node, spec: &PolicySpec, body: Option<&Body>) {
+    let at = |path: &[&str]| pos_at(node, path);
+    if spec.schedule.is_none() && spec.schedules.is_empty() {
+        let m = "spec.sweep: a sweep decides at its schedule's fire times; give spec.schedule (cron or every)";
+        cx.error(file, at(&["spec", "sweep"]), m);
+    }
+    let scheduled = spec.schedule.iter().chain(&spec.schedules);
+    for (i, s) in scheduled.enumerate() {
+        let which = match &spec.schedule {
+            Some(_) => "spec.schedule".to_string(),
+            None => format!("spec.schedules[{i}]"),
+        };
+        let path: Vec<String> = match &spec.schedule {
+            Some(_) => vec!["spec".into(), "schedule".into()],
+            None => vec!["spec".into(), "schedules".into(), i.to_string()],
+        };
+        let path: Vec<&str> = path.iter().map(String::as_str).collect();
+        if s.from_field.is_some() {
+            let m = format!(
+                "{which}.fromField: a sweep has no one target whose field could name its schedule; give cron or every"
+            );
+            cx.error(file, at(&path), m);
+        }
+        if s.idle.is_some() {
+            let m = format!(
+                "{which}.idle: a sweep has no one target to wait on; give every alone, or drop spec.sweep"
+            );
+            cx.error(file, at(&path), m);
+        }
+    }
+    let refused: [(&str, bool, &str); 4] = [
+        (
+            "owns",
+            !spec.owns.is_empty(),
+            "spec.owns: a sweep makes no children (no one target would own them); write what it finds to its own status with status(#{...})",
+        ),
+        (
+            "previous",
+            !spec.previous.is_empty(),
+            "spec.previous: a sweep keeps no values per target; compare the targets it lists itself",
+        ),
+        (
+            "namespaces",
+            spec.namespaces.is_some(),
+            "spec.namespaces: a sweep makes no children, in any namespace",
+        ),
+        (
+            "steps",
+            !spec.steps.is_empty(),
+            "spec.steps: a sweep takes a script (fn reconcile(ctx) over ctx.targets)",
+        ),
+    ];
+    for (field, wrong, m) in refused {
+        if wrong {
+            cx.error(file, at(&["spec", field]), m);
+        }
+    }
+    if let Some(Body::Script { script, .. }) = body {
+        for hook in ["finalize", "deleted"] {
+            if script.has_fn(hook) {
+                let m = format!(
+                    "{}: fn {hook}: a sweep holds no target, so it hears of no one target's deletion; drop spec.sweep to decide per target",
+                    spec.script.as_deref().unwrap_or(file)
+                );
+                cx.error(file, at(&["spec", "script"]), m);
+            }
+        }
+    }
 }
 
 /// `spec.readsByName`: each kind with its names, which must be object
@@ -673,6 +751,47 @@ mod tests {
     use crate::policy::compile::tests::{errors_in, errors_of, load};
 
     const HEAD: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: p}\nspec:\n  target: {apiVersion: v1, kind: ConfigMap}\n";
+
+    /// A sweep needs a schedule of its own and takes nothing that
+    /// belongs to one target, each refused where it is written.
+    #[test]
+    fn a_sweep_takes_a_schedule_and_nothing_of_one_target() {
+        let sweep = format!("{HEAD}  sweep: true\n  script: p.rhai\n");
+        assert_eq!(
+            errors_of(&sweep),
+            [
+                "p.yaml:6:10: spec.sweep: a sweep decides at its schedule's fire times; give spec.schedule (cron or every)"
+            ]
+        );
+        let fine = format!("{sweep}  schedule: {{every: 1m}}\n");
+        assert!(errors_of(&fine).is_empty(), "{:?}", errors_of(&fine));
+        let per_target = format!(
+            "{sweep}  schedule: {{fromField: spec.when}}\n  owns: [{{apiVersion: v1, kind: Secret}}]\n  previous: [spec]\n"
+        );
+        let errors = errors_of(&per_target);
+        for want in [
+            "p.yaml:8:13: spec.schedule.fromField: a sweep has no one target",
+            "p.yaml:9:9: spec.owns: a sweep makes no children",
+            "p.yaml:10:13: spec.previous: a sweep keeps no values per target",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.starts_with(want)),
+                "{want}: {errors:?}"
+            );
+        }
+        let hooks = errors_in(&[
+            ("p.yaml", &fine),
+            (
+                "p.rhai",
+                "fn reconcile(ctx) { [] }\nfn deleted(ctx) { [] }\nfn finalize(ctx) { [] }",
+            ),
+        ]);
+        assert_eq!(hooks.len(), 2, "{hooks:?}");
+        assert!(
+            hooks.iter().all(|e| e.contains("a sweep holds no target")),
+            "{hooks:?}"
+        );
+    }
 
     #[test]
     fn the_header_names_what_is_wrong_where() {
