@@ -772,3 +772,76 @@ async fn a_bundle_broken_while_the_operator_was_down_runs_its_last_good_version(
     op.shutdown(Duration::from_secs(5)).await;
     s.c.cleanup().await;
 }
+
+/// A team's sweep over Pods sees and deletes only its own namespace's:
+/// the other team's bare Pod is not among its targets, and naming it
+/// outright is refused. Its record is in the team's namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_sweep_reaches_only_its_own_namespace() {
+    let s = Shared::new("tenantsweep").await;
+    let (c, a, b) = (&s.c, s.a.clone(), s.b.clone());
+    let policy = format!(
+        "apiVersion: runbook.dev/v1alpha1
+kind: Policy
+metadata: {{name: tidy}}
+spec:
+  target: {{apiVersion: v1, kind: Pod}}
+  sweep: true
+  schedule: {{every: 1s}}
+  deletes: [{{apiVersion: v1, kind: Pod}}]
+  params: {{other: {b}}}
+  script: tidy.rhai
+"
+    );
+    // Every bare Pod it lists, and the other team's by name.
+    let script = "fn reconcile(ctx) {
+    if !ctx.due { return []; }
+    let bare = ctx.targets.filter(|p| p.metadata.ownerReferences == ());
+    let out = bare.map(|p| delete(p));
+    out.push(delete(#{apiVersion: \"v1\", kind: \"Pod\", metadata: #{name: \"debug\", namespace: ctx.params.other}}));
+    out.push(status(#{found: bare.len()}));
+    out
+}
+";
+    let files = [
+        ("tidy.yaml".to_string(), policy),
+        ("tidy.rhai".to_string(), script.to_string()),
+    ];
+    s.sanction(&a, "tidy", &files).await;
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "debug"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}
+    }))
+    .unwrap();
+    for ns in [&a, &b] {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), ns);
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let (op, _reloader, errors) = s.operator().await;
+    assert!(errors.is_empty(), "{errors:?}");
+    let pods_a: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), &a);
+    let pods_b: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), &b);
+    eventually("team a's bare Pod deleted", 30, || async {
+        pods_a.get_opt("debug").await.unwrap().is_none()
+    })
+    .await;
+    let state_kind = runbook_core::kinds::KindRef::new("runbook.dev/v1alpha1", "RunbookState");
+    let states: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &a, &state_kind.api_resource());
+    // A later run finds none left in team a: team b's was never listed,
+    // and its delete by name was refused each time.
+    eventually("a run that finds nothing left", 30, || async {
+        let state = states.get_opt("sweep.runbook.dev.tidy").await.unwrap();
+        state.is_some_and(|s| {
+            let last = &s.data["status"]["decisions"][0];
+            s.data["status"]["fields"]["found"] == 0
+                && last["actions"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x["result"] == "refused"))
+        })
+    })
+    .await;
+    assert!(pods_b.get_opt("debug").await.unwrap().is_some());
+    op.shutdown(Duration::from_secs(5)).await;
+    s.c.cleanup().await;
+}
