@@ -3,6 +3,7 @@
 
 mod alerts;
 mod bench;
+mod capture;
 mod check;
 mod explain;
 mod rbac;
@@ -39,6 +40,9 @@ pub enum Command {
     Alerts(alerts::AlertsArgs),
     /// Run scenarios and print the timeline of what the operator did.
     Simulate(scenario::SimulateArgs),
+    /// Write a live cluster's policies and the objects they concern as a
+    /// scenario directory.
+    Capture(capture::CaptureArgs),
     /// Run every scenario found; one line each, a diff per failed expectation.
     Test(scenario::TestArgs),
     /// Print the RBAC (roles and bindings) exactly the given policies need.
@@ -138,6 +142,7 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Alerts(args) => alerts::run(args),
         Command::Simulate(args) => scenario::simulate(args),
+        Command::Capture(args) => capture::run(args),
         Command::Test(args) => scenario::test(args),
         Command::Rbac(args) => rbac::run(args),
         Command::Bench(args) => bench::run(args),

@@ -230,6 +230,9 @@ impl World {
                 }
             }
         }
+        if kind == "RunbookState" {
+            self.find_state_target(&mut obj, &ns).await?;
+        }
         let status = obj.as_object_mut().and_then(|m| m.remove("status"));
         let dynamic: DynamicObject =
             serde_json::from_value(obj).map_err(|e| format!("{kind} {name}: {e}"))?;
@@ -247,6 +250,30 @@ impl World {
                     .await
             };
             r.map_err(|e| format!("status of {kind} {ns}/{name}: {}", api_error(&e)))?;
+        }
+        Ok(())
+    }
+
+    /// A captured `RunbookState` names its target without a uid (the
+    /// scenario's target has a new one): the target's, found by name.
+    async fn find_state_target(&self, state: &mut Value, ns: &str) -> Result<(), String> {
+        let Some(t) = state.pointer_mut("/spec/target") else {
+            return Ok(());
+        };
+        if t["uid"].as_str().is_some_and(|u| !u.is_empty()) {
+            return Ok(());
+        }
+        let text = |k: &str| t[k].as_str().unwrap_or("").to_string();
+        let (name, kind) = (text("name"), text("kind"));
+        let s = self.served(Some(&text("apiVersion")), &kind)?;
+        let target_ns = if s.namespaced { ns } else { "" };
+        let found = self
+            .api(&s, target_ns)
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("target of RunbookState: {kind} {name}: {}", api_error(&e)))?;
+        if let Some(o) = found {
+            t["uid"] = json!(o.metadata.uid);
         }
         Ok(())
     }
