@@ -7,6 +7,7 @@ mod capture;
 mod check;
 mod explain;
 mod rbac;
+mod replay;
 mod run;
 mod sandbox;
 mod scenario;
@@ -43,6 +44,9 @@ pub enum Command {
     /// Write a live cluster's policies and the objects they concern as a
     /// scenario directory.
     Capture(capture::CaptureArgs),
+    /// Run a scenario under two versions of its policies and print what
+    /// the operator would do differently.
+    Replay(replay::ReplayArgs),
     /// Run every scenario found; one line each, a diff per failed expectation.
     Test(scenario::TestArgs),
     /// Print the RBAC (roles and bindings) exactly the given policies need.
@@ -143,6 +147,7 @@ pub fn main() -> ExitCode {
         Command::Alerts(args) => alerts::run(args),
         Command::Simulate(args) => scenario::simulate(args),
         Command::Capture(args) => capture::run(args),
+        Command::Replay(args) => replay::run(args),
         Command::Test(args) => scenario::test(args),
         Command::Rbac(args) => rbac::run(args),
         Command::Bench(args) => bench::run(args),

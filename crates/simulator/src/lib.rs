@@ -6,6 +6,7 @@
 pub mod fold;
 pub mod html;
 pub mod model;
+pub mod replay;
 pub mod report;
 pub mod run;
 pub mod world;
