@@ -110,11 +110,13 @@ async fn bundles(args: &CaptureArgs, client: &kube::Client) -> anyhow::Result<Ve
     }
 }
 
-/// Every kind the policies declare (their targets first), and Runbook's
-/// state kind where one keeps its state apart.
-fn kinds_of(bundles: &[Bundle]) -> anyhow::Result<Vec<KindRef>> {
+/// Every kind the policies declare (their targets first), each with the
+/// names it is read by when every policy declaring it reads it by name
+/// only (the operator watches just those), and Runbook's state kind
+/// where one keeps its state apart.
+fn kinds_of(bundles: &[Bundle]) -> anyhow::Result<Vec<(KindRef, Option<BTreeSet<String>>)>> {
     let engine = runbook_core::script::ScriptEngine::default();
-    let mut kinds: Vec<KindRef> = Vec::new();
+    let mut kinds: Vec<(KindRef, Option<BTreeSet<String>>)> = Vec::new();
     let mut state = false;
     for b in bundles {
         let loaded = runbook_core::policy::compile::load_bundle(&engine, b, None);
@@ -124,14 +126,24 @@ fn kinds_of(bundles: &[Bundle]) -> anyhow::Result<Vec<KindRef>> {
         for p in &loaded.policies {
             state |= !runbook_core::kinds::owns_schema(&p.target) || p.sweep;
             for k in p.kinds.kinds() {
-                if !kinds.contains(k) {
-                    kinds.push(k.clone());
+                let names = p.names_read(k).cloned();
+                match kinds.iter_mut().find(|(have, _)| have == k) {
+                    Some((_, seen)) => {
+                        *seen = match (seen.take(), names) {
+                            (Some(mut a), Some(b)) => {
+                                a.extend(b);
+                                Some(a)
+                            }
+                            _ => None,
+                        }
+                    }
+                    None => kinds.push((k.clone(), names)),
                 }
             }
         }
     }
     if state {
-        kinds.push(KindRef::new("runbook.dev/v1alpha1", "RunbookState"));
+        kinds.push((KindRef::new("runbook.dev/v1alpha1", "RunbookState"), None));
     }
     Ok(kinds)
 }
@@ -150,7 +162,7 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
     let progress = Progress::new();
     let mut objects: Vec<Value> = Vec::new();
     let mut crds: Vec<Value> = Vec::new();
-    for k in &kinds {
+    for (k, names) in &kinds {
         let (ar, namespaced) = resolve(&client, k).await?;
         if let Some(crd) = crd_of(&client, k, &ar).await? {
             crds.push(crd);
@@ -159,6 +171,20 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
             (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
             _ => Api::all_with(client.clone(), &ar),
         };
+        // Read by name where one API holds them all; across every
+        // namespace, listed and picked.
+        if let Some(names) = names.as_ref().filter(|_| !namespaced || scope.is_some()) {
+            for name in names {
+                if let Some(o) = api
+                    .get_opt(name)
+                    .await
+                    .with_context(|| format!("reading {k} {name}"))?
+                {
+                    objects.push(typed(o, &ar)?);
+                }
+            }
+            continue;
+        }
         let mut page = ListParams::default().limit(500);
         loop {
             let list = api
@@ -166,10 +192,10 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
                 .await
                 .with_context(|| format!("listing {k}"))?;
             for o in list.items {
-                let mut v = serde_json::to_value(o)?;
-                v["apiVersion"] = json!(ar.api_version);
-                v["kind"] = json!(ar.kind);
-                objects.push(v);
+                let named = o.metadata.name.as_deref().unwrap_or("");
+                if names.as_ref().is_none_or(|n| n.contains(named)) {
+                    objects.push(typed(o, &ar)?);
+                }
             }
             if objects.len() > args.max_objects {
                 bail!(
@@ -186,6 +212,9 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         }
     }
     progress.done();
+    // What the cluster makes in every namespace by itself, a scenario's
+    // cluster makes too.
+    objects.retain(|o| !(o["kind"] == "ConfigMap" && o["metadata"]["name"] == "kube-root-ca.crt"));
     objects.extend(namespaces_of(&client, &objects).await?);
     let objects = in_creation_order(objects.into_iter().map(cleaned).collect());
     Ok(Captured {
@@ -195,6 +224,14 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
         namespace: scope.unwrap_or("default").to_string(),
         at,
     })
+}
+
+/// An object listed as JSON, with the kind a list leaves out.
+fn typed(o: DynamicObject, ar: &ApiResource) -> anyhow::Result<Value> {
+    let mut v = serde_json::to_value(o)?;
+    v["apiVersion"] = json!(ar.api_version);
+    v["kind"] = json!(ar.kind);
+    Ok(v)
 }
 
 /// How a kind is served: its resource and whether it is namespaced.
@@ -213,7 +250,10 @@ async fn crd_of(
     k: &KindRef,
     ar: &ApiResource,
 ) -> anyhow::Result<Option<Value>> {
-    if k.group().is_empty() || runbook_core::kinds::built_in(k) || k.group() == "runbook.dev" {
+    // Only a group with a dot can be a CRD's (built-in `apps`, `batch`
+    // cannot); one the cluster serves by itself has none, and Runbook's
+    // own a scenario installs.
+    if !k.group().contains('.') || k.group() == "runbook.dev" {
         return Ok(None);
     }
     let crds: Api<DynamicObject> = Api::all_with(

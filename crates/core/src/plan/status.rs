@@ -123,6 +123,10 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
             d.len() == l.len() && d.iter().zip(l).all(|(a, b)| is_subset(a, b))
         }
         (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        // An int-or-string field (a resource quantity, a port): the API
+        // server keeps `1` as given for some fields and answers `"1"` for
+        // quantities.
+        (Value::Number(a), Value::String(b)) => a.to_string() == *b,
         (Value::Null, _) => true,
         (a, b) => a == b,
     }
