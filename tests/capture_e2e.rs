@@ -363,5 +363,52 @@ spec:
     )
     .await;
     assert!(ok, "{text}{err}");
+    // A check that now also tells of the keys it found decides otherwise
+    // than the last decision the cluster recorded on its ConfigMap.
+    let telling = policies_dir("capture-history", |_, t| t);
+    std::fs::write(
+        telling.join("credentials-check.rhai"),
+        CREDENTIALS_SCRIPT.replace(
+            "[status(",
+            "[event(\"Normal\", \"Checked\", \"keys counted\"), status(",
+        ),
+    )
+    .unwrap();
+    let page = work.join("replay.html");
+    let (ok, text, err) = runbook(
+        &kubeconfig,
+        &[
+            "replay",
+            out.to_str().unwrap(),
+            "--policies",
+            telling.to_str().unwrap(),
+            "--for",
+            "10m",
+            "-o",
+            "json",
+            "--html",
+            page.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(ok, "{text}{err}");
+    let diff: Value = serde_json::from_str(&text).unwrap();
+    let history = diff["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{text}");
+    assert_eq!(
+        history[0]["target"],
+        format!("v1 ConfigMap {}/settings", c.ns),
+        "{text}"
+    );
+    assert!(
+        history[0]["new"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap().starts_with("event ")),
+        "{text}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("old: captured at") && html.contains("new: captured at"));
     c.cleanup().await;
 }

@@ -35,6 +35,9 @@ pub struct ReplayArgs {
     /// Exit 1 when the versions act differently (for CI).
     #[arg(long)]
     pub expect_same: bool,
+    /// Also write an HTML page of both runs, one above the other.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
 }
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
@@ -87,6 +90,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         ),
         "text" => print!("{}", done.text()),
         other => bail!("-o {other}: give text or json"),
+    }
+    if let Some(path) = &args.html {
+        let mut old = done.old.clone();
+        let mut new = done.new.clone();
+        old.name = format!("old: {}", old.name);
+        new.name = format!("new: {}", new.name);
+        let page = scenario::html::render(&[old, new])
+            .map_err(|e| anyhow::anyhow!("drawing the HTML report: {e}"))?;
+        std::fs::write(path, &page).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {} ({} bytes)", path.display(), page.len());
     }
     eprintln!(
         "replayed {} of {} under both versions in {:.1}s",

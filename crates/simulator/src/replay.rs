@@ -51,11 +51,26 @@ pub struct FieldDiff {
     pub new: Value,
 }
 
+/// A target whose last decision, as the cluster recorded it, the new
+/// version would not make: what it did, and what the new version's first
+/// decision there does (each `verb object`, results left aside).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryDiff {
+    pub target: String,
+    pub policy: String,
+    pub recorded_at: Option<String>,
+    pub recorded: Vec<String>,
+    pub new: Vec<String>,
+}
+
 /// Both runs and their difference.
 pub struct Replayed {
     pub old: Report,
     pub new: Report,
     pub objects: Vec<ObjectDiff>,
+    /// Against the decisions the scenario's objects carry (a captured
+    /// cluster's history).
+    pub history: Vec<HistoryDiff>,
 }
 
 impl Replayed {
@@ -89,7 +104,93 @@ pub fn replay(r: &Replay) -> Replayed {
     let old = under(&r.old);
     let new = under(&r.new);
     let objects = compare(&old, &new);
-    Replayed { old, new, objects }
+    let history = against_history(&r.scenario, &new);
+    Replayed {
+        old,
+        new,
+        objects,
+        history,
+    }
+}
+
+/// A record's actions, as compared: `verb object`, sorted.
+fn actions_of(record: &Value) -> Vec<String> {
+    let mut out: Vec<String> = record["actions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            format!(
+                "{} {}",
+                a["action"].as_str().unwrap_or(""),
+                a["target"].as_str().unwrap_or("")
+            )
+            .trim_end()
+            .to_string()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Which target an object's decision records are of: itself, or for a
+/// `RunbookState` the target it names.
+fn recorded_target(o: &Value) -> String {
+    let (v, t) = match o["kind"].as_str() {
+        Some("RunbookState") => (&o["spec"]["target"], &o["spec"]["target"]),
+        _ => (o, &o["metadata"]),
+    };
+    let text = |x: &Value, k: &str| x[k].as_str().unwrap_or("").to_string();
+    let ns = text(t, "namespace");
+    let name = text(t, "name");
+    let at = if ns.is_empty() {
+        name
+    } else {
+        format!("{ns}/{name}")
+    };
+    format!("{} {} {at}", text(v, "apiVersion"), text(v, "kind"))
+}
+
+/// Where the new version's first decision on a target differs from the
+/// last one the scenario's objects record for the same policy. A new
+/// version's first decision always writes its record (the policy's
+/// version changed), so the first record written is that decision.
+fn against_history(s: &Scenario, new: &Report) -> Vec<HistoryDiff> {
+    let mut first: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for e in new
+        .entries
+        .iter()
+        .filter(|e| matches!(e.action.as_str(), "status" | "state") && e.result == "ok")
+    {
+        let target = object_of(e);
+        for record in e.fields["decisions"].as_array().into_iter().flatten() {
+            let policy = record["policy"].as_str().unwrap_or("").to_string();
+            first
+                .entry((target.clone(), policy))
+                .or_insert_with(|| actions_of(record));
+        }
+    }
+    let mut out = Vec::new();
+    for o in s.objects.iter().flat_map(|(_, docs)| docs) {
+        for record in o["status"]["decisions"].as_array().into_iter().flatten() {
+            let target = recorded_target(o);
+            let policy = record["policy"].as_str().unwrap_or("").to_string();
+            let Some(decided) = first.get(&(target.clone(), policy.clone())) else {
+                continue;
+            };
+            let recorded = actions_of(record);
+            if *decided != recorded {
+                out.push(HistoryDiff {
+                    target,
+                    policy,
+                    recorded_at: record["time"].as_str().map(str::to_string),
+                    recorded,
+                    new: decided.clone(),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// What the operator did, as compared: neither the world's own doings nor
@@ -291,6 +392,19 @@ impl Replayed {
                 }
             }
         }
+        if !self.history.is_empty() {
+            out.push_str("against the last decision each target records:\n");
+        }
+        for h in &self.history {
+            let at = h.recorded_at.as_deref().unwrap_or("an unknown time");
+            out.push_str(&format!(
+                "{} (policy {}): at {at} it did [{}]; the new version does [{}]\n",
+                h.target,
+                h.policy,
+                h.recorded.join(", "),
+                h.new.join(", ")
+            ));
+        }
         let count = |f: fn(&ObjectDiff) -> usize| self.objects.iter().map(f).sum::<usize>();
         out.push_str(&format!(
             "{} objects differ: {} actions only old, {} only new, {} changed; {} status fields differ\n",
@@ -323,9 +437,18 @@ impl Replayed {
                 })
             })
             .collect();
+        let history: Vec<Value> = self
+            .history
+            .iter()
+            .map(|h| {
+                json!({"target": h.target, "policy": h.policy, "recordedAt": h.recorded_at,
+                       "recorded": h.recorded, "new": h.new})
+            })
+            .collect();
         json!({
             "same": self.same(),
             "objects": objects,
+            "history": history,
             "old": {"file": self.old.file, "failures": self.old.load_errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(), "actions": self.old.entries.len()},
             "new": {"file": self.new.file, "failures": self.new.load_errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(), "actions": self.new.entries.len()},
         })
