@@ -31,17 +31,26 @@ pub struct CaptureArgs {
     #[arg(long, env = "RUNBOOK_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Capture this namespace (default: the kubeconfig context's).
-    #[arg(long, short = 'n', conflicts_with = "all_namespaces")]
+    #[arg(
+        long,
+        short = 'n',
+        env = "RUNBOOK_CAPTURE_NAMESPACE",
+        conflicts_with = "all_namespaces"
+    )]
     pub namespace: Option<String>,
     /// Capture every namespace.
-    #[arg(long, short = 'A')]
+    #[arg(long, short = 'A', env = "RUNBOOK_CAPTURE_ALL_NAMESPACES")]
     pub all_namespaces: bool,
     /// The policies: a directory of them (its `*.yaml` and `*.rhai`).
-    #[arg(long, conflicts_with = "from_cluster")]
+    #[arg(
+        long,
+        env = "RUNBOOK_CAPTURE_POLICIES",
+        conflicts_with = "from_cluster"
+    )]
     pub policies: Option<PathBuf>,
     /// The policies the operator reads: the ConfigMaps labelled
     /// `runbook.dev/policy=true` in its namespace.
-    #[arg(long)]
+    #[arg(long, env = "RUNBOOK_CAPTURE_FROM_CLUSTER")]
     pub from_cluster: bool,
     /// The operator's namespace (its policy ConfigMaps, and its state of
     /// cluster-scoped targets).
@@ -52,14 +61,14 @@ pub struct CaptureArgs {
     )]
     pub operator_namespace: String,
     /// The scenario directory to write (made if absent).
-    #[arg(long, short = 'o')]
+    #[arg(long, short = 'o', env = "RUNBOOK_CAPTURE_OUT")]
     pub out: PathBuf,
     /// Refuse (with the count) when the policies' kinds hold more objects
     /// than this in the namespaces captured.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, env = "RUNBOOK_CAPTURE_MAX_OBJECTS", default_value_t = 20_000)]
     pub max_objects: usize,
     /// How long the written scenario runs.
-    #[arg(long, default_value = "1h")]
+    #[arg(long, env = "RUNBOOK_CAPTURE_UNTIL", default_value = "1h")]
     pub until: String,
 }
 

@@ -16,27 +16,37 @@ pub struct ReplayArgs {
     /// `runbook capture` writes it).
     pub path: PathBuf,
     /// The new policies: a directory (repeat for several bundles).
-    #[arg(long, required = true)]
+    #[arg(
+        long,
+        env = "RUNBOOK_REPLAY_POLICIES",
+        value_delimiter = ',',
+        required = true
+    )]
     pub policies: Vec<PathBuf>,
     /// The old policies (default: the scenario's own).
-    #[arg(long)]
+    #[arg(long, env = "RUNBOOK_REPLAY_AGAINST", value_delimiter = ',')]
     pub against: Vec<PathBuf>,
     /// How long to run each version, from the scenario's start.
-    #[arg(long = "for", default_value = "24h")]
+    #[arg(long = "for", env = "RUNBOOK_REPLAY_FOR", default_value = "24h")]
     pub for_: String,
     /// A scenario whose `rules` and `timeline` say what the world does
     /// meanwhile (Jobs that finish, with what score), added to the
     /// scenario's own.
-    #[arg(long)]
+    #[arg(long, env = "RUNBOOK_REPLAY_WORLD")]
     pub world: Option<PathBuf>,
     /// text or json.
-    #[arg(long, short = 'o', default_value = "text")]
+    #[arg(
+        long,
+        short = 'o',
+        env = "RUNBOOK_REPLAY_OUTPUT",
+        default_value = "text"
+    )]
     pub output: String,
     /// Exit 1 when the versions act differently (for CI).
-    #[arg(long)]
+    #[arg(long, env = "RUNBOOK_REPLAY_EXPECT_SAME")]
     pub expect_same: bool,
     /// Also write an HTML page of both runs, one above the other.
-    #[arg(long)]
+    #[arg(long, env = "RUNBOOK_REPLAY_HTML")]
     pub html: Option<PathBuf>,
 }
 
