@@ -45,6 +45,10 @@ pub struct ReplayArgs {
     /// Exit 1 when the versions act differently (for CI).
     #[arg(long, env = "RUNBOOK_REPLAY_EXPECT_SAME")]
     pub expect_same: bool,
+    /// How much wall-clock time each version's run may take before it
+    /// fails (a day over thousands of targets takes minutes).
+    #[arg(long, env = "RUNBOOK_REPLAY_TIMEOUT", default_value = "30m")]
+    pub timeout: String,
     /// Also write an HTML page of both runs, one above the other.
     #[arg(long, env = "RUNBOOK_REPLAY_HTML")]
     pub html: Option<PathBuf>,
@@ -74,6 +78,10 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             bail!("{}: not a directory of policies", dir.display());
         }
     }
+    let limit = runbook_core::util::time::parse_duration_ms(&args.timeout)
+        .ok()
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| anyhow::anyhow!("--timeout: give a positive duration, such as 30m"))?;
     let mut old = args.against.clone();
     if old.is_empty() {
         old.push(s.policies.clone());
@@ -85,6 +93,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         new: args.policies.clone(),
         for_ms,
         world,
+        limit: std::time::Duration::from_millis(limit as u64),
     };
     let started = std::time::Instant::now();
     let done = scenario::replay::replay(&replay);

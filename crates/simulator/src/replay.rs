@@ -27,6 +27,8 @@ pub struct Replay {
     /// A scenario whose rules and timeline are what the world does
     /// meanwhile (Job completions, edits), added to the scenario's own.
     pub world: Option<Scenario>,
+    /// How much wall-clock time each run may take.
+    pub limit: std::time::Duration,
 }
 
 /// How one object fared under the two versions.
@@ -99,7 +101,7 @@ pub fn replay(r: &Replay) -> Replayed {
             s.steps.extend(w.steps.iter().cloned());
             s.steps.sort_by_key(|step| step.at_ms);
         }
-        super::run::run(&s)
+        super::run::run_within(&s, r.limit)
     };
     let old = under(&r.old);
     let new = under(&r.new);

@@ -132,7 +132,11 @@ fn wall_clock_limit() -> std::time::Duration {
 
 /// Run a scenario to its end and check it.
 pub fn run(s: &Scenario) -> Report {
-    let limit = wall_clock_limit();
+    run_within(s, wall_clock_limit())
+}
+
+/// [`run`], failing once `limit` of wall-clock time has passed.
+pub fn run_within(s: &Scenario, limit: std::time::Duration) -> Report {
     let scenario = s.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let runner = std::thread::Builder::new()
@@ -156,7 +160,7 @@ pub fn run(s: &Scenario) -> Report {
             file: s.file.clone(),
             pos: None,
             message: format!(
-                "the scenario did not finish within {}s of wall-clock time (RUNBOOK_SCENARIO_TIMEOUT); something it waits for never happens: run with RUNBOOK_LOG=runbook=debug to see what the operator is waiting on",
+                "the scenario did not finish within {}s of wall-clock time (RUNBOOK_SCENARIO_TIMEOUT, or replay's --timeout); something it waits for never happens, or it is too long for that: run with RUNBOOK_LOG=runbook=debug to see what the operator is waiting on",
                 limit.as_secs()
             ),
         });

@@ -365,6 +365,18 @@ impl World {
         ns: &str,
         pattern: &str,
     ) -> Result<Vec<DynamicObject>, String> {
+        // One name (a rule acting on the object it claimed): read alone,
+        // not picked from a list of the namespace, which grows with the
+        // scenario (a day over a thousand targets lists thousands of
+        // Jobs per Job finished).
+        if !pattern.contains(['*', '?']) {
+            let found = self
+                .api(s, ns)
+                .get_opt(pattern)
+                .await
+                .map_err(|e| format!("get {} {pattern}: {}", s.resource.kind, api_error(&e)))?;
+            return Ok(found.into_iter().collect());
+        }
         let mut items = self
             .api(s, ns)
             .list(&Default::default())
