@@ -409,6 +409,11 @@ spec:
         "{text}"
     );
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("old: captured at") && html.contains("new: captured at"));
+    // Both runs, side by side, old first.
+    let (old_at, new_at) = (
+        html.find("old: captured at").unwrap(),
+        html.find("new: captured at").unwrap(),
+    );
+    assert!(html.contains("<div class=\"versions\">") && old_at < new_at);
     c.cleanup().await;
 }

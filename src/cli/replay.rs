@@ -49,7 +49,7 @@ pub struct ReplayArgs {
     /// fails (a day over thousands of targets takes minutes).
     #[arg(long, env = "RUNBOOK_REPLAY_TIMEOUT", default_value = "30m")]
     pub timeout: String,
-    /// Also write an HTML page of both runs, one above the other.
+    /// Also write an HTML page of both runs, side by side.
     #[arg(long, env = "RUNBOOK_REPLAY_HTML")]
     pub html: Option<PathBuf>,
 }
@@ -115,7 +115,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         let mut new = done.new.clone();
         old.name = format!("old: {}", old.name);
         new.name = format!("new: {}", new.name);
-        let page = scenario::html::render(&[old, new])
+        let page = scenario::html::render_side_by_side(&old, &new)
             .map_err(|e| anyhow::anyhow!("drawing the HTML report: {e}"))?;
         std::fs::write(path, &page).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {} ({} bytes)", path.display(), page.len());

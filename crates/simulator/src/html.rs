@@ -942,6 +942,17 @@ fn article(report: &Report) -> Result<String, String> {
     ))
 }
 
+/// Two runs of one scenario (a replay's old and new policies) side by
+/// side, each in its own column, scrolled on its own where it is wider.
+pub fn render_side_by_side(old: &Report, new: &Report) -> Result<String, String> {
+    Ok(format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>{} — runbook replay</title>\n<style>{STYLE}\n.versions{{display:grid;grid-template-columns:1fr 1fr;gap:1em}}\n.versions>article{{min-width:0;overflow-x:auto}}</style></head>\n<body>\n<div class=\"versions\">\n{}{}</div>\n</body></html>\n",
+        esc(&old.name),
+        article(old)?,
+        article(new)?
+    ))
+}
+
 /// The whole page: one article per scenario run, nothing fetched.
 pub fn render(reports: &[Report]) -> Result<String, String> {
     let title = match reports {
