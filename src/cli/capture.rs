@@ -195,11 +195,18 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
             continue;
         }
         let mut page = ListParams::default().limit(500);
+        let mut listed = 0usize;
         loop {
             let list = api
                 .list(&page)
                 .await
                 .with_context(|| format!("listing {k}"))?;
+            listed += list.items.len();
+            let remaining = list
+                .metadata
+                .remaining_item_count
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(0);
             for o in list.items {
                 let named = o.metadata.name.as_deref().unwrap_or("");
                 if names.as_ref().is_none_or(|n| n.contains(named)) {
@@ -213,7 +220,7 @@ async fn capture(args: &CaptureArgs) -> anyhow::Result<Captured> {
                     objects.len()
                 );
             }
-            progress.show(objects.len(), k);
+            progress.show(k, listed, listed + remaining, objects.len());
             match list.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(c) => page = page.continue_token(&c),
                 None => break,
@@ -500,8 +507,18 @@ pub fn write(dir: &Path, c: &Captured, until: &str) -> anyhow::Result<u64> {
     Ok(bytes)
 }
 
-/// A count of objects listed so far, on standard error when it is a
-/// terminal.
+/// One line of progress: a bar of 20 for the kind being listed.
+fn bar(kind: &KindRef, done: usize, of: usize, total: usize) -> String {
+    let of = of.max(done).max(1);
+    let filled = (done * 20 / of).min(20);
+    format!(
+        "listing {kind} [{}{}] {done}/{of}, {total} objects in all",
+        "#".repeat(filled),
+        ".".repeat(20 - filled)
+    )
+}
+
+/// How far the listing is, on standard error when it is a terminal.
 struct Progress {
     on: bool,
 }
@@ -513,9 +530,11 @@ impl Progress {
         }
     }
 
-    fn show(&self, n: usize, kind: &KindRef) {
+    /// `done` of `of` objects of `kind` listed (the API server's count
+    /// of those left), `total` captured so far.
+    fn show(&self, kind: &KindRef, done: usize, of: usize, total: usize) {
         if self.on {
-            eprint!("\r\x1b[Klisting {kind}: {n} objects so far");
+            eprint!("\r\x1b[K{}", bar(kind, done, of, total));
         }
     }
 
@@ -552,6 +571,17 @@ mod tests {
             String::from_utf8(shown).unwrap(),
             "<captured: password, 7 bytes, value not kept>"
         );
+    }
+
+    #[test]
+    fn the_bar_fills_with_what_is_listed_of_the_kind() {
+        let k = KindRef::new("runbook.dev/v1alpha1", "Evaluator");
+        assert_eq!(
+            bar(&k, 500, 2000, 700),
+            "listing runbook.dev/v1alpha1 Evaluator [#####...............] 500/2000, 700 objects in all"
+        );
+        assert!(bar(&k, 0, 0, 0).contains("[....................] 0/1"));
+        assert!(bar(&k, 9, 3, 9).contains("[####################] 9/9"));
     }
 
     #[test]
