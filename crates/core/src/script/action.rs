@@ -483,11 +483,7 @@ fn delete_object(ctx: NativeCallContext, obj: Dynamic) -> RhaiResult<ActionValue
             "delete: the object needs kind and metadata.name".into(),
         );
     };
-    let namespace = object
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .map(str::to_string);
+    let namespace = namespace_of(&object);
     Ok(make(
         &ctx,
         Action::Delete {
@@ -496,6 +492,15 @@ fn delete_object(ctx: NativeCallContext, obj: Dynamic) -> RhaiResult<ActionValue
             namespace,
         },
     ))
+}
+
+/// The namespace an object names, if it names one.
+fn namespace_of(object: &Value) -> Option<String> {
+    object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
 }
 
 /// `patch(obj, merge_patch)`: the object by its kind and name.
@@ -508,11 +513,7 @@ fn patch_object(ctx: NativeCallContext, obj: Dynamic, patch: Dynamic) -> RhaiRes
             "patch: the object needs kind and metadata.name".into(),
         );
     };
-    let namespace = object
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .map(str::to_string);
+    let namespace = namespace_of(&object);
     Ok(make(
         &ctx,
         Action::Patch {

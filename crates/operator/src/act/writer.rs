@@ -369,16 +369,8 @@ impl Writer<'_> {
                 kind,
                 name,
                 namespace,
-            } => {
-                if let Some(other) = namespace {
-                    ns = other.clone();
-                }
-                match policy.kinds.resolve(kind) {
-                    Ok(k) => (k.api_version, k.kind, name.clone()),
-                    Err(_) => (String::new(), kind.to_string(), name.clone()),
-                }
             }
-            Action::Patch {
+            | Action::Patch {
                 kind,
                 name,
                 namespace,
