@@ -83,12 +83,17 @@ const CORE: Layers = &[
     ("schedule", &["util"]),
     // Which replica decides for which target (the ring of `--shards`).
     ("shard", &["util"]),
+    // Metric inputs: queries quoted for PromQL, bounded, answers read.
+    ("metric", &["util"]),
     // Runbook's own CRDs (Evaluator, DatabaseBackup, AIModel, RunbookState).
     ("crd", &["schedule", "util"]),
     // The object model a decision reads.
     ("observe", &["kinds", "labels", "util"]),
     // Scripts: the hardened Rhai engine, `ctx`, helpers, actions.
-    ("script", &["kinds", "labels", "names", "observe", "util"]),
+    (
+        "script",
+        &["kinds", "labels", "metric", "names", "observe", "util"],
+    ),
     // Alert routes and the alerts raised.
     ("alert", &["util"]),
     // The kinds of failure and refusal every layer's error names.
@@ -97,22 +102,22 @@ const CORE: Layers = &[
     (
         "policy",
         &[
-            "alert", "crd", "kinds", "labels", "names", "schedule", "script", "util",
+            "alert", "crd", "kinds", "labels", "metric", "names", "schedule", "script", "util",
         ],
     ),
     // Decide: from what is observed to a decision.
     (
         "decide",
         &[
-            "crd", "failure", "kinds", "observe", "policy", "schedule", "script", "util",
+            "crd", "failure", "kinds", "metric", "observe", "policy", "schedule", "script", "util",
         ],
     ),
     // The plan: a decision turned into writes, and their conclusion.
     (
         "plan",
         &[
-            "alert", "crd", "decide", "failure", "kinds", "observe", "policy", "script", "shard",
-            "util",
+            "alert", "crd", "decide", "failure", "kinds", "metric", "observe", "policy", "script",
+            "shard", "util",
         ],
     ),
 ];

@@ -9,6 +9,7 @@
 //! (`tests/layering.rs`):
 //!
 //! - `util`, `clock`, `names`, `labels`, `kinds`, `schedule`: foundations;
+//! - `metric`: metric inputs: their queries, quoted, and their answers read;
 //! - `crd`: Runbook's own resource types;
 //! - `observe`: the object model a decision reads;
 //! - `script`: the hardened Rhai engine, `ctx`, helpers, actions;
@@ -25,6 +26,7 @@ pub mod decide;
 pub mod failure;
 pub mod kinds;
 pub mod labels;
+pub mod metric;
 pub mod names;
 pub mod observe;
 pub mod plan;

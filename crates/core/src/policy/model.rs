@@ -135,6 +135,12 @@ pub struct PolicySpec {
     /// `deleted`, `owns` or `previous`.
     #[serde(default)]
     pub sweep: bool,
+    /// Values read from Prometheus or an HTTP JSON endpoint that a
+    /// decision judges by (`ctx.metric(name)`). The runtime asks, never
+    /// the script: a decision stays a function of what it was given, and
+    /// what it was given is kept in its decision record.
+    #[serde(default)]
+    pub metrics: Vec<MetricSpec>,
     /// The part of its targets' status this policy writes. Absent: all of
     /// it, so no other enforcing policy may share its targets.
     #[serde(default)]
@@ -569,4 +575,151 @@ fn default_min_requests() -> u32 {
 }
 fn default_cooldown() -> String {
     "10m".into()
+}
+
+/// One `spec.metrics` entry: a number read for a decision, from
+/// Prometheus (`prometheus`) or any HTTP endpoint answering JSON (`web`).
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricSpec {
+    /// What a script asks for: `ctx.metric("accuracy")`. Unique in the policy.
+    pub name: String,
+    /// An instant query of Prometheus' HTTP API.
+    #[serde(default)]
+    pub prometheus: Option<PrometheusSpec>,
+    /// A GET of an HTTP endpoint answering JSON, and where the number is in it.
+    #[serde(default)]
+    pub web: Option<WebSpec>,
+    /// How old a value may be (`30s`, `5m`; default `1m`): answers are
+    /// kept per query text and per period of this length, so targets
+    /// that share a query share one request each period.
+    #[serde(default)]
+    pub every: Option<String>,
+    /// Ask as of the policy's schedule's latest fire time instead (the
+    /// query's `time`), one answer per fire time: every target of one
+    /// tick judged by the same value.
+    #[serde(default)]
+    pub on_schedule: bool,
+    /// How long an answer may take (default `10s`, at most `1m`); a late
+    /// one is a reading with the reason `Timeout`.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// `spec.metrics[].prometheus`.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrometheusSpec {
+    /// Prometheus' base URL (`http://prometheus.monitoring:9090`). Only a
+    /// cluster-wide policy may give one here; a tenant's names its own
+    /// ConfigMap or Secret (`addressFrom`).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// The base URL from a key of a ConfigMap or Secret in the policy's
+    /// namespace (the operator's, or a tenant's own), read at each query.
+    #[serde(default)]
+    pub address_from: Option<ValueFrom>,
+    /// The query, a template over the target: `{{ .metadata.namespace }}`
+    /// is its value quoted as a PromQL string (escaped inside a string
+    /// already quoted), so no field of a target can change the query's
+    /// shape. Give this or `queryFrom`.
+    #[serde(default)]
+    pub query: Option<String>,
+    /// A query the target chooses (its field), bounded: every metric it
+    /// names must match `allowedMetrics`, and every selector in it is
+    /// confined to the target's namespace.
+    #[serde(default)]
+    pub query_from: Option<QueryFromSpec>,
+    /// Credentials sent with each query.
+    #[serde(default)]
+    pub auth: Option<AuthSpec>,
+}
+
+/// `spec.metrics[].web`: Argo's web provider, under the same rules.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebSpec {
+    /// The endpoint's base URL; only a cluster-wide policy gives one here.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// The base URL from a ConfigMap or Secret of the policy's namespace.
+    #[serde(default)]
+    pub address_from: Option<ValueFrom>,
+    /// Path and query string after the base URL, a template over the
+    /// target whose values are percent-encoded
+    /// (`/v1/models/{{ .metadata.name }}/quality`).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Where the number is in the answer: `$.data.score`, `$.items[0].value`,
+    /// `$['quality score']` (a number, or a string holding one).
+    pub json_path: String,
+    /// Credentials sent with each request.
+    #[serde(default)]
+    pub auth: Option<AuthSpec>,
+}
+
+/// A value kept in a key of a ConfigMap or a Secret of the policy's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ValueFrom {
+    #[serde(default)]
+    pub config_map_key_ref: Option<KeyRefSpec>,
+    #[serde(default)]
+    pub secret_key_ref: Option<KeyRefSpec>,
+}
+
+/// A key of a named object.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeyRefSpec {
+    pub name: String,
+    pub key: String,
+}
+
+/// `queryFrom`: the query a target's field holds, and its bounds.
+#[derive(Clone, Debug, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueryFromSpec {
+    /// The target's field holding the query (`spec.metric.query`).
+    pub field: String,
+    /// The metric names the query may use; `*` matches any run of
+    /// characters (`model_*`). At least one.
+    pub allowed_metrics: Vec<String>,
+    /// The label every selector of the query is confined with:
+    /// `namespace="<the target's namespace>"` is added to each (default
+    /// `namespace`; empty: not confined, for a cluster-wide policy only).
+    #[serde(default)]
+    pub namespace_label: Option<String>,
+}
+
+/// Credentials for a metric source, each from a Secret of the policy's
+/// namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthSpec {
+    /// `Authorization: Bearer <the key's value>`.
+    #[serde(default)]
+    pub bearer_token: Option<KeyRefSpec>,
+    /// `Authorization: Basic`, from a Secret's two keys.
+    #[serde(default)]
+    pub basic_auth: Option<BasicAuthSpec>,
+}
+
+/// A Secret holding a user name and a password.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BasicAuthSpec {
+    /// The Secret's name.
+    pub name: String,
+    #[serde(default = "username_key")]
+    pub username_key: String,
+    #[serde(default = "password_key")]
+    pub password_key: String,
+}
+
+fn username_key() -> String {
+    "username".into()
+}
+fn password_key() -> String {
+    "password".into()
 }

@@ -2,6 +2,7 @@
 //! scripts, expressions and templates once per policy version. Every error
 //! names the file, line and column.
 
+mod metrics;
 mod pieces;
 mod policy;
 mod steps;
@@ -179,6 +180,8 @@ pub struct CompiledPolicy {
     /// `spec.sweep`: one decision per fire time over every target it
     /// selects (`ctx.targets`), none per target.
     pub sweep: bool,
+    /// `spec.metrics`: what `ctx.metric(name)` reads, asked by the runtime.
+    pub metrics: Vec<crate::metric::CompiledMetric>,
 }
 
 /// Each kind a policy document declares, with where (`spec.owns[0]`) and
@@ -274,6 +277,15 @@ impl Loaded {
                         "spec.namespaces: a policy ConfigMap in namespace {namespace:?} acts only in {namespace:?} (cluster-wide policies come from the operator's namespace or --policy-dir)"
                     ),
                 });
+            }
+            for m in &p.metrics {
+                if let Some(why) = metrics::tenant_refusal(m, namespace) {
+                    self.errors.push(LoadError {
+                        file: p.file.clone(),
+                        pos: m.pos,
+                        message: why,
+                    });
+                }
             }
             for wider in p.pods.beyond(bounds) {
                 self.errors.push(LoadError {

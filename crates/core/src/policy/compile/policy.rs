@@ -168,6 +168,7 @@ pub(super) fn load_policy(
     let status = compile_status_claim(cx, file, &node, spec);
     let namespaces = other_namespaces(cx, file, &node, spec, body.as_ref());
     let previous = previous_paths(cx, file, &node, spec, &schedules);
+    let metrics = super::metrics::compile_all(cx, file, &node, spec);
     if spec.sweep {
         check_sweep(cx, file, &node, spec, body.as_ref());
     }
@@ -210,6 +211,7 @@ pub(super) fn load_policy(
             .collect(),
         previous,
         sweep: spec.sweep,
+        metrics,
     })
 }
 
