@@ -595,6 +595,7 @@ fn a_lookup_that_takes_the_budget_is_named_when_time_runs_out() {
     let w = World::from_files(&[("p.yaml", yaml), ("p.rhai", script)]);
     let ev = evaluator("chatbot", "chatbot", 0.9);
     let observed = runbook_core::decide::Observed {
+        readings: Default::default(),
         target: runbook_core::observe::CachedObject::new(ev),
         view: std::sync::Arc::new(caches(busy_pods(5_000).collect::<Vec<_>>())),
         now: w.now,

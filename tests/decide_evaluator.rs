@@ -657,6 +657,7 @@ fn the_drift_policy_decides_within_its_budget_beside_5000_pods() {
     objects.push(job_pod(JOB, r#"{"score": 0.72}"#));
     let w = World::shipped();
     let observed = runbook_core::decide::Observed {
+        readings: Default::default(),
         target: runbook_core::observe::CachedObject::new(ev.clone()),
         view: std::sync::Arc::new(caches(objects)),
         now: w.now,

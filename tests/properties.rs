@@ -330,7 +330,7 @@ proptest! {
             view.insert(o);
         }
         let now = "2026-11-29T10:00:00Z".parse().unwrap();
-        let observed = Observed { target: target.clone(), view: view.clone(), now };
+        let observed = Observed { target: target.clone(), view: view.clone(), now, readings: Default::default() };
         let decision = decide::decide(&engine, &policy, &observed);
         if let Err(e) = &decision {
             let m = e.to_string();

@@ -146,6 +146,12 @@ pub struct RunArgs {
     /// refused. Default: nothing.
     #[arg(long, env = "RUNBOOK_TENANT_POD_BOUNDS", default_value = "{}", value_parser = pod_bounds)]
     pub tenant_pod_bounds: runbook_core::policy::model::PodsSpec,
+    /// The hosts (HOST or HOST:PORT, comma-separated) a tenant's metric
+    /// inputs (`spec.metrics`) may reach, such as the shared Prometheus:
+    /// the operator asks from its own place in the network, so a tenant
+    /// may point it only where the administrator lets it. Default: none.
+    #[arg(long, env = "RUNBOOK_TENANT_METRIC_HOSTS", value_delimiter = ',')]
+    pub tenant_metric_hosts: Vec<String>,
     /// Decisions of one policy under way at once where another policy
     /// targets the same kind; more wait, without holding up the other.
     #[arg(long, env = "RUNBOOK_POLICY_CONCURRENCY", default_value_t = 8)]
@@ -270,6 +276,7 @@ fn tenancy(
         service_account: args.tenant_service_account.clone(),
         overrides: args.tenant_service_accounts.iter().cloned().collect(),
         pod_bounds: args.tenant_pod_bounds.clone(),
+        metric_hosts: args.tenant_metric_hosts.clone(),
         unable: impersonating.map(|user| {
             format!(
                 "the operator's own credentials impersonate {user:?} (the kubeconfig's `as:`), and a request can impersonate one identity only: run the operator with credentials of its own"

@@ -87,6 +87,7 @@ impl World {
             .get(policy)
             .unwrap_or_else(|| panic!("no policy {policy}"));
         let observed = Observed {
+            readings: Default::default(),
             target: CachedObject::new(target.clone()),
             view: self.view.clone(),
             now: self.now,

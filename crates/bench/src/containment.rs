@@ -69,6 +69,7 @@ pub fn runaway(iters: usize) -> Stats {
     assert!(errors.is_empty(), "{errors:?}");
     let policy = &set.policies["runaway"];
     let observed = Observed {
+        readings: Default::default(),
         target: CachedObject::new(json!({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "spin", "namespace": "default", "uid": "u1", "labels": {"runaway": "yes"}},

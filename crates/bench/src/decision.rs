@@ -58,6 +58,7 @@ impl Setup {
         }
         let cached = CachedObject::new(target.clone());
         let observed = Observed {
+            readings: Default::default(),
             target: cached,
             view,
             now: "2026-11-29T10:05:00Z"
@@ -230,6 +231,7 @@ impl Setup {
         t["status"]["currentRun"] = Value::Null;
         t["status"]["phase"] = json!("Healthy");
         Observed {
+            readings: Default::default(),
             target: CachedObject::new(t),
             view: self.observed.view.clone(),
             now: self.observed.now,

@@ -127,6 +127,7 @@ pub fn run(policies: &std::path::Path, pods: usize, iters: usize) -> LookupFigur
     let select = measure(iters / 10, iters, || view.select(&pod, fixtures::NS, &sel));
     let list_all = measure(2, (iters / 100).max(5), || view.list(&pod, fixtures::NS));
     let observed = runbook_core::decide::Observed {
+        readings: Default::default(),
         target: setup.observed.target.clone(),
         view,
         now: setup.observed.now,

@@ -172,6 +172,30 @@ pub struct DecisionRecord {
     /// as the decision that concluded on it saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed_at: Option<String>,
+    /// The metric readings (`spec.metrics`) the decision read, by name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metrics: std::collections::BTreeMap<String, MetricRecord>,
+}
+
+/// A metric reading a decision judged by: its value, or why it has none.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricRecord {
+    /// What was asked: the query, or the web path (at most 512 characters).
+    pub query: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    /// When the value was sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    /// How many series the answer held (the value is the first's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u32>,
+    /// Why there is no value: `NoData`, `Timeout`, `NaN` or `Error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 impl DecisionRecord {

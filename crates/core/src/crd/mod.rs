@@ -16,7 +16,7 @@ pub mod state;
 
 pub use aimodel::{AIModel, AIModelSpec, AIModelStatus, WeightsVolume};
 pub use backup::{DatabaseBackup, DatabaseBackupSpec, DatabaseBackupStatus, DatabaseRef, DumpSpec};
-pub use common::{ActionRecord, ActionResult, DecisionRecord, StepState, StepStatus};
+pub use common::{ActionRecord, ActionResult, DecisionRecord, MetricRecord, StepState, StepStatus};
 pub use evaluator::{
     Benchmark, Evaluator, EvaluatorAlert, EvaluatorSpec, EvaluatorStatus, RollbackRecord,
     ScoreSample, TargetRef,

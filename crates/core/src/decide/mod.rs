@@ -31,6 +31,8 @@ pub struct Observed {
     pub target: Arc<CachedObject>,
     pub view: Arc<dyn ObjectView>,
     pub now: Timestamp,
+    /// The readings of `spec.metrics` the runtime asked for, by name.
+    pub readings: std::collections::BTreeMap<String, crate::metric::Asked>,
 }
 
 /// One planned action and, when it may not be carried out, why.
@@ -58,6 +60,8 @@ pub struct Decision {
     pub due: bool,
     /// What the script read of the target.
     pub target_reads: TargetReads,
+    /// The metric readings the script read, for its record.
+    pub metrics: Vec<(String, crate::metric::Asked)>,
 }
 
 impl Decision {
@@ -574,6 +578,10 @@ fn build_ctx(policy: &CompiledPolicy, observed: &Observed, sched: Option<&Schedu
         namespaces: policy.namespaces.as_ref().map(|(s, _)| s.clone()),
         previous: previous_of(policy, observed.target.value()),
         targets: policy.sweep.then(|| swept(policy, observed.view.as_ref())),
+        metrics: Arc::new(crate::metric::Readings::new(
+            policy.metrics.iter().map(|m| m.name.clone()).collect(),
+            observed.readings.clone(),
+        )),
     }))
 }
 
@@ -801,6 +809,7 @@ fn finish(
         actions,
         requeue_after_ms: requeue,
         target_reads: TargetReads::default(),
+        metrics: Vec::new(),
     }
 }
 
@@ -810,8 +819,41 @@ pub fn decide(
     policy: &CompiledPolicy,
     observed: &Observed,
 ) -> Result<Decision, DecideError> {
-    let sched = schedule_state(policy, observed.target.value(), observed.now)?;
+    decide_wanting(engine, policy, observed).0
+}
+
+/// Decide, and say which metrics the script asked for that `observed`
+/// did not hold (whether or not the decision was made): the runtime asks
+/// for them and decides again.
+pub fn decide_wanting(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    observed: &Observed,
+) -> (Result<Decision, DecideError>, Vec<String>) {
+    let sched = match schedule_state(policy, observed.target.value(), observed.now) {
+        Ok(s) => s,
+        Err(e) => return (Err(e), Vec::new()),
+    };
     let ctx = build_ctx(policy, observed, sched.as_ref());
+    let readings = ctx.0.metrics.clone();
+    let decision = decide_with(engine, policy, observed, ctx, sched);
+    let (read, wanted) = readings.take();
+    (
+        decision.map(|mut d| {
+            d.metrics = read;
+            d
+        }),
+        wanted,
+    )
+}
+
+fn decide_with(
+    engine: &ScriptEngine,
+    policy: &CompiledPolicy,
+    observed: &Observed,
+    ctx: Ctx,
+    sched: Option<ScheduleState>,
+) -> Result<Decision, DecideError> {
     let ns = observed.target.acting_namespace().to_string();
     match &policy.body {
         Body::Script { script, .. } => {

@@ -63,6 +63,8 @@ pub struct Input<'a> {
     pub now: Timestamp,
     /// Status fields of this policy the target's schema is known to drop.
     pub dropped: &'a [String],
+    /// The metric readings the decision read.
+    pub metrics: &'a [(String, crate::metric::Asked)],
 }
 
 /// The writes about the target a decision ends with.
@@ -194,6 +196,29 @@ pub fn record_to_keep(
     } else {
         record.time = Some(now.to_string());
         record
+    }
+}
+
+/// A reading as its decision record keeps it.
+pub fn metric_record(asked: &crate::metric::Asked) -> crate::crd::MetricRecord {
+    use crate::metric::Reading;
+    let query = crate::metric::cut(&asked.asked, 512);
+    match &asked.reading {
+        Reading::Value { value, at, samples } => crate::crd::MetricRecord {
+            query,
+            value: Some(*value),
+            at: jiff::Timestamp::from_second(*at)
+                .ok()
+                .map(crate::util::time::format),
+            samples: Some(*samples),
+            ..Default::default()
+        },
+        Reading::Missing { reason, message } => crate::crd::MetricRecord {
+            query,
+            reason: Some(reason.as_str().to_string()),
+            message: Some(message.clone()),
+            ..Default::default()
+        },
     }
 }
 
@@ -333,6 +358,11 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         } else {
             previous.changed_at.clone()
         },
+        metrics: input
+            .metrics
+            .iter()
+            .map(|(name, asked)| (name.clone(), metric_record(asked)))
+            .collect(),
     };
     let status_unchanged = equal_but_decisions(&current, &new_status);
     let wrote = input.done.iter().any(|d| d.wrote);

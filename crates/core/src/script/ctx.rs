@@ -33,6 +33,9 @@ pub struct CtxData {
     /// A sweep's targets (`ctx.targets`); `None` for a policy that
     /// decides per target.
     pub targets: Option<Vec<Arc<CachedObject>>>,
+    /// `spec.metrics`: the readings the runtime gave this decision, and
+    /// what the script read and wanted of them.
+    pub metrics: Arc<crate::metric::Readings>,
 }
 
 /// Old and new for the fields a policy declares in `spec.previous`.
@@ -397,8 +400,69 @@ fn register_properties(engine: &mut Engine) {
     });
 }
 
+/// `ctx.metric(name)` and `ctx.metric_error(name)`: the readings of
+/// `spec.metrics`. A decision that reads one is made again every time
+/// (its value changes with time, not with the target).
+fn register_metrics(engine: &mut Engine) {
+    use crate::metric::{Found, Reading};
+    fn found<'a>(
+        call: &NativeCallContext,
+        c: &'a Ctx,
+        name: &str,
+    ) -> RhaiResult<Option<&'a Reading>> {
+        crate::script::obj::note_clock();
+        match c.0.metrics.get(name) {
+            Found::Given(r) => Ok(Some(r)),
+            Found::NotGiven => Ok(None),
+            Found::Undeclared(declared) => {
+                let declared = if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.join(", ")
+                };
+                fail(
+                    call,
+                    format!(
+                        "ctx.metric({name:?}): the policy declares no metric {name:?} in spec.metrics (declared: {declared})"
+                    ),
+                )
+            }
+        }
+    }
+    engine.register_fn(
+        "metric",
+        |call: NativeCallContext, c: &mut Ctx, name: &str| -> RhaiResult<Dynamic> {
+            Ok(match found(&call, c, name)? {
+                Some(Reading::Value { value, at, samples }) => {
+                    let mut m = Map::new();
+                    m.insert("value".into(), Dynamic::from_float(*value));
+                    m.insert("at".into(), Dynamic::from_int(*at));
+                    m.insert("samples".into(), Dynamic::from_int(INT::from(*samples)));
+                    m.into()
+                }
+                _ => Dynamic::UNIT,
+            })
+        },
+    );
+    engine.register_fn(
+        "metric_error",
+        |call: NativeCallContext, c: &mut Ctx, name: &str| -> RhaiResult<Dynamic> {
+            Ok(match found(&call, c, name)? {
+                Some(Reading::Missing { reason, message }) => {
+                    let mut m = Map::new();
+                    m.insert("reason".into(), reason.as_str().into());
+                    m.insert("message".into(), message.clone().into());
+                    m.into()
+                }
+                _ => Dynamic::UNIT,
+            })
+        },
+    );
+}
+
 /// `ctx`'s lookups in the caches: `owned`, `get`, `list`, `pods_of`, and `allowed`.
 fn register_lookups(engine: &mut Engine) {
+    register_metrics(engine);
     // The limits count actions over a window of time.
     engine.register_fn("allowed", |c: &mut Ctx, verb: &str| c.0.timely.allows(verb));
     engine.register_fn("namespaces", |c: &mut Ctx| -> Array {

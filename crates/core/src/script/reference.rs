@@ -750,6 +750,7 @@ mod tests {
                 continue;
             };
             let observed = Observed {
+                readings: Default::default(),
                 target: target.clone(),
                 view: view.clone(),
                 now: "2026-12-02T03:00:05Z".parse().unwrap(),

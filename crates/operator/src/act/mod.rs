@@ -423,6 +423,7 @@ pub async fn execute(
         mode: &mode,
         now: w.now,
         dropped: x.dropped,
+        metrics: decision.map(|d| d.metrics.as_slice()).unwrap_or_default(),
     });
     let mut out = Outcome {
         record: end.record.clone(),

@@ -18,7 +18,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::Api;
 use runbook_core::script::action::EventType;
@@ -116,23 +115,6 @@ pub struct Delivery {
     queues: Mutex<HashMap<QueueKey, mpsc::Sender<Job>>>,
 }
 
-fn http_client() -> HttpClient<Https, Full<Bytes>> {
-    let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let builder = match builder.with_native_roots() {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!("no CA certificates found ({e}); https alert receivers will fail");
-            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
-                rustls::ClientConfig::builder()
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-            )
-        }
-    };
-    let https = builder.https_or_http().enable_http1().build();
-    HttpClient::builder(TokioExecutor::new()).build(https)
-}
-
 impl Delivery {
     /// Must be called inside a tokio runtime; workers run on it.
     pub fn new(
@@ -147,7 +129,7 @@ impl Delivery {
                 config,
                 client,
                 recorder,
-                http: http_client(),
+                http: crate::util::http_client("alert receivers"),
                 metrics,
             }),
             runtime: tokio::runtime::Handle::current(),
@@ -551,7 +533,7 @@ mod tests {
             },
             client: None,
             recorder: None,
-            http: http_client(),
+            http: crate::util::http_client("alert receivers"),
             metrics: Arc::new(Metrics::new()),
         };
         let waits: Vec<u128> = (1..=5).map(|a| inner.backoff(a).as_millis()).collect();

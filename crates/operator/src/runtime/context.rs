@@ -129,6 +129,8 @@ pub struct Context {
     pub webhook: std::sync::OnceLock<Arc<super::webhook::Webhook>>,
     /// What `/readyz` and the leader's metrics report.
     pub health: Health,
+    /// The source of metric inputs (`spec.metrics`) and its answers.
+    pub queries: super::queries::Queries,
     /// Reconciles skipped as unchanged that decided differently when
     /// decided again (`OperatorConfig::check_skips`), each told in a line.
     pub skip_differences: Mutex<Vec<String>>,
@@ -332,6 +334,27 @@ impl Context {
     /// Write every action's outcome to `journal` from now on (once).
     pub fn set_journal(&self, journal: Arc<dyn Journal>) {
         let _ = self.memory.journal.set(journal);
+    }
+
+    /// Who asks for `p`'s metric inputs: its client, and where its
+    /// addresses and credentials are read.
+    pub fn asker_for<'a>(
+        &'a self,
+        p: &'a runbook_core::policy::CompiledPolicy,
+        acting: Option<&'a super::tenants::Acting>,
+    ) -> super::queries::Asker<'a> {
+        super::queries::Asker {
+            client: acting.map_or(&self.client, |a| &a.client),
+            namespace: p
+                .tenant
+                .as_deref()
+                .unwrap_or(&self.config.operator_namespace),
+            tenant_hosts: p
+                .tenant
+                .as_ref()
+                .map(|_| self.config.tenancy.metric_hosts.as_slice()),
+            metrics: &self.metrics,
+        }
     }
 
     /// The caches a reconcile reads, by kind.

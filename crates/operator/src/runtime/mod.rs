@@ -12,6 +12,7 @@ pub mod forbidden;
 mod gauges;
 pub mod leader;
 pub mod operator;
+pub mod queries;
 mod reach;
 mod reconcile;
 mod records;

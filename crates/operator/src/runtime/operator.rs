@@ -124,6 +124,7 @@ impl Operator {
                 forbidden,
                 ..Health::default()
             },
+            queries: Default::default(),
             skip_differences: Mutex::default(),
             running: Running::default(),
             queue: Queue {

@@ -150,10 +150,28 @@ pub(super) async fn run_policy(
     let now: Timestamp = ctx.clock.now();
     let resyncs = ctx.queue.resyncs.load(Ordering::Acquire);
     let woken = ctx.memory.records.woken();
-    let (tracking, observed) = tracked(ctx, p, t, now);
-    let script = ctx.fair.script(&p.id).await;
-    let decision = timed_decision(ctx, p, &observed, hook);
-    drop(script);
+    let (tracking, mut observed) = tracked(ctx, p, t, now);
+    let acting = ctx.acting_for(p);
+    let decision = loop {
+        let script = ctx.fair.script(&p.id).await;
+        let (decision, wanted) = timed_decision(ctx, p, &observed, hook);
+        drop(script);
+        // Metrics the script wanted and was not given: asked, and the
+        // decision made again with them (each round gives at least one
+        // more of the policy's metrics, so this ends).
+        let wanted: Vec<String> = wanted
+            .into_iter()
+            .filter(|w| !observed.readings.contains_key(w))
+            .collect();
+        if wanted.is_empty() || hook != Hook::Reconcile {
+            break decision;
+        }
+        let asker = ctx.asker_for(p, acting.as_deref());
+        for name in wanted {
+            let asked = ctx.queries.ask(&asker, p, target.value(), &name, now).await;
+            observed.readings.insert(name, asked);
+        }
+    };
     let read = tracking.take();
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
@@ -163,7 +181,6 @@ pub(super) async fn run_policy(
     }
     let manager = act::manager_of(&p.name);
     let dropped = ctx.memory.dropped_fields(&p.id, &key.kind);
-    let acting = ctx.acting_for(p);
     let exec = Exec {
         writer: act::Writer {
             now,
@@ -234,6 +251,7 @@ fn tracked(
         &p.name,
     ));
     let observed = Observed {
+        readings: Default::default(),
         target: t.cached.clone(),
         view: tracking.clone(),
         now,
@@ -247,12 +265,12 @@ fn timed_decision(
     p: &CompiledPolicy,
     observed: &Observed,
     hook: Hook,
-) -> Result<decide::Decision, decide::DecideError> {
+) -> (Result<decide::Decision, decide::DecideError>, Vec<String>) {
     let started = Instant::now();
-    let decision = match hook {
-        Hook::Reconcile => decide::decide(&ctx.engine, p, observed),
-        Hook::Finalize => decide::finalize(&ctx.engine, p, observed),
-        Hook::Deleted => decide::deleted(&ctx.engine, p, observed),
+    let (decision, wanted) = match hook {
+        Hook::Reconcile => decide::decide_wanting(&ctx.engine, p, observed),
+        Hook::Finalize => (decide::finalize(&ctx.engine, p, observed), Vec::new()),
+        Hook::Deleted => (decide::deleted(&ctx.engine, p, observed), Vec::new()),
     };
     let took = started.elapsed();
     ctx.fair.spent(&p.id, took);
@@ -260,7 +278,7 @@ fn timed_decision(
         .script_seconds
         .get_or_create(&Metrics::labels(&[("policy", &p.id)]))
         .observe(took.as_secs_f64());
-    decision
+    (decision, wanted)
 }
 
 /// Where Runbook's state of a target is kept apart from it, when it is:
@@ -999,6 +1017,7 @@ fn writes_elsewhere(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>) -> bool {
         return false;
     }
     let observed = Observed {
+        readings: Default::default(),
         target: t.cached.clone(),
         view: Arc::new(ctx.sources()),
         now,
@@ -1084,6 +1103,7 @@ fn check_skip(ctx: &Context, p: &CompiledPolicy, t: &Target<'_>, now: Timestamp)
         return;
     };
     let observed = Observed {
+        readings: Default::default(),
         target: t.cached.clone(),
         view: Arc::new(ctx.sources()),
         now,

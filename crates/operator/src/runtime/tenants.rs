@@ -40,6 +40,9 @@ pub struct TenancyConfig {
     /// credentials already impersonate someone (a kubeconfig's `as:`), and
     /// a request impersonates one identity only.
     pub unable: Option<String>,
+    /// The hosts (`host` or `host:port`) a tenant's metric inputs may
+    /// reach; none: tenants' policies read no metrics.
+    pub metric_hosts: Vec<String>,
 }
 
 impl Default for TenancyConfig {
@@ -49,6 +52,7 @@ impl Default for TenancyConfig {
             overrides: BTreeMap::new(),
             pod_bounds: PodsSpec::default(),
             unable: None,
+            metric_hosts: Vec::new(),
         }
     }
 }

@@ -332,6 +332,7 @@ mod tests {
     /// A decision that read `data.size`, asking to come back in `requeue`.
     fn decision(requeue: Option<i64>) -> Decision {
         Decision {
+            metrics: Vec::new(),
             policy: "sizer".into(),
             policy_version: String::new(),
             mode: Default::default(),

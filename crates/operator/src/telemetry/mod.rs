@@ -53,6 +53,11 @@ pub struct Metrics {
     pub skip_differences: Family<Labels, Counter>,
     pub reconcile_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub script_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Requests made for metric inputs (`spec.metrics`), by policy and
+    /// result (`value`, `no_data`, `timeout`, `nan`, `error`).
+    pub metric_queries: Family<Labels, Counter>,
+    /// Time per metric request, by policy.
+    pub metric_query_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub actions: Family<Labels, Counter>,
     pub refusals: Family<Labels, Counter>,
     pub writes: Counter,
@@ -117,6 +122,8 @@ impl Metrics {
             skip_differences: Family::default(),
             reconcile_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             script_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
+            metric_queries: Family::default(),
+            metric_query_seconds: Family::new_with_constructor(histogram as fn() -> Histogram),
             actions: Family::default(),
             refusals: Family::default(),
             writes: Counter::default(),
@@ -190,6 +197,16 @@ impl Metrics {
             "script_duration_seconds",
             "Time in the decision (script or steps), by policy",
             self.script_seconds.clone(),
+        );
+        registry.register(
+            "metric_queries",
+            "Requests made for metric inputs (spec.metrics; answers shared from the cache are not counted), by policy and result: value, no_data, timeout, nan, error",
+            self.metric_queries.clone(),
+        );
+        registry.register(
+            "metric_query_duration_seconds",
+            "Time per request for a metric input, by policy",
+            self.metric_query_seconds.clone(),
         );
         registry.register(
             "actions",
