@@ -676,6 +676,33 @@ impl Needs {
                 }
             }
         }
+        // What metric inputs read: their addresses and credentials, in
+        // the policy's namespace.
+        for p in set.policies.values() {
+            let ns = p
+                .tenant
+                .clone()
+                .or_else(|| opts.tenant.clone())
+                .unwrap_or_else(|| opts.namespace.clone());
+            for m in &p.metrics {
+                for k in m.key_refs() {
+                    let why = format!("policy {} metric {}", p.name, m.name);
+                    if k.secret {
+                        secrets.entry(ns.clone()).or_default().insert(k.name.clone());
+                        secret_why.entry(ns.clone()).or_default().insert(why);
+                    } else {
+                        self.add(
+                            Scope::Namespace(ns.clone()),
+                            "",
+                            "configmaps",
+                            &["get"],
+                            &[k.name.clone()],
+                            why,
+                        );
+                    }
+                }
+            }
+        }
         for (ns, names) in secrets {
             let names: Vec<String> = names.into_iter().collect();
             for why in secret_why.remove(&ns).unwrap_or_default() {

@@ -1,5 +1,6 @@
-//! `Evaluator`: benchmark a model Deployment on a schedule and roll it back
-//! when the score drops below a threshold.
+//! `Evaluator`: judge a model Deployment on a schedule, by a benchmark's
+//! score or a metric it already reports, and roll it back when either
+//! fails its threshold.
 
 use std::collections::BTreeMap;
 
@@ -47,6 +48,16 @@ fn default_deadline() -> i64 {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.benchmark) || has(self.metric)",
+    "reason": "FieldValueRequired",
+    "message": "give a benchmark, a metric, or both: what the model is judged by"
+}, {
+    "rule": "!has(self.benchmark) || has(self.threshold)",
+    "fieldPath": ".threshold",
+    "reason": "FieldValueRequired",
+    "message": "a benchmark's score is judged against spec.threshold: set it"
+}]))]
 pub struct EvaluatorSpec {
     /// The Deployment whose model is benchmarked and rolled back. Fixed
     /// once set: the scores and the last good revision in status are this
@@ -60,10 +71,18 @@ pub struct EvaluatorSpec {
     /// termination message: `{"score": 0.91}` or a plain number. Only
     /// these fields reach the benchmark's pod: what else it runs with (a
     /// ServiceAccount, say) is the policy's, set by an administrator.
-    pub benchmark: Benchmark,
-    /// Scores below this roll the Deployment back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub benchmark: Option<Benchmark>,
+    /// Benchmark scores below this roll the Deployment back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
-    pub threshold: f64,
+    pub threshold: Option<f64>,
+    /// A metric the model already reports, queried from Prometheus at
+    /// each scheduled run (and each manual one): a value on the wrong side
+    /// of its threshold rolls the Deployment back. With a benchmark too,
+    /// either failing rolls back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<EvaluatorMetric>,
     /// When to benchmark.
     #[serde(default = "default_schedule")]
     #[schemars(schema_with = "cron_schema")]
@@ -78,6 +97,32 @@ pub struct EvaluatorSpec {
     /// Stop scheduling new benchmark runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+}
+
+/// A metric an Evaluator judges by.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvaluatorMetric {
+    /// A PromQL query answering one number, of the metrics the policy
+    /// allows (`model_*` as shipped), such as
+    /// `avg(model_accuracy{deployment="chatbot"})`. Every selector in it
+    /// is confined to the Evaluator's namespace.
+    #[schemars(length(min = 1, max = 2000))]
+    pub query: String,
+    /// The value a healthy model stays on the right side of.
+    pub threshold: f64,
+    /// `Above`: values at or above the threshold pass (accuracy);
+    /// `Below`: values at or below it pass (error rate, latency).
+    #[serde(default)]
+    pub direction: Direction,
+}
+
+/// Which side of a metric's threshold passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Direction {
+    #[default]
+    Above,
+    Below,
 }
 
 /// The Deployment an Evaluator watches over.
@@ -137,6 +182,9 @@ pub struct EvaluatorStatus {
     pub current_run: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_score: Option<f64>,
+    /// The metric's last reading that had a value, and what became of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_metric: Option<MetricSample>,
     /// Newest last, at most `historyLimit` entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub score_history: Vec<ScoreSample>,
@@ -178,6 +226,20 @@ pub struct ScoreSample {
     pub revision: Option<i64>,
 }
 
+/// One reading of an Evaluator's metric.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricSample {
+    /// When it was judged.
+    pub time: String,
+    pub value: f64,
+    /// The Deployment revision it was judged on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// Whether it passed the threshold.
+    pub passed: bool,
+}
+
 /// The last rollback the Evaluator made.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -185,6 +247,10 @@ pub struct RollbackRecord {
     pub from_revision: i64,
     pub to_revision: i64,
     pub time: String,
+    /// The benchmark score that caused it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
+    /// The metric value that caused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<f64>,
 }

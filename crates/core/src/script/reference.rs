@@ -260,6 +260,22 @@ pub const FUNCTIONS: &[Entry] = &[
     ),
     entry!(
         Lookups,
+        "metric",
+        2,
+        "ctx.metric(name)",
+        "The reading of a metric the policy declares in `spec.metrics`: `#{value, at, samples}` (`at` in unix seconds; `samples`: how many series answered, `value` being the first's), or `()` when there is none (no data, a timeout, NaN, an error: `ctx.metric_error` says which). The runtime asks, at most once per query and period for every target, and decides again with it; the reading is kept in the decision record.",
+        "let m = ctx.metric(\"accuracy\"); if m != () && m.value < 0.85 { /* roll back */ }"
+    ),
+    entry!(
+        Lookups,
+        "metric_error",
+        2,
+        "ctx.metric_error(name)",
+        "Why a metric has no reading: `#{reason, message}` with `reason` one of `NoData`, `Timeout`, `NaN`, `Error`; `()` when it has a value.",
+        "let why = ctx.metric_error(\"accuracy\");"
+    ),
+    entry!(
+        Lookups,
         "allowed",
         2,
         "ctx.allowed(verb)",
@@ -704,7 +720,7 @@ mod tests {
         use serde_json::json;
         use std::sync::Arc;
 
-        const POLICY: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: apps/v1, kind: Deployment}\n  owns: [{apiVersion: v1, kind: ConfigMap}]\n  reads: [{apiVersion: v1, kind: Pod}, {apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedules: [{name: nightly, cron: '0 3 * * *'}]\n  params: {threshold: 0.85}\n  previous: [metadata.labels, spec.replicas]\n  script: example.rhai\n";
+        const POLICY: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: apps/v1, kind: Deployment}\n  owns: [{apiVersion: v1, kind: ConfigMap}]\n  reads: [{apiVersion: v1, kind: Pod}, {apiVersion: batch/v1, kind: Job}]\n  mutates: [{apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedules: [{name: nightly, cron: '0 3 * * *'}]\n  params: {threshold: 0.85}\n  previous: [metadata.labels, spec.replicas]\n  metrics: [{name: accuracy, prometheus: {address: 'http://prometheus:9090', query: 'avg(model_accuracy)'}}]\n  script: example.rhai\n";
         const SWEEP: &str = "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {name: example}\nspec:\n  target: {apiVersion: v1, kind: Pod}\n  sweep: true\n  reads: [{apiVersion: batch/v1, kind: Job}, {apiVersion: apps/v1, kind: Deployment}]\n  deletes: [{apiVersion: v1, kind: Pod}]\n  schedule: {every: 1m}\n  params: {threshold: 0.85}\n  script: example.rhai\n";
         let view = MemoryView::new();
         let meta = |name: &str| {
