@@ -12,34 +12,23 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 #[path = "support/operator.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use cluster::{Cluster, Running, eventually};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::PostParams;
+use prometheus::{free_port, get, query, tool};
 use serde_json::{Value, json};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The program `name` on the PATH, or a line saying the test skips.
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        eprintln!("skipping: {name} is not installed (apt-get install prometheus)");
-    }
-    found
 }
 
 /// The rule file inside the PrometheusRule (its `spec`), written to
@@ -139,64 +128,6 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A free port on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
-/// `GET path` of `addr` over HTTP/1.0 (no chunking): the status code and
-/// the body; none when nothing answers.
-async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let (addr, req) = (
-        addr.to_string(),
-        format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"),
-    );
-    tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(&addr).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-        s.write_all(req.as_bytes()).ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        let (head, body) = out.split_once("\r\n\r\n")?;
-        let code = head.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, body.to_string()))
-    })
-    .await
-    .ok()
-    .flatten()
-}
-
-/// `text` as a URL's query component.
-fn encoded(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// An instant query: the result, or Prometheus's error.
-async fn query(addr: &str, q: &str) -> Result<Vec<Value>, String> {
-    let (_, body) = get(addr, &format!("/api/v1/query?query={}", encoded(q)))
-        .await
-        .ok_or_else(|| "Prometheus did not answer".to_string())?;
-    let answer: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
-    if answer["status"] != "success" {
-        return Err(format!("{}: {}", answer["errorType"], answer["error"]));
-    }
-    Ok(answer["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default())
 }
 
 /// The test's policies: a Widget policy that works (Ready), one that fails

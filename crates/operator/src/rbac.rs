@@ -688,7 +688,10 @@ impl Needs {
                 for k in m.key_refs() {
                     let why = format!("policy {} metric {}", p.name, m.name);
                     if k.secret {
-                        secrets.entry(ns.clone()).or_default().insert(k.name.clone());
+                        secrets
+                            .entry(ns.clone())
+                            .or_default()
+                            .insert(k.name.clone());
                         secret_why.entry(ns.clone()).or_default().insert(why);
                     } else {
                         self.add(

@@ -595,9 +595,11 @@ pub struct MetricSpec {
     /// that share a query share one request each period.
     #[serde(default)]
     pub every: Option<String>,
-    /// Ask as of the policy's schedule's latest fire time instead (the
-    /// query's `time`), one answer per fire time: every target of one
-    /// tick judged by the same value.
+    /// In a decision the schedule fired, ask as of its fire time (the
+    /// query's `time`) and share the answer per fire time instead: every
+    /// target of one tick judged by the same value, with one request,
+    /// however long deciding them all takes. Other decisions (a manual
+    /// run) share answers per `every`.
     #[serde(default)]
     pub on_schedule: bool,
     /// How long an answer may take (default `10s`, at most `1m`); a late

@@ -6,7 +6,8 @@
 //! query or path the policy builds for the target, the address and
 //! credentials read from the policy's namespace (as the policy's tenant,
 //! for a tenant's policy), the request itself, and a cache of answers per
-//! query text and period (`every`, or the schedule's fire time), in which
+//! query text and period (`every`, or the fire time of a run the schedule
+//! fired), in which
 //! every decision that wants the same answer waits for the one request
 //! that gets it: 1,000 targets sharing a query make one request a period.
 //!
@@ -244,6 +245,12 @@ impl Queries {
         let asked = match m.ask(target) {
             Ok(text) => text,
             Err(e) => {
+                let labels = [("policy", p.id.as_str()), ("result", "refused")];
+                asker
+                    .metrics
+                    .metric_queries
+                    .get_or_create(&Metrics::labels(&labels))
+                    .inc();
                 return Asked {
                     asked: String::new(),
                     reading: Reading::missing(Reason::Error, e),
@@ -251,6 +258,8 @@ impl Queries {
             }
         };
         let now_ms = now.as_millisecond();
+        // A run the schedule fired shares its answer with every target of
+        // that fire time; anything else, per period.
         let fire = m
             .on_schedule
             .then(|| {
@@ -259,7 +268,8 @@ impl Queries {
                     .flatten()
             })
             .flatten()
-            .and_then(|s| s.fire.or(s.last))
+            .filter(|s| s.due)
+            .and_then(|s| s.fire)
             .map(|t| t.as_second());
         let (bucket, time, until_ms) = match fire {
             Some(f) => (f, Some(f), now_ms + FIRE_KEPT_MS),

@@ -53,8 +53,8 @@ pub struct Metrics {
     pub skip_differences: Family<Labels, Counter>,
     pub reconcile_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub script_seconds: Family<Labels, Histogram, fn() -> Histogram>,
-    /// Requests made for metric inputs (`spec.metrics`), by policy and
-    /// result (`value`, `no_data`, `timeout`, `nan`, `error`).
+    /// Requests for metric inputs (`spec.metrics`), by policy and result
+    /// (`value`, `no_data`, `timeout`, `nan`, `error`, `refused`).
     pub metric_queries: Family<Labels, Counter>,
     /// Time per metric request, by policy.
     pub metric_query_seconds: Family<Labels, Histogram, fn() -> Histogram>,
@@ -200,7 +200,7 @@ impl Metrics {
         );
         registry.register(
             "metric_queries",
-            "Requests made for metric inputs (spec.metrics; answers shared from the cache are not counted), by policy and result: value, no_data, timeout, nan, error",
+            "Requests for metric inputs (spec.metrics; answers shared from the cache are not counted), by policy and result: value, no_data, timeout, nan, error (the source failed or answered something unreadable), refused (nothing sent: a field missing, a query out of the policy's bounds)",
             self.metric_queries.clone(),
         );
         registry.register(

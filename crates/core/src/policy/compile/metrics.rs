@@ -52,9 +52,6 @@ pub(super) fn compile(
     if timeout_ms > MAX_TIMEOUT_MS {
         err("timeout", format!("at most {}s", MAX_TIMEOUT_MS / 1000));
     }
-    if spec.on_schedule && spec.every.is_some() {
-        err("onSchedule", "give every or onSchedule, not both".into());
-    }
     let compiled = match (&spec.prometheus, &spec.web) {
         (Some(p), None) => {
             let query = match (&p.query, &p.query_from) {
