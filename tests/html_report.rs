@@ -316,3 +316,44 @@ fn a_deployment_a_policy_scales_is_charted_too() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An Evaluator judged by a metric: the page charts the world's series
+/// against the Evaluator's threshold, and says when there was no data.
+#[test]
+fn a_metric_series_is_charted_against_the_threshold() {
+    let dir = scratch("metric");
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("metric.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_runbook"))
+        .args(["simulate"])
+        .arg(root().join("policies/scenarios/evaluator-metric.yaml"))
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let at = html
+        .find("<h2>metric quality <small>(the world's metric)</small></h2>")
+        .expect("a section for the metric");
+    let section = &html[at..];
+    let section = &section[..section.find("</section>").unwrap()];
+    assert!(section.contains(">threshold 0.85<"), "no threshold line");
+    for value in [
+        "metric quality = 0.93",
+        "metric quality = 0.71",
+        "metric quality = 0.92",
+    ] {
+        assert!(section.contains(value), "{value} not drawn");
+    }
+    assert!(
+        section.contains("no data from +3.5h"),
+        "the gap is not said"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -277,6 +277,7 @@ mod tests {
             set_aside: Vec::new(),
             zone: None,
             specs: Default::default(),
+            metrics: Vec::new(),
         };
         let first = |r: &Report| closing_summary(r).lines().next().unwrap().to_string();
         assert_eq!(

@@ -404,14 +404,18 @@ fn value_points(p: &Panel, at: impl Fn(f64, f64) -> (i32, i32), overlay: &mut St
             continue;
         }
         let (px, py) = at(*x, *y);
-        let e = &frame.report.entries[*i];
+        // A point of the world's (a metric series) has no entry.
+        let told = match frame.report.entries.get(*i) {
+            Some(e) => hover(frame.report, e),
+            None => format!("from the world's series at {}", frame.label(*x)),
+        };
         let _ = write!(
             overlay,
             r#"<circle class="point" cx="{px}" cy="{py}" r="4" fill="{}"><title>{} = {}&#10;{}</title></circle>"#,
             colour(LINE),
             esc(p.field),
             trim_y(*y),
-            esc(&hover(frame.report, e))
+            esc(&told)
         );
     }
 }
@@ -887,6 +891,74 @@ fn patched_sections(
     Ok(())
 }
 
+/// A section per metric series of the world, its values over time
+/// against the threshold: the series' own, or the one the targets'
+/// `spec.metric.threshold` agree on. A stretch of no data is said below.
+fn metric_sections(
+    report: &Report,
+    frame: &Frame,
+    body: &mut String,
+    others: &mut Vec<String>,
+) -> Result<(), String> {
+    let thresholds: std::collections::BTreeSet<String> = report
+        .specs
+        .values()
+        .filter_map(|s| s.pointer("/metric/threshold")?.as_f64())
+        .map(|t| t.to_string())
+        .collect();
+    let shared = match thresholds.len() {
+        1 => thresholds.iter().next().and_then(|t| t.parse::<f64>().ok()),
+        _ => None,
+    };
+    for series in &report.metrics {
+        let label = series.label();
+        let _ = writeln!(
+            body,
+            r#"<section class="target metric" data-target="{}"><h2>{} <small>(the world's metric)</small></h2>"#,
+            esc(&label),
+            esc(&label)
+        );
+        let x = |ms: i64| ms as f64 / frame.unit_ms;
+        let points: Vec<(f64, f64, usize)> = series
+            .points
+            .iter()
+            .filter_map(|(t, v)| Some((x(*t), (*v)?, usize::MAX)))
+            .collect();
+        let references = series
+            .threshold
+            .or(shared)
+            .map(|t| vec![("threshold".to_string(), t)])
+            .unwrap_or_default();
+        let panel = Panel {
+            frame,
+            field: &label,
+            points,
+            references,
+            bands: &[],
+            markers: &[],
+            from: 0.0,
+            to: frame.end,
+            caption: label.clone(),
+        };
+        body.push_str(&draw_panel(&panel, others)?);
+        let gaps: Vec<String> = series
+            .points
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(t, _)| frame.label(x(*t)))
+            .collect();
+        if !gaps.is_empty() {
+            let _ = writeln!(
+                body,
+                "<p class=\"meta\">no data from {}</p>",
+                esc(&gaps.join(", "))
+            );
+        }
+        body.push_str("</section>\n");
+    }
+    Ok(())
+}
+
 fn article(report: &Report) -> Result<String, String> {
     let (frame, last) = frame_of(report);
     let statuses = statuses(report);
@@ -924,6 +996,7 @@ fn article(report: &Report) -> Result<String, String> {
         body.push_str(&legend);
     }
     patched_sections(report, &frame, &mut body, &mut others)?;
+    metric_sections(report, &frame, &mut body, &mut others)?;
     let lanes = draw_lanes(&frame)?;
     let verdict = match report.passed() {
         true => r#"<span class="passed">passed</span>"#.to_string(),

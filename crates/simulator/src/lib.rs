@@ -62,6 +62,7 @@ pub fn run_file(path: &Path) -> Report {
             failures: Vec::new(),
             load_errors: errors,
             specs: Default::default(),
+            metrics: Vec::new(),
             set_aside: Vec::new(),
             zone: None,
         },

@@ -80,6 +80,32 @@ pub struct ScenarioSpec {
     /// The flags the simulated operator is started with.
     #[serde(default)]
     pub operator: OperatorFlags,
+    /// What the policies' metric inputs (`spec.metrics`) read, over
+    /// simulated time: each series answers the metric it names, or the
+    /// query it gives (as asked, spaces aside).
+    #[serde(default)]
+    pub metrics: Vec<MetricSeriesSpec>,
+}
+
+/// A metric's values over simulated time.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricSeriesSpec {
+    /// The metric's name in the policy (`spec.metrics[].name`): its
+    /// reading for every target.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Or the query it answers, as the policy asks it (spaces aside).
+    #[serde(default)]
+    pub query: Option<String>,
+    /// `[at, value]` pairs in time order: from each `at` (after the
+    /// start, `2h30m`) the value is this number, or no data (`null`).
+    pub values: Vec<(String, Option<f64>)>,
+    /// A line drawn across its chart in `runbook simulate --html`
+    /// (default: the `spec.metric.threshold` of the targets, when they
+    /// agree).
+    #[serde(default)]
+    pub threshold: Option<f64>,
 }
 
 /// What `runbook run` would be started with, as far as a scenario's
@@ -529,6 +555,46 @@ pub struct Scenario {
     pub steps: Vec<TimelineStep>,
     pub final_: Vec<(FinalSpec, Pos)>,
     pub operator: OperatorFlags,
+    /// The world's metric series.
+    pub metrics: Vec<Series>,
+}
+
+/// A metric series, compiled: its points as milliseconds after the start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub name: Option<String>,
+    /// The query, without whitespace.
+    pub query: Option<String>,
+    pub points: Vec<(i64, Option<f64>)>,
+    pub threshold: Option<f64>,
+}
+
+impl Series {
+    /// What it is shown as.
+    pub fn label(&self) -> String {
+        match (&self.name, &self.query) {
+            (Some(n), _) => format!("metric {n}"),
+            (None, Some(q)) => q.clone(),
+            (None, None) => "metric".into(),
+        }
+    }
+
+    /// Whether it answers metric `name` asked as `text`.
+    pub fn answers(&self, name: &str, text: &str) -> bool {
+        self.name.as_deref() == Some(name) || self.query.as_deref() == Some(squeezed(text).as_str())
+    }
+
+    /// Its value at `ms` after the start, with when it was set (`None`:
+    /// no data).
+    pub fn at(&self, ms: i64) -> Option<(i64, f64)> {
+        let (t, v) = self.points.iter().rev().find(|(t, _)| *t <= ms)?;
+        v.map(|v| (*t, v))
+    }
+}
+
+/// `text` without whitespace.
+pub fn squeezed(text: &str) -> String {
+    text.chars().filter(|c| !c.is_whitespace()).collect()
 }
 
 /// A standing rule, compiled: the objects it claims, how long after their
@@ -634,6 +700,41 @@ impl Loader {
                 None
             }
         }
+    }
+
+    /// The world's metric series, each naming a metric or a query, its
+    /// times in order.
+    fn metric_series(&mut self, doc: &ScenarioDoc, node: &Node) -> Vec<Series> {
+        let nodes = items(node, &["spec", "metrics"]);
+        let mut out = Vec::new();
+        for (i, m) in doc.spec.metrics.iter().enumerate() {
+            let pos = nodes.get(i).map(|n| n.pos);
+            if m.name.is_some() == m.query.is_some() {
+                self.fail(
+                    pos,
+                    format!("metrics[{i}]: give name or query, one of them"),
+                );
+                continue;
+            }
+            let mut points = Vec::new();
+            for (at, v) in &m.values {
+                let ms = self.duration(at, pos, &format!("metrics[{i}].values"));
+                if points.last().is_some_and(|(last, _)| *last > ms) {
+                    self.fail(
+                        pos,
+                        format!("metrics[{i}].values: {at} comes before the value above it"),
+                    );
+                }
+                points.push((ms, *v));
+            }
+            out.push(Series {
+                name: m.name.clone(),
+                query: m.query.as_deref().map(squeezed),
+                points,
+                threshold: m.threshold,
+            });
+        }
+        out
     }
 
     /// A duration that is not negative (0 after an error).
@@ -848,6 +949,7 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
     };
     let rules = l.rules(&doc, &node);
     let steps = l.steps(&doc, &node, &policies);
+    let metrics = l.metric_series(&doc, &node);
     let last = steps.last().map_or(0, |s| s.at_ms).max(0);
     let until_ms = match &doc.spec.until {
         Some(u) => l.duration(u, pos_of(&["spec", "until"]), "until"),
@@ -889,6 +991,7 @@ pub fn load(path: &Path) -> Result<Scenario, Vec<ScenarioError>> {
         steps,
         final_,
         operator: doc.spec.operator,
+        metrics,
     })
 }
 

@@ -98,6 +98,7 @@ pub fn replay(r: &Replay) -> Replayed {
         }
         if let Some(w) = &r.world {
             s.rules.extend(w.rules.iter().cloned());
+            s.metrics.extend(w.metrics.iter().cloned());
             s.steps.extend(w.steps.iter().cloned());
             s.steps.sort_by_key(|step| step.at_ms);
         }
@@ -483,6 +484,7 @@ mod tests {
             load_errors: Vec::new(),
             set_aside: Vec::new(),
             specs: Default::default(),
+            metrics: Vec::new(),
             zone: None,
         }
     }

@@ -90,6 +90,8 @@ pub struct Report {
     /// The time zone the policies' schedules are in, when they name one
     /// (and the same one): times in status are shown there too.
     pub zone: Option<String>,
+    /// The world's metric series (`spec.metrics`), charted by `--html`.
+    pub metrics: Vec<crate::model::Series>,
 }
 
 fn rank(e: &Entry) -> u8 {
@@ -253,6 +255,7 @@ impl Report {
             specs: Default::default(),
             set_aside: Vec::new(),
             zone: None,
+            metrics: s.metrics.clone(),
         }
     }
 

@@ -467,6 +467,49 @@ fn operator_for(
     Arc::new(op)
 }
 
+/// Metric inputs answered from the world's series, at the simulated time
+/// asked (the fire time of a scheduled run, or now).
+struct WorldMetrics {
+    series: Vec<crate::model::Series>,
+    start: jiff::Timestamp,
+}
+
+impl runbook_operator::runtime::queries::MetricSource for WorldMetrics {
+    fn answer<'a>(
+        &'a self,
+        q: runbook_operator::runtime::queries::Question<'a>,
+    ) -> futures::future::BoxFuture<'a, runbook_core::metric::Reading> {
+        use runbook_core::metric::{Reading, Reason};
+        let at = q.time.unwrap_or(q.now);
+        let ms = at * 1000 - self.start.as_millisecond();
+        let reading = match self.series.iter().find(|s| s.answers(q.name, q.text)) {
+            None => Reading::missing(
+                Reason::NoData,
+                format!(
+                    "the scenario's world has no series for metric {:?} ({})",
+                    q.name, q.text
+                ),
+            ),
+            Some(s) => match s.at(ms) {
+                None => Reading::missing(
+                    Reason::NoData,
+                    "no value at this time in the world's series",
+                ),
+                Some((set, value)) => Reading::Value {
+                    value,
+                    at: (self.start.as_millisecond() + set) / 1000,
+                    samples: 1,
+                },
+            },
+        };
+        Box::pin(std::future::ready(reading))
+    }
+
+    fn needs_address(&self) -> bool {
+        false
+    }
+}
+
 /// The scenario's policies as the operator loads them, and the bundle
 /// `editPolicy` edits; their errors are load errors.
 async fn policies(
@@ -638,6 +681,10 @@ async fn run_async(s: &Scenario) -> Report {
         })
         .collect();
     let op = operator_for(&world, signer, engine, set, metrics, &journal, &clock);
+    op.ctx.queries.set_source(Arc::new(WorldMetrics {
+        series: s.metrics.clone(),
+        start: s.start,
+    }));
     let _world = world.spawn(s.rules.clone());
     if let Err(e) = op.start().await {
         report.load_errors.push(load_error(&s.file, e.to_string()));

@@ -40,6 +40,8 @@ use runbook_core::util::lock;
 
 /// What a source is asked.
 pub struct Question<'a> {
+    /// The metric's name in its policy.
+    pub name: &'a str,
     /// `prometheus` or `web`.
     pub kind: &'static str,
     /// The base URL (none in a simulation, whose world answers by query).
@@ -336,6 +338,7 @@ impl Queries {
                 };
                 source
                     .answer(Question {
+                        name: &m.name,
                         kind: m.kind(),
                         base: &base,
                         text,
