@@ -122,6 +122,24 @@ fn render_record(d: &DecisionRecord, out: &mut String) {
     if !d.alert_routes.is_empty() {
         out.push_str(&format!("  alerts to:    {}\n", d.alert_routes.join(", ")));
     }
+    for (name, m) in &d.metrics {
+        let read = match (m.value, &m.reason) {
+            (Some(v), _) => format!(
+                "{v} (sampled {}, {} series)",
+                m.at.as_deref().unwrap_or("?"),
+                m.samples.unwrap_or(1)
+            ),
+            (None, reason) => format!(
+                "none: {} ({})",
+                reason.as_deref().unwrap_or("?"),
+                m.message.as_deref().unwrap_or("")
+            ),
+        };
+        out.push_str(&format!(
+            "  metric {name}: {read}\n    query: {}\n",
+            m.query
+        ));
+    }
     for (verb, times) in &d.recent_actions {
         out.push_str(&format!(
             "  recent {} (limited): {}\n",

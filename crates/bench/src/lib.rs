@@ -10,6 +10,7 @@ pub mod fixtures;
 pub mod hooks;
 pub mod lookup;
 pub mod memory;
+pub mod metrics;
 pub mod native;
 pub mod operator;
 pub mod peers;

@@ -113,6 +113,7 @@ pub const SECTIONS: &[&str] = &[
     "scale",
     "containment",
     "fairness",
+    "metrics",
     "scale-out",
     "peers",
 ];
@@ -675,6 +676,44 @@ async fn containment(quick: bool) -> Vec<Row> {
     ]
 }
 
+/// 1,000 Evaluators judged by one shared Prometheus query (the shipped
+/// policy): the requests one schedule tick makes, and how long deciding
+/// them all takes.
+async fn metrics(opts: &Options) -> Vec<Row> {
+    let s = "metrics";
+    let n = 1_000;
+    let f = match super::metrics::run(&opts.policies, n).await {
+        Ok(f) => f,
+        Err(e) => return vec![Row::failed(s, "", &e)],
+    };
+    vec![
+        Row::new(
+            s,
+            format!(
+                "{n} Evaluators on one query: requests for their first runs (each its own creation time)"
+            ),
+            f.creation_requests as f64,
+            "",
+        ),
+        Row::new(
+            s,
+            format!("{n} Evaluators on one query: requests at one schedule tick"),
+            f.tick_requests as f64,
+            "",
+        )
+        .goal(Goal::AtMost(1.0)),
+        Row::new(
+            s,
+            format!(
+                "one tick: until every decision is written ({} of {n})",
+                f.decided
+            ),
+            ms(f.tick_decided),
+            "ms",
+        ),
+    ]
+}
+
 /// A quiet policy's reaction beside a noisy one, as a ratio to the same
 /// reaction alone.
 async fn fairness(quick: bool) -> Vec<Row> {
@@ -1025,6 +1064,9 @@ pub async fn run(opts: &Options) -> Vec<Row> {
     }
     if opts.wants("fairness") {
         rows.extend(fairness(opts.quick).await);
+    }
+    if opts.wants("metrics") {
+        rows.extend(metrics(opts).await);
     }
     if opts.wants("scale-out") {
         rows.extend(scale_out(opts).await);

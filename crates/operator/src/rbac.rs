@@ -699,7 +699,7 @@ impl Needs {
                             "",
                             "configmaps",
                             &["get"],
-                            &[k.name.clone()],
+                            std::slice::from_ref(&k.name),
                             why,
                         );
                     }

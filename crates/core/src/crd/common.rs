@@ -183,6 +183,7 @@ pub struct DecisionRecord {
 pub struct MetricRecord {
     /// What was asked: the query, or the web path (at most 512 characters).
     pub query: String,
+    /// The value read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
     /// When the value was sampled.
@@ -194,6 +195,7 @@ pub struct MetricRecord {
     /// Why there is no value: `NoData`, `Timeout`, `NaN` or `Error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What went wrong, in a sentence (never an address or a credential).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

@@ -232,6 +232,7 @@ pub struct ScoreSample {
 pub struct MetricSample {
     /// When it was judged.
     pub time: String,
+    /// The value read.
     pub value: f64,
     /// The Deployment revision it was judged on.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -664,8 +664,10 @@ pub struct WebSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ValueFrom {
+    /// A key of a ConfigMap.
     #[serde(default)]
     pub config_map_key_ref: Option<KeyRefSpec>,
+    /// A key of a Secret.
     #[serde(default)]
     pub secret_key_ref: Option<KeyRefSpec>,
 }
@@ -674,7 +676,9 @@ pub struct ValueFrom {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KeyRefSpec {
+    /// The object's name, in the policy's namespace.
     pub name: String,
+    /// The key whose value is read (trimmed).
     pub key: String,
 }
 
@@ -713,8 +717,10 @@ pub struct AuthSpec {
 pub struct BasicAuthSpec {
     /// The Secret's name.
     pub name: String,
+    /// The key holding the user name (default `username`).
     #[serde(default = "username_key")]
     pub username_key: String,
+    /// The key holding the password (default `password`).
     #[serde(default = "password_key")]
     pub password_key: String,
 }

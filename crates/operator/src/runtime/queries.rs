@@ -447,3 +447,213 @@ async fn key_value(asker: &Asker<'_>, k: &KeyRef) -> Result<String, String> {
         Ok(Some(Some(v))) => Ok(v.trim().to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    // A test reads top to bottom.
+    #![allow(clippy::unwrap_used, clippy::too_many_lines)]
+    use super::*;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    use serde_json::json;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A source on loopback that keeps every request's head and answers
+    /// by path: a query, a JSON score, a redirect, 2 MiB, or nothing for 5 s.
+    async fn source() -> (u16, Arc<Mutex<Vec<String>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let kept = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&got).to_string();
+                    lock(&kept).push(head.clone());
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let (status, body) = if path.starts_with("/api/v1/query") {
+                        ("200 OK", r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.91"]}]}}"#.to_string())
+                    } else if path.starts_with("/web/") {
+                        ("200 OK", r#"{"score": "0.5"}"#.to_string())
+                    } else if path == "/redirect" {
+                        (
+                            "302 Found\r\nLocation: http://169.254.169.254/",
+                            String::new(),
+                        )
+                    } else if path == "/big" {
+                        ("200 OK", "x".repeat(2 << 20))
+                    } else {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        ("200 OK", "{}".to_string())
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        (port, heads)
+    }
+
+    fn policy(port: u16) -> CompiledPolicy {
+        let yaml = format!(
+            "apiVersion: runbook.dev/v1alpha1\nkind: Policy\nmetadata: {{name: p}}\nspec:\n  target: {{apiVersion: v1, kind: ConfigMap}}\n  script: p.rhai\n  metrics:\n  - name: prom\n    prometheus:\n      addressFrom: {{secretKeyRef: {{name: prom, key: url}}}}\n      auth: {{bearerToken: {{name: prom, key: token}}}}\n      query: 'up{{job=\"{{{{ .metadata.name }}}}\"}}'\n  - name: web\n    web:\n      address: http://127.0.0.1:{port}\n      path: /web/{{{{ .metadata.name }}}}\n      jsonPath: $.score\n      auth: {{basicAuth: {{name: basic}}}}\n  - name: redirect\n    web: {{address: 'http://127.0.0.1:{port}', path: /redirect, jsonPath: $.x}}\n  - name: big\n    web: {{address: 'http://127.0.0.1:{port}', path: /big, jsonPath: $.x}}\n  - name: slow\n    timeout: 1s\n    web: {{address: 'http://127.0.0.1:{port}', path: /slow, jsonPath: $.x}}\n"
+        );
+        let bundle = runbook_core::policy::Bundle::new(
+            runbook_core::policy::Origin::Inline("t".into()),
+            [
+                ("p.yaml".to_string(), yaml),
+                ("p.rhai".to_string(), "fn reconcile(ctx) { [] }".to_string()),
+            ]
+            .into(),
+        );
+        let (set, errors) =
+            runbook_core::policy::load(&runbook_core::script::ScriptEngine::default(), &[bundle]);
+        assert!(errors.is_empty(), "{errors:?}");
+        set.policies.values().next().unwrap().as_ref().clone()
+    }
+
+    /// Credentials come from the policy's namespace and go in the header;
+    /// redirects are not followed, long answers are cut, slow ones time
+    /// out; one request serves every decision of its period; a tenant
+    /// reaches only the hosts it is let.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_source_is_asked_once_per_period_within_its_guards() {
+        let (port, heads) = source().await;
+        let sandbox = runbook_sandbox::Sandbox::default();
+        let client = sandbox.client();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+        for (name, data) in [
+            (
+                "prom",
+                json!({"url": format!("http://127.0.0.1:{port}/"), "token": "s3cret"}),
+            ),
+            ("basic", json!({"username": "reader", "password": "pw"})),
+        ] {
+            let data: serde_json::Map<String, Value> = data
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| {
+                    use base64::Engine as _;
+                    let b = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap());
+                    (k.clone(), json!(b))
+                })
+                .collect();
+            let s = json!({"metadata": {"name": name}, "data": data});
+            secrets
+                .create(&PostParams::default(), &serde_json::from_value(s).unwrap())
+                .await
+                .unwrap();
+        }
+        let p = policy(port);
+        let metrics = Metrics::new();
+        let asker = Asker {
+            client: &client,
+            namespace: "default",
+            tenant_hosts: None,
+            metrics: &metrics,
+        };
+        let queries = Queries::default();
+        let target = json!({"metadata": {"name": "chat\"bot", "namespace": "default"}});
+        let now = Timestamp::now();
+        let prom = queries.ask(&asker, &p, &target, "prom", now).await;
+        assert_eq!(prom.asked, r#"up{job="chat\"bot"}"#);
+        assert_eq!(
+            prom.reading,
+            Reading::Value {
+                value: 0.91,
+                at: 1_700_000_000,
+                samples: 1
+            }
+        );
+        let again = queries.ask(&asker, &p, &target, "prom", now).await;
+        assert_eq!(again.reading, prom.reading);
+        let asked: Vec<String> = lock(&heads).clone();
+        assert_eq!(asked.len(), 1, "one request for the period: {asked:?}");
+        assert!(
+            asked[0].contains("authorization: Bearer s3cret")
+                || asked[0].contains("Authorization: Bearer s3cret"),
+            "{}",
+            asked[0]
+        );
+        assert!(
+            asked[0].starts_with("GET /api/v1/query?query=up%7Bjob%3D%22chat%5C%22bot%22%7D "),
+            "{}",
+            asked[0]
+        );
+
+        let web = queries.ask(&asker, &p, &target, "web", now).await;
+        assert_eq!(web.asked, "/web/chat%22bot");
+        assert!(matches!(web.reading, Reading::Value { value, .. } if value == 0.5));
+        let basic = lock(&heads).last().cloned().unwrap();
+        // reader:pw
+        assert!(
+            basic
+                .to_lowercase()
+                .contains("authorization: basic cmvhzgvyonb3"),
+            "{basic}"
+        );
+
+        for (name, reason, says) in [
+            ("redirect", Reason::Error, "redirects are not followed"),
+            ("big", Reason::Error, "larger than 1024 KiB"),
+            ("slow", Reason::Timeout, "no answer within 1s"),
+        ] {
+            let got = queries.ask(&asker, &p, &target, name, now).await;
+            match got.reading {
+                Reading::Missing { reason: r, message } => {
+                    assert_eq!(r, reason, "{name}: {message}");
+                    assert!(message.contains(says), "{name}: {message}");
+                    assert!(
+                        !message.contains("s3cret") && !message.contains(&port.to_string()),
+                        "{message}"
+                    );
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let text = metrics.render();
+        for line in [
+            r#"runbook_metric_queries_total{policy="p",result="value"} 2"#,
+            r#"runbook_metric_queries_total{policy="p",result="timeout"} 1"#,
+            r#"runbook_metric_queries_total{policy="p",result="error"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+
+        // A tenant's policy reaches only the hosts it is let.
+        let none: Vec<String> = Vec::new();
+        let tenant = Asker {
+            tenant_hosts: Some(&none),
+            ..asker
+        };
+        let refused = Queries::default()
+            .ask(&tenant, &p, &target, "web", now)
+            .await;
+        assert!(
+            matches!(&refused.reading, Reading::Missing { message, .. } if message.contains("--tenant-metric-hosts")),
+            "{refused:?}"
+        );
+        let let_in = vec!["127.0.0.1".to_string()];
+        let tenant = Asker {
+            tenant_hosts: Some(&let_in),
+            ..tenant
+        };
+        let fine = Queries::default()
+            .ask(&tenant, &p, &target, "web", now)
+            .await;
+        assert!(matches!(fine.reading, Reading::Value { .. }), "{fine:?}");
+    }
+}

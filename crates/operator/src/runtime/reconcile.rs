@@ -152,26 +152,7 @@ pub(super) async fn run_policy(
     let woken = ctx.memory.records.woken();
     let (tracking, mut observed) = tracked(ctx, p, t, now);
     let acting = ctx.acting_for(p);
-    let decision = loop {
-        let script = ctx.fair.script(&p.id).await;
-        let (decision, wanted) = timed_decision(ctx, p, &observed, hook);
-        drop(script);
-        // Metrics the script wanted and was not given: asked, and the
-        // decision made again with them (each round gives at least one
-        // more of the policy's metrics, so this ends).
-        let wanted: Vec<String> = wanted
-            .into_iter()
-            .filter(|w| !observed.readings.contains_key(w))
-            .collect();
-        if wanted.is_empty() || hook != Hook::Reconcile {
-            break decision;
-        }
-        let asker = ctx.asker_for(p, acting.as_deref());
-        for name in wanted {
-            let asked = ctx.queries.ask(&asker, p, target.value(), &name, now).await;
-            observed.readings.insert(name, asked);
-        }
-    };
+    let decision = decide_asking(ctx, p, &mut observed, hook, acting.as_deref()).await;
     let read = tracking.take();
     let checked = tracking.take_checked();
     let mode = mode_of(ctx, p, now);
@@ -234,6 +215,38 @@ pub(super) async fn run_policy(
         outcome.requeue_ms = d.requeue_after_ms;
     }
     outcome
+}
+
+/// A policy's decision, made again with each metric reading its script
+/// wanted and was not given, once the runtime has asked for it (each
+/// round gives at least one more of the policy's metrics, so this ends).
+async fn decide_asking(
+    ctx: &Context,
+    p: &CompiledPolicy,
+    observed: &mut Observed,
+    hook: Hook,
+    acting: Option<&super::tenants::Acting>,
+) -> Result<decide::Decision, decide::DecideError> {
+    loop {
+        let script = ctx.fair.script(&p.id).await;
+        let (decision, wanted) = timed_decision(ctx, p, observed, hook);
+        drop(script);
+        let wanted: Vec<String> = wanted
+            .into_iter()
+            .filter(|w| !observed.readings.contains_key(w))
+            .collect();
+        if wanted.is_empty() || hook != Hook::Reconcile {
+            return decision;
+        }
+        let asker = ctx.asker_for(p, acting);
+        for name in wanted {
+            let asked = ctx
+                .queries
+                .ask(&asker, p, observed.target.value(), &name, observed.now)
+                .await;
+            observed.readings.insert(name, asked);
+        }
+    }
 }
 
 /// What a decision on `t` observes, through a view that records what it

@@ -52,66 +52,12 @@ pub(super) fn compile(
     if timeout_ms > MAX_TIMEOUT_MS {
         err("timeout", format!("at most {}s", MAX_TIMEOUT_MS / 1000));
     }
-    let compiled = match (&spec.prometheus, &spec.web) {
-        (Some(p), None) => {
-            let query = match (&p.query, &p.query_from) {
-                (Some(q), None) => Template::parse(q, Quoting::PromQl)
-                    .map(Query::Template)
-                    .map_err(|e| ("prometheus.query", e)),
-                (None, Some(from)) => query_from(from).map_err(|e| ("prometheus.queryFrom", e)),
-                _ => Err((
-                    "prometheus",
-                    "give query (a template) or queryFrom (a target's field), one of them".into(),
-                )),
-            };
-            let address = address(p.address.as_deref(), p.address_from.as_ref());
-            let auth = auth_of(p.auth.as_ref());
-            match (query, address, auth) {
-                (Ok(query), Ok(address), Ok(auth)) => {
-                    Some((Source::Prometheus { query }, address, auth))
-                }
-                (q, a, au) => {
-                    for e in [
-                        q.err(),
-                        a.err().map(|e| ("prometheus", e)),
-                        au.err().map(|e| ("prometheus.auth", e)),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    {
-                        err(e.0, e.1);
-                    }
-                    None
-                }
+    let compiled = match source_of(spec) {
+        Ok(c) => Some(c),
+        Err(found) => {
+            for (field, message) in found {
+                err(field, message);
             }
-        }
-        (None, Some(w)) => {
-            let path = Template::parse(w.path.as_deref().unwrap_or(""), Quoting::Url)
-                .map_err(|e| ("web.path", e));
-            let json_path = JsonPath::parse(&w.json_path).map_err(|e| ("web.jsonPath", e));
-            let address =
-                address(w.address.as_deref(), w.address_from.as_ref()).map_err(|e| ("web", e));
-            let auth = auth_of(w.auth.as_ref()).map_err(|e| ("web.auth", e));
-            match (path, json_path, address, auth) {
-                (Ok(path), Ok(json_path), Ok(address), Ok(auth)) => {
-                    Some((Source::Web { path, json_path }, address, auth))
-                }
-                (p, j, a, au) => {
-                    for e in [p.err(), j.err(), a.err(), au.err()].into_iter().flatten() {
-                        err(e.0, e.1);
-                    }
-                    None
-                }
-            }
-        }
-        _ => {
-            err(
-                "name",
-                format!(
-                    "metric {:?}: give prometheus or web, one of them",
-                    spec.name
-                ),
-            );
             None
         }
     };
@@ -127,6 +73,63 @@ pub(super) fn compile(
             pos,
         }),
         _ => Err(errors),
+    }
+}
+
+/// Every error of a part, each with its field.
+type Found = Vec<(&'static str, String)>;
+
+/// The source, address and credentials of an entry.
+fn source_of(spec: &crate::policy::model::MetricSpec) -> Result<(Source, Address, Auth), Found> {
+    match (&spec.prometheus, &spec.web) {
+        (Some(p), None) => prometheus_of(p),
+        (None, Some(w)) => web_of(w),
+        _ => Err(vec![(
+            "name",
+            format!(
+                "metric {:?}: give prometheus or web, one of them",
+                spec.name
+            ),
+        )]),
+    }
+}
+
+fn prometheus_of(
+    p: &crate::policy::model::PrometheusSpec,
+) -> Result<(Source, Address, Auth), Found> {
+    let query = match (&p.query, &p.query_from) {
+        (Some(q), None) => Template::parse(q, Quoting::PromQl)
+            .map(Query::Template)
+            .map_err(|e| ("prometheus.query", e)),
+        (None, Some(from)) => query_from(from).map_err(|e| ("prometheus.queryFrom", e)),
+        _ => Err((
+            "prometheus",
+            "give query (a template) or queryFrom (a target's field), one of them".into(),
+        )),
+    };
+    let address =
+        address(p.address.as_deref(), p.address_from.as_ref()).map_err(|e| ("prometheus", e));
+    let auth = auth_of(p.auth.as_ref()).map_err(|e| ("prometheus.auth", e));
+    match (query, address, auth) {
+        (Ok(query), Ok(address), Ok(auth)) => Ok((Source::Prometheus { query }, address, auth)),
+        (q, a, au) => Err([q.err(), a.err(), au.err()].into_iter().flatten().collect()),
+    }
+}
+
+fn web_of(w: &crate::policy::model::WebSpec) -> Result<(Source, Address, Auth), Found> {
+    let path =
+        Template::parse(w.path.as_deref().unwrap_or(""), Quoting::Url).map_err(|e| ("web.path", e));
+    let json_path = JsonPath::parse(&w.json_path).map_err(|e| ("web.jsonPath", e));
+    let address = address(w.address.as_deref(), w.address_from.as_ref()).map_err(|e| ("web", e));
+    let auth = auth_of(w.auth.as_ref()).map_err(|e| ("web.auth", e));
+    match (path, json_path, address, auth) {
+        (Ok(path), Ok(json_path), Ok(address), Ok(auth)) => {
+            Ok((Source::Web { path, json_path }, address, auth))
+        }
+        (p, j, a, au) => Err([p.err(), j.err(), a.err(), au.err()]
+            .into_iter()
+            .flatten()
+            .collect()),
     }
 }
 
