@@ -905,6 +905,72 @@ async fn a_schedule_in_seconds_is_refused_at_apply() {
     c.cleanup().await;
 }
 
+/// An Evaluator judges by a benchmark, a metric or both: one with neither,
+/// or a benchmark without a threshold, is refused at `kubectl apply` with
+/// the field named; a metric alone needs no threshold of the benchmark's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evaluator_needs_a_benchmark_or_a_metric() {
+    let c = Cluster::new("wf-judge").await;
+    install_crds(&c).await;
+    let evaluators: Api<DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &c.ns,
+        &runbook_core::kinds::KindRef::new("runbook.dev/v1alpha1", "Evaluator").api_resource(),
+    );
+    let ev = |name: &str, spec: Value| -> DynamicObject {
+        let mut spec = spec;
+        spec["targetRef"] = json!({"name": "chatbot"});
+        serde_json::from_value(json!({
+            "apiVersion": "runbook.dev/v1alpha1", "kind": "Evaluator",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap()
+    };
+    let bench = json!({"image": "busybox:1.36"});
+    let metric = json!({"query": "avg(model_accuracy)", "threshold": 0.85, "direction": "Above"});
+    for (name, spec, says) in [
+        (
+            "neither",
+            json!({"threshold": 0.8}),
+            "give a benchmark, a metric, or both",
+        ),
+        (
+            "no-threshold",
+            json!({"benchmark": bench}),
+            "spec.threshold",
+        ),
+        (
+            "bad-direction",
+            json!({"metric": {"query": "m", "threshold": 1, "direction": "Sideways"}}),
+            "spec.metric.direction",
+        ),
+    ] {
+        match evaluators
+            .create(&PostParams::default(), &ev(name, spec))
+            .await
+        {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422, "{name}: {s:?}");
+                assert!(s.message.contains(says), "{name}: {}", s.message);
+            }
+            other => panic!("{name}: expected a refusal, got {other:?}"),
+        }
+    }
+    for (name, spec) in [
+        ("metric-only", json!({"metric": metric})),
+        (
+            "both",
+            json!({"benchmark": bench, "threshold": 0.8, "metric": metric}),
+        ),
+    ] {
+        evaluators
+            .create(&PostParams::default(), &ev(name, spec))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    c.cleanup().await;
+}
+
 /// Make `namespace` the kubeconfig's current context's namespace (what
 /// `kubectl config set-context --current --namespace` does).
 fn in_namespace(kubeconfig: &std::path::Path, namespace: &str) {
