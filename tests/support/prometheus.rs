@@ -115,32 +115,17 @@ pub struct Exporter {
 
 impl Exporter {
     pub async fn start() -> Self {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let text: Arc<Mutex<String>> = Arc::default();
         let serving = text.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let body = serving.lock().unwrap().clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 8192];
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = s.write_all(head.as_bytes()).await;
-                    let _ = s.write_all(body.as_bytes()).await;
-                });
-            }
-        });
+        let (port, task) = runbook_sandbox::stub::serve(move |_head| {
+            let body = serving.lock().unwrap().clone();
+            std::future::ready(runbook_sandbox::stub::Answer::ok(
+                "text/plain; version=0.0.4",
+                body,
+            ))
+        })
+        .await
+        .unwrap();
         Self { port, text, task }
     }
 

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use runbook_core::alert::LogSink;
 use runbook_core::clock::Clock;
@@ -38,37 +37,19 @@ pub struct MetricFigures {
 }
 
 /// A Prometheus stand-in: every query answers 0.93; the requests counted.
-async fn prometheus() -> (u16, Arc<AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port on loopback");
-    let port = listener.local_addr().expect("its address").port();
+async fn prometheus() -> Result<(u16, Arc<AtomicUsize>), String> {
     let count = Arc::new(AtomicUsize::new(0));
     let counted = count.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let counted = counted.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                counted.fetch_add(1, Ordering::SeqCst);
-                let body = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.93"]}]}}"#;
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(body.as_bytes()).await;
-            });
-        }
-    });
-    (port, count)
+    let (port, _task) = runbook_sandbox::stub::serve(move |_head| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(runbook_sandbox::stub::Answer::ok(
+            "application/json",
+            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.93"]}]}}"#,
+        ))
+    })
+    .await
+    .map_err(|e| format!("a port on loopback: {e}"))?;
+    Ok((port, count))
 }
 
 /// The sandbox's objects: Runbook's CRDs, the namespace, the model's
@@ -183,7 +164,7 @@ async fn wait_judged(
 
 /// Run the section: `n` Evaluators over the shipped policies in `policies`.
 pub async fn run(policies: &std::path::Path, n: usize) -> Result<MetricFigures, String> {
-    let (port, requests) = prometheus().await;
+    let (port, requests) = prometheus().await?;
     let sandbox = Sandbox::default();
     populate(&sandbox, n, port);
     // The Deployment's controller has seen its spec: it has settled.

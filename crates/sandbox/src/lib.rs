@@ -23,6 +23,7 @@ pub mod schema;
 pub mod serve;
 pub mod status;
 pub mod store;
+pub mod stub;
 pub mod table;
 
 use std::convert::Infallible;

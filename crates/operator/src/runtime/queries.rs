@@ -456,53 +456,37 @@ mod tests {
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::PostParams;
     use serde_json::json;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A source on loopback that keeps every request's head and answers
     /// by path: a query, a JSON score, a redirect, 2 MiB, or nothing for 5 s.
     async fn source() -> (u16, Arc<Mutex<Vec<String>>>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        use runbook_sandbox::stub::Answer;
         let heads: Arc<Mutex<Vec<String>>> = Arc::default();
         let kept = heads.clone();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let kept = kept.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 8192];
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
+        let (port, _task) = runbook_sandbox::stub::serve(move |head: String| {
+            lock(&kept).push(head.clone());
+            async move {
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                let json = "application/json";
+                if path.starts_with("/api/v1/query") {
+                    Answer::ok(json, r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.91"]}]}}"#)
+                } else if path.starts_with("/web/") {
+                    Answer::ok(json, r#"{"score": "0.5"}"#)
+                } else if path == "/redirect" {
+                    Answer {
+                        status: "302 Found\r\nLocation: http://169.254.169.254/".into(),
+                        ..Answer::ok(json, "")
                     }
-                    let head = String::from_utf8_lossy(&got).to_string();
-                    lock(&kept).push(head.clone());
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let (status, body) = if path.starts_with("/api/v1/query") {
-                        ("200 OK", r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1700000000,"0.91"]}]}}"#.to_string())
-                    } else if path.starts_with("/web/") {
-                        ("200 OK", r#"{"score": "0.5"}"#.to_string())
-                    } else if path == "/redirect" {
-                        (
-                            "302 Found\r\nLocation: http://169.254.169.254/",
-                            String::new(),
-                        )
-                    } else if path == "/big" {
-                        ("200 OK", "x".repeat(2 << 20))
-                    } else {
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                        ("200 OK", "{}".to_string())
-                    };
-                    let reply = format!(
-                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = s.write_all(reply.as_bytes()).await;
-                });
+                } else if path == "/big" {
+                    Answer::ok(json, "x".repeat(2 << 20))
+                } else {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Answer::ok(json, "{}")
+                }
             }
-        });
+        })
+        .await
+        .unwrap();
         (port, heads)
     }
 
