@@ -11,8 +11,6 @@ use serde_json::{Value, json};
 
 use super::Stats;
 use super::operator::{GROUP, item_resource, populate};
-use runbook_core::alert::LogSink;
-use runbook_core::clock::Clock;
 use runbook_core::policy::{self, Bundle, Origin};
 use runbook_core::script::ScriptEngine;
 use runbook_operator::runtime::fair::FairConfig;
@@ -103,13 +101,10 @@ fn operator(sandbox: &Sandbox, noisy: bool, fair: FairConfig) -> Operator {
         &[Bundle::new(Origin::Inline("fair".into()), files)],
     );
     assert!(errors.is_empty(), "{errors:?}");
-    Operator::new(
+    super::operator::operator_over(
         sandbox.client(),
-        Arc::new(engine),
+        engine,
         set,
-        Clock::real(),
-        Arc::new(LogSink::default()),
-        Arc::new(Metrics::new()),
         OperatorConfig {
             namespace: Some(NAMESPACE.into()),
             fair,

@@ -11,11 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use runbook_core::alert::LogSink;
-use runbook_core::clock::Clock;
 use runbook_core::script::ScriptEngine;
-use runbook_operator::runtime::{Operator, OperatorConfig};
-use runbook_operator::telemetry::Metrics;
+use runbook_operator::runtime::OperatorConfig;
 use runbook_sandbox::Sandbox;
 
 const NAMESPACE: &str = "metrics";
@@ -184,13 +181,10 @@ pub async fn run(policies: &std::path::Path, n: usize) -> Result<MetricFigures, 
     if !errors.is_empty() {
         return Err(format!("the policies do not load: {errors:?}"));
     }
-    let op = Operator::new(
+    let op = super::operator::operator_over(
         sandbox.client(),
-        Arc::new(engine),
+        engine,
         set,
-        Clock::real(),
-        Arc::new(LogSink::default()),
-        Arc::new(Metrics::new()),
         OperatorConfig {
             namespace: Some(NAMESPACE.into()),
             operator_namespace: NAMESPACE.into(),

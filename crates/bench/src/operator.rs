@@ -191,6 +191,16 @@ pub fn runbook_operator_configured(
     let bundle = Bundle::new(Origin::Inline("bench".into()), files);
     let (set, errors) = policy::load(&engine, &[bundle]);
     assert!(errors.is_empty(), "{errors:?}");
+    operator_over(client, engine, set, config)
+}
+
+/// An operator of `set` on the real clock, its alerts logged.
+pub fn operator_over(
+    client: kube::Client,
+    engine: ScriptEngine,
+    set: runbook_core::policy::PolicySet,
+    config: OperatorConfig,
+) -> Operator {
     Operator::new(
         client,
         Arc::new(engine),
