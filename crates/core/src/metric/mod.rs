@@ -28,6 +28,9 @@ use template::Template;
 pub const MAX_TIMEOUT_MS: i64 = 60_000;
 /// The most bytes of an answer read; a longer one is an error.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// The longest query or path asked: a target's field that makes one
+/// longer is refused rather than sent.
+pub const MAX_ASKED: usize = 8 * 1024;
 
 /// Why a reading has no value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,6 +178,22 @@ impl CompiledMetric {
     /// error says why nothing can be asked (a field missing, a query the
     /// target chose outside the policy's bounds).
     pub fn ask(&self, target: &Value) -> Result<String, String> {
+        let text = self.render(target)?;
+        if text.len() > MAX_ASKED {
+            return Err(format!(
+                "the {} made from the target is {} bytes, over {MAX_ASKED}",
+                if matches!(self.source, Source::Web { .. }) {
+                    "path"
+                } else {
+                    "query"
+                },
+                text.len()
+            ));
+        }
+        Ok(text)
+    }
+
+    fn render(&self, target: &Value) -> Result<String, String> {
         match &self.source {
             Source::Prometheus {
                 query: Query::Template(t),
@@ -456,6 +475,28 @@ mod tests {
             web_answer(br#"{"data":{"score":true}}"#, &p, 5).result(),
             "error"
         );
+    }
+
+    #[test]
+    fn a_field_too_long_makes_no_query() {
+        let m = CompiledMetric {
+            name: "m".into(),
+            source: Source::Prometheus {
+                query: Query::Template(
+                    Template::parse("m{a={{ .data.x }}}", template::Quoting::PromQl).unwrap(),
+                ),
+            },
+            address: Address::Inline("http://p".into()),
+            auth: Auth::default(),
+            every_ms: 60_000,
+            on_schedule: false,
+            timeout_ms: 10_000,
+            pos: None,
+        };
+        let short = serde_json::json!({"data": {"x": "y"}});
+        assert_eq!(m.ask(&short).unwrap(), r#"m{a="y"}"#);
+        let long = serde_json::json!({"data": {"x": "y".repeat(MAX_ASKED)}});
+        assert!(m.ask(&long).unwrap_err().contains("over 8192"));
     }
 
     #[test]
