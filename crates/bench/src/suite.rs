@@ -840,6 +840,19 @@ fn scale_out_memory(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: us
             f.shared_secs,
             "s",
         ),
+        // Sharding must not make start-up slower than one replica (on one
+        // machine the replicas share its CPUs, so it cannot be faster).
+        Row::new(
+            s,
+            format!("start-up, targets there before the replicas: {replicas} replicas / one"),
+            if f.one_secs > 0.0 {
+                f.shared_secs / f.one_secs
+            } else {
+                0.0
+            },
+            "x",
+        )
+        .goal(Goal::AtMost(1.3)),
         Row::new(s, "one replica holding them all: RSS", mb(f.one_rss), "MB"),
         Row::new(
             s,
