@@ -169,14 +169,22 @@ async fn a_metric_that_drops_rolls_the_model_back_and_no_data_does_nothing() {
     );
     assert_eq!(record["query"], confined.as_str());
 
-    // The model reports 0.93: a run passes.
-    exporter.set(&exposition(&c.ns, Some(0.93)));
-    eventually("Prometheus to see 0.93", 30, || async {
-        prometheus::query(&base, &confined)
-            .await
-            .is_ok_and(|r| r.first().is_some_and(|s| s["value"][1] == "0.93"))
-    })
-    .await;
+    // The model reports a value, until Prometheus has scraped it.
+    let report = |value: f64| {
+        exporter.set(&exposition(&c.ns, Some(value)));
+        let (base, confined) = (base.clone(), confined.clone());
+        async move {
+            eventually(&format!("Prometheus to see {value}"), 30, || async {
+                prometheus::query(&base, &confined).await.is_ok_and(|r| {
+                    r.first()
+                        .is_some_and(|s| s["value"][1] == value.to_string().as_str())
+                })
+            })
+            .await;
+        }
+    };
+    // 0.93: a run passes.
+    report(0.93).await;
     // A manual run shares answers for the policy's 10 s: it asks anew.
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(asked.elapsed())).await;
     annotate(&evaluators, "chatbot", "runbook.dev/run-now", "1").await;
@@ -193,13 +201,7 @@ async fn a_metric_that_drops_rolls_the_model_back_and_no_data_does_nothing() {
         revision_of(&deployments.get("chatbot").await.unwrap()) == "2"
     })
     .await;
-    exporter.set(&exposition(&c.ns, Some(0.62)));
-    eventually("Prometheus to see 0.62", 30, || async {
-        prometheus::query(&base, &confined)
-            .await
-            .is_ok_and(|r| r.first().is_some_and(|s| s["value"][1] == "0.62"))
-    })
-    .await;
+    report(0.62).await;
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(passed.elapsed())).await;
     annotate(&evaluators, "chatbot", "runbook.dev/run-now", "2").await;
     eventually("the rollback", 60, || async {

@@ -243,14 +243,18 @@ impl CompiledMetric {
     }
 }
 
+/// The authority (`host:port`) of an http(s) URL; `None` for another scheme.
+pub fn host_of(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    rest.split('/').next()
+}
+
 /// Whether `url` may be a source's base URL: http(s), no credentials, no
 /// query string.
 pub fn check_base_url(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .ok_or("address: give an http:// or https:// URL")?;
-    let host = rest.split('/').next().unwrap_or("");
+    let host = host_of(url).ok_or("address: give an http:// or https:// URL")?;
     if host.is_empty() {
         return Err("address: the URL names no host".into());
     }

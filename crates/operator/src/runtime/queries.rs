@@ -387,9 +387,7 @@ impl Queries {
             }
         };
         if let Some(hosts) = asker.tenant_hosts {
-            let host = base
-                .split_once("://")
-                .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+            let host = runbook_core::metric::host_of(&base).unwrap_or("");
             let bare = host.rsplit_once(':').map_or(host, |(h, _)| h);
             if !hosts.iter().any(|h| h == host || h == bare) {
                 return Err(format!(
