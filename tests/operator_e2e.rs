@@ -689,6 +689,126 @@ async fn sharded_replicas_share_the_targets() {
     c.cleanup().await;
 }
 
+/// Sharded replicas serving the authorship webhook place a target at
+/// its creation: the object the API server stores already carries its
+/// member's label (and the mark that it was placed so), so the assigner
+/// never writes it, and that member decides for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_place_new_targets_at_admission() {
+    use runbook_core::shard::{PLACED_ANNOTATION, Ring, SHARD_LABEL, key};
+    use runbook_operator::runtime::shard::{MEMBERS_ANNOTATION, published_name};
+    let c = Cluster::new("shards-admit").await;
+    install_widget_crd(&c).await;
+    let replica = |id: &str| {
+        let config = OperatorConfig {
+            webhook: Some(test_webhook(&c)),
+            ..sharded(&c, id)
+        };
+        let op = operator(
+            &c,
+            policies(&c, &[("widget.yaml", POLICY), ("widget.rhai", SCRIPT)]),
+            config,
+        );
+        let started = op.clone();
+        tokio::spawn(async move {
+            started.start().await.unwrap();
+            started.follow_leadership().await
+        });
+        op
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.client.clone(), &c.ns);
+    eventually("the ring of a and b published", 60, || async {
+        leases
+            .get(&published_name("runbook-ring"))
+            .await
+            .ok()
+            .and_then(|l| l.metadata.annotations?.get(MEMBERS_ANNOTATION).cloned())
+            .as_deref()
+            == Some("a,b")
+    })
+    .await;
+    let (widgets, group, ns) = (widgets(&c), widget_group(&c), c.ns.clone());
+    let ring = Ring::new(["a", "b"]);
+    let owner = |n: &str| {
+        ring.owner(&key(&group, "Widget", &ns, n))
+            .unwrap()
+            .to_string()
+    };
+    let meta = |o: &DynamicObject, field: &str, k: &str| -> Option<String> {
+        let m = match field {
+            "labels" => o.metadata.labels.as_ref(),
+            _ => o.metadata.annotations.as_ref(),
+        };
+        m?.get(k).cloned()
+    };
+    // Both replicas have seen that ring once a creation is placed by it
+    // (whichever replica the API server reached, the answer is the same).
+    let mut probe = 0;
+    eventually("a probe placed at its creation", 30, || {
+        probe += 1;
+        let name = format!("probe{probe}");
+        let (widgets, want) = (widgets.clone(), owner(&name));
+        let c = &c;
+        async move {
+            let w = widgets
+                .create(
+                    &PostParams::default(),
+                    &widget(c, &name, json!({"size": 1})),
+                )
+                .await
+                .unwrap();
+            meta(&w, "labels", SHARD_LABEL) == Some(want)
+        }
+    })
+    .await;
+    let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+    for n in &names {
+        let w = widgets
+            .create(&PostParams::default(), &widget(&c, n, json!({"size": 4})))
+            .await
+            .unwrap();
+        // As stored by the create itself.
+        assert_eq!(meta(&w, "labels", SHARD_LABEL), Some(owner(n)), "{n}");
+        assert_eq!(
+            meta(&w, "annotations", PLACED_ANNOTATION),
+            Some(owner(n)),
+            "{n}"
+        );
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    for n in &names {
+        let want = owner(n);
+        eventually(&format!("{n} decided by {want}"), 60, || async {
+            cms.get(&format!("{n}-config")).await.is_ok_and(|cm| {
+                cm.metadata.labels.unwrap_or_default().get(SHARD_LABEL) == Some(&want)
+            })
+        })
+        .await;
+        // Never labelled again by the assigner: its placement takes the
+        // mark off.
+        let w = widgets.get(n).await.unwrap();
+        assert_eq!(
+            meta(&w, "annotations", PLACED_ANNOTATION),
+            Some(want),
+            "{n}"
+        );
+    }
+    // A user's edit of the label drops the mark: the target is treated as
+    // moved from then on.
+    let patch = json!({"metadata": {"labels": {SHARD_LABEL: "elsewhere"}}});
+    let w = widgets
+        .patch("w0", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(meta(&w, "annotations", PLACED_ANNOTATION), None);
+    a.shutdown(Duration::from_secs(5)).await;
+    b.shutdown(Duration::from_secs(5)).await;
+    remove_widget_crd(&c).await;
+    c.cleanup().await;
+}
+
 const ROLLBACK_POLICY: &str = r#"
 apiVersion: runbook.dev/v1alpha1
 kind: Policy

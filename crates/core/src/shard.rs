@@ -15,6 +15,29 @@ pub const SHARD_LABEL: &str = "runbook.dev/shard";
 /// move): the member stops deciding for it, then removes both labels.
 pub const DRAIN_LABEL: &str = "runbook.dev/drain";
 
+/// The annotation the authorship webhook puts beside the shard label it
+/// gives a target at its creation (from the ring the assigner
+/// published), naming the same member. It stays only while the target
+/// keeps that label: the webhook drops it from any other write that
+/// changes the label or brings it, and every move takes it off. While a
+/// target carries it, no replica but that member has decided for it
+/// since it was created, so any Runbook state of it carries that
+/// member's label too, and that member's cache tells whether one exists.
+pub const PLACED_ANNOTATION: &str = "runbook.dev/placed";
+
+/// Whether an object was placed on `member` at its creation and has been
+/// there since (see [`PLACED_ANNOTATION`]).
+pub fn placed_since_creation(object: &serde_json::Value, member: &str) -> bool {
+    let meta = |field: &str, key: &str| {
+        object
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(|m| m.get(key))
+            .and_then(serde_json::Value::as_str)
+    };
+    meta("labels", SHARD_LABEL) == Some(member)
+        && meta("annotations", PLACED_ANNOTATION) == Some(member)
+}
+
 /// Points of the ring per member: each member's share stays within about
 /// a tenth of 1/N at 2 to 8 members (over 20,000 keys and 80 sets of
 /// member names, the largest share was 1.11 times 1/N with 512 points,

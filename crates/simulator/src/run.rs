@@ -379,6 +379,7 @@ async fn install_authorship(
     sandbox.admission().set_caller(Arc::new(InProcess(
         runbook_operator::admission::Authorship {
             signer: signer.clone(),
+            placer: None,
         },
     )));
     let config: kube::core::DynamicObject = serde_json::from_value(json!({

@@ -1,20 +1,44 @@
 //! The admission reviews Runbook answers. `authorship` is a mutating
 //! webhook on the kinds policies target: it writes the author record of
-//! every target created or changed, and never refuses a request.
+//! every target created or changed and, running sharded, places each new
+//! target on its replica; it never refuses a request.
+
+use std::sync::Arc;
 
 use base64::Engine as _;
-use serde_json::{Value, json};
+use runbook_core::shard::{PLACED_ANNOTATION, SHARD_LABEL};
+use serde_json::{Map, Value, json};
 
 use super::author::{ANNOTATION, Author, Signer, Subject};
+
+/// Where a new target goes, running sharded: the member the published
+/// ring places it on, or `None` (not sharded, no ring yet, no policy
+/// selects it, a generated name).
+pub type Placer = Arc<dyn Fn(&Value) -> Option<String> + Send + Sync>;
 
 /// The authorship webhook: who wrote a target, recorded as the API server
 /// authenticated them, and whether with one of Runbook's field managers
 /// (the request's `options.fieldManager`). A target Runbook itself
 /// writes, a child that another policy targets, is recorded as Runbook's;
 /// the operator then acts for the author of the target it was made for.
-#[derive(Clone, Debug)]
+///
+/// With a `placer` (sharded replicas), a target created without a shard
+/// label is given its label here, with [`PLACED_ANNOTATION`] beside it,
+/// so that the assigner need not write it again; the annotation is kept
+/// only by writes that keep both as they were.
+#[derive(Clone)]
 pub struct Authorship {
     pub signer: Signer,
+    pub placer: Option<Placer>,
+}
+
+impl std::fmt::Debug for Authorship {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authorship")
+            .field("signer", &self.signer)
+            .field("placing", &self.placer.is_some())
+            .finish()
+    }
 }
 
 /// The answer to one AdmissionReview: allowed, with the patch (if any).
@@ -32,9 +56,14 @@ fn answer(uid: &Value, patch: Option<Value>, warning: Option<String>) -> Value {
 }
 
 fn annotation(object: &Value) -> Option<&str> {
+    text_in(object, "annotations", ANNOTATION)
+}
+
+/// A string of `metadata.<field>` (labels, annotations) of an object.
+fn text_in<'a>(object: &'a Value, field: &str, key: &str) -> Option<&'a str> {
     object
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(ANNOTATION))
+        .pointer(&format!("/metadata/{field}"))
+        .and_then(|m| m.get(key))
         .and_then(Value::as_str)
 }
 
@@ -54,18 +83,65 @@ impl Authorship {
             .unwrap_or("");
         let record = self.record_for(object, old, &requester, manager);
         let text = serde_json::to_string(&record).unwrap_or_default();
-        if annotation(object) == Some(text.as_str()) {
-            return answer(&uid, None, None);
-        }
-        let has_annotations = object
-            .pointer("/metadata/annotations")
-            .is_some_and(Value::is_object);
-        let patch = if has_annotations {
-            json!([{"op": "add", "path": format!("/metadata/annotations/{}", ANNOTATION.replace('/', "~1")), "value": text}])
-        } else {
-            json!([{"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: text}}])
+        let map = |field: &str| {
+            object
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(Value::as_object)
+                .cloned()
         };
-        answer(&uid, Some(patch), None)
+        let (was_annotated, was_labelled) = (map("annotations"), map("labels"));
+        let mut annotations = was_annotated.clone().unwrap_or_default();
+        let mut labels = was_labelled.clone().unwrap_or_default();
+        annotations.insert(ANNOTATION.into(), json!(text));
+        self.place(object, old, &mut labels, &mut annotations);
+        let mut patch = Vec::new();
+        for (field, was, now) in [
+            ("annotations", was_annotated, annotations),
+            ("labels", was_labelled, labels),
+        ] {
+            if was.as_ref() != Some(&now) && !(was.is_none() && now.is_empty()) {
+                // `add` of the whole map: the new one, or in place of the old.
+                patch
+                    .push(json!({"op": "add", "path": format!("/metadata/{field}"), "value": now}));
+            }
+        }
+        answer(&uid, (!patch.is_empty()).then(|| json!(patch)), None)
+    }
+
+    /// The shard label and placement mark the object leaves admission
+    /// with. Created without a label: the placer's member, marked. The
+    /// mark is Runbook's own: brought by a creation, or kept by an update
+    /// that changes the label or the mark, it is dropped.
+    fn place(
+        &self,
+        object: &Value,
+        old: Option<&Value>,
+        labels: &mut Map<String, Value>,
+        annotations: &mut Map<String, Value>,
+    ) {
+        let kept = match old {
+            None => {
+                let member = match labels.contains_key(SHARD_LABEL) {
+                    true => None,
+                    false => self.placer.as_ref().and_then(|p| p(object)),
+                };
+                if let Some(member) = member {
+                    labels.insert(SHARD_LABEL.into(), json!(member));
+                    annotations.insert(PLACED_ANNOTATION.into(), json!(member));
+                    return;
+                }
+                false
+            }
+            Some(old) => {
+                let same = |field: &str, key: &str| {
+                    text_in(old, field, key) == text_in(object, field, key)
+                };
+                same("labels", SHARD_LABEL) && same("annotations", PLACED_ANNOTATION)
+            }
+        };
+        if !kept {
+            annotations.remove(PLACED_ANNOTATION);
+        }
     }
 
     /// The record the object leaves admission with: the one it had,
@@ -127,6 +203,7 @@ mod tests {
     fn the_author_is_whoever_last_changed_the_spec() {
         let hook = Authorship {
             signer: Signer::random(),
+            placer: None,
         };
         let created = evaluator("web", json!(null));
         let mut bare = created.clone();
@@ -182,6 +259,7 @@ mod tests {
     fn runbooks_writes_are_told_by_user_and_field_manager_together() {
         let hook = Authorship {
             signer: Signer::random(),
+            placer: None,
         };
         let obj = evaluator("web", json!({}));
         let verified = |user: &str, manager: &str| {
@@ -212,10 +290,72 @@ mod tests {
         );
     }
 
+    /// Sharded, a new target leaves admission labelled for its member and
+    /// marked so; the mark lasts while label and mark stay as they were,
+    /// and nobody brings one of their own.
+    #[test]
+    fn a_new_target_is_placed_at_admission_and_the_mark_is_runbooks_own() {
+        let hook = Authorship {
+            signer: Signer::random(),
+            placer: Some(Arc::new(|o: &Value| {
+                (o.pointer("/metadata/name")? == "chatbot").then(|| "r2".to_string())
+            })),
+        };
+        let review = |op: &str, object: &Value, old: Option<&Value>| {
+            admitted(
+                object,
+                &hook.review(&request(op, "admin", object.clone(), old.cloned())),
+            )
+        };
+        let created = review("CREATE", &evaluator("web", json!(null)), None);
+        assert_eq!(created["metadata"]["labels"][SHARD_LABEL], "r2");
+        assert_eq!(created["metadata"]["annotations"][PLACED_ANNOTATION], "r2");
+        assert!(runbook_core::shard::placed_since_creation(&created, "r2"));
+        assert_eq!(hook.signer.verify(&created).unwrap().user, "admin");
+        // A change of the spec keeps both.
+        let mut changed = created.clone();
+        changed["spec"]["targetRef"]["name"] = json!("db");
+        let changed = review("UPDATE", &changed, Some(&created));
+        assert!(runbook_core::shard::placed_since_creation(&changed, "r2"));
+        // A move (the label taken off, or set by hand) drops the mark.
+        let mut moved = changed.clone();
+        moved["metadata"]["labels"][SHARD_LABEL] = json!("r0");
+        let moved = review("UPDATE", &moved, Some(&changed));
+        assert!(
+            moved["metadata"]["annotations"]
+                .get(PLACED_ANNOTATION)
+                .is_none()
+        );
+        // ... and it cannot be brought back by hand.
+        let mut forged = moved.clone();
+        forged["metadata"]["annotations"][PLACED_ANNOTATION] = json!("r0");
+        let forged = review("UPDATE", &forged, Some(&moved));
+        assert!(!runbook_core::shard::placed_since_creation(&forged, "r0"));
+        // A target created with a label of its own, or one the placer
+        // does not place, is left to the assigner, and no mark it brings
+        // stays.
+        let own = evaluator("web", json!({PLACED_ANNOTATION: "r0"}));
+        let mut own = own.clone();
+        own["metadata"]["labels"] = json!({SHARD_LABEL: "r0"});
+        let own = review("CREATE", &own, None);
+        assert_eq!(own["metadata"]["labels"][SHARD_LABEL], "r0");
+        assert!(
+            own["metadata"]["annotations"]
+                .get(PLACED_ANNOTATION)
+                .is_none()
+        );
+        let mut other = evaluator("web", json!(null));
+        other["metadata"]["name"] = json!("other");
+        let other = review("CREATE", &other, None);
+        assert!(other["metadata"].get("labels").is_none());
+        assert!(hook.signer.verify(&other).is_ok());
+    }
+
     #[test]
     fn a_request_without_an_object_is_allowed_unchanged() {
         let hook = Authorship {
             signer: Signer::random(),
+            placer: None,
         };
         let a = hook.review(&json!({"request": {"uid": "r-1", "operation": "DELETE"}}));
         assert_eq!(a["response"]["allowed"], true);

@@ -609,10 +609,21 @@ impl Operator {
         if self.ctx.webhook.get().is_some() {
             return Ok(());
         }
+        let placer = self.ctx.config.shards.then(|| {
+            let ctx = Arc::downgrade(&self.ctx);
+            let placer: crate::admission::review::Placer =
+                Arc::new(move |object| super::shard::place_new(&*ctx.upgrade()?, object));
+            placer
+        });
         let hook = Arc::new(
-            super::webhook::Webhook::start(&self.ctx.client, config, self.ctx.metrics.clone())
-                .await
-                .map_err(StartError::Webhook)?,
+            super::webhook::Webhook::start(
+                &self.ctx.client,
+                config,
+                self.ctx.metrics.clone(),
+                placer,
+            )
+            .await
+            .map_err(StartError::Webhook)?,
         );
         self.ctx.authority.set_signer(hook.signer());
         lock(&self.tasks).push(hook.spawn_renewal(self.ctx.client.clone(), self.ctx.stop.clone()));

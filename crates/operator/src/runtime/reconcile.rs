@@ -665,12 +665,16 @@ pub(super) async fn apart_of(
     // that follows the decision labels it for this replica. Not for a
     // target whose own status holds Runbook's records: its kind keeps
     // Runbook's fields there, and it has no state apart.
+    // Nor for a target placed here at its creation and here since
+    // (`shard::PLACED_ANNOTATION`): any state of it carries this
+    // replica's label, and the cache answers.
     let may_be_apart = runbook_core::plan::state::built_in(kind)
         || ctx.memory.is_pruning(kind)
         || target.value().pointer("/status/decisions").is_none();
     if cached.is_none()
         && ctx.config.shards
         && may_be_apart
+        && !runbook_core::shard::placed_since_creation(target.value(), &ctx.config.identity)
         && ctx.memory.records.state_written(key).is_none()
     {
         cached = read_state(ctx, &namespace, &name).await?;

@@ -78,11 +78,13 @@ fn count_review(metrics: &crate::telemetry::Metrics, webhook: &str, answer: &Val
 }
 
 impl Webhook {
-    /// Read (or make) the material and start serving.
+    /// Read (or make) the material and start serving; `placer` places
+    /// new targets, running sharded.
     pub async fn start(
         client: &kube::Client,
         config: WebhookConfig,
         metrics: Arc<crate::telemetry::Metrics>,
+        placer: Option<crate::admission::review::Placer>,
     ) -> Result<Self, WebhookError> {
         let listening = |source| WebhookError::Io {
             doing: "listening on",
@@ -99,6 +101,7 @@ impl Webhook {
         let tls = Arc::new(ArcSwap::from_pointee(material.server_config()?));
         let hook = Authorship {
             signer: Signer::new(material.signing_key.clone()),
+            placer,
         };
         let policy_check: Arc<OnceLock<Arc<dyn PolicyCheck>>> = Arc::default();
         let check = policy_check.clone();

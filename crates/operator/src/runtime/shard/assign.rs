@@ -36,7 +36,7 @@ use crate::runtime::context::Context;
 use crate::runtime::leader::{Elector, LeaseConfig, look_every};
 use runbook_core::clock::Clock;
 use runbook_core::kinds::KindRef;
-use runbook_core::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, key};
+use runbook_core::shard::{DRAIN_LABEL, PLACED_ANNOTATION, Ring, SHARD_LABEL, key};
 
 /// A full pass (every target looked at, moves included) every this many
 /// looks, besides one whenever the members change; between them only
@@ -165,6 +165,37 @@ pub(crate) async fn admit(
     }
 }
 
+/// Where the authorship webhook places a target being created (see
+/// `admission::review::Placer`): the member the published ring puts it
+/// on, when some policy's selector selects it in the namespaces this
+/// replica places (those the assigner would label it in). `None` leaves
+/// it to the assigner: a generated name (not known yet), no ring
+/// published yet, no policy for it.
+pub fn place_new(ctx: &Context, object: &serde_json::Value) -> Option<String> {
+    ctx.config.lease.as_ref().filter(|_| ctx.config.shards)?;
+    let text = |p: &str| object.pointer(p).and_then(serde_json::Value::as_str);
+    let name = text("/metadata/name").filter(|n| !n.is_empty())?;
+    let namespace = text("/metadata/namespace").unwrap_or("");
+    if let Some(only) = ctx.config.namespace.as_deref().filter(|n| !n.is_empty())
+        && namespace != only
+    {
+        return None;
+    }
+    let kind = KindRef::new(text("/apiVersion")?, text("/kind")?);
+    let selected = ctx
+        .policies
+        .load()
+        .for_target(&kind)
+        .iter()
+        .any(|p| p.selector.is_empty() || p.selector.matches_object(object));
+    if !selected {
+        return None;
+    }
+    ctx.running
+        .placement
+        .owner(&key(kind.group(), &kind.kind, namespace, name))
+}
+
 /// The member's side of a move: a target labelled to drain is let go
 /// (both labels off) and not decided for. `None`: it is not draining;
 /// `Some(true)`: let go; `Some(false)`: letting go failed (try again).
@@ -178,7 +209,10 @@ async fn let_go(
     if !labels.contains_key(DRAIN_LABEL) {
         return None;
     }
-    let patch = json!({"metadata": {"labels": {SHARD_LABEL: null, DRAIN_LABEL: null}}});
+    let patch = json!({"metadata": {
+        "labels": {SHARD_LABEL: null, DRAIN_LABEL: null},
+        "annotations": {PLACED_ANNOTATION: null},
+    }});
     let ns = (!namespace.is_empty()).then_some(namespace);
     match api(ctx, kind, ns)
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -749,9 +783,11 @@ fn placement(
         Some(member) if live.contains(member) => (!draining).then(
             || json!({"metadata": {"resourceVersion": version, "labels": {DRAIN_LABEL: "true"}}}),
         ),
-        // Unplaced, or its member is gone.
+        // Unplaced, or its member is gone: placed here, not at its
+        // creation (a mark of that would say so wrongly).
         _ => Some(json!({"metadata": {"resourceVersion": version,
-            "labels": {SHARD_LABEL: want, DRAIN_LABEL: null}}})),
+            "labels": {SHARD_LABEL: want, DRAIN_LABEL: null},
+            "annotations": {PLACED_ANNOTATION: null}}})),
     }
 }
 
@@ -1024,6 +1060,8 @@ mod tests {
         .unwrap();
         assert_eq!(p["metadata"]["labels"][SHARD_LABEL], want.as_str());
         assert!(p["metadata"]["labels"][DRAIN_LABEL].is_null());
+        let marks = p["metadata"]["annotations"].as_object().unwrap();
+        assert!(marks[PLACED_ANNOTATION].is_null(), "the mark is taken off");
         // With a member live again but not in the ring (one counted gone
         // that came back): it lets the target go first.
         let p = placement(&kind, &meta("w", &[(SHARD_LABEL, "back")]), &ring, &live).unwrap();

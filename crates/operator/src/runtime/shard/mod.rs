@@ -5,7 +5,8 @@
 //! kind's watch takes (`watch_selector`, `Shares` over the labels of gone
 //! members), the children's selector, the check a reconcile makes before
 //! it decides (`admit`), and the assigner's loop the operator starts
-//! (`run`, over the member Leases of `members`). Inside: `members` reads
+//! (`run`, over the member Leases of `members`), and where the authorship
+//! webhook places a target being created (`place_new`). Inside: `members` reads
 //! and publishes who is live, `assign` is the assigner (publish the next
 //! ring, label targets for their places), `takeover` decides what a
 //! replica may do for a gone member's targets before they are relabelled,
@@ -23,7 +24,7 @@ mod takeover;
 
 pub(crate) use assign::admit;
 pub use assign::{
-    children_selector, gone_selector, none_match, run, shard_identity, watch_selector,
+    children_selector, gone_selector, none_match, place_new, run, shard_identity, watch_selector,
 };
 pub use members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, Members, member_lease, published_name};
 pub(crate) use shares::{Parts, PlacesHere, Shares, StartGone, Watch};

@@ -136,6 +136,12 @@ impl Known {
         }
     }
 
+    /// The member the published ring places a key on; `None` before
+    /// a ring with members is known.
+    pub fn owner(&self, key: &str) -> Option<String> {
+        self.seen.as_ref()?.ring.owner(key).map(str::to_string)
+    }
+
     /// `gate` with what this replica knows at `now`.
     pub fn gate(&self, ask: Ask<'_>, now: Instant, key: impl FnOnce() -> String) -> Gate {
         let Some(s) = self.seen.as_ref() else {
@@ -216,6 +222,11 @@ impl Placement {
     /// See [`Known::places_here`].
     pub fn places_here(&self, me: &str, key: impl FnOnce() -> String) -> bool {
         lock(&self.known).places_here(me, key)
+    }
+
+    /// See [`Known::owner`].
+    pub fn owner(&self, key: &str) -> Option<String> {
+        lock(&self.known).owner(key)
     }
 
     /// `gate` with what this replica knows now.
