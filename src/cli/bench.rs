@@ -29,8 +29,10 @@ pub struct BenchArgs {
     /// Run the admission and scale-out sections through this cluster's
     /// API server instead of a sandbox (admission: it must reach
     /// `runbook` on 127.0.0.1; scale-out: it makes and deletes the
-    /// namespaces scale-one, scale-shards and scale-empty); the other
-    /// sections ignore it.
+    /// namespaces scale-one, scale-shards, scale-empty, scale-one-new and
+    /// scale-shards-new, and the MutatingWebhookConfigurations
+    /// runbook-bench-<namespace>, its replicas' webhooks served on
+    /// 127.0.0.1); the other sections ignore it.
     #[arg(long, env = "RUNBOOK_BENCH_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Targets of the scale-out section (default: 2,000 with --quick,

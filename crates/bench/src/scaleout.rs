@@ -33,6 +33,10 @@ use runbook_operator::telemetry::journal::{Entry, Journal};
 const ONE: &str = "scale-one";
 const SHARED: &str = "scale-shards";
 const EMPTY: &str = "scale-empty";
+/// Where Items are created while the replicas run: one replica's, and
+/// the sharded replicas'.
+const ONE_NEW: &str = "scale-one-new";
+const SHARED_NEW: &str = "scale-shards-new";
 /// The ring's Lease, in the shared namespace.
 const RING: &str = "bench-ring";
 
@@ -111,7 +115,9 @@ pub async fn sandbox_child(n: usize) {
     let sandbox = runbook_sandbox::Sandbox::default();
     super::operator::populate(&sandbox, ONE, n);
     super::operator::populate(&sandbox, SHARED, n);
-    super::operator::populate(&sandbox, EMPTY, 0);
+    for ns in [EMPTY, ONE_NEW, SHARED_NEW] {
+        super::operator::populate(&sandbox, ns, 0);
+    }
     let served = sandbox.serve(0).await.expect("serving the sandbox");
     let path = std::env::temp_dir().join(format!(
         "runbook-bench-scaleout-{}.kubeconfig",
@@ -129,8 +135,10 @@ pub async fn sandbox_child(n: usize) {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A replica child: `kubeconfig namespace identity lease-seconds shards`
-/// (`shards` 1 or 0). Prints `LEADING` once it acts, `J` lines as it
+/// A replica child: `kubeconfig namespace identity lease-seconds shards
+/// webhook` (`shards`, `webhook`: 1 or 0; with `webhook`, it serves the
+/// authorship webhook on loopback for its namespace's Items, its
+/// material shared with the namespace's other replicas). Prints `LEADING` once it acts, `J` lines as it
 /// decides; answers `rss` with `RSS <rss> <live heap>`; `stop` shuts it
 /// down gracefully (its Lease released).
 pub async fn replica_child(args: &[String]) {
@@ -140,7 +148,16 @@ pub async fn replica_child(args: &[String]) {
     let identity = arg(2);
     let lease: u64 = arg(3).parse().unwrap_or(10);
     let shards = arg(4) == "1";
+    let webhook = (arg(5) == "1").then(|| runbook_operator::runtime::WebhookConfig {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        endpoint: None,
+        configuration: format!("runbook-bench-{namespace}"),
+        secret: Some((namespace.clone(), "runbook-bench-webhook".into())),
+        created_with: Some(json!({"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": namespace.clone()}}})),
+    });
     let config = OperatorConfig {
+        webhook,
         namespace: Some(namespace.clone()),
         concurrency: 16,
         identity: identity.clone(),
@@ -220,8 +237,9 @@ impl Replica {
         ns: &str,
         id: &str,
         lease: u64,
-        shards: bool,
+        (shards, webhook): (bool, bool),
     ) -> Self {
+        let flag = |on: bool| if on { "1" } else { "0" };
         let mut child = Command::new(exe)
             .args(args)
             .args([
@@ -230,7 +248,8 @@ impl Replica {
                 ns,
                 id,
                 &lease.to_string(),
-                if shards { "1" } else { "0" },
+                flag(shards),
+                flag(webhook),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -366,6 +385,12 @@ pub struct ScaleOutFigures {
     /// Targets decided (and written) by two replicas within one second.
     pub overlapping_decisions: usize,
     pub overlapping_writes: usize,
+    /// Items created while the replicas run (the authorship webhook on):
+    /// seconds until one replica, and the sharded ones, decided each; and
+    /// how many of the sharded ones' were placed at admission.
+    pub one_new_secs: f64,
+    pub shared_new_secs: f64,
+    pub placed_at_admission: usize,
     /// Where it ran.
     pub cluster: bool,
 }
@@ -419,8 +444,13 @@ async fn reconciled(replicas: &[Replica], n: usize, limit: Duration) -> bool {
 /// placed on the ring of `live`. Only once none is unplaced, draining or
 /// held by a member not in `live` (each asked for one at a time, cheap
 /// for the API server) are they all listed to check each one's place.
-async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Duration) -> bool {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), SHARED, &item_resource());
+async fn placed_on(
+    client: &Client,
+    (ns, live): (&str, &[&str]),
+    limit: Duration,
+    every: Duration,
+) -> bool {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
     let waiting = [
         format!("!{SHARD_LABEL}"),
         DRAIN_LABEL.to_string(),
@@ -435,7 +465,7 @@ async fn placed_on(client: &Client, live: &[&str], limit: Duration, every: Durat
                 break;
             }
         }
-        if none_wait && placed(&items(client, SHARED).await, live) {
+        if none_wait && placed(&items(client, ns).await, ns, live) {
             return true;
         }
         tokio::time::sleep(every).await;
@@ -458,11 +488,11 @@ async fn none_labelled(client: &Client, member: &str, limit: Duration) -> bool {
     false
 }
 
-/// Every Item labelled for its place among `live`, none draining.
-fn placed(items: &[(String, Option<String>, bool)], live: &[&str]) -> bool {
+/// Every Item of `ns` labelled for its place among `live`, none draining.
+fn placed(items: &[(String, Option<String>, bool)], ns: &str, live: &[&str]) -> bool {
     let ring = Ring::new(live.iter().copied());
     items.iter().all(|(name, shard, draining)| {
-        let want = ring.owner(&key(super::operator::GROUP, "Item", SHARED, name));
+        let want = ring.owner(&key(super::operator::GROUP, "Item", ns, name));
         !draining && shard.as_deref() == want
     })
 }
@@ -505,37 +535,93 @@ async fn populate_cluster(client: &Client, n: usize) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    for ns in [ONE, SHARED, EMPTY] {
+    for ns in NAMESPACES {
         let body = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
         let _ = nss.create(&Default::default(), &body).await;
-        if ns == EMPTY {
-            continue;
+        if [ONE, SHARED].contains(&ns) {
+            create_items(client, ns, n).await;
         }
-        let api = items_api(ns);
-        use futures::StreamExt;
-        futures::stream::iter(0..n)
-            .for_each_concurrent(32, |i| {
-                let api = api.clone();
-                async move {
-                    let obj: DynamicObject = serde_json::from_value(item(ns, i)).expect("an Item");
-                    for _ in 0..5 {
-                        match api.create(&Default::default(), &obj).await {
-                            Ok(_) => return,
-                            Err(kube::Error::Api(s)) if s.code == 409 => return,
-                            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+    }
+}
+
+/// Every namespace of the run.
+const NAMESPACES: [&str; 5] = [ONE, SHARED, EMPTY, ONE_NEW, SHARED_NEW];
+
+/// Create `n` Items in `ns`, 32 at a time, each tried up to 5 times.
+async fn create_items(client: &Client, ns: &str, n: usize) {
+    use futures::StreamExt;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
+    futures::stream::iter(0..n)
+        .for_each_concurrent(32, |i| {
+            let api = api.clone();
+            async move {
+                let obj: DynamicObject = serde_json::from_value(item(ns, i)).expect("an Item");
+                for _ in 0..5 {
+                    match api.create(&Default::default(), &obj).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 409 => return,
+                        Err(e) => {
+                            eprintln!("scale-out: creating an Item in {ns}: {e}");
+                            tokio::time::sleep(Duration::from_millis(200)).await
                         }
                     }
                 }
+            }
+        })
+        .await;
+}
+
+/// How many members the ring published in `ns` holds.
+async fn published_members(client: &Client, ns: &str) -> usize {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    leases
+        .get(&runbook_operator::runtime::shard::published_name(RING))
+        .await
+        .ok()
+        .and_then(|l| {
+            let members = l.metadata.annotations?;
+            let members = members.get(runbook_operator::runtime::shard::MEMBERS_ANNOTATION)?;
+            Some(members.split(',').filter(|m| !m.is_empty()).count())
+        })
+        .unwrap_or(0)
+}
+
+/// How many Items of `ns` carry the mark of a placement at admission.
+async fn placed_at_admission(client: &Client, ns: &str) -> usize {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
+    let mut params = ListParams::default().limit(5_000);
+    let mut count = 0;
+    loop {
+        let Ok(page) = api.list_metadata(&params).await else {
+            return count;
+        };
+        count += page
+            .items
+            .iter()
+            .filter(|o| {
+                o.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(runbook_core::shard::PLACED_ANNOTATION))
             })
-            .await;
+            .count();
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => params = params.continue_token(&c),
+            None => return count,
+        }
     }
 }
 
 /// Delete what a real-cluster run made.
 async fn clean_cluster(client: &Client) {
     let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    for ns in [ONE, SHARED, EMPTY] {
+    let hooks: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(client.clone());
+    for ns in NAMESPACES {
         let _ = nss.delete(ns, &Default::default()).await;
+        let _ = hooks
+            .delete(&format!("runbook-bench-{ns}"), &Default::default())
+            .await;
     }
 }
 
@@ -602,7 +688,7 @@ async fn moved_and_decided(
     let Bounds { limit, poll } = bounds;
     let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
     let live: Vec<&str> = ids.iter().map(String::as_str).collect();
-    if !placed_on(client, &live, limit, poll).await {
+    if !placed_on(client, (SHARED, &live), limit, poll).await {
         return Err(format!("{live:?} did not share the targets"));
     }
     let moved: BTreeSet<String> = labels(client)
@@ -690,6 +776,12 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn start(&self, ns: &str, id: &str, shards: bool) -> Replica {
+        self.start_with(ns, id, (shards, false))
+    }
+
+    /// A replica; `(shards, webhook)`: sharded, serving the authorship
+    /// webhook.
+    fn start_with(&self, ns: &str, id: &str, flags: (bool, bool)) -> Replica {
         Replica::start(
             self.exe,
             self.args,
@@ -697,8 +789,66 @@ impl Bench<'_> {
             ns,
             id,
             self.lease_secs,
-            shards,
+            flags,
         )
+    }
+
+    /// Items created while the replicas run, each replica serving the
+    /// authorship webhook: one replica, then the sharded replicas once
+    /// their ring is published (the webhook places each new Item). From
+    /// the first creation until each Item was decided.
+    async fn created_while_running(&self, f: &mut ScaleOutFigures) -> Result<(), String> {
+        let mut one = self.start_with(ONE_NEW, "one-new", (false, true));
+        while !one.heard().leading {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(self.settle).await;
+        let t0 = Instant::now();
+        create_items(&self.client, ONE_NEW, f.targets).await;
+        eprintln!(
+            "scale-out: {} Items created while one replica runs, in {:.1} s",
+            f.targets,
+            t0.elapsed().as_secs_f64()
+        );
+        if !reconciled(std::slice::from_ref(&one), f.targets, self.limit).await {
+            return Err("one replica did not decide every Item created".into());
+        }
+        f.one_new_secs = t0.elapsed().as_secs_f64();
+        one.stop().await;
+        let mut running: Vec<Replica> = (0..f.replicas)
+            .map(|i| self.start_with(SHARED_NEW, &format!("n{i}"), (true, true)))
+            .collect();
+        let deadline = Instant::now() + self.limit;
+        while published_members(&self.client, SHARED_NEW).await != f.replicas {
+            if Instant::now() > deadline {
+                return Err("the sharded replicas published no ring of them all".into());
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+        // Each replica reads the published ring at its next look.
+        tokio::time::sleep(self.settle).await;
+        let t0 = Instant::now();
+        create_items(&self.client, SHARED_NEW, f.targets).await;
+        eprintln!(
+            "scale-out: {} Items created while {} replicas run, in {:.1} s",
+            f.targets,
+            f.replicas,
+            t0.elapsed().as_secs_f64()
+        );
+        let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
+        let live: Vec<&str> = ids.iter().map(String::as_str).collect();
+        if !reconciled(&running, f.targets, self.limit).await {
+            return Err("the sharded replicas did not decide every Item created".into());
+        }
+        f.shared_new_secs = t0.elapsed().as_secs_f64();
+        if !placed_on(&self.client, (SHARED_NEW, &live), self.limit, self.poll).await {
+            return Err("the Items created were not placed on the ring".into());
+        }
+        f.placed_at_admission = placed_at_admission(&self.client, SHARED_NEW).await;
+        for r in running.iter_mut() {
+            r.stop().await;
+        }
+        Ok(())
     }
 
     /// A replica with nothing to hold (the fixed part of a replica's
@@ -733,7 +883,7 @@ impl Bench<'_> {
         let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
         let live: Vec<&str> = ids.iter().map(String::as_str).collect();
         if !reconciled(&running, f.targets, self.limit).await
-            || !placed_on(&self.client, &live, self.limit, self.poll).await
+            || !placed_on(&self.client, (SHARED, &live), self.limit, self.poll).await
         {
             return Err("the replicas did not reconcile and place every target".into());
         }
@@ -830,7 +980,7 @@ impl Bench<'_> {
         }
         let now_ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
         let live: Vec<&str> = now_ids.iter().map(String::as_str).collect();
-        if !placed_on(&self.client, &live, self.limit, self.poll).await {
+        if !placed_on(&self.client, (SHARED, &live), self.limit, self.poll).await {
             return Err("two replicas did not take every target".into());
         }
         tokio::time::sleep(self.settle).await;
@@ -908,7 +1058,7 @@ async fn prepare_cluster(client: &Client, n: usize) {
     let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     // Namespaces from an earlier run are gone before this one starts.
     let deadline = Instant::now() + Duration::from_secs(600);
-    for ns in [ONE, SHARED, EMPTY] {
+    for ns in NAMESPACES {
         while nss.get_opt(ns).await.ok().flatten().is_some() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -973,6 +1123,7 @@ pub async fn measure(
     for r in running.iter_mut() {
         r.stop().await;
     }
+    bench.created_while_running(&mut f).await?;
     let all: Vec<(String, Actions)> = running
         .iter()
         .chain(gone.iter())

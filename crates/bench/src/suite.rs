@@ -812,22 +812,22 @@ async fn scale_out(opts: &Options) -> Vec<Row> {
         Ok(f) => f,
         Err(e) => return vec![Row::failed(s, "", &e)],
     };
-    let mut rows = scale_out_memory(&f, n, REPLICAS);
+    let mut rows = scale_out_times(&f, n, REPLICAS);
+    rows.extend(scale_out_memory(&f, REPLICAS));
     rows.extend(scale_out_moves(&f, LEASE_SECS));
     rows
 }
 
-/// The scale-out rows of time and memory: one replica against
-/// `replicas`, and the largest replica against its bound.
-fn scale_out_memory(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: usize) -> Vec<Row> {
+/// The scale-out rows of time: one replica against `replicas`, for
+/// targets there before they start and targets created while they run.
+fn scale_out_times(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: usize) -> Vec<Row> {
     let s = "scale-out";
-    let r = replicas as f64;
     let on = if f.cluster {
         "the given cluster"
     } else {
         "a sandbox"
     };
-    let mut rows = vec![
+    vec![
         Row::new(
             s,
             format!("one replica: {n} targets (a child each) on {on} reconciled in"),
@@ -845,14 +845,45 @@ fn scale_out_memory(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: us
         Row::new(
             s,
             format!("start-up, targets there before the replicas: {replicas} replicas / one"),
-            if f.one_secs > 0.0 {
-                f.shared_secs / f.one_secs
-            } else {
-                0.0
-            },
+            ratio(f.shared_secs, f.one_secs),
             "x",
         )
         .goal(Goal::AtMost(1.3)),
+        Row::new(
+            s,
+            format!("{n} targets created while one replica runs (webhook on): decided in"),
+            f.one_new_secs,
+            "s",
+        ),
+        Row::new(
+            s,
+            format!("the same created while {replicas} replicas run: decided in"),
+            f.shared_new_secs,
+            "s",
+        ),
+        Row::new(
+            s,
+            "of those, placed at admission (labelled by the webhook, not the assigner)",
+            f.placed_at_admission as f64,
+            "targets",
+        )
+        .goal(Goal::AtLeast(n as f64)),
+        Row::new(
+            s,
+            format!("targets created while the replicas run: {replicas} replicas / one"),
+            ratio(f.shared_new_secs, f.one_new_secs),
+            "x",
+        )
+        .goal(Goal::AtMost(1.0)),
+    ]
+}
+
+/// The scale-out rows of memory: one replica against `replicas`, and the
+/// largest replica against its bound.
+fn scale_out_memory(f: &super::scaleout::ScaleOutFigures, replicas: usize) -> Vec<Row> {
+    let s = "scale-out";
+    let r = replicas as f64;
+    let mut rows = vec![
         Row::new(s, "one replica holding them all: RSS", mb(f.one_rss), "MB"),
         Row::new(
             s,
@@ -890,6 +921,11 @@ fn scale_out_memory(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: us
         .goal(Goal::AtMost((bound * 100.0).round() / 100.0)),
     );
     rows
+}
+
+/// `a / b`, or 0 where `b` is not measured.
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
 }
 
 /// The scale-out rows of the takeover and the moves, and whether two
