@@ -365,6 +365,8 @@ pub struct ScaleOutFigures {
     /// The sharded replicas: seconds until all reconciled, and each one's
     /// targets, RSS and live heap.
     pub shared_secs: f64,
+    /// Of that, until the ring of every replica was published.
+    pub ring_secs: f64,
     pub each: Vec<(String, usize, u64, u64)>,
     /// The killed replica's targets, and the seconds from its last renewal
     /// (and from the kill) until each was decided again by another.
@@ -882,6 +884,15 @@ impl Bench<'_> {
             .collect();
         let ids: Vec<String> = running.iter().map(|r| r.id.clone()).collect();
         let live: Vec<&str> = ids.iter().map(String::as_str).collect();
+        // Where the time goes: until the ring of them all is published
+        // (the replicas join, then settle), then the labels and decisions.
+        let deadline = Instant::now() + self.limit;
+        while published_members(&self.client, SHARED).await < f.replicas
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        f.ring_secs = t0.elapsed().as_secs_f64();
         if !reconciled(&running, f.targets, self.limit).await
             || !placed_on(&self.client, (SHARED, &live), self.limit, self.poll).await
         {

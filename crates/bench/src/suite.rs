@@ -840,6 +840,12 @@ fn scale_out_times(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: usi
             f.shared_secs,
             "s",
         ),
+        Row::new(
+            s,
+            format!("of that, until the ring of all {replicas} was published"),
+            f.ring_secs,
+            "s",
+        ),
         // Sharding must not make start-up slower than one replica (on one
         // machine the replicas share its CPUs, so it cannot be faster).
         Row::new(
