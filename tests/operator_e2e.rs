@@ -763,6 +763,44 @@ async fn sharded_replicas_place_new_targets_at_admission() {
         }
     })
     .await;
+    // Probes placed by a ring a replica had not yet read are moved; they
+    // are settled before the reads are counted.
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let decided_by = |n: String| {
+        let (cms, widgets, want) = (cms.clone(), widgets.clone(), owner(&n));
+        async move {
+            let labelled = |l: Option<std::collections::BTreeMap<String, String>>| {
+                let l = l.unwrap_or_default();
+                l.get(SHARD_LABEL) == Some(&want)
+                    && !l.contains_key(runbook_core::shard::DRAIN_LABEL)
+            };
+            widgets
+                .get(&n)
+                .await
+                .is_ok_and(|w| labelled(w.metadata.labels))
+                && cms
+                    .get(&format!("{n}-config"))
+                    .await
+                    .is_ok_and(|cm| labelled(cm.metadata.labels))
+        }
+    };
+    for i in 1..=probe {
+        let n = format!("probe{i}");
+        eventually(&format!("{n} placed and decided"), 60, || {
+            decided_by(n.clone())
+        })
+        .await;
+    }
+    // From here on, reading a RunbookState fails (on the sandbox): a
+    // target placed at its creation is decided without asking for one.
+    if let Some(sandbox) = &c.sandbox {
+        sandbox.faults().fail_next(
+            1_000,
+            Some(runbook_sandbox::ApiVerb::Get),
+            Some("runbookstates"),
+            500,
+        );
+    }
     let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
     for n in &names {
         let w = widgets
@@ -777,13 +815,10 @@ async fn sharded_replicas_place_new_targets_at_admission() {
             "{n}"
         );
     }
-    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
     for n in &names {
         let want = owner(n);
-        eventually(&format!("{n} decided by {want}"), 60, || async {
-            cms.get(&format!("{n}-config")).await.is_ok_and(|cm| {
-                cm.metadata.labels.unwrap_or_default().get(SHARD_LABEL) == Some(&want)
-            })
+        eventually(&format!("{n} decided by {want}"), 60, || {
+            decided_by(n.clone())
         })
         .await;
         // Never labelled again by the assigner: its placement takes the
@@ -794,6 +829,17 @@ async fn sharded_replicas_place_new_targets_at_admission() {
             Some(want),
             "{n}"
         );
+    }
+    match &c.sandbox {
+        Some(sandbox) => {
+            assert_eq!(sandbox.faults().failed(), 0, "no RunbookState was read");
+            // The fault is armed: a read of one fails.
+            let read = c.runbook_states().get_opt("any").await;
+            assert!(read.is_err(), "{read:?}");
+            assert_eq!(sandbox.faults().failed(), 1);
+            sandbox.faults().clear();
+        }
+        None => eprintln!("the reads of RunbookStates are counted on the sandbox only"),
     }
     // A user's edit of the label drops the mark: the target is treated as
     // moved from then on.
