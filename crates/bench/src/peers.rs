@@ -221,7 +221,7 @@ fn has_uvloop(python: &Path) -> bool {
 }
 
 /// Clock ticks per second of `/proc/<pid>/stat` (asked once).
-fn ticks_per_second() -> f64 {
+pub(crate) fn ticks_per_second() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *TICKS.get_or_init(|| {
         Command::new("getconf")
@@ -234,7 +234,7 @@ fn ticks_per_second() -> f64 {
 }
 
 /// CPU time of a process so far, every thread, user and system.
-fn cpu_of(pid: u32, ticks: f64) -> Duration {
+pub(crate) fn cpu_of(pid: u32, ticks: f64) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The command name, in parentheses, may hold spaces: fields are
     // counted after its closing one (utime and stime are the 14th and

@@ -393,6 +393,9 @@ pub struct ScaleOutFigures {
     pub one_new_secs: f64,
     pub shared_new_secs: f64,
     pub placed_at_admission: usize,
+    /// CPU seconds the replicas (all of them together) spent meanwhile.
+    pub one_new_cpu: f64,
+    pub shared_new_cpu: f64,
     /// Where it ran.
     pub cluster: bool,
 }
@@ -571,6 +574,15 @@ async fn create_items(client: &Client, ns: &str, n: usize) {
             }
         })
         .await;
+}
+
+/// CPU seconds the replica processes have spent so far, together.
+fn cpu(replicas: &[Replica]) -> f64 {
+    let ticks = super::peers::ticks_per_second();
+    replicas
+        .iter()
+        .map(|r| super::peers::cpu_of(r.child.id(), ticks).as_secs_f64())
+        .sum()
 }
 
 /// How many members the ring published in `ns` holds.
@@ -805,6 +817,7 @@ impl Bench<'_> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tokio::time::sleep(self.settle).await;
+        let cpu0 = cpu(std::slice::from_ref(&one));
         let t0 = Instant::now();
         create_items(&self.client, ONE_NEW, f.targets).await;
         eprintln!(
@@ -816,6 +829,7 @@ impl Bench<'_> {
             return Err("one replica did not decide every Item created".into());
         }
         f.one_new_secs = t0.elapsed().as_secs_f64();
+        f.one_new_cpu = cpu(std::slice::from_ref(&one)) - cpu0;
         one.stop().await;
         let mut running: Vec<Replica> = (0..f.replicas)
             .map(|i| self.start_with(SHARED_NEW, &format!("n{i}"), (true, true)))
@@ -829,6 +843,7 @@ impl Bench<'_> {
         }
         // Each replica reads the published ring at its next look.
         tokio::time::sleep(self.settle).await;
+        let cpu0 = cpu(&running);
         let t0 = Instant::now();
         create_items(&self.client, SHARED_NEW, f.targets).await;
         eprintln!(
@@ -843,6 +858,7 @@ impl Bench<'_> {
             return Err("the sharded replicas did not decide every Item created".into());
         }
         f.shared_new_secs = t0.elapsed().as_secs_f64();
+        f.shared_new_cpu = cpu(&running) - cpu0;
         if !placed_on(&self.client, (SHARED_NEW, &live), self.limit, self.poll).await {
             return Err("the Items created were not placed on the ring".into());
         }

@@ -867,6 +867,13 @@ fn scale_out_times(f: &super::scaleout::ScaleOutFigures, n: usize, replicas: usi
             f.shared_new_secs,
             "s",
         ),
+        Row::new(s, "CPU of the replica meanwhile: one", f.one_new_cpu, "s"),
+        Row::new(
+            s,
+            format!("CPU of the replicas meanwhile: {replicas}, together"),
+            f.shared_new_cpu,
+            "s",
+        ),
         Row::new(
             s,
             "of those, placed at admission (labelled by the webhook, not the assigner)",
