@@ -404,6 +404,23 @@ pub struct ScaleOutFigures {
 /// replicas hold costs the API server little): name, shard label,
 /// draining.
 async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool)> {
+    metas(client, ns)
+        .await
+        .into_iter()
+        .map(|m| {
+            let labels = m.labels.unwrap_or_default();
+            (
+                m.name.unwrap_or_default(),
+                labels.get(SHARD_LABEL).cloned(),
+                labels.contains_key(DRAIN_LABEL),
+            )
+        })
+        .collect()
+}
+
+/// The metadata of every Item of `ns`, 5,000 a page (as far as the API
+/// server answers).
+async fn metas(client: &Client, ns: &str) -> Vec<kube::api::ObjectMeta> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(5_000);
@@ -411,14 +428,7 @@ async fn items(client: &Client, ns: &str) -> Vec<(String, Option<String>, bool)>
         let Ok(page) = api.list_metadata(&params).await else {
             return out;
         };
-        for o in &page.items {
-            let labels = o.metadata.labels.clone().unwrap_or_default();
-            out.push((
-                o.metadata.name.clone().unwrap_or_default(),
-                labels.get(SHARD_LABEL).cloned(),
-                labels.contains_key(DRAIN_LABEL),
-            ));
-        }
+        out.extend(page.items.into_iter().map(|o| o.metadata));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => params = params.continue_token(&c),
             None => return out,
@@ -602,28 +612,15 @@ async fn published_members(client: &Client, ns: &str) -> usize {
 
 /// How many Items of `ns` carry the mark of a placement at admission.
 async fn placed_at_admission(client: &Client, ns: &str) -> usize {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &item_resource());
-    let mut params = ListParams::default().limit(5_000);
-    let mut count = 0;
-    loop {
-        let Ok(page) = api.list_metadata(&params).await else {
-            return count;
-        };
-        count += page
-            .items
-            .iter()
-            .filter(|o| {
-                o.metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(runbook_core::shard::PLACED_ANNOTATION))
-            })
-            .count();
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => params = params.continue_token(&c),
-            None => return count,
-        }
-    }
+    metas(client, ns)
+        .await
+        .iter()
+        .filter(|m| {
+            m.annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(runbook_core::shard::PLACED_ANNOTATION))
+        })
+        .count()
 }
 
 /// Delete what a real-cluster run made.
