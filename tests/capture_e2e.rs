@@ -405,7 +405,7 @@ spec:
             .as_array()
             .unwrap()
             .iter()
-            .any(|a| a.as_str().unwrap().starts_with("event ")),
+            .any(|a| a == "event"),
         "{text}"
     );
     let html = std::fs::read_to_string(&page).unwrap();

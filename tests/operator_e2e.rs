@@ -201,7 +201,28 @@ async fn a_new_cr_gets_its_children_and_status() {
     let st = &w.data["status"];
     assert_eq!(st["observedGeneration"], 1);
     assert_eq!(st["decisions"][0]["policy"], "widget");
-    assert_eq!(st["decisions"][0]["mode"], "enforce");
+    // The compact record: enforcing, and each action carried out, go
+    // without saying; an action on the widget itself names no target.
+    let record = &st["decisions"][0];
+    assert!(record.get("mode").is_none(), "{record}");
+    let actions = record["actions"].as_array().unwrap();
+    assert!(
+        actions.iter().all(|a| a.get("result").is_none()),
+        "{record}"
+    );
+    assert!(
+        actions.iter().any(
+            |a| a["action"] == "apply" && a["target"].as_str().unwrap().ends_with("/w1-config")
+        ),
+        "{record}"
+    );
+    assert!(
+        actions
+            .iter()
+            .filter(|a| a["action"] == "status")
+            .all(|a| a.get("target").is_none()),
+        "{record}"
+    );
     let ready: Vec<&Value> = st["conditions"]
         .as_array()
         .unwrap()
@@ -258,6 +279,42 @@ async fn reconciling_again_without_change_writes_nothing() {
         .filter(|c| c.metadata.name.as_deref() == Some("w1-config"))
         .count();
     assert_eq!(children, 1);
+    // The record as a release before the compact form wrote it (each
+    // result, the mode, the widget named as the status action's target):
+    // the reconciles it wakes leave it as it is.
+    let w = widgets.get("w1").await.unwrap();
+    let mut older = w.data["status"]["decisions"].clone();
+    for d in older.as_array_mut().unwrap() {
+        d["mode"] = json!("enforce");
+        for a in d["actions"].as_array_mut().unwrap() {
+            a["result"] = json!("ok");
+            if a["action"] == "status" {
+                a["target"] = json!(format!("{}/v1 Widget {}/w1", widget_group(&c), c.ns));
+            }
+        }
+    }
+    widgets
+        .patch_status(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"decisions": older}})),
+        )
+        .await
+        .unwrap();
+    let upgraded_rv = rv(&widgets.get("w1").await.unwrap());
+    let writes = op.ctx.metrics.writes.get();
+    for _ in 0..3 {
+        op.ctx.resync(std::slice::from_ref(&kind));
+        settle(&op).await;
+    }
+    let w = widgets.get("w1").await.unwrap();
+    assert_eq!(rv(&w), upgraded_rv, "{}", w.data["status"]);
+    assert_eq!(w.data["status"]["decisions"], older);
+    assert_eq!(
+        op.ctx.metrics.writes.get(),
+        writes,
+        "an older record was rewritten"
+    );
     teardown(c, op).await;
 }
 

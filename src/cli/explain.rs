@@ -10,7 +10,7 @@ use kube::Api;
 use kube::discovery::{Discovery, Scope};
 use serde_json::Value;
 
-use runbook_core::crd::DecisionRecord;
+use runbook_core::crd::{ActionRecord, DecisionRecord};
 use runbook_core::observe::RawObject;
 
 #[derive(clap::Args, Debug)]
@@ -111,7 +111,11 @@ fn render_record(d: &DecisionRecord, out: &mut String) {
                 "    {:<9} {:<9} {}",
                 a.result,
                 a.action,
-                a.target.as_deref().unwrap_or("")
+                match &a.target {
+                    Some(t) => t.as_str(),
+                    None if ActionRecord::on_itself(&a.action) => "(this object)",
+                    None => "",
+                }
             ));
             if let Some(m) = &a.message {
                 out.push_str(&format!("\n              {m}"));

@@ -138,6 +138,39 @@ pub fn done(sandbox: &Sandbox, namespace: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// What a controller wrote to finish every Item, and what it left: write
+/// requests and their bytes as the API server received them, and the
+/// bytes of the finished Items and of their children as it stores them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Written {
+    pub writes: u64,
+    pub bytes: u64,
+    pub item_bytes: u64,
+    pub child_bytes: u64,
+}
+
+impl Written {
+    fn of(sandbox: &Sandbox, namespace: &str) -> Self {
+        let store = sandbox.store();
+        let stored = |group: &str, plural: &str| {
+            let filter = runbook_sandbox::store::Filter {
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            };
+            store
+                .def(group, plural)
+                .and_then(|def| store.list(&def, &filter, None, None).ok())
+                .map_or(0, |l| l.items.iter().map(|b| b.len() as u64).sum())
+        };
+        Written {
+            writes: sandbox.traffic().writes(),
+            bytes: sandbox.traffic().bytes(),
+            item_bytes: stored(GROUP, "items"),
+            child_bytes: stored("", "configmaps"),
+        }
+    }
+}
+
 async fn wait_done(sandbox: &Sandbox, namespace: &str, n: usize, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
@@ -270,7 +303,7 @@ pub async fn run_hand(
     n: usize,
     concurrency: u16,
     children: Children,
-) -> Duration {
+) -> (Duration, Written) {
     let client = sandbox.client();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &item_resource());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -311,7 +344,7 @@ pub async fn run_hand(
     let took = started.elapsed();
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-    took
+    (took, Written::of(sandbox, namespace))
 }
 
 /// One run of Runbook on the Items.
@@ -322,6 +355,8 @@ pub struct RunbookRun {
     pub decisions: u64,
     /// API writes of a resync of the finished state.
     pub noop_writes: u64,
+    /// What it wrote until every Item was done, and left.
+    pub written: Written,
 }
 
 /// Runbook: reconcile until every Item is done; the time it took, the
@@ -346,6 +381,7 @@ pub async fn run_runbook(
     let took = started.elapsed();
     op.settle(Duration::from_millis(300), Duration::from_secs(60))
         .await;
+    let written = Written::of(sandbox, namespace);
     let decisions = op
         .ctx
         .metrics
@@ -379,6 +415,7 @@ pub async fn run_runbook(
         took,
         decisions,
         noop_writes,
+        written,
     }
 }
 
@@ -398,6 +435,11 @@ pub struct OperatorFigures {
     pub noop_writes: u64,
     /// The most decisions a Runbook round made.
     pub decisions: u64,
+    /// What Runbook wrote and left, in its last round.
+    pub runbook_written: Written,
+    /// What the hand-written controller watching its children wrote and
+    /// left, in its last round.
+    pub hand_written: Written,
 }
 
 fn ratios(a: &[Duration], b: &[Duration]) -> Vec<f64> {
@@ -481,6 +523,8 @@ pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
         hand_unwatched: Vec::new(),
         noop_writes: 0,
         decisions: 0,
+        runbook_written: Written::default(),
+        hand_written: Written::default(),
     };
     for round in 0..rounds.max(1) {
         for turn in 0..ORDER.len() {
@@ -495,12 +539,17 @@ pub async fn run(n: usize, rounds: usize) -> OperatorFigures {
                     let run = run_runbook(&sandbox, "runbook", n, 16).await;
                     figures.noop_writes = figures.noop_writes.max(run.noop_writes);
                     figures.decisions = figures.decisions.max(run.decisions);
+                    figures.runbook_written = run.written;
                     run.took
                 }
                 Who::Hand(children) => {
                     let sandbox = Sandbox::default();
                     populate(&sandbox, "hand", n);
-                    run_hand(&sandbox, "hand", n, 16, children).await
+                    let (took, written) = run_hand(&sandbox, "hand", n, 16, children).await;
+                    if children == Children::Watched {
+                        figures.hand_written = written;
+                    }
+                    took
                 }
             };
             match who {

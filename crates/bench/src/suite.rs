@@ -428,7 +428,7 @@ async fn operator(n: usize, rounds: usize) -> Vec<Row> {
         .expect("operator benchmark");
     let s = "operator";
     let (low, high) = f.spread();
-    vec![
+    let mut rows = vec![
         Row::new(
             s,
             format!(
@@ -485,7 +485,46 @@ async fn operator(n: usize, rounds: usize) -> Vec<Row> {
             "writes",
         )
         .goal(Goal::AtMost(0.0)),
-    ]
+    ];
+    rows.extend(written_rows(s, n, &f));
+    rows
+}
+
+/// What each controller wrote to finish a target, and what a finished
+/// target and its child weigh as the API server stores them.
+fn written_rows(s: &'static str, n: usize, f: &super::operator::OperatorFigures) -> Vec<Row> {
+    let per = |v: u64| v as f64 / n.max(1) as f64;
+    let mut rows = Vec::new();
+    for (who, w) in [
+        ("Runbook", &f.runbook_written),
+        ("hand-written", &f.hand_written),
+    ] {
+        rows.push(Row::new(
+            s,
+            format!("{who}: API writes per target, new to done"),
+            per(w.writes),
+            "writes",
+        ));
+        rows.push(Row::new(
+            s,
+            format!("{who}: bytes of those writes per target"),
+            per(w.bytes),
+            "B",
+        ));
+        rows.push(Row::new(
+            s,
+            format!("{who}: a finished Item as stored"),
+            per(w.item_bytes),
+            "B",
+        ));
+        rows.push(Row::new(
+            s,
+            format!("{who}: its child ConfigMap as stored"),
+            per(w.child_bytes),
+            "B",
+        ));
+    }
+    rows
 }
 
 async fn reload(quick: bool, n: usize) -> Vec<Row> {

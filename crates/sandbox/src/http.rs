@@ -58,6 +58,39 @@ pub struct Api {
     pub admission: Arc<super::admission::Admission>,
     /// The ServiceAccount tokens issued (`serviceaccounts/NAME/token`).
     pub tokens: Arc<auth::Tokens>,
+    /// The writes received, and their bytes.
+    pub traffic: Arc<Traffic>,
+}
+
+/// The write requests (POST, PUT, PATCH, DELETE) the sandbox received and
+/// the bytes of their bodies: what a client sent to change the cluster.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    writes: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Traffic {
+    fn note(&self, method: &Method, body: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if matches!(
+            *method,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        ) {
+            self.writes.fetch_add(1, Relaxed);
+            self.bytes.fetch_add(body as u64, Relaxed);
+        }
+    }
+
+    /// Write requests received so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes of their bodies.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 type Resp = Response<SandboxBody>;
@@ -143,6 +176,7 @@ impl Api {
             tokio::time::sleep(latency).await;
         }
         let (parts, body) = req.into_parts();
+        self.traffic.note(&parts.method, body.len());
         let path = parts.uri.path().to_string();
         let query = query_params(parts.uri.query());
         match self

@@ -81,6 +81,7 @@ impl Sandbox {
             store,
             faults: Arc::new(Faults::default()),
             tokens: Arc::default(),
+            traffic: Arc::default(),
             bookmark_interval: config.bookmark_interval,
         });
         Self {
@@ -152,6 +153,11 @@ impl Sandbox {
 
     pub fn faults(&self) -> &Arc<Faults> {
         &self.api.faults
+    }
+
+    /// The write requests received so far, and their bytes.
+    pub fn traffic(&self) -> &Arc<http::Traffic> {
+        &self.api.traffic
     }
 
     /// How the sandbox reaches admission webhooks (HTTPS unless replaced:

@@ -123,13 +123,15 @@ fn actions_of(record: &Value) -> Vec<String> {
         .into_iter()
         .flatten()
         .map(|a| {
-            format!(
-                "{} {}",
-                a["action"].as_str().unwrap_or(""),
+            let verb = a["action"].as_str().unwrap_or("");
+            // The record's own object: said by records of an older form,
+            // left out by the compact one.
+            let on = if runbook_core::crd::ActionRecord::on_itself(verb) {
+                ""
+            } else {
                 a["target"].as_str().unwrap_or("")
-            )
-            .trim_end()
-            .to_string()
+            };
+            format!("{verb} {on}").trim_end().to_string()
         })
         .collect();
     out.sort();

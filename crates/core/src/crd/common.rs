@@ -145,7 +145,8 @@ pub struct DecisionRecord {
     /// When the record last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<String>,
-    /// `enforce` or `shadow`.
+    /// `shadow` when the policy only records; absent when it enforces
+    /// (records written before this form say `enforce`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     /// Each action and what became of it.
@@ -246,6 +247,22 @@ impl DecisionRecord {
             .collect()
     }
 
+    /// The record in the form Runbook writes it: an older record's
+    /// `mode: enforce` and the targets of its actions on the object
+    /// itself (status, condition, event) left out, so that it compares
+    /// equal to the same decision recorded now.
+    pub fn compact(mut self) -> Self {
+        if self.mode.as_deref() == Some("enforce") {
+            self.mode = None;
+        }
+        for a in &mut self.actions {
+            if ActionRecord::on_itself(&a.action) {
+                a.target = None;
+            }
+        }
+        self
+    }
+
     /// Whether the decision went wrong: an error, or an action refused,
     /// held by a limit, or failed (what `Degraded` reports).
     pub fn has_problem(&self) -> bool {
@@ -288,13 +305,25 @@ impl DecisionRecord {
 pub struct ActionRecord {
     /// apply, delete, patch, status, condition, rollback, alert, event, requeue.
     pub action: String,
-    /// `apiVersion Kind namespace/name` of the object acted on, if any.
+    /// `apiVersion Kind namespace/name` of the object acted on; absent
+    /// when it is the object the record is on (status, condition, event)
+    /// or none (requeue).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// What became of it; absent: `ok`.
+    #[serde(default, skip_serializing_if = "ActionResult::is_ok")]
     pub result: ActionResult,
     /// Why, when the result is not ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+impl ActionRecord {
+    /// Whether an action of this verb acts on the object its record is
+    /// on (whose target a record therefore leaves out).
+    pub fn on_itself(action: &str) -> bool {
+        matches!(action, "status" | "condition" | "event")
+    }
 }
 
 /// What became of an action.
@@ -320,6 +349,11 @@ pub enum ActionResult {
 }
 
 impl ActionResult {
+    /// Whether it was carried out (a record leaves such a result out).
+    pub fn is_ok(&self) -> bool {
+        *self == ActionResult::Ok
+    }
+
     /// The name records, metrics and scenarios use.
     pub fn as_str(self) -> &'static str {
         match self {

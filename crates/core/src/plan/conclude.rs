@@ -180,6 +180,9 @@ pub fn record_to_keep(
     quiet: bool,
     now: &str,
 ) -> DecisionRecord {
+    // A record of an older form says the same in more words: it is kept
+    // as it is where the compact one would say the same.
+    let written = previous.clone().compact();
     let mut compare = record.clone();
     compare.time = previous.time.clone();
     compare.inputs_hash = previous.inputs_hash.clone();
@@ -187,11 +190,11 @@ pub fn record_to_keep(
         && record.error.is_none()
         && previous.error.is_none()
         && record.policy_version == previous.policy_version
-        && record.mode == previous.mode
+        && record.mode == written.mode
         && record.alert_routes == previous.alert_routes
         && record.previous == previous.previous
         && record.changed_at == previous.changed_at;
-    if previous.time.is_some() && status_unchanged && (compare == *previous || idle) {
+    if previous.time.is_some() && status_unchanged && (compare == written || idle) {
         previous.clone()
     } else {
         record.time = Some(now.to_string());
@@ -242,7 +245,11 @@ fn action_records(plan: &Plan, done: &[Done]) -> Vec<ActionRecord> {
         .zip(done)
         .map(|(s, d)| ActionRecord {
             action: s.action.verb().to_string(),
-            target: s.target.clone(),
+            // The target itself goes without saying.
+            target: s
+                .target
+                .clone()
+                .filter(|_| !ActionRecord::on_itself(s.action.verb())),
             result: d.result,
             message: d.detail.clone(),
         })
@@ -344,7 +351,8 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
         policy_version: input.policy.version.clone(),
         inputs_hash: input.inputs_hash.to_string(),
         time: None,
-        mode: Some(input.mode.as_str().to_string()),
+        // Enforcing goes without saying.
+        mode: (*input.mode != Acting::Enforce).then(|| input.mode.as_str().to_string()),
         actions,
         alert_routes: input.plan.routes.iter().cloned().collect(),
         recent_actions: recent.to_record(limits, input.now),
@@ -368,7 +376,11 @@ pub fn conclude(input: &Input<'_>) -> Conclusion {
     let wrote = input.done.iter().any(|d| d.wrote);
     let quiet = !wrote && input.plan.events.is_empty() && problem.is_none();
     let record = record_to_keep(record, &previous, status_unchanged, quiet, &now);
-    new_status["decisions"] = record.upsert_into(current.get("decisions"));
+    // The last record kept is left as it is written, in whatever form
+    // (an older release's says more).
+    if previous.time.is_none() || record != previous {
+        new_status["decisions"] = record.upsert_into(current.get("decisions"));
+    }
     let mut events = input.plan.events.clone();
     events.extend(new_problem(problem.as_ref(), &previous));
     Conclusion {
@@ -495,6 +507,54 @@ mod tests {
         assert_eq!(
             record_to_keep(newer, &previous, true, true, NOW).policy_version,
             "v2"
+        );
+    }
+
+    #[test]
+    fn a_record_is_written_compactly_and_an_older_form_of_it_is_not_rewritten() {
+        let action = |verb: &str, target: Option<&str>| ActionRecord {
+            action: verb.into(),
+            target: target.map(str::to_string),
+            result: ActionResult::Ok,
+            message: None,
+        };
+        let this = DecisionRecord {
+            policy: "p".into(),
+            policy_version: "v1".into(),
+            inputs_hash: "h2".into(),
+            actions: vec![
+                action("apply", Some("v1 ConfigMap ns/w-child")),
+                action("status", None),
+            ],
+            ..Default::default()
+        };
+        // Enforcing, an action carried out, and the record's own object
+        // go without saying.
+        assert_eq!(
+            serde_json::to_value(&this).unwrap(),
+            json!({"policy": "p", "policyVersion": "v1", "inputsHash": "h2",
+                   "actions": [{"action": "apply", "target": "v1 ConfigMap ns/w-child"}, {"action": "status"}]})
+        );
+        // The same decision as a record written before said it: kept as
+        // it is, so an upgrade rewrites no status.
+        let older: DecisionRecord = serde_json::from_value(json!({
+            "policy": "p", "policyVersion": "v1", "inputsHash": "h1", "time": "2026-11-29T09:00:00Z",
+            "mode": "enforce",
+            "actions": [{"action": "apply", "target": "v1 ConfigMap ns/w-child", "result": "ok"},
+                        {"action": "status", "target": "example.com/v1 Widget ns/w", "result": "ok"}]}))
+        .unwrap();
+        assert_eq!(
+            record_to_keep(this.clone(), &older, true, false, NOW),
+            older
+        );
+        // A refusal is news, and is said.
+        let mut refused = this;
+        refused.actions[0].result = ActionResult::Refused;
+        let kept = record_to_keep(refused, &older, true, false, NOW);
+        assert_eq!(kept.time.as_deref(), Some(NOW));
+        assert_eq!(
+            serde_json::to_value(&kept).unwrap()["actions"][0]["result"],
+            "refused"
         );
     }
 }

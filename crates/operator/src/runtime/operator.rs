@@ -590,7 +590,7 @@ impl Operator {
             };
             let name = crd.metadata.name.clone().unwrap_or_default();
             for field in outdated_fields(&crd, &served) {
-                tracing::error!(crd = %name, field = %field, "the served CRD {name} is older than this operator: its status lacks {field:?}, which the API server will drop; apply this release's CRDs (kubectl apply --server-side -k deploy/, or runbook crds | kubectl apply --server-side -f -)");
+                tracing::error!(crd = %name, field = %field, "the served CRD {name} is older than this operator: its status lacks {field:?} (the API server will drop it), or requires it where this release may leave it out (the API server will refuse the write); apply this release's CRDs (kubectl apply --server-side -k deploy/, or runbook crds | kubectl apply --server-side -f -)");
                 self.ctx
                     .metrics
                     .crd_outdated
@@ -991,7 +991,9 @@ fn absent_kinds(p: &runbook_core::policy::CompiledPolicy, missing: &[KindRef]) -
 }
 
 /// The status fields of one of Runbook's CRDs, as this release defines
-/// it, that the served schema of its status (`served`) does not list.
+/// it, that the served schema of its status (`served`) does not list;
+/// and those the served schema requires that this release may leave out
+/// (a write without them would be refused), as `path (required)`.
 fn outdated_fields(
     crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     served: &serde_json::Value,
@@ -1001,15 +1003,50 @@ fn outdated_fields(
         .versions
         .first()
         .and_then(|v| serde_json::to_value(&v.schema).ok())
-        .and_then(|s| {
-            s.pointer("/openAPIV3Schema/properties/status/properties")
-                .and_then(serde_json::Value::as_object)
-                .map(|p| p.keys().cloned().collect::<Vec<_>>())
-        })
+        .and_then(|s| s.pointer("/openAPIV3Schema/properties/status").cloned())
         .unwrap_or_default();
-    ours.into_iter()
+    let mut out: Vec<String> = ours["properties"]
+        .as_object()
+        .into_iter()
+        .flat_map(|p| p.keys())
         .filter(|f| served["properties"].get(f.as_str()).is_none())
-        .collect()
+        .cloned()
+        .collect();
+    required_beyond(&ours, served, "status", &mut out);
+    out
+}
+
+/// Fields `served` requires at `at` and below that `ours` does not.
+fn required_beyond(
+    ours: &serde_json::Value,
+    served: &serde_json::Value,
+    at: &str,
+    out: &mut Vec<String>,
+) {
+    let names = |s: &serde_json::Value| -> Vec<String> {
+        s["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect()
+    };
+    let ours_required = names(ours);
+    for r in names(served) {
+        if !ours_required.contains(&r) && ours["properties"].get(&r).is_some() {
+            out.push(format!("{at}.{r} (required)"));
+        }
+    }
+    if let Some(props) = ours["properties"].as_object() {
+        for (k, v) in props {
+            if let Some(s) = served["properties"].get(k) {
+                required_beyond(v, s, &format!("{at}.{k}"), out);
+            }
+        }
+    }
+    if ours["items"].is_object() && served["items"].is_object() {
+        required_beyond(&ours["items"], &served["items"], &format!("{at}[]"), out);
+    }
 }
 
 /// Route cache changes to the targets they concern: owners by their
@@ -1156,5 +1193,22 @@ mod crd_tests {
         let mut missing = outdated_fields(&crd, &older);
         missing.sort();
         assert_eq!(missing, ["fields", "schedules"]);
+    }
+
+    /// A CRD from before the compact decision record requires each
+    /// action's `result`, which this release leaves out when it is `ok`:
+    /// a status write would be refused, so it is found.
+    #[test]
+    fn an_older_crd_requiring_what_this_release_leaves_out_is_found() {
+        use kube::CustomResourceExt as _;
+        let crd = runbook_core::crd::Evaluator::crd();
+        let ours = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let mut older = ours["openAPIV3Schema"]["properties"]["status"].clone();
+        older["properties"]["decisions"]["items"]["properties"]["actions"]["items"]["required"] =
+            serde_json::json!(["action", "result"]);
+        assert_eq!(
+            outdated_fields(&crd, &older),
+            ["status.decisions[].actions[].result (required)"]
+        );
     }
 }
