@@ -590,7 +590,13 @@ impl Operator {
             };
             let name = crd.metadata.name.clone().unwrap_or_default();
             for field in outdated_fields(&crd, &served) {
-                tracing::error!(crd = %name, field = %field, "the served CRD {name} is older than this operator: its status lacks {field:?} (the API server will drop it), or requires it where this release may leave it out (the API server will refuse the write); apply this release's CRDs (kubectl apply --server-side -k deploy/, or runbook crds | kubectl apply --server-side -f -)");
+                let what = match field.strip_suffix(" (required)") {
+                    Some(f) => format!(
+                        "it requires {f:?}, which this release leaves out where it goes without saying: the API server will refuse those writes"
+                    ),
+                    None => format!("its status lacks {field:?}, which the API server will drop"),
+                };
+                tracing::error!(crd = %name, field = %field, "the served CRD {name} is older than this operator: {what}; apply this release's CRDs (kubectl apply --server-side -k deploy/, or runbook crds | kubectl apply --server-side -f -)");
                 self.ctx
                     .metrics
                     .crd_outdated
