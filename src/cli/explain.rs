@@ -400,6 +400,24 @@ mod tests {
         );
     }
 
+    /// A compact record, as this release writes it: what goes without
+    /// saying is printed all the same.
+    #[test]
+    fn a_compact_record_renders_the_mode_results_and_own_object() {
+        let obj = json!({"metadata": {"name": "w", "namespace": "ns"}, "status": {
+            "decisions": [{"policy": "widget", "policyVersion": "abc", "inputsHash": "h", "time": "t",
+                "actions": [{"action": "apply", "target": "v1 ConfigMap ns/w-child"},
+                            {"action": "status"}, {"action": "requeue"}]}]}});
+        let text = render("Widget", &obj);
+        assert!(text.contains("widget (version abc, enforce)"), "{text}");
+        assert!(
+            text.contains("ok        apply     v1 ConfigMap ns/w-child"),
+            "{text}"
+        );
+        assert!(text.contains("ok        status    (this object)"), "{text}");
+        assert!(text.contains("ok        requeue   \n"), "{text}");
+    }
+
     #[test]
     fn a_changed_object_says_by_whom_and_verbs_are_plural_in_english() {
         let obj = json!({"metadata": {"name": "chatbot", "namespace": "ml", "annotations": {
