@@ -499,30 +499,14 @@ fn written_rows(s: &'static str, n: usize, f: &super::operator::OperatorFigures)
         ("Runbook", &f.runbook_written),
         ("hand-written", &f.hand_written),
     ] {
-        rows.push(Row::new(
-            s,
-            format!("{who}: API writes per target, new to done"),
-            per(w.writes),
-            "writes",
-        ));
-        rows.push(Row::new(
-            s,
-            format!("{who}: bytes of those writes per target"),
-            per(w.bytes),
-            "B",
-        ));
-        rows.push(Row::new(
-            s,
-            format!("{who}: a finished Item as stored"),
-            per(w.item_bytes),
-            "B",
-        ));
-        rows.push(Row::new(
-            s,
-            format!("{who}: its child ConfigMap as stored"),
-            per(w.child_bytes),
-            "B",
-        ));
+        for (what, value, unit) in [
+            ("API writes per target, new to done", w.writes, "writes"),
+            ("bytes of those writes per target", w.bytes, "B"),
+            ("a finished Item as stored", w.item_bytes, "B"),
+            ("its child ConfigMap as stored", w.child_bytes, "B"),
+        ] {
+            rows.push(Row::new(s, format!("{who}: {what}"), per(value), unit));
+        }
     }
     rows
 }
