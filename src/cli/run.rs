@@ -117,6 +117,12 @@ pub struct RunArgs {
     /// election, and an identity that is a label value.
     #[arg(long, env = "RUNBOOK_SHARDS")]
     pub shards: bool,
+    /// With --shards: how many replicas start together (set it to the
+    /// Deployment's replicas). Once that many are live, the first ring
+    /// forms at once instead of after the settling time; a wrong count
+    /// costs only that wait or a move of targets.
+    #[arg(long, env = "RUNBOOK_SHARD_REPLICAS", requires = "shards")]
+    pub shard_replicas: Option<usize>,
     /// Decide again on every reconcile skipped as unchanged, and report
     /// (log, metric `runbook_skip_check_differences_total`) any that would
     /// decide differently: a check of Runbook itself, at the cost of the
@@ -456,6 +462,7 @@ fn operator_config(
         }),
         check_skips: args.check_skips,
         shards: args.shards,
+        shard_replicas: args.shard_replicas,
         ..Default::default()
     }
 }

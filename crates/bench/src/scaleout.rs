@@ -136,7 +136,8 @@ pub async fn sandbox_child(n: usize) {
 }
 
 /// A replica child: `kubeconfig namespace identity lease-seconds shards
-/// webhook` (`shards`, `webhook`: 1 or 0; with `webhook`, it serves the
+/// webhook replicas` (`shards`, `webhook`: 1 or 0; `replicas`: how many
+/// sharded replicas start together; with `webhook`, it serves the
 /// authorship webhook on loopback for its namespace's Items, its
 /// material shared with the namespace's other replicas). Prints `LEADING` once it acts, `J` lines as it
 /// decides; answers `rss` with `RSS <rss> <live heap>`; `stop` shuts it
@@ -148,6 +149,8 @@ pub async fn replica_child(args: &[String]) {
     let identity = arg(2);
     let lease: u64 = arg(3).parse().unwrap_or(10);
     let shards = arg(4) == "1";
+    // How many replicas start together (`--shard-replicas`).
+    let expected: Option<usize> = arg(6).parse().ok();
     let webhook = (arg(5) == "1").then(|| runbook_operator::runtime::WebhookConfig {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         endpoint: None,
@@ -162,6 +165,7 @@ pub async fn replica_child(args: &[String]) {
         concurrency: 16,
         identity: identity.clone(),
         shards,
+        shard_replicas: expected.filter(|_| shards),
         lease: shards.then(|| LeaseConfig {
             namespace: namespace.clone(),
             name: RING.into(),
@@ -236,7 +240,7 @@ impl Replica {
         kubeconfig: &Path,
         ns: &str,
         id: &str,
-        lease: u64,
+        (lease, expected): (u64, usize),
         (shards, webhook): (bool, bool),
     ) -> Self {
         let flag = |on: bool| if on { "1" } else { "0" };
@@ -250,6 +254,7 @@ impl Replica {
                 &lease.to_string(),
                 flag(shards),
                 flag(webhook),
+                &expected.to_string(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -774,6 +779,9 @@ struct Bench<'a> {
     kubeconfig: PathBuf,
     client: Client,
     lease_secs: u64,
+    /// The sharded replicas started together (each told so, as
+    /// `--shard-replicas` tells it).
+    replicas: usize,
     /// How often the bench looks (cheap looks, see `placed_on`, so as
     /// often on a real cluster).
     poll: Duration,
@@ -799,7 +807,7 @@ impl Bench<'_> {
             &self.kubeconfig,
             ns,
             id,
-            self.lease_secs,
+            (self.lease_secs, self.replicas),
             flags,
         )
     }
@@ -1124,6 +1132,7 @@ pub async fn measure(
         kubeconfig,
         client: client.clone(),
         lease_secs,
+        replicas,
         poll: Duration::from_millis(250),
         limit: Duration::from_secs(1800),
         settle: Duration::from_secs(3),

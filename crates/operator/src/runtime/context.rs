@@ -66,6 +66,11 @@ pub struct OperatorConfig {
     /// Share the targets with the other replicas of the ring (the
     /// `lease`'s), each deciding for its own (see `runtime::assign`).
     pub shards: bool,
+    /// How many replicas of the ring start together (the Deployment's
+    /// `replicas`): once that many are live and none holds a place yet,
+    /// they join the ring at once instead of waiting to settle. Only a
+    /// hint: a wrong count costs a wait or a move, never a decision.
+    pub shard_replicas: Option<usize>,
     /// Who tenants' policies act as, and what their pods may ask for.
     pub tenancy: super::tenants::TenancyConfig,
     /// How much of the operator one policy may take.
@@ -91,6 +96,7 @@ impl Default for OperatorConfig {
             check_skips: false,
             queue_capacity: 65_536,
             shards: false,
+            shard_replicas: None,
             tenancy: Default::default(),
             fair: Default::default(),
             watch_timeout_secs: crate::observe::cache::WATCH_TIMEOUT_SECS,

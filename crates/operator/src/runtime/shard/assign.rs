@@ -56,6 +56,9 @@ const PAGE: u32 = 100;
 /// more than 16 at 10,000 targets on the sandbox, for no faster start).
 const PLACING_AT_ONCE: usize = 16;
 
+/// How often the members are looked at while the ring has none.
+const FORMING_POLL: Duration = Duration::from_millis(100);
+
 /// The selector of the targets a sharded replica watches for its own
 /// share, with the policies' own (`selector`); unchanged without
 /// `--shards`. Those of gone members are watched beside (`shares`).
@@ -243,6 +246,8 @@ async fn let_go(
 struct Assigner {
     /// The ring members' lease duration.
     lease: Duration,
+    /// How many replicas start together, where the operator was told.
+    expected: Option<usize>,
     /// The ring placed by the last full or new pass.
     last: Option<Ring>,
     looks: u32,
@@ -273,9 +278,10 @@ struct Place {
 }
 
 impl Assigner {
-    fn new(lease: Duration) -> Self {
+    fn new(lease: Duration, expected: Option<usize>) -> Self {
         Self {
             lease,
+            expected,
             last: None,
             looks: 0,
             joined: HashMap::new(),
@@ -319,11 +325,16 @@ impl Assigner {
         // (see `takeover::gate`), so none joins until a lease duration
         // after the last gone member's targets were all placed: no look
         // that still counts a member gone is used once it is back.
+        // Into an empty ring, all those expected to start together join
+        // as soon as they are live: nobody is left to wait for.
         let settle = settle(self.lease);
-        self.settling = self
-            .joined
-            .values()
-            .any(|t| now.saturating_duration_since(*t) < settle);
+        let all_here =
+            published.members.is_empty() && self.expected.is_some_and(|n| n > 0 && live.len() >= n);
+        self.settling = !all_here
+            && self
+                .joined
+                .values()
+                .any(|t| now.saturating_duration_since(*t) < settle);
         let quiet = self
             .none_gone
             .is_some_and(|t| now.saturating_duration_since(t) >= self.lease);
@@ -400,11 +411,18 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
     let election = tokio::spawn(elector.run(assigning.clone(), changed, ctx.stop.clone()));
     let mut members = Members::new(ctx.client.clone(), &ring);
     let mut stop = ctx.stop.clone();
-    let mut state = Assigner::new(ring.duration);
+    let mut state = Assigner::new(ring.duration, ctx.config.shard_replicas);
     let mut placing: Option<tokio::task::JoinHandle<BTreeSet<String>>> = None;
+    let mut forming = true;
     loop {
+        // While the ring has no member, those starting are looked for
+        // more often: nothing is decided until it has.
+        let wait = match forming {
+            true => members.poll().min(FORMING_POLL),
+            false => members.poll(),
+        };
         tokio::select! {
-            _ = tokio::time::sleep(members.poll()) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
         let view = match members.look().await {
@@ -421,6 +439,7 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
             view.live.clone(),
             view.published.clone().unwrap_or_default(),
         );
+        forming = published.members.is_empty();
         if ctx.running.placement.observe(view) {
             tracing::info!(gone = ?ctx.running.placement.watched(), "deciding for the targets of members gone, as the published ring places them");
         }
@@ -850,8 +869,12 @@ mod tests {
 
     impl Steps {
         fn new() -> Self {
+            Self::expecting(None)
+        }
+
+        fn expecting(expected: Option<usize>) -> Self {
             Self {
-                a: Assigner::new(LEASE),
+                a: Assigner::new(LEASE, expected),
                 t0: Instant::now(),
                 published: Published::default(),
             }
@@ -875,6 +898,35 @@ mod tests {
             }
             place
         }
+    }
+
+    #[test]
+    fn replicas_expected_together_join_as_soon_as_all_are_live() {
+        let mut s = Steps::expecting(Some(3));
+        // Two of three: they wait, as without the hint.
+        assert!(s.turn_placed(0, &["a", "b"], &[]).is_none());
+        assert!(s.published.members.is_empty());
+        // The third, a moment later: all three join at once, and every
+        // target is placed, without waiting to settle.
+        let p = s.turn_placed(300, &["a", "b", "c"], &[]).unwrap();
+        assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        assert_eq!((p.pass, p.changed), (Pass::Full, true));
+        // A fourth, beyond the count, joins a ring that has members only
+        // once settled and quiet, as any later replica does.
+        let p = s.turn_placed(10_500, &["a", "b", "c", "d"], &[]).unwrap();
+        assert_eq!(p.pass, Pass::Gone);
+        assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        s.turn_placed(13_000, &["a", "b", "c", "d"], &[]);
+        assert_eq!(s.published.members, set(&["a", "b", "c", "d"]));
+    }
+
+    #[test]
+    fn a_count_too_high_only_makes_those_starting_wait_to_settle() {
+        let mut s = Steps::expecting(Some(5));
+        assert!(s.turn_placed(0, &["a", "b"], &[]).is_none());
+        assert!(s.turn_placed(1_000, &["a", "b"], &[]).is_none());
+        s.turn_placed(2_500, &["a", "b"], &[]);
+        assert_eq!(s.published.members, set(&["a", "b"]));
     }
 
     #[test]
