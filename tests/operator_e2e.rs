@@ -2168,7 +2168,12 @@ async fn a_change_of_nothing_the_decision_read_is_not_decided_again() {
             .is_ok_and(|cm| cm.metadata.deletion_timestamp.is_none())
     })
     .await;
-    assert!(decided(&op) > made);
+    // The new child can be seen before the reconcile that made it has
+    // counted its decision (it counts once its writes are answered).
+    eventually("the deleted child is decided on", 30, || async {
+        decided(&op) > made
+    })
+    .await;
     // And a resync decides on every target again, writing nothing.
     settle(&op).await;
     let (made, writes) = (decided(&op), op.ctx.metrics.writes.get());
