@@ -662,6 +662,132 @@ async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
     c.cleanup().await;
 }
 
+/// Targets without a shard label (there before the replicas, or made
+/// without the authorship webhook) are decided where the published ring
+/// places them, before any label is written: each by the one member the
+/// ring places it on, whose label its state carries. Once the ring is
+/// published closed (as before a member joins) and a lease has passed,
+/// a change to one is not decided until it is labelled. Here the test
+/// holds the ring's Lease and publishes the ring itself (members `a`
+/// and `b`), so no replica assigns or labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unplaced_targets_are_decided_where_the_ring_places_them() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use runbook_core::shard::{Ring, SHARD_LABEL, key};
+    use runbook_operator::runtime::leader::{Elector, LeaseConfig};
+    use runbook_operator::runtime::shard::{
+        MEMBERS_ANNOTATION, UNPLACED_ANNOTATION, published_name,
+    };
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let c = Cluster::new("shardnew").await;
+    let dir = std::env::temp_dir().join(format!("runbook-shardnew-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let policies = seen_policy(&dir);
+    let lease = 6u64;
+    let assigning = Arc::new(AtomicBool::new(false));
+    let (changed, _) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let elector = Elector::new(
+        c.client.clone(),
+        LeaseConfig {
+            namespace: c.ns.clone(),
+            name: "runbook-leader".into(),
+            identity: "the-test".into(),
+            duration: Duration::from_secs(lease),
+            renew_every: Duration::from_secs(1),
+        },
+        runbook_core::clock::Clock::real(),
+    );
+    let election = tokio::spawn(elector.run(assigning.clone(), changed, stopped));
+    eventually("the test holds the ring's Lease", 10, || {
+        let assigning = assigning.clone();
+        async move { assigning.load(Ordering::Acquire) }
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
+    let ring = |open: bool| -> Lease {
+        let mut annotations = serde_json::json!({MEMBERS_ANNOTATION: "a,b"});
+        if open {
+            annotations[UNPLACED_ANNOTATION] = "by-ring".into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": published_name("runbook-leader"), "annotations": annotations},
+            "spec": {"holderIdentity": "the-test"}}))
+        .unwrap()
+    };
+    leases
+        .create(&PostParams::default(), &ring(true))
+        .await
+        .unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(c.client.clone(), &c.ns);
+    let names: Vec<String> = (0..8).map(|i| format!("u{i}")).collect();
+    for n in &names {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": n, "labels": {"shard-test": "yes"}}, "data": {"gen": "1"}}))
+        .unwrap();
+        maps.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let _a = sharded(&c, &kubeconfig, &policies, "a", lease);
+    let _b = sharded(&c, &kubeconfig, &policies, "b", lease);
+    let states = c.runbook_states();
+    eventually("every unplaced target decided", 60, || async {
+        for n in &names {
+            if seen(&states, n).await != Some(serde_json::json!("1")) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let ab = Ring::new(["a", "b"]);
+    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    for n in &names {
+        let labels = maps.get(n).await.unwrap().metadata.labels.unwrap();
+        assert_eq!(labels.get(SHARD_LABEL), None, "{n} was labelled");
+        let state = states.get(&format!("configmap.{n}")).await.unwrap();
+        let decided_by = state.metadata.labels.unwrap_or_default()[SHARD_LABEL].clone();
+        assert_eq!(
+            Some(decided_by.as_str()),
+            ab.owner(&key("", "ConfigMap", &c.ns, n)),
+            "{n} decided by another replica than the ring places it on"
+        );
+        *by.entry(decided_by).or_default() += 1;
+    }
+    eprintln!("unplaced targets decided by: {by:?}");
+    // Closed: once no replica's look says otherwise, a change waits.
+    let published = leases.get(&published_name("runbook-leader")).await.unwrap();
+    let mut closed = ring(false);
+    closed.metadata.resource_version = published.metadata.resource_version;
+    leases
+        .replace(
+            &published_name("runbook-leader"),
+            &PostParams::default(),
+            &closed,
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(lease + 1)).await;
+    maps.patch(
+        "u0",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"gen": "2"}})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        seen(&states, "u0").await,
+        Some(serde_json::json!("1")),
+        "a change of an unplaced target decided while the ring was closed"
+    );
+    let _ = stop.send(true);
+    let _ = election.await;
+    let _ = std::fs::remove_dir_all(&dir);
+    c.cleanup().await;
+}
+
 /// Two `runbook run --shards` processes share ten targets; one is killed
 /// (`kill -9`: no Lease released) just after it renewed its member Lease.
 /// A change to every target is decided by the other within the lease
@@ -699,7 +825,7 @@ async fn a_killed_replicas_targets_are_taken_over() {
             true
         }
     };
-    eventually("every target decided once placed", 60, || all_seen("1")).await;
+    eventually("every target decided", 60, || all_seen("1")).await;
     let shard_of = |n: String| {
         let maps = maps.clone();
         async move {
@@ -713,6 +839,16 @@ async fn a_killed_replicas_targets_are_taken_over() {
                 .cloned()
         }
     };
+    // Decided where the ring places them first; labelled a lease later.
+    eventually("every target labelled", 6 * lease, || async {
+        for n in &names {
+            if shard_of(n.clone()).await.is_none() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
     let mut held = std::collections::BTreeMap::<String, usize>::new();
     for n in &names {
         *held.entry(shard_of(n.clone()).await.unwrap()).or_default() += 1;

@@ -243,6 +243,23 @@ impl RawObject {
         tree
     }
 
+    /// The object as if it carried label `key` with `value` (its
+    /// resourceVersion unchanged): how a decision sees a target it makes
+    /// before the label is written.
+    pub fn with_label(&self, key: &str, value: &str) -> RawObject {
+        let mut v = self.value();
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            let labels = meta
+                .entry("labels")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if !labels.is_object() {
+                *labels = Value::Object(Default::default());
+            }
+            labels[key] = Value::String(value.to_string());
+        }
+        Self::from_value(v)
+    }
+
     /// The object's label `key`, without parsing it.
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key)
@@ -412,6 +429,24 @@ mod tests {
         assert_eq!(c.value()["metadata"]["name"], "p");
         // A clone of the object shares what is held.
         assert!(Arc::ptr_eq(&c, &o.clone().cached()));
+    }
+
+    /// A target decided before its shard label is written is seen with
+    /// it, at the same resourceVersion, whatever its labels held.
+    #[test]
+    fn an_object_seen_with_a_label_it_does_not_carry_yet() {
+        for labels in [json!({"app": "web"}), json!(null), json!("oops")] {
+            let o = RawObject::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "resourceVersion": "7", "labels": labels}}));
+            let l = o.with_label("runbook.dev/shard", "r1");
+            assert_eq!(l.label("runbook.dev/shard"), Some("r1"));
+            assert_eq!(l.resource_version(), "7");
+            assert_eq!(l.value()["metadata"]["labels"]["runbook.dev/shard"], "r1");
+            assert_eq!(o.label("runbook.dev/shard"), None);
+        }
+        let o = RawObject::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"app": "web"}}}));
+        assert_eq!(o.with_label("x", "y").label("app"), Some("web"));
     }
 
     #[test]

@@ -836,7 +836,7 @@ impl Operator {
         self.wait_informers().await;
         let placement = &self.ctx.running.placement;
         let gone = placement.watched();
-        placement.targets_gone.send_replace(gone.clone());
+        placement.unheld.send_modify(|u| u.gone = gone.clone());
         tracing::info!(
             ?gone,
             caches_ms = began.elapsed().as_millis() as u64,

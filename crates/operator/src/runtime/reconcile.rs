@@ -421,6 +421,16 @@ pub(super) async fn reconcile(
         tracing::debug!(kind = %kind, namespace = %key.namespace, name = %key.name, ?action, "not decided here");
         return Ok(action);
     }
+    // Sharded, an unplaced target is decided where the published ring
+    // places it (`shard::takeover`), before the assigner labels it for
+    // this replica: decided as if labelled so, its children and state
+    // carry the label they will keep, and the label's arrival decides
+    // nothing again.
+    let shard = runbook_core::shard::SHARD_LABEL;
+    let obj = match ctx.config.shards && obj.label(shard).is_none() {
+        true => Arc::new(obj.with_label(shard, &ctx.config.identity)),
+        false => obj,
+    };
     pass_on_change(&ctx, &kind, &key, &obj);
     if let Some(why) = &obj.undecodable {
         tracing::warn!(kind = %kind, namespace = %key.namespace, name = %key.name, "skipping a target that cannot be used: {why}");

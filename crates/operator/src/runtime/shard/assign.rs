@@ -5,9 +5,12 @@
 //! assigner: it places each target on the ring of live members and
 //! labels it.
 //!
-//! - A target without the label, or labelled for a member that is gone,
-//!   is labelled for its place at once (a member gone has stopped acting:
-//!   see `members`).
+//! - A target without the label is decided by the replica the published
+//!   ring places it on before it is labelled (`takeover`), and labelled
+//!   for its place a lease duration after that ring opened.
+//! - A target labelled for a member that is gone is labelled for its
+//!   place a lease duration after (a member gone has stopped acting: see
+//!   `members`); meanwhile the others decide for it (`takeover`).
 //! - A target whose place moved to another live member is moved by a
 //!   handshake, so that two replicas never decide for it at once: the
 //!   assigner labels it `runbook.dev/drain`; its member, in its next
@@ -70,10 +73,10 @@ pub fn watch_selector(ctx: &Context, selector: Option<&str>) -> Option<String> {
     Some(with_policies(selector, own))
 }
 
-/// The selector of the targets of gone members (`labels`) a sharded
-/// replica watches beside its own (`shares`), with the policies' own.
-pub fn gone_selector(selector: Option<&str>, labels: &BTreeSet<String>) -> String {
-    with_policies(selector, shard_in(labels))
+/// The selector of the targets a sharded replica watches beside its own
+/// (`shares::Unheld`), with the policies' own; `None` for none.
+pub fn unheld_selector(selector: Option<&str>, unheld: &super::Unheld) -> Option<String> {
+    Some(with_policies(selector, unheld.selection()?))
 }
 
 fn with_policies(selector: Option<&str>, shard: String) -> String {
@@ -264,6 +267,11 @@ struct Assigner {
     placing: bool,
     /// The gone members the last placing found all placed.
     cleared: BTreeSet<String>,
+    /// Since when the published ring has not decided for unplaced
+    /// targets (published so by this assigner).
+    closed_since: Option<Instant>,
+    /// Since when the ring of these members has decided for them.
+    open_since: Option<(BTreeSet<String>, Instant)>,
 }
 
 /// What one turn places, once the ring is published.
@@ -275,6 +283,10 @@ struct Place {
     gone: BTreeSet<String>,
     /// The ring differs from the one placed last (worth a log line).
     changed: bool,
+    /// Whether unplaced targets are labelled: not while the replicas
+    /// decide for them as the ring places them, for a lease duration
+    /// after it opened; their labels follow then.
+    unplaced: bool,
 }
 
 impl Assigner {
@@ -290,6 +302,8 @@ impl Assigner {
             settling: false,
             placing: false,
             cleared: BTreeSet::new(),
+            closed_since: None,
+            open_since: None,
         }
     }
 
@@ -312,6 +326,8 @@ impl Assigner {
         if !assigning {
             self.last = None;
             self.none_gone = None;
+            self.closed_since = None;
+            self.open_since = None;
             return None;
         }
         if published.gone.is_empty() {
@@ -341,6 +357,9 @@ impl Assigner {
         let joining = Joining {
             settled: !self.settling,
             quiet,
+            closed: self
+                .closed_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.lease),
         };
         Some(next_ring(published, live, &self.cleared, joining))
     }
@@ -351,6 +370,23 @@ impl Assigner {
     /// ring.
     fn published(&mut self, next: &Published, now: Instant) -> Option<Place> {
         self.cleared.clear();
+        if next.open {
+            self.closed_since = None;
+            if self
+                .open_since
+                .as_ref()
+                .is_none_or(|(m, _)| *m != next.members)
+            {
+                self.open_since = Some((next.members.clone(), now));
+            }
+        } else {
+            self.closed_since.get_or_insert(now);
+            self.open_since = None;
+        }
+        let unplaced = self
+            .open_since
+            .as_ref()
+            .is_none_or(|(_, t)| now.saturating_duration_since(*t) >= self.lease);
         if self.placing || relabel_later(&mut self.gone_since, &next.gone, self.lease, now) {
             return None;
         }
@@ -373,6 +409,7 @@ impl Assigner {
             pass,
             gone: next.gone.clone(),
             changed,
+            unplaced,
         })
     }
 
@@ -440,7 +477,7 @@ pub async fn run(ctx: Arc<Context>, ring: LeaseConfig) {
             view.published.clone().unwrap_or_default(),
         );
         forming = published.members.is_empty();
-        if ctx.running.placement.observe(view) {
+        if ctx.running.placement.observe(&ctx.config.identity, view) {
             tracing::info!(gone = ?ctx.running.placement.watched(), "deciding for the targets of members gone, as the published ring places them");
         }
         let assigner = assigning.load(Ordering::Acquire);
@@ -482,7 +519,7 @@ async fn place_all(ctx: Arc<Context>, place: Place, live: BTreeSet<String>) -> B
     }
     let gone = !place.gone.is_empty();
     for kind in ctx.policies.load().target_kinds() {
-        if let Err(e) = self::place(&ctx, &kind, &place.ring, &live, place.pass, gone).await {
+        if let Err(e) = self::place(&ctx, &kind, &place, &live, gone).await {
             tracing::warn!(kind = %kind, "placing targets: {}", crate::util::api_error(&e));
         }
     }
@@ -534,7 +571,11 @@ async fn publish(
     old: &Published,
     next: Published,
 ) -> Result<Published, kube::Error> {
-    if old.version.is_some() && next.members == old.members && next.gone == old.gone {
+    if old.version.is_some()
+        && next.members == old.members
+        && next.gone == old.gone
+        && next.open == old.open
+    {
         return Ok(next);
     }
     let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ring.namespace);
@@ -556,7 +597,7 @@ async fn publish(
         Some(_) => api.replace(&name, &PostParams::default(), &lease).await?,
         None => api.create(&PostParams::default(), &lease).await?,
     };
-    tracing::info!(members = ?next.members, gone = ?next.gone, "published the ring of replicas");
+    tracing::info!(members = ?next.members, gone = ?next.gone, unplaced_by_ring = next.open, "published the ring of replicas");
     Ok(Published {
         version: written.metadata.resource_version,
         ..next
@@ -615,16 +656,17 @@ enum Pass {
 async fn place(
     ctx: &Context,
     kind: &KindRef,
-    ring: &Ring,
+    place: &Place,
     live: &BTreeSet<String>,
-    pass: Pass,
     gone: bool,
 ) -> Result<(), kube::Error> {
+    let (ring, pass) = (&place.ring, place.pass);
     let api = api(ctx, kind, None);
     // Each selection, and whether the API server's watch cache serves it
     // (see below).
     let mut selections: Vec<(String, bool)> = match pass {
         Pass::Gone => Vec::new(),
+        Pass::New | Pass::Full if !place.unplaced => Vec::new(),
         Pass::New | Pass::Full => unplaced_selectors(&ctx.policies.load(), kind)
             .into_iter()
             .map(|s| (s, true))
@@ -912,12 +954,38 @@ mod tests {
         assert_eq!(s.published.members, set(&["a", "b", "c"]));
         assert_eq!((p.pass, p.changed), (Pass::Full, true));
         // A fourth, beyond the count, joins a ring that has members only
-        // once settled and quiet, as any later replica does.
+        // once settled and quiet, as any later replica does, and a lease
+        // after the ring stopped deciding for unplaced targets.
         let p = s.turn_placed(10_500, &["a", "b", "c", "d"], &[]).unwrap();
         assert_eq!(p.pass, Pass::Gone);
         assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        assert!(s.published.open);
         s.turn_placed(13_000, &["a", "b", "c", "d"], &[]);
+        assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        assert!(!s.published.open);
+        s.turn_placed(22_000, &["a", "b", "c", "d"], &[]);
+        assert_eq!(s.published.members, set(&["a", "b", "c"]));
+        s.turn_placed(23_000, &["a", "b", "c", "d"], &[]);
         assert_eq!(s.published.members, set(&["a", "b", "c", "d"]));
+        assert!(s.published.open);
+    }
+
+    /// Unplaced targets are decided where the new ring places them, and
+    /// labelled only a lease after it opened; while it is closed (a
+    /// member gone or waiting to join), at once.
+    #[test]
+    fn unplaced_targets_are_labelled_a_lease_after_the_ring_opened() {
+        let mut s = Steps::expecting(Some(2));
+        let p = s.turn_placed(0, &["a", "b"], &[]).unwrap();
+        assert!(s.published.open);
+        assert_eq!((p.pass, p.unplaced), (Pass::Full, false));
+        assert!(!s.turn_placed(9_000, &["a", "b"], &[]).unwrap().unplaced);
+        let p = s.turn_placed(10_000, &["a", "b"], &[]).unwrap();
+        assert_eq!((p.pass, p.unplaced), (Pass::New, true));
+        // c waits to join: closed, and the unplaced are labelled.
+        s.turn_placed(20_000, &["a", "b", "c"], &[]);
+        let p = s.turn_placed(23_000, &["a", "b", "c"], &[]).unwrap();
+        assert!(!s.published.open && p.unplaced);
     }
 
     #[test]
@@ -952,14 +1020,16 @@ mod tests {
         let p = s.turn_placed(13_000, &["a", "b", "c", "d"], &[]).unwrap();
         assert_eq!(p.pass, Pass::Gone);
         s.turn_placed(15_000, &["a", "b", "c", "d"], &[]);
+        assert!(!s.published.open, "closed a lease before d joins");
+        s.turn_placed(25_000, &["a", "b", "c", "d"], &[]);
         assert_eq!(s.published.members, set(&["a", "b", "c", "d"]));
         // The same ring next: only new targets, with a full pass every
         // FULL_EVERY looks.
         let four = ["a", "b", "c", "d"];
-        let p = s.turn_placed(16_000, &four, &[]).unwrap();
+        let p = s.turn_placed(26_000, &four, &[]).unwrap();
         assert_eq!((p.pass, p.changed), (Pass::New, false));
         let passes: Vec<Pass> = (0..FULL_EVERY as u64)
-            .filter_map(|i| s.turn_placed(17_000 + i, &four, &[]))
+            .filter_map(|i| s.turn_placed(27_000 + i, &four, &[]))
             .map(|p| p.pass)
             .collect();
         assert_eq!(passes.iter().filter(|p| **p == Pass::Full).count(), 1);
@@ -1040,8 +1110,11 @@ mod tests {
             assert_eq!(p.pass, Pass::Gone, "at {ms}");
             assert_eq!(s.published.members, set(&["a"]), "b has not joined at {ms}");
         }
-        // Seen for the settling time since it came back: it joins.
+        // Seen for the settling time since it came back: it joins, a
+        // lease after the ring stopped deciding for unplaced targets.
         s.turn_placed(24_500, &["a", "b"], &[]);
+        assert_eq!(s.published.members, set(&["a"]));
+        s.turn_placed(34_500, &["a", "b"], &[]);
         assert_eq!(s.published.members, set(&["a", "b"]));
     }
 

@@ -40,6 +40,13 @@ pub fn published_name(ring: &str) -> String {
 /// gone from it whose targets are not all placed elsewhere yet.
 pub const MEMBERS_ANNOTATION: &str = "runbook.dev/members";
 pub const GONE_ANNOTATION: &str = "runbook.dev/gone";
+/// The annotation saying the replicas decide for unplaced targets (those
+/// without a shard label) where the published ring places them, before
+/// the assigner labels them (`takeover`): `"by-ring"`. Absent (as an
+/// assigner that predates it writes the ring), unplaced targets wait for
+/// their labels.
+pub const UNPLACED_ANNOTATION: &str = "runbook.dev/unplaced";
+const BY_RING: &str = "by-ring";
 
 /// The ring as the assigner published it. Every replica places a gone
 /// member's targets by it (`takeover`), so that all agree on who decides
@@ -48,6 +55,9 @@ pub const GONE_ANNOTATION: &str = "runbook.dev/gone";
 pub struct Published {
     pub members: BTreeSet<String>,
     pub gone: BTreeSet<String>,
+    /// Whether the members decide for unplaced targets as the ring places
+    /// them (`UNPLACED_ANNOTATION`).
+    pub open: bool,
     /// The record's resourceVersion: the assigner's next write replaces
     /// exactly this one.
     pub version: Option<String>,
@@ -71,6 +81,11 @@ impl Published {
         Self {
             members: set(MEMBERS_ANNOTATION),
             gone: set(GONE_ANNOTATION),
+            open: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(UNPLACED_ANNOTATION))
+                .is_some_and(|v| v == BY_RING),
             version: meta.resource_version.clone(),
         }
     }
@@ -78,11 +93,15 @@ impl Published {
     /// The annotations that publish it.
     pub fn annotations(&self) -> std::collections::BTreeMap<String, String> {
         let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(",");
-        [
+        let mut out: std::collections::BTreeMap<String, String> = [
             (MEMBERS_ANNOTATION.to_string(), join(&self.members)),
             (GONE_ANNOTATION.to_string(), join(&self.gone)),
         ]
-        .into()
+        .into();
+        if self.open {
+            out.insert(UNPLACED_ANNOTATION.to_string(), BY_RING.to_string());
+        }
+        out
     }
 
     pub fn ring(&self) -> Ring {

@@ -24,8 +24,11 @@ mod takeover;
 
 pub(crate) use assign::admit;
 pub use assign::{
-    children_selector, gone_selector, none_match, place_new, run, shard_identity, watch_selector,
+    children_selector, none_match, place_new, run, shard_identity, unheld_selector, watch_selector,
 };
-pub use members::{GONE_ANNOTATION, MEMBERS_ANNOTATION, Members, member_lease, published_name};
+pub use members::{
+    GONE_ANNOTATION, MEMBERS_ANNOTATION, Members, UNPLACED_ANNOTATION, member_lease, published_name,
+};
+pub use shares::Unheld;
 pub(crate) use shares::{Parts, PlacesHere, Shares, StartGone, Watch};
 pub use takeover::Placement;

@@ -35,13 +35,50 @@ use runbook_core::shard::SHARD_LABEL;
 pub(crate) type WatchResult = Result<Event<RawObject>, watcher::Error>;
 pub(crate) type Watch = BoxStream<'static, WatchResult>;
 
-/// Starts the watch of the given gone members' labels; `None` for none
+/// Starts the watch beside the own one (see [`Unheld`]); `None` for none
 /// (the last one's health is cleared then).
-pub(crate) type StartGone = Box<dyn Fn(&BTreeSet<String>) -> Option<Watch> + Send>;
+pub(crate) type StartGone = Box<dyn Fn(&Unheld) -> Option<Watch> + Send>;
 
 /// Whether the published ring places a gone member's target on this
 /// replica (`takeover::Placement::places_here`).
 pub(crate) type PlacesHere = Box<dyn Fn(&RawObject) -> bool + Send>;
+
+/// What the watch beside a replica's own selects: the targets of the gone
+/// members whose children its caches hold, or, while the published ring
+/// decides for unplaced targets (`takeover`), every target labelled for
+/// none of the ring's members (unplaced ones, and any gone member's).
+/// Of those, the store holds the ones the ring places here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unheld {
+    /// The gone members whose targets this replica may decide for.
+    pub gone: BTreeSet<String>,
+    /// The ring's members, while it decides for unplaced targets and
+    /// this replica is among them.
+    pub ring: Option<BTreeSet<String>>,
+}
+
+impl Unheld {
+    /// Gone members' targets only.
+    pub fn gone(gone: BTreeSet<String>) -> Self {
+        Self { gone, ring: None }
+    }
+
+    /// Whether nothing is watched beside the own watch.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_none() && self.gone.is_empty()
+    }
+
+    /// The label selection of the watch (without the policies' own);
+    /// `None` for none.
+    pub fn selection(&self) -> Option<String> {
+        let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(",");
+        match &self.ring {
+            Some(members) => Some(format!("{SHARD_LABEL} notin ({})", list(members))),
+            None if self.gone.is_empty() => None,
+            None => Some(format!("{SHARD_LABEL} in ({})", list(&self.gone))),
+        }
+    }
+}
 
 /// Where an object is held in the store from: the shard label it carries.
 fn label(o: &RawObject) -> Option<&str> {
@@ -87,17 +124,16 @@ pub(crate) enum Input {
     /// The gone watch ended (a watcher does not; were it to, the next
     /// change of the gone members starts another).
     GoneEnded,
-    /// The gone members to watch are these now.
-    Watched(BTreeSet<String>),
+    /// The watch beside the own one selects this now.
+    Watched(Unheld),
 }
 
 /// What a step asks of its loop.
 pub(crate) enum Act {
     /// Pass this on to the reflector.
     Pass(WatchResult),
-    /// Watch these gone members' labels, in place of the ones watched
-    /// (none: stop).
-    Watch(BTreeSet<String>),
+    /// Watch these targets, in place of the ones watched (none: stop).
+    Watch(Unheld),
 }
 
 /// The merge of the own watch and the gone watch as a plain state machine:
@@ -112,9 +148,9 @@ pub(crate) struct Merge {
     /// What the own watch's relist has listed so far.
     own_relist: Option<HashSet<Key>>,
     /// The gone members to watch, as last told.
-    wanted: BTreeSet<String>,
+    wanted: Unheld,
     /// The gone members the gone watch selects, and whether it runs.
-    gone_labels: BTreeSet<String>,
+    gone_labels: Unheld,
     gone_running: bool,
     /// What the gone watch's list has listed so far.
     gone_list: Option<GoneList>,
@@ -125,14 +161,14 @@ pub(crate) struct Merge {
 
 impl Merge {
     /// A merge for replica `me`, told of the gone members `wanted` so far.
-    pub(crate) fn new(me: String, kind: String, wanted: BTreeSet<String>, now: Instant) -> Self {
+    pub(crate) fn new(me: String, kind: String, wanted: Unheld, now: Instant) -> Self {
         Self {
             me,
             kind,
             own_listed: false,
             own_relist: None,
             wanted,
-            gone_labels: BTreeSet::new(),
+            gone_labels: Unheld::default(),
             gone_running: false,
             gone_list: None,
             gone_started: now,
@@ -337,8 +373,8 @@ pub(crate) struct Parts {
     pub start_gone: StartGone,
     /// Whether the published ring places a gone member's target here.
     pub places_here: PlacesHere,
-    /// The gone members, as published.
-    pub watched: watch::Receiver<BTreeSet<String>>,
+    /// What the watch beside the own one selects, as published.
+    pub watched: watch::Receiver<Unheld>,
     /// The kind's store, and how it is served.
     pub store: Store<RawObject>,
     pub resource: Arc<ApiResource>,
@@ -375,7 +411,7 @@ pub(crate) struct Shares {
     start_gone: StartGone,
     /// The gone members to watch the labels of; `None` once nothing
     /// tells of them any more.
-    watched: Option<watch::Receiver<BTreeSet<String>>>,
+    watched: Option<watch::Receiver<Unheld>>,
     out: VecDeque<WatchResult>,
 }
 
@@ -523,7 +559,7 @@ mod tests {
 
     type Sender = mpsc::UnboundedSender<WatchResult>;
     /// Each gone watch started: its labels, and where its events go.
-    type Started = Arc<Mutex<Vec<(BTreeSet<String>, Sender)>>>;
+    type Started = Arc<Mutex<Vec<(Unheld, Sender)>>>;
 
     /// The merged watch, with its store and what it passed on, driven by
     /// hand: the own watch and each gone watch started are channels.
@@ -533,7 +569,7 @@ mod tests {
         /// The gone members' targets the ring places on other replicas,
         /// by name.
         elsewhere: Arc<Mutex<BTreeSet<String>>>,
-        watched: watch::Sender<BTreeSet<String>>,
+        watched: watch::Sender<Unheld>,
         store: Store<RawObject>,
         events: BoxStream<'static, WatchResult>,
         passed: Vec<String>,
@@ -544,7 +580,7 @@ mod tests {
             let (own, own_rx) = mpsc::unbounded();
             let gone = Arc::new(Mutex::new(Vec::new()));
             let started = gone.clone();
-            let start: StartGone = Box::new(move |labels: &BTreeSet<String>| {
+            let start: StartGone = Box::new(move |labels: &Unheld| {
                 if labels.is_empty() {
                     return None;
                 }
@@ -552,7 +588,7 @@ mod tests {
                 started.lock().unwrap().push((labels.clone(), tx));
                 Some(rx.boxed())
             });
-            let (watched, watched_rx) = watch::channel(BTreeSet::new());
+            let (watched, watched_rx) = watch::channel(Unheld::default());
             let elsewhere = Arc::new(Mutex::new(BTreeSet::<String>::new()));
             let placed = elsewhere.clone();
             let places_here: PlacesHere = Box::new(move |o: &RawObject| {
@@ -600,7 +636,7 @@ mod tests {
             }
         }
 
-        fn started(&self) -> Vec<BTreeSet<String>> {
+        fn started(&self) -> Vec<Unheld> {
             self.gone
                 .lock()
                 .unwrap()
@@ -641,6 +677,10 @@ mod tests {
         }
     }
 
+    fn gone_of(names: &[&str]) -> Unheld {
+        Unheld::gone(set(names))
+    }
+
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|n| n.to_string()).collect()
     }
@@ -672,7 +712,7 @@ mod tests {
             let acts = m.step(input, self, Instant::now());
             acts.into_iter()
                 .map(|a| match a {
-                    Act::Watch(labels) => format!("watch {labels:?}"),
+                    Act::Watch(labels) => format!("watch {:?}", labels.gone),
                     Act::Pass(Err(_)) => "error".into(),
                     Act::Pass(Ok(e)) => match e {
                         Event::Apply(o) | Event::InitApply(o) => {
@@ -708,7 +748,7 @@ mod tests {
         Merge::new(
             "me".into(),
             "Widget".into(),
-            BTreeSet::new(),
+            Unheld::default(),
             Instant::now(),
         )
     }
@@ -719,14 +759,14 @@ mod tests {
     #[test]
     fn the_merge_starts_the_gone_watch_after_the_own_list_and_stops_it() {
         let (mut f, mut m) = (Fake::default(), merge());
-        assert!(f.step(&mut m, Input::Watched(set(&["g"]))).is_empty());
+        assert!(f.step(&mut m, Input::Watched(gone_of(&["g"]))).is_empty());
         let acts = f.steps(&mut m, own(list(&[("a", "me")])));
         assert_eq!(acts, ["init", "apply a", "done", "watch {\"g\"}"]);
         let acts = f.steps(&mut m, gone(list(&[("c", "g")])));
         assert_eq!(acts, ["apply c"]);
         // The same members told again start nothing.
-        assert!(f.step(&mut m, Input::Watched(set(&["g"]))).is_empty());
-        let acts = f.step(&mut m, Input::Watched(BTreeSet::new()));
+        assert!(f.step(&mut m, Input::Watched(gone_of(&["g"]))).is_empty());
+        let acts = f.step(&mut m, Input::Watched(Unheld::default()));
         assert_eq!(acts, ["watch {}", "delete c"]);
         assert_eq!(f.held.keys().collect::<Vec<_>>(), ["a"]);
     }
@@ -738,13 +778,13 @@ mod tests {
     fn an_ended_gone_watch_is_started_again_and_its_errors_stay_inside() {
         let (mut f, mut m) = (Fake::default(), merge());
         f.steps(&mut m, own(list(&[])));
-        f.step(&mut m, Input::Watched(set(&["g"])));
+        f.step(&mut m, Input::Watched(gone_of(&["g"])));
         let failed = || Err(watcher::Error::NoResourceVersion);
         assert!(f.step(&mut m, Input::Gone(failed())).is_empty());
         assert_eq!(f.step(&mut m, Input::Own(failed())), ["error"]);
         assert!(f.step(&mut m, Input::GoneEnded).is_empty());
         assert_eq!(
-            f.step(&mut m, Input::Watched(set(&["g"]))),
+            f.step(&mut m, Input::Watched(gone_of(&["g"]))),
             ["watch {\"g\"}"]
         );
     }
@@ -753,7 +793,7 @@ mod tests {
     async fn a_gone_members_targets_join_the_own_share_without_listing_it_again() {
         let mut rig = Rig::new();
         // Gone members known before the own list is done wait for it.
-        rig.watched.send(set(&["g"])).unwrap();
+        rig.watched.send(gone_of(&["g"])).unwrap();
         rig.own(vec![Event::Init, Event::InitApply(object("a", "me", "1"))]);
         rig.settle().await;
         assert!(rig.started().is_empty());
@@ -763,7 +803,7 @@ mod tests {
         ]);
         rig.settle().await;
         assert_eq!(rig.passed(), ["init", "listed a", "listed b", "done"]);
-        assert_eq!(rig.started(), [set(&["g"])]);
+        assert_eq!(rig.started(), [gone_of(&["g"])]);
         rig.gone(list(&[("c", "g"), ("d", "g")]));
         rig.settle().await;
         // Only the gone member's targets are decided, and the own stay.
@@ -774,7 +814,7 @@ mod tests {
     #[tokio::test]
     async fn an_object_moving_to_the_own_label_is_kept_whichever_watch_tells_first() {
         let mut rig = Rig::new();
-        rig.watched.send(set(&["g"])).unwrap();
+        rig.watched.send(gone_of(&["g"])).unwrap();
         rig.own(list(&[]));
         rig.settle().await;
         rig.gone(list(&[("c", "g"), ("d", "g")]));
@@ -801,7 +841,7 @@ mod tests {
     #[tokio::test]
     async fn relists_drop_only_what_their_own_watch_no_longer_lists() {
         let mut rig = Rig::new();
-        rig.watched.send(set(&["g"])).unwrap();
+        rig.watched.send(gone_of(&["g"])).unwrap();
         rig.own(list(&[("a", "me"), ("b", "me")]));
         rig.settle().await;
         rig.gone(list(&[("c", "g"), ("d", "g")]));
@@ -825,27 +865,27 @@ mod tests {
         rig.own(list(&[("a", "me")]));
         rig.settle().await;
         assert!(rig.started().is_empty());
-        rig.watched.send(set(&["g"])).unwrap();
+        rig.watched.send(gone_of(&["g"])).unwrap();
         rig.settle().await;
         rig.gone(list(&[("c", "g")]));
         rig.settle().await;
         rig.passed();
         // Another member gone: both are listed, and only the new one's
         // targets are decided.
-        rig.watched.send(set(&["g", "h"])).unwrap();
+        rig.watched.send(gone_of(&["g", "h"])).unwrap();
         rig.settle().await;
-        assert_eq!(rig.started(), [set(&["g"]), set(&["g", "h"])]);
+        assert_eq!(rig.started(), [gone_of(&["g"]), gone_of(&["g", "h"])]);
         rig.gone(list(&[("c", "g"), ("e", "h")]));
         rig.settle().await;
         assert_eq!(rig.passed(), ["apply e"]);
         // g's targets are all placed elsewhere now: only h's are listed.
-        rig.watched.send(set(&["h"])).unwrap();
+        rig.watched.send(gone_of(&["h"])).unwrap();
         rig.settle().await;
         rig.gone(list(&[("e", "h")]));
         rig.settle().await;
         assert_eq!(rig.passed(), ["delete c"]);
         // Nobody gone: only the own share is held.
-        rig.watched.send(BTreeSet::new()).unwrap();
+        rig.watched.send(Unheld::default()).unwrap();
         rig.settle().await;
         assert_eq!(rig.passed(), ["delete e"]);
         assert_eq!(rig.held(), ["a:me"]);
@@ -858,7 +898,7 @@ mod tests {
         rig.settle().await;
         rig.passed();
         rig.elsewhere.lock().unwrap().insert("d".into());
-        rig.watched.send(set(&["g"])).unwrap();
+        rig.watched.send(gone_of(&["g"])).unwrap();
         rig.settle().await;
         rig.gone(list(&[("c", "g"), ("d", "g")]));
         rig.settle().await;
@@ -876,7 +916,7 @@ mod tests {
         // relist drops it, and takes in d, placed here now.
         rig.elsewhere.lock().unwrap().clear();
         rig.elsewhere.lock().unwrap().insert("c".into());
-        rig.watched.send(set(&["g", "h"])).unwrap();
+        rig.watched.send(gone_of(&["g", "h"])).unwrap();
         rig.settle().await;
         rig.gone(list(&[("c", "g"), ("d", "g")]));
         rig.settle().await;

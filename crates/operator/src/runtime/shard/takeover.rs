@@ -1,4 +1,5 @@
-//! Taking over a gone member's targets without a write per target.
+//! Taking over a gone member's targets, and deciding unplaced ones,
+//! without a write per target.
 //!
 //! When a sharded replica stops renewing its member Lease, its targets
 //! still carry its label. Labelling each for its new place is a write per
@@ -19,6 +20,16 @@
 //!   a joining member therefore never takes a target another is deciding
 //!   for as the gone member's.
 //!
+//! Targets without a label (there before the replicas started, or made
+//! while no replica answered the authorship webhook) are decided the same
+//! way, before the assigner labels them: while the published ring is
+//! open (`Published::open`: no member gone, none waiting to join), each
+//! member watches the targets labelled for no member beside its own and
+//! decides for those the ring places on it. Before a member joins a ring
+//! with members, the assigner publishes it closed and waits a lease
+//! duration (`next_ring`), so no replica's recent look still places an
+//! unplaced target by the old ring.
+//!
 //! `gate` holds the rules a reconcile applies; `Known` is what this
 //! replica knows, a plain state its looks at the members step, and
 //! `Placement` shares it.
@@ -31,6 +42,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::members::{Published, View};
+use super::shares::Unheld;
 use runbook_core::shard::Ring;
 use runbook_core::util::lock;
 
@@ -136,6 +148,13 @@ impl Known {
         }
     }
 
+    /// The published ring's members, where it decides for unplaced
+    /// targets and `me` is among them.
+    pub fn unplaced_ring(&self, me: &str) -> Option<BTreeSet<String>> {
+        let p = &self.seen.as_ref()?.published;
+        (p.open && p.members.contains(me)).then(|| p.members.clone())
+    }
+
     /// The member the published ring places a key on; `None` before
     /// a ring with members is known.
     pub fn owner(&self, key: &str) -> Option<String> {
@@ -183,16 +202,30 @@ pub struct Placement {
     /// Told when the watches must include more gone members' labels: the
     /// caches are listed again with them.
     pub reselect: Notify,
-    /// The gone members whose targets the target controllers watch
-    /// (`shares`): `watched`, once the caches hold their children.
-    pub targets_gone: tokio::sync::watch::Sender<BTreeSet<String>>,
+    /// What the target controllers watch beside their own share
+    /// (`shares`): the gone members `watched`, once the caches hold
+    /// their children, and the ring while it decides for unplaced
+    /// targets.
+    pub unheld: tokio::sync::watch::Sender<Unheld>,
 }
 
 impl Placement {
-    /// Keep a new look at the members. Returns whether the watches must
-    /// now include more gone members' labels (`reselect` is told too).
-    pub fn observe(&self, view: View) -> bool {
-        let step = lock(&self.known).observe(view);
+    /// Keep a new look at the members, for replica `me`. Returns whether
+    /// the watches must now include more gone members' labels
+    /// (`reselect` is told too). The watch of unplaced targets follows
+    /// the published ring at once: their children carry this replica's
+    /// label, which its caches hold already.
+    pub fn observe(&self, me: &str, view: View) -> bool {
+        let (step, ring) = {
+            let mut known = lock(&self.known);
+            let step = known.observe(view);
+            (step, known.unplaced_ring(me))
+        };
+        self.unheld.send_if_modified(|u| {
+            let changed = u.ring != ring;
+            u.ring = ring;
+            changed
+        });
         if step == Observed::Reselect {
             self.reselect.notify_one();
         }
@@ -249,7 +282,7 @@ pub struct Knowledge<'a> {
 }
 
 /// Whether this replica decides for a target labelled `label` whose ring
-/// key `key` gives (built only for a gone member's target):
+/// key `key` gives (built only for a target not labelled for it):
 ///
 /// - Its own label: yes, unless the published ring counts it gone (a
 ///   replica that came back under the same identity: its targets are
@@ -260,6 +293,10 @@ pub struct Knowledge<'a> {
 ///   duration; the assigner lets no member join until that long after
 ///   the last gone member's targets are placed, so a look that counts a
 ///   member gone is never used once it is back).
+/// - No label: yes where the published ring decides for unplaced
+///   targets, places it on this replica, and the look is recent (the
+///   assigner stops the ring deciding for them a lease duration before
+///   a member joins, so two replicas never place one by two rings).
 /// - Anything else: no.
 pub fn gate(
     k: &Knowledge<'_>,
@@ -267,14 +304,25 @@ pub fn gate(
     label: Option<&str>,
     key: impl FnOnce() -> String,
 ) -> Gate {
-    let Some(label) = label else {
-        return Gate::NotMine;
-    };
     // A look from before this replica began leading may predate its
     // being counted gone.
     if k.gained.is_some_and(|g| k.view.at < g) {
         return Gate::NotYet;
     }
+    let by_ring = || match k.ring.owner(&key()) == Some(k.me) {
+        true => Gate::Decide,
+        false => Gate::NotMine,
+    };
+    let stale = now.duration_since(k.view.at) > k.fresh;
+    let Some(label) = label else {
+        if !k.published.open || !k.published.members.contains(k.me) {
+            return Gate::NotMine;
+        }
+        return match stale {
+            true => Gate::NotYet,
+            false => by_ring(),
+        };
+    };
     if label == k.me {
         return match k.published.gone.contains(k.me) {
             true => Gate::NotMine,
@@ -286,13 +334,10 @@ pub fn gate(
     }
     // Counted gone by the assigner, but not yet by this replica, or this
     // look is too old to act on: soon, perhaps.
-    if k.view.live.contains(label) || now.duration_since(k.view.at) > k.fresh {
+    if k.view.live.contains(label) || stale {
         return Gate::NotYet;
     }
-    match k.ring.owner(&key()) == Some(k.me) {
-        true => Gate::Decide,
-        false => Gate::NotMine,
-    }
+    by_ring()
 }
 
 /// When live members not in the ring may join it.
@@ -302,6 +347,9 @@ pub struct Joining {
     pub settled: bool,
     /// No member has been gone for a while.
     pub quiet: bool,
+    /// The published ring has not decided for unplaced targets for a
+    /// lease duration: no replica's recent look says it does.
+    pub closed: bool,
 }
 
 /// The ring the assigner publishes next, from the one published and the
@@ -311,13 +359,24 @@ pub struct Joining {
 /// starting together have all been seen), and only when no member has
 /// been gone for a while (`quiet`), or the ring is empty (nobody decides
 /// for a gone member's targets then).
+///
+/// The ring decides for unplaced targets (`open`) while no member is
+/// gone and none waits to join. A member joining a ring that has members
+/// waits until the ring has not decided for them for a lease duration
+/// (`closed`): the ring is published closed first, so that no replica
+/// still places an unplaced target by the old ring once the new one
+/// places it elsewhere.
 pub fn next_ring(
     published: &Published,
     live: &BTreeSet<String>,
     cleared: &BTreeSet<String>,
     joining: Joining,
 ) -> Published {
-    let Joining { settled, quiet } = joining;
+    let Joining {
+        settled,
+        quiet,
+        closed,
+    } = joining;
     let members: BTreeSet<String> = published.members.intersection(live).cloned().collect();
     let gone: BTreeSet<String> = published
         .gone
@@ -327,8 +386,16 @@ pub fn next_ring(
         .cloned()
         .collect();
     let join = settled && (members.is_empty() || (gone.is_empty() && quiet));
+    // A live member waits to join a ring with members: the ring stays
+    // closed until it has joined.
+    let waiting = settled && !members.is_empty() && !live.is_subset(&members);
+    let (members, open) = match join && (!waiting || closed) {
+        true => (live.clone(), gone.is_empty()),
+        false => (members, gone.is_empty() && !waiting),
+    };
     Published {
-        members: if join { live.clone() } else { members },
+        open: open && !members.is_empty(),
+        members,
         gone,
         version: published.version.clone(),
     }
@@ -347,6 +414,7 @@ mod tests {
         Published {
             members: set(members),
             gone: set(gone),
+            open: gone.is_empty() && !members.is_empty(),
             version: Some("1".into()),
         }
     }
@@ -519,6 +587,7 @@ mod tests {
             Joining {
                 settled: true,
                 quiet: false,
+                closed: true,
             },
         );
         assert_eq!(first.members, set(&["a", "b"]));
@@ -529,6 +598,7 @@ mod tests {
             Joining {
                 settled: false,
                 quiet: true,
+                closed: true,
             },
         );
         assert!(early.members.is_empty());
@@ -541,6 +611,7 @@ mod tests {
             Joining {
                 settled: true,
                 quiet: true,
+                closed: true,
             },
         );
         assert_eq!(next.members, set(&["a", "b"]));
@@ -554,6 +625,7 @@ mod tests {
             Joining {
                 settled: true,
                 quiet: false,
+                closed: true,
             },
         );
         assert_eq!(next.members, set(&["a", "b"]));
@@ -565,6 +637,7 @@ mod tests {
             Joining {
                 settled: true,
                 quiet: true,
+                closed: true,
             },
         );
         assert_eq!(next.members, set(&["a", "b", "e"]));
@@ -577,9 +650,84 @@ mod tests {
             Joining {
                 settled: true,
                 quiet: false,
+                closed: true,
             },
         );
         assert_eq!(next.members, set(&["x", "y"]));
         assert_eq!(next.gone, set(&["a", "b"]));
+    }
+
+    /// Unplaced targets are decided where the published ring places them,
+    /// by exactly one member, only while the ring is open and the look
+    /// recent; a replica outside the ring decides none.
+    #[test]
+    fn unplaced_targets_are_decided_by_the_ring_while_it_is_open() {
+        let now = Instant::now();
+        let w = world(&["a", "b", "c"], &["a", "b", "c"], &[], now);
+        for i in 0..200 {
+            let k = key("example.com", "Widget", "shop", &format!("w{i}"));
+            let deciding: Vec<&str> = ["a", "b", "c"]
+                .into_iter()
+                .filter(|me| decide(&w, me, None, &k, now) == Gate::Decide)
+                .collect();
+            assert_eq!(deciding.len(), 1, "{k}: {deciding:?}");
+            assert_eq!(Some(deciding[0]), w.ring.owner(&k));
+        }
+        let k = (0..100)
+            .map(|i| key("", "ConfigMap", "shop", &format!("t{i}")))
+            .find(|k| w.ring.owner(k) == Some("a"))
+            .unwrap();
+        let later = now + Duration::from_secs(11);
+        assert_eq!(decide(&w, "a", None, &k, later), Gate::NotYet);
+        let mut closed = world(&["a", "b", "c"], &["a", "b", "c"], &[], now);
+        closed.published.open = false;
+        closed.view.published = Some(closed.published.clone());
+        assert_eq!(decide(&closed, "a", None, &k, now), Gate::NotMine);
+        let outside = world(&["a", "b", "c", "e"], &["a", "b", "c"], &[], now);
+        assert_eq!(decide(&outside, "e", None, &k, now), Gate::NotMine);
+        // What this replica's watch beside its own selects follows.
+        let mut known = Known::default();
+        known.observe(w.view.clone());
+        assert_eq!(known.unplaced_ring("a"), Some(set(&["a", "b", "c"])));
+        assert_eq!(known.unplaced_ring("e"), None);
+        known.observe(closed.view.clone());
+        assert_eq!(known.unplaced_ring("a"), None);
+    }
+
+    /// A member joins a ring that decides for unplaced targets only after
+    /// the ring was published closed for a lease duration; a ring with a
+    /// gone member is closed; a new ring opens at once.
+    #[test]
+    fn a_member_joins_an_open_ring_only_after_it_was_closed() {
+        let none = BTreeSet::new();
+        let joining = |closed| Joining {
+            settled: true,
+            quiet: true,
+            closed,
+        };
+        let first = next_ring(
+            &Published::default(),
+            &set(&["a", "b"]),
+            &none,
+            joining(false),
+        );
+        assert_eq!(first.members, set(&["a", "b"]));
+        assert!(first.open);
+        let live = set(&["a", "b", "e"]);
+        let pause = next_ring(&first, &live, &none, joining(false));
+        assert_eq!(pause.members, set(&["a", "b"]));
+        assert!(!pause.open);
+        let joined = next_ring(&pause, &live, &none, joining(true));
+        assert_eq!(joined.members, live);
+        assert!(joined.open);
+        // Nobody joining: open again.
+        let same = next_ring(&pause, &set(&["a", "b"]), &none, joining(false));
+        assert!(same.open);
+        // b stops: closed while it is gone.
+        let gone = next_ring(&joined, &set(&["a", "e"]), &none, joining(false));
+        assert_eq!(gone.gone, set(&["b"]));
+        assert!(!gone.open);
+        let cleared = next_ring(&gone, &set(&["a", "e"]), &set(&["b"]), joining(false));
+        assert!(cleared.open && cleared.gone.is_empty());
     }
 }
