@@ -553,29 +553,19 @@ async fn seen(states: &Api<kube::core::DynamicObject>, name: &str) -> Option<ser
         .map(|s| s.data["status"]["fields"]["seen"].clone())
 }
 
-/// A gone member's targets are decided by the replica the published ring
-/// places them on while they still carry the gone member's label (no
-/// write per target stands between a dead replica and its targets being
-/// decided again). Here the test holds the ring's Lease, so that the
-/// replica never assigns, and publishes the ring itself: members `a`,
-/// gone `x`. Replica `a` decides for `x`'s targets, follows their
-/// changes, and leaves alone a target labelled for a member nobody
-/// published gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::{Patch, PatchParams, PostParams};
-    use runbook_core::shard::SHARD_LABEL;
+/// The test takes the ring's Lease (`runbook-leader`, held as `the-test`)
+/// and keeps it until `stop` is sent, so that no replica assigns and the
+/// test publishes the ring itself. Returns once it holds it.
+async fn hold_the_ring(
+    c: &Cluster,
+    lease: u64,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
     use runbook_operator::runtime::leader::{Elector, LeaseConfig};
-    use runbook_operator::runtime::shard::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let c = Cluster::new("shardgone").await;
-    let dir = std::env::temp_dir().join(format!("runbook-shardgone-{}", c.ns));
-    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
-    let policies = seen_policy(&dir);
-    let lease = 6u64;
-    // The test assigns: it holds the ring's Lease for the whole test.
     let assigning = Arc::new(AtomicBool::new(false));
     let (changed, _) = tokio::sync::watch::channel(false);
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -596,6 +586,30 @@ async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
         async move { assigning.load(Ordering::Acquire) }
     })
     .await;
+    (stop, election)
+}
+
+/// A gone member's targets are decided by the replica the published ring
+/// places them on while they still carry the gone member's label (no
+/// write per target stands between a dead replica and its targets being
+/// decided again). Here the test holds the ring's Lease, so that the
+/// replica never assigns, and publishes the ring itself: members `a`,
+/// gone `x`. Replica `a` decides for `x`'s targets, follows their
+/// changes, and leaves alone a target labelled for a member nobody
+/// published gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use runbook_core::shard::SHARD_LABEL;
+    use runbook_operator::runtime::shard::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
+    let c = Cluster::new("shardgone").await;
+    let dir = std::env::temp_dir().join(format!("runbook-shardgone-{}", c.ns));
+    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+    let policies = seen_policy(&dir);
+    let lease = 6u64;
+    // The test assigns: it holds the ring's Lease for the whole test.
+    let (stop, election) = hold_the_ring(&c, lease).await;
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
     let ring: Lease = serde_json::from_value(serde_json::json!({
         "metadata": {"name": published_name("runbook-leader"), "annotations": {
@@ -675,37 +689,15 @@ async fn unplaced_targets_are_decided_where_the_ring_places_them() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Patch, PatchParams, PostParams};
     use runbook_core::shard::{Ring, SHARD_LABEL, key};
-    use runbook_operator::runtime::leader::{Elector, LeaseConfig};
     use runbook_operator::runtime::shard::{
         MEMBERS_ANNOTATION, UNPLACED_ANNOTATION, published_name,
     };
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let c = Cluster::new("shardnew").await;
     let dir = std::env::temp_dir().join(format!("runbook-shardnew-{}", c.ns));
     let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
     let policies = seen_policy(&dir);
     let lease = 6u64;
-    let assigning = Arc::new(AtomicBool::new(false));
-    let (changed, _) = tokio::sync::watch::channel(false);
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let elector = Elector::new(
-        c.client.clone(),
-        LeaseConfig {
-            namespace: c.ns.clone(),
-            name: "runbook-leader".into(),
-            identity: "the-test".into(),
-            duration: Duration::from_secs(lease),
-            renew_every: Duration::from_secs(1),
-        },
-        runbook_core::clock::Clock::real(),
-    );
-    let election = tokio::spawn(elector.run(assigning.clone(), changed, stopped));
-    eventually("the test holds the ring's Lease", 10, || {
-        let assigning = assigning.clone();
-        async move { assigning.load(Ordering::Acquire) }
-    })
-    .await;
+    let (stop, election) = hold_the_ring(&c, lease).await;
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
     let ring = |open: bool| -> Lease {
         let mut annotations = serde_json::json!({MEMBERS_ANNOTATION: "a,b"});

@@ -71,11 +71,10 @@ impl Unheld {
     /// The label selection of the watch (without the policies' own);
     /// `None` for none.
     pub fn selection(&self) -> Option<String> {
-        let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(",");
         match &self.ring {
-            Some(members) => Some(format!("{SHARD_LABEL} notin ({})", list(members))),
+            Some(members) => Some(super::assign::shard_label(members, false)),
             None if self.gone.is_empty() => None,
-            None => Some(format!("{SHARD_LABEL} in ({})", list(&self.gone))),
+            None => Some(super::assign::shard_label(&self.gone, true)),
         }
     }
 }
@@ -675,6 +674,26 @@ mod tests {
             held.sort();
             held
         }
+    }
+
+    /// The watch beside the own one: the gone members' labels, or,
+    /// while the ring decides for unplaced targets, every label but the
+    /// members' (unlabelled targets included); nothing otherwise.
+    #[test]
+    fn the_watch_beside_the_own_one_selects_the_gone_or_the_unheld() {
+        assert_eq!(Unheld::default().selection(), None);
+        assert_eq!(
+            gone_of(&["g", "h"]).selection().as_deref(),
+            Some("runbook.dev/shard in (g,h)")
+        );
+        let open = Unheld {
+            gone: set(&["g"]),
+            ring: Some(set(&["a", "b"])),
+        };
+        assert_eq!(
+            open.selection().as_deref(),
+            Some("runbook.dev/shard notin (a,b)")
+        );
     }
 
     fn gone_of(names: &[&str]) -> Unheld {
