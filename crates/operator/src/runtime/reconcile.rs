@@ -425,9 +425,10 @@ pub(super) async fn reconcile(
     // places it (`shard::takeover`), before the assigner labels it for
     // this replica: decided as if labelled so, its children and state
     // carry the label they will keep, and the label's arrival decides
-    // nothing again.
+    // nothing again. (One that cannot be used is reported as it came.)
     let shard = runbook_core::shard::SHARD_LABEL;
-    let obj = match ctx.config.shards && obj.label(shard).is_none() {
+    let unplaced = obj.label(shard).is_none() && obj.undecodable.is_none();
+    let obj = match ctx.config.shards && unplaced {
         true => Arc::new(obj.with_label(shard, &ctx.config.identity)),
         false => obj,
     };
