@@ -131,15 +131,7 @@ fn shard_selector(ctx: &Context) -> String {
 
 /// The selector of the targets labelled for any of `labels`.
 fn shard_in(labels: &BTreeSet<String>) -> String {
-    shard_label(labels, true)
-}
-
-/// The selector of the targets labelled for any of `labels` (`within`),
-/// or for none of them (unlabelled ones included).
-pub(super) fn shard_label(labels: &BTreeSet<String>, within: bool) -> String {
-    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-    let op = if within { "in" } else { "notin" };
-    format!("{SHARD_LABEL} {op} ({})", labels.join(","))
+    super::shares::shard_label(labels, true)
 }
 
 fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObject> {

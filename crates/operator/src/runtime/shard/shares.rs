@@ -72,11 +72,19 @@ impl Unheld {
     /// `None` for none.
     pub fn selection(&self) -> Option<String> {
         match &self.ring {
-            Some(members) => Some(super::assign::shard_label(members, false)),
+            Some(members) => Some(shard_label(members, false)),
             None if self.gone.is_empty() => None,
-            None => Some(super::assign::shard_label(&self.gone, true)),
+            None => Some(shard_label(&self.gone, true)),
         }
     }
+}
+
+/// The selector of the targets labelled for any of `labels` (`within`),
+/// or for none of them (unlabelled ones included).
+pub(super) fn shard_label(labels: &BTreeSet<String>, within: bool) -> String {
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    let op = if within { "in" } else { "notin" };
+    format!("{SHARD_LABEL} {op} ({})", labels.join(","))
 }
 
 /// Where an object is held in the store from: the shard label it carries.
