@@ -515,6 +515,33 @@ fn seen_policy(dir: &std::path::Path) -> PathBuf {
     policies
 }
 
+/// What a test of `runbook run --shards` processes starts from: its
+/// cluster, a folder of its own, a kubeconfig there for the processes
+/// (the sandbox served while `_served` lives), and the `seen` policy.
+struct Sharded {
+    c: Cluster,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    _served: Option<runbook_sandbox::serve::Served>,
+    policies: PathBuf,
+}
+
+impl Sharded {
+    async fn new(test: &str) -> Self {
+        let c = Cluster::new(test).await;
+        let dir = std::env::temp_dir().join(format!("runbook-{test}-{}", c.ns));
+        let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
+        let policies = seen_policy(&dir);
+        Self {
+            c,
+            dir,
+            kubeconfig,
+            _served,
+            policies,
+        }
+    }
+}
+
 /// `runbook run --shards` in the cluster's namespace with `policies`.
 fn sharded(
     c: &Cluster,
@@ -603,10 +630,13 @@ async fn a_gone_members_targets_are_decided_before_they_are_labelled_again() {
     use kube::api::{Patch, PatchParams, PostParams};
     use runbook_core::shard::SHARD_LABEL;
     use runbook_operator::runtime::shard::{GONE_ANNOTATION, MEMBERS_ANNOTATION, published_name};
-    let c = Cluster::new("shardgone").await;
-    let dir = std::env::temp_dir().join(format!("runbook-shardgone-{}", c.ns));
-    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
-    let policies = seen_policy(&dir);
+    let Sharded {
+        c,
+        dir,
+        kubeconfig,
+        _served,
+        policies,
+    } = Sharded::new("shardgone").await;
     let lease = 6u64;
     // The test assigns: it holds the ring's Lease for the whole test.
     let (stop, election) = hold_the_ring(&c, lease).await;
@@ -692,10 +722,13 @@ async fn unplaced_targets_are_decided_where_the_ring_places_them() {
     use runbook_operator::runtime::shard::{
         MEMBERS_ANNOTATION, UNPLACED_ANNOTATION, published_name,
     };
-    let c = Cluster::new("shardnew").await;
-    let dir = std::env::temp_dir().join(format!("runbook-shardnew-{}", c.ns));
-    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
-    let policies = seen_policy(&dir);
+    let Sharded {
+        c,
+        dir,
+        kubeconfig,
+        _served,
+        policies,
+    } = Sharded::new("shardnew").await;
     let lease = 6u64;
     let (stop, election) = hold_the_ring(&c, lease).await;
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), &c.ns);
@@ -790,10 +823,13 @@ async fn a_killed_replicas_targets_are_taken_over() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Patch, PatchParams, PostParams};
     use runbook_core::shard::SHARD_LABEL;
-    let c = Cluster::new("shardkill").await;
-    let dir = std::env::temp_dir().join(format!("runbook-shardkill-{}", c.ns));
-    let (kubeconfig, _served) = c.kubeconfig_file(&dir).await;
-    let policies = seen_policy(&dir);
+    let Sharded {
+        c,
+        dir,
+        kubeconfig,
+        _served,
+        policies,
+    } = Sharded::new("shardkill").await;
     let lease = 6u64;
     let replica = |identity: &str| sharded(&c, &kubeconfig, &policies, identity, lease);
     let mut replicas = vec![replica("a"), replica("b")];

@@ -126,12 +126,7 @@ fn shard_selector(ctx: &Context) -> String {
         return format!("{SHARD_LABEL}={}", ctx.config.identity);
     }
     labels.insert(ctx.config.identity.clone());
-    shard_in(&labels)
-}
-
-/// The selector of the targets labelled for any of `labels`.
-fn shard_in(labels: &BTreeSet<String>) -> String {
-    super::shares::shard_label(labels, true)
+    super::shares::shard_label(&labels, true)
 }
 
 fn api(ctx: &Context, kind: &KindRef, namespace: Option<&str>) -> Api<DynamicObject> {
